@@ -1,0 +1,67 @@
+"""Describing models: one registry, lazy imports, one small interface.
+
+A backend is a class that is built once per Ray actor from its `ModelConfig` (load the model there,
+never at import) and then describes batches of stimuli. Backends only turn stimuli into texts; the
+describe stage owns batching, retries of failed rows, resume and persistence.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..config import ModelConfig
+
+
+@dataclass(frozen=True)
+class Stimulus:
+    """One image variant to describe: `variant` is `full` or a mask id; `image` is RGB uint8 HxWx3."""
+
+    image_id: str
+    variant: str
+    image: np.ndarray
+    prompt: str
+
+
+@dataclass(frozen=True)
+class Description:
+    """A backend's answer for one stimulus. `status` is `ok` or `error` (then `error` says why)."""
+
+    text: str
+    status: str = "ok"
+    error: str = ""
+    model_version: str = ""
+
+
+class Backend:
+    """Base class. `needs_images=False` backends (imported files) are called without decoding images."""
+
+    needs_images = True
+
+    def __init__(self, model: ModelConfig):
+        self.model = model
+
+    def describe(self, batch: list[Stimulus]) -> list[Description]:
+        raise NotImplementedError
+
+
+# name -> "module:Class", imported only when a study uses it, so optional dependencies stay optional.
+_REGISTRY: dict[str, str] = {
+    "imported": "vlm_decade.backends.imported:ImportedBackend",
+    "ssd-template": "vlm_decade.backends.ssd_template:SSDTemplateCaptioner",
+}
+
+
+def backend_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def backend_class(name: str) -> type[Backend]:
+    try:
+        target = _REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"unknown backend '{name}'; known: {', '.join(backend_names())}") from None
+    module, cls = target.split(":")
+    return getattr(importlib.import_module(module), cls)

@@ -1,0 +1,188 @@
+"""The study file (YAML) as typed, validated, frozen config objects.
+
+Paths in a study file are relative to the file's own folder; `load_study` resolves them, so
+everything downstream sees absolute paths. Config errors come back as `Problem`s naming the file
+and the field, all at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import InputError, Problem
+
+MLLM_PROMPT = (
+    "In one sentence, guess as accurately as possible what might be happening in this scene. "
+    "Avoid mentioning objects that do not help understand the context of the scene."
+)
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class DataConfig(_Frozen):
+    """Study A's input tables (docs/data-format.md)."""
+
+    images: Path
+    image_dir: Path
+    descriptions: Path
+    votes: Path | None = None
+
+
+class RankingConfig(_Frozen):
+    """How many descriptions make the top- and bottom-ranked human groups (the paper: 4 and 4)."""
+
+    top_k: int = Field(4, ge=1)
+    bottom_k: int = Field(4, ge=1)
+
+
+class MaskConfig(_Frozen):
+    """The occluder: opaque black windows with feathered edges (docs/masks.md).
+
+    `layout` places `count` equal windows that together tile the image (`columns`: full-height strips,
+    `rows`: full-width strips), each covering 1/count of it; `windows` gives explicit fractional
+    boxes [x0, y0, x1, y1] instead. `feather` is the width of the soft edge as a fraction of the
+    image's shorter side.
+    """
+
+    layout: Literal["columns", "rows"] = "columns"
+    count: int = Field(3, ge=1, le=16)
+    windows: tuple[tuple[float, float, float, float], ...] | None = None
+    feather: float = Field(0.04, ge=0.0, le=0.5)
+
+    @field_validator("windows")
+    @classmethod
+    def _boxes_inside_image(cls, windows):
+        for box in windows or ():
+            x0, y0, x1, y1 = box
+            if not (0.0 <= x0 < x1 <= 1.0 and 0.0 <= y0 < y1 <= 1.0):
+                raise ValueError(f"window {list(box)} must satisfy 0 <= x0 < x1 <= 1 and 0 <= y0 < y1 <= 1")
+        return windows
+
+
+Era = Literal["pre-mllm", "mllm"]
+
+
+class ModelConfig(_Frozen):
+    """One describing model: `name` is its subject in every table."""
+
+    name: str = Field(min_length=1)
+    backend: str = Field(min_length=1)
+    model_id: str = Field(min_length=1)
+    era: Era
+    prompt: str | None = None
+    variants: Literal["full", "all"] = "full"
+    batch_size: int = Field(8, ge=1)
+    path: Path | None = None
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _not_a_human_group(cls, name: str) -> str:
+        if name.startswith("human:"):
+            raise ValueError("the prefix 'human:' is reserved for the human reference groups")
+        return name
+
+
+class EncoderConfig(_Frozen):
+    """A text encoder whose cosine similarity to the gold standard is a metric (e.g. SBERT-SI, GPT-SI)."""
+
+    name: str = Field(min_length=1)
+    backend: str = "sentence-transformers"
+    model_id: str = "sentence-transformers/all-MiniLM-L6-v2"
+    path: Path | None = None
+    batch_size: int = Field(64, ge=1)
+
+
+class StatisticsConfig(_Frozen):
+    n_resamples: int = Field(10_000, ge=100)
+    seed: int = 20_241_101
+    confidence: float = Field(0.95, gt=0.5, lt=1.0)
+    alpha: float = Field(0.05, gt=0.0, lt=1.0)
+
+
+class RuntimeConfig(_Frozen):
+    """Where work runs. No address: a local Ray; an address (or RAY_ADDRESS) joins a cluster."""
+
+    address: str | None = None
+    num_cpus: int | None = Field(None, ge=1)
+    actors_per_model: int = Field(1, ge=1)
+    cpus_per_actor: float = Field(1.0, ge=0.0)
+    gpus_per_actor: float = Field(0.0, ge=0.0)
+
+
+class StudyConfig(_Frozen):
+    name: str = Field(min_length=1)
+    study: Literal["decade"] = "decade"
+    demo: bool = False
+    data: DataConfig
+    ranking: RankingConfig = RankingConfig()
+    masks: MaskConfig = MaskConfig()
+    prompt: str = MLLM_PROMPT
+    models: tuple[ModelConfig, ...] = Field(min_length=1)
+    encoders: tuple[EncoderConfig, ...] = (EncoderConfig(name="SBERT-SI"),)
+    statistics: StatisticsConfig = StatisticsConfig()
+    runtime: RuntimeConfig = RuntimeConfig()
+    output: Path = Path("runs/study")
+
+    @model_validator(mode="after")
+    def _unique_names(self):
+        for kind, names in (("model", [m.name for m in self.models]), ("encoder", [e.name for e in self.encoders])):
+            dupes = sorted({n for n in names if names.count(n) > 1})
+            if dupes:
+                raise ValueError(f"{kind} names must be unique; repeated: {', '.join(dupes)}")
+        return self
+
+    def hash(self) -> str:
+        """A stable hash of everything that decides the results (not where they are written)."""
+        payload = self.model_dump(mode="json", exclude={"output", "runtime"})
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def _resolve(value: Any, base: Path) -> Any:
+    return value if value is None or Path(value).is_absolute() else str(base / value)
+
+
+def load_study(path: str | Path, output: str | Path | None = None) -> StudyConfig:
+    """Read and validate a study file; every config problem is raised together as an InputError."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError([Problem(str(path), "study file not found")]) from None
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise InputError([Problem(str(path), f"not valid YAML: {exc}")]) from None
+    if not isinstance(raw, dict):
+        raise InputError([Problem(str(path), "a study file must be a YAML mapping")])
+    base = path.resolve().parent
+    data = raw.get("data")
+    if isinstance(data, dict):
+        raw["data"] = {k: _resolve(v, base) for k, v in data.items()}
+    for section in ("models", "encoders"):
+        for entry in raw.get(section) or []:
+            if isinstance(entry, dict):
+                if entry.get("path") is not None:
+                    entry["path"] = _resolve(entry["path"], base)
+                opts = entry.get("options")
+                if isinstance(opts, dict) and opts.get("file") is not None:
+                    opts["file"] = _resolve(opts["file"], base)
+    if output is not None:
+        raw["output"] = str(output)
+    elif raw.get("output") is not None:
+        raw["output"] = _resolve(raw["output"], Path.cwd())
+    try:
+        return StudyConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise InputError(
+            [
+                Problem(str(path), err["msg"], field=".".join(str(p) for p in err["loc"]) or None)
+                for err in exc.errors()
+            ]
+        ) from None
