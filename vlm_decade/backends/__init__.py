@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import ModelConfig
+from ..errors import Problem
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,11 @@ class Backend:
 
     def describe(self, batch: list[Stimulus]) -> list[Description]:
         raise NotImplementedError
+
+    @classmethod
+    def check(cls, model: ModelConfig, image_ids: set[str], variants: list[str]) -> list[Problem]:
+        """Problems `validate` can find before any work: missing weights, files, keys."""
+        return []
 
 
 # name -> "module:Class", imported only when a study uses it, so optional dependencies stay optional.

@@ -1,0 +1,12 @@
+"""One local Ray for the whole test session (starting one costs seconds)."""
+
+import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def ray_session():
+    from vlm_decade.runtime import start_ray
+
+    ray = start_ray(num_cpus=2)
+    yield ray
+    ray.shutdown()

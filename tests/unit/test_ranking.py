@@ -1,0 +1,120 @@
+"""Ranking human descriptions: votes with the documented tie-break, group shrinking, TF-IDF consensus."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from vlm_decade.ranking import (
+    consensus_scores,
+    group_sizes,
+    rank_by_consensus,
+    rank_by_votes,
+    tokens,
+    vote_order,
+)
+
+
+def test_votes_hand_worked_with_every_tie_break():
+    # id: (votes, shown). Worked by hand, best first:
+    #   a 5/10; c 3/4 beats b 3/6 on win rate; d 2/5 ties e 2/5 exactly, so the id decides (d first);
+    #   f 0/3 and g never shown (0) tie on 0 votes and rate 0, so the id decides (f first).
+    table = {"a": (5, 10), "b": (3, 6), "c": (3, 4), "d": (2, 5), "e": (2, 5), "f": (0, 3), "g": (0, 0)}
+    ids = ["g", "e", "c", "a", "f", "b", "d"]  # input order must not matter
+    votes = {i: v for i, (v, _) in table.items() if v}
+    shown = {i: s for i, (_, s) in table.items() if s}
+
+    assert vote_order(ids, votes, shown) == ["a", "c", "b", "d", "e", "f", "g"]
+    assert rank_by_votes(ids, votes, shown, top_k=2, bottom_k=2) == {
+        "a": "gold",
+        "c": "top",
+        "b": "top",
+        "d": "other",
+        "e": "other",
+        "f": "bottom",
+        "g": "bottom",
+    }
+
+
+def test_gold_tie_on_votes_goes_to_the_higher_win_rate_then_the_smaller_id():
+    assert rank_by_votes(["x", "y"], {"x": 2, "y": 2}, {"x": 4, "y": 2}, 1, 1)["y"] == "gold"
+    assert rank_by_votes(["y", "x"], {"x": 2, "y": 2}, {"x": 2, "y": 2}, 1, 1)["x"] == "gold"
+
+
+def test_votes_are_not_a_win_rate_contest():
+    # 3 votes from 9 showings beats 2 from 2: votes first, win rate only among equal votes.
+    assert rank_by_votes(["p", "q"], {"p": 3, "q": 2}, {"p": 9, "q": 2}, 1, 1) == {"p": "gold", "q": "other"}
+
+
+@pytest.mark.parametrize(
+    ("n", "top_k", "bottom_k", "expected"),
+    [
+        (9, 4, 4, (4, 4)),  # exactly enough: gold + 4 + 4
+        (20, 4, 4, (4, 4)),
+        (8, 4, 4, (3, 3)),  # too few: both shrink to (8 - 1) // 2
+        (6, 4, 4, (2, 2)),
+        (4, 4, 4, (1, 1)),
+        (3, 4, 4, (1, 1)),
+        (2, 4, 4, (0, 0)),  # gold and one other
+        (1, 4, 4, (0, 0)),  # gold only
+        (5, 4, 1, (2, 1)),  # shrinking never grows a group past what was asked
+    ],
+)
+def test_group_sizes_shrink_equally_and_never_overlap(n, top_k, bottom_k, expected):
+    assert group_sizes(n, top_k, bottom_k) == expected
+    assert 1 + sum(expected) <= n
+
+
+def test_small_images_shrink_both_groups():
+    ids = ["d1", "d2", "d3", "d4"]
+    votes = {"d1": 4, "d2": 3, "d3": 2, "d4": 1}
+    shown = {i: 5 for i in ids}
+    assert rank_by_votes(ids, votes, shown, 4, 4) == {"d1": "gold", "d2": "top", "d3": "other", "d4": "bottom"}
+    assert rank_by_votes(["only"], {}, {}, 4, 4) == {"only": "gold"}
+    assert rank_by_votes(["d1", "d2"], votes, shown, 4, 4) == {"d1": "gold", "d2": "other"}
+
+
+def test_impossible_or_empty_input_is_refused():
+    with pytest.raises(ValueError, match="impossible"):
+        rank_by_votes(["a"], {"a": 3}, {"a": 2}, 1, 1)
+    with pytest.raises(ValueError, match="no descriptions"):
+        rank_by_votes([], {}, {}, 1, 1)
+    with pytest.raises(ValueError, match="unique"):
+        rank_by_votes(["a", "a"], {}, {}, 1, 1)
+
+
+def test_tokens_are_lower_cased_words():
+    assert tokens("A Dog's ball, 2 dogs!") == ["a", "dog", "s", "ball", "2", "dogs"]
+
+
+def test_consensus_scores_hand_worked():
+    # "cat", "Cat!" and "dog": the two cats are the same unit vector, the dog shares nothing.
+    assert consensus_scores(["cat", "Cat!", "dog"]) == pytest.approx([0.5, 0.5, 0.0])
+    # Two texts: df(a) = 2 -> idf 1; df(b) = 1 -> idf ln(3/2) + 1 (smooth idf over these two texts).
+    idf_b = math.log(3 / 2) + 1
+    expected = 1 / math.sqrt(1 + idf_b**2)
+    assert consensus_scores(["a b", "a"]) == pytest.approx([expected, expected])
+    assert consensus_scores(["alone"]).tolist() == [0.0]
+
+
+def test_consensus_gold_is_the_description_the_others_agree_with():
+    ids = ["s1", "s2", "s3", "s4"]
+    texts = [
+        "A man rides a horse.",
+        "A man rides a horse on the beach.",  # contains both other horse sentences: the obvious gold
+        "A horse on the beach.",
+        "Stock markets fell today.",  # shares no word: the obvious bottom
+    ]
+    scores = consensus_scores(texts)
+    assert int(np.argmax(scores)) == 1 and scores[3] == 0.0
+    roles = rank_by_consensus(ids, texts, top_k=1, bottom_k=1)
+    assert roles["s2"] == "gold" and roles["s4"] == "bottom"
+    assert sorted(roles.values()) == ["bottom", "gold", "other", "top"]
+
+
+def test_consensus_ties_go_to_the_smaller_id_and_wordless_texts_score_zero():
+    assert rank_by_consensus(["z", "y"], ["same words", "same words"], 1, 1) == {"y": "gold", "z": "other"}
+    scores = consensus_scores(["!!!", "a cat", "a cat"])
+    assert np.isfinite(scores).all() and scores[0] == 0.0

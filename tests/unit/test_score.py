@@ -1,0 +1,59 @@
+"""Similarity to the gold standard, checked on hand-made vectors whose cosines are known."""
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from vlm_decade.embed import EMBEDDINGS_SCHEMA, text_key
+from vlm_decade.score import similarity_scores
+
+VECTORS = {  # text -> vector; cosines worked by hand below
+    "gold one": [1.0, 0.0, 0.0],
+    "top a": [1.0, 1.0, 0.0],  # cos 1/sqrt(2) to gold one
+    "top b": [1.0, 0.0, 0.0],  # cos 1
+    "bottom a": [0.0, 1.0, 0.0],  # cos 0
+    "model says": [3.0, 4.0, 0.0],  # cos 0.6
+    "gold two": [0.0, 0.0, 2.0],
+    "model two": [0.0, 1.0, -1.0],  # cos -1/sqrt(2)
+}
+
+
+def _tables():
+    images = pa.table({"image_id": ["i1", "i2"], "dataset": ["d1", "d2"]})
+    refs = pa.table(
+        {
+            "image_id": ["i1", "i1", "i1", "i1", "i1", "i2"],
+            "condition": ["full", "full", "full", "full", "m1", "full"],
+            "role": ["gold", "top", "top", "bottom", "masked", "gold"],
+            "text": ["gold one", "top a", "top b", "bottom a", "top a", "gold two"],
+        }
+    )
+    responses = pa.table(
+        {
+            "subject": ["m", "m", "m", "m"],
+            "image_id": ["i1", "i1", "i2", "i2"],
+            "variant": ["full", "m1", "full", "m2"],
+            "status": ["ok", "ok", "ok", "error"],
+            "text": ["model says", "top b", "model two", ""],
+        }
+    )
+    emb = pa.Table.from_pylist(
+        [
+            {"text_sha256": text_key(t), "encoder": "E", "encoder_key": "k", "dim": 3, "vector": np.asarray(v, np.float32) * 2}
+            for t, v in VECTORS.items()
+        ],
+        schema=EMBEDDINGS_SCHEMA,
+    )
+    return images, refs, responses, emb
+
+
+def test_similarities_match_hand_worked_cosines():
+    scores = similarity_scores(*_tables(), ["E"])
+    got = {(r["subject"], r["image_id"]): (r["value"], r["dataset"], r["variant"]) for r in scores.to_pylist()}
+    assert got[("m", "i1")][0] == pytest.approx(0.6)
+    assert got[("m", "i2")][0] == pytest.approx(-1 / np.sqrt(2))
+    assert got[("human:top", "i1")][0] == pytest.approx((1 / np.sqrt(2) + 1) / 2)
+    assert got[("human:bottom", "i1")][0] == pytest.approx(0.0, abs=1e-7)
+    assert got[("m", "i2")][1:] == ("d2", "full")
+    # Masked variants and failed responses are not scored against the gold standard.
+    assert len(got) == 4

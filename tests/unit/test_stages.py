@@ -1,0 +1,71 @@
+"""The stage runner skips unchanged stages, reruns changed ones, and writes atomically."""
+
+import pyarrow as pa
+import pytest
+
+from vlm_decade.progress import Reporter
+from vlm_decade.runfolder import RunFolder, table_fingerprint
+from vlm_decade.stages import Stage, StageRunner
+
+
+def _counting_stage(name, inputs, settings, calls, value):
+    def compute():
+        calls.append(name)
+        return {name: pa.table({"x": [value]})}
+
+    return Stage(name, inputs, settings, compute)
+
+
+def test_unchanged_stage_is_skipped_and_changes_flow_downstream(tmp_path):
+    run = RunFolder(tmp_path)
+    runner = StageRunner(run, Reporter(quiet=True))
+    calls = []
+    assert runner(_counting_stage("a", (), {"k": 1}, calls, 1))
+    assert runner(_counting_stage("b", ("a",), {}, calls, 2))
+    assert not runner(_counting_stage("a", (), {"k": 1}, calls, 1))
+    assert not runner(_counting_stage("b", ("a",), {}, calls, 2))
+    assert calls == ["a", "b"]
+    # New settings for `a` that change its output: `a` reruns, and so must `b`, whose input changed.
+    assert runner(_counting_stage("a", (), {"k": 2}, calls, 5))
+    assert runner(_counting_stage("b", ("a",), {}, calls, 2))
+    assert calls == ["a", "b", "a", "b"]
+    # New settings for `a` with the same output: `b` stays current.
+    assert runner(_counting_stage("a", (), {"k": 3}, calls, 5))
+    assert not runner(_counting_stage("b", ("a",), {}, calls, 2))
+    assert run.read("a").column("x").to_pylist() == [5]
+
+
+def test_a_stage_that_failed_midway_reruns_and_keeps_the_old_table(tmp_path):
+    run = RunFolder(tmp_path)
+    runner = StageRunner(run, Reporter(quiet=True))
+    runner(_counting_stage("a", (), 1, [], 1))
+
+    def boom():
+        raise RuntimeError("killed")
+
+    with pytest.raises(RuntimeError):
+        runner(Stage("a", (), 2, boom))
+    assert run.manifest()["stages"]["a"]["state"] == "running"
+    assert run.read("a").column("x").to_pylist() == [1]  # never half-written
+    assert runner(_counting_stage("a", (), 2, [], 3))
+    assert run.manifest()["stages"]["a"]["state"] == "done"
+
+
+def test_parts_survive_and_are_folded_in(tmp_path):
+    run = RunFolder(tmp_path)
+    schema = pa.schema([("x", pa.int64())])
+    run.append_part("t", pa.table({"x": [1, 2]}))
+    run.append_part("t", pa.table({"x": [3]}))
+    assert sorted(run.read_parts("t", schema).column("x").to_pylist()) == [1, 2, 3]
+    runner = StageRunner(run, Reporter(quiet=True))
+    runner(Stage("t", (), {}, lambda: {"t": run.read_parts("t", schema)}))
+    assert run.read_parts("t", schema).num_rows == 0
+    assert not list(tmp_path.glob(".parts/t/*"))
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_fingerprint_is_content_not_chunking():
+    a = pa.table({"x": [1, 2, 3]})
+    b = pa.concat_tables([pa.table({"x": [1]}), pa.table({"x": [2, 3]})])
+    assert table_fingerprint(a) == table_fingerprint(b)
+    assert table_fingerprint(a) != table_fingerprint(pa.table({"x": [1, 2, 4]}))

@@ -1,0 +1,110 @@
+"""The bundled demo of Study A: 16 real photos, hand-written descriptions, simulated votes.
+
+The photos are real: 16 images that ship inside scikit-image (`skimage.data`), in two sets of 8 that
+play the roles of the paper's two image sets: `everyday` (common objects, like MS-COCO) and
+`specialist` (scientific imagery a COCO-trained captioner cannot understand, standing in for the
+harder CSB set). Everything else is made up for the demo and says so:
+
+* the human descriptions (10 per photo, plus 3 per masked third) were written for this demo by its
+  author, as fictional crowd workers w01..w19; no crowd was asked;
+* the ranking votes that choose the gold standard are simulated by `make_votes.py`;
+* `imported_captions.csv` is a hand-written stand-in for a file of captions from an old model.
+
+So the demo's numbers show the pipeline working, and are no findings about people or models.
+See data/README.md.
+
+`materialize(dest)` writes the photos as PNGs and copies the tables and the study file into `dest`;
+run the study file it returns.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+STUDY_FILE = Path(__file__).resolve().parent / "study.yaml"
+TABLES = ("images.csv", "descriptions.csv", "votes.csv", "imported_captions.csv", "README.md")
+
+_SOURCE = re.compile(r"^skimage\.data\.(?P<name>[a-z_]+)(?:\[(?P<index>\d+)\])?$")
+
+
+def images() -> list[dict[str, str]]:
+    """The rows of data/images.csv (image_id, dataset, file, source)."""
+    with (DATA_DIR / "images.csv").open(encoding="utf-8", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def photo(source: str) -> np.ndarray:
+    """The RGB uint8 HxWx3 array for a `source` such as `skimage.data.coins` or
+    `skimage.data.stereo_motorcycle[0]`; gray images get their one channel repeated three times."""
+    match = _SOURCE.match(source)
+    if match is None:
+        raise ValueError(f"unsupported photo source {source!r}; expected skimage.data.<name>[<index>]")
+    try:
+        from skimage import data as skdata
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise ImportError("the demo's photos come from scikit-image: pip install 'vlm-decade[demo]'") from exc
+    array = getattr(skdata, match["name"])()
+    if match["index"] is not None:
+        array = array[int(match["index"])]
+    array = np.asarray(array)
+    if array.dtype != np.uint8:
+        raise ValueError(f"{source}: expected uint8 pixels, got {array.dtype}")
+    if array.ndim == 2:
+        array = np.repeat(array[:, :, None], 3, axis=2)
+    if array.ndim != 3 or array.shape[2] != 3:
+        raise ValueError(f"{source}: expected an RGB or gray image, got shape {array.shape}")
+    return np.ascontiguousarray(array)
+
+
+def png_bytes(array: np.ndarray) -> bytes:
+    """Encode an RGB array as PNG with fixed settings and no metadata, so the bytes never vary."""
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(array).save(buffer, format="PNG", optimize=False, compress_level=6)
+    return buffer.getvalue()
+
+
+def _write_if_changed(path: Path, content: bytes) -> bool:
+    """Write atomically unless the file already holds exactly these bytes; True if written."""
+    if path.is_file() and path.read_bytes() == content:
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(content)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return True
+
+
+def materialize(dest: str | Path) -> Path:
+    """Lay the demo out in `dest` and return the path of `dest/study.yaml`.
+
+    Writes the 16 photos as RGB PNGs into `dest/images/` and copies the CSV tables, the data README and
+    the study file next to them. Idempotent: files that already hold the same bytes are left alone.
+    """
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    for row in images():
+        _write_if_changed(dest / "images" / row["file"], png_bytes(photo(row["source"])))
+    for name in TABLES:
+        _write_if_changed(dest / name, (DATA_DIR / name).read_bytes())
+    study = dest / "study.yaml"
+    _write_if_changed(study, STUDY_FILE.read_bytes())
+    return study
+
+
+__all__ = ["DATA_DIR", "STUDY_FILE", "images", "materialize", "photo", "png_bytes"]

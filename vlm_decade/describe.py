@@ -1,0 +1,233 @@
+"""The describe stage: every model describes every image variant, into the `responses` table.
+
+Local models run in Ray actors that load the model once (`num_gpus` per actor where there are GPUs);
+images are decoded and masked by Ray tasks on CPU workers and handed to the actors, with at most
+two batches in flight per actor, so memory stays flat whatever the number of images. Each finished
+batch is saved as a part at once, so a killed run keeps it; rows whose `cache_key` (model, prompt,
+image bytes, mask geometry) is already done are never described again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from .backends import Backend, Description, Stimulus, backend_class
+from .config import ModelConfig, StudyConfig
+from .masks import MaskSpec, mask_specs
+from .progress import Reporter
+from .runfolder import RunFolder
+
+RESPONSES_SCHEMA = pa.schema(
+    [
+        ("subject", pa.string()),
+        ("image_id", pa.string()),
+        ("variant", pa.string()),
+        ("prompt_id", pa.string()),
+        ("text", pa.string()),
+        ("status", pa.string()),
+        ("error", pa.string()),
+        ("latency_s", pa.float64()),
+        ("input_tokens", pa.int64()),
+        ("output_tokens", pa.int64()),
+        ("cost_usd", pa.float64()),
+        ("model_version", pa.string()),
+        ("cache_key", pa.string()),
+    ]
+)
+RESPONSE_KEY = ("subject", "image_id", "variant", "prompt_id")
+IN_FLIGHT_PER_ACTOR = 2
+
+
+@dataclass(frozen=True)
+class Job:
+    """One response to produce."""
+
+    subject: str
+    image_id: str
+    variant: str
+    prompt_id: str
+    prompt: str
+    path: str
+    mask: MaskSpec | None
+    cache_key: str
+
+
+def prompt_for(model: ModelConfig, study: StudyConfig) -> tuple[str, str]:
+    """The prompt a model gets and its id (a short hash, so a reworded prompt is a new row)."""
+    prompt = model.prompt or study.prompt
+    return prompt, "p-" + hashlib.sha256(prompt.encode()).hexdigest()[:10]
+
+
+def model_fingerprint(model: ModelConfig) -> dict:
+    """What decides a model's answers; its display name and batch size do not."""
+    return model.model_dump(mode="json", exclude={"name", "batch_size", "variants"})
+
+
+def plan_jobs(study: StudyConfig, images: pa.Table) -> list[Job]:
+    specs = {s.mask_id: s for s in mask_specs(study.masks)}
+    rows = images.select(["image_id", "path", "sha256"]).to_pylist()
+    jobs = []
+    for model in study.models:
+        prompt, prompt_id = prompt_for(model, study)
+        variants = ["full"] + (list(specs) if model.variants == "all" else [])
+        settings = model_fingerprint(model)
+        for row in rows:
+            for variant in variants:
+                mask = specs.get(variant)
+                key = hashlib.sha256(
+                    json.dumps(
+                        {"model": settings, "prompt": prompt, "image": row["sha256"], "mask": asdict(mask) if mask else None},
+                        sort_keys=True,
+                    ).encode()
+                ).hexdigest()
+                jobs.append(Job(model.name, row["image_id"], variant, prompt_id, prompt, row["path"], mask, key))
+    return jobs
+
+
+def load_stimuli(jobs: list[Job]) -> list[Stimulus | str]:
+    """Decode and mask images; a file that fails here becomes an error string for its row only."""
+    from PIL import Image
+
+    from .masks import apply_mask
+
+    out: list[Stimulus | str] = []
+    for job in jobs:
+        try:
+            with Image.open(job.path) as im:
+                rgb = np.asarray(im.convert("RGB"))
+            image = apply_mask(rgb, job.mask) if job.mask else rgb
+            out.append(Stimulus(job.image_id, job.variant, image, job.prompt))
+        except Exception as exc:  # noqa: BLE001 - recorded per row; the run goes on
+            out.append(f"could not read image {job.path}: {exc}")
+    return out
+
+
+def describe_batch(backend: Backend | None, jobs: list[Job], stimuli: list[Stimulus | str]) -> list[dict]:
+    ready = [s for s in stimuli if isinstance(s, Stimulus)]
+    start = time.perf_counter()
+    try:
+        answers = iter(backend.describe(ready)) if ready else iter(())
+    except Exception as exc:  # noqa: BLE001 - a batch that fails is recorded, not fatal
+        answers = iter([Description("", "error", f"{type(exc).__name__}: {exc}")] * len(ready))
+    latency = (time.perf_counter() - start) / max(len(ready), 1)
+    rows = []
+    for job, stim in zip(jobs, stimuli):
+        answer = next(answers) if isinstance(stim, Stimulus) else Description("", "error", stim)
+        rows.append(
+            {
+                "subject": job.subject,
+                "image_id": job.image_id,
+                "variant": job.variant,
+                "prompt_id": job.prompt_id,
+                "text": answer.text,
+                "status": answer.status,
+                "error": answer.error,
+                "latency_s": latency if isinstance(stim, Stimulus) else 0.0,
+                "input_tokens": None,
+                "output_tokens": None,
+                "cost_usd": 0.0,
+                "model_version": answer.model_version,
+                "cache_key": job.cache_key,
+            }
+        )
+    return rows
+
+
+class DescribeActor:
+    """Holds one model for the life of the actor; describes batches of decoded stimuli."""
+
+    def __init__(self, model: ModelConfig):
+        self.backend = backend_class(model.backend)(model)
+
+    def describe(self, jobs: list[Job], stimuli: list[Stimulus | str]) -> list[dict]:
+        return describe_batch(self.backend, jobs, stimuli)
+
+
+def _batches(jobs: list[Job], size: int) -> list[list[Job]]:
+    return [jobs[i : i + size] for i in range(0, len(jobs), size)]
+
+
+def _key(row) -> tuple:
+    return tuple(row[k] for k in RESPONSE_KEY)
+
+
+def collect_rows(run: RunFolder, jobs: list[Job]) -> dict[tuple, dict]:
+    """For each current job, its best row so far (ok over error, later over earlier) from the
+    previous table and the parts a crash or this run left; rows of other settings are dropped."""
+    wanted = {(j.subject, j.image_id, j.variant, j.prompt_id): j.cache_key for j in jobs}
+    old = run.read("responses").cast(RESPONSES_SCHEMA) if run.has("responses") else RESPONSES_SCHEMA.empty_table()
+    best: dict[tuple, dict] = {}
+    for table in (old, run.read_parts("responses", RESPONSES_SCHEMA)):
+        for row in table.to_pylist():
+            key = _key(row)
+            if wanted.get(key) == row["cache_key"] and best.get(key, {}).get("status") != "ok":
+                best[key] = row
+    return best
+
+
+def run_describe(study: StudyConfig, images: pa.Table, run: RunFolder, reporter: Reporter, ensure_ray) -> pa.Table:
+    jobs = plan_jobs(study, images)
+    done = {k for k, row in collect_rows(run, jobs).items() if row["status"] == "ok"}
+    todo = [j for j in jobs if (j.subject, j.image_id, j.variant, j.prompt_id) not in done]
+    if done:
+        reporter.say(f"     responses    {len(done)} of {len(jobs)} already done, kept")
+    with reporter.track("describe", len(todo)) as advance:
+        for model in study.models:
+            model_jobs = [j for j in todo if j.subject == model.name]
+            if not model_jobs:
+                continue
+            if backend_class(model.backend).needs_images:
+                _describe_on_ray(study, model, model_jobs, run, advance, ensure_ray())
+                continue
+            backend = backend_class(model.backend)(model)
+            for batch in _batches(model_jobs, model.batch_size):
+                stimuli = [Stimulus(j.image_id, j.variant, np.empty(0, np.uint8), j.prompt) for j in batch]
+                run.append_part("responses", pa.Table.from_pylist(describe_batch(backend, batch, stimuli), schema=RESPONSES_SCHEMA))
+                advance(len(batch))
+    rows = sorted(collect_rows(run, jobs).values(), key=_key)
+    return pa.Table.from_pylist(rows, schema=RESPONSES_SCHEMA)
+
+
+def _describe_on_ray(study: StudyConfig, model: ModelConfig, jobs: list[Job], run: RunFolder, advance, ray) -> None:
+    rt = study.runtime
+    actor_cls = ray.remote(DescribeActor).options(
+        num_cpus=rt.cpus_per_actor, num_gpus=rt.gpus_per_actor, max_restarts=1, max_task_retries=1
+    )
+    loader = ray.remote(load_stimuli).options(num_cpus=1)
+    actors = [actor_cls.remote(model) for _ in range(rt.actors_per_model)]
+    queue = iter(_batches(jobs, model.batch_size))
+    pending: dict = {}
+
+    def submit(actor) -> None:
+        batch = next(queue, None)
+        if batch is not None:
+            pending[actor.describe.remote(batch, loader.remote(batch))] = (actor, batch)
+
+    for actor in actors:
+        for _ in range(IN_FLIGHT_PER_ACTOR):
+            submit(actor)
+    try:
+        while pending:
+            (ref,), _ = ray.wait(list(pending), num_returns=1)
+            actor, batch = pending.pop(ref)
+            try:
+                rows = ray.get(ref)
+            except Exception as exc:  # noqa: BLE001 - a lost actor or batch is recorded per row
+                rows = describe_batch_failed(batch, exc)
+            run.append_part("responses", pa.Table.from_pylist(rows, schema=RESPONSES_SCHEMA))
+            advance(len(batch))
+            submit(actor)
+    finally:
+        for actor in actors:
+            ray.kill(actor)
+
+
+def describe_batch_failed(batch: list[Job], exc: Exception) -> list[dict]:
+    first_line = str(exc).splitlines()[0] if str(exc) else ""
+    return describe_batch(None, batch, [f"{type(exc).__name__}: {first_line}"] * len(batch))

@@ -1,0 +1,50 @@
+"""Text encoders: one registry, lazy imports. An encoder turns texts into L2-normalised vectors.
+
+The similarity metrics (SBERT-SI here; GPT-SI and Gemini-SI through the API layer) are cosine
+similarities of these vectors, so every encoder returns unit-length float32 rows.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+
+from ..config import EncoderConfig
+
+
+class Encoder:
+    def __init__(self, cfg: EncoderConfig):
+        self.cfg = cfg
+
+    @property
+    def version(self) -> str:
+        return self.cfg.model_id
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        """(len(texts), dim) float32, each row of unit length."""
+        raise NotImplementedError
+
+
+_REGISTRY: dict[str, str] = {
+    "sentence-transformers": "vlm_decade.encoders.sbert:SentenceTransformerEncoder",
+}
+
+
+def encoder_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def encoder_class(name: str) -> type[Encoder]:
+    try:
+        target = _REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"unknown encoder backend '{name}'; known: {', '.join(encoder_names())}") from None
+    module, cls = target.split(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def normalise(vectors: np.ndarray) -> np.ndarray:
+    vectors = np.asarray(vectors, dtype=np.float32)
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return vectors / np.where(norms == 0, 1, norms)

@@ -1,0 +1,180 @@
+"""A whole study as one function: check, then ingest, describe, embed, score, stats, report.
+
+Everything is checked before anything is written; each stage then runs only if its inputs or
+settings changed (`stages`), and Ray starts only when a stage needs it.
+"""
+
+from __future__ import annotations
+
+import platform
+from dataclasses import asdict
+from importlib import metadata
+
+import pyarrow as pa
+
+from .backends import backend_class
+from .config import StudyConfig
+from .describe import model_fingerprint, prompt_for, run_describe
+from .embed import run_embed, texts_to_embed
+from .errors import InputError, Problem
+from .ingest import StudyData, load_study_data
+from .masks import mask_specs
+from .progress import Reporter
+from .report import write_report
+from .runfolder import RunFolder, table_fingerprint
+from .runtime import start_ray
+from .score import similarity_scores
+from .stages import Stage, StageRunner, now
+from .stats import analyse
+
+REPORTED_PACKAGES = ("vlm-decade", "ray", "torch", "transformers", "sentence-transformers", "numpy", "scipy", "pyarrow")
+
+
+def check_study(study: StudyConfig) -> StudyData:
+    """Check data and models; raise every problem together. Writes nothing."""
+    problems: list[Problem] = []
+    data = None
+    try:
+        data = load_study_data(study.data, study.ranking, study.masks)
+    except InputError as exc:
+        problems += exc.problems
+    image_ids = set(data.images.column("image_id").to_pylist()) if data else set()
+    variants = ["full"] + [s.mask_id for s in mask_specs(study.masks)]
+    for i, model in enumerate(study.models):
+        try:
+            cls = backend_class(model.backend)
+        except KeyError as exc:
+            problems.append(Problem("study file", exc.args[0], field=f"models.{i}.backend"))
+            continue
+        if data is not None or not cls.needs_images:
+            problems += cls.check(model, image_ids, variants)
+    if problems:
+        raise InputError(problems)
+    return data
+
+
+def package_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for name in REPORTED_PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return versions
+
+
+def eras(study: StudyConfig) -> dict[str, str]:
+    return {m.name: m.era for m in study.models} | {"human:top": "human", "human:bottom": "human"}
+
+
+class LazyRay:
+    """Starts (or joins) Ray the first time a stage needs it; shuts down only what it started."""
+
+    def __init__(self, study: StudyConfig):
+        self.runtime = study.runtime
+        self.ray = None
+
+    def __call__(self):
+        if self.ray is None:
+            import ray
+
+            self.started = not ray.is_initialized()
+            self.ray = start_ray(self.runtime.address, self.runtime.num_cpus)
+        return self.ray
+
+    def close(self) -> None:
+        if self.ray is not None and self.started:
+            self.ray.shutdown()
+
+
+def run_study(study: StudyConfig, reporter: Reporter | None = None) -> RunFolder:
+    reporter = reporter or Reporter()
+    data = check_study(study)
+    run = RunFolder(study.output)
+    run.root.mkdir(parents=True, exist_ok=True)
+    run.update_manifest(
+        study=study.name,
+        demo=study.demo,
+        config=study.model_dump(mode="json"),
+        config_hash=study.hash(),
+        versions=package_versions(),
+        started=now(),
+        finished=None,
+        ranking_method=data.ranking_method,
+        masks=[asdict(s) for s in mask_specs(study.masks)],
+        spend_usd={},
+    )
+    reporter.say(f"[bold]{study.name}[/bold]: {data.images.num_rows} images, {len(study.models)} models -> {run.root}")
+    stage = StageRunner(run, reporter)
+    ray = LazyRay(study)
+    tables: dict[str, pa.Table] = {}
+
+    def table(name: str) -> pa.Table:
+        if name not in tables:
+            tables[name] = run.read(name)
+        return tables[name]
+
+    def produced(**outputs: pa.Table) -> dict[str, pa.Table]:
+        tables.update(outputs)
+        return outputs
+
+    metrics = [e.name for e in study.encoders]
+    try:
+        stage(Stage("images", (), table_fingerprint(data.images), lambda: produced(images=data.images)))
+        stage(Stage("references", (), table_fingerprint(data.references), lambda: produced(references=data.references)))
+        stage(
+            Stage(
+                "responses",
+                ("images",),
+                {
+                    "models": [[m.name, m.variants, model_fingerprint(m), prompt_for(m, study)] for m in study.models],
+                    "masks": [asdict(s) for s in mask_specs(study.masks)],
+                },
+                lambda: produced(responses=run_describe(study, table("images"), run, reporter, ray)),
+            )
+        )
+        stage(
+            Stage(
+                "embeddings",
+                ("references", "responses"),
+                [e.model_dump(mode="json", exclude={"batch_size"}) for e in study.encoders],
+                lambda: produced(
+                    embeddings=run_embed(study, texts_to_embed(table("references"), table("responses")), run, reporter, ray)
+                ),
+            )
+        )
+        stage(
+            Stage(
+                "scores",
+                ("images", "references", "responses", "embeddings"),
+                metrics,
+                lambda: produced(
+                    scores=similarity_scores(table("images"), table("references"), table("responses"), table("embeddings"), metrics)
+                ),
+            )
+        )
+        statistics = study.statistics
+
+        def compute_stats() -> dict[str, pa.Table]:
+            ray()  # bootstrap blocks run as Ray tasks
+            stats, comparisons = analyse(
+                table("scores"), eras(study), statistics.n_resamples, statistics.seed, statistics.confidence, statistics.alpha
+            )
+            return produced(stats=stats, comparisons=comparisons)
+
+        stage(Stage("stats", ("scores",), [statistics.model_dump(), eras(study)], compute_stats, outputs=("stats", "comparisons")))
+        stage(
+            Stage(
+                "report",
+                ("images", "references", "responses", "scores", "stats", "comparisons"),
+                {"demo": study.demo, "ranking": data.ranking_method, "version": 1},
+                lambda: write_report(run, study, {n: table(n) for n in ("images", "references", "responses", "scores", "stats", "comparisons")}) or {},
+                outputs=(),
+                files=("report.html",),
+            )
+        )
+    finally:
+        ray.close()
+    run.update_manifest(finished=now())
+    reporter.say(f"report: {run.root / 'report.html'}")
+    return run

@@ -1,0 +1,161 @@
+"""The report: `report.html` beside the tables, its figures drawn from the run's tables, and CSVs.
+
+The main figure has the shape of the paper's figure 4b: mean similarity to the gold standard per
+model with bootstrap CIs, datasets side by side, and the top- and bottom-ranked humans drawn as
+bands. A demo run says on the page that its human data were written for the demo.
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.csv as pacsv  # noqa: E402
+
+from .config import StudyConfig  # noqa: E402
+from .runfolder import RunFolder, atomic_write_bytes  # noqa: E402
+from .stats import format_p  # noqa: E402
+
+DATASET_COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
+HUMAN_BANDS = {"human:top": ("top-ranked humans", 0.25), "human:bottom": ("bottom-ranked humans", 0.12)}
+
+
+def similarity_figure(stats: pa.Table, study: StudyConfig, metric: str, path: Path) -> None:
+    """Figure 4b's shape for one metric, from the `stats` table."""
+    rows = [r for r in stats.to_pylist() if r["metric"] == metric and r["variant"] == "full"]
+    datasets = sorted({r["dataset"] for r in rows})
+    models = [m.name for m in study.models if any(r["subject"] == m.name for r in rows)]
+    era = {m.name: m.era for m in study.models}
+    by_key = {(r["subject"], r["dataset"]): r for r in rows}
+    fig, ax = plt.subplots(figsize=(max(4.5, 1.3 * len(models) + 2.5), 4.2), dpi=120)
+    width = 0.7 / max(len(datasets), 1)
+    for d_i, dataset in enumerate(datasets):
+        colour = DATASET_COLOURS[d_i % len(DATASET_COLOURS)]
+        for subject, (label, alpha) in HUMAN_BANDS.items():
+            r = by_key.get((subject, dataset))
+            if r:
+                ax.axhspan(r["ci_low"], r["ci_high"], color=colour, alpha=alpha, lw=0)
+                ax.axhline(r["estimate"], color=colour, lw=1, ls="--" if subject == "human:bottom" else "-")
+                ax.annotate(f"{label} ({dataset})", (len(models) - 0.45, r["estimate"]), fontsize=7, color=colour, va="bottom", ha="right")
+        xs, ys, lo, hi = [], [], [], []
+        for m_i, model in enumerate(models):
+            r = by_key.get((model, dataset))
+            if r:
+                xs.append(m_i + (d_i - (len(datasets) - 1) / 2) * width)
+                ys.append(r["estimate"])
+                lo.append(r["estimate"] - r["ci_low"])
+                hi.append(r["ci_high"] - r["estimate"])
+        ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o", color=colour, capsize=3, label=dataset)
+    ax.set_xticks(range(len(models)))
+    ax.set_xticklabels([f"{m}\n({era[m]})" for m in models], fontsize=8)
+    ax.set_xlim(-0.6, len(models) - 0.4)
+    ax.set_ylabel(f"{metric} to gold standard (mean, 95% CI)")
+    ax.legend(title="dataset", fontsize=8, loc="lower left")
+    ax.grid(axis="y", alpha=0.3)
+    title = f"Similarity to the gold standard ({metric})"
+    ax.set_title(title + ("\nDEMO DATA: not a finding" if study.demo else ""), fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+def _html_table(table: pa.Table, columns: list[str], formats: dict | None = None) -> str:
+    formats = formats or {}
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = []
+    for row in table.select(columns).to_pylist():
+        cells = []
+        for c in columns:
+            value = row[c]
+            text = formats[c](value, row) if c in formats else (f"{value:.3f}" if isinstance(value, float) else str(value))
+            cells.append(f"<td>{html.escape(text)}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def _csv(table: pa.Table, path: Path) -> None:
+    sink = pa.BufferOutputStream()
+    pacsv.write_csv(table, sink)
+    atomic_write_bytes(path, sink.getvalue().to_pybytes())
+
+
+STYLE = """
+body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
+table{border-collapse:collapse;font-size:13px;margin:0.5em 0 1.5em}th,td{border:1px solid #ccc;padding:3px 8px;text-align:left}
+th{background:#f3f3f3}.demo{background:#fff3cd;border:1px solid #e0b400;padding:0.8em 1em;border-radius:4px}
+.note{color:#555;font-size:14px}img{max-width:100%}
+"""
+
+
+def write_report(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Table]) -> None:
+    figures = run.root / "figures"
+    metrics = sorted(set(tables["stats"].column("metric").to_pylist()))
+    for metric in metrics:
+        similarity_figure(tables["stats"], study, metric, figures / f"similarity_{metric}.png")
+    csv_dir = run.root / "tables"
+    for name in ("stats", "comparisons", "scores", "responses"):
+        _csv(tables[name], csv_dir / f"{name}.csv")
+
+    manifest = run.manifest()
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(study.name)}: vlm_decade report</title>"]
+    parts.append(f"<style>{STYLE}</style></head><body><h1>{html.escape(study.name)}</h1>")
+    if study.demo:
+        parts.append(
+            "<p class='demo'><b>Demo data.</b> The photos are real (they ship with scikit-image), but the human "
+            "descriptions, masked descriptions and imported captions were written for this demo and the ranking "
+            "votes were simulated. These numbers show what the tool computes; they are not findings about people "
+            "or models.</p>"
+        )
+    images = tables["images"]
+    parts.append(
+        f"<p class='note'>{images.num_rows} images in {len(set(images.column('dataset').to_pylist()))} datasets; "
+        f"{len(study.models)} models; {study.statistics.n_resamples:,} bootstrap resamples over images "
+        f"(seed {study.statistics.seed}); config hash <code>{manifest.get('config_hash', '')[:12]}</code>.</p>"
+    )
+    ranking = manifest.get("ranking_method", {})
+    consensus = sorted(d for d, m in ranking.items() if m == "consensus")
+    parts.append("<h2>Gold standard</h2><ul>")
+    for dataset, method in sorted(ranking.items()):
+        how = "chosen by ranking votes" if method == "votes" else "no votes: consensus rule (the description most similar to the others)"
+        parts.append(f"<li>{html.escape(dataset)}: {how}</li>")
+    parts.append("</ul>")
+    if consensus:
+        parts.append(f"<p class='note'>Datasets without votes ({', '.join(consensus)}) use the consensus fallback; see docs/data-format.md.</p>")
+
+    parts.append("<h2>Similarity to the gold standard</h2>")
+    for metric in metrics:
+        parts.append(f"<img src='figures/similarity_{metric}.png' alt='{html.escape(metric)} per model and dataset'>")
+    parts.append(
+        _html_table(
+            tables["stats"].sort_by([("metric", "ascending"), ("subject", "ascending"), ("dataset", "ascending")]),
+            ["subject", "dataset", "metric", "variant", "estimate", "ci_low", "ci_high", "n_images"],
+        )
+    )
+    if tables["comparisons"].num_rows:
+        parts.append("<h2>Comparisons</h2><p class='note'>Two-sided bootstrap p; q = Benjamini-Hochberg within each family.</p>")
+        n = study.statistics.n_resamples
+        parts.append(
+            _html_table(
+                tables["comparisons"],
+                ["family", "a", "b", "dataset", "metric", "difference", "ci_low", "ci_high", "p", "q", "significant"],
+                {"p": lambda v, r: format_p(v, n), "q": lambda v, r: format_p(v, n)},
+            )
+        )
+    failed = tables["responses"].filter(pa.compute.not_equal(tables["responses"].column("status"), "ok"))
+    parts.append(f"<h2>Responses</h2><p class='note'>{tables['responses'].num_rows} responses, {failed.num_rows} failed.</p>")
+    if failed.num_rows:
+        parts.append(_html_table(failed, ["subject", "image_id", "variant", "error"]))
+    parts.append(
+        "<p class='note'>Tables: "
+        + ", ".join(f"<a href='tables/{n}.csv'>{n}.csv</a>" for n in ("stats", "comparisons", "scores", "responses"))
+        + "; the Parquet tables and manifest.json sit beside this page.</p></body></html>"
+    )
+    atomic_write_bytes(run.root / "report.html", "\n".join(parts).encode("utf-8"))
