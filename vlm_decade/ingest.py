@@ -98,7 +98,8 @@ def load_study_data(data: DataConfig, ranking: RankingConfig, masks: MaskConfig)
         _check_every_image_has_full(images_t, images, descriptions, descriptions_t.name, problems)
     tally = _Tally()
     if votes_t is not None and images is not None and descriptions is not None:
-        tally = _check_votes(votes_t, images, descriptions, problems)
+        declared = {_text(row, "description_id") for row in descriptions_t.rows}
+        tally = _check_votes(votes_t, images, descriptions, declared, problems)
     methods = _ranking_methods(images, tally, votes_t, problems) if images is not None else {}
     problems.raise_if_any()
 
@@ -363,8 +364,17 @@ class _Tally:
 
 
 def _check_votes(
-    table: _Table, images: dict[str, _Image], descriptions: dict[str, _Description], problems: Problems
+    table: _Table,
+    images: dict[str, _Image],
+    descriptions: dict[str, _Description],
+    declared: set[str],
+    problems: Problems,
 ) -> _Tally:
+    """Check each vote and tally the good ones.
+
+    `declared` holds every id in the descriptions table, `descriptions` only the rows that passed their
+    checks: a vote naming a rejected description is not counted, but is not reported again either.
+    """
     tally = _Tally()
     seen: dict[tuple[str, str, str], int] = {}
     for row in table.rows:
@@ -385,19 +395,19 @@ def _check_votes(
             if not shown:
                 errors.append(("shown", "'shown' lists no description ids"))
             for description_id, n in Counter(shown).items():
-                if description_id not in descriptions:
+                if description_id not in declared:
                     errors.append(("shown", f"unknown description id '{description_id}' in 'shown'"))
                 elif n > 1:
                     errors.append(("shown", f"'shown' lists '{description_id}' {n} times"))
-            if shown and not own:
+            if shown and not own and all(d in descriptions for d in shown):
                 errors.append(("shown", f"'shown' has no description of image '{image_id}'"))
-            if chosen not in descriptions:
+            if chosen not in declared:
                 errors.append(("chosen", f"unknown description id '{chosen}' in 'chosen'"))
             elif chosen not in shown:
                 errors.append(("chosen", f"chosen '{chosen}' is not among the shown descriptions"))
         for column, message in errors:
             problems.add(table.file, message, row=row.number, field=column)
-        if errors:
+        if errors or not all(d in descriptions for d in (*shown, chosen)):
             continue
         tally.shown.update(own)
         # A distractor (another image's description) chosen as best counts for nothing.

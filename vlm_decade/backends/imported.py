@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..config import ModelConfig
 from ..errors import Problem, Problems
-from ..tables import read_table_file
+from ..ingest import read_table
 from . import Backend, Description, Stimulus
 
 COLUMNS = ("image_id", "variant", "text")
@@ -29,8 +29,10 @@ class ImportedBackend(Backend):
     def __init__(self, model: ModelConfig):
         super().__init__(model)
         path = imported_file(model)
-        rows = read_table_file(path, COLUMNS).to_pylist()
-        self.texts = {(r["image_id"], r["variant"]): r["text"] for r in rows}
+        problems = Problems()
+        table = read_table(path, COLUMNS, problems)
+        problems.raise_if_any()
+        self.texts = {(r.cells["image_id"], r.cells["variant"]): r.cells["text"] for r in table.rows}
         self.version = f"{path.name}@sha256:{hashlib.sha256(path.read_bytes()).hexdigest()[:12]}"
 
     def describe(self, batch: list[Stimulus]) -> list[Description]:
@@ -50,11 +52,11 @@ class ImportedBackend(Backend):
         if path is None:
             return [Problem(where, "the imported backend needs options: {file: PATH} (CSV or Parquet)")]
         problems = Problems()
-        table = read_table_file(path, COLUMNS, problems)
+        table = read_table(path, COLUMNS, problems)
         if table is None:
             return problems.items
         seen: set[tuple[str, str]] = set()
-        for row, rec in enumerate(table.to_pylist(), start=2):
+        for row, rec in ((r.number, r.cells) for r in table.rows):
             key = (rec["image_id"], rec["variant"])
             if rec["image_id"] not in image_ids:
                 problems.add(path, f"unknown image_id '{rec['image_id']}'", row, "image_id")

@@ -8,7 +8,6 @@ so comparisons on one dataset are paired, and different datasets draw independen
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import groupby
 
 import numpy as np
 import pyarrow as pa

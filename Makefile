@@ -1,0 +1,26 @@
+# Set-up and the two everyday commands. Everything lives in .venv; nothing is installed system-wide.
+VENV ?= .venv
+PYTHON ?= python3
+# The CPU build of torch; on a GPU machine set TORCH to the build you need (e.g. TORCH=torch).
+TORCH ?= torch==2.13.0
+BIN := $(VENV)/bin
+
+.PHONY: demo test setup clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH)"
+	$(BIN)/python -m pip install -q -e ".[demo,nlp,test]"
+	touch $@
+
+setup: $(BIN)/.installed
+
+demo: setup
+	$(BIN)/vlm-decade demo
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) runs

@@ -1,0 +1,43 @@
+"""The demo sends nothing off this machine: no TCP connection, no DNS lookup beyond its own addresses."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+
+from .conftest import BIN, cli_env
+from .netcheck import outside_traffic
+
+pytestmark = pytest.mark.e2e
+
+
+def test_netcheck_flags_outside_connections():
+    log = "\n".join(
+        [
+            '10 connect(6, {sa_family=AF_INET, sin_port=htons(53), sin_addr=inet_addr("8.8.8.8")}, 16) = 0',
+            '10 connect(7, {sa_family=AF_INET, sin_port=htons(6379), sin_addr=inet_addr("127.0.0.1")}, 16) = 0',
+            '11 connect(8, {sa_family=AF_INET, sin_port=htons(80), sin_addr=inet_addr("169.254.169.254")}, 16) = -1 EINPROGRESS',
+        ]
+    )
+    assert outside_traffic(log) == [log.splitlines()[2]]
+    sent = log.splitlines()[0] + "\n10 sendmmsg(6, [{msg_hdr={...}}], 2, MSG_NOSIGNAL) = 2"
+    assert len(outside_traffic(sent)) == 1  # a DNS query on the discovery socket is traffic
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed (.ci/run installs it)")
+def test_demo_makes_no_outside_connection(tmp_path):
+    log = tmp_path / "strace.log"
+    result = subprocess.run(
+        ["strace", "-f", "-qq", "-e", "trace=connect,sendto,sendmsg,sendmmsg", "-o", str(log), str(BIN / "vlm-decade"), "demo", "--out", str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=cli_env(),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "run" / "report.html").exists()
+    text = log.read_text()
+    assert "connect(" in text  # the trace saw Ray's own local connections
+    assert outside_traffic(text) == []

@@ -1,0 +1,84 @@
+"""`ray job submit` of the demo study to a local head on 127.0.0.1, as a cluster user would."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from vlm_decade.runtime import offline_env
+
+from .conftest import BIN, cli_env
+from .netcheck import outside_traffic
+
+pytestmark = pytest.mark.e2e
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def ray_head(tmp_path):
+    env = cli_env() | offline_env(tmp_path / "ray_home")
+    env["PATH"] = f"{BIN}{os.pathsep}{env['PATH']}"  # the job's `python` is this environment's
+    port, dashboard = _free_port(), _free_port()
+    cmd = [
+        str(BIN / "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}",
+        "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
+        "--num-cpus=2", "--disable-usage-stats", f"--temp-dir={tmp_path / 'ray_tmp'}",
+    ]
+    strace = shutil.which("strace")
+    log = tmp_path / "head.strace"
+    if strace:
+        cmd = [strace, "-f", "-qq", "-e", "trace=connect,sendto,sendmsg,sendmmsg", "-o", str(log), *cmd]
+    head = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    address = f"http://127.0.0.1:{dashboard}"
+    deadline = time.monotonic() + 120
+    while True:
+        probe = subprocess.run([str(BIN / "ray"), "job", "list", "--address", address], env=env, capture_output=True, text=True)
+        if probe.returncode == 0:
+            break
+        assert head.poll() is None, "ray start --head exited"
+        assert time.monotonic() < deadline, probe.stderr[-2000:]
+        time.sleep(1)
+    yield address, env, (log if strace else None)
+    os.killpg(head.pid, signal.SIGTERM)
+    try:
+        head.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(head.pid, signal.SIGKILL)
+        head.wait(timeout=30)
+
+
+def test_ray_job_submit_runs_the_demo(ray_head, tmp_path):
+    address, env, strace_log = ray_head
+    out = tmp_path / "job_run"
+    runtime_env = {"excludes": [".venv", ".git", "runs", "**/__pycache__"]}
+    submit = subprocess.run(
+        [
+            str(BIN / "ray"), "job", "submit", "--address", address, "--submission-id", "vlm-decade-e2e",
+            "--working-dir", str(REPO), "--runtime-env-json", json.dumps(runtime_env), "--",
+            "python", "jobs/decade_study.py", "--demo", "--out", str(out),
+        ],
+        env=env, capture_output=True, text=True, timeout=900,
+    )
+    status = subprocess.run(
+        [str(BIN / "ray"), "job", "status", "--address", address, "vlm-decade-e2e"], env=env, capture_output=True, text=True
+    )
+    assert "SUCCEEDED" in status.stdout + status.stderr, submit.stdout[-4000:] + submit.stderr[-2000:]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert all(s["state"] == "done" for s in manifest["stages"].values())
+    assert (out / "report.html").exists() and (out / "stats.parquet").exists()
+    if strace_log is not None:
+        assert outside_traffic(strace_log.read_text()) == []

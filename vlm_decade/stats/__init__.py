@@ -1,0 +1,46 @@
+"""The statistics engine: bootstrap estimates, paired comparisons and Benjamini-Hochberg FDR.
+
+Files:
+- `analysis.py`  the entry points: `analyse` (scores table -> stats and comparisons tables),
+                 `bootstrap_study` (same, with all options and the resample distributions),
+                 `correlation_ci` (metric vs human ratings) and `format_p`.
+- `families.py`  which comparisons are made and corrected together (`Term`, `ComparisonSpec`,
+                 `Family`, the paper's `default_families`).
+- `_core.py`     the pure numpy core: resample weights, weighted reductions, percentile and BCa
+                 intervals, the bootstrap p-value, BH q-values. Tests call it directly.
+- `_streams.py`  where random numbers come from: one SeedSequence per (seed, name, chunk).
+- `_engine.py`   runs blocks of resamples (or Poisson image shards) in-process or as Ray tasks.
+- `_validate.py` argument checks, kept apart from the numerics.
+- `results.py`   frozen result records and the Arrow schemas of the output tables.
+
+See docs/statistics.md for the definitions.
+"""
+
+from ._core import bh_qvalues, bootstrap_p, p_floor
+from ._validate import StatsInputError
+from .analysis import analyse, bootstrap_study, correlation_ci, format_p, pivot
+from .families import ComparisonSpec, Family, Term, default_families, dataset_family, era_family, vs_humans_family
+from .results import COMPARISONS_SCHEMA, STATS_SCHEMA, Estimate, StudyResult
+
+__all__ = [
+    "analyse",
+    "bootstrap_study",
+    "correlation_ci",
+    "format_p",
+    "pivot",
+    "bh_qvalues",
+    "bootstrap_p",
+    "p_floor",
+    "StatsInputError",
+    "Term",
+    "ComparisonSpec",
+    "Family",
+    "default_families",
+    "era_family",
+    "dataset_family",
+    "vs_humans_family",
+    "STATS_SCHEMA",
+    "COMPARISONS_SCHEMA",
+    "Estimate",
+    "StudyResult",
+]
