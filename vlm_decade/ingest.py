@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 from .config import DataConfig, MaskConfig, RankingConfig
 from .errors import Problems
@@ -66,34 +66,38 @@ _UNDECODABLE = re.compile("[\udc80-\udcff]")
 
 @dataclass(frozen=True)
 class StudyData:
+    """Study A's checked input: the run folder's `images` and `references` tables (docs/data-format.md)."""
+
     images: pa.Table
     references: pa.Table
     ranking_method: dict[str, str]  # dataset -> "votes" | "consensus"
 
 
 @dataclass(frozen=True)
-class _Row:
+class Row:
     number: int  # as a spreadsheet shows it: the header is row 1
     cells: dict[str, str | list[str]]  # the required columns only; a Parquet list column stays a list
 
 
 @dataclass(frozen=True)
-class _Table:
+class Table:
     file: str
     name: str  # the file name, for messages that point from one table to another
-    rows: list[_Row]
+    rows: list[Row]
 
 
 def load_study_data(data: DataConfig, ranking: RankingConfig, masks: MaskConfig) -> StudyData:
     """Read, check and rank Study A's input; every problem is raised together as one InputError."""
     problems = Problems()
-    images_t = _read_table(Path(data.images), IMAGE_COLUMNS, problems)
-    descriptions_t = _read_table(Path(data.descriptions), DESCRIPTION_COLUMNS, problems)
-    votes_t = _read_table(Path(data.votes), VOTE_COLUMNS, problems) if data.votes is not None else None
+    images_t = read_table(Path(data.images), IMAGE_COLUMNS, problems)
+    descriptions_t = read_table(Path(data.descriptions), DESCRIPTION_COLUMNS, problems)
+    votes_t = read_table(Path(data.votes), VOTE_COLUMNS, problems) if data.votes is not None else None
 
-    images = _check_images(images_t, Path(data.image_dir), problems) if images_t else None
-    conditions = [FULL, *mask_ids(masks)]
-    descriptions = _check_descriptions(descriptions_t, images, conditions, problems) if descriptions_t else None
+    images = descriptions = None
+    if images_t is not None:
+        images = _check_images(images_t, Path(data.image_dir), problems)
+    if descriptions_t is not None:
+        descriptions = _check_descriptions(descriptions_t, images, [FULL, *mask_ids(masks)], problems)
     if images is not None and descriptions is not None:
         _check_every_image_has_full(images_t, images, descriptions, descriptions_t.name, problems)
     tally = _Tally()
@@ -113,7 +117,7 @@ def load_study_data(data: DataConfig, ranking: RankingConfig, masks: MaskConfig)
 # --- reading tables --------------------------------------------------------------------------------
 
 
-def _read_table(path: Path, required: tuple[str, ...], problems: Problems) -> _Table | None:
+def read_table(path: Path, required: tuple[str, ...], problems: Problems) -> Table | None:
     """Rows of a CSV or Parquet table, or None (with problems added) when it cannot be used at all."""
     kind = path.suffix.lower()
     if kind not in (".csv", ".parquet", ".pq"):
@@ -132,7 +136,7 @@ def _read_table(path: Path, required: tuple[str, ...], problems: Problems) -> _T
         return None
     reader = _csv_rows if kind == ".csv" else _parquet_rows
     rows = reader(path, raw, required, problems)
-    return None if rows is None else _Table(str(path), path.name, rows)
+    return None if rows is None else Table(str(path), path.name, rows)
 
 
 def _missing_columns(path: Path, header: list[str], required: tuple[str, ...], problems: Problems) -> bool:
@@ -142,7 +146,7 @@ def _missing_columns(path: Path, header: list[str], required: tuple[str, ...], p
     return bool(missing)
 
 
-def _csv_rows(path: Path, raw: bytes, required: tuple[str, ...], problems: Problems) -> list[_Row] | None:
+def _csv_rows(path: Path, raw: bytes, required: tuple[str, ...], problems: Problems) -> list[Row] | None:
     text = raw.decode("utf-8-sig", errors="surrogateescape")
     records = csv.reader(io.StringIO(text, newline=""))
     try:
@@ -181,14 +185,14 @@ def _csv_rows(path: Path, raw: bytes, required: tuple[str, ...], problems: Probl
                     problems.add(path, "not valid UTF-8 (save the file as UTF-8)", row=number, field=column)
                     value = value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
                 cells[column] = value
-            rows.append(_Row(number, cells))
+            rows.append(Row(number, cells))
     except csv.Error as exc:
         problems.add(path, f"not valid CSV: {exc}", row=number)
         return None
     return rows
 
 
-def _parquet_rows(path: Path, raw: bytes, required: tuple[str, ...], problems: Problems) -> list[_Row] | None:
+def _parquet_rows(path: Path, raw: bytes, required: tuple[str, ...], problems: Problems) -> list[Row] | None:
     try:
         table = pq.read_table(pa.BufferReader(raw))
     except Exception as exc:  # pyarrow reports a damaged file with several exception types
@@ -197,7 +201,7 @@ def _parquet_rows(path: Path, raw: bytes, required: tuple[str, ...], problems: P
     if _missing_columns(path, table.column_names, required, problems):
         return None
     rows = table.select(list(required)).to_pylist()
-    return [_Row(n, {c: _cell(v) for c, v in r.items()}) for n, r in enumerate(rows, start=2)]
+    return [Row(n, {c: _cell(v) for c, v in r.items()}) for n, r in enumerate(rows, start=2)]
 
 
 def _cell(value) -> str | list[str]:
@@ -208,7 +212,7 @@ def _cell(value) -> str | list[str]:
     return str(value)
 
 
-def _present(row: _Row, table: _Table, columns: tuple[str, ...], problems: Problems) -> bool:
+def _present(row: Row, table: Table, columns: tuple[str, ...], problems: Problems) -> bool:
     """Whether every one of `columns` is non-blank in `row` (adds a problem for each blank one)."""
     ok = True
     for column in columns:
@@ -219,7 +223,7 @@ def _present(row: _Row, table: _Table, columns: tuple[str, ...], problems: Probl
     return ok
 
 
-def _text(row: _Row, column: str) -> str:
+def _text(row: Row, column: str) -> str:
     value = row.cells[column]
     return ";".join(value) if isinstance(value, list) else value.strip()
 
@@ -237,7 +241,7 @@ class _Image:
     height: int = 0
 
 
-def _check_images(table: _Table, image_dir: Path, problems: Problems) -> dict[str, _Image]:
+def _check_images(table: Table, image_dir: Path, problems: Problems) -> dict[str, _Image]:
     images: dict[str, _Image] = {}
     for row in table.rows:
         if not _present(row, table, IMAGE_COLUMNS, problems):
@@ -285,7 +289,9 @@ def _inspect_image(path: str) -> tuple[str, int, int] | str:
         with Image.open(io.BytesIO(data)) as im:
             im.load()  # a full decode: a truncated file fails here, not just a bad header
             width, height = im.size
-    except Exception as exc:  # Pillow signals a bad image with many exception types
+    except UnidentifiedImageError:
+        return f"not a readable image (not a format Pillow recognises): {path}"
+    except Exception as exc:  # Pillow signals a damaged image with many exception types
         return f"not a readable image ({type(exc).__name__}: {exc}): {path}"
     return hashlib.sha256(data).hexdigest(), width, height
 
@@ -303,7 +309,7 @@ class _Description:
 
 
 def _check_descriptions(
-    table: _Table, images: dict[str, _Image] | None, conditions: list[str], problems: Problems
+    table: Table, images: dict[str, _Image] | None, conditions: list[str], problems: Problems
 ) -> dict[str, _Description]:
     descriptions: dict[str, _Description] = {}
     for row in table.rows:
@@ -342,7 +348,7 @@ def _check_descriptions(
 
 
 def _check_every_image_has_full(
-    table: _Table, images: dict[str, _Image], descriptions: dict[str, _Description], source: str, problems: Problems
+    table: Table, images: dict[str, _Image], descriptions: dict[str, _Description], source: str, problems: Problems
 ) -> None:
     with_full = {d.image_id for d in descriptions.values() if d.condition == FULL}
     for image_id, im in images.items():
@@ -364,7 +370,7 @@ class _Tally:
 
 
 def _check_votes(
-    table: _Table,
+    table: Table,
     images: dict[str, _Image],
     descriptions: dict[str, _Description],
     declared: set[str],
@@ -424,7 +430,7 @@ def _shown_ids(value: str | list[str]) -> list[str]:
 
 
 def _ranking_methods(
-    images: dict[str, _Image], tally: _Tally, votes_t: _Table | None, problems: Problems
+    images: dict[str, _Image], tally: _Tally, votes_t: Table | None, problems: Problems
 ) -> dict[str, str]:
     """Per dataset: "votes" if every image has votes, "consensus" if none has; a mix is a problem."""
     by_dataset: dict[str, list[str]] = defaultdict(list)
