@@ -65,8 +65,7 @@ def prompt_for(model: ModelConfig, study: StudyConfig) -> tuple[str, str]:
 
 
 def model_fingerprint(model: ModelConfig) -> dict:
-    """What decides a model's answers; its display name and batch size do not."""
-    return model.model_dump(mode="json", exclude={"name", "batch_size", "variants"})
+    return backend_class(model.backend).fingerprint(model)
 
 
 def plan_jobs(study: StudyConfig, images: pa.Table) -> list[Job]:

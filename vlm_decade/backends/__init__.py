@@ -48,6 +48,12 @@ class Backend:
         raise NotImplementedError
 
     @classmethod
+    def fingerprint(cls, model: ModelConfig) -> dict:
+        """What decides this model's answers (its display name, batch size and variants do not);
+        part of every response's cache key."""
+        return model.model_dump(mode="json", exclude={"name", "batch_size", "variants"})
+
+    @classmethod
     def check(cls, model: ModelConfig, image_ids: set[str], variants: list[str]) -> list[Problem]:
         """Problems `validate` can find before any work: missing weights, files, keys."""
         return []

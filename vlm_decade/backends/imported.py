@@ -46,6 +46,14 @@ class ImportedBackend(Backend):
         return out
 
     @classmethod
+    def fingerprint(cls, model: ModelConfig) -> dict:
+        """The file's content, not where it lies, decides the answers."""
+        settings = super().fingerprint(model)
+        path = imported_file(model)
+        settings["options"] = {**settings["options"], "file": hashlib.sha256(path.read_bytes()).hexdigest()}
+        return settings
+
+    @classmethod
     def check(cls, model: ModelConfig, image_ids: set[str], variants: list[str]) -> list[Problem]:
         path = imported_file(model)
         where = f"models[{model.name}].options.file"
