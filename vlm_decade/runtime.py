@@ -2,7 +2,7 @@
 
 A local Ray's dashboard process probes cloud metadata endpoints (169.254.169.254,
 metadata.google.internal) unless `~/ray_bootstrap_config.yaml` names a provider, and `ray start`
-posts usage statistics unless told not to. A scientific tool should not phone home, so a local
+posts usage statistics unless told not to (and, told not to, still posts that it was told). A scientific tool should not phone home, so a local
 Ray here runs with usage stats off and a private HOME for the Ray processes that holds a
 `provider: {type: local}` bootstrap file. Cache folders keep pointing at the user's real ones.
 """
@@ -15,6 +15,9 @@ from pathlib import Path
 
 QUIET_RAY_ENV = {
     "RAY_USAGE_STATS_ENABLED": "0",
+    # With stats disabled, a head started by `ray start` still posts a "disabled" notice to this
+    # URL (a DNS lookup and an HTTPS request); point it at a closed local port instead.
+    "RAY_USAGE_STATS_REPORT_URL": "http://127.0.0.1:9/",
     "RAY_DATA_DISABLE_PROGRESS_BARS": "1",
 }
 
