@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from .backends import Backend, Description, Stimulus, backend_class
 from .config import ModelConfig, StudyConfig
+from .errors import InputError, Problem
 from .masks import MaskSpec, mask_specs
 from .progress import Reporter
 from .runfolder import RunFolder
@@ -193,12 +194,35 @@ def run_describe(study: StudyConfig, images: pa.Table, run: RunFolder, reporter:
     return pa.Table.from_pylist(rows, schema=RESPONSES_SCHEMA)
 
 
+def check_actor_fit(study: StudyConfig, ray) -> None:
+    """On a local Ray, actors that ask for more than the machine has would wait forever in silence."""
+    if study.runtime.address:
+        return  # a cluster may autoscale to fit
+    rt, have = study.runtime, ray.cluster_resources()
+    for resource, each in (("CPU", rt.cpus_per_actor), ("GPU", rt.gpus_per_actor)):
+        need = each * rt.actors_per_model
+        if need > have.get(resource, 0):
+            raise InputError(
+                [
+                    Problem(
+                        "study file",
+                        f"{rt.actors_per_model} actors x {each:g} {resource} = {need:g} {resource}, but this Ray has "
+                        f"{have.get(resource, 0):g}; lower actors_per_model or {resource.lower()}s_per_actor",
+                        field=f"runtime.{resource.lower()}s_per_actor",
+                    )
+                ]
+            )
+
+
 def _describe_on_ray(study: StudyConfig, model: ModelConfig, jobs: list[Job], run: RunFolder, advance, ray) -> None:
     rt = study.runtime
+    check_actor_fit(study, ray)
     actor_cls = ray.remote(DescribeActor).options(
         num_cpus=rt.cpus_per_actor, num_gpus=rt.gpus_per_actor, max_restarts=1, max_task_retries=1
     )
-    loader = ray.remote(load_stimuli).options(num_cpus=1)
+    # Loaders reserve no CPU: the actors may hold every CPU there is, and the in-flight cap below
+    # already bounds how many loads run at once (two per actor).
+    loader = ray.remote(load_stimuli).options(num_cpus=0)
     actors = [actor_cls.remote(model) for _ in range(rt.actors_per_model)]
     queue = iter(_batches(jobs, model.batch_size))
     pending: dict = {}

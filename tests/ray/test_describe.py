@@ -1,0 +1,101 @@
+"""The describe stage on Ray: same rows as direct calls, whatever the actors and batch size; a bad
+image fails its own row only; finished rows are never described twice."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from PIL import Image
+
+from vlm_decade.backends import Stimulus, backend_class
+from vlm_decade.config import load_study
+from vlm_decade.demo import materialize
+from vlm_decade.describe import run_describe
+from vlm_decade.ingest import load_study_data
+from vlm_decade.masks import apply_mask, mask_specs
+from vlm_decade.progress import Reporter
+from vlm_decade.runfolder import RunFolder
+
+pytestmark = pytest.mark.ray
+KEEP = {"astronaut", "chelsea", "coffee", "motorcycle", "retina"}
+
+
+@pytest.fixture(scope="module")
+def small_study(tmp_path_factory):
+    """The demo study with the SSD captioner only, on five of its images."""
+    study = load_study(materialize(tmp_path_factory.mktemp("study")))
+    study = study.model_copy(update={"models": tuple(m for m in study.models if m.name == "ssd-template")})
+    images = load_study_data(study.data, study.ranking, study.masks).images
+    return study, images.filter(pa.compute.is_in(images.column("image_id"), pa.array(sorted(KEEP))))
+
+
+def _describe(study, images, out, actors=1, batch_size=4):
+    model = study.models[0].model_copy(update={"batch_size": batch_size})
+    study = study.model_copy(
+        update={"models": (model,), "runtime": study.runtime.model_copy(update={"actors_per_model": actors})}
+    )
+    import ray
+
+    return run_describe(study, images, RunFolder(out), Reporter(quiet=True), lambda: ray)
+
+
+def _stable(table: pa.Table) -> pa.Table:
+    return table.drop_columns(["latency_s"])
+
+
+def test_ray_rows_equal_direct_calls(small_study, tmp_path):
+    study, images = small_study
+    table = _describe(study, images, tmp_path / "a")
+    assert table.num_rows == len(KEEP) * 4 and set(table.column("status").to_pylist()) == {"ok"}
+    backend = backend_class("ssd-template")(study.models[0])
+    specs = {s.mask_id: s for s in mask_specs(study.masks)}
+    for row in table.to_pylist():
+        path = images.filter(pa.compute.equal(images.column("image_id"), row["image_id"])).column("path")[0].as_py()
+        rgb = np.asarray(Image.open(path).convert("RGB"))
+        image = rgb if row["variant"] == "full" else apply_mask(rgb, specs[row["variant"]])
+        direct = backend.describe([Stimulus(row["image_id"], row["variant"], image, "")])[0]
+        assert row["text"] == direct.text, row
+    texts = {(r["image_id"], r["variant"]): r["text"] for r in table.to_pylist()}
+    assert "cat" in texts[("chelsea", "full")].lower()
+
+
+@pytest.mark.parametrize("actors,batch_size", [(2, 1), (1, 3)])
+def test_same_table_whatever_the_layout(small_study, tmp_path, actors, batch_size):
+    study, images = small_study
+    reference = _describe(study, images, tmp_path / "ref")
+    other = _describe(study, images, tmp_path / "other", actors=actors, batch_size=batch_size)
+    assert _stable(other).equals(_stable(reference))
+
+
+def test_a_bad_image_fails_its_row_only_and_is_retried_next_time(small_study, tmp_path):
+    study, images = small_study
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(b"\x89PNG\r\n\x1a\n truncated")
+    paths = [str(broken) if i == "coffee" else p for i, p in zip(images.column("image_id").to_pylist(), images.column("path").to_pylist())]
+    broken_images = images.set_column(images.column_names.index("path"), "path", pa.array(paths))
+    table = _describe(study, broken_images, tmp_path / "run")
+    failed = table.filter(pa.compute.equal(table.column("status"), "error")).to_pylist()
+    assert {r["image_id"] for r in failed} == {"coffee"} and len(failed) == 4
+    assert "could not read image" in failed[0]["error"]
+    assert sum(r["status"] == "ok" for r in table.to_pylist()) == (len(KEEP) - 1) * 4
+
+    # The file is mended (same bytes as hashed, so the same cache key) and the stage runs again:
+    # only the failed rows are described.
+    run = RunFolder(tmp_path / "run")
+    run.write("responses", table)
+    shutil.copy(images.filter(pa.compute.equal(images.column("image_id"), "coffee")).column("path")[0].as_py(), broken)
+    again = _describe(study, broken_images, tmp_path / "run")
+    assert set(again.column("status").to_pylist()) == {"ok"}
+    unchanged = [r for r in table.to_pylist() if r["status"] == "ok"]
+    assert all(r in again.to_pylist() for r in unchanged)  # kept as they were, latency included
+
+
+def test_more_actors_than_cpus_is_a_clear_error_not_a_hang(small_study, tmp_path):
+    from vlm_decade.errors import InputError
+
+    study, images = small_study
+    with pytest.raises(InputError, match=r"3 actors x 1 CPU = 3 CPU, but this Ray has 2"):
+        _describe(study, images, tmp_path / "run", actors=3)
