@@ -81,6 +81,31 @@ def _html_table(table: pa.Table, columns: list[str], formats: dict | None = None
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
+def _examples(tables: dict[str, pa.Table], study: StudyConfig) -> str:
+    """Per image: the gold description and each model's full-image description with its scores."""
+    gold = {r["image_id"]: r["text"] for r in tables["references"].to_pylist() if r["role"] == "gold" and r["condition"] == "full"}
+    said = {(r["subject"], r["image_id"]): r["text"] for r in tables["responses"].to_pylist() if r["variant"] == "full" and r["status"] == "ok"}
+    scores: dict[tuple[str, str], list[str]] = {}
+    for r in tables["scores"].to_pylist():
+        scores.setdefault((r["subject"], r["image_id"]), []).append(f"{r['metric']} {r['value']:.2f}")
+    rows = []
+    for image in tables["images"].sort_by([("dataset", "ascending"), ("image_id", "ascending")]).to_pylist():
+        i = image["image_id"]
+        models = "".join(
+            f"<div><b>{html.escape(m.name)}</b>: {html.escape(said.get((m.name, i), '(no description)'))} "
+            f"<span class='note'>{html.escape(', '.join(scores.get((m.name, i), [])))}</span></div>"
+            for m in study.models
+        )
+        rows.append(
+            f"<tr><td>{html.escape(i)}<br><span class='note'>{html.escape(image['dataset'])}</span></td>"
+            f"<td>{html.escape(gold.get(i, ''))}</td><td>{models}</td></tr>"
+        )
+    return (
+        "<h2>Descriptions</h2><table><thead><tr><th>image</th><th>gold standard (human)</th><th>models</th></tr></thead>"
+        f"<tbody>{''.join(rows)}</tbody></table>"
+    )
+
+
 def _csv(table: pa.Table, path: Path) -> None:
     sink = pa.BufferOutputStream()
     pacsv.write_csv(table, sink)
@@ -149,6 +174,7 @@ def write_report(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Table]
                 {"p": lambda v, r: format_p(v, n), "q": lambda v, r: format_p(v, n)},
             )
         )
+    parts.append(_examples(tables, study))
     failed = tables["responses"].filter(pa.compute.not_equal(tables["responses"].column("status"), "ok"))
     parts.append(f"<h2>Responses</h2><p class='note'>{tables['responses'].num_rows} responses, {failed.num_rows} failed.</p>")
     if failed.num_rows:
