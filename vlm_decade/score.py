@@ -35,31 +35,44 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
-def similarity_scores(images: pa.Table, references: pa.Table, responses: pa.Table, embeddings: pa.Table, metrics: list[str]) -> pa.Table:
-    dataset_of = dict(zip(images.column("image_id").to_pylist(), images.column("dataset").to_pylist()))
+def scoring_pairs(references: pa.Table, responses: pa.Table) -> list[tuple[str, str, str, str]]:
+    """(subject, image_id, candidate, gold) for every model's full-image description and every
+    member of a human reference group; a group's value per image is the mean over its members."""
     full_refs = [r for r in references.to_pylist() if r["condition"] == "full"]
     gold = {r["image_id"]: r["text"] for r in full_refs if r["role"] == "gold"}
-    groups: dict[tuple[str, str], list[str]] = {}
-    for r in full_refs:
-        if r["role"] in HUMAN_GROUPS:
-            groups.setdefault((HUMAN_GROUPS[r["role"]], r["image_id"]), []).append(r["text"])
-    answers = [r for r in responses.to_pylist() if r["status"] == "ok" and r["variant"] == "full"]
+    pairs = [
+        (r["subject"], r["image_id"], r["text"], gold[r["image_id"]])
+        for r in responses.to_pylist()
+        if r["status"] == "ok" and r["variant"] == "full" and r["image_id"] in gold
+    ]
+    pairs += [(HUMAN_GROUPS[r["role"]], r["image_id"], r["text"], gold[r["image_id"]]) for r in full_refs if r["role"] in HUMAN_GROUPS]
+    return pairs
 
-    rows = []
+
+def similarity_scores(
+    images: pa.Table, references: pa.Table, responses: pa.Table, embeddings: pa.Table, metrics: list[str], pair_metrics=()
+) -> pa.Table:
+    """Cosine to the gold standard for each encoder in `metrics` (from the `embeddings` table), and
+    each loaded pairwise metric in `pair_metrics` (e.g. BERTScore, `vlm_decade.metrics`)."""
+    dataset_of = dict(zip(images.column("image_id").to_pylist(), images.column("dataset").to_pylist()))
+    pairs = scoring_pairs(references, responses)
+    candidates = [p[2] for p in pairs]
+    golds = [p[3] for p in pairs]
+    values_by_metric: dict[str, list[float]] = {}
     for metric in metrics:
         vec = _vectors(embeddings, metric)
+        values_by_metric[metric] = [cosine(vec[text_key(c)], vec[text_key(g)]) for c, g in zip(candidates, golds)]
+    for metric in pair_metrics:
+        values_by_metric[metric.name] = [float(v) for v in metric.score(candidates, golds)]
 
-        def similarity(text: str, image_id: str) -> float:
-            return cosine(vec[text_key(text)], vec[text_key(gold[image_id])])
-
-        values = [(r["subject"], r["image_id"], similarity(r["text"], r["image_id"])) for r in answers if r["image_id"] in gold]
-        values += [
-            (subject, image_id, float(np.mean([similarity(t, image_id) for t in texts])))
-            for (subject, image_id), texts in groups.items()
-        ]
+    rows = []
+    for metric, values in values_by_metric.items():
+        grouped: dict[tuple[str, str], list[float]] = {}
+        for (subject, image_id, _, _), value in zip(pairs, values):
+            grouped.setdefault((subject, image_id), []).append(value)
         rows += [
-            {"subject": s, "image_id": i, "dataset": dataset_of[i], "variant": "full", "metric": metric, "value": v}
-            for s, i, v in values
+            {"subject": s, "image_id": i, "dataset": dataset_of[i], "variant": "full", "metric": metric, "value": float(np.mean(v))}
+            for (s, i), v in grouped.items()
         ]
     rows.sort(key=lambda r: (r["metric"], r["subject"], r["image_id"]))
     return pa.Table.from_pylist(rows, schema=SCORES_SCHEMA)

@@ -57,3 +57,20 @@ def test_similarities_match_hand_worked_cosines():
     assert got[("m", "i2")][1:] == ("d2", "full")
     # Masked variants and failed responses are not scored against the gold standard.
     assert len(got) == 4
+
+
+class _Length:
+    """A pairwise metric with known values: candidate length minus reference length."""
+
+    name = "LEN"
+
+    def score(self, candidates, references):
+        return np.array([len(c) - len(r) for c, r in zip(candidates, references)], dtype=float)
+
+
+def test_pairwise_metrics_score_the_same_pairs_and_humans_average():
+    scores = similarity_scores(*_tables(), ["E"], pair_metrics=[_Length()])
+    got = {(r["subject"], r["image_id"]): r["value"] for r in scores.to_pylist() if r["metric"] == "LEN"}
+    assert got[("m", "i1")] == len("model says") - len("gold one")
+    assert got[("human:top", "i1")] == ((len("top a") - 8) + (len("top b") - 8)) / 2
+    assert len(got) == 4
