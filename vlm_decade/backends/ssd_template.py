@@ -13,7 +13,6 @@ only `SSDTemplateCaptioner` does.
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +22,7 @@ from ..errors import InputError, Problem
 from ..masks import as_rgb
 from . import Backend, Description, Stimulus
 from .coco_labels import COCO_LABELS, noun_phrase
+from .detection import Detection
 
 GRAPH_FILE = "frozen_inference_graph.pb"
 CONFIG_FILE = "ssd_mobilenet_v2_coco_2018_03_29.pbtxt"
@@ -31,20 +31,6 @@ NO_OBJECTS = "An image with no recognisable objects."
 
 # Boxes that overlap along an axis by less than this share of the smaller box are "separated" on it.
 _SEPARATED = 0.5
-
-
-@dataclass(frozen=True)
-class Detection:
-    """One detected object: a COCO label, the detector's score and its box (x0, y0, x1, y1) in fractions."""
-
-    label: str
-    score: float
-    box: tuple[float, float, float, float]
-
-    @property
-    def area(self) -> float:
-        x0, y0, x1, y1 = self.box
-        return (x1 - x0) * (y1 - y0)
 
 
 def detections_from_ssd_output(out: np.ndarray, threshold: float, image: int = 0) -> list[Detection]:

@@ -1,0 +1,145 @@
+"""Benchmark of local models on Ray: images per second through the describe stage (Ray actors)
+against a plain single-process loop over the same model, batch size and images, in the same run.
+
+Two models with random weights built from configs (no download): a tiny ViT-GPT2 (the fixed cost of
+the Ray path) and a full-size one with the shapes of nlpconnect/vit-gpt2-image-captioning (ViT-base
+encoder at 224 px, GPT-2 small decoder: the real model's FLOPs). The plain loop runs torch on all
+cores; the Ray path runs 1 actor given every CPU, then 2 actors with one CPU each. Times are wall
+clock from "model folder and image files on disk" to "texts": the plain loop pays its model load
+and image decoding, the Ray path its actor start-up (a fresh worker process that imports torch),
+model load, loader tasks and writing parts. Each figure is the best of interleaved rounds (two for
+the full-size model), since the machine may be shared.
+
+Prints one JSON object per line; the last is the summary with ratio_1_actor and ratio_2_actors
+(Ray images/s over plain images/s, full-size model). Run from the repo root:
+    .venv/bin/python benchmarks/local_inference.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+from PIL import Image  # noqa: E402
+
+from tests import hf_tiny  # noqa: E402
+from vlm_decade.backends import Stimulus, backend_class  # noqa: E402
+from vlm_decade.config import ModelConfig, load_study  # noqa: E402
+from vlm_decade.demo import materialize  # noqa: E402
+from vlm_decade.describe import plan_jobs, run_describe  # noqa: E402
+from vlm_decade.ingest import load_study_data  # noqa: E402
+from vlm_decade.masks import apply_mask  # noqa: E402
+from vlm_decade.progress import Reporter  # noqa: E402
+from vlm_decade.runfolder import RunFolder  # noqa: E402
+from vlm_decade.runtime import start_ray  # noqa: E402
+
+CPUS = os.cpu_count() or 2
+
+
+def emit(**kw):
+    print(json.dumps(kw), flush=True)
+
+
+def save_full_size_vit_gpt2(folder: Path) -> Path:
+    """nlpconnect/vit-gpt2-image-captioning's shapes (ViT-base/16 at 224 px + GPT-2 small, 239M
+    parameters) with seeded random weights and a word-level tokenizer over GPT-2's vocabulary size."""
+    import torch
+    from tokenizers import Tokenizer, models
+    from transformers import (GPT2Config, PreTrainedTokenizerFast, ViTConfig, ViTImageProcessor,
+                              VisionEncoderDecoderConfig, VisionEncoderDecoderModel)
+
+    vocab = {f"w{i}": i for i in range(50256)} | {"<|endoftext|>": 50256}
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>")),
+                                  bos_token="<|endoftext|>", eos_token="<|endoftext|>", unk_token="<|endoftext|>")
+    config = VisionEncoderDecoderConfig.from_encoder_decoder_configs(ViTConfig(), GPT2Config())
+    config.decoder_start_token_id = config.eos_token_id = config.pad_token_id = 50256
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        VisionEncoderDecoderModel(config).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    ViTImageProcessor(size={"height": 224, "width": 224}).save_pretrained(folder)
+    return folder
+
+
+def plain_loop(model: ModelConfig, jobs) -> tuple[float, list[str]]:
+    """The same model, batches and images in this process, torch on its own threads."""
+    start = time.perf_counter()
+    backend = backend_class(model.backend)(model)
+    texts = []
+    for i in range(0, len(jobs), model.batch_size):
+        batch = []
+        for job in jobs[i : i + model.batch_size]:
+            with Image.open(job.path) as im:
+                rgb = np.asarray(im.convert("RGB"))
+            batch.append(Stimulus(job.image_id, job.variant, apply_mask(rgb, job.mask) if job.mask else rgb, job.prompt))
+        texts += [d.text for d in backend.describe(batch)]
+    return time.perf_counter() - start, texts
+
+
+def ray_path(study, images, out: Path, actors: int) -> tuple[float, list[str]]:
+    import ray
+
+    runtime = study.runtime.model_copy(update={"actors_per_model": actors, "cpus_per_actor": CPUS / actors})
+    study = study.model_copy(update={"runtime": runtime})
+    start = time.perf_counter()
+    table = run_describe(study, images, RunFolder(out), Reporter(quiet=True), lambda: ray)
+    seconds = time.perf_counter() - start
+    assert set(table.column("status").to_pylist()) == {"ok"}, table.filter(pa.compute.equal(table.column("status"), "error"))
+    return seconds, table.column("text").to_pylist()
+
+
+def bench(name: str, model: ModelConfig, study, images, tmp: Path, rounds: int) -> dict:
+    """Images/s of each path, best of `rounds` interleaved rounds (the machine may be shared: the
+    best round is the one least disturbed, and interleaving spreads any disturbance over paths)."""
+    study = study.model_copy(update={"models": (model,)})
+    jobs = sorted(plan_jobs(study, images), key=lambda j: (j.image_id, j.variant))  # the table's order
+    n = len(jobs)
+    best = {"plain": 0.0, 1: 0.0, 2: 0.0}
+    for r in range(rounds):
+        seconds, plain_texts = plain_loop(model, jobs)
+        best["plain"] = max(best["plain"], n / seconds)
+        emit(model=name, round=r, path="plain", torch_threads=CPUS, images=n, seconds=round(seconds, 2),
+             images_per_s=round(n / seconds, 3))
+        for actors in (1, 2):
+            seconds, texts = ray_path(study, images, tmp / f"{name}-{r}-{actors}", actors)
+            assert texts == plain_texts, f"{name}: Ray and the plain loop disagree"
+            best[actors] = max(best[actors], n / seconds)
+            emit(model=name, round=r, path="ray", actors=actors, cpus_per_actor=CPUS / actors, images=n,
+                 seconds=round(seconds, 2), images_per_s=round(n / seconds, 3))
+    return best
+
+
+def main() -> None:
+    started = time.perf_counter()
+    tmp = Path(tempfile.mkdtemp(prefix="vlm-bench-"))
+    start_ray(num_cpus=CPUS)
+    study = load_study(materialize(tmp / "study"))
+    images = load_study_data(study.data, study.ranking, study.masks).images  # the demo's 16 photos
+    tiny = ModelConfig(name="tiny", backend="hf-captioner", model_id="tiny/vit-gpt2", era="pre-mllm", batch_size=8,
+                       variants="all", path=hf_tiny.save_captioner(tmp / "tiny"))
+    full = ModelConfig(name="full", backend="hf-captioner", model_id="random/vit-gpt2-base", era="pre-mllm", batch_size=8,
+                       variants="all",
+                       path=save_full_size_vit_gpt2(tmp / "full"), options={"max_new_tokens": 20})
+    small = bench("tiny", tiny, study, images, tmp, rounds=1)
+    big = bench("full", full, study, images, tmp, rounds=2)
+    emit(
+        ratio_1_actor=round(big[1] / big["plain"], 3),
+        ratio_2_actors=round(big[2] / big["plain"], 3),
+        full_images_per_s={"plain": round(big["plain"], 3), "ray_1_actor": round(big[1], 3), "ray_2_actors": round(big[2], 3)},
+        tiny_images_per_s={"plain": round(small["plain"], 3), "ray_1_actor": round(small[1], 3), "ray_2_actors": round(small[2], 3)},
+        cpus=CPUS, total_seconds=round(time.perf_counter() - started, 1),
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""Tiny random-weight Hugging Face models built from configs (no download), saved with
+`save_pretrained` so tests load them through the backends' real loading code.
+
+One per family: a VisionEncoderDecoder captioner (ViT + GPT-2), a LLaVA chat VLM and a DETR
+detector with a ResNet backbone. Weights are drawn under a fixed seed inside `torch.random.fork_rng`
+(reproducible, and the global RNG is left alone), with a wide init so that greedy outputs vary with
+the image instead of repeating one token. The tokenizer is a word-level one over a small vocabulary.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+WORDS = (
+    "a an the of in on with and is cat dog person man woman sits stands table cup bowl red blue green "
+    "photo picture image describe what this scene street car tree sky water . , ? : user assistant"
+).split()
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }} : {% for c in m['content'] %}"
+    "{% if c['type'] == 'image' %}<image> {% else %}{{ c['text'] }} {% endif %}{% endfor %}{% endfor %}"
+    "{% if add_generation_prompt %}assistant :{% endif %}"
+)
+DETECTOR_LABELS = {0: "cat", 1: "N/A", 2: "dog", 3: "person", 4: "cup"}
+
+
+def _tokenizer(extra: tuple[str, ...] = ()):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<s>", "</s>", "<unk>", *extra]
+    vocab = {w: i for i, w in enumerate(specials + WORDS)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+        extra_special_tokens=list(extra),
+    )
+
+
+def _seeded(build, seed: int):
+    import torch
+
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return build()
+
+
+def save_captioner(folder: Path, seed: int = 0) -> Path:
+    """A ViT + GPT-2 VisionEncoderDecoder on 32x32 images, with its image processor and tokenizer."""
+    from transformers import GPT2Config, ViTConfig, ViTImageProcessor, VisionEncoderDecoderConfig, VisionEncoderDecoderModel
+
+    tok = _tokenizer()
+    encoder = ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                        image_size=32, patch_size=8, initializer_range=1.0)
+    decoder = GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=2, n_head=2, n_positions=64, initializer_range=1.0,
+                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    config = VisionEncoderDecoderConfig.from_encoder_decoder_configs(encoder, decoder)
+    config.decoder_start_token_id, config.pad_token_id, config.eos_token_id = tok.bos_token_id, tok.pad_token_id, tok.eos_token_id
+    config.tie_word_embeddings = False
+    _seeded(lambda: VisionEncoderDecoderModel(config), seed).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(folder)
+    return folder
+
+
+def save_vlm(folder: Path, seed: int = 0) -> Path:
+    """A LLaVA (CLIP vision tower + Llama) on 32x32 images, with its processor and a chat template."""
+    from transformers import (CLIPImageProcessor, CLIPVisionConfig, LlamaConfig, LlavaConfig,
+                              LlavaForConditionalGeneration, LlavaProcessor)
+
+    tok = _tokenizer(("<image>",))
+    vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                              image_size=32, patch_size=8, projection_dim=32, initializer_range=1.0)
+    text = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                       num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256, initializer_range=1.0,
+                       bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    config = LlavaConfig(vision_config=vision, text_config=text, image_token_id=tok.convert_tokens_to_ids("<image>"),
+                         vision_feature_layer=-1, vision_feature_select_strategy="full", initializer_range=1.0)
+    _seeded(lambda: LlavaForConditionalGeneration(config), seed).save_pretrained(folder)
+    images = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    LlavaProcessor(image_processor=images, tokenizer=tok, patch_size=8, vision_feature_select_strategy="full",
+                   chat_template=CHAT_TEMPLATE, num_additional_image_tokens=1).save_pretrained(folder)
+    return folder
+
+
+def save_detector(folder: Path, seed: int = 0) -> Path:
+    """A DETR with a small ResNet backbone (no pretrained backbone, no timm) and labels with a gap."""
+    from transformers import DetrConfig, DetrForObjectDetection, DetrImageProcessor, ResNetConfig
+
+    backbone = ResNetConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], out_features=["stage2"], layer_type="basic")
+    config = DetrConfig(use_timm_backbone=False, backbone_config=backbone, use_pretrained_backbone=False, d_model=16,
+                        encoder_layers=1, decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
+                        encoder_ffn_dim=32, decoder_ffn_dim=32, num_queries=12, init_std=0.3,
+                        id2label=DETECTOR_LABELS, label2id={v: k for k, v in DETECTOR_LABELS.items()})
+
+    def build():
+        import torch
+
+        model = DetrForObjectDetection(config)
+        with torch.no_grad():  # wide heads: confident scores that vary with the image, boxes of some size
+            for head in (model.class_labels_classifier, model.bbox_predictor.layers[-1]):
+                head.weight.normal_(0.0, 2.0)
+                head.bias.zero_()
+        return model
+
+    _seeded(build, seed).save_pretrained(folder)
+    DetrImageProcessor(size={"shortest_edge": 32, "longest_edge": 64}).save_pretrained(folder)
+    return folder
