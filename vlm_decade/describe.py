@@ -5,6 +5,11 @@ images are decoded and masked by Ray tasks on CPU workers and handed to the acto
 two batches in flight per actor, so memory stays flat whatever the number of images. Each finished
 batch is saved as a part at once, so a killed run keeps it; rows whose `cache_key` (model, prompt,
 image bytes, mask geometry) is already done are never described again.
+
+API models (`remote` backends) do not sit in that actor pool: loader tasks encode their stimuli as
+PNG bytes and the requests go to the provider's gateway actor (`vlm_decade.api`) with many in
+flight; finished rows are saved as parts every few seconds, and every answer paid for is in the
+API cache at once, so a killed run pays for nothing twice.
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ RESPONSES_SCHEMA = pa.schema(
 )
 RESPONSE_KEY = ("subject", "image_id", "variant", "prompt_id")
 IN_FLIGHT_PER_ACTOR = 2
+REMOTE_LOAD_BATCH = 8  # stimuli one loader task encodes for an API model
+FLUSH_ROWS, FLUSH_S = 32, 2.0  # save API rows as a part this often
 
 
 @dataclass(frozen=True)
@@ -105,6 +112,23 @@ def load_stimuli(jobs: list[Job]) -> list[Stimulus | str]:
             out.append(Stimulus(job.image_id, job.variant, image, job.prompt))
         except Exception as exc:  # noqa: BLE001 - recorded per row; the run goes on
             out.append(f"could not read image {job.path}: {exc}")
+    return out
+
+
+def load_png(jobs: list[Job]) -> list[bytes | str]:
+    """Each job's stimulus as the PNG bytes an API model is sent, or an error string for its row."""
+    import io
+
+    from PIL import Image
+
+    out: list[bytes | str] = []
+    for stim in load_stimuli(jobs):
+        if isinstance(stim, str):
+            out.append(stim)
+            continue
+        buf = io.BytesIO()
+        Image.fromarray(stim.image).save(buf, format="PNG")
+        out.append(buf.getvalue())
     return out
 
 
@@ -182,6 +206,9 @@ def run_describe(study: StudyConfig, images: pa.Table, run: RunFolder, reporter:
             model_jobs = [j for j in todo if j.subject == model.name]
             if not model_jobs:
                 continue
+            if backend_class(model.backend).remote:
+                _describe_remote(study, model, model_jobs, run, advance, ensure_ray(), reporter)
+                continue
             if backend_class(model.backend).needs_images:
                 _describe_on_ray(study, model, model_jobs, run, advance, ensure_ray())
                 continue
@@ -254,3 +281,82 @@ def _describe_on_ray(study: StudyConfig, model: ModelConfig, jobs: list[Job], ru
 def describe_batch_failed(batch: list[Job], exc: Exception) -> list[dict]:
     first_line = str(exc).splitlines()[0] if str(exc) else ""
     return describe_batch(None, batch, [f"{type(exc).__name__}: {first_line}"] * len(batch))
+
+
+def _job_row(job: Job, answer: dict) -> dict:
+    fields = ("text", "status", "error", "latency_s", "input_tokens", "output_tokens", "cost_usd", "model_version")
+    return {
+        "subject": job.subject,
+        "image_id": job.image_id,
+        "variant": job.variant,
+        "prompt_id": job.prompt_id,
+        **{k: answer[k] for k in fields},
+        "cache_key": job.cache_key,
+    }
+
+
+def _error_answer(status: str, error: str) -> dict:
+    return {"text": "", "status": status, "error": error, "latency_s": 0.0, "input_tokens": None,
+            "output_tokens": None, "cost_usd": 0.0, "model_version": ""}
+
+
+def _describe_remote(study: StudyConfig, model: ModelConfig, jobs: list[Job], run: RunFolder, advance, ray, reporter: Reporter) -> None:
+    """An API model: loaders encode PNGs, the provider's gateway actor takes many requests at once."""
+    from .api.providers import ChatRequest
+    from .api.session import RemoteSession
+
+    cls = backend_class(model.backend)
+    settings = cls.settings(model)
+    in_flight = 2 * getattr(study.providers, cls.provider).max_concurrency
+    loader = ray.remote(load_png).options(num_cpus=0)
+    queue = iter(_batches(jobs, REMOTE_LOAD_BATCH))
+    loads: dict = {}
+    calls: dict = {}
+    rows: list[dict] = []
+    skipped: list[str] = []
+    with RemoteSession(ray, study, run, cls.provider) as session:
+
+        def refill() -> None:
+            while len(loads) < 2 and len(calls) + len(loads) * REMOTE_LOAD_BATCH < in_flight:
+                batch = next(queue, None)
+                if batch is None:
+                    return
+                loads[loader.remote(batch)] = batch
+
+        def flush() -> None:
+            run.append_part("responses", pa.Table.from_pylist(rows, schema=RESPONSES_SCHEMA))
+            advance(len(rows))
+            session.record()
+            rows.clear()
+
+        refill()
+        last = time.monotonic()
+        while loads or calls:
+            ready, _ = ray.wait(list(loads) + list(calls), num_returns=1, timeout=FLUSH_S)
+            for ref in ready:
+                if ref in loads:
+                    batch = loads.pop(ref)
+                    try:
+                        pngs = ray.get(ref)
+                    except Exception as exc:  # noqa: BLE001 - a lost loader fails its rows only
+                        pngs = [f"{type(exc).__name__}: could not load"] * len(batch)
+                    for job, png in zip(batch, pngs):
+                        if isinstance(png, str):
+                            rows.append(_job_row(job, _error_answer("error", png)))
+                        else:
+                            calls[session.actor.chat.remote(ChatRequest(model.model_id, job.prompt, png, settings))] = job
+                else:
+                    job = calls.pop(ref)
+                    try:
+                        answer = ray.get(ref)
+                    except Exception as exc:  # noqa: BLE001 - a lost call is an error row, tried again next run
+                        answer = _error_answer("error", f"{type(exc).__name__}: gateway call failed")
+                    if answer["status"] == "skipped":
+                        skipped.append(answer["error"])
+                    rows.append(_job_row(job, answer))
+            refill()
+            if rows and (len(rows) >= FLUSH_ROWS or time.monotonic() - last >= FLUSH_S or not (loads or calls)):
+                flush()
+                last = time.monotonic()
+    if skipped:
+        reporter.say(f"     {model.name}: {len(skipped)} requests not sent: {skipped[0]}")

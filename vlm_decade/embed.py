@@ -2,7 +2,9 @@
 
 Vectors are keyed by the sha256 of the stripped text, so a description shared by several rows, or
 by two runs, costs one encoding. Encoding runs in a Ray actor that loads the encoder once; each
-finished batch is saved as a part, so a killed run keeps what it finished.
+finished batch is saved as a part, so a killed run keeps what it finished. API encoders (`remote`)
+send their batches through the provider's gateway actor instead, several at once; it caches every
+vector, so a text is paid for once across runs.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ EMBEDDINGS_SCHEMA = pa.schema(
     ]
 )
 TEXT_BATCH = 128
+REMOTE_IN_FLIGHT = 8  # batches of texts in flight to an API encoder's gateway
 
 
 def text_key(text: str) -> str:
@@ -87,6 +90,9 @@ def run_embed(study: StudyConfig, texts: dict[str, str], run: RunFolder, reporte
             if not keys:
                 continue
             ray = ensure_ray()
+            if encoder_class(cfg.backend).remote:
+                _embed_remote(study, cfg, keys, texts, run, advance, ray)
+                continue
             actor = ray.remote(EncodeActor).options(num_cpus=study.runtime.cpus_per_actor).remote(cfg)
             try:
                 batches = [keys[i : i + TEXT_BATCH] for i in range(0, len(keys), TEXT_BATCH)]
@@ -97,6 +103,40 @@ def run_embed(study: StudyConfig, texts: dict[str, str], run: RunFolder, reporte
             finally:
                 ray.kill(actor)
     return _select(_existing(run), texts, study.encoders)
+
+
+def _embed_remote(study: StudyConfig, cfg: EncoderConfig, keys: list[str], texts: dict[str, str], run: RunFolder, advance, ray) -> None:
+    """Batches of texts through the provider's gateway; a failed or refused batch stops the stage
+    after the rest in flight are saved, and says why."""
+    from .api.session import APIStopped, BudgetReached, RemoteSession
+
+    provider = encoder_class(cfg.backend).provider
+    queue = iter([keys[i : i + cfg.batch_size] for i in range(0, len(keys), cfg.batch_size)])
+    pending: dict = {}
+    stopped: list[dict] = []
+    with RemoteSession(ray, study, run, provider) as session:
+
+        def submit() -> None:
+            batch = next(queue, None) if not stopped else None
+            if batch is not None:
+                pending[session.actor.embed.remote(cfg.model_id, [texts[k] for k in batch])] = batch
+
+        for _ in range(REMOTE_IN_FLIGHT):
+            submit()
+        while pending:
+            (ref,), _ = ray.wait(list(pending), num_returns=1)
+            batch = pending.pop(ref)
+            answer = ray.get(ref)
+            if answer["status"] == "ok":
+                run.append_part("embeddings", _rows(batch, answer["vectors"], cfg))
+                advance(len(batch))
+                session.record()
+            else:
+                stopped.append(answer)
+            submit()
+    if stopped:
+        kind = BudgetReached if any(a["status"] == "skipped" for a in stopped) else APIStopped
+        raise kind(f"encoder {cfg.name}: {stopped[0]['error']}; the vectors finished so far are kept")
 
 
 def _select(table: pa.Table, texts: dict[str, str], encoders) -> pa.Table:

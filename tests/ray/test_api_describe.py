@@ -1,0 +1,181 @@
+"""API models and encoders in the pipeline, through the gateway actor, against the fake server:
+rows carry what the provider answered; a killed run resumed sends nothing twice; a budget stops
+spending and a later run with more takes up the rest; keys are never written anywhere."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+import yaml
+
+from vlm_decade.api.estimate import estimate
+from vlm_decade.config import load_study
+from vlm_decade.demo import materialize
+from vlm_decade.describe import load_png, plan_jobs, run_describe
+from vlm_decade.ingest import load_study_data
+from vlm_decade.progress import Reporter
+from vlm_decade.runfolder import RunFolder
+from vlm_decade.testing.fake_api import FakeAPIServer, FaultConfig, chat_text
+
+pytestmark = pytest.mark.ray
+OPENAI_KEY = "sk-test-NEVERWRITE0123456789abc"
+GEMINI_KEY = "AIzaTESTNEVERWRITE0123456789abcdef"
+
+
+@pytest.fixture
+def server(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", OPENAI_KEY)
+    monkeypatch.setenv("GEMINI_API_KEY", GEMINI_KEY)
+    with FakeAPIServer(FaultConfig(latency_s=0.05)) as s:
+        yield s
+
+
+def study_file(tmp_path: Path, server: FakeAPIServer, budget: float | None = 10.0, concurrency: int = 8) -> Path:
+    path = materialize(tmp_path / "inputs")
+    raw = yaml.safe_load(path.read_text())
+    raw["models"] = [
+        {"name": "gpt", "backend": "openai", "model_id": "gpt-4o-mini", "era": "mllm", "variants": "all"},
+        {"name": "gem", "backend": "gemini", "model_id": "gemini-2.5-flash", "era": "mllm"},
+    ]
+    raw["encoders"] = [{"name": "GPT-SI", "backend": "openai-embedding", "model_id": "text-embedding-3-large", "batch_size": 32}]
+    raw["statistics"] = {"n_resamples": 200, "seed": 1}
+    # The demo's ratings rate its own models, and the metric checks are not what this test is about.
+    raw["data"].pop("ratings")
+    raw.pop("metrics")
+    raw["stsb_check"] = False
+    common = {"rpm": 6000, "tpm": 10**8, "timeout_s": 5, "max_concurrency": concurrency, "budget_usd": budget}
+    raw["providers"] = {
+        "cache_dir": str(tmp_path / "cache"),
+        "openai": {**common, "base_url": server.openai_url},
+        "gemini": {**common, "base_url": server.gemini_url},
+    }
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def describe(path: Path, out: Path, **update):
+    import ray
+
+    study = load_study(path)
+    study = study.model_copy(update=update)
+    images = load_study_data(study.data, study.ranking, study.masks).images
+    return study, images, run_describe(study, images, RunFolder(out), Reporter(quiet=True), lambda: ray)
+
+
+def test_rows_hold_what_the_provider_answered_for_the_exact_png(server, tmp_path):
+    study, images, table = describe(study_file(tmp_path, server), tmp_path / "run")
+    assert table.num_rows == 16 * 4 + 16 and set(table.column("status").to_pylist()) == {"ok"}
+    jobs = {(j.subject, j.image_id, j.variant): j for j in plan_jobs(study, images)}
+    rows = table.to_pylist()
+    sample = [r for r in rows if r["variant"] in ("full", "m2")][:12]
+    pngs = load_png([jobs[(r["subject"], r["image_id"], r["variant"])] for r in sample])
+    for row, png in zip(sample, pngs):
+        assert row["text"] == chat_text(study.prompt, [png]), row  # masked bytes, not the original's
+    assert {r["model_version"] for r in rows} == {"gpt-4o-mini-2025-01-01+fp_fake", "gemini-2.5-flash-001"}
+    assert all(r["input_tokens"] > 0 and r["output_tokens"] > 0 and r["cost_usd"] > 0 for r in rows)
+    spend = RunFolder(tmp_path / "run").manifest()["spend_usd"]
+    assert spend["openai"] == pytest.approx(sum(r["cost_usd"] for r in rows if r["subject"] == "gpt"), abs=1e-5)
+    assert server.counts() == Counter({"openai.chat": 64, "gemini.generate": 16})
+
+
+def test_a_budget_stops_spending_and_a_higher_one_goes_on(server, tmp_path):
+    path = study_file(tmp_path, server, budget=0.004)
+    study, images, table = describe(path, tmp_path / "run")
+    status = Counter(table.column("status").to_pylist())
+    assert status["ok"] > 0 and status["skipped"] > 0 and status["error"] == 0
+    skipped = table.filter(pa.compute.equal(table.column("status"), "skipped")).to_pylist()
+    assert "budget $0.004 for" in skipped[0]["error"]
+    spend = RunFolder(tmp_path / "run").manifest()["spend_usd"]
+    assert all(v <= 0.004 for v in spend.values())
+    RunFolder(tmp_path / "run").write("responses", table)
+
+    more = study.providers.model_copy(update={p: getattr(study.providers, p).model_copy(update={"budget_usd": 1.0}) for p in ("openai", "gemini")})
+    _, _, again = describe(path, tmp_path / "run", providers=more)
+    assert set(again.column("status").to_pylist()) == {"ok"}
+    sent = Counter(r.payload_sha256 for r in server.received())
+    assert max(sent.values()) == 1 and sum(sent.values()) == 80  # each request paid for once
+
+
+def _written_files(*roots: Path):
+    for root in roots:
+        for f in root.rglob("*"):
+            if f.is_file():
+                yield f
+
+
+def test_a_killed_run_resumed_sends_nothing_twice_and_writes_no_key(server, tmp_path):
+    server.faults.latency_s = 0.15
+    path = study_file(tmp_path, server, concurrency=2)
+    out = tmp_path / "run"
+    env = {**os.environ, "OPENAI_API_KEY": OPENAI_KEY, "GEMINI_API_KEY": GEMINI_KEY}
+    cmd = [sys.executable, "-m", "vlm_decade", "run", str(path), "--out", str(out)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    parts = out / ".parts" / "responses"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(list(parts.glob("part-*.parquet"))) < 2:
+        time.sleep(0.1)
+    killed_at = time.time()
+    proc.kill()  # SIGKILL: no cleanup in the driver
+    proc.wait(timeout=30)
+    before = sum(server.counts().values())
+    assert 0 < before < 80 + 1, "the kill should land midway through describe"
+
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    responses = RunFolder(out).read("responses")
+    assert responses.num_rows == 80 and set(responses.column("status").to_pylist()) == {"ok"}
+    answered = [r for r in server.received() if r.endpoint.endswith(("chat", "generate"))]
+    sent = Counter(r.payload_sha256 for r in answered)
+    assert len(sent) == 80
+    # Every answer that reached the gateway before the kill is kept and never bought again; only a
+    # request still in flight at the kill (its answer died with the process) may be sent twice.
+    first_sent = {}
+    for r in answered:
+        first_sent.setdefault(r.payload_sha256, r.time)
+    again = [h for h, n in sent.items() if n > 1]
+    late = {h: round(killed_at - first_sent[h], 3) for h in again}
+    assert max(sent.values()) <= 2 and len(again) <= 2 * 2, late  # two providers, concurrency 2
+    assert all(age <= server.faults.latency_s + 0.5 for age in late.values()), late
+    embeddings = RunFolder(out).read("embeddings")
+    assert set(embeddings.column("dim").to_pylist()) == {3072} and server.counts()["openai.embeddings"] >= 1
+    manifest = RunFolder(out).manifest()
+    assert manifest["spend_usd"]["openai"] > 0 and manifest["spend_usd"]["gemini"] > 0
+
+    key_bytes = [k.encode() for k in (OPENAI_KEY, GEMINI_KEY)]
+    for f in _written_files(out, tmp_path / "cache"):
+        data = f.read_bytes()
+        assert not any(k in data for k in key_bytes), f
+    assert not any(k in (done.stdout + done.stderr).encode() for k in key_bytes)
+    assert hashlib.sha256(OPENAI_KEY.encode()).hexdigest() not in (out / "manifest.json").read_text()
+
+
+def test_estimate_counts_what_the_cache_already_holds(server, tmp_path):
+    path = study_file(tmp_path, server)
+    env = {**os.environ, "OPENAI_API_KEY": OPENAI_KEY, "GEMINI_API_KEY": GEMINI_KEY}
+    cmd = [sys.executable, "-m", "vlm_decade", "estimate", str(path)]
+    first = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stderr
+    assert sum(server.counts().values()) == 0  # estimating spends nothing
+    gpt = next(line.split() for line in first.stdout.splitlines() if line.startswith("openai   gpt "))
+    assert gpt[2:4] == ["64", "0"] and float(gpt[-1]) > 0
+    study, images, _ = describe(path, tmp_path / "run")
+    references = load_study_data(study.data, study.ranking, study.masks).references
+    lines = {line.what: line for line in estimate(study, images, references)}
+    assert (lines["gpt"].requests, lines["gpt"].cached, lines["gpt"].usd) == (64, 64, 0.0)
+
+
+def test_a_missing_key_fails_validate_before_any_work(server, tmp_path, monkeypatch):
+    path = study_file(tmp_path, server)
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "GEMINI_API_KEY", "GOOGLE_API_KEY")}
+    env["GEMINI_API_KEY"] = GEMINI_KEY
+    done = subprocess.run([sys.executable, "-m", "vlm_decade", "validate", str(path)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "OPENAI_API_KEY" in done.stderr and "gpt" in done.stderr
+    assert GEMINI_KEY not in done.stderr and sum(server.counts().values()) == 0

@@ -1,0 +1,97 @@
+"""`vlm-decade estimate`: the requests, tokens and dollars a study's API work would take, before
+any is spent. Each request is built exactly as the describe stage would build it, so a request the
+cache already answers is counted as cached and free.
+
+Input tokens follow the providers' published counting rules (text at about 4 characters a token,
+images by tiles); output is counted at each model's `max_output_tokens` cap, so the dollars are an
+upper bound. Embeddings count every human description plus one answer per request at the cap.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from ..config import StudyConfig
+from .cache import ResponseCache
+from .providers import ChatRequest, chat_key, cost, embed_key, provider_class, text_tokens
+from .session import cache_dir
+
+
+@dataclass
+class Line:
+    provider: str
+    what: str  # model or encoder name
+    requests: int = 0
+    cached: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    usd: float = 0.0
+
+
+def estimate(study: StudyConfig, images, references) -> list[Line]:
+    from ..backends import backend_class
+    from ..describe import load_png, plan_jobs
+    from ..encoders import encoder_class
+
+    cache = ResponseCache(cache_dir(study))
+    lines: list[Line] = []
+    answer_tokens = 0
+    api_models = {m.name: m for m in study.models if backend_class(m.backend).remote}
+    jobs = [j for j in plan_jobs(study, images) if j.subject in api_models]
+    by_model = defaultdict(list)
+    for job in jobs:
+        by_model[job.subject].append(job)
+    for name, model_jobs in by_model.items():
+        model = api_models[name]
+        cls = backend_class(model.backend)
+        provider, settings = cls.provider, cls.settings(model)
+        price = getattr(study.providers, provider).price(provider, model.model_id)
+        line = Line(provider, name)
+        for job, png in zip(model_jobs, load_png(model_jobs)):
+            if isinstance(png, str):
+                continue  # an unreadable image is an error row, never a request
+            req = ChatRequest(model.model_id, job.prompt, png, settings)
+            line.requests += 1
+            answer_tokens += settings["max_output_tokens"]
+            if cache.has("chat", chat_key(provider, req)):
+                line.cached += 1
+                continue
+            n_in = provider_class(provider).estimate_input(req)
+            line.input_tokens += n_in
+            line.output_tokens += settings["max_output_tokens"]
+            line.usd += cost(price, n_in, settings["max_output_tokens"]) if price else 0.0
+        lines.append(line)
+    human = sorted({t.strip() for t in references.column("text").to_pylist() if t and t.strip()})
+    for enc in study.encoders:
+        cls = encoder_class(enc.backend)
+        if not cls.remote:
+            continue
+        price = getattr(study.providers, cls.provider).price(cls.provider, enc.model_id)
+        line = Line(cls.provider, enc.name)
+        todo = [t for t in human if not cache.has("embed", embed_key(cls.provider, enc.model_id, t))]
+        tokens = sum(map(text_tokens, todo)) + answer_tokens
+        line.requests = -(-(len(todo) + len(jobs)) // enc.batch_size)
+        line.cached = len(human) - len(todo)
+        line.input_tokens = tokens
+        line.usd = cost(price, tokens, 0) if price else 0.0
+        lines.append(line)
+    return lines
+
+
+def render(study: StudyConfig, lines: list[Line]) -> str:
+    if not lines:
+        return "no API models or encoders in this study: nothing to spend"
+    out = [f"{'provider':<8} {'model/encoder':<24} {'requests':>9} {'cached':>7} {'tokens in':>11} {'tokens out*':>12} {'US$ at most':>12}"]
+    totals: dict[str, float] = defaultdict(float)
+    for ln in lines:
+        out.append(f"{ln.provider:<8} {ln.what:<24} {ln.requests:>9} {ln.cached:>7} {ln.input_tokens:>11} {ln.output_tokens:>12} {ln.usd:>12.4f}")
+        totals[ln.provider] += ln.usd
+    for provider, usd in sorted(totals.items()):
+        budget = getattr(study.providers, provider).budget_usd
+        cap = "no budget cap" if budget is None else f"budget ${budget:g}" + (" (would stop the run)" if usd > budget else "")
+        out.append(f"{provider}: at most ${usd:.4f}; {cap}")
+    out.append("* output counted at each model's max_output_tokens; cached requests are free; embeddings of "
+               "model answers counted at that cap too. Prices: config.DEFAULT_PRICES as of config.PRICES_AS_OF "
+               "and providers.<name>.prices")
+    return "\n".join(out)

@@ -1,0 +1,69 @@
+"""Requests- and tokens-per-minute limits for one provider, as an asyncio gate.
+
+Requests are paced evenly (one every window/rpm seconds) rather than sent in a burst at the start of
+each minute, and a sliding log of start times makes sure that no window of `window_s` ever holds
+more than `rpm` starts. The window is widened by 1% (at least 0.25 s) so that the server, which sees
+each request some milliseconds after we let it go (more for the first, which opens a connection),
+never counts more than the limit either.
+
+Tokens are reserved before a request at an estimate (input plus the output cap) and the entry is
+corrected to the usage the provider reports afterwards, so a run of short answers is not held to
+its worst case for long.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+
+
+class RateLimiter:
+    def __init__(self, rpm: int, tpm: int, window_s: float = 60.0):
+        self.rpm, self.tpm = rpm, tpm
+        self.window = window_s + max(0.01 * window_s, 0.25)
+        self.interval = self.window / rpm
+        self.starts: deque[float] = deque()
+        self.spent: deque[list] = deque()  # [start time, tokens], corrected by `reconcile`
+        self.next_start = 0.0
+        self.lock = asyncio.Lock()
+
+    def _prune(self, now: float) -> None:
+        while self.starts and self.starts[0] <= now - self.window:
+            self.starts.popleft()
+        while self.spent and self.spent[0][0] <= now - self.window:
+            self.spent.popleft()
+
+    def _wait(self, now: float, tokens: int) -> float:
+        wait = self.next_start - now
+        if len(self.starts) >= self.rpm:
+            wait = max(wait, self.starts[-self.rpm] + self.window - now)
+        used = sum(n for _, n in self.spent)
+        if used + tokens > self.tpm:
+            for t, n in self.spent:  # the first moment enough reserved tokens have left the window
+                used -= n
+                if used + tokens <= self.tpm:
+                    wait = max(wait, t + self.window - now)
+                    break
+        return wait
+
+    async def acquire(self, tokens: int) -> list:
+        """Wait for a slot; return the token entry to `reconcile`. Waiters go first come, first served."""
+        tokens = min(tokens, self.tpm)  # one request larger than the limit still gets its turn
+        async with self.lock:
+            while True:
+                now = time.monotonic()
+                self._prune(now)
+                wait = self._wait(now, tokens)
+                if wait <= 0:
+                    break
+                await asyncio.sleep(wait)
+            self.starts.append(now)
+            self.next_start = now + self.interval
+            entry = [now, tokens]
+            self.spent.append(entry)
+            return entry
+
+    @staticmethod
+    def reconcile(entry: list, tokens: int) -> None:
+        entry[1] = tokens

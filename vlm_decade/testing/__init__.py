@@ -1,0 +1,1 @@
+"""Test helpers that users may want too: a local fake of the OpenAI and Gemini APIs (`fake_api`)."""

@@ -1,0 +1,324 @@
+"""A fake OpenAI and Gemini API on 127.0.0.1, for tests, benchmarks and dry runs without keys.
+
+It speaks the wire formats the official clients use (`openai.AsyncOpenAI(base_url=server.openai_url)`,
+`genai.Client(http_options=HttpOptions(base_url=server.gemini_url, api_version="v1beta"))`):
+
+    POST /v1/chat/completions                          OpenAI chat, images as data-URL parts
+    POST /v1/embeddings                                OpenAI embeddings (base64 float32 or floats)
+    POST /v1beta/models/{model}:generateContent        Gemini, images as inlineData
+    POST /v1beta/models/{model}:batchEmbedContents     Gemini embeddings
+
+Answers are derived from the request, so a test can check what arrived: a chat answer names the
+sha256 of each image's bytes and of the prompt; an embedding is a seeded normal vector keyed by the
+text. Faults come at configured rates and are deterministic: whether an attempt fails is drawn
+from a RNG seeded by (seed, payload hash, how many times this payload came before), so the same
+requests meet the same faults in any order. `rate_400` is drawn from the payload alone: a request
+refused once is refused again, as a real 4xx is.
+
+Everything received is counted per endpoint and logged (time, endpoint, payload sha256, outcome),
+so a test can prove that nothing was sent twice and no 60 s window held more than a limit.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import numpy as np
+
+_GEMINI = re.compile(r"^/v1beta/models/(?P<model>[^:/]+):(?P<method>generateContent|batchEmbedContents|embedContent)$")
+REASONING_PREFIXES = ("o1", "o3", "o4", "gpt-5")
+
+
+@dataclass
+class FaultConfig:
+    """Rates are per attempt, in [0, 1]. A timeout holds the connection `timeout_sleep_s` before answering."""
+
+    latency_s: float = 0.0
+    rate_429: float = 0.0
+    retry_after_s: float = 1.0
+    rate_500: float = 0.0
+    rate_timeout: float = 0.0
+    timeout_sleep_s: float = 5.0
+    rate_broken_json: float = 0.0
+    rate_400: float = 0.0
+    first_429: int = 0  # the first n attempts of every distinct payload answer 429, whatever the rates
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Received:
+    time: float
+    endpoint: str
+    payload_sha256: str
+    outcome: str  # ok, 429, 500, timeout, broken, 400
+
+
+def image_sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def chat_text(prompt: str, images: list[bytes]) -> str:
+    """The fake's deterministic answer: tests recompute it from what they sent."""
+    names = ", ".join(f"image {image_sha(b)}" for b in images) or "no image"
+    return f"A scene showing {names}, asked prompt {hashlib.sha256(prompt.encode()).hexdigest()[:8]}."
+
+
+def fake_vector(text: str, dim: int, unit: bool) -> np.ndarray:
+    seed = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
+    v = np.random.default_rng(seed).standard_normal(dim).astype(np.float32)
+    # Gemini leaves vectors at reduced dims unnormalised; mimic that with a length != 1.
+    return v / np.linalg.norm(v) if unit else v * np.float32(0.5)
+
+
+def tokens(text: str) -> int:
+    return max(1, len(text) // 4)
+
+
+class FakeAPIServer:
+    """`with FakeAPIServer(FaultConfig(...)) as server:` serves on 127.0.0.1 on a free port."""
+
+    def __init__(self, faults: FaultConfig | None = None, port: int = 0):
+        self.faults = faults or FaultConfig()
+        self.lock = threading.Lock()
+        self.log: list[Received] = []
+        self._seen: Counter = Counter()
+        handler = type("Handler", (_Handler,), {"fake": self})
+        self.httpd = _Server(("127.0.0.1", port), handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, name="fake-api", daemon=True)
+
+    # lifecycle ------------------------------------------------------------------------------
+    def start(self) -> "FakeAPIServer":
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def __enter__(self) -> "FakeAPIServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def port(self) -> int:
+        return self.httpd.server_address[1]
+
+    @property
+    def openai_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def gemini_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    # what was received ------------------------------------------------------------------------
+    def counts(self) -> Counter:
+        """Requests received per endpoint, whatever their outcome."""
+        with self.lock:
+            return Counter(r.endpoint for r in self.log)
+
+    def received(self) -> list[Received]:
+        with self.lock:
+            return list(self.log)
+
+    def reset(self) -> None:
+        with self.lock:
+            self.log.clear()
+            self._seen.clear()
+
+    # faults -----------------------------------------------------------------------------------
+    def _outcome(self, digest: str) -> str:
+        f = self.faults
+        with self.lock:
+            attempt = self._seen[digest]
+            self._seen[digest] += 1
+        if attempt < f.first_429:
+            return "429"
+        fixed = np.random.default_rng([f.seed, int(digest[:15], 16)])
+        if fixed.random() < f.rate_400:
+            return "400"
+        draw = np.random.default_rng([f.seed, int(digest[:15], 16), attempt + 1]).random()
+        for outcome, rate in (("429", f.rate_429), ("500", f.rate_500), ("timeout", f.rate_timeout), ("broken", f.rate_broken_json)):
+            if draw < rate:
+                return outcome
+            draw -= rate
+        return "ok"
+
+
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request, client_address) -> None:
+        import sys
+
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            super().handle_error(request, client_address)  # a client hanging up is no error
+
+
+class _Handler(BaseHTTPRequestHandler):
+    fake: FakeAPIServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args) -> None:  # keep test output clean
+        pass
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        path = self.path.split("?")[0]
+        digest = hashlib.sha256(body).hexdigest()
+        gemini = _GEMINI.match(path)
+        if path == "/v1/chat/completions":
+            endpoint, answer = "openai.chat", self._openai_chat
+        elif path == "/v1/embeddings":
+            endpoint, answer = "openai.embeddings", self._openai_embed
+        elif gemini and gemini["method"] == "generateContent":
+            endpoint, answer = "gemini.generate", lambda p: self._gemini_generate(p, gemini["model"])
+        elif gemini:
+            endpoint, answer = "gemini.embed", lambda p: self._gemini_embed(p, gemini["model"], gemini["method"])
+        else:
+            return self._send(404, {"error": {"message": f"no route {path}"}})
+        fake = self.fake
+        outcome = fake._outcome(digest)
+        with fake.lock:
+            fake.log.append(Received(time.time(), endpoint, digest, outcome))
+        time.sleep(fake.faults.latency_s)
+        if outcome == "timeout":
+            time.sleep(fake.faults.timeout_sleep_s)
+        if outcome == "429":
+            return self._send(429, _error(429, "rate limited"), {"Retry-After": f"{fake.faults.retry_after_s:g}"})
+        if outcome == "500":
+            return self._send(500, _error(500, "internal error"))
+        if outcome == "400":
+            return self._send(400, _error(400, "invalid request"))
+        try:
+            payload = answer(json.loads(body))
+        except (KeyError, ValueError, TypeError) as exc:
+            return self._send(400, _error(400, f"malformed request: {exc}"))
+        if outcome == "broken":
+            return self._send_raw(200, json.dumps(payload).encode()[:-7])
+        return self._send(200, payload)
+
+    # wire formats -----------------------------------------------------------------------------
+    def _openai_chat(self, p: dict) -> dict:
+        model, prompt, images = p["model"], [], []
+        for message in p["messages"]:
+            content = message["content"]
+            for part in [{"type": "text", "text": content}] if isinstance(content, str) else content:
+                if part["type"] == "text":
+                    prompt.append(part["text"])
+                elif part["type"] == "image_url":
+                    url = part["image_url"]["url"]
+                    head, data = url.split(",", 1)
+                    if head != "data:image/png;base64":
+                        raise ValueError(f"unexpected image url header {head}")
+                    images.append(base64.b64decode(data))
+        reasoning = model.startswith(REASONING_PREFIXES)
+        if reasoning and ("temperature" in p or "max_tokens" in p):
+            raise ValueError("reasoning models take max_completion_tokens and no temperature")
+        text = chat_text("\n".join(prompt), images)
+        thought = 64 if reasoning else 0
+        prompt_tokens = tokens("\n".join(prompt)) + 85 * len(images)
+        return {
+            "id": "chatcmpl-fake",
+            "object": "chat.completion",
+            "created": 0,
+            "model": f"{model}-2025-01-01",
+            "system_fingerprint": "fp_fake",
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": tokens(text) + thought,
+                "total_tokens": prompt_tokens + tokens(text) + thought,
+                "completion_tokens_details": {"reasoning_tokens": thought},
+            },
+        }
+
+    def _openai_embed(self, p: dict) -> dict:
+        texts = [p["input"]] if isinstance(p["input"], str) else p["input"]
+        dim = p.get("dimensions") or (1536 if "small" in p["model"] else 3072)
+        data = []
+        for i, text in enumerate(texts):
+            v = fake_vector(text, dim, unit=True)
+            emb = base64.b64encode(v.astype("<f4").tobytes()).decode() if p.get("encoding_format") == "base64" else v.tolist()
+            data.append({"object": "embedding", "index": i, "embedding": emb})
+        n = sum(tokens(t) for t in texts)
+        return {"object": "list", "model": p["model"], "data": data, "usage": {"prompt_tokens": n, "total_tokens": n}}
+
+    def _gemini_generate(self, p: dict, model: str) -> dict:
+        prompt, images = [], []
+        for content in p["contents"]:
+            for part in content["parts"]:
+                if "text" in part:
+                    prompt.append(part["text"])
+                elif "inlineData" in part:
+                    inline = part["inlineData"]
+                    if inline.get("mimeType", inline.get("mime_type")) != "image/png":
+                        raise ValueError("expected image/png")
+                    images.append(base64.urlsafe_b64decode(inline["data"]))
+        text = chat_text("\n".join(prompt), images)
+        thoughts = 32 if "2.5" in model else 0
+        prompt_tokens = tokens("\n".join(prompt)) + 258 * len(images)
+        return {
+            "candidates": [{"content": {"role": "model", "parts": [{"text": text}]}, "finishReason": "STOP", "index": 0}],
+            "usageMetadata": {
+                "promptTokenCount": prompt_tokens,
+                "candidatesTokenCount": tokens(text),
+                "thoughtsTokenCount": thoughts,
+                "totalTokenCount": prompt_tokens + tokens(text) + thoughts,
+            },
+            "modelVersion": f"{model}-001",
+            "responseId": "fake",
+        }
+
+    def _gemini_embed(self, p: dict, model: str, method: str) -> dict:
+        requests = p["requests"] if method == "batchEmbedContents" else [p]
+        out = []
+        for r in requests:
+            text = "".join(part["text"] for part in r["content"]["parts"])
+            dim = r.get("outputDimensionality") or 3072
+            out.append({"values": fake_vector(text, dim, unit=dim == 3072).tolist()})
+        return {"embeddings": out} if method == "batchEmbedContents" else {"embedding": out[0]}
+
+    # sending ----------------------------------------------------------------------------------
+    def _send(self, status: int, payload: dict, headers: dict | None = None) -> None:
+        self._send_raw(status, json.dumps(payload).encode(), headers)
+
+    def _send_raw(self, status: int, body: bytes, headers: dict | None = None) -> None:
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            for k, v in (headers or {}).items():
+                self.send_header(k, v)
+            self.end_headers()
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up (a timeout): nothing to answer
+
+
+def _error(code: int, message: str) -> dict:
+    status = {400: "INVALID_ARGUMENT", 429: "RESOURCE_EXHAUSTED", 500: "INTERNAL"}[code]
+    return {"error": {"code": code, "message": message, "status": status, "type": status.lower()}}
+
+
+def max_in_window(times: list[float], window_s: float = 60.0) -> int:
+    """The most requests whose arrival times fall in any half-open window of `window_s`."""
+    times = sorted(times)
+    best, lo = 0, 0
+    for hi, t in enumerate(times):
+        while times[lo] <= t - window_s:
+            lo += 1
+        best = max(best, hi - lo + 1)
+    return best
+
+
+__all__ = ["FakeAPIServer", "FaultConfig", "Received", "chat_text", "fake_vector", "image_sha", "max_in_window"]
