@@ -1,4 +1,4 @@
-"""The `vlm-decade` command line: demo, run, validate, report, masks.
+"""The `vlm-decade` command line: demo, run, validate, estimate, report, masks.
 
 Bad input ends with every problem listed (file, row, field) and exit status 2, before anything
 is written.
@@ -6,6 +6,7 @@ is written.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -14,6 +15,9 @@ import typer
 from rich.console import Console
 
 from .errors import InputError, Problem
+
+# Each stage shows its own progress; the model libraries' loading bars would only interleave with it.
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Measure vision-language models against people.")
 err = Console(stderr=True)
@@ -28,13 +32,37 @@ def _fail(exc: InputError) -> None:
     raise typer.Exit(INPUT_ERROR_EXIT)
 
 
-def _load(study_file: Path, out: Optional[Path], address: Optional[str]):
+def _load(study_file: Path, out: Optional[Path], address: Optional[str], cache_dir: Optional[Path] = None):
     from .config import load_study
 
     study = load_study(study_file, output=out)
     if address:
         study = study.model_copy(update={"runtime": study.runtime.model_copy(update={"address": address})})
-    return study
+    return _with_cache_dir(study, cache_dir)
+
+
+def _with_cache_dir(study, cache_dir: Optional[Path]):
+    if cache_dir is None:
+        return study
+    providers = study.providers.model_copy(update={"cache_dir": cache_dir.resolve()})
+    return study.model_copy(update={"providers": providers})
+
+
+CACHE_DIR_HELP = "API response cache shared across runs (default: the study's providers.cache_dir, else ~/.cache/vlm_decade/api)."
+
+
+def _run(study) -> None:
+    """Run a study; an API stage that stopped (a budget reached, a provider refusing) says why."""
+    from .api.session import APIStopped
+    from .pipeline import run_study
+
+    try:
+        run_study(study)
+    except InputError as exc:
+        _fail(exc)
+    except APIStopped as exc:
+        err.print(f"[bold red]stopped:[/bold red] {exc}", highlight=False)
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -42,14 +70,32 @@ def run(
     study_file: Path = typer.Argument(..., help="The study's YAML file."),
     out: Optional[Path] = typer.Option(None, "--out", help="Run folder (default: the study's `output`)."),
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to join (default: RAY_ADDRESS, else a local Ray)."),
+    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help=CACHE_DIR_HELP),
 ) -> None:
     """Run a study; re-running resumes and skips every unchanged stage."""
-    from .pipeline import run_study
-
     try:
-        run_study(_load(study_file, out, address))
+        study = _load(study_file, out, address, cache_dir)
     except InputError as exc:
         _fail(exc)
+    _run(study)
+
+
+@app.command()
+def estimate(
+    study_file: Path = typer.Argument(..., help="The study's YAML file."),
+    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help=CACHE_DIR_HELP),
+) -> None:
+    """Print the API requests, tokens and dollars a study would take, before spending any."""
+    from .api.estimate import estimate as estimate_study
+    from .api.estimate import render
+    from .pipeline import check_study
+
+    try:
+        study = _load(study_file, None, None, cache_dir)
+        data = check_study(study)
+    except InputError as exc:
+        _fail(exc)
+    print(render(study, estimate_study(study, data.images, data.references)))
 
 
 @app.command()
@@ -73,17 +119,22 @@ def validate(study_file: Path = typer.Argument(..., help="The study's YAML file.
 @app.command()
 def demo(
     out: Path = typer.Option(Path("runs/demo"), "--out", help="Run folder."),
+    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help=CACHE_DIR_HELP),
 ) -> None:
     """Run the bundled offline demo study (real photos; human data written for the demo)."""
+    from .api.checks import drop_unkeyed
     from .config import load_study
     from .demo import materialize
-    from .pipeline import run_study
 
     try:
         study_file = materialize(out / "inputs")
-        run_study(load_study(study_file, output=out))
+        # The demo runs offline: API models whose key is missing are left out, and it says so.
+        study, notes = drop_unkeyed(_with_cache_dir(load_study(study_file, output=out), cache_dir))
     except InputError as exc:
         _fail(exc)
+    for note in notes:
+        err.print(f"[yellow]{note}[/yellow]", highlight=False)
+    _run(study)
 
 
 @app.command()
@@ -125,6 +176,31 @@ def masks(
         _fail(InputError([Problem(str(image), "no such image file")]))
     for path in write_previews(image, out, cfg):
         err.print(str(path))
+
+
+@app.command("validate-metric")
+def validate_metric(
+    n_resamples: int = typer.Option(2000, "--resamples", help="Bootstrap resamples over sentence pairs."),
+) -> None:
+    """Check the offline metrics against people: Spearman with STS-B's human similarity ratings.
+
+    Runs SBERT-SI and BERTScore (the packaged all-MiniLM-L6-v2) through the same metric code the
+    studies use, on the STS-B test split and its photo-caption pairs; the last line is JSON.
+    """
+    import json
+
+    from rich.table import Table
+
+    from .stsb import run_stsb_check
+
+    table, summary = run_stsb_check(n_resamples=n_resamples)
+    view = Table(title="Spearman correlation with STS-B human ratings (95% bootstrap CI)")
+    for column in ("metric", "subset", "pairs", "spearman", "CI"):
+        view.add_column(column)
+    for r in table.to_pylist():
+        view.add_row(r["label"], r["subset"], str(r["n_pairs"]), f"{r['spearman']:.4f}", f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}]")
+    Console(stderr=True).print(view)
+    print(json.dumps(summary))
 
 
 def main() -> None:  # pragma: no cover - `python -m vlm_decade`

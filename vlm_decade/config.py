@@ -34,6 +34,9 @@ class DataConfig(_Frozen):
     image_dir: Path
     descriptions: Path
     votes: Path | None = None
+    # Human ratings of model-vs-gold similarity (rater_id, subject, image_id, rating), to validate
+    # the metrics against people (docs/metrics.md).
+    ratings: Path | None = None
 
 
 class RankingConfig(_Frozen):
@@ -91,14 +94,41 @@ class ModelConfig(_Frozen):
         return name
 
 
+MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+
+
 class EncoderConfig(_Frozen):
     """A text encoder whose cosine similarity to the gold standard is a metric (e.g. SBERT-SI, GPT-SI)."""
 
     name: str = Field(min_length=1)
     backend: str = "sentence-transformers"
-    model_id: str = "sentence-transformers/all-MiniLM-L6-v2"
+    model_id: str = MINILM
     path: Path | None = None
     batch_size: int = Field(64, ge=1)
+
+
+class MetricConfig(_Frozen):
+    """A pairwise text metric beside the encoders' cosines (e.g. BERTScore; docs/metrics.md).
+    `name` is what tables call it. Built and run by `vlm_decade.metrics`."""
+
+    name: str = Field(min_length=1)
+    kind: Literal["cosine", "bertscore"]
+    # cosine: the encoder whose embeddings are compared
+    encoder: EncoderConfig | None = None
+    # bertscore: the contextual model, where its weights are, which layer, which component
+    model_id: str = MINILM
+    path: Path | None = None
+    num_layers: int | None = Field(None, ge=1)
+    component: Literal["precision", "recall", "f1"] = "f1"
+    batch_size: int = Field(64, ge=1)
+
+    @model_validator(mode="after")
+    def _fields_match_kind(self) -> "MetricConfig":
+        if self.kind == "cosine" and self.encoder is None:
+            raise ValueError(f"metric '{self.name}': a cosine metric needs an 'encoder'")
+        if self.kind == "bertscore" and self.encoder is not None:
+            raise ValueError(f"metric '{self.name}': a bertscore metric takes no 'encoder' (set model_id/path)")
+        return self
 
 
 class StatisticsConfig(_Frozen):
@@ -118,6 +148,77 @@ class RuntimeConfig(_Frozen):
     gpus_per_actor: float = Field(0.0, ge=0.0)
 
 
+# Published list prices in US$ per million tokens (standard tier, text and image input alike), as
+# read from the providers' pricing pages on PRICES_AS_OF. Prices change: a study can override or add
+# entries under `providers.<name>.prices`. A model id takes the price of its longest listed prefix,
+# so a dated snapshot (gpt-4o-2024-08-06) takes its family's price.
+PRICES_AS_OF = "2025-08-15"
+DEFAULT_PRICES: dict[str, dict[str, tuple[float, float]]] = {
+    "openai": {
+        "gpt-4o": (2.50, 10.00),
+        "gpt-4o-mini": (0.15, 0.60),
+        "gpt-4.1": (2.00, 8.00),
+        "gpt-4.1-mini": (0.40, 1.60),
+        "gpt-4.1-nano": (0.10, 0.40),
+        "gpt-5": (1.25, 10.00),
+        "gpt-5-mini": (0.25, 2.00),
+        "gpt-5-nano": (0.05, 0.40),
+        "o1": (15.00, 60.00),
+        "o3": (2.00, 8.00),
+        "o3-mini": (1.10, 4.40),
+        "o4-mini": (1.10, 4.40),
+        "text-embedding-3-large": (0.13, 0.0),
+        "text-embedding-3-small": (0.02, 0.0),
+    },
+    "gemini": {
+        "gemini-2.5-pro": (1.25, 10.00),
+        "gemini-2.5-flash": (0.30, 2.50),
+        "gemini-2.5-flash-lite": (0.10, 0.40),
+        "gemini-2.0-flash": (0.10, 0.40),
+        "gemini-embedding-001": (0.15, 0.0),
+    },
+}
+
+
+class Price(_Frozen):
+    """US$ per million tokens; output includes reasoning ("thinking") tokens, billed as output."""
+
+    input_per_mtok: float = Field(ge=0)
+    output_per_mtok: float = Field(0.0, ge=0)
+
+
+class ProviderConfig(_Frozen):
+    """Limits for one API provider, held for the whole cluster by its gateway actor (docs/api.md).
+
+    The defaults suit a first paid tier; raise them to your account's limits. `base_url` points the
+    official client elsewhere (a proxy, or the fake server in tests). `budget_usd` caps what one run
+    may spend with this provider: requests that could pass it are not sent (rows `skipped`).
+    """
+
+    rpm: int = Field(ge=1)
+    tpm: int = Field(ge=1)
+    max_concurrency: int = Field(32, ge=1)
+    timeout_s: float = Field(60.0, gt=0)
+    max_attempts: int = Field(8, ge=1)
+    base_url: str | None = None
+    budget_usd: float | None = Field(10.0, ge=0)
+    prices: dict[str, Price] = Field(default_factory=dict)
+
+    def price(self, provider: str, model_id: str) -> Price | None:
+        table = {k: Price(input_per_mtok=i, output_per_mtok=o) for k, (i, o) in DEFAULT_PRICES.get(provider, {}).items()}
+        table.update(self.prices)
+        matches = [k for k in table if model_id == k or model_id.startswith(k + "-")]
+        return table[max(matches, key=len)] if matches else None
+
+
+class ProvidersConfig(_Frozen):
+    """API providers and the response cache shared across runs (default: the user's cache folder)."""
+
+    cache_dir: Path | None = None
+    openai: ProviderConfig = ProviderConfig(rpm=500, tpm=30_000)
+    gemini: ProviderConfig = ProviderConfig(rpm=150, tpm=1_000_000)
+
+
 class StudyConfig(_Frozen):
     name: str = Field(min_length=1)
     study: Literal["decade"] = "decade"
@@ -128,13 +229,18 @@ class StudyConfig(_Frozen):
     prompt: str = MLLM_PROMPT
     models: tuple[ModelConfig, ...] = Field(min_length=1)
     encoders: tuple[EncoderConfig, ...] = (EncoderConfig(name="SBERT-SI"),)
+    metrics: tuple[MetricConfig, ...] = ()
+    # Also check the Sentence-BERT encoders and `metrics` against STS-B's human ratings (offline).
+    stsb_check: bool = False
     statistics: StatisticsConfig = StatisticsConfig()
     runtime: RuntimeConfig = RuntimeConfig()
+    providers: ProvidersConfig = ProvidersConfig()
     output: Path = Path("runs/study")
 
     @model_validator(mode="after")
     def _unique_names(self):
-        for kind, names in (("model", [m.name for m in self.models]), ("encoder", [e.name for e in self.encoders])):
+        metric_names = [e.name for e in self.encoders] + [m.name for m in self.metrics]
+        for kind, names in (("model", [m.name for m in self.models]), ("metric (encoder or metric)", metric_names)):
             dupes = sorted({n for n in names if names.count(n) > 1})
             if dupes:
                 raise ValueError(f"{kind} names must be unique; repeated: {', '.join(dupes)}")
@@ -142,7 +248,7 @@ class StudyConfig(_Frozen):
 
     def hash(self) -> str:
         """A stable hash of everything that decides the results (not where they are written)."""
-        payload = self.model_dump(mode="json", exclude={"output", "runtime"})
+        payload = self.model_dump(mode="json", exclude={"output", "runtime", "providers"})
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
@@ -165,7 +271,7 @@ def load_study(path: str | Path, output: str | Path | None = None) -> StudyConfi
     data = raw.get("data")
     if isinstance(data, dict):
         raw["data"] = {k: _resolve(v, base) for k, v in data.items()}
-    for section in ("models", "encoders"):
+    for section in ("models", "encoders", "metrics"):
         for entry in raw.get(section) or []:
             if isinstance(entry, dict):
                 if entry.get("path") is not None:
@@ -173,6 +279,9 @@ def load_study(path: str | Path, output: str | Path | None = None) -> StudyConfi
                 opts = entry.get("options")
                 if isinstance(opts, dict) and opts.get("file") is not None:
                     opts["file"] = _resolve(opts["file"], base)
+    providers = raw.get("providers")
+    if isinstance(providers, dict) and providers.get("cache_dir") is not None:
+        providers["cache_dir"] = _resolve(providers["cache_dir"], base)
     if output is not None:
         raw["output"] = str(output)
     elif raw.get("output") is not None:

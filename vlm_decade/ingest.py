@@ -71,6 +71,7 @@ class StudyData:
     images: pa.Table
     references: pa.Table
     ranking_method: dict[str, str]  # dataset -> "votes" | "consensus"
+    ratings: pa.Table | None = None  # human similarity ratings, when the study has them (metric_validation)
 
 
 @dataclass(frozen=True)

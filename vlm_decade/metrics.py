@@ -21,48 +21,20 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .config import EncoderConfig
+from .config import MINILM, EncoderConfig, MetricConfig
 from .embed import text_key
 from .encoders import encoder_class, normalise
 from .encoders.sbert import packaged_copy
 
-MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 COMPONENTS = {"precision": 0, "recall": 1, "f1": 2}  # positions in bert-score's (P, R, F)
 
 METRIC_SCORES_SCHEMA = pa.schema(
     [("subject", pa.string()), ("image_id", pa.string()), ("metric", pa.string()), ("value", pa.float64())]
 )
-
-
-class MetricConfig(BaseModel):
-    """One metric. `name` is what tables call it (e.g. "SBERT-SI", "BERTScore")."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    name: str = Field(min_length=1)
-    kind: Literal["cosine", "bertscore"]
-    # cosine: the encoder whose embeddings are compared
-    encoder: EncoderConfig | None = None
-    # bertscore: the contextual model, where its weights are, which layer, which component
-    model_id: str = MINILM
-    path: Path | None = None
-    num_layers: int | None = Field(None, ge=1)
-    component: Literal["precision", "recall", "f1"] = "f1"
-    batch_size: int = Field(64, ge=1)
-
-    @model_validator(mode="after")
-    def _fields_match_kind(self) -> "MetricConfig":
-        if self.kind == "cosine" and self.encoder is None:
-            raise ValueError(f"metric '{self.name}': a cosine metric needs an 'encoder'")
-        if self.kind == "bertscore" and self.encoder is not None:
-            raise ValueError(f"metric '{self.name}': a bertscore metric takes no 'encoder' (set model_id/path)")
-        return self
 
 
 class Metric:
@@ -165,9 +137,17 @@ class BERTScoreMetric(Metric):
         return f"{self.cfg.name}{component} ({self.cfg.model_id.split('/')[-1]}, layer {self.num_layers})"
 
     def _score(self, candidates: list[str], references: list[str]) -> np.ndarray:
-        # bert-score embeds each distinct sentence once (its dedup_and_sort) and scores every pair.
-        prf = self.scorer.score(candidates, references, batch_size=self.cfg.batch_size)
-        return prf[COMPONENTS[self.cfg.component]].numpy().astype(np.float64)
+        # bert-score embeds each distinct sentence once, in batches it forms from a `set`, so which
+        # sentences share a padded batch would follow Python's per-process hash seed and move the
+        # floats in their last bit. Calls of at most `batch_size` sentences are one batch each,
+        # formed from the pairs' own order, so every run computes the same numbers.
+        step = max(1, self.cfg.batch_size // 2)
+        component = COMPONENTS[self.cfg.component]
+        chunks = [
+            self.scorer.score(candidates[i : i + step], references[i : i + step], batch_size=self.cfg.batch_size)[component]
+            for i in range(0, len(candidates), step)
+        ]
+        return np.concatenate([c.numpy() for c in chunks]).astype(np.float64) if chunks else np.zeros(0)
 
 
 _REGISTRY: dict[str, str] = {

@@ -7,25 +7,29 @@ settings changed (`stages`), and Ray starts only when a stage needs it.
 from __future__ import annotations
 
 import platform
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from importlib import metadata
 
 import pyarrow as pa
 
+from .api.checks import api_budgets, study_problems
 from .backends import backend_class
 from .config import StudyConfig
 from .describe import model_fingerprint, prompt_for, run_describe
 from .embed import run_embed, texts_to_embed
-from .errors import InputError, Problem
+from .errors import InputError, Problem, Problems
 from .ingest import StudyData, load_study_data
 from .masks import mask_specs
+from .metric_validation import check_ratings, validate_metrics
+from .metrics import build_metric, cosine_metric
 from .progress import Reporter
-from .report import write_report
+from .report import REPORT_FORMAT, write_report
 from .runfolder import RunFolder, table_fingerprint
 from .runtime import start_ray
 from .score import similarity_scores
 from .stages import Stage, StageRunner, now
 from .stats import analyse
+from .stsb import run_stsb_check
 
 REPORTED_PACKAGES = ("vlm-decade", "ray", "torch", "transformers", "sentence-transformers", "numpy", "scipy", "pyarrow")
 
@@ -48,9 +52,15 @@ def check_study(study: StudyConfig) -> StudyData:
             continue
         if data is not None or not cls.needs_images:
             problems += cls.check(model, image_ids, variants)
+    problems += study_problems(study)
+    ratings = None
+    if study.data.ratings is not None and data is not None:
+        found = Problems()
+        ratings = check_ratings(study.data.ratings, [m.name for m in study.models], image_ids, found)
+        problems += found.items
     if problems:
         raise InputError(problems)
-    return data
+    return replace(data, ratings=ratings)
 
 
 def package_versions() -> dict[str, str]:
@@ -102,7 +112,7 @@ def run_study(study: StudyConfig, reporter: Reporter | None = None) -> RunFolder
         finished=None,
         ranking_method=data.ranking_method,
         masks=[asdict(s) for s in mask_specs(study.masks)],
-        spend_usd={},
+        spend_usd=run.manifest().get("spend_usd", {}),  # the run folder's total across resumed runs
     )
     reporter.say(f"[bold]{study.name}[/bold]: {data.images.num_rows} images, {len(study.models)} models -> {run.root}")
     stage = StageRunner(run, reporter)
@@ -119,6 +129,7 @@ def run_study(study: StudyConfig, reporter: Reporter | None = None) -> RunFolder
         return outputs
 
     metrics = [e.name for e in study.encoders]
+    statistics = study.statistics
     try:
         stage(Stage("images", (), table_fingerprint(data.images), lambda: produced(images=data.images)))
         stage(Stage("references", (), table_fingerprint(data.references), lambda: produced(references=data.references)))
@@ -129,7 +140,9 @@ def run_study(study: StudyConfig, reporter: Reporter | None = None) -> RunFolder
                 {
                     "models": [[m.name, m.variants, model_fingerprint(m), prompt_for(m, study)] for m in study.models],
                     "masks": [asdict(s) for s in mask_specs(study.masks)],
-                },
+                }
+                # Only studies with API models carry budgets, so other studies keep their fingerprints.
+                | ({"budgets": api_budgets(study)} if api_budgets(study) else {}),
                 lambda: produced(responses=run_describe(study, table("images"), run, reporter, ray)),
             )
         )
@@ -147,13 +160,19 @@ def run_study(study: StudyConfig, reporter: Reporter | None = None) -> RunFolder
             Stage(
                 "scores",
                 ("images", "references", "responses", "embeddings"),
-                metrics,
+                [metrics, [m.model_dump(mode="json", exclude={"batch_size"}) for m in study.metrics]],
                 lambda: produced(
-                    scores=similarity_scores(table("images"), table("references"), table("responses"), table("embeddings"), metrics)
+                    scores=similarity_scores(
+                        table("images"),
+                        table("references"),
+                        table("responses"),
+                        table("embeddings"),
+                        metrics,
+                        [build_metric(m) for m in study.metrics],
+                    )
                 ),
             )
         )
-        statistics = study.statistics
 
         def compute_stats() -> dict[str, pa.Table]:
             ray()  # bootstrap blocks run as Ray tasks
@@ -163,12 +182,38 @@ def run_study(study: StudyConfig, reporter: Reporter | None = None) -> RunFolder
             return produced(stats=stats, comparisons=comparisons)
 
         stage(Stage("stats", ("scores",), [statistics.model_dump(), eras(study)], compute_stats, outputs=("stats", "comparisons")))
+        report_tables = ["images", "references", "responses", "scores", "stats", "comparisons"]
+        if data.ratings is not None:
+            stage(
+                Stage(
+                    "metric_validation",
+                    ("scores",),
+                    [table_fingerprint(data.ratings), statistics.model_dump()],
+                    lambda: produced(
+                        metric_validation=validate_metrics(
+                            data.ratings, table("scores"), statistics.n_resamples, statistics.seed, statistics.confidence
+                        ).summary
+                    ),
+                )
+            )
+            report_tables.append("metric_validation")
+        if study.stsb_check:
+            checked = [cosine_metric(e) for e in study.encoders if e.backend == "sentence-transformers"] + list(study.metrics)
+            stage(
+                Stage(
+                    "stsb",
+                    (),
+                    [m.model_dump(mode="json", exclude={"batch_size"}) for m in checked],
+                    lambda: produced(stsb=run_stsb_check(checked)[0]),
+                )
+            )
+            report_tables.append("stsb")
         stage(
             Stage(
                 "report",
-                ("images", "references", "responses", "scores", "stats", "comparisons"),
-                {"demo": study.demo, "ranking": data.ranking_method, "version": 1},
-                lambda: write_report(run, study, {n: table(n) for n in ("images", "references", "responses", "scores", "stats", "comparisons")}) or {},
+                tuple(report_tables),
+                {"demo": study.demo, "ranking": data.ranking_method, "format": REPORT_FORMAT},
+                lambda: write_report(run, study, {n: table(n) for n in report_tables}) or {},
                 outputs=(),
                 files=("report.html",),
             )

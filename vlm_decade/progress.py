@@ -23,7 +23,7 @@ class Reporter:
 
     def stage(self, name: str, state: str, detail: str = "") -> None:
         mark = {"skip": "[dim]skip[/dim]", "run": "[bold cyan]run [/bold cyan]", "done": "[green]done[/green]"}[state]
-        self.say(f"{mark} {name:<12} {detail}")
+        self.say(f"{mark} {name:<17} {detail}")
 
     @contextmanager
     def track(self, description: str, total: int):
@@ -33,7 +33,7 @@ class Reporter:
             return
         if self.console.is_terminal:
             with Progress(
-                TextColumn("     {task.description:<12}"),
+                TextColumn("     {task.description:<17}"),
                 BarColumn(),
                 MofNCompleteColumn(),
                 TimeElapsedColumn(),
@@ -50,7 +50,7 @@ class Reporter:
             nonlocal done, next_mark
             done += n
             if done / total >= next_mark or done == total:
-                self.say(f"     {description:<12} {done}/{total} ({time.monotonic() - start:.0f}s)")
+                self.say(f"     {description:<17} {done}/{total} ({time.monotonic() - start:.0f}s)")
                 while next_mark <= done / total:
                     next_mark += 0.1
 

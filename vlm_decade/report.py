@@ -21,6 +21,8 @@ from .config import StudyConfig  # noqa: E402
 from .runfolder import RunFolder, atomic_write_bytes  # noqa: E402
 from .stats import format_p  # noqa: E402
 
+# Part of the report stage's settings: bump it when the page changes, so existing runs redraw it.
+REPORT_FORMAT = 3
 DATASET_COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
 HUMAN_BANDS = {"human:top": ("top-ranked humans", 0.25), "human:bottom": ("bottom-ranked humans", 0.12)}
 
@@ -79,6 +81,27 @@ def _html_table(table: pa.Table, columns: list[str], formats: dict | None = None
             cells.append(f"<td>{html.escape(text)}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def _metric_validation(run: RunFolder, study: StudyConfig, summary: pa.Table) -> str:
+    """Each metric's agreement with the human raters against the inter-rater ceiling (figure A.1a's shape)."""
+    from .metric_validation import write_validation_figure
+
+    write_validation_figure(summary, run.root / "figures" / "metric_validation.png", demo=study.demo)
+    n = study.statistics.n_resamples
+    note = " These ratings were simulated for the demo." if study.demo else ""
+    return (
+        "<h2>The metrics against human ratings</h2><p class='note'>Correlation of each metric with each rater, "
+        "averaged over raters, against the inter-rater ceiling (each rater against the mean of the others); "
+        f"p and q test the difference from the ceiling (docs/metrics.md).{note}</p>"
+        "<img src='figures/metric_validation.png' alt='metric validation against human ratings'>"
+        + _html_table(
+            summary,
+            ["metric", "kind", "role", "estimate", "ci_low", "ci_high", "difference", "p", "q", "n_raters", "n_pairs"],
+            {"p": lambda v, r: "" if v is None else format_p(v, n), "q": lambda v, r: "" if v is None else format_p(v, n),
+             "difference": lambda v, r: "" if v is None else f"{v:.3f}"},
+        )
+    )
 
 
 def _examples(tables: dict[str, pa.Table], study: StudyConfig) -> str:
@@ -174,6 +197,15 @@ def write_report(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Table]
                 {"p": lambda v, r: format_p(v, n), "q": lambda v, r: format_p(v, n)},
             )
         )
+    if "metric_validation" in tables:
+        parts.append(_metric_validation(run, study, tables["metric_validation"]))
+    if "stsb" in tables:
+        parts.append(
+            "<h2>The metrics against STS-B's human ratings</h2><p class='note'>Real human similarity ratings "
+            "(STS-B test split, and its photo-caption pairs), through the same encoder and metric code as this study: "
+            "Spearman correlation with a bootstrap CI over sentence pairs (docs/metrics.md).</p>"
+        )
+        parts.append(_html_table(tables["stsb"], ["label", "subset", "n_pairs", "spearman", "ci_low", "ci_high"]))
     parts.append(_examples(tables, study))
     failed = tables["responses"].filter(pa.compute.not_equal(tables["responses"].column("status"), "ok"))
     parts.append(f"<h2>Responses</h2><p class='note'>{tables['responses'].num_rows} responses, {failed.num_rows} failed.</p>")

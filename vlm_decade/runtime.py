@@ -19,6 +19,8 @@ QUIET_RAY_ENV = {
     # URL (a DNS lookup and an HTTPS request); point it at a closed local port instead.
     "RAY_USAGE_STATS_REPORT_URL": "http://127.0.0.1:9/",
     "RAY_DATA_DISABLE_PROGRESS_BARS": "1",
+    # Our own progress bars speak for each stage; transformers' weight-loading bars only add noise.
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
 }
 
 

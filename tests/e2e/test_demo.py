@@ -15,8 +15,8 @@ from .conftest import BIN, cli_env, vlm_decade
 
 pytestmark = pytest.mark.e2e
 
-STAGES = ("images", "references", "responses", "embeddings", "scores", "stats", "report")
-TABLES = ("images", "references", "responses", "embeddings", "scores", "stats", "comparisons")
+STAGES = ("images", "references", "responses", "embeddings", "scores", "stats", "metric_validation", "stsb", "report")
+TABLES = ("images", "references", "responses", "embeddings", "scores", "stats", "comparisons", "metric_validation", "stsb")
 # Wall-clock columns differ between runs by nature; everything else must be identical.
 VOLATILE = {"responses": ["latency_s"]}
 
@@ -53,6 +53,14 @@ def test_demo_writes_report_and_tables(demo_run):
         assert f"{r['estimate']:.3f}" in html
     responses = pq.read_table(out / "responses.parquet")
     assert responses.num_rows == 2 * 16 * 4  # two models x 16 images x (full + 3 masks)
+    assert {r["metric"] for r in stats} == {"SBERT-SI", "BERTScore"}
+    # The metrics against (simulated) raters, and against STS-B's real human ratings.
+    validation = pq.read_table(out / "metric_validation.parquet").to_pylist()
+    assert {r["metric"] for r in validation if r["role"] == "metric"} == {"SBERT-SI", "BERTScore"}
+    assert (out / "figures" / "metric_validation.png").exists() and "simulated for the demo" in html
+    stsb = {(r["metric"], r["subset"]): r for r in pq.read_table(out / "stsb.parquet").to_pylist()}
+    assert stsb[("SBERT-SI", "test")]["spearman"] == pytest.approx(0.8203, abs=0.01)
+    assert stsb[("SBERT-SI", "test")]["n_pairs"] == 1379 and stsb[("BERTScore", "test_images")]["n_pairs"] == 250
 
 
 def test_second_run_does_no_work_and_says_so(demo_run):

@@ -40,6 +40,8 @@ class Backend:
     """Base class. `needs_images=False` backends (imported files) are called without decoding images."""
 
     needs_images = True
+    # Remote backends (API models) are sent through their provider's gateway, not an actor pool.
+    remote = False
 
     def __init__(self, model: ModelConfig):
         self.model = model
@@ -61,7 +63,12 @@ class Backend:
 
 # name -> "module:Class", imported only when a study uses it, so optional dependencies stay optional.
 _REGISTRY: dict[str, str] = {
+    "hf-captioner": "vlm_decade.backends.hf_captioner:HFCaptioner",
+    "hf-detector": "vlm_decade.backends.hf_detector:HFDetector",
+    "hf-vlm": "vlm_decade.backends.hf_vlm:HFVLM",
+    "gemini": "vlm_decade.backends.api:GeminiBackend",
     "imported": "vlm_decade.backends.imported:ImportedBackend",
+    "openai": "vlm_decade.backends.api:OpenAIBackend",
     "ssd-template": "vlm_decade.backends.ssd_template:SSDTemplateCaptioner",
 }
 

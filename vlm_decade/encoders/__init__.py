@@ -14,6 +14,9 @@ from ..config import EncoderConfig
 
 
 class Encoder:
+    # Remote encoders (APIs) are sent through their provider's gateway, not loaded in an actor.
+    remote = False
+
     def __init__(self, cfg: EncoderConfig):
         self.cfg = cfg
 
@@ -27,6 +30,8 @@ class Encoder:
 
 
 _REGISTRY: dict[str, str] = {
+    "gemini-embedding": "vlm_decade.encoders.api:GeminiEmbedding",
+    "openai-embedding": "vlm_decade.encoders.api:OpenAIEmbedding",
     "sentence-transformers": "vlm_decade.encoders.sbert:SentenceTransformerEncoder",
 }
 
