@@ -1,4 +1,4 @@
-"""Reads an `strace -f -e trace=connect,sendto,sendmsg,sendmmsg` log and lists traffic that would
+"""Reads an `strace -f -e trace=connect,sendto,sendmsg,sendmmsg,close` log and lists traffic that would
 leave this machine. Ray's one UDP `connect()` to 8.8.8.8:53, which it uses to learn its own IP
 and which sends no packet, is allowed only while nothing is ever sent on that socket."""
 
@@ -10,6 +10,7 @@ import socket
 
 CONNECT = re.compile(r"^(\d+)\s+connect\((\d+), \{sa_family=AF_INET6?, sin6?_port=htons\((\d+)\), (?:sin_addr=inet_addr\(\"([^\"]+)\"\)|.*inet_pton\(AF_INET6, \"([^\"]+)\")")
 SEND = re.compile(r"^(\d+)\s+(sendto|sendmsg|sendmmsg)\((\d+),")
+CLOSE = re.compile(r"^(\d+)\s+close\((\d+)\)")
 SEND_ADDR = re.compile(r"sin_addr=inet_addr\(\"([^\"]+)\"\)|inet_pton\(AF_INET6, \"([^\"]+)\"")
 IP_DISCOVERY = ("8.8.8.8", 53)
 
@@ -40,11 +41,16 @@ def outside_traffic(log: str) -> list[str]:
     discovery_sockets: set[tuple[str, str]] = set()
     bad = []
     for line in log.splitlines():
+        m = CLOSE.match(line)
+        if m:  # the descriptor may be reused for a local socket
+            discovery_sockets.discard(m.groups())
+            continue
         m = CONNECT.match(line)
         if m:
             pid, fd, port, v4, v6 = m.groups()
             addr = v4 or v6
             if is_local(addr, own):
+                discovery_sockets.discard((pid, fd))
                 continue
             if (addr, int(port)) == IP_DISCOVERY:
                 discovery_sockets.add((pid, fd))

@@ -24,13 +24,15 @@ def test_netcheck_flags_outside_connections():
     assert outside_traffic(log) == [log.splitlines()[2]]
     sent = log.splitlines()[0] + "\n10 sendmmsg(6, [{msg_hdr={...}}], 2, MSG_NOSIGNAL) = 2"
     assert len(outside_traffic(sent)) == 1  # a DNS query on the discovery socket is traffic
+    reused = log.splitlines()[0] + "\n10 close(6) = 0\n10 sendmsg(6, {msg_name=NULL}, MSG_NOSIGNAL) = 9"
+    assert outside_traffic(reused) == []  # the descriptor was closed, then reused for a local socket
 
 
 @pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed (.ci/run installs it)")
 def test_demo_makes_no_outside_connection(tmp_path):
     log = tmp_path / "strace.log"
     result = subprocess.run(
-        ["strace", "-f", "-qq", "-e", "trace=connect,sendto,sendmsg,sendmmsg", "-o", str(log), str(BIN / "vlm-decade"), "demo", "--out", str(tmp_path / "run")],
+        ["strace", "-f", "-qq", "-e", "trace=connect,sendto,sendmsg,sendmmsg,close", "-o", str(log), str(BIN / "vlm-decade"), "demo", "--out", str(tmp_path / "run")],
         capture_output=True,
         text=True,
         timeout=900,

@@ -44,7 +44,7 @@ def ray_head(tmp_path):
     strace = shutil.which("strace")
     log = tmp_path / "head.strace"
     if strace:
-        cmd = [strace, "-f", "-qq", "-e", "trace=connect,sendto,sendmsg,sendmmsg", "-o", str(log), *cmd]
+        cmd = [strace, "-f", "-qq", "-e", "trace=connect,sendto,sendmsg,sendmmsg,close", "-o", str(log), *cmd]
     head_log = open(tmp_path / "head.log", "w")
     head = subprocess.Popen(cmd, env=env, stdout=head_log, stderr=subprocess.STDOUT, start_new_session=True)
     address = f"http://127.0.0.1:{dashboard}"

@@ -172,7 +172,11 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     def do_POST(self) -> None:  # noqa: N802 - http.server's name
-        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length)
+        if len(body) < length:  # the client went away mid-request (killed): nothing was asked
+            self.close_connection = True
+            return
         path = self.path.split("?")[0]
         digest = hashlib.sha256(body).hexdigest()
         gemini = _GEMINI.match(path)
