@@ -28,7 +28,7 @@ import pyarrow as pa
 from .config import MINILM, EncoderConfig, MetricConfig
 from .embed import text_key
 from .encoders import encoder_class, normalise
-from .encoders.sbert import packaged_copy
+from .encoders.sbert import resolve_weights
 
 COMPONENTS = {"precision": 0, "recall": 1, "f1": 2}  # positions in bert-score's (P, R, F)
 
@@ -87,16 +87,6 @@ class CosineMetric(Metric):
         return np.einsum("ij,ij->i", a.astype(np.float64), b.astype(np.float64))
 
 
-def bertscore_weights(cfg: MetricConfig) -> str:
-    """A local folder when one is configured or packaged; else the hub id (needs a network)."""
-    if cfg.path is not None:
-        if not Path(cfg.path).is_dir():
-            raise FileNotFoundError(f"metric '{cfg.name}': path {cfg.path} is not a folder")
-        return str(cfg.path)
-    local = packaged_copy(cfg.model_id)
-    return str(local) if local else cfg.model_id
-
-
 def bertscore_layers(cfg: MetricConfig) -> int:
     """The layer whose token embeddings are matched: configured, else bert-score's tuned default.
 
@@ -122,7 +112,7 @@ class BERTScoreMetric(Metric):
         self.num_layers = bertscore_layers(cfg)
         # lang=None and no rescaling: bert-score then reads no baseline file and fetches nothing.
         self.scorer = BERTScorer(
-            model_type=bertscore_weights(cfg),
+            model_type=resolve_weights(cfg),
             num_layers=self.num_layers,
             batch_size=cfg.batch_size,
             idf=False,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import EncoderConfig
+from ..config import EncoderConfig, MetricConfig
 from . import Encoder, normalise
 
 # model id -> (package that ships a copy, how to find it in that package)
@@ -26,11 +26,12 @@ def packaged_copy(model_id: str) -> Path | None:
     return Path(module.get_model_path())
 
 
-def resolve_weights(cfg: EncoderConfig) -> str:
-    """A local folder when one is configured or packaged; else the hub id (needs a network)."""
+def resolve_weights(cfg: EncoderConfig | MetricConfig) -> str:
+    """A local folder when one is configured or packaged; else the hub id (needs a network).
+    Sentence encoders and BERTScore's contextual model resolve their weights alike."""
     if cfg.path is not None:
         if not Path(cfg.path).is_dir():
-            raise FileNotFoundError(f"encoder '{cfg.name}': path {cfg.path} is not a folder")
+            raise FileNotFoundError(f"'{cfg.name}': path {cfg.path} is not a folder")
         return str(cfg.path)
     local = packaged_copy(cfg.model_id)
     return str(local) if local else cfg.model_id
