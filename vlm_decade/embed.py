@@ -13,6 +13,7 @@ import hashlib
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .config import EncoderConfig, StudyConfig
 from .encoders import encoder_class
@@ -46,7 +47,7 @@ def encoder_key(cfg: EncoderConfig) -> str:
 def texts_to_embed(references: pa.Table, responses: pa.Table) -> dict[str, str]:
     """sha256 -> text for every distinct non-empty text to score."""
     texts = references.column("text").to_pylist()
-    ok = responses.filter(pa.compute.equal(responses.column("status"), "ok"))
+    ok = responses.filter(pc.equal(responses.column("status"), "ok"))
     texts += ok.column("text").to_pylist()
     return {text_key(t): t.strip() for t in texts if t and t.strip()}
 

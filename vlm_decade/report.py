@@ -15,6 +15,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pyarrow as pa  # noqa: E402
+import pyarrow.compute as pc  # noqa: E402
 import pyarrow.csv as pacsv  # noqa: E402
 
 from .config import StudyConfig  # noqa: E402
@@ -207,7 +208,7 @@ def write_report(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Table]
         )
         parts.append(_html_table(tables["stsb"], ["label", "subset", "n_pairs", "spearman", "ci_low", "ci_high"]))
     parts.append(_examples(tables, study))
-    failed = tables["responses"].filter(pa.compute.not_equal(tables["responses"].column("status"), "ok"))
+    failed = tables["responses"].filter(pc.not_equal(tables["responses"].column("status"), "ok"))
     parts.append(f"<h2>Responses</h2><p class='note'>{tables['responses'].num_rows} responses, {failed.num_rows} failed.</p>")
     if failed.num_rows:
         parts.append(_html_table(failed, ["subject", "image_id", "variant", "error"]))
