@@ -19,7 +19,6 @@ A built metric holds its model, so build it once (in an actor) and call `score` 
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +28,7 @@ from .config import MINILM, EncoderConfig, MetricConfig
 from .embed import text_key
 from .encoders import encoder_class, normalise
 from .encoders.sbert import resolve_weights
+from .registry import Registry
 
 COMPONENTS = {"precision": 0, "recall": 1, "f1": 2}  # positions in bert-score's (P, R, F)
 
@@ -140,20 +140,12 @@ class BERTScoreMetric(Metric):
         return np.concatenate([c.numpy() for c in chunks]).astype(np.float64) if chunks else np.zeros(0)
 
 
-_REGISTRY: dict[str, str] = {
-    "cosine": "vlm_decade.metrics:CosineMetric",
-    "bertscore": "vlm_decade.metrics:BERTScoreMetric",
-}
-
-
-def metric_kinds() -> list[str]:
-    return sorted(_REGISTRY)
+METRICS = Registry("metric kind", {"cosine": "vlm_decade.metrics:CosineMetric", "bertscore": "vlm_decade.metrics:BERTScoreMetric"})
 
 
 def build_metric(cfg: MetricConfig) -> Metric:
     """Load a metric's model once; call `.score` on it as often as needed."""
-    module, cls = _REGISTRY[cfg.kind].split(":")
-    return getattr(importlib.import_module(module), cls)(cfg)
+    return METRICS.load(cfg.kind)(cfg)
 
 
 def score_pairs(cfg: MetricConfig, candidates: list[str], references: list[str]) -> np.ndarray:

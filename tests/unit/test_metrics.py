@@ -40,7 +40,7 @@ def unit(text: str) -> np.ndarray:
 
 
 def test_cosine_goes_through_the_encoder_registry_and_embeds_each_text_once(monkeypatch):
-    monkeypatch.setitem(encoders._REGISTRY, "counting", f"{__name__}:CountingEncoder")
+    monkeypatch.setitem(encoders.ENCODERS.entries, "counting", f"{__name__}:CountingEncoder")
     cfg = MetricConfig(name="X-SI", kind="cosine", encoder=EncoderConfig(name="X-SI", backend="counting", model_id="x"))
     CountingEncoder.calls = []
     # The gold standard repeats across pairs, as it does across models; "  a b " strips to "a b".

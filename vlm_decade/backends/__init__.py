@@ -7,13 +7,13 @@ describe stage owns batching, retries of failed rows, resume and persistence.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..config import ModelConfig
 from ..errors import Problem
+from ..registry import Registry
 
 
 @dataclass(frozen=True)
@@ -61,26 +61,20 @@ class Backend:
         return []
 
 
-# name -> "module:Class", imported only when a study uses it, so optional dependencies stay optional.
-_REGISTRY: dict[str, str] = {
-    "hf-captioner": "vlm_decade.backends.hf_captioner:HFCaptioner",
-    "hf-detector": "vlm_decade.backends.hf_detector:HFDetector",
-    "hf-vlm": "vlm_decade.backends.hf_vlm:HFVLM",
-    "gemini": "vlm_decade.backends.api:GeminiBackend",
-    "imported": "vlm_decade.backends.imported:ImportedBackend",
-    "openai": "vlm_decade.backends.api:OpenAIBackend",
-    "ssd-template": "vlm_decade.backends.ssd_template:SSDTemplateCaptioner",
-}
-
-
-def backend_names() -> list[str]:
-    return sorted(_REGISTRY)
+# Imported only when a study uses them, so optional dependencies stay optional.
+BACKENDS = Registry(
+    "backend",
+    {
+        "hf-captioner": "vlm_decade.backends.hf_captioner:HFCaptioner",
+        "hf-detector": "vlm_decade.backends.hf_detector:HFDetector",
+        "hf-vlm": "vlm_decade.backends.hf_vlm:HFVLM",
+        "gemini": "vlm_decade.backends.api:GeminiBackend",
+        "imported": "vlm_decade.backends.imported:ImportedBackend",
+        "openai": "vlm_decade.backends.api:OpenAIBackend",
+        "ssd-template": "vlm_decade.backends.ssd_template:SSDTemplateCaptioner",
+    },
+)
 
 
 def backend_class(name: str) -> type[Backend]:
-    try:
-        target = _REGISTRY[name]
-    except KeyError:
-        raise KeyError(f"unknown backend '{name}'; known: {', '.join(backend_names())}") from None
-    module, cls = target.split(":")
-    return getattr(importlib.import_module(module), cls)
+    return BACKENDS.load(name)

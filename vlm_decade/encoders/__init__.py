@@ -6,11 +6,11 @@ similarities of these vectors, so every encoder returns unit-length float32 rows
 
 from __future__ import annotations
 
-import importlib
 
 import numpy as np
 
 from ..config import EncoderConfig
+from ..registry import Registry
 
 
 class Encoder:
@@ -29,24 +29,18 @@ class Encoder:
         raise NotImplementedError
 
 
-_REGISTRY: dict[str, str] = {
-    "gemini-embedding": "vlm_decade.encoders.api:GeminiEmbedding",
-    "openai-embedding": "vlm_decade.encoders.api:OpenAIEmbedding",
-    "sentence-transformers": "vlm_decade.encoders.sbert:SentenceTransformerEncoder",
-}
-
-
-def encoder_names() -> list[str]:
-    return sorted(_REGISTRY)
+ENCODERS = Registry(
+    "encoder backend",
+    {
+        "gemini-embedding": "vlm_decade.encoders.api:GeminiEmbedding",
+        "openai-embedding": "vlm_decade.encoders.api:OpenAIEmbedding",
+        "sentence-transformers": "vlm_decade.encoders.sbert:SentenceTransformerEncoder",
+    },
+)
 
 
 def encoder_class(name: str) -> type[Encoder]:
-    try:
-        target = _REGISTRY[name]
-    except KeyError:
-        raise KeyError(f"unknown encoder backend '{name}'; known: {', '.join(encoder_names())}") from None
-    module, cls = target.split(":")
-    return getattr(importlib.import_module(module), cls)
+    return ENCODERS.load(name)
 
 
 def normalise(vectors: np.ndarray) -> np.ndarray:

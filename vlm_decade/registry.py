@@ -1,0 +1,23 @@
+"""The one registry mechanism: a name maps to "module:Class", imported only when first asked for,
+so a study pulls in only the optional dependencies of what it uses (backends, encoders, metrics)."""
+
+from __future__ import annotations
+
+import importlib
+
+
+class Registry:
+    def __init__(self, kind: str, entries: dict[str, str]):
+        self.kind = kind  # how an unknown name is described, e.g. "backend"
+        self.entries = entries
+
+    def names(self) -> list[str]:
+        return sorted(self.entries)
+
+    def load(self, name: str) -> type:
+        try:
+            target = self.entries[name]
+        except KeyError:
+            raise KeyError(f"unknown {self.kind} '{name}'; known: {', '.join(self.names())}") from None
+        module, cls = target.split(":")
+        return getattr(importlib.import_module(module), cls)
