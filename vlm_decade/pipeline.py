@@ -130,6 +130,7 @@ def run_study(study: StudyConfig, reporter: Reporter | None = None) -> RunFolder
 
     metrics = [e.name for e in study.encoders]
     statistics = study.statistics
+    budgets = api_budgets(study)
     try:
         stage(Stage("images", (), table_fingerprint(data.images), lambda: produced(images=data.images)))
         stage(Stage("references", (), table_fingerprint(data.references), lambda: produced(references=data.references)))
@@ -142,7 +143,7 @@ def run_study(study: StudyConfig, reporter: Reporter | None = None) -> RunFolder
                     "masks": [asdict(s) for s in mask_specs(study.masks)],
                 }
                 # Only studies with API models carry budgets, so other studies keep their fingerprints.
-                | ({"budgets": api_budgets(study)} if api_budgets(study) else {}),
+                | ({"budgets": budgets} if budgets else {}),
                 lambda: produced(responses=run_describe(study, table("images"), run, reporter, ray)),
             )
         )

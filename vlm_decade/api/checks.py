@@ -45,17 +45,17 @@ def api_budgets(study: StudyConfig) -> dict[str, float | None]:
 
 def drop_unkeyed(study: StudyConfig) -> tuple[StudyConfig, list[str]]:
     """The study without API models and encoders whose key is missing, and a note for each."""
-    notes, models, encoders = [], [], []
-    for m in study.models:
-        p = _api_provider("models", m.backend)
-        if p and api_key(p) is None:
-            notes.append(f"skipping model {m.name}: no {key_hint(p)} set")
-        else:
-            models.append(m)
-    for e in study.encoders:
-        p = _api_provider("encoders", e.backend)
-        if p and api_key(p) is None:
-            notes.append(f"skipping encoder {e.name}: no {key_hint(p)} set")
-        else:
-            encoders.append(e)
-    return study.model_copy(update={"models": tuple(models), "encoders": tuple(encoders)}), notes
+    notes: list[str] = []
+
+    def keyed(entries, section: str, what: str) -> tuple:
+        kept = []
+        for entry in entries:
+            p = _api_provider(section, entry.backend)
+            if p and api_key(p) is None:
+                notes.append(f"skipping {what} {entry.name}: no {key_hint(p)} set")
+            else:
+                kept.append(entry)
+        return tuple(kept)
+
+    models, encoders = keyed(study.models, "models", "model"), keyed(study.encoders, "encoders", "encoder")
+    return study.model_copy(update={"models": models, "encoders": encoders}), notes
