@@ -141,7 +141,7 @@ def demo(
 def report(run_dir: Path = typer.Argument(..., help="A run folder.")) -> None:
     """Write report.html again from a run folder's tables."""
     from .config import StudyConfig
-    from .report import write_report
+    from .report import OPTIONAL_TABLES, REPORT_TABLES, write_report
     from .runfolder import RunFolder
 
     run_folder = RunFolder(run_dir)
@@ -149,11 +149,11 @@ def report(run_dir: Path = typer.Argument(..., help="A run folder.")) -> None:
     if "config" not in manifest:
         _fail(InputError([Problem(str(run_folder.manifest_path), "no run here (manifest.json missing or empty)")]))
     study = StudyConfig.model_validate(manifest["config"])
-    names = ("images", "references", "responses", "scores", "stats", "comparisons")
-    missing = [n for n in names if not run_folder.has(n)]
+    missing = [n for n in REPORT_TABLES if not run_folder.has(n)]
     if missing:
         err.print(f"[red]{run_dir}: tables missing: {', '.join(missing)}; run the study first[/red]")
         raise typer.Exit(INPUT_ERROR_EXIT)
+    names = list(REPORT_TABLES) + [n for n in OPTIONAL_TABLES if run_folder.has(n)]
     write_report(run_folder, study, {n: run_folder.read(n) for n in names})
     err.print(f"report: {run_dir / 'report.html'}")
 

@@ -23,7 +23,7 @@ from .masks import mask_specs
 from .metric_validation import check_ratings, validate_metrics
 from .metrics import build_metric, cosine_metric
 from .progress import Reporter
-from .report import REPORT_FORMAT, write_report
+from .report import REPORT_FORMAT, REPORT_TABLES, write_report
 from .runfolder import RunFolder, table_fingerprint
 from .runtime import start_ray
 from .score import similarity_scores
@@ -183,7 +183,7 @@ def run_study(study: StudyConfig, reporter: Reporter | None = None) -> RunFolder
             return produced(stats=stats, comparisons=comparisons)
 
         stage(Stage("stats", ("scores",), [statistics.model_dump(), eras(study)], compute_stats, outputs=("stats", "comparisons")))
-        report_tables = ["images", "references", "responses", "scores", "stats", "comparisons"]
+        report_tables = list(REPORT_TABLES)
         if data.ratings is not None:
             stage(
                 Stage(

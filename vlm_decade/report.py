@@ -24,6 +24,9 @@ from .stats import format_p  # noqa: E402
 
 # Part of the report stage's settings: bump it when the page changes, so existing runs redraw it.
 REPORT_FORMAT = 3
+# The tables every report draws from, and those it adds a section for when the run has them.
+REPORT_TABLES = ("images", "references", "responses", "scores", "stats", "comparisons")
+OPTIONAL_TABLES = ("metric_validation", "stsb")
 DATASET_COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
 HUMAN_BANDS = {"human:top": ("top-ranked humans", 0.25), "human:bottom": ("bottom-ranked humans", 0.12)}
 
