@@ -18,12 +18,15 @@ from ..registry import Registry
 
 @dataclass(frozen=True)
 class Stimulus:
-    """One image variant to describe: `variant` is `full` or a mask id; `image` is RGB uint8 HxWx3."""
+    """One image variant to describe: `variant` is `full` or a mask id; `image` is RGB uint8 HxWx3.
+    `classes` is the class list of the image's dataset, given only to closed-world backends (Study B's
+    CLIP / SigLIP baselines)."""
 
     image_id: str
     variant: str
     image: np.ndarray
     prompt: str
+    classes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,8 @@ class Backend:
     needs_images = True
     # Remote backends (API models) are sent through their provider's gateway, not an actor pool.
     remote = False
+    # Closed-world backends choose among the dataset's class names (`Stimulus.classes`).
+    closed_world = False
 
     def __init__(self, model: ModelConfig):
         self.model = model
