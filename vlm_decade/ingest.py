@@ -72,6 +72,7 @@ class StudyData:
     references: pa.Table
     ranking_method: dict[str, str]  # dataset -> "votes" | "consensus"
     ratings: pa.Table | None = None  # human similarity ratings, when the study has them (metric_validation)
+    hand_labels: pa.Table | None = None  # hand error labels, when the study has them (taxonomy)
 
 
 @dataclass(frozen=True)
@@ -96,20 +97,20 @@ def load_study_data(data: DataConfig, ranking: RankingConfig, masks: MaskConfig)
 
     images = descriptions = None
     if images_t is not None:
-        images = _check_images(images_t, Path(data.image_dir), problems)
+        images = check_images(images_t, Path(data.image_dir), problems)
     if descriptions_t is not None:
         descriptions = _check_descriptions(descriptions_t, images, [FULL, *mask_ids(masks)], problems)
     if images is not None and descriptions is not None:
         _check_every_image_has_full(images_t, images, descriptions, descriptions_t.name, problems)
     tally = _Tally()
     if votes_t is not None and images is not None and descriptions is not None:
-        declared = {_text(row, "description_id") for row in descriptions_t.rows}
+        declared = {cell_text(row, "description_id") for row in descriptions_t.rows}
         tally = _check_votes(votes_t, images, descriptions, declared, problems)
     methods = _ranking_methods(images, tally, votes_t, problems) if images is not None else {}
     problems.raise_if_any()
 
     return StudyData(
-        images=_images_table(images),
+        images=images_table(images),
         references=_references_table(images, descriptions, tally, methods, ranking),
         ranking_method=methods,
     )
@@ -213,7 +214,7 @@ def _cell(value) -> str | list[str]:
     return str(value)
 
 
-def _present(row: Row, table: Table, columns: tuple[str, ...], problems: Problems) -> bool:
+def cell_present(row: Row, table: Table, columns: tuple[str, ...], problems: Problems) -> bool:
     """Whether every one of `columns` is non-blank in `row` (adds a problem for each blank one)."""
     ok = True
     for column in columns:
@@ -224,7 +225,7 @@ def _present(row: Row, table: Table, columns: tuple[str, ...], problems: Problem
     return ok
 
 
-def _text(row: Row, column: str) -> str:
+def cell_text(row: Row, column: str) -> str:
     value = row.cells[column]
     return ";".join(value) if isinstance(value, list) else value.strip()
 
@@ -242,12 +243,12 @@ class _Image:
     height: int = 0
 
 
-def _check_images(table: Table, image_dir: Path, problems: Problems) -> dict[str, _Image]:
+def check_images(table: Table, image_dir: Path, problems: Problems) -> dict[str, _Image]:
     images: dict[str, _Image] = {}
     for row in table.rows:
-        if not _present(row, table, IMAGE_COLUMNS, problems):
+        if not cell_present(row, table, IMAGE_COLUMNS, problems):
             continue
-        image_id = _text(row, "image_id")
+        image_id = cell_text(row, "image_id")
         if image_id in images:
             problems.add(
                 table.file,
@@ -256,8 +257,8 @@ def _check_images(table: Table, image_dir: Path, problems: Problems) -> dict[str
                 field="image_id",
             )
             continue
-        path = os.path.abspath(image_dir / _text(row, "file"))
-        images[image_id] = _Image(row.number, _text(row, "dataset"), path)
+        path = os.path.abspath(image_dir / cell_text(row, "file"))
+        images[image_id] = _Image(row.number, cell_text(row, "dataset"), path)
     if not table.rows:
         problems.add(table.file, "has no images")
     if not image_dir.is_dir():
@@ -314,13 +315,13 @@ def _check_descriptions(
 ) -> dict[str, _Description]:
     descriptions: dict[str, _Description] = {}
     for row in table.rows:
-        ids_ok = _present(row, table, ("description_id", "image_id", "worker_id", "condition"), problems)
-        text = _text(row, "text")
+        ids_ok = cell_present(row, table, ("description_id", "image_id", "worker_id", "condition"), problems)
+        text = cell_text(row, "text")
         if not text:
             problems.add(table.file, "'text' is empty or only whitespace", row=row.number, field="text")
         if not ids_ok:
             continue
-        description_id, image_id, condition = (_text(row, c) for c in ("description_id", "image_id", "condition"))
+        description_id, image_id, condition = (cell_text(row, c) for c in ("description_id", "image_id", "condition"))
         if description_id in descriptions:
             problems.add(
                 table.file,
@@ -344,7 +345,7 @@ def _check_descriptions(
             )
             ok = False
         if ok:
-            descriptions[description_id] = _Description(row.number, image_id, _text(row, "worker_id"), condition, text)
+            descriptions[description_id] = _Description(row.number, image_id, cell_text(row, "worker_id"), condition, text)
     return descriptions
 
 
@@ -385,11 +386,11 @@ def _check_votes(
     tally = _Tally()
     seen: dict[tuple[str, str, str], int] = {}
     for row in table.rows:
-        if not _present(row, table, VOTE_COLUMNS, problems):
+        if not cell_present(row, table, VOTE_COLUMNS, problems):
             continue
         errors: list[tuple[str, str]] = []  # (field, message) for this row
-        image_id, chosen = _text(row, "image_id"), _text(row, "chosen")
-        key = (image_id, _text(row, "rater_id"), _text(row, "trial"))
+        image_id, chosen = cell_text(row, "image_id"), cell_text(row, "chosen")
+        key = (image_id, cell_text(row, "rater_id"), cell_text(row, "trial"))
         shown = _shown_ids(row.cells["shown"])
         own = [d for d in shown if d in descriptions and descriptions[d].image_id == image_id]
         if image_id not in images:
@@ -457,7 +458,7 @@ def _ranking_methods(
 # --- output tables ---------------------------------------------------------------------------------
 
 
-def _images_table(images: dict[str, _Image]) -> pa.Table:
+def images_table(images: dict[str, _Image]) -> pa.Table:
     ids = sorted(images)
     columns = {
         "image_id": ids,

@@ -31,6 +31,7 @@ import numpy as np
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 STUDY_FILE = Path(__file__).resolve().parent / "study.yaml"
+OPENWORLD_STUDY_FILE = Path(__file__).resolve().parent / "openworld.yaml"
 TABLES = ("images.csv", "descriptions.csv", "votes.csv", "imported_captions.csv", "ratings.csv", "README.md")
 
 _SOURCE = re.compile(r"^skimage\.data\.(?P<name>[a-z_]+)(?:\[(?P<index>\d+)\])?$")
@@ -74,7 +75,7 @@ def png_bytes(array: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-def _write_if_changed(path: Path, content: bytes) -> bool:
+def write_if_changed(path: Path, content: bytes) -> bool:
     """Write atomically unless the file already holds exactly these bytes; True if written."""
     if path.is_file() and path.read_bytes() == content:
         return False
@@ -99,12 +100,25 @@ def materialize(dest: str | Path) -> Path:
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     for row in images():
-        _write_if_changed(dest / "images" / row["file"], png_bytes(photo(row["source"])))
+        write_if_changed(dest / "images" / row["file"], png_bytes(photo(row["source"])))
     for name in TABLES:
-        _write_if_changed(dest / name, (DATA_DIR / name).read_bytes())
+        write_if_changed(dest / name, (DATA_DIR / name).read_bytes())
     study = dest / "study.yaml"
-    _write_if_changed(study, STUDY_FILE.read_bytes())
+    write_if_changed(study, STUDY_FILE.read_bytes())
     return study
 
 
-__all__ = ["DATA_DIR", "STUDY_FILE", "images", "materialize", "photo", "png_bytes"]
+def demo_studies(out: str | Path) -> list:
+    """Both demo studies, laid out under `out`: Study A runs into `out/decade`, Study B into
+    `out/openworld`, each with its inputs in an `inputs` folder beside its tables."""
+    from ..config import load_study
+    from .openworld import materialize as materialize_openworld
+
+    out = Path(out)
+    decade = load_study(materialize(out / "decade" / "inputs"), output=out / "decade")
+    inputs = materialize_openworld(out / "openworld" / "inputs")
+    write_if_changed(inputs / "study.yaml", OPENWORLD_STUDY_FILE.read_bytes())
+    return [decade, load_study(inputs / "study.yaml", output=out / "openworld")]
+
+
+__all__ = ["DATA_DIR", "STUDY_FILE", "OPENWORLD_STUDY_FILE", "demo_studies", "images", "materialize", "photo", "png_bytes"]
