@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.demo:
             from vlm_decade.demo import materialize
 
-            out = args.out or Path("runs/demo")
+            out = args.out or Path("runs/demo/decade")
             study = load_study(materialize(out / "inputs"), output=out)
         else:
             study = load_study(args.config, output=args.out)

@@ -52,12 +52,15 @@ CACHE_DIR_HELP = "API response cache shared across runs (default: the study's pr
 
 
 def _run(study) -> None:
-    """Run a study; an API stage that stopped (a budget reached, a provider refusing) says why."""
+    """Run a study of either kind; an API stage that stopped (a budget reached, a provider
+    refusing) says why."""
     from .api.session import APIStopped
+    from .config import StudyConfig
+    from .openworld.pipeline import run_openworld
     from .pipeline import run_study
 
     try:
-        run_study(study)
+        (run_study if isinstance(study, StudyConfig) else run_openworld)(study)
     except InputError as exc:
         _fail(exc)
     except APIStopped as exc:
@@ -101,14 +104,22 @@ def estimate(
 @app.command()
 def validate(study_file: Path = typer.Argument(..., help="The study's YAML file.")) -> None:
     """Check the config and the data and report every problem at once; runs nothing."""
+    from .config import StudyConfig
+    from .openworld.pipeline import check_openworld
     from .pipeline import check_study
 
     try:
         study = _load(study_file, None, None)
-        data = check_study(study)
+        data = (check_study if isinstance(study, StudyConfig) else check_openworld)(study)
     except InputError as exc:
         _fail(exc)
     datasets = sorted(set(data.images.column("dataset").to_pylist()))
+    if not isinstance(study, StudyConfig):
+        err.print(
+            f"[green]ok[/green] {study_file}: Study B, {data.images.num_rows} labelled images in {len(datasets)} datasets "
+            f"({', '.join(f'{d}: {data.granularity[d]}' for d in datasets)}), {len(study.models)} models, {len(study.prompts)} prompts"
+        )
+        return
     err.print(
         f"[green]ok[/green] {study_file}: {data.images.num_rows} images in {len(datasets)} datasets "
         f"({', '.join(datasets)}), {data.references.num_rows} human descriptions, {len(study.models)} models; "
@@ -121,26 +132,27 @@ def demo(
     out: Path = typer.Option(Path("runs/demo"), "--out", help="Run folder."),
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help=CACHE_DIR_HELP),
 ) -> None:
-    """Run the bundled offline demo study (real photos; human data written for the demo)."""
+    """Run both bundled offline demo studies: Study A into OUT/decade, Study B into OUT/openworld."""
     from .api.checks import drop_unkeyed
-    from .config import load_study
-    from .demo import materialize
+    from .demo import demo_studies
 
     try:
-        study_file = materialize(out / "inputs")
         # The demo runs offline: API models whose key is missing are left out, and it says so.
-        study, notes = drop_unkeyed(_with_cache_dir(load_study(study_file, output=out), cache_dir))
+        studies = [drop_unkeyed(_with_cache_dir(s, cache_dir)) for s in demo_studies(out)]
     except InputError as exc:
         _fail(exc)
-    for note in notes:
-        err.print(f"[yellow]{note}[/yellow]", highlight=False)
-    _run(study)
+    for study, notes in studies:
+        for note in notes:
+            err.print(f"[yellow]{note}[/yellow]", highlight=False)
+        _run(study)
 
 
 @app.command()
 def report(run_dir: Path = typer.Argument(..., help="A run folder.")) -> None:
     """Write report.html again from a run folder's tables."""
-    from .config import StudyConfig
+    from .config import StudyConfig, study_from_dict
+    from .openworld.report import REPORT_TABLES as OPENWORLD_TABLES
+    from .openworld.report import write_openworld_report
     from .report import OPTIONAL_TABLES, REPORT_TABLES, write_report
     from .runfolder import RunFolder
 
@@ -148,13 +160,17 @@ def report(run_dir: Path = typer.Argument(..., help="A run folder.")) -> None:
     manifest = run_folder.manifest()
     if "config" not in manifest:
         _fail(InputError([Problem(str(run_folder.manifest_path), "no run here (manifest.json missing or empty)")]))
-    study = StudyConfig.model_validate(manifest["config"])
-    missing = [n for n in REPORT_TABLES if not run_folder.has(n)]
+    study = study_from_dict(manifest["config"])
+    required = REPORT_TABLES if isinstance(study, StudyConfig) else OPENWORLD_TABLES
+    missing = [n for n in required if not run_folder.has(n)]
     if missing:
         err.print(f"[red]{run_dir}: tables missing: {', '.join(missing)}; run the study first[/red]")
         raise typer.Exit(INPUT_ERROR_EXIT)
-    names = list(REPORT_TABLES) + [n for n in OPTIONAL_TABLES if run_folder.has(n)]
-    write_report(run_folder, study, {n: run_folder.read(n) for n in names})
+    if isinstance(study, StudyConfig):
+        names = list(REPORT_TABLES) + [n for n in OPTIONAL_TABLES if run_folder.has(n)]
+        write_report(run_folder, study, {n: run_folder.read(n) for n in names})
+    else:
+        write_openworld_report(run_folder, study, {n: run_folder.read(n) for n in OPENWORLD_TABLES})
     err.print(f"report: {run_dir / 'report.html'}")
 
 

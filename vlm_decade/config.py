@@ -37,6 +37,9 @@ class DataConfig(_Frozen):
     # Human ratings of model-vs-gold similarity (rater_id, subject, image_id, rating), to validate
     # the metrics against people (docs/metrics.md).
     ratings: Path | None = None
+    # Hand error labels (subject, image_id, error_type, present) that override the automatic ones
+    # (docs/taxonomy.md).
+    hand_labels: Path | None = None
 
 
 class RankingConfig(_Frozen):
@@ -74,12 +77,13 @@ Era = Literal["pre-mllm", "mllm"]
 
 
 class ModelConfig(_Frozen):
-    """One describing model: `name` is its subject in every table."""
+    """One describing (A) or classifying (B) model: `name` is its subject in every table. Study A
+    needs each model's `era`; Study B takes none."""
 
     name: str = Field(min_length=1)
     backend: str = Field(min_length=1)
     model_id: str = Field(min_length=1)
-    era: Era
+    era: Era | None = None
     prompt: str | None = None
     variants: Literal["full", "all"] = "full"
     batch_size: int = Field(8, ge=1)
@@ -128,6 +132,53 @@ class MetricConfig(_Frozen):
             raise ValueError(f"metric '{self.name}': a cosine metric needs an 'encoder'")
         if self.kind == "bertscore" and self.encoder is not None:
             raise ValueError(f"metric '{self.name}': a bertscore metric takes no 'encoder' (set model_id/path)")
+        return self
+
+
+class DetectorConfig(_Frozen):
+    """The object detector that stands in for a local model's visual front end in the error
+    taxonomy (boxes and classes per image): `ssd-template` (packaged, offline) or `hf-detector`."""
+
+    backend: Literal["ssd-template", "hf-detector"] = "ssd-template"
+    model_id: str = "ssd_mobilenet_v2_coco_2018_03_29"
+    path: Path | None = None
+    options: dict[str, Any] = Field(default_factory=dict)
+    batch_size: int = Field(8, ge=1)
+
+    def as_model(self) -> ModelConfig:
+        return ModelConfig(name="detector", backend=self.backend, model_id=self.model_id, path=self.path,
+                           options=self.options, batch_size=self.batch_size)
+
+
+class ProbeTemplates(_Frozen):
+    """The questions put to an API model about one object (docs/taxonomy.md); `{object}`,
+    `{anchor}` (another object of the gold description) and `{article}` are filled in."""
+
+    detection: str = "Is there {article} {object} near the {anchor} in this image? Answer yes or no."
+    detection_no_anchor: str = "Is there {article} {object} in this image? Answer yes or no."
+    recognition: str = "What is the object near the {anchor}? Answer with a short noun phrase."
+    recognition_no_anchor: str = "What is the main object in this image? Answer with a short noun phrase."
+    presence: str = "Is there {article} {object} in this image? Answer yes or no."
+
+
+class TaxonomyConfig(_Frozen):
+    """Study A's error analysis (docs/taxonomy.md, docs/spatial-dependence.md). Local and imported
+    models are labelled from the `detector`'s boxes, API models by `probes`; object names match
+    through the `matcher` encoder's cosine. `similarity` names the encoder whose scores the SDE
+    and the error impact use (default: the study's first encoder; the paper used Gemini-SI)."""
+
+    detector: DetectorConfig = DetectorConfig()
+    matcher: EncoderConfig = EncoderConfig(name="object-matcher")
+    match_threshold: float = Field(0.6, gt=0.0, le=1.0)
+    confusable_threshold: float = Field(0.35, gt=0.0, le=1.0)
+    probes: ProbeTemplates = ProbeTemplates()
+    sde_n_sd: float = Field(2.0, gt=0.0)
+    similarity: str | None = None
+
+    @model_validator(mode="after")
+    def _thresholds_ordered(self) -> "TaxonomyConfig":
+        if self.confusable_threshold > self.match_threshold:
+            raise ValueError("confusable_threshold must not exceed match_threshold")
         return self
 
 
@@ -219,32 +270,20 @@ class ProvidersConfig(_Frozen):
     gemini: ProviderConfig = ProviderConfig(rpm=150, tpm=1_000_000)
 
 
-class StudyConfig(_Frozen):
+def _repeated(names: list[str]) -> list[str]:
+    return sorted({n for n in names if names.count(n) > 1})
+
+
+class _Study(_Frozen):
+    """What both studies share: models, statistics, where work runs, API providers, the run folder."""
+
     name: str = Field(min_length=1)
-    study: Literal["decade"] = "decade"
     demo: bool = False
-    data: DataConfig
-    ranking: RankingConfig = RankingConfig()
-    masks: MaskConfig = MaskConfig()
-    prompt: str = MLLM_PROMPT
     models: tuple[ModelConfig, ...] = Field(min_length=1)
-    encoders: tuple[EncoderConfig, ...] = (EncoderConfig(name="SBERT-SI"),)
-    metrics: tuple[MetricConfig, ...] = ()
-    # Also check the Sentence-BERT encoders and `metrics` against STS-B's human ratings (offline).
-    stsb_check: bool = False
     statistics: StatisticsConfig = StatisticsConfig()
     runtime: RuntimeConfig = RuntimeConfig()
     providers: ProvidersConfig = ProvidersConfig()
     output: Path = Path("runs/study")
-
-    @model_validator(mode="after")
-    def _unique_names(self):
-        metric_names = [e.name for e in self.encoders] + [m.name for m in self.metrics]
-        for kind, names in (("model", [m.name for m in self.models]), ("metric (encoder or metric)", metric_names)):
-            dupes = sorted({n for n in names if names.count(n) > 1})
-            if dupes:
-                raise ValueError(f"{kind} names must be unique; repeated: {', '.join(dupes)}")
-        return self
 
     def hash(self) -> str:
         """A stable hash of everything that decides the results (not where they are written)."""
@@ -252,11 +291,122 @@ class StudyConfig(_Frozen):
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
+class StudyConfig(_Study):
+    """Study A: a decade of VLMs against people (METHOD.md)."""
+
+    study: Literal["decade"] = "decade"
+    data: DataConfig
+    ranking: RankingConfig = RankingConfig()
+    masks: MaskConfig = MaskConfig()
+    prompt: str = MLLM_PROMPT
+    encoders: tuple[EncoderConfig, ...] = (EncoderConfig(name="SBERT-SI"),)
+    metrics: tuple[MetricConfig, ...] = ()
+    # Also check the Sentence-BERT encoders and `metrics` against STS-B's human ratings (offline).
+    stsb_check: bool = False
+    # The error taxonomy, spatial dependence and error impact; none: similarity only.
+    taxonomy: TaxonomyConfig | None = None
+
+    @model_validator(mode="after")
+    def _unique_names(self):
+        metric_names = [e.name for e in self.encoders] + [m.name for m in self.metrics]
+        for kind, names in (("model", [m.name for m in self.models]), ("metric (encoder or metric)", metric_names)):
+            dupes = _repeated(names)
+            if dupes:
+                raise ValueError(f"{kind} names must be unique; repeated: {', '.join(dupes)}")
+        missing_era = [m.name for m in self.models if m.era is None]
+        if missing_era:
+            raise ValueError(f"Study A needs each model's era (pre-mllm or mllm); missing for: {', '.join(missing_era)}")
+        similarity = self.taxonomy.similarity if self.taxonomy else None
+        if similarity is not None and similarity not in [e.name for e in self.encoders]:
+            raise ValueError(f"taxonomy.similarity '{similarity}' is not one of the encoders")
+        return self
+
+    @property
+    def taxonomy_metric(self) -> str:
+        """The encoder whose similarities the SDE and the error impact use."""
+        return (self.taxonomy and self.taxonomy.similarity) or self.encoders[0].name
+
+
+OPEN_WORLD_PROMPT = "What type of object is in this image?"
+
+
+class OpenWorldDataConfig(_Frozen):
+    """Study B's input tables (docs/openworld-data.md)."""
+
+    labels: Path
+    image_dir: Path
+    classnames: Path
+
+
+class PromptConfig(_Frozen):
+    """One prompt of Study B; its `id` is the `variant` of its rows in `scores` and `stats`."""
+
+    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    text: str = Field(min_length=1)
+
+
+class JudgeConfig(_Frozen):
+    """The LI judge (docs/openworld-metrics.md): a local instruct model (`hf-judge`, the paper's
+    Llama-3.2-3B-Instruct by default) or an API model (`openai`, `gemini`)."""
+
+    backend: Literal["hf-judge", "openai", "gemini"] = "hf-judge"
+    model_id: str = "meta-llama/Llama-3.2-3B-Instruct"
+    path: Path | None = None
+    options: dict[str, Any] = Field(default_factory=dict)
+    batch_size: int = Field(16, ge=1)
+
+
+class OpenWorldMetricsConfig(_Frozen):
+    """SS and CS use `encoder` (Sentence-BERT all-MiniLM-L6-v2 in the paper); a prediction's CS at or
+    above `cs_high`, and LI at or above `li_high`, count as high in the error analysis."""
+
+    encoder: EncoderConfig = EncoderConfig(name="SBERT")
+    cs_high: float = Field(0.55, gt=0.0, le=1.0)
+    li_high: float = Field(0.5, gt=0.0, le=1.0)
+
+
+class OpenWorldStudyConfig(_Study):
+    """Study B: LMMs as open-world classifiers (METHOD.md). Every open-world model answers every
+    prompt (the first is the main one; the others make the ablation); closed-world baselines choose
+    from the dataset's class names once."""
+
+    study: Literal["openworld"]
+    data: OpenWorldDataConfig
+    prompts: tuple[PromptConfig, ...] = Field((PromptConfig(id="default", text=OPEN_WORLD_PROMPT),), min_length=1)
+    judge: JudgeConfig | None = JudgeConfig()
+    scoring: OpenWorldMetricsConfig = OpenWorldMetricsConfig()
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        for kind, names in (("model", [m.name for m in self.models]), ("prompt id", [p.id for p in self.prompts])):
+            dupes = _repeated(names)
+            if dupes:
+                raise ValueError(f"{kind}s must be unique; repeated: {', '.join(dupes)}")
+        for m in self.models:
+            if m.era is not None or m.prompt is not None or m.variants != "full":
+                raise ValueError(f"model '{m.name}': Study B models take no era, prompt or variants (prompts are set under `prompts`)")
+        return self
+
+
+STUDIES = {"decade": StudyConfig, "openworld": OpenWorldStudyConfig}
+AnyStudy = StudyConfig | OpenWorldStudyConfig
+
+
+def study_from_dict(raw: dict) -> AnyStudy:
+    """A validated study of the kind its `study` field names (Study A when absent)."""
+    kind = raw.get("study", "decade")
+    if kind not in STUDIES:
+        raise ValidationError.from_exception_data(
+            "StudyConfig", [{"type": "literal_error", "loc": ("study",), "input": kind, "ctx": {"expected": "'decade' or 'openworld'"}}]
+        )
+    return STUDIES[kind].model_validate(raw)
+
+
 def _resolve(value: Any, base: Path) -> Any:
     return value if value is None or Path(value).is_absolute() else str(base / value)
 
 
-def load_study(path: str | Path, output: str | Path | None = None) -> StudyConfig:
+def load_study(path: str | Path, output: str | Path | None = None) -> AnyStudy:
     """Read and validate a study file; every config problem is raised together as an InputError."""
     path = Path(path)
     try:
@@ -271,14 +421,18 @@ def load_study(path: str | Path, output: str | Path | None = None) -> StudyConfi
     data = raw.get("data")
     if isinstance(data, dict):
         raw["data"] = {k: _resolve(v, base) for k, v in data.items()}
-    for section in ("models", "encoders", "metrics"):
-        for entry in raw.get(section) or []:
-            if isinstance(entry, dict):
-                if entry.get("path") is not None:
-                    entry["path"] = _resolve(entry["path"], base)
-                opts = entry.get("options")
-                if isinstance(opts, dict) and opts.get("file") is not None:
-                    opts["file"] = _resolve(opts["file"], base)
+    entries = [e for section in ("models", "encoders", "metrics") for e in raw.get(section) or []]
+    for parent, keys in (("taxonomy", ("detector", "matcher")), ("scoring", ("encoder",))):
+        if isinstance(raw.get(parent), dict):
+            entries += [raw[parent].get(k) for k in keys]
+    entries.append(raw.get("judge"))
+    for entry in entries:
+        if isinstance(entry, dict):
+            if entry.get("path") is not None:
+                entry["path"] = _resolve(entry["path"], base)
+            opts = entry.get("options")
+            if isinstance(opts, dict) and opts.get("file") is not None:
+                opts["file"] = _resolve(opts["file"], base)
     providers = raw.get("providers")
     if isinstance(providers, dict) and providers.get("cache_dir") is not None:
         providers["cache_dir"] = _resolve(providers["cache_dir"], base)
@@ -287,7 +441,7 @@ def load_study(path: str | Path, output: str | Path | None = None) -> StudyConfi
     elif raw.get("output") is not None:
         raw["output"] = _resolve(raw["output"], Path.cwd())
     try:
-        return StudyConfig.model_validate(raw)
+        return study_from_dict(raw)
     except ValidationError as exc:
         raise InputError(
             [

@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from .backends import Backend, Description, Stimulus, backend_class
-from .config import ModelConfig, StudyConfig
+from .config import AnyStudy, ModelConfig, StudyConfig
 from .errors import InputError, Problem
 from .masks import MaskSpec, mask_specs
 from .progress import Reporter
@@ -64,36 +64,48 @@ class Job:
     path: str
     mask: MaskSpec | None
     cache_key: str
+    classes: tuple[str, ...] = ()  # the dataset's class names, for closed-world backends only
 
 
-def prompt_for(model: ModelConfig, study: StudyConfig) -> tuple[str, str]:
-    """The prompt a model gets and its id (a short hash, so a reworded prompt is a new row)."""
-    prompt = model.prompt or study.prompt
-    return prompt, "p-" + hashlib.sha256(prompt.encode()).hexdigest()[:10]
+def model_prompts(model: ModelConfig, study: AnyStudy) -> list[tuple[str, str]]:
+    """The (prompt id, prompt) pairs a model answers. Study A: the model's prompt or the study's,
+    with a short hash as id (a reworded prompt is a new row). Study B: every prompt of the study,
+    by its id; a closed-world baseline answers once, under the first (its prompt is not used)."""
+    if isinstance(study, StudyConfig):
+        prompt = model.prompt or study.prompt
+        return [("p-" + hashlib.sha256(prompt.encode()).hexdigest()[:10], prompt)]
+    prompts = study.prompts[:1] if backend_class(model.backend).closed_world else study.prompts
+    return [(p.id, p.text) for p in prompts]
+
+
+def study_masks(study: AnyStudy) -> list[MaskSpec]:
+    """The masked variants a study describes (Study B has none)."""
+    return mask_specs(study.masks) if isinstance(study, StudyConfig) else []
 
 
 def model_fingerprint(model: ModelConfig) -> dict:
     return backend_class(model.backend).fingerprint(model)
 
 
-def plan_jobs(study: StudyConfig, images: pa.Table) -> list[Job]:
-    specs = {s.mask_id: s for s in mask_specs(study.masks)}
-    rows = images.select(["image_id", "path", "sha256"]).to_pylist()
+def plan_jobs(study: AnyStudy, images: pa.Table, classnames: dict[str, tuple[str, ...]] | None = None) -> list[Job]:
+    """Every response to produce; `classnames` (dataset -> class names) feed closed-world models."""
+    specs = {s.mask_id: s for s in study_masks(study)}
+    rows = images.select(["image_id", "dataset", "path", "sha256"]).to_pylist()
     jobs = []
     for model in study.models:
-        prompt, prompt_id = prompt_for(model, study)
         variants = ["full"] + (list(specs) if model.variants == "all" else [])
         settings = model_fingerprint(model)
-        for row in rows:
-            for variant in variants:
-                mask = specs.get(variant)
-                key = hashlib.sha256(
-                    json.dumps(
-                        {"model": settings, "prompt": prompt, "image": row["sha256"], "mask": asdict(mask) if mask else None},
-                        sort_keys=True,
-                    ).encode()
-                ).hexdigest()
-                jobs.append(Job(model.name, row["image_id"], variant, prompt_id, prompt, row["path"], mask, key))
+        closed = backend_class(model.backend).closed_world
+        for prompt_id, prompt in model_prompts(model, study):
+            for row in rows:
+                classes = tuple((classnames or {}).get(row["dataset"], ())) if closed else ()
+                for variant in variants:
+                    mask = specs.get(variant)
+                    payload = {"model": settings, "prompt": prompt, "image": row["sha256"], "mask": asdict(mask) if mask else None}
+                    if closed:
+                        payload["classes"] = list(classes)
+                    key = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+                    jobs.append(Job(model.name, row["image_id"], variant, prompt_id, prompt, row["path"], mask, key, classes))
     return jobs
 
 
@@ -109,7 +121,7 @@ def load_stimuli(jobs: list[Job]) -> list[Stimulus | str]:
             with Image.open(job.path) as im:
                 rgb = np.asarray(im.convert("RGB"))
             image = apply_mask(rgb, job.mask) if job.mask else rgb
-            out.append(Stimulus(job.image_id, job.variant, image, job.prompt))
+            out.append(Stimulus(job.image_id, job.variant, image, job.prompt, job.classes))
         except Exception as exc:  # noqa: BLE001 - recorded per row; the run goes on
             out.append(f"could not read image {job.path}: {exc}")
     return out
@@ -195,8 +207,10 @@ def collect_rows(run: RunFolder, jobs: list[Job]) -> dict[tuple, dict]:
     return best
 
 
-def run_describe(study: StudyConfig, images: pa.Table, run: RunFolder, reporter: Reporter, ensure_ray) -> pa.Table:
-    jobs = plan_jobs(study, images)
+def run_describe(
+    study: AnyStudy, images: pa.Table, run: RunFolder, reporter: Reporter, ensure_ray, classnames: dict[str, tuple[str, ...]] | None = None
+) -> pa.Table:
+    jobs = plan_jobs(study, images, classnames)
     done = {k for k, row in collect_rows(run, jobs).items() if row["status"] == "ok"}
     todo = [j for j in jobs if (j.subject, j.image_id, j.variant, j.prompt_id) not in done]
     if done:
@@ -214,14 +228,14 @@ def run_describe(study: StudyConfig, images: pa.Table, run: RunFolder, reporter:
                 continue
             backend = backend_class(model.backend)(model)
             for batch in _batches(model_jobs, model.batch_size):
-                stimuli = [Stimulus(j.image_id, j.variant, np.empty(0, np.uint8), j.prompt) for j in batch]
+                stimuli = [Stimulus(j.image_id, j.variant, np.empty(0, np.uint8), j.prompt, j.classes) for j in batch]
                 run.append_part("responses", pa.Table.from_pylist(describe_batch(backend, batch, stimuli), schema=RESPONSES_SCHEMA))
                 advance(len(batch))
     rows = sorted(collect_rows(run, jobs).values(), key=_key)
     return pa.Table.from_pylist(rows, schema=RESPONSES_SCHEMA)
 
 
-def check_actor_fit(study: StudyConfig, ray) -> None:
+def check_actor_fit(study: AnyStudy, ray) -> None:
     """On a local Ray, actors that ask for more than the machine has would wait forever in silence."""
     if study.runtime.address:
         return  # a cluster may autoscale to fit
@@ -241,7 +255,7 @@ def check_actor_fit(study: StudyConfig, ray) -> None:
             )
 
 
-def _describe_on_ray(study: StudyConfig, model: ModelConfig, jobs: list[Job], run: RunFolder, advance, ray) -> None:
+def _describe_on_ray(study: AnyStudy, model: ModelConfig, jobs: list[Job], run: RunFolder, advance, ray) -> None:
     rt = study.runtime
     check_actor_fit(study, ray)
     actor_cls = ray.remote(DescribeActor).options(
@@ -300,7 +314,7 @@ def _error_answer(status: str, error: str) -> dict:
             "output_tokens": None, "cost_usd": 0.0, "model_version": ""}
 
 
-def _describe_remote(study: StudyConfig, model: ModelConfig, jobs: list[Job], run: RunFolder, advance, ray, reporter: Reporter) -> None:
+def _describe_remote(study: AnyStudy, model: ModelConfig, jobs: list[Job], run: RunFolder, advance, ray, reporter: Reporter) -> None:
     """An API model: loaders encode PNGs, the provider's gateway actor takes many requests at once."""
     from .api.providers import ChatRequest
     from .api.session import RemoteSession

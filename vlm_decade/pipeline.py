@@ -15,7 +15,7 @@ import pyarrow as pa
 from .api.checks import api_budgets, study_problems
 from .backends import backend_class
 from .config import StudyConfig
-from .describe import model_fingerprint, prompt_for, run_describe
+from .describe import model_fingerprint, model_prompts, run_describe
 from .embed import run_embed, texts_to_embed
 from .errors import InputError, Problem, Problems
 from .ingest import StudyData, load_study_data
@@ -30,6 +30,8 @@ from .score import similarity_scores
 from .stages import Stage, StageRunner, now
 from .stats import analyse
 from .stsb import run_stsb_check
+from .taxonomy.analysis import ERROR_TYPES
+from .taxonomy.hand import check_hand_labels
 
 REPORTED_PACKAGES = ("vlm-decade", "ray", "torch", "transformers", "sentence-transformers", "numpy", "scipy", "pyarrow")
 
@@ -53,14 +55,21 @@ def check_study(study: StudyConfig) -> StudyData:
         if data is not None or not cls.needs_images:
             problems += cls.check(model, image_ids, variants)
     problems += study_problems(study)
-    ratings = None
+    ratings = hand_labels = None
+    found = Problems()
     if study.data.ratings is not None and data is not None:
-        found = Problems()
         ratings = check_ratings(study.data.ratings, [m.name for m in study.models], image_ids, found)
-        problems += found.items
+    if study.data.hand_labels is not None and data is not None:
+        if study.taxonomy is None:
+            found.add("study file", "hand labels need the error taxonomy: add a `taxonomy:` section", field="data.hand_labels")
+        else:
+            hand_labels = check_hand_labels(study.data.hand_labels, [m.name for m in study.models], image_ids, ERROR_TYPES, found)
+    if study.taxonomy is not None:
+        problems += backend_class(study.taxonomy.detector.backend).check(study.taxonomy.detector.as_model(), image_ids, ["full"])
+    problems += found.items
     if problems:
         raise InputError(problems)
-    return replace(data, ratings=ratings)
+    return replace(data, ratings=ratings, hand_labels=hand_labels)
 
 
 def package_versions() -> dict[str, str]:
@@ -95,6 +104,61 @@ class LazyRay:
     def close(self) -> None:
         if self.ray is not None and self.started:
             self.ray.shutdown()
+
+
+def taxonomy_stages(study: StudyConfig, stage, table, produced, ray, data: StudyData, run: RunFolder, reporter: Reporter) -> list[str]:
+    """Detections, probes (API models), error labels with spatial dependence, and their statistics;
+    returns the tables the report draws from."""
+    from .taxonomy import stages as tax
+    from .taxonomy.detect import run_detections
+    from .taxonomy.probing import run_probes
+
+    cfg = study.taxonomy
+    matching = [cfg.matcher.model_dump(mode="json", exclude={"batch_size"}), cfg.match_threshold, cfg.confusable_threshold]
+    stage(
+        Stage(
+            "detections",
+            ("images",),
+            cfg.detector.model_dump(mode="json", exclude={"batch_size"}),
+            lambda: produced(detections=run_detections(cfg.detector, study.runtime, table("images"), reporter, ray(), study)),
+        )
+    )
+    error_inputs = ("images", "references", "responses", "embeddings", "detections")
+    if tax.probed_models(study):
+        stage(
+            Stage(
+                "probes",
+                ("images", "references", "responses"),
+                [matching, cfg.probes.model_dump(), api_budgets(study)],
+                lambda: produced(
+                    probes=run_probes(
+                        study, table("images"), tax.first_probe_questions(study, table("images"), table("references"), table("responses")),
+                        run, reporter, ray(),
+                    )
+                ),
+            )
+        )
+        error_inputs += ("probes",)
+    hand = data.hand_labels
+    stage(
+        Stage(
+            "errors",
+            error_inputs,
+            [matching, cfg.sde_n_sd, study.taxonomy_metric, None if hand is None else table_fingerprint(hand)],
+            lambda: produced(**tax.compute_errors(study, table, hand)),
+            outputs=("errors", "spatial", "hand_agreement"),
+        )
+    )
+    stage(
+        Stage(
+            "error_stats",
+            ("errors", "scores"),
+            [study.statistics.model_dump(), eras(study), study.taxonomy_metric],
+            lambda: ray() and produced(**tax.compute_error_stats(study, table("errors"), table("scores"))),
+            outputs=("error_stats", "error_comparisons", "impact_stats", "impact_comparisons"),
+        )
+    )
+    return ["detections", "errors", "spatial", "hand_agreement", "error_stats", "error_comparisons", "impact_stats", "impact_comparisons"]
 
 
 def run_study(study: StudyConfig, reporter: Reporter | None = None) -> RunFolder:
@@ -139,7 +203,7 @@ def run_study(study: StudyConfig, reporter: Reporter | None = None) -> RunFolder
                 "responses",
                 ("images",),
                 {
-                    "models": [[m.name, m.variants, model_fingerprint(m), prompt_for(m, study)] for m in study.models],
+                    "models": [[m.name, m.variants, model_fingerprint(m), *model_prompts(m, study)] for m in study.models],
                     "masks": [asdict(s) for s in mask_specs(study.masks)],
                 }
                 # Only studies with API models carry budgets, so other studies keep their fingerprints.
@@ -209,6 +273,8 @@ def run_study(study: StudyConfig, reporter: Reporter | None = None) -> RunFolder
                 )
             )
             report_tables.append("stsb")
+        if study.taxonomy is not None:
+            report_tables += taxonomy_stages(study, stage, table, produced, ray, data, run, reporter)
         stage(
             Stage(
                 "report",

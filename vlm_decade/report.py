@@ -23,10 +23,11 @@ from .runfolder import RunFolder, atomic_write_bytes  # noqa: E402
 from .stats import format_p  # noqa: E402
 
 # Part of the report stage's settings: bump it when the page changes, so existing runs redraw it.
-REPORT_FORMAT = 3
+REPORT_FORMAT = 4
 # The tables every report draws from, and those it adds a section for when the run has them.
 REPORT_TABLES = ("images", "references", "responses", "scores", "stats", "comparisons")
-OPTIONAL_TABLES = ("metric_validation", "stsb")
+OPTIONAL_TABLES = ("metric_validation", "stsb", "detections", "errors", "spatial", "hand_agreement", "error_stats",
+                   "error_comparisons", "impact_stats", "impact_comparisons")
 DATASET_COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
 HUMAN_BANDS = {"human:top": ("top-ranked humans", 0.25), "human:bottom": ("bottom-ranked humans", 0.12)}
 
@@ -210,6 +211,10 @@ def write_report(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Table]
             "Spearman correlation with a bootstrap CI over sentence pairs (docs/metrics.md).</p>"
         )
         parts.append(_html_table(tables["stsb"], ["label", "subset", "n_pairs", "spearman", "ci_low", "ci_high"]))
+    if "errors" in tables:
+        from .taxonomy.report import taxonomy_section
+
+        parts.append(taxonomy_section(run, study, tables, _html_table))
     parts.append(_examples(tables, study))
     failed = tables["responses"].filter(pc.not_equal(tables["responses"].column("status"), "ok"))
     parts.append(f"<h2>Responses</h2><p class='note'>{tables['responses'].num_rows} responses, {failed.num_rows} failed.</p>")

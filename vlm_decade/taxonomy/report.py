@@ -1,0 +1,176 @@
+"""The error-analysis section of Study A's report: figures shaped like the paper's 5-6 (error rates
+by model and dataset with CIs), 7a (heat maps of the regions that matter), 7b (all error rates at a
+glance) and 8 (similarity by error type against pairs with no error), the comparisons, the
+agreement with hand labels, and `errors.html`, the evidence behind every label."""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+
+from ..config import StudyConfig  # noqa: E402
+from ..runfolder import RunFolder, atomic_write_bytes  # noqa: E402
+from ..stats import format_p  # noqa: E402
+from .analysis import ERROR_TYPES, NO_ERROR  # noqa: E402
+
+TAXONOMY_TABLES = ("detections", "errors", "spatial", "hand_agreement", "error_stats", "error_comparisons", "impact_stats", "impact_comparisons")
+COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
+NAMES = {
+    "detection": "detection",
+    "recognition": "recognition",
+    "scene_understanding": "scene understanding",
+    "hallucination": "hallucination",
+    "spatial_dependence": "spatial dependence (SDE)",
+}
+
+
+def _save(fig, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+def error_rate_figure(stats: list[dict], study: StudyConfig, path: Path) -> None:
+    """Figures 5-6 and 7b's shape: one panel per error type, each model's rate per dataset with CIs."""
+    models = [m.name for m in study.models]
+    datasets = sorted({r["dataset"] for r in stats})
+    by = {(r["subject"], r["dataset"], r["metric"]): r for r in stats}
+    fig, axes = plt.subplots(1, len(ERROR_TYPES), figsize=(3.2 * len(ERROR_TYPES), 3.6), dpi=110, sharey=True)
+    width = 0.7 / max(len(datasets), 1)
+    for ax, error_type in zip(axes, ERROR_TYPES):
+        for d_i, dataset in enumerate(datasets):
+            xs, ys, lo, hi = [], [], [], []
+            for m_i, model in enumerate(models):
+                r = by.get((model, dataset, error_type))
+                if r:
+                    xs.append(m_i + (d_i - (len(datasets) - 1) / 2) * width)
+                    ys.append(r["estimate"])
+                    lo.append(r["estimate"] - r["ci_low"])
+                    hi.append(r["ci_high"] - r["estimate"])
+            ax.bar(xs, ys, width=width, yerr=[lo, hi], capsize=2, color=COLOURS[d_i % len(COLOURS)], label=dataset)
+        ax.set_title(NAMES[error_type], fontsize=9)
+        ax.set_xticks(range(len(models)))
+        ax.set_xticklabels(models, fontsize=7, rotation=30, ha="right")
+        ax.set_ylim(0, 1)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].set_ylabel("share of images with the error (95% CI)")
+    axes[0].legend(title="dataset", fontsize=7)
+    fig.suptitle("Error rates by model and dataset" + (" (DEMO DATA: not a finding)" if study.demo else ""), fontsize=10)
+    fig.tight_layout()
+    _save(fig, path)
+
+
+def impact_figure(stats: list[dict], metric: str, demo: bool, path: Path) -> None:
+    """Figure 8's shape: mean similarity of the pairs with each error type; dashed: pairs with none."""
+    groups = [f"error:{t}" for t in ERROR_TYPES if any(r["subject"] == f"error:{t}" for r in stats)]
+    by = {r["subject"]: r for r in stats}
+    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=110)
+    ys = [by[g]["estimate"] for g in groups]
+    err = [[by[g]["estimate"] - by[g]["ci_low"] for g in groups], [by[g]["ci_high"] - by[g]["estimate"] for g in groups]]
+    ax.bar(range(len(groups)), ys, yerr=err, capsize=3, color="#7f7f7f")
+    if NO_ERROR in by:
+        ax.axhline(by[NO_ERROR]["estimate"], ls="--", color="k", lw=1, label=f"no error ({by[NO_ERROR]['estimate']:.2f})")
+        ax.legend(fontsize=8)
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels([NAMES[g.split(":", 1)[1]] for g in groups], fontsize=8, rotation=20, ha="right")
+    ax.set_ylabel(f"{metric} to gold (mean, 95% CI)")
+    ax.set_title("Similarity by error type" + ("\nDEMO DATA: not a finding" if demo else ""), fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    _save(fig, path)
+
+
+def heatmap_files(run: RunFolder, study: StudyConfig, images: pa.Table, spatial: pa.Table) -> list[tuple[str, str]]:
+    """Figure 7a: one heat map per image with masked descriptions; (image_id, relative path)."""
+    from PIL import Image
+
+    from ..masks import mask_specs
+    from .heatmaps import write_heatmap
+
+    specs = mask_specs(study.masks)
+    path_of = dict(zip(images.column("image_id").to_pylist(), images.column("path").to_pylist()))
+    panels: dict[str, dict[str, list[float]]] = {}
+    for r in spatial.to_pylist():
+        if r["human_profile"] and r["model_profile"]:
+            panels.setdefault(r["image_id"], {"humans": list(r["human_profile"])})[r["subject"]] = list(r["model_profile"])
+    out = []
+    for image_id, profiles in sorted(panels.items()):
+        rel = f"figures/heatmaps/{image_id}.png"
+        with Image.open(path_of[image_id]) as im:
+            rgb = np.asarray(im.convert("RGB"))
+        write_heatmap(rgb, specs, profiles, run.root / rel, title=image_id)
+        out.append((image_id, rel))
+    return out
+
+
+def _evidence_page(run: RunFolder, study: StudyConfig, errors: pa.Table) -> None:
+    rows = []
+    for r in errors.to_pylist():
+        state = "undecided" if r["present"] is None else ("yes" if r["present"] else "no")
+        evidence = json.loads(r["evidence"])
+        rows.append(
+            f"<tr class='{state}'><td>{html.escape(r['subject'])}</td><td>{html.escape(r['image_id'])}</td>"
+            f"<td>{html.escape(NAMES[r['error_type']])}</td><td>{state}</td><td>{html.escape(r['method'])}</td>"
+            f"<td><code>{html.escape(json.dumps(evidence, indent=1))}</code></td></tr>"
+        )
+    page = (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(study.name)}: error labels</title>"
+        "<style>body{font-family:system-ui,sans-serif;margin:1em}table{border-collapse:collapse;font-size:12px}"
+        "td,th{border:1px solid #ccc;padding:2px 6px;vertical-align:top}code{white-space:pre-wrap}"
+        "tr.yes{background:#fde2e2}tr.undecided{background:#eee}</style></head><body>"
+        f"<h1>Error labels and their evidence</h1><p><a href='report.html'>back to the report</a>. "
+        "method: detector (boxes of the taxonomy's detector), probe (the API model's answers to targeted questions), "
+        "masks (masked descriptions), hand (a person's label, overriding the automatic one).</p>"
+        "<table><thead><tr><th>model</th><th>image</th><th>error type</th><th>present</th><th>method</th><th>evidence</th></tr></thead>"
+        f"<tbody>{''.join(rows)}</tbody></table></body></html>"
+    )
+    atomic_write_bytes(run.root / "errors.html", page.encode("utf-8"))
+
+
+def taxonomy_section(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Table], html_table) -> str:
+    figures = run.root / "figures"
+    n = study.statistics.n_resamples
+    error_stats = tables["error_stats"].to_pylist()
+    error_rate_figure(error_stats, study, figures / "error_rates.png")
+    impact = tables["impact_stats"].to_pylist()
+    if impact:
+        impact_figure(impact, study.taxonomy_metric, study.demo, figures / "impact.png")
+    heatmaps = heatmap_files(run, study, tables["images"], tables["spatial"])
+    _evidence_page(run, study, tables["errors"])
+    fmt = {"p": lambda v, r: format_p(v, n), "q": lambda v, r: format_p(v, n)}
+    parts = [
+        "<h2>Errors</h2><p class='note'>Local and imported models are labelled from the taxonomy detector's boxes, API models "
+        "from their answers to probe questions; spatial dependence from the masked descriptions (docs/taxonomy.md, "
+        "docs/spatial-dependence.md). Every label and its evidence: <a href='errors.html'>errors.html</a>.</p>",
+        "<img src='figures/error_rates.png' alt='error rates by model and dataset'>",
+        html_table(tables["error_stats"].sort_by([("metric", "ascending"), ("subject", "ascending"), ("dataset", "ascending")]),
+                   ["subject", "dataset", "metric", "estimate", "ci_low", "ci_high", "n_images"]),
+    ]
+    if tables["error_comparisons"].num_rows:
+        parts.append("<h3>Error-rate comparisons</h3>")
+        parts.append(html_table(tables["error_comparisons"], ["family", "a", "b", "dataset", "metric", "difference", "p", "q", "significant"], fmt))
+    if impact:
+        parts.append(f"<h2>Error impact</h2><p class='note'>Mean {html.escape(study.taxonomy_metric)} of the model-image pairs "
+                     "that have each error type, against the pairs with none (all datasets pooled; figure 8).</p>")
+        parts.append("<img src='figures/impact.png' alt='similarity by error type'>")
+        if tables["impact_comparisons"].num_rows:
+            parts.append(html_table(tables["impact_comparisons"], ["a", "b", "metric", "difference", "ci_low", "ci_high", "p", "q"], fmt))
+    if heatmaps:
+        parts.append("<h2>Which regions matter</h2><p class='note'>Importance of each masked region (1 - similarity of the masked "
+                     "description to the unmasked one) for humans and each model (figure 7a).</p>")
+        parts += [f"<div><img src='{rel}' alt='heat map {html.escape(i)}'></div>" for i, rel in heatmaps]
+    if tables["hand_agreement"].num_rows:
+        parts.append("<h2>Hand labels against automatic labels</h2><p class='note'>Cohen's kappa per error type on the "
+                     "labels both have; hand labels override the automatic ones in every figure above.</p>")
+        parts.append(html_table(tables["hand_agreement"], ["error_type", "kappa", "observed_agreement", "n"]))
+    return "".join(parts)

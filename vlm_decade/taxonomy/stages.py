@@ -1,0 +1,111 @@
+"""What the pipeline's taxonomy stages compute: the glue between the run's tables and the pure
+taxonomy functions (objects, rules, probes, spatial, analysis). Loading spaCy and the object
+matcher happens here, once per stage."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from ..backends import backend_class
+from ..config import StudyConfig
+from ..embed import text_key
+from ..score import _vectors, cosine
+from ..stats import analyse
+from . import analysis, probes
+from .detect import detections_of
+from .objects import ObjectExtractor, ObjectMatcher
+from .probing import transcripts
+from .spatial import spatial_dependence, spatial_table
+
+
+def matcher_for(study: StudyConfig) -> ObjectMatcher:
+    from ..encoders.sbert import SentenceTransformerEncoder
+
+    return ObjectMatcher(SentenceTransformerEncoder(study.taxonomy.matcher).encode, study.taxonomy.match_threshold)
+
+
+def probed_models(study: StudyConfig) -> set[str]:
+    """API models have no boxes to read: their labels come from probe questions."""
+    return {m.name for m in study.models if backend_class(m.backend).remote}
+
+
+def model_texts(study: StudyConfig, images: pa.Table, responses: pa.Table) -> list[tuple[str, str, str, str]]:
+    """(subject, image_id, dataset, text) of every model's successful full-image description."""
+    dataset_of = dict(zip(images.column("image_id").to_pylist(), images.column("dataset").to_pylist()))
+    models = {m.name for m in study.models}
+    return [
+        (r["subject"], r["image_id"], dataset_of[r["image_id"]], r["text"])
+        for r in responses.to_pylist()
+        if r["subject"] in models and r["variant"] == "full" and r["status"] == "ok"
+    ]
+
+
+def objects(references: pa.Table, pairs) -> tuple[dict, dict]:
+    """Relevant objects per image (from its gold description) and mentioned objects per pair."""
+    extractor = ObjectExtractor()
+    gold = {r["image_id"]: r["text"] for r in references.to_pylist() if r["role"] == "gold" and r["condition"] == "full"}
+    gold_ids = sorted(gold)
+    relevant = dict(zip(gold_ids, extractor.objects_many([gold[i] for i in gold_ids])))
+    mentioned = dict(zip([(s, i) for s, i, _, _ in pairs], extractor.objects_many([t for *_, t in pairs])))
+    return relevant, mentioned
+
+
+def first_probe_questions(study: StudyConfig, images, references, responses) -> dict[tuple[str, str], list[probes.Question]]:
+    probed = probed_models(study)
+    pairs = [p for p in model_texts(study, images, responses) if p[0] in probed]
+    if not pairs:
+        return {}
+    relevant, mentioned = objects(references, pairs)
+    matcher = matcher_for(study)
+    return {
+        (s, i): probes.first_round(relevant.get(i, []), mentioned[(s, i)], matcher, study.taxonomy.probes)
+        for s, i, _, _ in pairs
+    }
+
+
+def compute_errors(study: StudyConfig, tables, hand: pa.Table | None) -> dict[str, pa.Table]:
+    """The `errors`, `spatial` and `hand_agreement` tables."""
+    images, references, responses = tables("images"), tables("references"), tables("responses")
+    pairs = model_texts(study, images, responses)
+    relevant, mentioned = objects(references, pairs)
+    probed = probed_models(study)
+    rows = analysis.object_labels(
+        pairs,
+        relevant,
+        mentioned,
+        detections_of(tables("detections")),
+        transcripts(tables("probes")) if probed else {},
+        probed,
+        matcher_for(study),
+    )
+    vectors = _vectors(tables("embeddings"), study.taxonomy_metric)
+    masked_models = {m.name for m in study.models if m.variants == "all"}
+    spatial = spatial_dependence(
+        references.to_pylist(),
+        [r for r in responses.to_pylist() if r["subject"] in masked_models],
+        lambda a, b: cosine(vectors[text_key(a)], vectors[text_key(b)]),
+        [s for s in sorted(set(references.column("condition").to_pylist())) if s != "full"],
+        study.taxonomy.sde_n_sd,
+    )
+    errors, agreement = analysis.errors_table(rows + analysis.spatial_labels(spatial), hand)
+    return {"errors": errors, "spatial": spatial_table(spatial), "hand_agreement": agreement}
+
+
+def compute_error_stats(study: StudyConfig, errors: pa.Table, scores: pa.Table) -> dict[str, pa.Table]:
+    """Error rates (per model and dataset, with the era and dataset comparisons) and error impact."""
+    s = study.statistics
+    model_eras = {m.name: m.era for m in study.models}
+    error_stats, error_comparisons = analyse(analysis.error_scores(errors), model_eras, s.n_resamples, s.seed, s.confidence, s.alpha)
+    impact = analysis.impact_scores(errors, scores, study.taxonomy_metric)
+    if impact.num_rows:
+        impact_stats, impact_comparisons = analyse(
+            impact, {}, s.n_resamples, s.seed, s.confidence, s.alpha, families=[analysis.impact_family(impact)]
+        )
+    else:
+        impact_stats, impact_comparisons = error_stats.schema.empty_table(), error_comparisons.schema.empty_table()
+    return {
+        "error_stats": error_stats,
+        "error_comparisons": error_comparisons,
+        "impact_stats": impact_stats,
+        "impact_comparisons": impact_comparisons,
+    }
