@@ -96,13 +96,15 @@ def heatmap_files(run: RunFolder, study: StudyConfig, images: pa.Table, spatial:
 
     from ..masks import mask_specs
     from .heatmaps import write_heatmap
+    from .spatial import HUMANS, importance
 
     specs = mask_specs(study.masks)
     path_of = dict(zip(images.column("image_id").to_pylist(), images.column("path").to_pylist()))
     panels: dict[str, dict[str, list[float]]] = {}
     for r in spatial.to_pylist():
-        if r["human_profile"] and r["model_profile"]:
-            panels.setdefault(r["image_id"], {"humans": list(r["human_profile"])})[r["subject"]] = list(r["model_profile"])
+        if r["sde"] is not None:  # both profiles complete
+            profile = panels.setdefault(r["image_id"], {HUMANS: importance(r["human_profile"])})
+            profile[r["subject"]] = importance(r["model_profile"])
     out = []
     for image_id, profiles in sorted(panels.items()):
         rel = f"figures/heatmaps/{image_id}.png"
