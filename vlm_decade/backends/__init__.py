@@ -73,9 +73,12 @@ BACKENDS = Registry(
         "hf-captioner": "vlm_decade.backends.hf_captioner:HFCaptioner",
         "hf-detector": "vlm_decade.backends.hf_detector:HFDetector",
         "hf-vlm": "vlm_decade.backends.hf_vlm:HFVLM",
+        "hf-zero-shot": "vlm_decade.backends.hf_zero_shot:HFZeroShot",
         "gemini": "vlm_decade.backends.api:GeminiBackend",
         "imported": "vlm_decade.backends.imported:ImportedBackend",
+        "litert-classifier": "vlm_decade.backends.litert_classifier:LiteRTClassifier",
         "openai": "vlm_decade.backends.api:OpenAIBackend",
+        "ssd-label": "vlm_decade.backends.ssd_template:SSDLabel",
         "ssd-template": "vlm_decade.backends.ssd_template:SSDTemplateCaptioner",
     },
 )

@@ -8,6 +8,10 @@ describing model, and `detect` gives the error taxonomy the detector's boxes and
 
 The pure part (`detections_from_ssd_output`, `template_sentence`) needs neither OpenCV nor weights;
 only `SSDTemplateCaptioner` does.
+
+The `ssd-label` backend (`SSDLabel`) is the same detector answering only the label of its
+highest-scoring detection ("cat"): a closed-vocabulary baseline for Study B's open-world question,
+whose answers are COCO class names, not free text.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ GRAPH_FILE = "frozen_inference_graph.pb"
 CONFIG_FILE = "ssd_mobilenet_v2_coco_2018_03_29.pbtxt"
 MODEL_VERSION = "ssd_mobilenet_v2_coco_2018_03_29"
 NO_OBJECTS = "An image with no recognisable objects."
+NO_OBJECT_LABEL = "no object"
 
 # Boxes that overlap along an axis by less than this share of the smaller box are "separated" on it.
 _SEPARATED = 0.5
@@ -146,7 +151,7 @@ class SSDTemplateCaptioner(Backend):
         if not 0.0 <= self.score_threshold <= 1.0:
             raise ValueError(f"{model.name}: score_threshold must be in [0, 1], got {self.score_threshold}")
         if options:
-            raise ValueError(f"{model.name}: unknown ssd-template options: {', '.join(sorted(options))}")
+            raise ValueError(f"{model.name}: unknown {model.backend} options: {', '.join(sorted(options))}")
         graph, config = weight_files(model.path)
         import cv2  # the demo extra; imported here so the pure functions above work without it
 
@@ -174,6 +179,11 @@ class SSDTemplateCaptioner(Backend):
         out = self._net.forward()
         return [detections_from_ssd_output(out, self.score_threshold, image=i) for i in range(len(rgbs))]
 
+    @staticmethod
+    def answer(detections: list[Detection]) -> str:
+        """The text for one image's detections."""
+        return template_sentence(detections)
+
     def describe(self, batch: list[Stimulus]) -> list[Description]:
         """One description per stimulus; an unusable image fails its own row only."""
         results: list[Description | None] = [None] * len(batch)
@@ -186,5 +196,15 @@ class SSDTemplateCaptioner(Backend):
                                          model_version=MODEL_VERSION)
         found = self.detect([rgb for _, rgb in usable])
         for (i, _), detections in zip(usable, found):
-            results[i] = Description(template_sentence(detections), model_version=MODEL_VERSION)
+            results[i] = Description(self.answer(detections), model_version=MODEL_VERSION)
         return results
+
+
+class SSDLabel(SSDTemplateCaptioner):
+    """Detect with the COCO SSD and answer the label of the highest-scoring detection, or
+    `NO_OBJECT_LABEL` when none reaches `score_threshold` (default 0.5)."""
+
+    @staticmethod
+    def answer(detections: list[Detection]) -> str:
+        # Detections come highest score first (ties broken by label), so the first is the answer.
+        return detections[0].label if detections else NO_OBJECT_LABEL
