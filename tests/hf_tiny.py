@@ -1,8 +1,8 @@
 """Tiny random-weight Hugging Face models built from configs (no download), saved with
 `save_pretrained` so tests load them through the backends' real loading code.
 
-One per family: a VisionEncoderDecoder captioner (ViT + GPT-2), a LLaVA chat VLM and a DETR
-detector with a ResNet backbone. Weights are drawn under a fixed seed inside `torch.random.fork_rng`
+One per family: a VisionEncoderDecoder captioner (ViT + GPT-2), a LLaVA chat VLM, a DETR
+detector with a ResNet backbone, and a Llama chat LM (text only, for the LI judge). Weights are drawn under a fixed seed inside `torch.random.fork_rng`
 (reproducible, and the global RNG is left alone), with a wide init so that greedy outputs vary with
 the image instead of repeating one token. The tokenizer is a word-level one over a small vocabulary.
 """
@@ -105,4 +105,75 @@ def save_detector(folder: Path, seed: int = 0) -> Path:
 
     _seeded(build, seed).save_pretrained(folder)
     DetrImageProcessor(size={"shortest_edge": 32, "longest_edge": 64}).save_pretrained(folder)
+    return folder
+
+
+# A text-only chat turn ("user : PROMPT assistant :"); the judge's messages hold plain strings.
+TEXT_CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} {% endfor %}"
+    "{% if add_generation_prompt %}assistant :{% endif %}"
+)
+JUDGE_WORDS = ("0", "1", "label", "prediction", "bird", "tanager", "scarlet", "names", "yes", "no", "reply", "only")
+
+
+def save_causal_lm(folder: Path, seed: int = 0) -> Path:
+    """A Llama causal LM with a word-level tokenizer (the shared words plus a judge's) and a chat
+    template, as AutoModelForCausalLM and AutoTokenizer load it."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = _tokenizer()
+    tok.add_tokens(list(JUDGE_WORDS))  # ordinary tokens: decoded even with skip_special_tokens
+    tok.chat_template = TEXT_CHAT_TEMPLATE
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256, initializer_range=1.0,
+                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    _seeded(lambda: LlamaForCausalLM(config), seed).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+def _contrastive_text(tok) -> dict:
+    return dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                max_position_embeddings=16, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
+                eos_token_id=tok.eos_token_id)
+
+
+_CONTRASTIVE_VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                           image_size=32, patch_size=8)
+
+
+def _widened(model):
+    """Every weight matrix redrawn wide (std 2/sqrt(fan-in)): the default init makes all images embed
+    alike, so a tiny model would pick one class for every image."""
+    import torch
+
+    with torch.no_grad():
+        for weight in model.parameters():
+            if weight.dim() >= 2:
+                weight.normal_(0.0, 2.0 / weight[0].numel() ** 0.5)
+    return model
+
+
+def save_clip(folder: Path, seed: int = 0) -> Path:
+    """A CLIP (ViT + text transformer) on 32x32 images, with its processor (image processor + tokenizer)."""
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor
+
+    tok = _tokenizer()
+    config = CLIPConfig(text_config=_contrastive_text(tok), vision_config=_CONTRASTIVE_VISION, projection_dim=16)
+    _seeded(lambda: _widened(CLIPModel(config)), seed).save_pretrained(folder)
+    images = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    CLIPProcessor(image_processor=images, tokenizer=tok).save_pretrained(folder)
+    return folder
+
+
+def save_siglip(folder: Path, seed: int = 0) -> Path:
+    """A SigLIP on 32x32 images; its text tower pools the last position, so texts are padded to
+    max_position_embeddings, which the tokenizer's model_max_length repeats."""
+    from transformers import SiglipConfig, SiglipImageProcessor, SiglipModel, SiglipProcessor
+
+    tok = _tokenizer()
+    tok.model_max_length = 16
+    config = SiglipConfig(text_config=_contrastive_text(tok), vision_config=_CONTRASTIVE_VISION)
+    _seeded(lambda: _widened(SiglipModel(config)), seed).save_pretrained(folder)
+    SiglipProcessor(image_processor=SiglipImageProcessor(size={"height": 32, "width": 32}), tokenizer=tok).save_pretrained(folder)
     return folder

@@ -115,6 +115,11 @@ def validate(study_file: Path = typer.Argument(..., help="The study's YAML file.
         _fail(exc)
     datasets = sorted(set(data.images.column("dataset").to_pylist()))
     if not isinstance(study, StudyConfig):
+        from .openworld.judging import judge_unavailable
+
+        no_judge = judge_unavailable(study)
+        if no_judge:
+            err.print(f"[yellow]LI will be skipped[/yellow]: {no_judge}", highlight=False)
         err.print(
             f"[green]ok[/green] {study_file}: Study B, {data.images.num_rows} labelled images in {len(datasets)} datasets "
             f"({', '.join(f'{d}: {data.granularity[d]}' for d in datasets)}), {len(study.models)} models, {len(study.prompts)} prompts"
@@ -170,7 +175,9 @@ def report(run_dir: Path = typer.Argument(..., help="A run folder.")) -> None:
         names = list(REPORT_TABLES) + [n for n in OPTIONAL_TABLES if run_folder.has(n)]
         write_report(run_folder, study, {n: run_folder.read(n) for n in names})
     else:
-        write_openworld_report(run_folder, study, {n: run_folder.read(n) for n in OPENWORLD_TABLES})
+        from .openworld.judging import judge_unavailable
+
+        write_openworld_report(run_folder, study, {n: run_folder.read(n) for n in OPENWORLD_TABLES}, judge_unavailable(study))
     err.print(f"report: {run_dir / 'report.html'}")
 
 

@@ -22,7 +22,7 @@ def _api_provider(kind: str, backend: str) -> str | None:
 def study_problems(study: StudyConfig) -> list[Problem]:
     """Missing keys for API encoders (models check their own), and models without a known price."""
     problems = []
-    for kind, entries in (("models", study.models), ("encoders", study.encoders)):
+    for kind, entries in (("models", study.models), ("encoders", getattr(study, "encoders", ()))):
         for i, entry in enumerate(entries):
             provider = _api_provider(kind, entry.backend)
             if provider is None:
@@ -57,5 +57,7 @@ def drop_unkeyed(study: StudyConfig) -> tuple[StudyConfig, list[str]]:
                 kept.append(entry)
         return tuple(kept)
 
-    models, encoders = keyed(study.models, "models", "model"), keyed(study.encoders, "encoders", "encoder")
-    return study.model_copy(update={"models": models, "encoders": encoders}), notes
+    update = {"models": keyed(study.models, "models", "model")}
+    if hasattr(study, "encoders"):  # Study B's Sentence-BERT encoder is always local
+        update["encoders"] = keyed(study.encoders, "encoders", "encoder")
+    return study.model_copy(update=update), notes

@@ -27,11 +27,12 @@ CHAT_OPTIONS = {"temperature", "max_output_tokens", "reasoning_effort", "detail"
 
 @dataclass(frozen=True)
 class ChatRequest:
-    """One image and one prompt to one model, with the generation settings that decide the answer."""
+    """A prompt, with one image or none (a text-only request, e.g. an LLM judge), to one model, with
+    the generation settings that decide the answer."""
 
     model_id: str
     prompt: str
-    image_png: bytes
+    image_png: bytes | None = None
     settings: dict = field(default_factory=dict)
 
 
@@ -44,14 +45,11 @@ class Reply:
 
 
 def chat_key(provider: str, req: ChatRequest) -> str:
-    """The cache key: provider, model, prompt, the exact image bytes sent, and the settings."""
-    payload = {
-        "provider": provider,
-        "model": req.model_id,
-        "prompt": req.prompt,
-        "image_sha256": hashlib.sha256(req.image_png).hexdigest(),
-        "settings": req.settings,
-    }
+    """The cache key: provider, model, prompt, the exact image bytes sent, and the settings. A
+    text-only request has no image field at all, so image requests keep the keys they always had."""
+    payload = {"provider": provider, "model": req.model_id, "prompt": req.prompt, "settings": req.settings}
+    if req.image_png is not None:
+        payload["image_sha256"] = hashlib.sha256(req.image_png).hexdigest()
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
@@ -159,6 +157,8 @@ class OpenAIProvider(Provider):
 
     @classmethod
     def estimate_input(cls, req: ChatRequest) -> int:
+        if req.image_png is None:
+            return text_tokens(req.prompt) + 10
         # OpenAI's published image rule: fit in 2048x2048, shortest side to 768, 170 per 512 tile + 85.
         w, h = png_size(req.image_png)
         if req.settings.get("detail") == "low":
@@ -172,7 +172,10 @@ class OpenAIProvider(Provider):
 
     async def chat(self, req: ChatRequest) -> Reply:
         s = req.settings
-        url = "data:image/png;base64," + base64.b64encode(req.image_png).decode()
+        content = [{"type": "text", "text": req.prompt}]
+        if req.image_png is not None:
+            url = "data:image/png;base64," + base64.b64encode(req.image_png).decode()
+            content.append({"type": "image_url", "image_url": {"url": url, "detail": s["detail"]}})
         kwargs = {"max_completion_tokens": s["max_output_tokens"]}
         if "temperature" in s:
             kwargs["temperature"] = s["temperature"]
@@ -180,15 +183,7 @@ class OpenAIProvider(Provider):
             kwargs["reasoning_effort"] = s["reasoning_effort"]
         r = await self.client.chat.completions.create(
             model=req.model_id,
-            messages=[
-                {
-                    "role": "user",
-                    "content": [
-                        {"type": "text", "text": req.prompt},
-                        {"type": "image_url", "image_url": {"url": url, "detail": s["detail"]}},
-                    ],
-                }
-            ],
+            messages=[{"role": "user", "content": content}],
             **kwargs,
         )
         usage = r.usage
@@ -235,6 +230,8 @@ class GeminiProvider(Provider):
 
     @classmethod
     def estimate_input(cls, req: ChatRequest) -> int:
+        if req.image_png is None:
+            return text_tokens(req.prompt) + 10
         # Gemini's published rule: 258 tokens for an image up to 384 px a side, else per 768 px tile.
         w, h = png_size(req.image_png)
         image = 258 if max(w, h) <= 384 else 258 * math.ceil(w / 768) * math.ceil(h / 768)
@@ -245,11 +242,10 @@ class GeminiProvider(Provider):
         config = t.GenerateContentConfig(temperature=s["temperature"], max_output_tokens=s["max_output_tokens"])
         if "thinking_budget" in s:
             config.thinking_config = t.ThinkingConfig(thinking_budget=s["thinking_budget"])
-        r = await self.client.aio.models.generate_content(
-            model=req.model_id,
-            contents=[t.Part.from_bytes(data=req.image_png, mime_type="image/png"), req.prompt],
-            config=config,
-        )
+        contents = [req.prompt]
+        if req.image_png is not None:
+            contents.insert(0, t.Part.from_bytes(data=req.image_png, mime_type="image/png"))
+        r = await self.client.aio.models.generate_content(model=req.model_id, contents=contents, config=config)
         u = r.usage_metadata
         out = ((u.candidates_token_count or 0) + (u.thoughts_token_count or 0)) if u else 0
         return Reply((r.text or "").strip(), (u.prompt_token_count or 0) if u else 0, out, r.model_version or req.model_id)

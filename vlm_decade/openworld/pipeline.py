@@ -20,13 +20,14 @@ from ..runfolder import RunFolder, table_fingerprint
 from ..stages import Stage, StageRunner, now
 from ..stats import ComparisonSpec, Family, Term, analyse
 from .data import OpenWorldData, load_openworld_data
-from .judging import judge_pairs, judge_problem
+from .judging import judge_pairs, judge_unavailable
 from .report import REPORT_FORMAT, REPORT_TABLES, write_openworld_report
 from .scoring import grouped_scores, judgement_key, score_predictions
 
 
 def check_openworld(study: OpenWorldStudyConfig) -> OpenWorldData:
-    """Check data, models and the judge; raise every problem together. Writes nothing."""
+    """Check data and models; raise every problem together. Writes nothing. (A judge that cannot
+    run is no error: LI is skipped with a note, `judge_unavailable`.)"""
     problems: list[Problem] = []
     data = None
     try:
@@ -43,10 +44,6 @@ def check_openworld(study: OpenWorldStudyConfig) -> OpenWorldData:
         if data is not None or not cls.needs_images:
             problems += cls.check(model, image_ids, ["full"])
     problems += study_problems(study)
-    if study.judge is not None:
-        problem = judge_problem(study)
-        if problem is not None:
-            problems.append(problem)
     if problems:
         raise InputError(problems)
     return data
@@ -103,6 +100,7 @@ def run_openworld(study: OpenWorldStudyConfig, reporter: Reporter | None = None)
 
     budgets = api_budgets(study)
     scoring = study.scoring
+    no_judge = judge_unavailable(study)
     try:
         stage(Stage("images", (), table_fingerprint(data.images), lambda: produced(images=data.images)))
         stage(Stage("labels", (), table_fingerprint(data.labels), lambda: produced(labels=data.labels)))
@@ -119,7 +117,7 @@ def run_openworld(study: OpenWorldStudyConfig, reporter: Reporter | None = None)
             )
         )
         score_inputs = ("labels", "responses")
-        if study.judge is not None:
+        if no_judge is None:
 
             def judge() -> dict[str, pa.Table]:
                 return produced(judgements=judge_pairs(study, _pairs(table("labels"), table("responses")), run, reporter, ray))
@@ -127,14 +125,14 @@ def run_openworld(study: OpenWorldStudyConfig, reporter: Reporter | None = None)
             stage(Stage("judgements", ("labels", "responses"), study.judge.model_dump(mode="json", exclude={"batch_size"}), judge))
             score_inputs += ("judgements",)
         else:
-            reporter.say("     LI skipped: no judge model is configured (set `judge:` to a local instruct model or an API model)")
+            reporter.say(f"     [yellow]LI skipped[/yellow]: {no_judge}")
 
         def score() -> dict[str, pa.Table]:
             from ..encoders.sbert import SentenceTransformerEncoder
             from .metrics import load_nlp
 
             judged = None
-            if study.judge is not None:
+            if no_judge is None:
                 judged = {judgement_key(r["label"], r["prediction"]): r["answer"] for r in table("judgements").to_pylist() if r["status"] == "ok"}
             scores, predictions = score_predictions(
                 table("labels"), table("responses"), judged, SentenceTransformerEncoder(scoring.encoder).encode, load_nlp(),
@@ -142,7 +140,7 @@ def run_openworld(study: OpenWorldStudyConfig, reporter: Reporter | None = None)
             )
             return produced(scores=scores, predictions=predictions)
 
-        stage(Stage("scores", score_inputs, scoring.model_dump(mode="json"), score, outputs=("scores", "predictions")))
+        stage(Stage("scores", score_inputs, [scoring.model_dump(mode="json"), no_judge], score, outputs=("scores", "predictions")))
 
         def compute_stats() -> dict[str, pa.Table]:
             ray()  # bootstrap blocks run as Ray tasks
@@ -161,8 +159,8 @@ def run_openworld(study: OpenWorldStudyConfig, reporter: Reporter | None = None)
             Stage(
                 "report",
                 report_tables,
-                {"demo": study.demo, "format": REPORT_FORMAT, "judge": study.judge is not None},
-                lambda: write_openworld_report(run, study, {n: table(n) for n in report_tables}) or {},
+                {"demo": study.demo, "format": REPORT_FORMAT, "no_judge": no_judge},
+                lambda: write_openworld_report(run, study, {n: table(n) for n in report_tables}, no_judge) or {},
                 outputs=(),
                 files=("report.html",),
             )

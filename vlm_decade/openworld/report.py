@@ -43,7 +43,8 @@ def _matrix(stats: list[dict], models: list[str], groups: list[str], metrics: li
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def write_openworld_report(run: RunFolder, study: OpenWorldStudyConfig, tables: dict[str, pa.Table]) -> None:
+def write_openworld_report(run: RunFolder, study: OpenWorldStudyConfig, tables: dict[str, pa.Table], no_judge: str | None = None) -> None:
+    """`no_judge` says why LI was skipped, when it was."""
     stats = tables["stats"].to_pylist()
     predictions = tables["predictions"]
     main = study.prompts[0].id
@@ -70,10 +71,8 @@ def write_openworld_report(run: RunFolder, study: OpenWorldStudyConfig, tables: 
         f"with 95% CIs; prompt: <code>{html.escape(study.prompts[0].text)}</code>.</p>"
     )
     if "LI" not in metrics:
-        parts.append(
-            "<p class='note'><b>LI was not computed:</b> no judge model ran in this study (set <code>judge:</code> to a local "
-            "instruct model or an API model). The error types need LI, so they are not shown either.</p>"
-        )
+        why = html.escape(no_judge or "no judge answers")
+        parts.append(f"<p class='note'><b>LI was not computed:</b> {why}. The error types need LI, so they are not shown either.</p>")
     parts.append("<h2>Main table</h2>")
     parts.append(_matrix(stats, models, groups, metrics, main, lambda m: m))
     comparisons = tables["comparisons"]

@@ -9,10 +9,12 @@ It speaks the wire formats the official clients use (`openai.AsyncOpenAI(base_ur
     POST /v1beta/models/{model}:batchEmbedContents     Gemini embeddings
 
 Answers are derived from the request, so a test can check what arrived: a chat answer names the
-sha256 of each image's bytes and of the prompt; an embedding is a seeded normal vector keyed by the
-text. Faults come at configured rates and are deterministic: whether an attempt fails is drawn
-from a RNG seeded by (seed, payload hash, how many times this payload came before), so the same
-requests meet the same faults in any order. `rate_400` is drawn from the payload alone: a request
+sha256 of each image's bytes and of the prompt (`chat_text`), or is whatever the server's `answer`
+function makes of the prompt and images (`scripted` answers fixed texts by prompt substring, for a
+judge that must read "1" or "0"); an embedding is a seeded normal vector keyed by the text.
+Faults come at configured rates and are deterministic: whether an attempt fails is drawn from a
+RNG seeded by (seed, payload hash, how many times this payload came before), so the same requests
+meet the same faults in any order. `rate_400` is drawn from the payload alone: a request
 refused once is refused again, as a real 4xx is.
 
 Everything received is counted per endpoint and logged (time, endpoint, payload sha256, outcome),
@@ -28,6 +30,7 @@ import re
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -71,6 +74,22 @@ def chat_text(prompt: str, images: list[bytes]) -> str:
     return f"A scene showing {names}, asked prompt {hashlib.sha256(prompt.encode()).hexdigest()[:8]}."
 
 
+ChatAnswer = Callable[[str, list[bytes]], str]  # (prompt, images) -> the answer text
+
+
+def scripted(rules: dict[str, str], otherwise: ChatAnswer = chat_text) -> ChatAnswer:
+    """Answers `rules[s]` for the first substring `s` (in the dict's order) found in the prompt, and
+    `otherwise(prompt, images)` when none is."""
+
+    def answer(prompt: str, images: list[bytes]) -> str:
+        for substring, text in rules.items():
+            if substring in prompt:
+                return text
+        return otherwise(prompt, images)
+
+    return answer
+
+
 def fake_vector(text: str, dim: int, unit: bool) -> np.ndarray:
     seed = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
     v = np.random.default_rng(seed).standard_normal(dim).astype(np.float32)
@@ -83,10 +102,12 @@ def tokens(text: str) -> int:
 
 
 class FakeAPIServer:
-    """`with FakeAPIServer(FaultConfig(...)) as server:` serves on 127.0.0.1 on a free port."""
+    """`with FakeAPIServer(FaultConfig(...)) as server:` serves on 127.0.0.1 on a free port; `answer`
+    makes each chat answer from the prompt and the images received."""
 
-    def __init__(self, faults: FaultConfig | None = None, port: int = 0):
+    def __init__(self, faults: FaultConfig | None = None, port: int = 0, answer: ChatAnswer = chat_text):
         self.faults = faults or FaultConfig()
+        self.answer = answer
         self.lock = threading.Lock()
         self.log: list[Received] = []
         self._seen: Counter = Counter()
@@ -228,7 +249,7 @@ class _Handler(BaseHTTPRequestHandler):
         reasoning = model.startswith(REASONING_PREFIXES)
         if reasoning and ("temperature" in p or "max_tokens" in p):
             raise ValueError("reasoning models take max_completion_tokens and no temperature")
-        text = chat_text("\n".join(prompt), images)
+        text = self.fake.answer("\n".join(prompt), images)
         thought = 64 if reasoning else 0
         prompt_tokens = tokens("\n".join(prompt)) + 85 * len(images)
         return {
@@ -268,7 +289,7 @@ class _Handler(BaseHTTPRequestHandler):
                     if inline.get("mimeType", inline.get("mime_type")) != "image/png":
                         raise ValueError("expected image/png")
                     images.append(base64.urlsafe_b64decode(inline["data"]))
-        text = chat_text("\n".join(prompt), images)
+        text = self.fake.answer("\n".join(prompt), images)
         thoughts = 32 if "2.5" in model else 0
         prompt_tokens = tokens("\n".join(prompt)) + 258 * len(images)
         return {
@@ -325,4 +346,4 @@ def max_in_window(times: list[float], window_s: float = 60.0) -> int:
     return best
 
 
-__all__ = ["FakeAPIServer", "FaultConfig", "Received", "chat_text", "fake_vector", "image_sha", "max_in_window"]
+__all__ = ["FakeAPIServer", "FaultConfig", "Received", "chat_text", "fake_vector", "image_sha", "max_in_window", "scripted"]
