@@ -152,13 +152,24 @@ class DetectorConfig(_Frozen):
 
 class ProbeTemplates(_Frozen):
     """The questions put to an API model about one object (docs/taxonomy.md); `{object}`,
-    `{anchor}` (another object of the gold description) and `{article}` are filled in."""
+    `{anchor}` (another object of the gold description) and `{article}` are filled in. Unset: the
+    built-in wording (`vlm_decade.taxonomy.probes`)."""
 
-    detection: str = "Is there {article} {object} near the {anchor} in this image? Answer yes or no."
-    detection_no_anchor: str = "Is there {article} {object} in this image? Answer yes or no."
-    recognition: str = "What is the object near the {anchor}? Answer with a short noun phrase."
-    recognition_no_anchor: str = "What is the main object in this image? Answer with a short noun phrase."
-    presence: str = "Is there {article} {object} in this image? Answer yes or no."
+    detection: str | None = None
+    detection_no_anchor: str | None = None
+    recognition: str | None = None
+    recognition_no_anchor: str | None = None
+    presence: str | None = None
+
+    @model_validator(mode="after")
+    def _usable(self) -> "ProbeTemplates":
+        self.templates()  # raises ValueError naming the template and its problem
+        return self
+
+    def templates(self):
+        from .taxonomy.probes import ProbeTemplates as Templates
+
+        return Templates(**{k: v for k, v in self.model_dump().items() if v is not None})
 
 
 class TaxonomyConfig(_Frozen):
@@ -169,8 +180,8 @@ class TaxonomyConfig(_Frozen):
 
     detector: DetectorConfig = DetectorConfig()
     matcher: EncoderConfig = EncoderConfig(name="object-matcher")
-    match_threshold: float = Field(0.6, gt=0.0, le=1.0)
-    confusable_threshold: float = Field(0.35, gt=0.0, le=1.0)
+    match_threshold: float = Field(0.72, gt=0.0, le=1.0)
+    confusable_threshold: float = Field(0.45, gt=0.0, le=1.0)
     probes: ProbeTemplates = ProbeTemplates()
     sde_n_sd: float = Field(2.0, gt=0.0)
     similarity: str | None = None

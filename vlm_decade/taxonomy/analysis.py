@@ -51,6 +51,7 @@ def object_labels(
     transcripts: dict[tuple[str, str], list],
     probed: set[str],
     matcher,
+    confusable: float,
 ) -> list[dict]:
     """Detection, recognition, scene-understanding and hallucination rows for each
     (subject, image_id, dataset, text) pair: from the detector's boxes, or from the probe
@@ -64,7 +65,7 @@ def object_labels(
             why = "no probe answers for this image"
         else:
             method, boxes = "detector", detections.get(image_id)
-            findings = None if boxes is None else rules.detector_errors(relevant.get(image_id, []), boxes, mentioned.get(key, []), matcher)
+            findings = None if boxes is None else rules.detector_errors(relevant.get(image_id, []), boxes, mentioned.get(key, []), matcher, confusable)
             why = "the detector failed on this image"
         if findings is None:
             rows += [
@@ -92,13 +93,17 @@ def spatial_labels(spatial_rows) -> list[dict]:
     ]
 
 
-def errors_table(auto_rows: list[dict], hand: pa.Table | None) -> tuple[pa.Table, pa.Table]:
+def errors_table(auto_rows: list[dict], hand: pa.Table | None, dataset_of: dict[str, str]) -> tuple[pa.Table, pa.Table]:
     """The errors table with hand labels applied over the automatic ones, and their agreement."""
     if hand is None:
         rows, agree = auto_rows, {}
     else:
         merged, agree = agreement.apply_hand_labels(auto_rows, hand.to_pylist())
-        rows = [{**r, "method": "hand" if r.get("source") == "hand" else r["method"]} for r in merged]
+        rows = [
+            {**r, "dataset": dataset_of[r["image_id"]], "method": "hand" if r.get("source") == "hand" else r["method"],
+             "evidence": r.get("evidence") or _evidence({"hand": r.get("note", "")})}
+            for r in merged
+        ]
     rows = sorted(rows, key=lambda r: (r["subject"], r["image_id"], ERROR_TYPES.index(r["error_type"])))
     table = pa.Table.from_pylist([{k: r.get(k) for k in ERRORS_SCHEMA.names} for r in rows], schema=ERRORS_SCHEMA)
     agreement_rows = [{"error_type": t, "kappa": a["kappa"], "observed_agreement": a["observed_agreement"], "n": a["n"]} for t, a in sorted(agree.items())]

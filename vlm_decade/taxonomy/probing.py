@@ -81,7 +81,7 @@ def run_probes(
     from ..api.session import RemoteSession
 
     paths = dict(zip(images.column("image_id").to_pylist(), images.column("path").to_pylist()))
-    templates = study.taxonomy.probes
+    templates = study.taxonomy.probes.templates()
     rows: list[dict] = []
     for model in study.models:
         asks = [(image_id, q) for (subject, image_id), qs in sorted(first.items()) if subject == model.name for q in qs]

@@ -56,9 +56,9 @@ def first_probe_questions(study: StudyConfig, images, references, responses) -> 
     if not pairs:
         return {}
     relevant, mentioned = objects(references, pairs)
-    matcher = matcher_for(study)
+    matcher, templates = matcher_for(study), study.taxonomy.probes.templates()
     return {
-        (s, i): probes.first_round(relevant.get(i, []), mentioned[(s, i)], matcher, study.taxonomy.probes)
+        (s, i): probes.first_round(relevant.get(i, []), mentioned[(s, i)], matcher, templates)
         for s, i, _, _ in pairs
     }
 
@@ -77,6 +77,7 @@ def compute_errors(study: StudyConfig, tables, hand: pa.Table | None) -> dict[st
         transcripts(tables("probes")) if probed else {},
         probed,
         matcher_for(study),
+        study.taxonomy.confusable_threshold,
     )
     vectors = _vectors(tables("embeddings"), study.taxonomy_metric)
     masked_models = {m.name for m in study.models if m.variants == "all"}
@@ -87,7 +88,8 @@ def compute_errors(study: StudyConfig, tables, hand: pa.Table | None) -> dict[st
         [s for s in sorted(set(references.column("condition").to_pylist())) if s != "full"],
         study.taxonomy.sde_n_sd,
     )
-    errors, agreement = analysis.errors_table(rows + analysis.spatial_labels(spatial), hand)
+    dataset_of = dict(zip(images.column("image_id").to_pylist(), images.column("dataset").to_pylist()))
+    errors, agreement = analysis.errors_table(rows + analysis.spatial_labels(spatial), hand, dataset_of)
     return {"errors": errors, "spatial": spatial_table(spatial), "hand_agreement": agreement}
 
 

@@ -1,0 +1,223 @@
+"""Probe questions for API models: planning, reading answers, and the labels of hand-made transcripts
+(paper section 2.5.2)."""
+
+from __future__ import annotations
+
+import json
+import zlib
+
+import numpy as np
+import pytest
+
+from vlm_decade.taxonomy.objects import MATCH_THRESHOLD, Mention, ObjectMatcher
+from vlm_decade.taxonomy.probes import (
+    ProbeTemplates,
+    Question,
+    answer_names,
+    first_round,
+    parse_yes_no,
+    probe_findings,
+    second_round,
+)
+from vlm_decade.taxonomy.rules import summarise
+
+DIM = 64
+# Hand-set: sofa/couch 0.8 (synonyms), flashlight/gun 0.5 (related, no match). Any other text gets
+# its own fixed pseudo-random direction, nearly orthogonal to everything else.
+KNOWN = {"sofa": {0: 1.0}, "couch": {0: 0.8, 1: 0.6}, "flashlight": {2: 1.0}, "gun": {2: 0.5, 3: 0.75 ** 0.5}}
+
+
+def vector(name):
+    if name in KNOWN:
+        v = np.zeros(DIM)
+        for axis, value in KNOWN[name].items():
+            v[axis] = value
+        return v
+    v = np.random.default_rng(zlib.crc32(name.encode())).normal(size=DIM)
+    v[:4] = 0.0  # keep clear of the hand-set axes
+    return v / np.linalg.norm(v)
+
+
+@pytest.fixture()
+def matcher():
+    return ObjectMatcher(lambda texts: np.array([vector(t.split(" ", 1)[1]) for t in texts]), MATCH_THRESHOLD)
+
+
+def mentions(*names):
+    return [Mention(name, f"the {name}") for name in names]
+
+
+# -- templates ----------------------------------------------------------------------------------------
+
+
+def test_default_templates_read_as_in_the_paper():
+    t = ProbeTemplates()
+    assert t.detection.format(article="a", object="flashlight", anchor="man") == (
+        "Is there a flashlight near the man in this image? Answer yes or no.")
+    assert t.recognition.format(anchor="man") == "What is the object near the man? Answer with a short noun phrase."
+
+
+@pytest.mark.parametrize(
+    "field, template, message",
+    [
+        ("recognition", "What is the {object} near the {anchor}?", "must not use"),
+        ("detection", "Is there {article} {object} in this image?", "needs"),
+        ("presence", "Is there {article} {thing} here?", "unknown field"),
+        ("detection_no_anchor", "Is there {article} {object} near the {anchor}?", "must not use"),
+    ],
+)
+def test_templates_are_checked(field, template, message):
+    with pytest.raises(ValueError, match=message):
+        ProbeTemplates(**{field: template})
+
+
+# -- planning -----------------------------------------------------------------------------------------
+
+
+def test_first_round(matcher):
+    questions = first_round(mentions("man", "flashlight", "wall"), mentions("man", "umbrella"), matcher)
+    assert questions == [
+        Question("detection", "flashlight", "man", "Is there a flashlight near the man in this image? Answer yes or no."),
+        Question("detection", "wall", "man", "Is there a wall near the man in this image? Answer yes or no."),
+        Question("presence", "umbrella", None, "Is there an umbrella in this image? Answer yes or no."),
+    ]
+
+
+def test_anchor_is_the_first_other_gold_object_that_is_not_the_same_thing(matcher):
+    # nothing mentioned: every gold object is probed; "couch" cannot anchor "sofa" (synonyms)
+    questions = first_round(mentions("sofa", "couch", "lamp"), [], matcher)
+    assert [(q.obj, q.anchor) for q in questions] == [("sofa", "lamp"), ("couch", "lamp"), ("lamp", "sofa")]
+
+
+def test_lone_object_gets_the_no_anchor_wording(matcher):
+    (question,) = first_round(mentions("cat"), mentions("dog"), matcher)[:1]
+    assert question == Question("detection", "cat", None, "Is there a cat in this image? Answer yes or no.")
+
+
+def test_synonym_mentions_need_no_probe(matcher):
+    assert first_round(mentions("sofa"), mentions("couch"), matcher) == []
+
+
+def test_second_round_asks_recognition_only_after_yes(matcher):
+    flashlight = Question("detection", "flashlight", "man", "...")
+    wall = Question("detection", "wall", "man", "...")
+    cat = Question("detection", "cat", None, "...")
+    presence = Question("presence", "umbrella", None, "...")
+    asked = second_round([(flashlight, "Yes."), (wall, "No."), (cat, "yes, there is"), (presence, "Yes")])
+    assert asked == [
+        Question("recognition", "flashlight", "man", "What is the object near the man? Answer with a short noun phrase."),
+        Question("recognition", "cat", None, ProbeTemplates().recognition_no_anchor),
+    ]
+
+
+# -- reading answers ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, reading",
+    [
+        ("Yes.", True), ("yes, there is", True), ("YES", True), ("Yeah, on the table.", True),
+        ("There is a flashlight in his hand.", True), ("I can see a cat on the sofa.", True),
+        ("No", False), ("No.", False), ("There is no flashlight.", False), ("There isn't one.", False),
+        ("I don't see any cat.", False), ("Not that I can see.", False), ("None.", False),
+        ("I'm not sure.", None), ("Maybe.", None), ("It is hard to tell.", None), ("", None),
+        ("The image is too dark.", None), ("Possibly a cat.", None),
+    ],
+)
+def test_parse_yes_no(text, reading):
+    assert parse_yes_no(text) is reading
+
+
+@pytest.mark.parametrize(
+    "text, names",
+    [
+        ("A flashlight.", ["flashlight"]),
+        ("It is a small black flashlight", ["small black flashlight"]),
+        ("The object near the man is a gun.", ["gun"]),
+        ("a cup, a spoon and two saucers", ["cup", "spoon", "saucers"]),
+        ("I don't know.", []),
+        ("Nothing.", []),
+    ],
+)
+def test_answer_names(text, names):
+    assert answer_names(text) == names
+
+
+# -- labels from transcripts --------------------------------------------------------------------------
+
+DETECT = Question("detection", "flashlight", "man", "Is there a flashlight near the man in this image? Answer yes or no.")
+RECOGNISE = Question("recognition", "flashlight", "man", "What is the object near the man? Answer with a short noun phrase.")
+PRESENT = Question("presence", "frisbee", None, "Is there a frisbee in this image? Answer yes or no.")
+
+
+def labels(findings):
+    return [(f.error_type, f.obj, f.unclear) for f in findings]
+
+
+def test_no_to_detection_is_a_detection_error(matcher):
+    (finding,) = probe_findings([(DETECT, "No.")], matcher)
+    assert (finding.error_type, finding.obj, finding.unclear) == ("detection", "flashlight", False)
+    assert finding.evidence == {"object": "flashlight", "anchor": "man", "transcript": [
+        {"kind": "detection", "question": DETECT.text, "answer": "No.", "reading": "no"}]}
+
+
+def test_seen_and_named_right_but_left_out_is_scene_understanding(matcher):
+    (finding,) = probe_findings([(DETECT, "Yes."), (RECOGNISE, "A flashlight.")], matcher)
+    assert (finding.error_type, finding.obj) == ("scene_understanding", "flashlight")
+    assert finding.evidence["named_as"] == "flashlight" and finding.evidence["similarity"] == 1.0
+    assert [e["reading"] for e in finding.evidence["transcript"]] == ["yes", "flashlight"]
+
+
+def test_seen_but_named_wrong_is_recognition(matcher):
+    (finding,) = probe_findings([(DETECT, "Yes, there is."), (RECOGNISE, "It is a gun.")], matcher)
+    assert (finding.error_type, finding.obj) == ("recognition", "flashlight")
+    assert finding.evidence["named_as"] == "gun" and finding.evidence["similarity"] == pytest.approx(0.5)
+
+
+def test_synonym_and_longer_answers_count_as_named(matcher):
+    couch = Question("detection", "couch", "man", "...")
+    recognise_couch = Question("recognition", "couch", "man", "...")
+    assert labels(probe_findings([(couch, "Yes"), (recognise_couch, "A big sofa with cushions.")], matcher)) == [
+        ("scene_understanding", "couch", False)]
+
+
+def test_anchor_named_back_is_unclear(matcher):
+    # "What is the object near the man?" - "A man." says nothing about the flashlight
+    assert labels(probe_findings([(DETECT, "Yes"), (RECOGNISE, "A man.")], matcher)) == [
+        ("recognition", "flashlight", True)]
+
+
+def test_listed_objects_without_anchor(matcher):
+    detect = Question("detection", "sofa", None, "...")
+    recognise = Question("recognition", "sofa", None, "...")
+    found = probe_findings([(detect, "Yes"), (recognise, "A lamp, a couch and a rug.")], matcher)
+    assert labels(found) == [("scene_understanding", "sofa", False)]
+    assert found[0].evidence["named_as"] == "couch"
+
+
+def test_presence_no_is_hallucination_and_yes_is_none(matcher):
+    assert labels(probe_findings([(PRESENT, "No, there is no frisbee.")], matcher)) == [("hallucination", "frisbee", False)]
+    assert probe_findings([(PRESENT, "Yes, on the grass.")], matcher) == []
+
+
+def test_unclear_answers_give_no_label_but_keep_the_transcript(matcher):
+    found = probe_findings([(DETECT, "I'm not sure."), (PRESENT, "Maybe.")], matcher)
+    assert labels(found) == [("detection", "flashlight", True), ("hallucination", "frisbee", True)]
+    assert found[0].evidence["transcript"][0]["reading"] == "unclear"
+    summary = summarise(found)
+    assert summary["detection"][0] is False and summary["hallucination"][0] is False
+    assert json.loads(summary["detection"][1])[0]["unclear"] is True
+
+
+def test_yes_without_a_recognition_answer_is_unclear(matcher):
+    (finding,) = probe_findings([(DETECT, "Yes")], matcher)
+    assert (finding.error_type, finding.unclear) == ("recognition", True)
+    assert finding.evidence["transcript"][-1]["reading"] == "unasked"
+
+
+def test_a_whole_transcript(matcher):
+    cat = Question("detection", "cat", "man", "...")
+    answered = [(DETECT, "Yes"), (cat, "No"), (PRESENT, "No"),
+                (RECOGNISE, "a gun")]
+    assert labels(probe_findings(answered, matcher)) == [
+        ("recognition", "flashlight", False), ("detection", "cat", False), ("hallucination", "frisbee", False)]

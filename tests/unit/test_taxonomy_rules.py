@@ -1,0 +1,173 @@
+"""Detector-based error labels: one hand-made case per rule of the paper (section 2.5.1), with a
+hand-set encoder so that every similarity is known exactly."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from vlm_decade.backends.detection import Detection
+from vlm_decade.taxonomy.objects import CONFUSABLE_THRESHOLD, MATCH_THRESHOLD, Mention, ObjectMatcher
+from vlm_decade.taxonomy.rules import ERROR_TYPES, Finding, detector_errors, summarise
+
+
+def unit(*pairs):
+    """A 14-d vector with the given (axis, value) entries."""
+    v = np.zeros(14)
+    for axis, value in pairs:
+        v[axis] = value
+    return v
+
+
+# Cosines by construction: sofa/couch 0.8 (synonyms), cat/dog 0.6 and cat/lynx 0.7 (confusable),
+# couch/chair 0.5 (confusable), remote/phone 0.6 (confusable), sofa/chair 0.2; every other pair 0.
+VECTORS = {
+    "cat": unit((0, 1.0)),
+    "dog": unit((0, 0.6), (1, 0.8)),
+    "lynx": unit((0, 0.7), (2, 0.51 ** 0.5)),
+    "sofa": unit((3, 1.0)),
+    "couch": unit((3, 0.8), (4, 0.6)),
+    "chair": unit((3, 0.2), (4, 0.34 / 0.6), (13, (1 - 0.04 - (0.34 / 0.6) ** 2) ** 0.5)),
+    "frisbee": unit((5, 1.0)),
+    "car": unit((6, 1.0)),
+    "remote": unit((7, 1.0)),
+    "phone": unit((7, 0.6), (8, 0.8)),
+    "flashlight": unit((9, 1.0)),
+    "tv": unit((10, 1.0)),
+    "person": unit((11, 1.0)),
+    "man": unit((12, 1.0)),  # far from "person" by cosine: only the people rule can match them
+}
+
+
+def encode(texts):
+    return np.array([VECTORS[text.split(" ", 1)[1]] for text in texts])  # drop the article
+
+
+@pytest.fixture()
+def matcher():
+    return ObjectMatcher(encode, threshold=MATCH_THRESHOLD)
+
+
+def mentions(*names):
+    return [Mention(name, f"a {name}") for name in names]
+
+
+def det(label, score=0.9, box=(0.1, 0.2, 0.5, 0.6)):
+    return Detection(label, score, box)
+
+
+def kinds(findings):
+    return [(f.error_type, f.obj) for f in findings]
+
+
+def test_the_hand_set_cosines_sit_where_the_cases_need_them(matcher):
+    assert matcher.similarity("sofa", "couch") >= MATCH_THRESHOLD
+    for a, b in [("cat", "dog"), ("cat", "lynx"), ("couch", "chair"), ("remote", "phone")]:
+        assert CONFUSABLE_THRESHOLD <= matcher.similarity(a, b) < MATCH_THRESHOLD
+    assert matcher.similarity("sofa", "chair") < CONFUSABLE_THRESHOLD
+
+
+def test_detected_but_not_mentioned_is_scene_understanding(matcher):
+    found = detector_errors(mentions("cat", "sofa"), [det("couch", 0.8), det("cat", 0.95, (0.0, 0.5, 0.25, 1.0))],
+                              mentions("sofa"), matcher)
+    assert found == [Finding("scene_understanding", "cat", {
+        "object": "cat", "phrase": "a cat", "similarity": 1.0,
+        "detection": {"label": "cat", "score": 0.95, "box": [0.0, 0.5, 0.25, 1.0]}})]
+
+
+def test_mentioned_absent_unrelated_object_is_hallucination(matcher):
+    found = detector_errors(mentions("cat"), [det("cat")], mentions("cat", "frisbee"), matcher)
+    assert found == [Finding("hallucination", "frisbee", {"object": "frisbee", "phrase": "a frisbee"})]
+
+
+def test_dog_said_where_the_gold_cat_is_detected_is_recognition_not_hallucination(matcher):
+    found = detector_errors(mentions("cat"), [det("cat", 0.77)], mentions("dog"), matcher)
+    assert kinds(found) == [("recognition", "cat")]
+    evidence = found[0].evidence
+    assert evidence["named_as"] == "dog" and evidence["relevant"] is True
+    assert evidence["similarity"] == pytest.approx(0.6)
+    assert evidence["detection"]["label"] == "cat" and evidence["detection"]["score"] == 0.77
+
+
+def test_misnaming_measured_against_the_detection_label_too(matcher):
+    # gold "sofa" found as "couch"; "chair" is far from "sofa" (0.2) but confusable with "couch" (0.5)
+    found = detector_errors(mentions("sofa"), [det("couch")], mentions("chair"), matcher)
+    assert kinds(found) == [("recognition", "sofa")]
+    assert found[0].evidence["similarity"] == pytest.approx(0.5)
+
+
+def test_relevant_missed_and_undetected_is_detection(matcher):
+    found = detector_errors(mentions("cat", "tv"), [det("tv")], mentions("tv"), matcher)
+    assert found == [Finding("detection", "cat", {"object": "cat", "phrase": "a cat"})]
+
+
+def test_undetected_relevant_object_that_is_mentioned_is_no_error(matcher):
+    # the gold says the flashlight is there; the detector's classes just lack it
+    assert detector_errors(mentions("cat", "flashlight"), [det("cat")], mentions("cat", "flashlight"), matcher) == []
+
+
+def test_mentioned_detected_object_outside_the_gold_is_no_error(matcher):
+    assert detector_errors(mentions("cat"), [det("cat"), det("car")], mentions("cat", "car"), matcher) == []
+
+
+def test_unmentioned_irrelevant_detection_is_no_error(matcher):
+    assert detector_errors(mentions("cat"), [det("cat"), det("car")], mentions("cat"), matcher) == []
+
+
+def test_synonyms_and_people_words_are_no_error(matcher):
+    assert detector_errors(mentions("sofa"), [det("couch")], mentions("couch"), matcher) == []
+    assert detector_errors(mentions("man"), [det("person")], mentions("person"), matcher) == []
+
+
+def test_irrelevant_detection_misnamed_and_mentioned_is_recognition(matcher):
+    found = detector_errors(mentions("cat"), [det("cat"), det("remote", 0.6)], mentions("cat", "phone"), matcher)
+    assert kinds(found) == [("recognition", "remote")]
+    assert found[0].evidence["relevant"] is False and found[0].evidence["named_as"] == "phone"
+
+
+def test_pairing_takes_the_most_similar_mention_first(matcher):
+    # one detected cat, two candidate misnamings: lynx (0.7) wins, dog (0.6) is left a hallucination
+    found = detector_errors(mentions("cat"), [det("cat")], mentions("dog", "lynx"), matcher)
+    assert kinds(found) == [("recognition", "cat"), ("hallucination", "dog")]
+    assert found[0].evidence["named_as"] == "lynx"
+
+
+def test_confusable_threshold_decides_between_misnaming_and_hallucination(matcher):
+    found = detector_errors(mentions("cat"), [det("cat")], mentions("dog"), matcher, confusable=0.65)
+    assert kinds(found) == [("scene_understanding", "cat"), ("hallucination", "dog")]
+
+
+def test_all_rules_at_once_in_error_type_order(matcher):
+    gold = mentions("flashlight", "cat", "sofa", "tv")
+    dets = [det("tv"), det("cat"), det("couch"), det("car")]
+    said = mentions("frisbee", "dog", "car")
+    found = detector_errors(gold, dets, said, matcher)
+    assert kinds(found) == [("detection", "flashlight"), ("recognition", "cat"),
+                            ("scene_understanding", "sofa"), ("scene_understanding", "tv"),
+                            ("hallucination", "frisbee")]
+
+
+def test_repeated_boxes_give_the_best_one_as_evidence(matcher):
+    found = detector_errors(mentions("cat"), [det("cat", 0.5), det("cat", 0.9, (0.5, 0.5, 1.0, 1.0))], [], matcher)
+    assert found[0].evidence["detection"] == {"label": "cat", "score": 0.9, "box": [0.5, 0.5, 1.0, 1.0]}
+
+
+def test_summarise_has_every_type_with_compact_evidence(matcher):
+    found = detector_errors(mentions("cat"), [det("cat")], mentions("cat", "frisbee"), matcher)
+    found.append(Finding("detection", "lamp", {"object": "lamp"}, unclear=True))
+    summary = summarise(found)
+    assert list(summary) == list(ERROR_TYPES)
+    assert summary["hallucination"][0] is True
+    assert json.loads(summary["hallucination"][1]) == [{"object": "frisbee", "phrase": "a frisbee"}]
+    assert " " not in summary["hallucination"][1].replace("a frisbee", "")
+    # an unclear finding is kept as evidence but is no error
+    assert summary["detection"] == (False, '[{"object":"lamp","unclear":true}]')
+    assert summary["recognition"] == (False, "[]")
+    assert summary["scene_understanding"] == (False, "[]")
+
+
+def test_unknown_error_type_is_refused():
+    with pytest.raises(ValueError, match="unknown error type"):
+        Finding("spelling", "cat", {})
