@@ -182,7 +182,8 @@ class TaxonomyConfig(_Frozen):
     matcher: EncoderConfig = EncoderConfig(name="object-matcher")
     match_threshold: float = Field(0.72, gt=0.0, le=1.0)
     confusable_threshold: float = Field(0.45, gt=0.0, le=1.0)
-    probes: ProbeTemplates = ProbeTemplates()
+    # A factory, so the templates are checked when a study is read, not while this module loads.
+    probes: ProbeTemplates = Field(default_factory=ProbeTemplates)
     sde_n_sd: float = Field(2.0, gt=0.0)
     similarity: str | None = None
 
@@ -433,6 +434,7 @@ def load_study(path: str | Path, output: str | Path | None = None) -> AnyStudy:
     if isinstance(data, dict):
         raw["data"] = {k: _resolve(v, base) for k, v in data.items()}
     entries = [e for section in ("models", "encoders", "metrics") for e in raw.get(section) or []]
+    entries += [m.get("encoder") for m in raw.get("metrics") or [] if isinstance(m, dict)]
     for parent, keys in (("taxonomy", ("detector", "matcher")), ("scoring", ("encoder",))):
         if isinstance(raw.get(parent), dict):
             entries += [raw[parent].get(k) for k in keys]

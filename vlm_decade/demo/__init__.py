@@ -32,7 +32,7 @@ import numpy as np
 DATA_DIR = Path(__file__).resolve().parent / "data"
 STUDY_FILE = Path(__file__).resolve().parent / "study.yaml"
 OPENWORLD_STUDY_FILE = Path(__file__).resolve().parent / "openworld.yaml"
-TABLES = ("images.csv", "descriptions.csv", "votes.csv", "imported_captions.csv", "ratings.csv", "README.md")
+TABLES = ("images.csv", "descriptions.csv", "votes.csv", "imported_captions.csv", "ratings.csv", "hand_labels.csv", "README.md")
 
 _SOURCE = re.compile(r"^skimage\.data\.(?P<name>[a-z_]+)(?:\[(?P<index>\d+)\])?$")
 

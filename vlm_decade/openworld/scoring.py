@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from ..score import SCORES_SCHEMA
 from .metrics import parse_judgement, similarities, text_inclusion
-from .outcomes import outcome
+from .outcomes import OUTCOMES, outcome
 
 METRICS = ("TI", "LI", "SS", "CS")
 PREDICTIONS_SCHEMA = pa.schema(
@@ -77,7 +77,7 @@ def grouped_scores(scores: pa.Table, predictions: pa.Table, granularity: dict[st
     for r in scores.to_pylist():
         for group in (granularity[r["dataset"]], "all"):
             rows.append({**r, "dataset": group})
-    names = sorted({p["outcome"] for p in predictions.to_pylist()} - {"unjudged"})
+    names = [o for o in OUTCOMES if o != "unjudged"]  # every rate, 0 included
     for p in predictions.to_pylist():
         if p["outcome"] == "unjudged":
             continue

@@ -123,19 +123,31 @@ def error_scores(errors: pa.Table) -> pa.Table:
 
 def impact_scores(errors: pa.Table, scores: pa.Table, metric: str) -> pa.Table:
     """Per image, the mean similarity (`metric`) of the model-image pairs that have each error type,
-    and of those with none (figure 8). Subjects `error:<type>` and `no error`, all datasets pooled."""
+    and of those with none (figure 8). Subjects `error:<type>` and `no error`, all datasets pooled.
+
+    A pair counts as error-free only when its four object error types were all decided (an
+    undecided SDE is left aside: most models describe no masked variants); a pair with an
+    undecided label and no error present is in no group."""
     present: dict[tuple[str, str], set[str]] = defaultdict(set)
-    labelled: set[tuple[str, str]] = set()
+    decided: dict[tuple[str, str], set[str]] = defaultdict(set)
     for r in errors.to_pylist():
-        labelled.add((r["subject"], r["image_id"]))
-        if r["present"]:
-            present[(r["subject"], r["image_id"])].add(r["error_type"])
+        if r["present"] is not None:
+            key = (r["subject"], r["image_id"])
+            decided[key].add(r["error_type"])
+            if r["present"]:
+                present[key].add(r["error_type"])
     groups: dict[tuple[str, str], list[float]] = defaultdict(list)
     for r in scores.to_pylist():
         key = (r["subject"], r["image_id"])
-        if r["metric"] != metric or r["variant"] != "full" or key not in labelled or r["value"] is None:
+        if r["metric"] != metric or r["variant"] != "full" or r["value"] is None:
             continue
-        for name in [f"error:{t}" for t in sorted(present[key])] or [NO_ERROR]:
+        if present[key]:
+            names = [f"error:{t}" for t in sorted(present[key])]
+        elif decided[key] >= set(rules.ERROR_TYPES):
+            names = [NO_ERROR]
+        else:
+            continue
+        for name in names:
             groups[(name, r["image_id"])].append(r["value"])
     rows = [
         {"subject": name, "image_id": image_id, "dataset": ALL_IMAGES, "variant": "full", "metric": metric, "value": float(np.mean(v))}

@@ -153,6 +153,8 @@ def _object_name(head) -> str | None:
     if lemma in NON_OBJECTS:
         return None  # also with modifiers: "satellite picture", "left side"
     name = _with_compounds(head, lemma)
+    if name in NON_OBJECTS:
+        return None  # a hyphenated word rebuilt: "close-up"
     following = doc[head.i + 1] if head.i + 1 < len(doc) else None
     if name in PARTITIVES and following is not None and following.lower_ == "of":
         return None

@@ -63,20 +63,36 @@ def first_probe_questions(study: StudyConfig, images, references, responses) -> 
     }
 
 
+def probe_transcripts(study: StudyConfig, table: pa.Table, pairs, relevant: dict, mentioned: dict, matcher) -> dict:
+    """(subject, image_id) -> the answered questions of each probed pair. A pair whose description
+    names every relevant object and nothing else had nothing to ask: its empty transcript decides
+    "no error", where a pair whose questions all failed stays undecided."""
+    found = transcripts(table)
+    templates = study.taxonomy.probes.templates()
+    for subject, image_id, _, _ in pairs:
+        key = (subject, image_id)
+        if key not in found and not probes.first_round(relevant.get(image_id, []), mentioned[key], matcher, templates):
+            found[key] = []
+    return found
+
+
 def compute_errors(study: StudyConfig, tables, hand: pa.Table | None) -> dict[str, pa.Table]:
     """The `errors`, `spatial` and `hand_agreement` tables."""
     images, references, responses = tables("images"), tables("references"), tables("responses")
     pairs = model_texts(study, images, responses)
     relevant, mentioned = objects(references, pairs)
     probed = probed_models(study)
+    matcher = matcher_for(study)
+    probed_pairs = [p for p in pairs if p[0] in probed]
+    answered = probe_transcripts(study, tables("probes"), probed_pairs, relevant, mentioned, matcher) if probed else {}
     rows = analysis.object_labels(
         pairs,
         relevant,
         mentioned,
         detections_of(tables("detections")),
-        transcripts(tables("probes")) if probed else {},
+        answered,
         probed,
-        matcher_for(study),
+        matcher,
         study.taxonomy.confusable_threshold,
     )
     vectors = _vectors(tables("embeddings"), study.taxonomy_metric)

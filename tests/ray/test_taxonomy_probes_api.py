@@ -1,0 +1,212 @@
+"""Study A's error taxonomy for an API model, end to end on Ray against the fake server: the model
+describes four demo photos, the `probes` stage asks it about the objects its descriptions leave
+out or add, and the `errors` rows follow its scripted answers by the probe rules (paper section
+2.5.2). Run again, every stage is skipped and nothing more is sent.
+
+The expectations are worked by hand from the gold descriptions (the consensus choice, as the
+dataset has no votes) and the objects spaCy finds in them:
+
+    astronaut  gold: astronaut, suit, helmet, flag, shuttle model
+               said: woman (a person, as the astronaut), suit, helmet, flag, guitar
+    coffee     gold: espresso, cup, saucer, spoon, table
+               said: espresso, cup, saucer, croissant
+    camera     gold: man, camera, tripod, field
+               said: man, camera, tripod, field, dog
+    clock      gold: clock, wall
+               said: clock, wall
+
+A detection question's anchor is the first other gold object (astronaut; espresso).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from vlm_decade.config import MLLM_PROMPT, load_study
+from vlm_decade.demo import materialize
+from vlm_decade.pipeline import run_study
+from vlm_decade.progress import Reporter
+from vlm_decade.runfolder import RunFolder
+from vlm_decade.testing.fake_api import FakeAPIServer
+
+pytestmark = pytest.mark.ray
+
+DESCRIPTIONS = {
+    "astronaut": "A woman in an orange suit holds a helmet in front of a flag and a guitar.",
+    "coffee": "An espresso in a red cup on a saucer, next to a croissant.",
+    "camera": "A man filming with a camera on a tripod in a field, with a dog.",
+    "clock": "A clock on a wall.",
+}
+IMAGES = tuple(DESCRIPTIONS)
+
+
+def detection(obj: str, anchor: str) -> str:
+    return f"Is there a {obj} near the {anchor} in this image? Answer yes or no."
+
+
+def presence(obj: str) -> str:
+    return f"Is there a {obj} in this image? Answer yes or no."
+
+
+def recognition(anchor: str) -> str:
+    return f"What is the object near the {anchor}? Answer with a short noun phrase."
+
+
+# (image, round, kind, object, anchor, question, the model's scripted answer), in the order asked.
+PROBES = [
+    ("astronaut", 1, "detection", "shuttle model", "astronaut", detection("shuttle model", "astronaut"), "Yes."),
+    ("astronaut", 1, "presence", "guitar", "", presence("guitar"), "No, there is no guitar."),
+    ("camera", 1, "presence", "dog", "", presence("dog"), "Hard to say."),
+    ("coffee", 1, "detection", "spoon", "espresso", detection("spoon", "espresso"), "Yes, there is."),
+    ("coffee", 1, "detection", "table", "espresso", detection("table", "espresso"), "No."),
+    ("coffee", 1, "presence", "croissant", "", presence("croissant"), "Yes, there is a croissant."),
+    # Follow-ups only for the detection questions answered yes, with the same anchor.
+    ("astronaut", 2, "recognition", "shuttle model", "astronaut", recognition("astronaut"), "A model of the space shuttle."),
+    ("coffee", 2, "recognition", "spoon", "espresso", recognition("espresso"), "A fork."),
+]
+ANSWERS = {(image, question): answer for image, _, _, _, _, question, answer in PROBES}
+
+# Per image, the error types present by the probe rules:
+#   astronaut: shuttle model seen and named ("model of the space shuttle") -> scene understanding;
+#              guitar denied -> hallucination.
+#   coffee:    spoon seen but named "fork" (similarity 0.52 < 0.72) -> recognition; table denied ->
+#              detection; croissant confirmed -> no hallucination.
+#   camera:    dog unclear -> no label, the transcript kept as unclear.
+#   clock:     nothing to ask -> no error of any kind (decided, not undecided).
+PRESENT = {
+    "astronaut": {"detection": False, "recognition": False, "scene_understanding": True, "hallucination": True},
+    "coffee": {"detection": True, "recognition": True, "scene_understanding": False, "hallucination": False},
+    "camera": {"detection": False, "recognition": False, "scene_understanding": False, "hallucination": False},
+    "clock": {"detection": False, "recognition": False, "scene_understanding": False, "hallucination": False},
+}
+
+
+class StageLog(Reporter):
+    """A quiet reporter that remembers what each stage did."""
+
+    def __init__(self):
+        super().__init__(quiet=True)
+        self.states: list[tuple[str, str]] = []
+
+    def stage(self, name: str, state: str, detail: str = "") -> None:
+        self.states.append((name, state))
+
+
+def _cut(path: Path, keep: tuple[str, ...]) -> None:
+    with path.open(newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["image_id"] in keep]
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def _pixels(png: bytes) -> np.ndarray:
+    from PIL import Image
+
+    with Image.open(io.BytesIO(png)) as im:
+        return np.asarray(im.convert("RGB"))
+
+
+@pytest.fixture
+def study_and_server(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-probes0123456789")
+    path = materialize(tmp_path / "inputs")
+    for table in ("images.csv", "descriptions.csv"):
+        _cut(path.parent / table, IMAGES)
+    photos = {i: _pixels((path.parent / "images" / f"{i}.png").read_bytes()) for i in IMAGES}
+    unexpected: list[str] = []
+
+    def answer(prompt: str, images: list[bytes]) -> str:
+        # Which photo was sent, told by its pixels: the model answers about that photo only.
+        sent = [_pixels(png) for png in images]
+        image_id = next((i for i, p in photos.items() if len(sent) == 1 and np.array_equal(p, sent[0])), None)
+        if image_id is None:
+            unexpected.append(f"{len(images)} image(s), none of them one photo of the study: {prompt}")
+            return "unscripted"
+        if prompt == MLLM_PROMPT:
+            return DESCRIPTIONS[image_id]
+        if (image_id, prompt) not in ANSWERS:
+            unexpected.append(f"{image_id}: {prompt}")
+        return ANSWERS.get((image_id, prompt), "unscripted")
+
+    raw = yaml.safe_load(path.read_text())
+    # No votes: the gold is each image's consensus description. Ratings, metrics and the STS-B
+    # check are not what this test is about.
+    for key in ("votes", "ratings"):
+        raw["data"].pop(key)
+    raw.pop("metrics")
+    raw["stsb_check"] = False
+    raw["models"] = [{"name": "gpt", "backend": "openai", "model_id": "gpt-4o-mini", "era": "mllm", "variants": "full"}]
+    raw["statistics"] = {"n_resamples": 200, "seed": 3}
+    with FakeAPIServer(answer=answer) as server:
+        raw["providers"] = {
+            "cache_dir": str(tmp_path / "cache"),
+            "openai": {"rpm": 6000, "tpm": 10**8, "timeout_s": 5, "max_concurrency": 4, "budget_usd": 1.0, "base_url": server.openai_url},
+        }
+        raw["output"] = str(tmp_path / "run")
+        path.write_text(yaml.safe_dump(raw))
+        yield path, server, unexpected
+
+
+def test_the_probe_path_labels_an_api_model_from_its_answers_and_reruns_for_free(study_and_server):
+    path, server, unexpected = study_and_server
+    run = run_study(load_study(path), Reporter(quiet=True))
+    assert unexpected == []
+
+    responses = run.read("responses").to_pylist()
+    assert {r["image_id"]: r["text"] for r in responses} == DESCRIPTIONS
+
+    probes = run.read("probes").to_pylist()
+    asked = sorted(
+        (p["image_id"], p["round"], p["kind"], p["object"], p["anchor"], p["question"], p["answer"]) for p in probes
+    )
+    assert asked == sorted(PROBES)
+    assert all(p["subject"] == "gpt" and p["status"] == "ok" and p["cost_usd"] > 0 for p in probes)
+    assert len(server.received()) == len(IMAGES) + len(PROBES)  # each description and question once
+
+    errors = run.read("errors").to_pylist()
+    labels = {(e["image_id"], e["error_type"]): e for e in errors if e["method"] == "probe"}
+    assert {(e["subject"], e["method"]) for e in errors} == {("gpt", "probe")}  # no masked variants: no SDE rows
+    assert {image: {t: labels[(image, t)]["present"] for t in PRESENT[image]} for image in IMAGES} == PRESENT
+
+    def findings(image: str, error_type: str) -> list[dict]:
+        return json.loads(labels[(image, error_type)]["evidence"])["findings"]
+
+    (seen,) = findings("astronaut", "scene_understanding")
+    assert seen["object"] == "shuttle model" and seen["anchor"] == "astronaut"
+    assert seen["named_as"] == "model of the space shuttle" and seen["similarity"] >= 0.72
+    assert seen["transcript"] == [
+        {"kind": "detection", "question": detection("shuttle model", "astronaut"), "answer": "Yes.", "reading": "yes"},
+        {"kind": "recognition", "question": recognition("astronaut"), "answer": "A model of the space shuttle.",
+         "reading": "model of the space shuttle"},
+    ]
+    (invented,) = findings("astronaut", "hallucination")
+    assert invented["transcript"] == [
+        {"kind": "presence", "question": presence("guitar"), "answer": "No, there is no guitar.", "reading": "no"}
+    ]
+    (misnamed,) = findings("coffee", "recognition")
+    assert misnamed["object"] == "spoon" and misnamed["named_as"] == "fork" and misnamed["similarity"] < 0.72
+    assert [t["reading"] for t in misnamed["transcript"]] == ["yes", "fork"]
+    (missed,) = findings("coffee", "detection")
+    assert missed["object"] == "table" and missed["transcript"][0]["reading"] == "no"
+    assert findings("coffee", "hallucination") == []  # the croissant is there
+    (doubt,) = findings("camera", "hallucination")
+    assert doubt["unclear"] is True and doubt["transcript"][0]["answer"] == "Hard to say."
+    assert all(findings("clock", t) == [] for t in PRESENT["clock"])
+
+    # Again: every stage is current, so nothing runs and the server hears nothing.
+    sent = len(server.received())
+    log = StageLog()
+    run_study(load_study(path), log)
+    assert {"responses", "probes", "errors"} <= {name for name, _ in log.states}
+    assert {state for _, state in log.states} == {"skip"}
+    assert len(server.received()) == sent
+    assert RunFolder(run.root).read("probes").to_pylist() == probes

@@ -1,0 +1,227 @@
+"""Study B's glue: TI, LI, SS, CS and the outcome of every prediction from a hand-set encoder and the
+packaged spaCy model, the scores grouped by granularity for the statistics engine, the open/closed
+comparison family, the judge's distinct pairs and why no judge can run."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from vlm_decade.api.keys import KEY_ENV
+from vlm_decade.config import study_from_dict
+from vlm_decade.openworld.judging import judge_unavailable
+from vlm_decade.openworld.pipeline import _pairs, kinds, open_closed_family
+from vlm_decade.openworld.scoring import PREDICTIONS_SCHEMA, grouped_scores, score_predictions
+from vlm_decade.score import SCORES_SCHEMA
+from vlm_decade.stats import ComparisonSpec, Term
+
+spacy = pytest.importorskip("spacy")
+
+CS_HIGH, LI_HIGH = 0.55, 0.5
+
+
+def axis_vector(*pairs):
+    v = np.zeros(10)
+    for axis, value in pairs:
+        v[axis] = value
+    return v
+
+
+# Cosines with the label by construction (spaCy's concepts of each prediction in brackets):
+# "a red bird" 0.6 ["red bird" 0.7]; "a cardinal" 0.4 ["cardinal" 0.5]; "a tabby cat" 0.9
+# ["tabby cat" 0.8]; "sparrow" 0.3 (its only concept is itself).
+VECTORS = {
+    "scarlet tanager": axis_vector((0, 1.0)),
+    "a red bird": axis_vector((0, 0.6), (1, 0.8)),
+    "red bird": axis_vector((0, 0.7), (2, 0.51 ** 0.5)),
+    "a cardinal": axis_vector((0, 0.4), (3, 0.84 ** 0.5)),
+    "cardinal": axis_vector((0, 0.5), (4, 0.75 ** 0.5)),
+    "cat": axis_vector((5, 1.0)),
+    "a tabby cat": axis_vector((5, 0.9), (6, 0.19 ** 0.5)),
+    "tabby cat": axis_vector((5, 0.8), (7, 0.6)),
+    "dog": axis_vector((8, 1.0)),
+    "sparrow": axis_vector((8, 0.3), (9, 0.91 ** 0.5)),
+}
+
+
+class HandEncoder:
+    """Returns the hand-set vectors (scaled by 2: the caller must normalise); a text it does not know
+    fails the test, so an unexpected concept shows."""
+
+    def __init__(self):
+        self.calls: list[list[str]] = []
+
+    def __call__(self, texts):
+        self.calls.append(list(texts))
+        return np.array([2.0 * VECTORS[t] for t in texts])
+
+
+@pytest.fixture(scope="module")
+def nlp():
+    from vlm_decade.openworld.metrics import load_nlp
+
+    return load_nlp()
+
+
+LABELS = pa.table({
+    "image_id": ["i1", "i2", "i3"],
+    "dataset": ["birds", "pets", "pets"],
+    "label": ["scarlet tanager", "cat", "dog"],
+    "granularity": ["very fine-grained", "prototypical", "prototypical"],
+})
+GRANULARITY = {"birds": "very fine-grained", "pets": "prototypical"}
+GROUP_OF = dict(zip(LABELS.column("image_id").to_pylist(), LABELS.column("granularity").to_pylist()))
+
+
+def response(subject, image_id, prompt_id, text, status="ok"):
+    return {"subject": subject, "image_id": image_id, "prompt_id": prompt_id, "text": text, "status": status}
+
+
+RESPONSES = pa.Table.from_pylist([
+    response("m", "i1", "p1", "a red bird"),
+    response("m", "i2", "p1", " a tabby cat "),
+    response("m", "i3", "p1", "", status="error"),  # failed: left out
+    response("n", "i1", "p1", "a cardinal"),
+    response("n", "i3", "p1", "sparrow"),
+    response("n", "i2", "p2", "a tabby cat"),
+])
+JUDGED = {
+    ("scarlet tanager", "a red bird"): "0",
+    ("cat", "a tabby cat"): "1",
+    ("scarlet tanager", "a cardinal"): "0",
+    ("dog", "sparrow"): " 1\n",
+}
+# (subject, prompt_id, image_id) -> TI, LI, SS, CS, best concept, outcome; worked from VECTORS:
+# CS is the best of the concepts and the whole prediction; high CS is >= 0.55, high LI >= 0.5.
+EXPECTED = {
+    ("m", "p1", "i1"): (0.0, 0.0, 0.6, 0.7, "red bird", "granularity"),
+    ("m", "p1", "i2"): (1.0, 1.0, 0.9, 0.9, "a tabby cat", "correct"),
+    ("n", "p1", "i1"): (0.0, 0.0, 0.4, 0.5, "cardinal", "confusion"),
+    ("n", "p1", "i3"): (0.0, 1.0, 0.3, 0.3, "sparrow", "ambiguity"),
+    ("n", "p2", "i2"): (1.0, 1.0, 0.9, 0.9, "a tabby cat", "correct"),
+}
+
+
+def score(nlp, judged, encoder=None):
+    return score_predictions(LABELS, RESPONSES, judged, encoder or HandEncoder(), nlp, CS_HIGH, LI_HIGH)
+
+
+def test_every_prediction_gets_its_hand_worked_values_and_outcome(nlp):
+    encoder = HandEncoder()
+    scores, predictions = score(nlp, JUDGED, encoder)
+    assert predictions.schema == PREDICTIONS_SCHEMA and scores.schema == SCORES_SCHEMA
+    rows = predictions.to_pylist()
+    assert [(p["subject"], p["prompt_id"], p["image_id"]) for p in rows] == list(EXPECTED)
+    for p in rows:
+        ti, li, ss, cs, concept, outcome = EXPECTED[(p["subject"], p["prompt_id"], p["image_id"])]
+        assert (p["TI"], p["LI"]) == (ti, li)
+        assert (p["SS"], p["CS"]) == pytest.approx((ss, cs))
+        assert (p["best_concept"], p["outcome"]) == (concept, outcome)
+    first = rows[0]
+    assert (first["dataset"], first["granularity"], first["label"], first["judge_answer"]) == (
+        "birds", "very fine-grained", "scarlet tanager", "0")
+    assert rows[1]["prediction"] == " a tabby cat "  # the answer as given, for the reader
+    assert len(encoder.calls) == 1  # every text encoded once, together
+
+
+def test_scores_hold_the_four_metrics_per_prediction_under_the_prompt_id(nlp):
+    scores, _ = score(nlp, JUDGED)
+    got = {(r["subject"], r["variant"], r["image_id"], r["metric"]): r["value"] for r in scores.to_pylist()}
+    want = {
+        (s, prompt, image, metric): value
+        for (s, prompt, image), values in EXPECTED.items()
+        for metric, value in zip(("TI", "LI", "SS", "CS"), values)
+    }
+    assert got == pytest.approx(want)
+    assert {r["dataset"] for r in scores.to_pylist() if r["image_id"] == "i1"} == {"birds"}
+
+
+def test_without_a_judge_li_is_absent_and_outcomes_unjudged(nlp):
+    scores, predictions = score(nlp, None)
+    assert set(scores.column("metric").to_pylist()) == {"TI", "SS", "CS"}
+    assert scores.num_rows == 3 * len(EXPECTED)
+    assert set(predictions.column("outcome").to_pylist()) == {"unjudged"}
+    assert predictions.column("LI").null_count == predictions.column("judge_answer").null_count == len(EXPECTED)
+
+
+def test_a_pair_the_judge_did_not_answer_is_unjudged_alone(nlp):
+    judged = {k: v for k, v in JUDGED.items() if k != ("dog", "sparrow")}
+    scores, predictions = score(nlp, judged)
+    outcome = {(p["subject"], p["image_id"]): p["outcome"] for p in predictions.to_pylist()}
+    assert outcome[("n", "i3")] == "unjudged" and outcome[("m", "i1")] == "granularity"
+    li = {(r["subject"], r["image_id"]) for r in scores.to_pylist() if r["metric"] == "LI"}
+    assert ("n", "i3") not in li and len(li) == len(EXPECTED) - 1
+
+
+def test_grouped_scores_put_each_value_under_its_group_and_all(nlp):
+    scores, predictions = score(nlp, JUDGED)
+    grouped = grouped_scores(scores, predictions, GRANULARITY)
+    assert grouped.schema == SCORES_SCHEMA
+    got = {(r["subject"], r["variant"], r["image_id"], r["dataset"], r["metric"]): r["value"] for r in grouped.to_pylist()}
+    names = ("ambiguity", "confusion", "correct", "granularity")
+    want = {}
+    for (s, prompt, image), (*values, _, outcome) in EXPECTED.items():
+        for group in (GROUP_OF[image], "all"):
+            want.update({(s, prompt, image, group, m): v for m, v in zip(("TI", "LI", "SS", "CS"), values)})
+            want.update({(s, prompt, image, group, f"outcome:{n}"): float(n == outcome) for n in names})
+    assert got == pytest.approx(want)
+    assert grouped.num_rows == len(want)  # no row twice
+
+
+def test_unjudged_predictions_give_no_outcome_rates(nlp):
+    scores, predictions = score(nlp, None)
+    grouped = grouped_scores(scores, predictions, GRANULARITY)
+    assert not any(m.startswith("outcome:") for m in grouped.column("metric").to_pylist())
+    assert grouped.num_rows == 2 * scores.num_rows
+
+
+# -- the pipeline's helpers --------------------------------------------------------------------------
+
+OPEN_WORLD = {"study": "openworld", "name": "b", "data": {"labels": "l.csv", "image_dir": "img", "classnames": "c.csv"}}
+
+
+def study_b(*models, **extra):
+    return study_from_dict({**OPEN_WORLD, "models": [dict(zip(("name", "backend", "model_id"), m)) for m in models], **extra})
+
+
+def test_open_closed_family_is_one_spec_per_group():
+    study = study_b(("vlm2", "hf-vlm", "x"), ("gpt", "openai", "gpt-4o-mini"), ("clip", "hf-zero-shot", "y"))
+    assert kinds(study) == {"vlm2": "open-world", "gpt": "open-world", "clip": "closed-world"}
+    family = open_closed_family(study, {"prototypical", "all"})
+    assert family.name == "open-vs-closed"
+    assert family.specs == tuple(
+        ComparisonSpec(Term("open-world", ("gpt", "vlm2"), g), Term("closed-world", ("clip",), g)) for g in ("all", "prototypical"))
+
+
+@pytest.mark.parametrize("models", [
+    [("vlm", "hf-vlm", "x"), ("gpt", "openai", "gpt-4o-mini")],
+    [("clip", "hf-zero-shot", "y")],
+])
+def test_no_open_closed_comparison_when_a_kind_is_missing(models):
+    assert open_closed_family(study_b(*models), {"all", "prototypical"}).specs == ()
+
+
+def test_judge_pairs_are_distinct_and_stripped():
+    responses = pa.Table.from_pylist([
+        response("m", "i2", "p1", " a tabby cat "),
+        response("n", "i2", "p1", "a tabby cat"),  # the same pair once stripped
+        response("n", "i2", "p2", "a dog"),
+        response("m", "i1", "p1", "a bird"),
+        response("m", "i3", "p1", "a dog", status="error"),  # failed: never judged
+        response("m", "i9", "p1", "a cat"),  # no label
+    ])
+    assert _pairs(LABELS, responses) == [("cat", "a dog"), ("cat", "a tabby cat"), ("scarlet tanager", "a bird")]
+
+
+def test_why_no_judge_can_run(monkeypatch, tmp_path):
+    models = [("vlm", "hf-vlm", "x")]
+    assert "no judge model is configured" in judge_unavailable(study_b(*models, judge=None))
+    missing = tmp_path / "no-judge-here"
+    assert str(missing) in judge_unavailable(study_b(*models, judge={"path": str(missing)}))
+    api_judge = study_b(*models, judge={"backend": "openai", "model_id": "gpt-4o-mini"})
+    for name in KEY_ENV["openai"]:
+        monkeypatch.delenv(name, raising=False)
+    assert "needs an API key" in judge_unavailable(api_judge)
+    monkeypatch.setenv(KEY_ENV["openai"][0], "sk-test-not-a-real-key")
+    assert judge_unavailable(api_judge) is None
