@@ -88,13 +88,18 @@ def first_round(relevant: Sequence[Mention], mentioned: Sequence[Mention], match
     """Detection questions for the relevant objects the description does not mention (gold order),
     then presence questions for the mentioned objects that match no gold object (description order).
     The anchor of an object is the first other gold object, in the gold's order, that it does not
-    match."""
+    match and that no earlier question used: each question is asked with no history, so two objects
+    near one anchor would get the same recognition question, and the same answer. Only when every
+    candidate is taken is an anchor shared."""
     gold = list(dict.fromkeys(m.name for m in relevant))
     said = list(dict.fromkeys(m.name for m in mentioned))
     questions = []
+    used: set[str] = set()
     for obj in gold:
         if matcher.best_match(obj, said) is None:
-            anchor = next((other for other in gold if other != obj and not matcher.matches(obj, other)), None)
+            candidates = [other for other in gold if other != obj and not matcher.matches(obj, other)]
+            anchor = next((c for c in candidates if c not in used), candidates[0] if candidates else None)
+            used.add(anchor)
             template = templates.detection if anchor else templates.detection_no_anchor
             questions.append(Question("detection", obj, anchor, _fill(template, obj, anchor)))
     for obj in said:
