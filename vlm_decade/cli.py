@@ -89,16 +89,21 @@ def estimate(
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help=CACHE_DIR_HELP),
 ) -> None:
     """Print the API requests, tokens and dollars a study would take, before spending any."""
+    import pyarrow as pa
+
     from .api.estimate import estimate as estimate_study
     from .api.estimate import render
+    from .config import StudyConfig
+    from .openworld.pipeline import check_openworld
     from .pipeline import check_study
 
     try:
         study = _load(study_file, None, None, cache_dir)
-        data = check_study(study)
+        data = (check_study if isinstance(study, StudyConfig) else check_openworld)(study)
     except InputError as exc:
         _fail(exc)
-    print(render(study, estimate_study(study, data.images, data.references)))
+    references = getattr(data, "references", pa.table({"text": pa.array([], pa.string())}))
+    print(render(study, estimate_study(study, data.images, references)))
 
 
 @app.command()

@@ -117,3 +117,16 @@ def test_study_b_runs_with_a_tiny_vlm_a_closed_world_baseline_and_an_api_judge(s
     # Again: every stage skipped, no request sent.
     run_openworld(load_study(path), Reporter(quiet=True))
     assert len(server.received()) == requests
+
+
+def test_estimate_counts_one_judge_request_per_prediction_and_spends_nothing(study_file):
+    import subprocess
+    import sys
+
+    path, server = study_file
+    done = subprocess.run([sys.executable, "-m", "vlm_decade", "estimate", str(path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    judge = next(line.split() for line in done.stdout.splitlines() if line.startswith("openai   judge gpt-4o-mini"))
+    # tiny-vlm answers 2 prompts, tiny-clip 1, on 6 images: 18 predictions, 16 output tokens each at most
+    assert judge[3:5] == ["18", "0"] and judge[6] == str(18 * 16) and float(judge[-1]) > 0
+    assert server.received() == []  # estimating spends nothing

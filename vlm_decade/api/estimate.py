@@ -5,6 +5,8 @@ cache already answers is counted as cached and free.
 Input tokens follow the providers' published counting rules (text at about 4 characters a token,
 images by tiles); output is counted at each model's `max_output_tokens` cap, so the dollars are an
 upper bound. Embeddings count every human description plus one answer per request at the cap.
+Study B's API judge counts one request per prediction (every model, image and prompt), each
+prediction at its model's cap (LOCAL_ANSWER_TOKENS for local models).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from ..config import StudyConfig
 from .cache import ResponseCache
 from .providers import ChatRequest, chat_key, cost, embed_key, provider_class, text_tokens
 from .session import cache_dir
+
+LOCAL_ANSWER_TOKENS = 64  # what a local model's answer is counted at in a judge request
 
 
 @dataclass
@@ -63,7 +67,7 @@ def estimate(study: StudyConfig, images, references) -> list[Line]:
             line.usd += cost(price, n_in, settings["max_output_tokens"]) if price else 0.0
         lines.append(line)
     human = sorted({t.strip() for t in references.column("text").to_pylist() if t and t.strip()})
-    for enc in study.encoders:
+    for enc in getattr(study, "encoders", ()):
         cls = encoder_class(enc.backend)
         if not cls.remote:
             continue
@@ -76,12 +80,38 @@ def estimate(study: StudyConfig, images, references) -> list[Line]:
         line.input_tokens = tokens
         line.usd = cost(price, tokens, 0) if price else 0.0
         lines.append(line)
+    judge = getattr(study, "judge", None)
+    if judge is not None and judge.backend in ("openai", "gemini"):
+        lines.append(_judge_line(study, images))
     return lines
+
+
+def _judge_line(study, images) -> Line:
+    """The LI judge: at most one text-only request per prediction."""
+    from ..backends import backend_class
+    from ..describe import model_prompts
+    from ..openworld.judge import judge_settings
+    from ..openworld.metrics import judge_prompt
+
+    judge, provider = study.judge, study.judge.backend
+    price = getattr(study.providers, provider).price(provider, judge.model_id)
+    out_cap = judge_settings(judge)["max_output_tokens"]
+    line = Line(provider, f"judge {judge.model_id}")
+    template = text_tokens(judge_prompt("", ""))
+    for model in study.models:
+        cls = backend_class(model.backend)
+        answer = cls.settings(model)["max_output_tokens"] if cls.remote else LOCAL_ANSWER_TOKENS
+        n = images.num_rows * len(model_prompts(model, study))
+        line.requests += n
+        line.input_tokens += n * (template + answer + 4)  # + the label
+        line.output_tokens += n * out_cap
+    line.usd = cost(price, line.input_tokens, line.output_tokens) if price else 0.0
+    return line
 
 
 def render(study: StudyConfig, lines: list[Line]) -> str:
     if not lines:
-        return "no API models or encoders in this study: nothing to spend"
+        return "no API models, encoders or judge in this study: nothing to spend"
     out = [f"{'provider':<8} {'model/encoder':<24} {'requests':>9} {'cached':>7} {'tokens in':>11} {'tokens out*':>12} {'US$ at most':>12}"]
     totals: dict[str, float] = defaultdict(float)
     for ln in lines:
@@ -94,4 +124,7 @@ def render(study: StudyConfig, lines: list[Line]) -> str:
     out.append("* output counted at each model's max_output_tokens; cached requests are free; embeddings of "
                "model answers counted at that cap too. Prices: config.DEFAULT_PRICES as of config.PRICES_AS_OF "
                "and providers.<name>.prices")
+    if getattr(study, "taxonomy", None) is not None:
+        out.append("The error taxonomy's probe questions (one or two per object an API model's description leaves "
+                   "out or adds) are not counted: they depend on the descriptions; the budget caps them too.")
     return "\n".join(out)
