@@ -23,7 +23,7 @@ from .runfolder import RunFolder, atomic_write_bytes  # noqa: E402
 from .stats import format_p  # noqa: E402
 
 # Part of the report stage's settings: bump it when the page changes, so existing runs redraw it.
-REPORT_FORMAT = 4
+REPORT_FORMAT = 5
 # The tables every report draws from, and those it adds a section for when the run has them.
 REPORT_TABLES = ("images", "references", "responses", "scores", "stats", "comparisons")
 OPTIONAL_TABLES = ("metric_validation", "stsb", "detections", "errors", "spatial", "hand_agreement", "error_stats",

@@ -76,7 +76,17 @@ def test_demo_error_taxonomy(demo_run):
     html = (out / "report.html").read_text()
     errors = pq.read_table(out / "errors.parquet").to_pylist()
     assert len(errors) == 2 * 16 * 5  # two models x 16 images x five error types
-    assert {r["method"] for r in errors} == {"detector", "masks"}
+    assert {r["method"] for r in errors} == {"detector", "masks", "hand"}
+    # The demo's hand labels override the automatic ones, and their agreement is reported.
+    import csv
+
+    from vlm_decade.demo import DATA_DIR
+
+    with (DATA_DIR / "hand_labels.csv").open(newline="") as f:
+        hand = {(r["subject"], r["image_id"], r["error_type"]): r["present"] == "yes" for r in csv.DictReader(f)}
+    assert {(r["subject"], r["image_id"], r["error_type"]): r["present"] for r in errors if r["method"] == "hand"} == hand
+    agreement = pq.read_table(out / "hand_agreement.parquet").to_pylist()
+    assert {r["error_type"] for r in agreement} == {t for _, _, t in hand} and "Cohen's kappa" in html
     for r in errors:
         evidence = json.loads(r["evidence"])
         if r["method"] == "detector":

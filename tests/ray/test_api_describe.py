@@ -47,8 +47,11 @@ def study_file(tmp_path: Path, server: FakeAPIServer, budget: float | None = 10.
     ]
     raw["encoders"] = [{"name": "GPT-SI", "backend": "openai-embedding", "model_id": "text-embedding-3-large", "batch_size": 32}]
     raw["statistics"] = {"n_resamples": 200, "seed": 1}
-    # The demo's ratings rate its own models, and the metric checks are not what this test is about.
+    # The demo's ratings and hand labels are about its own models, and neither the metric checks nor
+    # the error taxonomy are what this test is about.
     raw["data"].pop("ratings")
+    raw["data"].pop("hand_labels")
+    raw.pop("taxonomy")
     raw.pop("metrics")
     raw["stsb_check"] = False
     common = {"rpm": 6000, "tpm": 10**8, "timeout_s": 5, "max_concurrency": concurrency, "budget_usd": budget}

@@ -79,10 +79,12 @@ def impact_figure(stats: list[dict], metric: str, demo: bool, path: Path) -> Non
     err = [[by[g]["estimate"] - by[g]["ci_low"] for g in groups], [by[g]["ci_high"] - by[g]["estimate"] for g in groups]]
     ax.bar(range(len(groups)), ys, yerr=err, capsize=3, color="#7f7f7f")
     if NO_ERROR in by:
-        ax.axhline(by[NO_ERROR]["estimate"], ls="--", color="k", lw=1, label=f"no error ({by[NO_ERROR]['estimate']:.2f})")
+        none = by[NO_ERROR]
+        ax.axhline(none["estimate"], ls="--", color="k", lw=1, label=f"no error ({none['estimate']:.2f}, {none['n_images']} images)")
         ax.legend(fontsize=8)
     ax.set_xticks(range(len(groups)))
-    ax.set_xticklabels([NAMES[g.split(":", 1)[1]] for g in groups], fontsize=8, rotation=20, ha="right")
+    # With few images a group's CI and p mean little: the counts are on the axis.
+    ax.set_xticklabels([f"{NAMES[g.split(':', 1)[1]]}\n({by[g]['n_images']} images)" for g in groups], fontsize=8, rotation=20, ha="right")
     ax.set_ylabel(f"{metric} to gold (mean, 95% CI)")
     ax.set_title("Similarity by error type" + ("\nDEMO DATA: not a finding" if demo else ""), fontsize=10)
     ax.grid(axis="y", alpha=0.3)
@@ -165,6 +167,7 @@ def taxonomy_section(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Ta
         parts.append(f"<h2>Error impact</h2><p class='note'>Mean {html.escape(study.taxonomy_metric)} of the model-image pairs "
                      "that have each error type, against the pairs with none (all datasets pooled; figure 8).</p>")
         parts.append("<img src='figures/impact.png' alt='similarity by error type'>")
+        parts.append(html_table(tables["impact_stats"], ["subject", "estimate", "ci_low", "ci_high", "n_images"]))
         if tables["impact_comparisons"].num_rows:
             parts.append(html_table(tables["impact_comparisons"], ["a", "b", "metric", "difference", "ci_low", "ci_high", "p", "q"], fmt))
     if heatmaps:
