@@ -140,6 +140,11 @@ def taxonomy_stages(study: StudyConfig, stage, table, produced, ray, data: Study
         )
         error_inputs += ("probes",)
     hand = data.hand_labels
+
+    def error_stats() -> dict[str, pa.Table]:
+        ray()  # bootstrap blocks run as Ray tasks
+        return produced(**tax.compute_error_stats(study, table("errors"), table("scores")))
+
     stage(
         Stage(
             "errors",
@@ -154,7 +159,7 @@ def taxonomy_stages(study: StudyConfig, stage, table, produced, ray, data: Study
             "error_stats",
             ("errors", "scores"),
             [study.statistics.model_dump(), eras(study), study.taxonomy_metric],
-            lambda: ray() and produced(**tax.compute_error_stats(study, table("errors"), table("scores"))),
+            error_stats,
             outputs=("error_stats", "error_comparisons", "impact_stats", "impact_comparisons"),
         )
     )

@@ -26,7 +26,8 @@ SCORES_SCHEMA = pa.schema(
 HUMAN_GROUPS = {"top": "human:top", "bottom": "human:bottom"}
 
 
-def _vectors(embeddings: pa.Table, encoder: str) -> dict[str, np.ndarray]:
+def encoder_vectors(embeddings: pa.Table, encoder: str) -> dict[str, np.ndarray]:
+    """text_sha256 -> vector, for one encoder of the `embeddings` table."""
     table = embeddings.filter(pc.equal(embeddings.column("encoder"), encoder))
     return {k: np.asarray(v, dtype=np.float32) for k, v in zip(table.column("text_sha256").to_pylist(), table.column("vector").to_pylist())}
 
@@ -60,7 +61,7 @@ def similarity_scores(
     golds = [p[3] for p in pairs]
     values_by_metric: dict[str, list[float]] = {}
     for metric in metrics:
-        vec = _vectors(embeddings, metric)
+        vec = encoder_vectors(embeddings, metric)
         values_by_metric[metric] = [cosine(vec[text_key(c)], vec[text_key(g)]) for c, g in zip(candidates, golds)]
     for metric in pair_metrics:
         values_by_metric[metric.name] = [float(v) for v in metric.score(candidates, golds)]

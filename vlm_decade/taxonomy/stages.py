@@ -9,7 +9,8 @@ import pyarrow as pa
 from ..backends import backend_class
 from ..config import StudyConfig
 from ..embed import text_key
-from ..score import _vectors, cosine
+from ..masks import mask_specs
+from ..score import cosine, encoder_vectors
 from ..stats import analyse
 from . import analysis, probes
 from .detect import detections_of
@@ -95,13 +96,13 @@ def compute_errors(study: StudyConfig, tables, hand: pa.Table | None) -> dict[st
         matcher,
         study.taxonomy.confusable_threshold,
     )
-    vectors = _vectors(tables("embeddings"), study.taxonomy_metric)
+    vectors = encoder_vectors(tables("embeddings"), study.taxonomy_metric)
     masked_models = {m.name for m in study.models if m.variants == "all"}
     spatial = spatial_dependence(
         references.to_pylist(),
         [r for r in responses.to_pylist() if r["subject"] in masked_models],
         lambda a, b: cosine(vectors[text_key(a)], vectors[text_key(b)]),
-        [s for s in sorted(set(references.column("condition").to_pylist())) if s != "full"],
+        [s.mask_id for s in mask_specs(study.masks)],
         study.taxonomy.sde_n_sd,
     )
     dataset_of = dict(zip(images.column("image_id").to_pylist(), images.column("dataset").to_pylist()))
