@@ -47,6 +47,18 @@ def missing_weights(d: Path) -> None:
     _replace(d / "study.yaml", "    batch_size: 4\n", "    batch_size: 4\n    path: empty_weights\n")
 
 
+def bad_hand_label(d: Path) -> None:
+    _replace(d / "hand_labels.csv", "ssd-template,coffee,recognition,yes", "ssd-template,coffee,recognizing,maybe")
+
+
+def openworld_bad_granularity(d: Path) -> None:
+    _replace(d / "openworld" / "labels.csv", ",prototypical,", ",very-prototypical,")
+
+
+def openworld_label_not_a_class(d: Path) -> None:
+    _replace(d / "openworld" / "labels.csv", ",Dalmatian,", ",Dalmation,")
+
+
 CASES = {
     "corrupt image": (corrupt_image, ["coffee.png"]),
     "missing column": (missing_column, ["descriptions.csv", "row 1", "'description_id'"]),
@@ -54,13 +66,22 @@ CASES = {
     "unknown image in votes": (unknown_image_in_votes, ["votes.csv", "field 'image_id'", "astronot"]),
     "imported file names an unknown image": (imported_unknown_image, ["imported_captions.csv", "field 'image_id'", "astronot"]),
     "missing weights": (missing_weights, ["empty_weights", "frozen_inference_graph.pb"]),
+    "bad hand label": (bad_hand_label, ["hand_labels.csv", "row 4", "field 'error_type'", "field 'present'"]),
+    "Study B: unknown granularity": (openworld_bad_granularity, ["labels.csv", "row 2", "field 'granularity'"]),
+    "Study B: label not among the class names": (openworld_label_not_a_class, ["labels.csv", "field 'label'", "Dalmation"]),
 }
 
 
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory) -> Path:
+    """Study A's demo inputs, with Study B's in `openworld/` (its study file there)."""
+    from vlm_decade.demo import OPENWORLD_STUDY_FILE
+    from vlm_decade.demo.openworld import materialize as materialize_openworld
+
     folder = tmp_path_factory.mktemp("inputs")
     materialize(folder)
+    openworld = materialize_openworld(folder / "openworld")
+    (openworld / "study.yaml").write_bytes(OPENWORLD_STUDY_FILE.read_bytes())
     return folder
 
 
@@ -73,14 +94,15 @@ def test_bad_input_is_named_and_nothing_is_written(case, pristine, tmp_path):
     damage, expected = CASES[case]
     damage(inputs)
     out = tmp_path / "run"
+    study = inputs / ("openworld" if case.startswith("Study B") else "") / "study.yaml"
 
-    checked = vlm_decade("validate", str(inputs / "study.yaml"))
+    checked = vlm_decade("validate", str(study))
     assert checked.returncode == 2, checked.stderr
     message = " ".join(checked.stderr.split())
     for fragment in expected:
         assert fragment in message, message
 
-    ran = vlm_decade("run", str(inputs / "study.yaml"), "--out", str(out))
+    ran = vlm_decade("run", str(study), "--out", str(out))
     assert ran.returncode == 2, ran.stderr
     assert "nothing was run or written" in ran.stderr
     assert not out.exists()
@@ -90,3 +112,10 @@ def test_validate_accepts_the_demo_study(pristine):
     result = vlm_decade("validate", str(pristine / "study.yaml"))
     assert result.returncode == 0, result.stderr
     assert "16 images in 2 datasets" in result.stderr
+
+
+def test_validate_accepts_the_demo_openworld_study_and_says_li_will_be_skipped(pristine):
+    result = vlm_decade("validate", str(pristine / "openworld" / "study.yaml"))
+    assert result.returncode == 0, result.stderr
+    said = " ".join(result.stderr.split())
+    assert "Study B, 40 labelled images in 2 datasets" in said and "LI will be skipped" in said
