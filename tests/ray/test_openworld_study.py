@@ -118,6 +118,18 @@ def test_study_b_runs_with_a_tiny_vlm_a_closed_world_baseline_and_an_api_judge(s
     run_openworld(load_study(path), Reporter(quiet=True))
     assert len(server.received()) == requests
 
+    # A third prompt: only the pairs the judge has not seen are judged (one request each).
+    text = path.read_text()
+    specific = '  - {id: specific, text: "What type of object is in this image? Be specific."}\n'
+    path.write_text(text.replace(specific, specific + '  - {id: generic, text: "Name the object in this image with one general word."}\n', 1))
+    run_openworld(load_study(path), Reporter(quiet=True))
+    labels_of = {i: r["label"] for i, r in labels.items()}
+    responses = pq.read_table(root / "responses.parquet").to_pylist()
+    new_pairs = {(labels_of[r["image_id"]], r["text"].strip()) for r in responses} - pairs
+    assert new_pairs and {r["prompt_id"] for r in responses} == {"default", "specific", "generic"}
+    assert len(server.received()) == requests + len(new_pairs)
+    assert len(pq.read_table(root / "judgements.parquet").to_pylist()) == len(pairs | new_pairs)
+
 
 def test_estimate_counts_one_judge_request_per_prediction_and_spends_nothing(study_file):
     import subprocess
