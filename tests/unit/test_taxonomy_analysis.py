@@ -219,9 +219,10 @@ def test_hand_labels_win_and_are_marked_hand():
         assert (row["present"], row["method"], row["dataset"]) == (value, "hand", DATASET_OF[image_id])
     # The one automatic detection label nobody checked stays as it was.
     assert (rows[("b", "i3", "detection")]["present"], rows[("b", "i3", "detection")]["method"]) == (True, "detector")
-    # A hand label over an automatic one keeps the automatic evidence; a hand-only row says so.
-    assert json.loads(rows[("a", "i2", "detection")]["evidence"]) == {"auto": True}
-    assert json.loads(rows[("a", "i2", "spatial_dependence")]["evidence"]) == {"hand": ""}
+    # A hand label over an automatic one keeps the automatic evidence and says what the automatic
+    # label was; a hand-only row had none.
+    assert json.loads(rows[("a", "i2", "detection")]["evidence"]) == {"auto": True, "hand": "", "auto_present": False}
+    assert json.loads(rows[("a", "i2", "spatial_dependence")]["evidence"]) == {"hand": "", "auto_present": None}
     assert table.num_rows == len(auto_rows()) + 1
 
 

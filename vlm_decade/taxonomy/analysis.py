@@ -99,15 +99,18 @@ def errors_table(auto_rows: list[dict], hand: pa.Table | None, dataset_of: dict[
         rows, agree = auto_rows, {}
     else:
         merged, agree = agreement.apply_hand_labels(auto_rows, hand.to_pylist())
-        rows = [
-            {**r, "dataset": dataset_of[r["image_id"]], "method": "hand" if r.get("source") == "hand" else r["method"],
-             "evidence": r.get("evidence") or _evidence({"hand": r.get("note", "")})}
-            for r in merged
-        ]
+        rows = [r if r.get("source") != "hand" else _hand_row(r, dataset_of) for r in merged]
     rows = sorted(rows, key=lambda r: (r["subject"], r["image_id"], ERROR_TYPES.index(r["error_type"])))
     table = pa.Table.from_pylist([{k: r.get(k) for k in ERRORS_SCHEMA.names} for r in rows], schema=ERRORS_SCHEMA)
     agreement_rows = [{"error_type": t, "kappa": a["kappa"], "observed_agreement": a["observed_agreement"], "n": a["n"]} for t, a in sorted(agree.items())]
     return table, pa.Table.from_pylist(agreement_rows, schema=AGREEMENT_SCHEMA)
+
+
+def _hand_row(row: dict, dataset_of: dict[str, str]) -> dict:
+    """A hand label: the person's note and what the automatic label said, beside its evidence."""
+    auto = json.loads(row["evidence"]) if row.get("evidence") else {}
+    evidence = {**auto, "hand": row.get("note") or "", "auto_present": row.get("auto_present")}
+    return {**row, "dataset": dataset_of[row["image_id"]], "method": "hand", "evidence": _evidence(evidence)}
 
 
 def error_scores(errors: pa.Table) -> pa.Table:

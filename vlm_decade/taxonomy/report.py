@@ -141,6 +141,39 @@ def _evidence_page(run: RunFolder, study: StudyConfig, errors: pa.Table) -> None
     atomic_write_bytes(run.root / "errors.html", page.encode("utf-8"))
 
 
+def _finding_words(error_type: str, evidence: dict) -> str:
+    """The objects behind a label, in a few words: "spoon", "bowl (for saucer)"."""
+    if "hand" in evidence:
+        return f"hand label: {evidence['hand']}" if evidence["hand"] else "hand label"
+    words = []
+    for f in evidence["findings"]:
+        said = f.get("named_as")
+        words.append(f"{said} (for {f['object']})" if error_type == "recognition" and said else str(f.get("object", "")))
+    return ", ".join(w for w in words if w)
+
+
+def examples_table(tables: dict[str, pa.Table], per_type: int = 3) -> str:
+    """A few labelled examples of each object error type (the paper's figures 5-6 show examples)."""
+    gold = {r["image_id"]: r["text"] for r in tables["references"].to_pylist() if r["role"] == "gold" and r["condition"] == "full"}
+    said = {(r["subject"], r["image_id"]): r["text"] for r in tables["responses"].to_pylist() if r["variant"] == "full" and r["status"] == "ok"}
+    rows = []
+    for error_type in ERROR_TYPES[:-1]:
+        present = [r for r in tables["errors"].to_pylist() if r["error_type"] == error_type and r["present"]][:per_type]
+        for r in present:
+            words = _finding_words(error_type, json.loads(r["evidence"]))
+            rows.append(
+                f"<tr><td>{html.escape(NAMES[error_type])}</td><td>{html.escape(r['image_id'])}</td><td>{html.escape(r['subject'])} "
+                f"<span class='note'>({html.escape(r['method'])})</span></td><td>{html.escape(words)}</td>"
+                f"<td>{html.escape(said.get((r['subject'], r['image_id']), ''))}</td><td>{html.escape(gold.get(r['image_id'], ''))}</td></tr>"
+            )
+    if not rows:
+        return ""
+    return (
+        "<h3>Examples</h3><table><thead><tr><th>error</th><th>image</th><th>model</th><th>objects</th><th>the model said</th>"
+        f"<th>gold standard</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    )
+
+
 def taxonomy_section(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Table], html_table) -> str:
     figures = run.root / "figures"
     n = study.statistics.n_resamples
@@ -160,6 +193,7 @@ def taxonomy_section(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Ta
         html_table(tables["error_stats"].sort_by([("metric", "ascending"), ("subject", "ascending"), ("dataset", "ascending")]),
                    ["subject", "dataset", "metric", "estimate", "ci_low", "ci_high", "n_images"]),
     ]
+    parts.append(examples_table(tables))
     if tables["error_comparisons"].num_rows:
         parts.append("<h3>Error-rate comparisons</h3>")
         parts.append(html_table(tables["error_comparisons"], ["family", "a", "b", "dataset", "metric", "difference", "p", "q", "significant"], fmt))
