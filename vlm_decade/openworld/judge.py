@@ -250,11 +250,3 @@ class RemoteJudge:
 
     def judge(self, prompts: list[str]) -> list[JudgeAnswer]:
         return judge_remote(self.ray, self.study, self.run, self.config.backend, self.config.model_id, self.settings, prompts, self.reporter)
-
-
-def open_judge(config: JudgeConfig, study, run, reporter: Reporter, ensure_ray) -> Judge:
-    """The judge `config` names: a local model is loaded here, and an API judge starts Ray
-    (`ensure_ray()`) only when it is used. Call `judge_available` first."""
-    if config.backend == LOCAL_BACKEND:
-        return LocalJudge(config, reporter)
-    return RemoteJudge(ensure_ray(), study, run, config, reporter)
