@@ -119,8 +119,9 @@ def load_study_data(data: DataConfig, ranking: RankingConfig, masks: MaskConfig)
 # --- reading tables --------------------------------------------------------------------------------
 
 
-def read_table(path: Path, required: tuple[str, ...], problems: Problems) -> Table | None:
-    """Rows of a CSV or Parquet table, or None (with problems added) when it cannot be used at all."""
+def read_table(path: Path, required: tuple[str, ...], problems: Problems, optional: tuple[str, ...] = ()) -> Table | None:
+    """Rows of a CSV or Parquet table, or None (with problems added) when it cannot be used at all.
+    `optional` columns are read when the table has them, and are empty cells when it does not."""
     kind = path.suffix.lower()
     if kind not in (".csv", ".parquet", ".pq"):
         problems.add(path, f"unsupported table format '{path.suffix}': use .csv or .parquet")
@@ -137,7 +138,7 @@ def read_table(path: Path, required: tuple[str, ...], problems: Problems) -> Tab
         problems.add(path, f"cannot be read: {exc.strerror or exc}")
         return None
     reader = _csv_rows if kind == ".csv" else _parquet_rows
-    rows = reader(path, raw, required, problems)
+    rows = reader(path, raw, required, problems, optional)
     return None if rows is None else Table(str(path), path.name, rows)
 
 
@@ -148,7 +149,7 @@ def _missing_columns(path: Path, header: list[str], required: tuple[str, ...], p
     return bool(missing)
 
 
-def _csv_rows(path: Path, raw: bytes, required: tuple[str, ...], problems: Problems) -> list[Row] | None:
+def _csv_rows(path: Path, raw: bytes, required: tuple[str, ...], problems: Problems, optional: tuple[str, ...] = ()) -> list[Row] | None:
     text = raw.decode("utf-8-sig", errors="surrogateescape")
     records = csv.reader(io.StringIO(text, newline=""))
     try:
@@ -167,7 +168,7 @@ def _csv_rows(path: Path, raw: bytes, required: tuple[str, ...], problems: Probl
         problems.add(path, f"column '{column}' appears more than once", row=1, field=column)
     if _missing_columns(path, header, required, problems) or repeated:
         return None
-    index = {c: header.index(c) for c in required}
+    index = {c: header.index(c) for c in required + tuple(c for c in optional if c in header)}
     rows = []
     number = 1
     try:
@@ -187,14 +188,14 @@ def _csv_rows(path: Path, raw: bytes, required: tuple[str, ...], problems: Probl
                     problems.add(path, "not valid UTF-8 (save the file as UTF-8)", row=number, field=column)
                     value = value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
                 cells[column] = value
-            rows.append(Row(number, cells))
+            rows.append(Row(number, {c: "" for c in optional} | cells))
     except csv.Error as exc:
         problems.add(path, f"not valid CSV: {exc}", row=number)
         return None
     return rows
 
 
-def _parquet_rows(path: Path, raw: bytes, required: tuple[str, ...], problems: Problems) -> list[Row] | None:
+def _parquet_rows(path: Path, raw: bytes, required: tuple[str, ...], problems: Problems, optional: tuple[str, ...] = ()) -> list[Row] | None:
     try:
         table = pq.read_table(pa.BufferReader(raw))
     except Exception as exc:  # pyarrow reports a damaged file with several exception types
@@ -202,8 +203,8 @@ def _parquet_rows(path: Path, raw: bytes, required: tuple[str, ...], problems: P
         return None
     if _missing_columns(path, table.column_names, required, problems):
         return None
-    rows = table.select(list(required)).to_pylist()
-    return [Row(n, {c: _cell(v) for c, v in r.items()}) for n, r in enumerate(rows, start=2)]
+    rows = table.select(list(required) + [c for c in optional if c in table.column_names]).to_pylist()
+    return [Row(n, {c: "" for c in optional} | {c: _cell(v) for c, v in r.items()}) for n, r in enumerate(rows, start=2)]
 
 
 def _cell(value) -> str | list[str]:

@@ -83,8 +83,11 @@ def test_demo_error_taxonomy(demo_run):
     from vlm_decade.demo import DATA_DIR
 
     with (DATA_DIR / "hand_labels.csv").open(newline="") as f:
-        hand = {(r["subject"], r["image_id"], r["error_type"]): r["present"] == "yes" for r in csv.DictReader(f)}
+        rows = list(csv.DictReader(f))
+    hand = {(r["subject"], r["image_id"], r["error_type"]): r["present"] == "yes" for r in rows}
+    notes = {(r["subject"], r["image_id"], r["error_type"]): r["note"] for r in rows}
     assert {(r["subject"], r["image_id"], r["error_type"]): r["present"] for r in errors if r["method"] == "hand"} == hand
+    assert {(r["subject"], r["image_id"], r["error_type"]): json.loads(r["evidence"])["hand"] for r in errors if r["method"] == "hand"} == notes
     agreement = pq.read_table(out / "hand_agreement.parquet").to_pylist()
     assert {r["error_type"] for r in agreement} == {t for _, _, t in hand} and "Cohen's kappa" in html
     for r in errors:

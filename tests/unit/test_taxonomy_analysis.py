@@ -408,10 +408,10 @@ def test_good_hand_label_file_gives_the_sorted_table(tmp_path):
     assert problems == []
     assert table.schema == HAND_SCHEMA
     assert table.to_pylist() == [
-        {"subject": "a", "image_id": "i1", "error_type": "detection", "present": True},
-        {"subject": "a", "image_id": "i1", "error_type": "spatial_dependence", "present": False},
-        {"subject": "a", "image_id": "i2", "error_type": "recognition", "present": False},
-        {"subject": "b", "image_id": "i2", "error_type": "hallucination", "present": True},
+        {"subject": "a", "image_id": "i1", "error_type": "detection", "present": True, "note": "seen by me"},
+        {"subject": "a", "image_id": "i1", "error_type": "spatial_dependence", "present": False, "note": ""},
+        {"subject": "a", "image_id": "i2", "error_type": "recognition", "present": False, "note": ""},
+        {"subject": "b", "image_id": "i2", "error_type": "hallucination", "present": True, "note": ""},
     ]
 
 
@@ -421,9 +421,9 @@ def test_parquet_hand_labels_with_a_boolean_column(tmp_path):
                              "present": [False, True]}), path)
     table, problems = check(path)
     assert problems == []
-    assert table.to_pylist() == [
-        {"subject": "a", "image_id": "i1", "error_type": "detection", "present": True},
-        {"subject": "b", "image_id": "i1", "error_type": "detection", "present": False},
+    assert table.to_pylist() == [  # no note column: notes are empty
+        {"subject": "a", "image_id": "i1", "error_type": "detection", "present": True, "note": ""},
+        {"subject": "b", "image_id": "i1", "error_type": "detection", "present": False, "note": ""},
     ]
 
 
@@ -446,7 +446,7 @@ def test_every_bad_hand_label_names_file_row_and_field(tmp_path):
     message = {p.row: p.message for p in problems}
     assert "zz" in message[3] and "i9" in message[4] and "blur" in message[5] and "maybe" in message[6]
     assert "empty" in message[7] and "first at row 2" in message[8]
-    assert table.to_pylist() == [{"subject": "a", "image_id": "i1", "error_type": "detection", "present": True}]
+    assert table.to_pylist() == [{"subject": "a", "image_id": "i1", "error_type": "detection", "present": True, "note": ""}]
 
 
 def test_missing_column_is_a_header_problem(tmp_path):

@@ -1,4 +1,5 @@
-"""Hand error labels: read and check a lab's own labels (subject, image_id, error_type, present).
+"""Hand error labels: read and check a lab's own labels (subject, image_id, error_type, present,
+and an optional `note` saying why, kept in the evidence).
 
 They override the automatic labels where given (`agreement.apply_hand_labels`), and their
 agreement with the automatic ones is reported per error type (Cohen's kappa).
@@ -14,13 +15,13 @@ from ..errors import Problems
 from ..ingest import read_table
 
 HAND_COLUMNS = ("subject", "image_id", "error_type", "present")
-HAND_SCHEMA = pa.schema([(c, pa.string()) for c in HAND_COLUMNS[:3]] + [("present", pa.bool_())])
+HAND_SCHEMA = pa.schema([(c, pa.string()) for c in HAND_COLUMNS[:3]] + [("present", pa.bool_()), ("note", pa.string())])
 TRUE, FALSE = {"1", "true", "yes", "y"}, {"0", "false", "no", "n"}
 
 
 def check_hand_labels(path: str | Path, subjects, image_ids, error_types, problems: Problems) -> pa.Table | None:
     """The good rows (sorted) or None when the file cannot be read; every bad cell is a problem."""
-    table = read_table(Path(path), HAND_COLUMNS, problems)
+    table = read_table(Path(path), HAND_COLUMNS, problems, optional=("note",))
     if table is None:
         return None
     subjects, image_ids, error_types = set(subjects), set(image_ids), tuple(error_types)
@@ -46,6 +47,8 @@ def check_hand_labels(path: str | Path, subjects, image_ids, error_types, proble
         for field, message in bad:
             problems.add(table.file, message, row=row.number, field=field)
         if not bad:
-            rows.append({**{c: cells[c] for c in HAND_COLUMNS[:3]}, "present": present in TRUE})
+            note = row.cells["note"]
+            rows.append({**{c: cells[c] for c in HAND_COLUMNS[:3]}, "present": present in TRUE,
+                         "note": (";".join(note) if isinstance(note, list) else note).strip()})
     rows.sort(key=lambda r: (r["subject"], r["image_id"], r["error_type"]))
     return pa.Table.from_pylist(rows, schema=HAND_SCHEMA)
