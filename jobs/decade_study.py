@@ -26,10 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.demo:
-            from vlm_decade.demo import materialize
+            from vlm_decade.demo import decade_demo
 
-            out = args.out or Path("runs/demo/decade")
-            study = load_study(materialize(out / "inputs"), output=out)
+            study = decade_demo(args.out or Path("runs/demo/decade"))
         else:
             study = load_study(args.config, output=args.out)
         run_study(study)

@@ -26,11 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.demo:
-            from vlm_decade.demo import demo_studies
+            from vlm_decade.demo import openworld_demo
 
-            study = demo_studies(args.out.parent if args.out else Path("runs/demo"))[1]
-            if args.out:
-                study = study.model_copy(update={"output": args.out})
+            study = openworld_demo(args.out or Path("runs/demo/openworld"))
         else:
             study = load_study(args.config, output=args.out)
             if not isinstance(study, OpenWorldStudyConfig):

@@ -108,17 +108,28 @@ def materialize(dest: str | Path) -> Path:
     return study
 
 
-def demo_studies(out: str | Path) -> list:
-    """Both demo studies, laid out under `out`: Study A runs into `out/decade`, Study B into
-    `out/openworld`, each with its inputs in an `inputs` folder beside its tables."""
+def decade_demo(out: str | Path):
+    """Study A's demo, its inputs laid out in `out/inputs`, its tables going to `out`."""
+    from ..config import load_study
+
+    out = Path(out)
+    return load_study(materialize(out / "inputs"), output=out)
+
+
+def openworld_demo(out: str | Path):
+    """Study B's demo, its inputs laid out in `out/inputs`, its tables going to `out`."""
     from ..config import load_study
     from .openworld import materialize as materialize_openworld
 
     out = Path(out)
-    decade = load_study(materialize(out / "decade" / "inputs"), output=out / "decade")
-    inputs = materialize_openworld(out / "openworld" / "inputs")
+    inputs = materialize_openworld(out / "inputs")
     write_if_changed(inputs / "study.yaml", OPENWORLD_STUDY_FILE.read_bytes())
-    return [decade, load_study(inputs / "study.yaml", output=out / "openworld")]
+    return load_study(inputs / "study.yaml", output=out)
 
 
-__all__ = ["DATA_DIR", "STUDY_FILE", "OPENWORLD_STUDY_FILE", "demo_studies", "images", "materialize", "photo", "png_bytes"]
+def demo_studies(out: str | Path) -> list:
+    """Both demo studies under `out`: Study A in `out/decade`, Study B in `out/openworld`."""
+    return [decade_demo(Path(out) / "decade"), openworld_demo(Path(out) / "openworld")]
+
+
+__all__ = ["DATA_DIR", "STUDY_FILE", "OPENWORLD_STUDY_FILE", "decade_demo", "demo_studies", "openworld_demo", "images", "materialize", "photo", "png_bytes"]
