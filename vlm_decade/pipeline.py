@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from .api.checks import api_budgets, study_problems
 from .backends import backend_class
-from .config import StudyConfig
+from .config import AnyStudy, StudyConfig
 from .describe import model_fingerprint, model_prompts, run_describe
 from .embed import run_embed, texts_to_embed
 from .errors import InputError, Problem, Problems
@@ -27,13 +27,28 @@ from .report import REPORT_FORMAT, REPORT_TABLES, write_report
 from .runfolder import RunFolder, table_fingerprint
 from .runtime import start_ray
 from .score import similarity_scores
-from .stages import Stage, StageRunner, now
+from .stages import Stage, StageRunner, Tables, now
 from .stats import analyse
 from .stsb import run_stsb_check
 from .taxonomy.analysis import ERROR_TYPES
 from .taxonomy.hand import check_hand_labels
 
 REPORTED_PACKAGES = ("vlm-decade", "ray", "torch", "transformers", "sentence-transformers", "numpy", "scipy", "pyarrow")
+
+
+def model_problems(study: AnyStudy, data_read: bool, image_ids: set[str], variants: list[str]) -> list[Problem]:
+    """Each model's backend, and what its `check` finds before any work (weights, files); checks
+    that need the images wait until the data could be read."""
+    problems = []
+    for i, model in enumerate(study.models):
+        try:
+            cls = backend_class(model.backend)
+        except KeyError as exc:
+            problems.append(Problem("study file", exc.args[0], field=f"models.{i}.backend"))
+            continue
+        if data_read or not cls.needs_images:
+            problems += cls.check(model, image_ids, variants)
+    return problems
 
 
 def check_study(study: StudyConfig) -> StudyData:
@@ -45,15 +60,7 @@ def check_study(study: StudyConfig) -> StudyData:
     except InputError as exc:
         problems += exc.problems
     image_ids = set(data.images.column("image_id").to_pylist()) if data else set()
-    variants = ["full"] + [s.mask_id for s in mask_specs(study.masks)]
-    for i, model in enumerate(study.models):
-        try:
-            cls = backend_class(model.backend)
-        except KeyError as exc:
-            problems.append(Problem("study file", exc.args[0], field=f"models.{i}.backend"))
-            continue
-        if data is not None or not cls.needs_images:
-            problems += cls.check(model, image_ids, variants)
+    problems += model_problems(study, data is not None, image_ids, ["full"] + [s.mask_id for s in mask_specs(study.masks)])
     problems += study_problems(study)
     ratings = hand_labels = None
     found = Problems()
@@ -80,6 +87,26 @@ def package_versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             pass
     return versions
+
+
+def open_run(study: AnyStudy, reporter: Reporter, summary: str, **manifest) -> RunFolder:
+    """The run folder, with the manifest's record of this run begun: the config and its hash,
+    package versions, the start; `manifest` adds what the study kind records."""
+    run = RunFolder(study.output)
+    run.root.mkdir(parents=True, exist_ok=True)
+    run.update_manifest(
+        study=study.name,
+        demo=study.demo,
+        config=study.model_dump(mode="json"),
+        config_hash=study.hash(),
+        versions=package_versions(),
+        started=now(),
+        finished=None,
+        spend_usd=run.manifest().get("spend_usd", {}),  # the run folder's total across resumed runs
+        **manifest,
+    )
+    reporter.say(f"[bold]{study.name}[/bold]{summary} -> {run.root}")
+    return run
 
 
 def eras(study: StudyConfig) -> dict[str, str]:
@@ -169,33 +196,14 @@ def taxonomy_stages(study: StudyConfig, stage, table, produced, ray, data: Study
 def run_study(study: StudyConfig, reporter: Reporter | None = None) -> RunFolder:
     reporter = reporter or Reporter()
     data = check_study(study)
-    run = RunFolder(study.output)
-    run.root.mkdir(parents=True, exist_ok=True)
-    run.update_manifest(
-        study=study.name,
-        demo=study.demo,
-        config=study.model_dump(mode="json"),
-        config_hash=study.hash(),
-        versions=package_versions(),
-        started=now(),
-        finished=None,
-        ranking_method=data.ranking_method,
-        masks=[asdict(s) for s in mask_specs(study.masks)],
-        spend_usd=run.manifest().get("spend_usd", {}),  # the run folder's total across resumed runs
+    run = open_run(
+        study, reporter, f": {data.images.num_rows} images, {len(study.models)} models",
+        ranking_method=data.ranking_method, masks=[asdict(s) for s in mask_specs(study.masks)],
     )
-    reporter.say(f"[bold]{study.name}[/bold]: {data.images.num_rows} images, {len(study.models)} models -> {run.root}")
     stage = StageRunner(run, reporter)
     ray = LazyRay(study)
-    tables: dict[str, pa.Table] = {}
-
-    def table(name: str) -> pa.Table:
-        if name not in tables:
-            tables[name] = run.read(name)
-        return tables[name]
-
-    def produced(**outputs: pa.Table) -> dict[str, pa.Table]:
-        tables.update(outputs)
-        return outputs
+    tables = Tables(run)
+    table, produced = tables.read, tables.produced
 
     metrics = [e.name for e in study.encoders]
     statistics = study.statistics

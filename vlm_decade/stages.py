@@ -96,3 +96,22 @@ class StageRunner:
         rows = ", ".join([f"{outputs[n].num_rows} {n}" for n in stage.tables] + list(stage.files))
         self.reporter.stage(stage.name, "done", f"{rows} in {time.monotonic() - start:.1f}s")
         return True
+
+
+class Tables:
+    """The run's tables for the stages of one run: what a stage produced, else read from the run
+    folder (once) when the stage that makes it was skipped."""
+
+    def __init__(self, run: RunFolder):
+        self.run = run
+        self._loaded: dict[str, pa.Table] = {}
+
+    def read(self, name: str) -> pa.Table:
+        if name not in self._loaded:
+            self._loaded[name] = self.run.read(name)
+        return self._loaded[name]
+
+    def produced(self, **outputs: pa.Table) -> dict[str, pa.Table]:
+        """Keep a stage's outputs for the stages after it; returns them for the stage runner."""
+        self._loaded.update(outputs)
+        return outputs

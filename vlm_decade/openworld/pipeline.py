@@ -14,10 +14,10 @@ from ..backends import backend_class
 from ..config import OpenWorldStudyConfig
 from ..describe import model_fingerprint, model_prompts, run_describe
 from ..errors import InputError, Problem
-from ..pipeline import LazyRay, package_versions
+from ..pipeline import LazyRay, model_problems, open_run
 from ..progress import Reporter
 from ..runfolder import RunFolder, table_fingerprint
-from ..stages import Stage, StageRunner, now
+from ..stages import Stage, StageRunner, Tables, now
 from ..stats import ComparisonSpec, Family, Term, analyse
 from .data import OpenWorldData, load_openworld_data
 from .judging import judge_pairs, judge_unavailable
@@ -35,14 +35,7 @@ def check_openworld(study: OpenWorldStudyConfig) -> OpenWorldData:
     except InputError as exc:
         problems += exc.problems
     image_ids = set(data.images.column("image_id").to_pylist()) if data else set()
-    for i, model in enumerate(study.models):
-        try:
-            cls = backend_class(model.backend)
-        except KeyError as exc:
-            problems.append(Problem("study file", exc.args[0], field=f"models.{i}.backend"))
-            continue
-        if data is not None or not cls.needs_images:
-            problems += cls.check(model, image_ids, ["full"])
+    problems += model_problems(study, data is not None, image_ids, ["full"])
     problems += study_problems(study)
     if problems:
         raise InputError(problems)
@@ -70,33 +63,14 @@ def open_closed_family(study: OpenWorldStudyConfig, groups) -> Family:
 def run_openworld(study: OpenWorldStudyConfig, reporter: Reporter | None = None) -> RunFolder:
     reporter = reporter or Reporter()
     data = check_openworld(study)
-    run = RunFolder(study.output)
-    run.root.mkdir(parents=True, exist_ok=True)
-    run.update_manifest(
-        study=study.name,
-        kind="openworld",
-        demo=study.demo,
-        config=study.model_dump(mode="json"),
-        config_hash=study.hash(),
-        versions=package_versions(),
-        started=now(),
-        finished=None,
-        granularity=data.granularity,
-        spend_usd=run.manifest().get("spend_usd", {}),
+    run = open_run(
+        study, reporter, f" (Study B): {data.images.num_rows} images, {len(study.models)} models",
+        kind="openworld", granularity=data.granularity,
     )
-    reporter.say(f"[bold]{study.name}[/bold] (Study B): {data.images.num_rows} images, {len(study.models)} models -> {run.root}")
     stage = StageRunner(run, reporter)
     ray = LazyRay(study)
-    tables: dict[str, pa.Table] = {}
-
-    def table(name: str) -> pa.Table:
-        if name not in tables:
-            tables[name] = run.read(name)
-        return tables[name]
-
-    def produced(**outputs: pa.Table) -> dict[str, pa.Table]:
-        tables.update(outputs)
-        return outputs
+    tables = Tables(run)
+    table, produced = tables.read, tables.produced
 
     budgets = api_budgets(study)
     scoring = study.scoring
