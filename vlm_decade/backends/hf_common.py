@@ -207,6 +207,17 @@ def model_version(model: ModelConfig, net) -> str:
     return f"{model.model_id}@{commit}" if commit else model.model_id
 
 
+class UnusableStimulus(ValueError):
+    """A stimulus a backend cannot run; the message is its row's error."""
+
+
+def stimulus_rgb(stimulus: Stimulus) -> np.ndarray:
+    try:
+        return as_rgb(stimulus.image)
+    except ValueError as exc:
+        raise UnusableStimulus(f"unusable image: {exc}") from None
+
+
 class HFBackend(Backend):
     """Shared life of an HF backend: options, weights, placement, threads, and per-row errors."""
 
@@ -251,16 +262,21 @@ class HFBackend(Backend):
         """Texts for (rgb image, prompt) pairs, one per pair, in order."""
         raise NotImplementedError
 
+    def _item(self, stimulus: Stimulus) -> tuple[np.ndarray, Any]:
+        """What `_run` takes for one stimulus: its RGB image and what conditions the answer (here the
+        prompt). Raises UnusableStimulus, with the row's error, for a stimulus that cannot run."""
+        return stimulus_rgb(stimulus), stimulus.prompt
+
     def describe(self, batch: list[Stimulus]) -> list[Description]:
-        """One description per stimulus; an unusable image or one that fails the model fails its own
-        row only."""
+        """One description per stimulus; an unusable stimulus or one that fails the model fails its
+        own row only."""
         results: list[Description | None] = [None] * len(batch)
-        usable: list[tuple[int, tuple[np.ndarray, str]]] = []
+        usable: list[tuple[int, tuple[np.ndarray, Any]]] = []
         for i, stimulus in enumerate(batch):
             try:
-                usable.append((i, (as_rgb(stimulus.image), stimulus.prompt)))
-            except ValueError as exc:
-                results[i] = Description("", "error", f"unusable image: {exc}", self.model_version)
+                usable.append((i, self._item(stimulus)))
+            except UnusableStimulus as exc:
+                results[i] = Description("", "error", str(exc), self.model_version)
         with self._torch.inference_mode():
             answers = run_split(self._run, [item for _, item in usable])
         for (i, _), answer in zip(usable, answers):

@@ -22,9 +22,8 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..errors import Problem
-from ..masks import as_rgb
-from . import Description, Stimulus
-from .hf_common import COMMON_OPTIONS, HFBackend, run_split
+from . import Stimulus
+from .hf_common import COMMON_OPTIONS, HFBackend, UnusableStimulus, stimulus_rgb
 
 DEFAULT_TEMPLATES = ("a photo of a {}.",)
 NO_CLASSES = (
@@ -141,23 +140,8 @@ class HFZeroShot(HFBackend):
         return [top_classes(image[None], self.class_embeddings(classes), classes)[0]
                 for image, (_, classes) in zip(images, items)]
 
-    def describe(self, batch: list[Stimulus]) -> list[Description]:
-        """One class name per stimulus; a stimulus without classes, an unusable image or one that
-        fails the model fails its own row only."""
-        results: list[Description | None] = [None] * len(batch)
-        usable: list[tuple[int, tuple[np.ndarray, tuple[str, ...]]]] = []
-        for i, stimulus in enumerate(batch):
-            if not stimulus.classes:
-                results[i] = Description("", "error", NO_CLASSES, self.model_version)
-                continue
-            try:
-                usable.append((i, (as_rgb(stimulus.image), tuple(stimulus.classes))))
-            except ValueError as exc:
-                results[i] = Description("", "error", f"unusable image: {exc}", self.model_version)
-        answers = run_split(self._run, [item for _, item in usable])
-        for (i, _), answer in zip(usable, answers):
-            if isinstance(answer, Exception):
-                results[i] = Description("", "error", f"{type(answer).__name__}: {answer}", self.model_version)
-            else:
-                results[i] = Description(answer, model_version=self.model_version)
-        return results
+    def _item(self, stimulus: Stimulus) -> tuple[np.ndarray, tuple[str, ...]]:
+        """The image and its dataset's class names; a stimulus without classes fails its own row."""
+        if not stimulus.classes:
+            raise UnusableStimulus(NO_CLASSES)
+        return stimulus_rgb(stimulus), tuple(stimulus.classes)
