@@ -1,0 +1,49 @@
+"""The one `main` behind the `ray job submit` scripts in jobs/: `--config` or `--demo`, `--out`.
+
+The job's driver joins the cluster that runs it (Ray sets RAY_ADDRESS for submitted jobs) and
+alone writes the run folder. Bad input ends with every problem listed and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .errors import InputError, Problem
+
+SCRIPTS = {"decade": "jobs/decade_study.py", "openworld": "jobs/openworld_study.py"}
+
+
+def _study(kind: str, args):
+    from .config import STUDIES, load_study
+    from .demo import decade_demo, openworld_demo
+
+    if args.demo:
+        demo = decade_demo if kind == "decade" else openworld_demo
+        return demo(args.out or Path("runs/demo") / kind)
+    study = load_study(args.config, output=args.out)
+    if not isinstance(study, STUDIES[kind]):
+        raise InputError([Problem(str(args.config), f"a `study: {study.study}` file; run it with {SCRIPTS[study.study]}", field="study")])
+    return study
+
+
+def main(kind: str, description: str, argv: list[str] | None = None) -> int:
+    """Run a study of `kind` (`decade` or `openworld`); the exit status."""
+    from .openworld.pipeline import run_openworld
+    from .pipeline import run_study
+
+    parser = argparse.ArgumentParser(description=description)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config", type=Path, help="the study's YAML file")
+    source.add_argument("--demo", action="store_true", help="run this study's bundled offline demo")
+    parser.add_argument("--out", type=Path, help=f"run folder (default: the study's `output`, or runs/demo/{kind})")
+    args = parser.parse_args(argv)
+    try:
+        (run_study if kind == "decade" else run_openworld)(_study(kind, args))
+    except InputError as exc:
+        print(f"{len(exc.problems)} problem(s) in the input; nothing was run or written:", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"  - {problem}", file=sys.stderr)
+        return 2
+    return 0
