@@ -99,9 +99,10 @@ def test_demo_error_taxonomy(demo_run):
     # object out: no scene-understanding errors, by construction.
     assert not any(r["present"] for r in errors if r["subject"] == "ssd-template" and r["error_type"] == "scene_understanding")
     rates = {(r["subject"], r["dataset"], r["metric"]): r for r in pq.read_table(out / "error_stats.parquet").to_pylist()}
+    dataset_of = {i["image_id"]: i["dataset"] for i in pq.read_table(out / "images.parquet").to_pylist()}
     for (subject, dataset, error_type), r in rates.items():
         labels = [e["present"] for e in errors if (e["subject"], e["error_type"]) == (subject, error_type)
-                  and e["present"] is not None and e["image_id"] in {i["image_id"] for i in pq.read_table(out / "images.parquet").to_pylist() if i["dataset"] == dataset}]
+                  and e["present"] is not None and dataset_of[e["image_id"]] == dataset]
         assert r["estimate"] == pytest.approx(sum(labels) / len(labels))
         assert r["ci_low"] <= r["estimate"] <= r["ci_high"]
     spatial = pq.read_table(out / "spatial.parquet").to_pylist()

@@ -156,9 +156,10 @@ def examples_table(tables: dict[str, pa.Table], per_type: int = 3) -> str:
     """A few labelled examples of each object error type (the paper's figures 5-6 show examples)."""
     gold = {r["image_id"]: r["text"] for r in tables["references"].to_pylist() if r["role"] == "gold" and r["condition"] == "full"}
     said = {(r["subject"], r["image_id"]): r["text"] for r in tables["responses"].to_pylist() if r["variant"] == "full" and r["status"] == "ok"}
+    labels = [r for r in tables["errors"].to_pylist() if r["present"]]
     rows = []
     for error_type in ERROR_TYPES[:-1]:
-        present = [r for r in tables["errors"].to_pylist() if r["error_type"] == error_type and r["present"]][:per_type]
+        present = [r for r in labels if r["error_type"] == error_type][:per_type]
         for r in present:
             words = _finding_words(error_type, json.loads(r["evidence"]))
             rows.append(
