@@ -90,6 +90,13 @@ class Provider:
 
     @classmethod
     def estimate_input(cls, req: ChatRequest) -> int:
+        """Input tokens of a request before it is sent: its text, the image by the provider's rule,
+        and a few tokens of message framing."""
+        image = 0 if req.image_png is None else cls.image_tokens(req.image_png, req.settings)
+        return text_tokens(req.prompt) + image + 10
+
+    @classmethod
+    def image_tokens(cls, png: bytes, settings: dict) -> int:
         raise NotImplementedError
 
     async def chat(self, req: ChatRequest) -> Reply:
@@ -156,19 +163,15 @@ class OpenAIProvider(Provider):
         return out
 
     @classmethod
-    def estimate_input(cls, req: ChatRequest) -> int:
-        if req.image_png is None:
-            return text_tokens(req.prompt) + 10
+    def image_tokens(cls, png: bytes, settings: dict) -> int:
         # OpenAI's published image rule: fit in 2048x2048, shortest side to 768, 170 per 512 tile + 85.
-        w, h = png_size(req.image_png)
-        if req.settings.get("detail") == "low":
-            image = 85
-        else:
-            s = min(1.0, 2048 / max(w, h))
-            w, h = w * s, h * s
-            s = min(1.0, 768 / min(w, h))
-            image = 85 + 170 * math.ceil(w * s / 512) * math.ceil(h * s / 512)
-        return text_tokens(req.prompt) + image + 10
+        if settings.get("detail") == "low":
+            return 85
+        w, h = png_size(png)
+        s = min(1.0, 2048 / max(w, h))
+        w, h = w * s, h * s
+        s = min(1.0, 768 / min(w, h))
+        return 85 + 170 * math.ceil(w * s / 512) * math.ceil(h * s / 512)
 
     async def chat(self, req: ChatRequest) -> Reply:
         s = req.settings
@@ -229,13 +232,10 @@ class GeminiProvider(Provider):
         return out
 
     @classmethod
-    def estimate_input(cls, req: ChatRequest) -> int:
-        if req.image_png is None:
-            return text_tokens(req.prompt) + 10
+    def image_tokens(cls, png: bytes, settings: dict) -> int:
         # Gemini's published rule: 258 tokens for an image up to 384 px a side, else per 768 px tile.
-        w, h = png_size(req.image_png)
-        image = 258 if max(w, h) <= 384 else 258 * math.ceil(w / 768) * math.ceil(h / 768)
-        return text_tokens(req.prompt) + image + 10
+        w, h = png_size(png)
+        return 258 if max(w, h) <= 384 else 258 * math.ceil(w / 768) * math.ceil(h / 768)
 
     async def chat(self, req: ChatRequest) -> Reply:
         t, s = self.types, req.settings
