@@ -27,11 +27,11 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from vlm_decade.api.gateway import gateway_actor  # noqa: E402
-from vlm_decade.api.keys import Secret  # noqa: E402
-from vlm_decade.api.providers import ChatRequest, OpenAIProvider  # noqa: E402
-from vlm_decade.config import ProviderConfig  # noqa: E402
-from vlm_decade.runtime import start_ray  # noqa: E402
+from vlm_decade.core.config import ProviderConfig  # noqa: E402
+from vlm_decade.core.runtime import start_ray  # noqa: E402
+from vlm_decade.models.api.gateway import gateway_actor  # noqa: E402
+from vlm_decade.models.api.keys import Secret  # noqa: E402
+from vlm_decade.models.api.providers import ChatRequest, OpenAIProvider  # noqa: E402
 from vlm_decade.testing.fake_api import FakeAPIServer, FaultConfig, max_in_window  # noqa: E402
 
 

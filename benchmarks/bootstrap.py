@@ -55,7 +55,7 @@ def vs_scipy(n_images=200, n_subjects=20, n_metrics=6, n_resamples=10_000):
 
 def scaling(sizes=(10**3, 10**4, 10**5, 10**6), n_series=6, n_resamples=1000):
     """Poisson bootstrap over image shards, as Ray tasks: seconds per image as n grows."""
-    from vlm_decade.runtime import start_ray
+    from vlm_decade.core.runtime import start_ray
 
     start_ray(num_cpus=os.cpu_count() or 2)
     rng = np.random.default_rng(2)

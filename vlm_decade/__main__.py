@@ -1,3 +1,3 @@
-from .cli import main
+from vlm_decade.cli import main
 
 main()

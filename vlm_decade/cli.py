@@ -14,7 +14,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from .errors import InputError, Problem
+from vlm_decade.core.errors import InputError, Problem
 
 # Each stage shows its own progress; the model libraries' loading bars would only interleave with it.
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -33,7 +33,7 @@ def _fail(exc: InputError) -> None:
 
 
 def _load(study_file: Path, out: Optional[Path], address: Optional[str], cache_dir: Optional[Path] = None):
-    from .config import load_study
+    from vlm_decade.studies import load_study
 
     study = load_study(study_file, output=out)
     if address:
@@ -54,18 +54,27 @@ CACHE_DIR_HELP = "API response cache shared across runs (default: the study's pr
 def _run(study) -> None:
     """Run a study of either kind; an API stage that stopped (a budget reached, a provider
     refusing) says why."""
-    from .api.session import APIStopped
-    from .config import StudyConfig
-    from .openworld.pipeline import run_openworld
-    from .pipeline import run_study
+    from vlm_decade.models.api.session import APIStopped
+    from vlm_decade.studies import pipeline_of
 
     try:
-        (run_study if isinstance(study, StudyConfig) else run_openworld)(study)
+        pipeline_of(study).run(study)
     except InputError as exc:
         _fail(exc)
     except APIStopped as exc:
         err.print(f"[bold red]stopped:[/bold red] {exc}", highlight=False)
         raise typer.Exit(1)
+
+
+def _checked(study_file: Path, cache_dir: Optional[Path] = None):
+    """The study and its checked data, or every problem and exit status 2."""
+    from vlm_decade.studies import pipeline_of
+
+    try:
+        study = _load(study_file, None, None, cache_dir)
+        return study, pipeline_of(study).check(study)
+    except InputError as exc:
+        _fail(exc)
 
 
 @app.command()
@@ -89,52 +98,22 @@ def estimate(
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help=CACHE_DIR_HELP),
 ) -> None:
     """Print the API requests, tokens and dollars a study would take, before spending any."""
-    import pyarrow as pa
+    from vlm_decade.studies import pipeline_of
 
-    from .api.estimate import estimate as estimate_study
-    from .api.estimate import render
-    from .config import StudyConfig
-    from .openworld.pipeline import check_openworld
-    from .pipeline import check_study
-
-    try:
-        study = _load(study_file, None, None, cache_dir)
-        data = (check_study if isinstance(study, StudyConfig) else check_openworld)(study)
-    except InputError as exc:
-        _fail(exc)
-    references = getattr(data, "references", pa.table({"text": pa.array([], pa.string())}))
-    print(render(study, estimate_study(study, data.images, references)))
+    study, data = _checked(study_file, cache_dir)
+    print(pipeline_of(study).estimate(study, data))
 
 
 @app.command()
 def validate(study_file: Path = typer.Argument(..., help="The study's YAML file.")) -> None:
     """Check the config and the data and report every problem at once; runs nothing."""
-    from .config import StudyConfig
-    from .openworld.pipeline import check_openworld
-    from .pipeline import check_study
+    from vlm_decade.studies import pipeline_of
 
-    try:
-        study = _load(study_file, None, None)
-        data = (check_study if isinstance(study, StudyConfig) else check_openworld)(study)
-    except InputError as exc:
-        _fail(exc)
-    datasets = sorted(set(data.images.column("dataset").to_pylist()))
-    if not isinstance(study, StudyConfig):
-        from .openworld.judging import judge_unavailable
-
-        no_judge = judge_unavailable(study)
-        if no_judge:
-            err.print(f"[yellow]LI will be skipped[/yellow]: {no_judge}", highlight=False)
-        err.print(
-            f"[green]ok[/green] {study_file}: Study B, {data.images.num_rows} labelled images in {len(datasets)} datasets "
-            f"({', '.join(f'{d}: {data.granularity[d]}' for d in datasets)}), {len(study.models)} models, {len(study.prompts)} prompts"
-        )
-        return
-    err.print(
-        f"[green]ok[/green] {study_file}: {data.images.num_rows} images in {len(datasets)} datasets "
-        f"({', '.join(datasets)}), {data.references.num_rows} human descriptions, {len(study.models)} models; "
-        f"gold standard by {', '.join(f'{d}: {m}' for d, m in sorted(data.ranking_method.items()))}"
-    )
+    study, data = _checked(study_file)
+    text, warnings = pipeline_of(study).summary(study, data)
+    for warning in warnings:
+        err.print(f"[yellow]{warning}[/yellow]", highlight=False)
+    err.print(f"[green]ok[/green] {study_file}: {text}", highlight=False)
 
 
 @app.command()
@@ -143,8 +122,7 @@ def demo(
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help=CACHE_DIR_HELP),
 ) -> None:
     """Run both bundled offline demo studies: Study A into OUT/decade, Study B into OUT/openworld."""
-    from .api.checks import drop_unkeyed
-    from .demo import demo_studies
+    from vlm_decade.demo import demo_studies, drop_unkeyed
 
     try:
         # The demo runs offline: API models whose key is missing are left out, and it says so.
@@ -160,29 +138,18 @@ def demo(
 @app.command()
 def report(run_dir: Path = typer.Argument(..., help="A run folder.")) -> None:
     """Write report.html again from a run folder's tables."""
-    from .config import StudyConfig, study_from_dict
-    from .openworld.report import REPORT_TABLES as OPENWORLD_TABLES
-    from .openworld.report import write_openworld_report
-    from .report import OPTIONAL_TABLES, REPORT_TABLES, write_report
-    from .runfolder import RunFolder
+    from vlm_decade.core.runfolder import RunFolder
+    from vlm_decade.studies import pipeline_of, study_from_dict
 
-    run_folder = RunFolder(run_dir)
-    manifest = run_folder.manifest()
+    folder = RunFolder(run_dir)
+    manifest = folder.manifest()
     if "config" not in manifest:
-        _fail(InputError([Problem(str(run_folder.manifest_path), "no run here (manifest.json missing or empty)")]))
+        _fail(InputError([Problem(str(folder.manifest_path), "no run here (manifest.json missing or empty)")]))
     study = study_from_dict(manifest["config"])
-    required = REPORT_TABLES if isinstance(study, StudyConfig) else OPENWORLD_TABLES
-    missing = [n for n in required if not run_folder.has(n)]
+    missing = pipeline_of(study).redraw_report(folder, study)
     if missing:
         err.print(f"[red]{run_dir}: tables missing: {', '.join(missing)}; run the study first[/red]")
         raise typer.Exit(INPUT_ERROR_EXIT)
-    if isinstance(study, StudyConfig):
-        names = list(REPORT_TABLES) + [n for n in OPTIONAL_TABLES if run_folder.has(n)]
-        write_report(run_folder, study, {n: run_folder.read(n) for n in names})
-    else:
-        from .openworld.judging import judge_unavailable
-
-        write_openworld_report(run_folder, study, {n: run_folder.read(n) for n in OPENWORLD_TABLES}, judge_unavailable(study))
     err.print(f"report: {run_dir / 'report.html'}")
 
 
@@ -193,8 +160,8 @@ def masks(
     study_file: Optional[Path] = typer.Option(None, "--study", help="Take the mask settings from this study."),
 ) -> None:
     """Write an image's masked variants as PNGs, to look at."""
-    from .config import MaskConfig, load_study
-    from .masks import write_previews
+    from vlm_decade.imaging.masks import MaskConfig, write_previews
+    from vlm_decade.studies import load_study
 
     try:
         cfg = load_study(study_file).masks if study_file else MaskConfig()
@@ -219,7 +186,7 @@ def validate_metric(
 
     from rich.table import Table
 
-    from .stsb import run_stsb_check
+    from vlm_decade.studies.decade.stsb import run_stsb_check
 
     table, summary = run_stsb_check(n_resamples=n_resamples)
     view = Table(title="Spearman correlation with STS-B human ratings (95% bootstrap CI)")

@@ -10,14 +10,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from .errors import InputError, Problem
+from vlm_decade.core.errors import InputError, Problem
 
 SCRIPTS = {"decade": "jobs/decade_study.py", "openworld": "jobs/openworld_study.py"}
 
 
 def _study(kind: str, args):
-    from .config import STUDIES, load_study
-    from .demo import decade_demo, openworld_demo
+    from vlm_decade.demo import decade_demo, openworld_demo
+    from vlm_decade.studies import STUDIES, load_study
 
     if args.demo:
         demo = decade_demo if kind == "decade" else openworld_demo
@@ -30,8 +30,7 @@ def _study(kind: str, args):
 
 def main(kind: str, description: str, argv: list[str] | None = None) -> int:
     """Run a study of `kind` (`decade` or `openworld`); the exit status."""
-    from .openworld.pipeline import run_openworld
-    from .pipeline import run_study
+    from vlm_decade.studies import pipeline_of
 
     parser = argparse.ArgumentParser(description=description)
     source = parser.add_mutually_exclusive_group(required=True)
@@ -40,7 +39,8 @@ def main(kind: str, description: str, argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help=f"run folder (default: the study's `output`, or runs/demo/{kind})")
     args = parser.parse_args(argv)
     try:
-        (run_study if kind == "decade" else run_openworld)(_study(kind, args))
+        study = _study(kind, args)
+        pipeline_of(study).run(study)
     except InputError as exc:
         print(f"{len(exc.problems)} problem(s) in the input; nothing was run or written:", file=sys.stderr)
         for problem in exc.problems:

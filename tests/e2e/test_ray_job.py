@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from vlm_decade.runtime import offline_env
+from vlm_decade.core.runtime import offline_env
 
 from .conftest import BIN, cli_env
 from .netcheck import outside_traffic

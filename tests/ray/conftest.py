@@ -5,7 +5,7 @@ import pytest
 
 @pytest.fixture(scope="session", autouse=True)
 def ray_session():
-    from vlm_decade.runtime import start_ray
+    from vlm_decade.core.runtime import start_ray
 
     ray = start_ray(num_cpus=2)
     yield ray

@@ -16,13 +16,13 @@ import pyarrow as pa
 import pytest
 import yaml
 
-from vlm_decade.api.estimate import estimate
-from vlm_decade.config import load_study
+from vlm_decade.core.progress import Reporter
+from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.demo import materialize
-from vlm_decade.describe import load_png, plan_jobs, run_describe
-from vlm_decade.ingest import load_study_data
-from vlm_decade.progress import Reporter
-from vlm_decade.runfolder import RunFolder
+from vlm_decade.stages.describe import load_png, plan_jobs, run_describe
+from vlm_decade.stages.estimate import estimate
+from vlm_decade.studies import load_study
+from vlm_decade.studies.decade.data import load_study_data
 from vlm_decade.testing.fake_api import FakeAPIServer, FaultConfig, chat_text
 
 pytestmark = pytest.mark.ray

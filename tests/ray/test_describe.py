@@ -10,14 +10,14 @@ import pyarrow as pa
 import pytest
 from PIL import Image
 
-from vlm_decade.backends import Stimulus, backend_class
-from vlm_decade.config import load_study
+from vlm_decade.core.progress import Reporter
+from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.demo import materialize
-from vlm_decade.describe import run_describe
-from vlm_decade.ingest import load_study_data
-from vlm_decade.masks import apply_mask, mask_specs
-from vlm_decade.progress import Reporter
-from vlm_decade.runfolder import RunFolder
+from vlm_decade.imaging.masks import apply_mask, mask_specs
+from vlm_decade.models.backends import Stimulus, backend_class
+from vlm_decade.stages.describe import run_describe
+from vlm_decade.studies import load_study
+from vlm_decade.studies.decade.data import load_study_data
 
 pytestmark = pytest.mark.ray
 KEEP = {"astronaut", "chelsea", "coffee", "motorcycle", "retina"}
@@ -94,7 +94,7 @@ def test_a_bad_image_fails_its_row_only_and_is_retried_next_time(small_study, tm
 
 
 def test_more_actors_than_cpus_is_a_clear_error_not_a_hang(small_study, tmp_path):
-    from vlm_decade.errors import InputError
+    from vlm_decade.core.errors import InputError
 
     study, images = small_study
     with pytest.raises(InputError, match=r"3 actors x 1 CPU = 3 CPU, but this Ray has 2"):

@@ -9,14 +9,15 @@ import pytest
 from PIL import Image
 
 from tests import hf_tiny
-from vlm_decade.backends import Stimulus, backend_class
-from vlm_decade.config import ModelConfig, load_study
+from vlm_decade.core.config import ModelConfig
+from vlm_decade.core.progress import Reporter
+from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.demo import materialize
-from vlm_decade.describe import run_describe
-from vlm_decade.ingest import load_study_data
-from vlm_decade.masks import apply_mask, mask_specs
-from vlm_decade.progress import Reporter
-from vlm_decade.runfolder import RunFolder
+from vlm_decade.imaging.masks import apply_mask, mask_specs
+from vlm_decade.models.backends import Stimulus, backend_class
+from vlm_decade.stages.describe import run_describe
+from vlm_decade.studies import load_study
+from vlm_decade.studies.decade.data import load_study_data
 
 pytestmark = pytest.mark.ray
 KEEP = {"chelsea", "coffee", "astronaut"}

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from vlm_decade.config import JudgeConfig, OpenWorldStudyConfig
-from vlm_decade.openworld.judge import RemoteJudge, judge_available
-from vlm_decade.progress import Reporter
-from vlm_decade.runfolder import RunFolder
+from vlm_decade.core.progress import Reporter
+from vlm_decade.core.runfolder import RunFolder
+from vlm_decade.studies.openworld.config import JudgeConfig, OpenWorldStudyConfig
+from vlm_decade.studies.openworld.judge import RemoteJudge, judge_available
 from vlm_decade.testing.fake_api import FakeAPIServer, scripted
 
 pytestmark = pytest.mark.ray

@@ -12,11 +12,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.hf_tiny import save_clip, save_vlm
-from vlm_decade.config import load_study
+from vlm_decade.core.progress import Reporter
 from vlm_decade.demo.openworld import materialize
-from vlm_decade.openworld.metrics import text_inclusion
-from vlm_decade.openworld.pipeline import run_openworld
-from vlm_decade.progress import Reporter
+from vlm_decade.studies import load_study
+from vlm_decade.studies.openworld.metrics import text_inclusion
+from vlm_decade.studies.openworld.pipeline import run_openworld
 from vlm_decade.testing.fake_api import FakeAPIServer
 
 pytestmark = pytest.mark.ray

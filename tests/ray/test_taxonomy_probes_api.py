@@ -30,11 +30,12 @@ import numpy as np
 import pytest
 import yaml
 
-from vlm_decade.config import MLLM_PROMPT, load_study
+from vlm_decade.core.progress import Reporter
+from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.demo import materialize
-from vlm_decade.pipeline import run_study
-from vlm_decade.progress import Reporter
-from vlm_decade.runfolder import RunFolder
+from vlm_decade.studies import load_study
+from vlm_decade.studies.decade.config import MLLM_PROMPT
+from vlm_decade.studies.decade.pipeline import run_study
 from vlm_decade.testing.fake_api import FakeAPIServer
 
 pytestmark = pytest.mark.ray

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vlm_decade.api.gateway import Gateway
-from vlm_decade.api.keys import Secret, scrub
-from vlm_decade.api.limits import RateLimiter
-from vlm_decade.api.providers import ChatRequest, GeminiProvider, OpenAIProvider
-from vlm_decade.config import ProviderConfig
+from vlm_decade.core.config import ProviderConfig
+from vlm_decade.models.api.gateway import Gateway
+from vlm_decade.models.api.keys import Secret, scrub
+from vlm_decade.models.api.limits import RateLimiter
+from vlm_decade.models.api.providers import ChatRequest, GeminiProvider, OpenAIProvider
 from vlm_decade.testing.fake_api import FakeAPIServer, FaultConfig, chat_text, fake_vector, max_in_window
 
 KEY = "sk-test-SECRETKEY0123456789"

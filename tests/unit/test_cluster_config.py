@@ -4,9 +4,8 @@ import json
 from pathlib import Path
 
 import jsonschema
-import yaml
-
 import ray.autoscaler
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -2,8 +2,10 @@
 
 import pytest
 
-from vlm_decade.config import OpenWorldStudyConfig, StudyConfig, load_study, study_from_dict
-from vlm_decade.errors import InputError
+from vlm_decade.core.errors import InputError
+from vlm_decade.studies import load_study, study_from_dict
+from vlm_decade.studies.decade.config import StudyConfig
+from vlm_decade.studies.openworld.config import OpenWorldStudyConfig
 
 MINIMAL = """
 name: s
@@ -151,7 +153,7 @@ def test_a_bad_probe_template_is_named(tmp_path, template, text, says):
 
 
 def test_probe_templates_fill_in_the_built_in_wording():
-    from vlm_decade.taxonomy.probes import ProbeTemplates
+    from vlm_decade.studies.decade.taxonomy.probes import ProbeTemplates
 
     study = study_from_dict({
         "name": "s", "data": {"images": "i.csv", "image_dir": "x", "descriptions": "d.csv"},

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
-from vlm_decade.backends import backend_class, hf_common
-from vlm_decade.config import ModelConfig
+from vlm_decade.core.config import ModelConfig
+from vlm_decade.models.backends import backend_class, hf_common
 
 
 def model(backend="hf-captioner", **kw) -> ModelConfig:

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from tests import hf_tiny
-from vlm_decade.backends import Stimulus, backend_class
-from vlm_decade.backends.detection import Detection
-from vlm_decade.backends.ssd_template import template_sentence
-from vlm_decade.config import ModelConfig
-from vlm_decade.errors import InputError
+from vlm_decade.core.config import ModelConfig
+from vlm_decade.core.errors import InputError
+from vlm_decade.models.backends import Stimulus, backend_class
+from vlm_decade.models.backends.detection import Detection
+from vlm_decade.models.backends.ssd_template import template_sentence
 
 PROMPTS = ["describe this image", "what", "what is in the scene ?", "describe", "a"]
 

@@ -14,9 +14,10 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from vlm_decade.config import DataConfig, MaskConfig, RankingConfig
-from vlm_decade.errors import InputError
-from vlm_decade.ingest import load_study_data
+from vlm_decade.core.errors import InputError
+from vlm_decade.imaging.masks import MaskConfig
+from vlm_decade.studies.decade.config import DataConfig, RankingConfig
+from vlm_decade.studies.decade.data import load_study_data
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "study_a"
 

@@ -14,12 +14,13 @@ import pytest
 import torch
 
 from tests import hf_tiny
-from vlm_decade.api.gateway import Gateway
-from vlm_decade.api.keys import Secret
-from vlm_decade.api.providers import ChatRequest, GeminiProvider, OpenAIProvider, chat_key, text_tokens
-from vlm_decade.config import JudgeConfig, ProviderConfig, ProvidersConfig
-from vlm_decade.errors import InputError
-from vlm_decade.openworld.judge import JudgeAnswer, LocalJudge, judge_available, judge_settings
+from vlm_decade.core.config import ProviderConfig, ProvidersConfig
+from vlm_decade.core.errors import InputError
+from vlm_decade.models.api.gateway import Gateway
+from vlm_decade.models.api.keys import Secret
+from vlm_decade.models.api.providers import ChatRequest, GeminiProvider, OpenAIProvider, chat_key, text_tokens
+from vlm_decade.studies.openworld.config import JudgeConfig
+from vlm_decade.studies.openworld.judge import JudgeAnswer, LocalJudge, judge_available, judge_settings
 from vlm_decade.testing.fake_api import FakeAPIServer, scripted
 
 PROMPTS = [

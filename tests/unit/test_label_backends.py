@@ -10,9 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vlm_decade.backends import Stimulus, backend_class
-from vlm_decade.backends.detection import Detection
-from vlm_decade.backends.litert_classifier import (
+from vlm_decade.core.config import ModelConfig
+from vlm_decade.core.errors import InputError
+from vlm_decade.models.backends import Stimulus, backend_class
+from vlm_decade.models.backends.detection import Detection
+from vlm_decade.models.backends.litert_classifier import (
     MODEL_FILE,
     MODEL_VERSION,
     WORDNET_FILE,
@@ -22,9 +24,7 @@ from vlm_decade.backends.litert_classifier import (
     top1,
     wordnet_names,
 )
-from vlm_decade.backends.ssd_template import NO_OBJECT_LABEL, SSDLabel, weight_files
-from vlm_decade.config import ModelConfig
-from vlm_decade.errors import InputError
+from vlm_decade.models.backends.ssd_template import NO_OBJECT_LABEL, SSDLabel, weight_files
 
 
 def _model(backend: str, **kw) -> ModelConfig:

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vlm_decade.config import MaskConfig
-from vlm_decade.masks import (
+from vlm_decade.imaging.masks import (
+    MaskConfig,
     MaskSpec,
     apply_mask,
     as_rgb,

@@ -12,8 +12,8 @@ import pyarrow as pa
 import pytest
 from scipy.stats import pearsonr, spearmanr
 
-from vlm_decade.errors import InputError
-from vlm_decade.metric_validation import (
+from vlm_decade.core.errors import InputError
+from vlm_decade.studies.decade.metric_validation import (
     LOO,
     PAIRWISE,
     RATINGS_COLUMNS,

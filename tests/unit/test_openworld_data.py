@@ -17,9 +17,9 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from vlm_decade.errors import InputError
-from vlm_decade.ingest import IMAGES_SCHEMA
-from vlm_decade.openworld.data import LABELS_SCHEMA, load_openworld_data
+from vlm_decade.core.errors import InputError
+from vlm_decade.stages.images import IMAGES_SCHEMA
+from vlm_decade.studies.openworld.data import LABELS_SCHEMA, load_openworld_data
 
 LABEL_HEADER = ["image_id", "dataset", "file", "label", "granularity"]
 # CIFAR-10's own batches.meta label_names, in class-number order (Krizhevsky, 2009).

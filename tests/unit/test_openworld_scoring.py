@@ -8,13 +8,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from vlm_decade.api.keys import KEY_ENV
-from vlm_decade.config import study_from_dict
-from vlm_decade.openworld.judging import judge_unavailable
-from vlm_decade.openworld.pipeline import _pairs, kinds, open_closed_family
-from vlm_decade.openworld.scoring import PREDICTIONS_SCHEMA, grouped_scores, score_predictions
-from vlm_decade.score import SCORES_SCHEMA
-from vlm_decade.stats import ComparisonSpec, Term
+from vlm_decade.models.api.keys import KEY_ENV
+from vlm_decade.stats import SCORES_SCHEMA, ComparisonSpec, Term
+from vlm_decade.studies import study_from_dict
+from vlm_decade.studies.openworld.judging import judge_unavailable, pairs_to_judge
+from vlm_decade.studies.openworld.scoring import PREDICTIONS_SCHEMA, grouped_scores, score_predictions
+from vlm_decade.studies.openworld.statistics import kinds, open_closed_family
 
 spacy = pytest.importorskip("spacy")
 
@@ -59,7 +58,7 @@ class HandEncoder:
 
 @pytest.fixture(scope="module")
 def nlp():
-    from vlm_decade.openworld.metrics import load_nlp
+    from vlm_decade.studies.openworld.metrics import load_nlp
 
     return load_nlp()
 
@@ -211,7 +210,7 @@ def test_judge_pairs_are_distinct_and_stripped():
         response("m", "i3", "p1", "a dog", status="error"),  # failed: never judged
         response("m", "i9", "p1", "a cat"),  # no label
     ])
-    assert _pairs(LABELS, responses) == [("cat", "a dog"), ("cat", "a tabby cat"), ("scarlet tanager", "a bird")]
+    assert pairs_to_judge(LABELS, responses) == [("cat", "a dog"), ("cat", "a tabby cat"), ("scarlet tanager", "a bird")]
 
 
 def test_why_no_judge_can_run(monkeypatch, tmp_path):

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from vlm_decade.ranking import (
+from vlm_decade.studies.decade.ranking import (
     consensus_scores,
     group_sizes,
     rank_by_consensus,

@@ -4,8 +4,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from vlm_decade.embed import EMBEDDINGS_SCHEMA, text_key
-from vlm_decade.score import similarity_scores
+from vlm_decade.models.encoders import text_key
+from vlm_decade.stages.embed import EMBEDDINGS_SCHEMA
+from vlm_decade.studies.decade.score import similarity_scores
 
 VECTORS = {  # text -> vector; cosines worked by hand below
     "gold one": [1.0, 0.0, 0.0],

@@ -12,10 +12,9 @@ import pytest
 from PIL import Image
 from scipy.stats import pearsonr
 
-from vlm_decade.config import MaskConfig
-from vlm_decade.masks import MaskSpec, mask_specs, occlusion
-from vlm_decade.taxonomy.heatmaps import coverage_map, importance_map, scaled, write_heatmap
-from vlm_decade.taxonomy.spatial import (
+from vlm_decade.imaging.masks import MaskConfig, MaskSpec, mask_specs, occlusion
+from vlm_decade.studies.decade.taxonomy.heatmaps import coverage_map, importance_map, scaled, write_heatmap
+from vlm_decade.studies.decade.taxonomy.spatial import (
     SPATIAL_SCHEMA,
     classify,
     heatmap_panels,

@@ -5,9 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vlm_decade.backends import Stimulus, backend_class
-from vlm_decade.backends.coco_labels import COCO_LABELS, noun_phrase
-from vlm_decade.backends.ssd_template import (
+from vlm_decade.core.config import ModelConfig
+from vlm_decade.core.errors import InputError
+from vlm_decade.models.backends import Stimulus, backend_class
+from vlm_decade.models.backends.coco_labels import COCO_LABELS, noun_phrase
+from vlm_decade.models.backends.ssd_template import (
     MODEL_VERSION,
     NO_OBJECTS,
     Detection,
@@ -17,8 +19,6 @@ from vlm_decade.backends.ssd_template import (
     template_sentence,
     weight_files,
 )
-from vlm_decade.config import ModelConfig
-from vlm_decade.errors import InputError
 
 
 def _model(**kw) -> ModelConfig:

@@ -3,13 +3,20 @@
 import pyarrow as pa
 import pytest
 
-from vlm_decade.progress import Reporter
-from vlm_decade.runfolder import RunFolder, table_fingerprint
-from vlm_decade.stages import Stage, StageRunner
+from vlm_decade.core.config import RuntimeConfig
+from vlm_decade.core.progress import Reporter
+from vlm_decade.core.runfolder import RunFolder, table_fingerprint
+from vlm_decade.core.runner import Stage, StudyRun
+from vlm_decade.core.runtime import LazyRay
+
+
+def _runner(folder):
+    """Runs one stage at a time; returns whether it ran."""
+    return StudyRun(folder, Reporter(quiet=True), LazyRay(RuntimeConfig())).run_stage
 
 
 def _counting_stage(name, inputs, settings, calls, value):
-    def compute():
+    def compute(run):
         calls.append(name)
         return {name: pa.table({"x": [value]})}
 
@@ -18,7 +25,7 @@ def _counting_stage(name, inputs, settings, calls, value):
 
 def test_unchanged_stage_is_skipped_and_changes_flow_downstream(tmp_path):
     run = RunFolder(tmp_path)
-    runner = StageRunner(run, Reporter(quiet=True))
+    runner = _runner(run)
     calls = []
     assert runner(_counting_stage("a", (), {"k": 1}, calls, 1))
     assert runner(_counting_stage("b", ("a",), {}, calls, 2))
@@ -37,10 +44,10 @@ def test_unchanged_stage_is_skipped_and_changes_flow_downstream(tmp_path):
 
 def test_a_stage_that_failed_midway_reruns_and_keeps_the_old_table(tmp_path):
     run = RunFolder(tmp_path)
-    runner = StageRunner(run, Reporter(quiet=True))
+    runner = _runner(run)
     runner(_counting_stage("a", (), 1, [], 1))
 
-    def boom():
+    def boom(run):
         raise RuntimeError("killed")
 
     with pytest.raises(RuntimeError):
@@ -57,8 +64,8 @@ def test_parts_survive_and_are_folded_in(tmp_path):
     run.append_part("t", pa.table({"x": [1, 2]}))
     run.append_part("t", pa.table({"x": [3]}))
     assert sorted(run.read_parts("t", schema).column("x").to_pylist()) == [1, 2, 3]
-    runner = StageRunner(run, Reporter(quiet=True))
-    runner(Stage("t", (), {}, lambda: {"t": run.read_parts("t", schema)}))
+    runner = _runner(run)
+    runner(Stage("t", (), {}, lambda r: {"t": run.read_parts("t", schema)}))
     assert run.read_parts("t", schema).num_rows == 0
     assert not list(tmp_path.glob(".parts/t/*"))
     assert not list(tmp_path.glob("*.tmp"))

@@ -6,8 +6,16 @@ import pytest
 from scipy import stats
 
 from vlm_decade.stats import (
-    COMPARISONS_SCHEMA, STATS_SCHEMA, ComparisonSpec, Family, StatsInputError, Term, _core, _streams,
-    analyse, bootstrap_study,
+    COMPARISONS_SCHEMA,
+    STATS_SCHEMA,
+    ComparisonSpec,
+    Family,
+    StatsInputError,
+    Term,
+    _core,
+    _streams,
+    analyse,
+    bootstrap_study,
 )
 
 ERAS = {"UDC": "pre-mllm", "OFA": "pre-mllm", "GPT-4": "mllm", "Gemini": "mllm",

@@ -63,8 +63,8 @@ def test_bca_of_a_difference_between_datasets_equals_scipy_two_sample():
     theta = np.array([x.mean() - y.mean()])
     lo, hi = _core.bca_ci((dx - dy)[None], theta, [(jx - y.mean())[None], (x.mean() - jy)[None]], 0.95)
     # scipy's multi-sample BCa, fed our resampled differences: its a_hat and z0 must match ours.
-    from scipy.stats._resampling import _bca_interval
     import scipy._lib._array_api as xa
+    from scipy.stats._resampling import _bca_interval
 
     a1, a2, _ = _bca_interval((x, y), lambda a, b, axis=-1: a.mean(axis) - b.mean(axis), -1, 0.025,
                               (dx - dy)[None], None, xa.array_namespace(x))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import cohen_kappa_score
 
-from vlm_decade.taxonomy.agreement import apply_hand_labels, cohen_kappa
+from vlm_decade.studies.decade.taxonomy.agreement import apply_hand_labels, cohen_kappa
 
 
 def test_kappa_by_hand():

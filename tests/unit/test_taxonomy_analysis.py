@@ -13,15 +13,15 @@ import pyarrow.parquet as pq
 import pytest
 from sklearn.metrics import cohen_kappa_score
 
-from vlm_decade.backends.detection import Detection
-from vlm_decade.config import study_from_dict
-from vlm_decade.describe import Job
-from vlm_decade.embed import EMBEDDINGS_SCHEMA, text_key
-from vlm_decade.errors import Problems
-from vlm_decade.score import SCORES_SCHEMA
-from vlm_decade.stats import ComparisonSpec, Term
-from vlm_decade.taxonomy import analysis, stages
-from vlm_decade.taxonomy.analysis import (
+from vlm_decade.core.errors import Problems
+from vlm_decade.models.backends.detection import Detection
+from vlm_decade.models.encoders import text_key
+from vlm_decade.stages.describe import Job
+from vlm_decade.stages.embed import EMBEDDINGS_SCHEMA
+from vlm_decade.stats import SCORES_SCHEMA, ComparisonSpec, Term
+from vlm_decade.studies import study_from_dict
+from vlm_decade.studies.decade.taxonomy import analysis, stages
+from vlm_decade.studies.decade.taxonomy.analysis import (
     ERROR_TYPES,
     NO_ERROR,
     error_scores,
@@ -31,13 +31,13 @@ from vlm_decade.taxonomy.analysis import (
     object_labels,
     spatial_labels,
 )
-from vlm_decade.taxonomy.detect import DETECTIONS_SCHEMA, DetectActor, detections_of
-from vlm_decade.taxonomy.hand import HAND_SCHEMA, check_hand_labels
-from vlm_decade.taxonomy.objects import MATCH_THRESHOLD, Mention, ObjectMatcher
-from vlm_decade.taxonomy.probes import Question, first_round
-from vlm_decade.taxonomy.probing import PROBES_SCHEMA
-from vlm_decade.taxonomy.rules import ERROR_TYPES as OBJECT_ERROR_TYPES
-from vlm_decade.taxonomy.spatial import SpatialRow
+from vlm_decade.studies.decade.taxonomy.detect import DETECTIONS_SCHEMA, DetectActor, detections_of
+from vlm_decade.studies.decade.taxonomy.hand import HAND_SCHEMA, check_hand_labels
+from vlm_decade.studies.decade.taxonomy.objects import MATCH_THRESHOLD, Mention, ObjectMatcher
+from vlm_decade.studies.decade.taxonomy.probes import Question, first_round
+from vlm_decade.studies.decade.taxonomy.probing import PROBES_SCHEMA
+from vlm_decade.studies.decade.taxonomy.rules import ERROR_TYPES as OBJECT_ERROR_TYPES
+from vlm_decade.studies.decade.taxonomy.spatial import SpatialRow
 
 
 def axis_vector(*pairs):

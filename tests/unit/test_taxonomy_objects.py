@@ -9,10 +9,10 @@ from importlib import resources
 import numpy as np
 import pytest
 
-from vlm_decade.backends.coco_labels import COCO_LABELS
-from vlm_decade.backends.detection import Detection
-from vlm_decade.backends.ssd_template import template_sentence
-from vlm_decade.taxonomy.objects import (
+from vlm_decade.models.backends.coco_labels import COCO_LABELS
+from vlm_decade.models.backends.detection import Detection
+from vlm_decade.models.backends.ssd_template import template_sentence
+from vlm_decade.studies.decade.taxonomy.objects import (
     CONFUSABLE_THRESHOLD,
     MATCH_THRESHOLD,
     Mention,

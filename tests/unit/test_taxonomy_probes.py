@@ -9,8 +9,8 @@ import zlib
 import numpy as np
 import pytest
 
-from vlm_decade.taxonomy.objects import MATCH_THRESHOLD, Mention, ObjectMatcher
-from vlm_decade.taxonomy.probes import (
+from vlm_decade.studies.decade.taxonomy.objects import MATCH_THRESHOLD, Mention, ObjectMatcher
+from vlm_decade.studies.decade.taxonomy.probes import (
     ProbeTemplates,
     Question,
     answer_names,
@@ -19,7 +19,7 @@ from vlm_decade.taxonomy.probes import (
     probe_findings,
     second_round,
 )
-from vlm_decade.taxonomy.rules import summarise
+from vlm_decade.studies.decade.taxonomy.rules import summarise
 
 DIM = 64
 # Hand-set: sofa/couch 0.8 (synonyms), flashlight/gun 0.5 (related, no match). Any other text gets

@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from vlm_decade.backends.detection import Detection
-from vlm_decade.taxonomy.objects import CONFUSABLE_THRESHOLD, MATCH_THRESHOLD, Mention, ObjectMatcher
-from vlm_decade.taxonomy.rules import ERROR_TYPES, Finding, detector_errors, summarise
+from vlm_decade.models.backends.detection import Detection
+from vlm_decade.studies.decade.taxonomy.objects import CONFUSABLE_THRESHOLD, MATCH_THRESHOLD, Mention, ObjectMatcher
+from vlm_decade.studies.decade.taxonomy.rules import ERROR_TYPES, Finding, detector_errors, summarise
 
 
 def unit(*pairs):

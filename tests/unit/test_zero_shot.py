@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from tests import hf_tiny
-from vlm_decade.backends import Stimulus, backend_class
-from vlm_decade.backends.hf_zero_shot import NO_CLASSES, class_prompts, ensemble, template_problem, top_classes
-from vlm_decade.config import ModelConfig
-from vlm_decade.errors import InputError
+from vlm_decade.core.config import ModelConfig
+from vlm_decade.core.errors import InputError
+from vlm_decade.models.backends import Stimulus, backend_class
+from vlm_decade.models.backends.hf_zero_shot import NO_CLASSES, class_prompts, ensemble, template_problem, top_classes
 
 ANIMALS = ("cat", "dog", "person")
 THINGS = ("cup", "car", "tree", "table", "bowl", "sky", "water")

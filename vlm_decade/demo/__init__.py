@@ -23,7 +23,6 @@ import csv
 import io
 import os
 import re
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -110,7 +109,7 @@ def materialize(dest: str | Path) -> Path:
 
 def decade_demo(out: str | Path):
     """Study A's demo, its inputs laid out in `out/inputs`, its tables going to `out`."""
-    from ..config import load_study
+    from vlm_decade.studies import load_study
 
     out = Path(out)
     return load_study(materialize(out / "inputs"), output=out)
@@ -118,8 +117,8 @@ def decade_demo(out: str | Path):
 
 def openworld_demo(out: str | Path):
     """Study B's demo, its inputs laid out in `out/inputs`, its tables going to `out`."""
-    from ..config import load_study
-    from .openworld import materialize as materialize_openworld
+    from vlm_decade.demo.openworld import materialize as materialize_openworld
+    from vlm_decade.studies import load_study
 
     out = Path(out)
     inputs = materialize_openworld(out / "inputs")
@@ -127,9 +126,34 @@ def openworld_demo(out: str | Path):
     return load_study(inputs / "study.yaml", output=out)
 
 
+def drop_unkeyed(study):
+    """The study without API models and encoders whose key is missing, and a note for each: the
+    demo runs offline, so it leaves them out and says so rather than failing."""
+    from vlm_decade.models.api.keys import api_key, key_hint
+    from vlm_decade.models.backends import api_provider as model_provider
+    from vlm_decade.models.encoders import api_provider as encoder_provider
+
+    notes: list[str] = []
+
+    def keyed(entries, provider_of, what: str) -> tuple:
+        kept = []
+        for entry in entries:
+            p = provider_of(entry.backend)
+            if p and api_key(p) is None:
+                notes.append(f"skipping {what} {entry.name}: no {key_hint(p)} set")
+            else:
+                kept.append(entry)
+        return tuple(kept)
+
+    update = {"models": keyed(study.models, model_provider, "model")}
+    if hasattr(study, "encoders"):  # Study B's Sentence-BERT encoder is always local
+        update["encoders"] = keyed(study.encoders, encoder_provider, "encoder")
+    return study.model_copy(update=update), notes
+
+
 def demo_studies(out: str | Path) -> list:
     """Both demo studies under `out`: Study A in `out/decade`, Study B in `out/openworld`."""
     return [decade_demo(Path(out) / "decade"), openworld_demo(Path(out) / "openworld")]
 
 
-__all__ = ["DATA_DIR", "STUDY_FILE", "OPENWORLD_STUDY_FILE", "decade_demo", "demo_studies", "openworld_demo", "images", "materialize", "photo", "png_bytes"]
+__all__ = ["DATA_DIR", "STUDY_FILE", "OPENWORLD_STUDY_FILE", "decade_demo", "demo_studies", "drop_unkeyed", "openworld_demo", "images", "materialize", "photo", "png_bytes"]

@@ -7,7 +7,7 @@ description is to the image's gold-standard description; this script stands in f
   each photo's gold standard (the other demo model, `ssd-template`, writes its captions at run time,
   so it cannot be rated in advance);
 * the gold standard is computed from the demo data as the pipeline computes it (materialize the demo
-  into a temporary folder, then `vlm_decade.ingest.load_study_data`), and must still be the
+  into a temporary folder, then `vlm_decade.studies.decade.data.load_study_data`), and must still be the
   description LATENT below was judged against, else the script stops;
 * LATENT holds, per caption, the demo author's own judgement of its similarity to that gold
   standard, 0 (unrelated or wrong) to 1 (says the same);
@@ -78,8 +78,8 @@ LATENT: dict[str, tuple[str, float]] = {
 def gold_standards() -> dict[str, str]:
     """image_id -> description_id of its gold standard, computed from the demo data as a run does."""
     from vlm_decade import demo
-    from vlm_decade.config import load_study
-    from vlm_decade.ingest import load_study_data
+    from vlm_decade.studies import load_study
+    from vlm_decade.studies.decade.data import load_study_data
 
     with tempfile.TemporaryDirectory() as folder:
         cfg = load_study(demo.materialize(folder))

@@ -11,16 +11,18 @@ Files:
 - `_streams.py`  where random numbers come from: one SeedSequence per (seed, name, chunk).
 - `_engine.py`   runs blocks of resamples (or Poisson image shards) in-process or as Ray tasks.
 - `_validate.py` argument checks, kept apart from the numerics.
-- `results.py`   frozen result records and the Arrow schemas of the output tables.
+- `results.py`   frozen result records and the Arrow schemas of the input and output tables.
+- `resampling.py` the public building blocks (resample counts, weighted correlations, named
+                 generators) for analyses outside `analyse`.
 
 See docs/statistics.md for the definitions.
 """
 
-from ._core import bh_qvalues, bootstrap_p, p_floor
-from ._validate import StatsInputError
-from .analysis import analyse, bootstrap_study, correlation_ci, format_p, pivot
-from .families import ComparisonSpec, Family, Term, default_families, dataset_family, era_family, vs_humans_family
-from .results import COMPARISONS_SCHEMA, STATS_SCHEMA, Estimate, StudyResult
+from vlm_decade.stats._core import bh_qvalues, bootstrap_p, p_floor
+from vlm_decade.stats._validate import StatsInputError
+from vlm_decade.stats.analysis import analyse, bootstrap_study, correlation_ci, format_p, pivot
+from vlm_decade.stats.families import ComparisonSpec, Family, Term, dataset_family, default_families, era_family, vs_humans_family
+from vlm_decade.stats.results import COMPARISONS_SCHEMA, SCORES_SCHEMA, STATS_SCHEMA, Estimate, StudyResult
 
 __all__ = [
     "analyse",
@@ -39,6 +41,7 @@ __all__ = [
     "era_family",
     "dataset_family",
     "vs_humans_family",
+    "SCORES_SCHEMA",
     "STATS_SCHEMA",
     "COMPARISONS_SCHEMA",
     "Estimate",

@@ -96,7 +96,13 @@ def jackknife_means(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 
 def weighted_pearson(weights: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """(B,) Pearson r of (x, y) in each weighted resample (row of `weights`, shape (B, n))."""
+    """(B,) Pearson r of (x, y) in each weighted resample (row of `weights`, shape (B, n)).
+
+    x and y are (n,), the same values in every resample, or (B, n), values of their own in each
+    resample (within-resample ranks).
+    """
+    if x.ndim == 2 or y.ndim == 2:
+        return _pearson_of_rows(weights, np.broadcast_to(x, weights.shape), np.broadcast_to(y, weights.shape))
     # Centre once on the full-sample means: the result is unchanged, the sums stay well scaled.
     xc = x - x.mean()
     yc = y - y.mean()
@@ -105,6 +111,19 @@ def weighted_pearson(weights: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.nd
     sxy = weights @ (xc * yc) / w - mx * my
     sxx = weights @ (xc * xc) / w - mx * mx
     syy = weights @ (yc * yc) / w - my * my
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return sxy / np.sqrt(sxx * syy)
+
+
+def _pearson_of_rows(weights: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """(B,) weighted Pearson r of row b of x and y (each (B, n)) under weights[b]."""
+    w = weights.sum(axis=1)
+    mx = (weights * x).sum(axis=1) / w
+    my = (weights * y).sum(axis=1) / w
+    dx, dy = x - mx[:, None], y - my[:, None]
+    sxy = (weights * dx * dy).sum(axis=1)
+    sxx = (weights * dx * dx).sum(axis=1)
+    syy = (weights * dy * dy).sum(axis=1)
     with np.errstate(invalid="ignore", divide="ignore"):
         return sxy / np.sqrt(sxx * syy)
 
@@ -128,16 +147,7 @@ def weighted_ranks(weights: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 def weighted_spearman(weights: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """(B,) Spearman rho in each weighted resample: Pearson r of the within-resample ranks."""
-    rx, ry = weighted_ranks(weights, x), weighted_ranks(weights, y)
-    w = weights.sum(axis=1)
-    mx = (weights * rx).sum(axis=1) / w
-    my = (weights * ry).sum(axis=1) / w
-    dx, dy = rx - mx[:, None], ry - my[:, None]
-    sxy = (weights * dx * dy).sum(axis=1)
-    sxx = (weights * dx * dx).sum(axis=1)
-    syy = (weights * dy * dy).sum(axis=1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return sxy / np.sqrt(sxx * syy)
+    return _pearson_of_rows(weights, weighted_ranks(weights, x), weighted_ranks(weights, y))
 
 
 # --------------------------------------------------------------------------------------------

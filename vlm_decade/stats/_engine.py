@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _core, _streams
+from vlm_decade.stats import _core, _streams
 
 RAY_GET_TIMEOUT_S = 1800.0  # a bootstrap that takes longer than this is stuck, not slow
 POISSON_SHARD = 25_000  # images per Poisson shard: part of the results' definition, like CHUNK
@@ -52,7 +52,7 @@ def _ray_wanted(use_ray: bool | None) -> bool:
             raise
         return False
     if use_ray and not ray.is_initialized():
-        raise RuntimeError("use_ray=True but Ray is not initialised (call vlm_decade.runtime.start_ray())")
+        raise RuntimeError("use_ray=True but Ray is not initialised (call vlm_decade.core.runtime.start_ray())")
     return ray.is_initialized()
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .families import ERAS, Family
+from vlm_decade.stats.families import ERAS, Family
 
 SCORE_COLUMNS = ("subject", "image_id", "dataset", "variant", "metric")
 

@@ -13,9 +13,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import _core, _engine, _streams, _validate
-from .families import Family, default_families
-from .results import COMPARISONS_SCHEMA, STATS_SCHEMA, Estimate, StudyResult
+from vlm_decade.stats import _core, _engine, _streams, _validate
+from vlm_decade.stats.families import Family, default_families
+from vlm_decade.stats.results import COMPARISONS_SCHEMA, STATS_SCHEMA, Estimate, StudyResult
 
 POISSON_AUTO_IMAGES = 200_000  # "auto" mode switches to the Poisson bootstrap above this many images
 

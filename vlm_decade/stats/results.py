@@ -1,4 +1,5 @@
-"""Result records (frozen dataclasses) and the Arrow schemas of the `stats` and `comparisons` tables."""
+"""Result records (frozen dataclasses) and the Arrow schemas of the engine's input (`scores`) and
+output (`stats`, `comparisons`) tables."""
 
 from __future__ import annotations
 
@@ -6,6 +7,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
+
+# One value per subject, image, variant and metric: what the engine resamples.
+SCORES_SCHEMA = pa.schema(
+    [
+        ("subject", pa.string()),
+        ("image_id", pa.string()),
+        ("dataset", pa.string()),
+        ("variant", pa.string()),
+        ("metric", pa.string()),
+        ("value", pa.float64()),
+    ]
+)
 
 STATS_SCHEMA = pa.schema(
     [

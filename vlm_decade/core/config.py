@@ -1,0 +1,262 @@
+"""The config types both studies share, and how a study file becomes config objects.
+
+Every section of a study file is a frozen pydantic model (`Settings`): unknown keys are errors, and
+each field carries its description, which `vlm-decade schema` prints and docs/study-file.md shows.
+A field that changes how fast work runs but never what it produces (batch sizes) is declared with
+`operational(...)`; `Settings.fingerprint()` leaves those out, so that is said in one place.
+
+Each study adds its own sections (`vlm_decade.studies.<study>.config`); `read_study_file` reads the
+YAML and resolves paths relative to the file's folder, so everything downstream sees absolute paths.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from vlm_decade.core.errors import InputError, Problem
+
+OPERATIONAL = {"affects_results": False}
+
+
+def operational(default: Any, description: str, **constraints: Any) -> Any:
+    """A field that changes how work runs, never what it produces: left out of `fingerprint()`."""
+    return Field(default, description=description, json_schema_extra=OPERATIONAL, **constraints)
+
+
+def _settings_in(annotation: Any) -> type["Settings"] | None:
+    """The Settings class a field holds, directly or as the items of a tuple (or None-able)."""
+    candidates = [annotation, *getattr(annotation, "__args__", ())]
+    return next((c for c in candidates if isinstance(c, type) and issubclass(c, Settings)), None)
+
+
+class Settings(BaseModel):
+    """A frozen section of a study file."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    @classmethod
+    def _operational(cls) -> dict:
+        """pydantic's `exclude` for the operational fields, nested sections included."""
+        exclude: dict = {}
+        for name, field in cls.model_fields.items():
+            if field.json_schema_extra == OPERATIONAL:
+                exclude[name] = True
+                continue
+            inner = _settings_in(field.annotation)
+            nested = inner._operational() if inner else {}
+            if nested:
+                is_tuple = getattr(field.annotation, "__origin__", None) is tuple
+                exclude[name] = {"__all__": nested} if is_tuple else nested
+        return exclude
+
+    def fingerprint(self) -> dict:
+        """What in these settings decides results: every field but the operational ones, as JSON."""
+        return self.model_dump(mode="json", exclude=self._operational())
+
+    def key(self, without: tuple[str, ...] = ()) -> str:
+        """A short hash of `fingerprint()` less the fields `without` (e.g. a display name)."""
+        payload = {k: v for k, v in self.fingerprint().items() if k not in without}
+        return hashlib.sha256(json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()).hexdigest()[:16]
+
+
+Era = Literal["pre-mllm", "mllm"]
+
+
+class ModelConfig(Settings):
+    """One describing (A) or classifying (B) model: `name` is its subject in every table."""
+
+    name: str = Field(min_length=1, description="The model's name in every table (its `subject`).")
+    backend: str = Field(min_length=1, description="How it runs: hf-captioner, hf-vlm, hf-detector, hf-zero-shot, openai, gemini, imported, ssd-template, ssd-label, litert-classifier (docs/models.md).")
+    model_id: str = Field(min_length=1, description="The model: a hub id, an API model id, or a name for imported descriptions.")
+    era: Era | None = Field(None, description="Study A only: pre-mllm or mllm (the era comparisons).")
+    prompt: str | None = Field(None, description="Study A only: this model's prompt instead of the study's.")
+    variants: Literal["full", "all"] = Field("full", description="Study A only: full, or all (the full image and every masked variant).")
+    batch_size: int = operational(8, "Stimuli per batch in the model's actor.", ge=1)
+    path: Path | None = Field(None, description="A local folder with the weights (default: a packaged copy, then the hub).")
+    options: dict[str, Any] = Field(default_factory=dict, description="Backend options (docs/models.md), e.g. temperature, max_output_tokens, file.")
+
+    @field_validator("name")
+    @classmethod
+    def _not_a_human_group(cls, name: str) -> str:
+        if name.startswith("human:"):
+            raise ValueError("the prefix 'human:' is reserved for the human reference groups")
+        return name
+
+
+MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+class EncoderConfig(Settings):
+    """A text encoder whose cosine similarity to the gold standard is a metric (e.g. SBERT-SI, GPT-SI)."""
+
+    name: str = Field(min_length=1, description="The metric's name in every table (e.g. SBERT-SI).")
+    backend: str = Field("sentence-transformers", description="sentence-transformers, openai-embedding or gemini-embedding.")
+    model_id: str = Field(MINILM, description="The encoder's hub or API model id.")
+    path: Path | None = Field(None, description="A local folder with the weights (default: a packaged copy, then the hub).")
+    batch_size: int = operational(64, "Texts per batch.", ge=1)
+
+
+class MetricConfig(Settings):
+    """A pairwise text metric beside the encoders' cosines (e.g. BERTScore; docs/metrics.md)."""
+
+    name: str = Field(min_length=1, description="The metric's name in every table.")
+    kind: Literal["cosine", "bertscore"] = Field(description="cosine (of an encoder's vectors) or bertscore.")
+    encoder: EncoderConfig | None = Field(None, description="cosine: the encoder whose vectors are compared.")
+    model_id: str = Field(MINILM, description="bertscore: the contextual model.")
+    path: Path | None = Field(None, description="bertscore: a local folder with the model's weights.")
+    num_layers: int | None = Field(None, ge=1, description="bertscore: which layer's embeddings (default: bert-score's choice for the model).")
+    component: Literal["precision", "recall", "f1"] = Field("f1", description="bertscore: which of precision, recall, f1.")
+    batch_size: int = operational(64, "Pairs per batch.", ge=1)
+
+    @model_validator(mode="after")
+    def _fields_match_kind(self) -> "MetricConfig":
+        if self.kind == "cosine" and self.encoder is None:
+            raise ValueError(f"metric '{self.name}': a cosine metric needs an 'encoder'")
+        if self.kind == "bertscore" and self.encoder is not None:
+            raise ValueError(f"metric '{self.name}': a bertscore metric takes no 'encoder' (set model_id/path)")
+        return self
+
+
+class StatisticsConfig(Settings):
+    """The bootstrap over images and the FDR control (docs/statistics.md)."""
+
+    n_resamples: int = Field(10_000, ge=100, description="Bootstrap resamples over images.")
+    seed: int = Field(20_241_101, description="Seed of every resampling stream (with each stream's name).")
+    confidence: float = Field(0.95, gt=0.5, lt=1.0, description="Confidence level of the intervals.")
+    alpha: float = Field(0.05, gt=0.0, lt=1.0, description="FDR level of the Benjamini-Hochberg decisions.")
+
+
+class RuntimeConfig(Settings):
+    """Where work runs. No address: a local Ray; an address (or RAY_ADDRESS) joins a cluster."""
+
+    address: str | None = Field(None, description="A Ray cluster to join (also --address or RAY_ADDRESS); none: a local Ray.")
+    num_cpus: int | None = Field(None, ge=1, description="CPUs of a local Ray (default: all).")
+    actors_per_model: int = Field(1, ge=1, description="Actors per local model.")
+    cpus_per_actor: float = Field(1.0, ge=0.0, description="CPUs each model or encoder actor reserves.")
+    gpus_per_actor: float = Field(0.0, ge=0.0, description="GPUs each model actor reserves (0.25: four small models per GPU).")
+
+
+# Published list prices in US$ per million tokens (standard tier, text and image input alike), as
+# read from the providers' pricing pages on PRICES_AS_OF. Prices change: a study can override or add
+# entries under `providers.<name>.prices`. A model id takes the price of its longest listed prefix,
+# so a dated snapshot (gpt-4o-2024-08-06) takes its family's price.
+PRICES_AS_OF = "2025-08-15"
+DEFAULT_PRICES: dict[str, dict[str, tuple[float, float]]] = {
+    "openai": {
+        "gpt-4o": (2.50, 10.00),
+        "gpt-4o-mini": (0.15, 0.60),
+        "gpt-4.1": (2.00, 8.00),
+        "gpt-4.1-mini": (0.40, 1.60),
+        "gpt-4.1-nano": (0.10, 0.40),
+        "gpt-5": (1.25, 10.00),
+        "gpt-5-mini": (0.25, 2.00),
+        "gpt-5-nano": (0.05, 0.40),
+        "o1": (15.00, 60.00),
+        "o3": (2.00, 8.00),
+        "o3-mini": (1.10, 4.40),
+        "o4-mini": (1.10, 4.40),
+        "text-embedding-3-large": (0.13, 0.0),
+        "text-embedding-3-small": (0.02, 0.0),
+    },
+    "gemini": {
+        "gemini-2.5-pro": (1.25, 10.00),
+        "gemini-2.5-flash": (0.30, 2.50),
+        "gemini-2.5-flash-lite": (0.10, 0.40),
+        "gemini-2.0-flash": (0.10, 0.40),
+        "gemini-embedding-001": (0.15, 0.0),
+    },
+}
+
+
+class Price(Settings):
+    """US$ per million tokens; output includes reasoning ("thinking") tokens, billed as output."""
+
+    input_per_mtok: float = Field(ge=0, description="US$ per million input tokens.")
+    output_per_mtok: float = Field(0.0, ge=0, description="US$ per million output tokens (reasoning tokens included).")
+
+
+class ProviderConfig(Settings):
+    """Limits for one API provider, held for the whole cluster by its gateway actor (docs/api.md).
+
+    The defaults suit a first paid tier; raise them to your account's limits. `base_url` points the
+    official client elsewhere (a proxy, or the fake server in tests). `budget_usd` caps what one run
+    may spend with this provider: requests that could pass it are not sent (rows `skipped`).
+    """
+
+    rpm: int = Field(ge=1, description="Requests per minute, for the whole cluster.")
+    tpm: int = Field(ge=1, description="Tokens per minute, for the whole cluster.")
+    max_concurrency: int = Field(32, ge=1, description="Requests in flight at once.")
+    timeout_s: float = Field(60.0, gt=0, description="Seconds before a request is abandoned (and retried).")
+    max_attempts: int = Field(8, ge=1, description="Attempts per request (429, 5xx and timeouts are retried).")
+    base_url: str | None = Field(None, description="Send the official client elsewhere (a proxy).")
+    budget_usd: float | None = Field(10.0, ge=0, description="US$ this run may spend with the provider; none: no cap.")
+    prices: dict[str, Price] = Field(default_factory=dict, description="Prices by model id (prefix), over the built-in table.")
+
+    def price(self, provider: str, model_id: str) -> Price | None:
+        table = {k: Price(input_per_mtok=i, output_per_mtok=o) for k, (i, o) in DEFAULT_PRICES.get(provider, {}).items()}
+        table.update(self.prices)
+        matches = [k for k in table if model_id == k or model_id.startswith(k + "-")]
+        return table[max(matches, key=len)] if matches else None
+
+
+class ProvidersConfig(Settings):
+    """API providers and the response cache shared across runs (default: the user's cache folder)."""
+
+    cache_dir: Path | None = Field(None, description="The API answer cache (also --cache-dir; default ~/.cache/vlm_decade/api).")
+    openai: ProviderConfig = Field(ProviderConfig(rpm=500, tpm=30_000), description="OpenAI's limits, budget and prices.")
+    gemini: ProviderConfig = Field(ProviderConfig(rpm=150, tpm=1_000_000), description="Gemini's limits, budget and prices.")
+
+
+def repeated(names: list[str]) -> list[str]:
+    return sorted({n for n in names if names.count(n) > 1})
+
+
+class StudyBase(Settings):
+    """What both studies share: models, statistics, where work runs, API providers, the run folder."""
+
+    name: str = Field(min_length=1, description="The study's name (the report's title).")
+    demo: bool = Field(False, description="Demo data: the report says its numbers are no findings.")
+    models: tuple[ModelConfig, ...] = Field(min_length=1, description="The models to measure.")
+    statistics: StatisticsConfig = Field(StatisticsConfig(), description="The bootstrap and the FDR control.")
+    runtime: RuntimeConfig = Field(RuntimeConfig(), description="Where work runs.")
+    providers: ProvidersConfig = Field(ProvidersConfig(), description="API providers: limits, budgets, prices, the cache.")
+    output: Path = Field(Path("runs/study"), description="The run folder (also --out).")
+
+    def hash(self) -> str:
+        """A stable hash of everything that decides the results (not where they are written)."""
+        payload = self.model_dump(mode="json", exclude={"output", "runtime", "providers"})
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def resolve_path(value: Any, base: Path) -> Any:
+    return value if value is None or Path(value).is_absolute() else str(base / value)
+
+
+def read_study_file(path: str | Path) -> dict:
+    """A study file's YAML as a mapping, or an InputError naming the file."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError([Problem(str(path), "study file not found")]) from None
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise InputError([Problem(str(path), f"not valid YAML: {exc}")]) from None
+    if not isinstance(raw, dict):
+        raise InputError([Problem(str(path), "a study file must be a YAML mapping")])
+    return raw
+
+
+def resolve_entry_paths(entry: Any, base: Path) -> None:
+    """A model, encoder, metric, detector or judge entry: its `path` and `options.file` made absolute."""
+    if isinstance(entry, dict):
+        if entry.get("path") is not None:
+            entry["path"] = resolve_path(entry["path"], base)
+        opts = entry.get("options")
+        if isinstance(opts, dict) and opts.get("file") is not None:
+            opts["file"] = resolve_path(opts["file"], base)

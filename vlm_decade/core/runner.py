@@ -1,0 +1,169 @@
+"""Stages and the spine every study runs on: a stage runs only when its inputs or settings changed.
+
+A `Stage` names the tables it reads, its settings (what decides its results) and a compute function;
+its fingerprint hashes the settings and the content fingerprints of its input tables (recorded in
+the manifest), so a change anywhere upstream flows down and an unchanged stage is skipped.
+Incremental stages keep their finished rows across crashes (`runfolder`), so the skip-or-run decision
+is per stage and the resume is per row.
+
+`open_run` begins a run (the run folder and the manifest's record of it) and returns a `StudyRun`:
+what every compute function is given (the tables stages hand on, the run folder, the reporter, and
+Ray, started the first time a stage needs it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from importlib import metadata
+from typing import Any, Callable
+
+import pyarrow as pa
+
+from vlm_decade.core.config import StudyBase
+from vlm_decade.core.progress import Reporter
+from vlm_decade.core.runfolder import RunFolder, table_fingerprint
+from vlm_decade.core.runtime import LazyRay
+
+REPORTED_PACKAGES = ("vlm-decade", "ray", "torch", "transformers", "sentence-transformers", "numpy", "scipy", "pyarrow")
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def fingerprint(payload: Any) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Stage:
+    """`compute` gets the run and returns one table per name in `outputs` (by default the stage's
+    own name); it writes any `files` itself (the report)."""
+
+    name: str
+    inputs: tuple[str, ...]
+    settings: Any
+    compute: Callable[["StudyRun"], dict[str, pa.Table]]
+    outputs: tuple[str, ...] | None = None
+    files: tuple[str, ...] = ()
+
+    @property
+    def tables(self) -> tuple[str, ...]:
+        return (self.name,) if self.outputs is None else self.outputs
+
+
+def given(name: str, table: pa.Table) -> Stage:
+    """A stage whose table was read and checked before the run began (images, references, labels)."""
+    return Stage(name, (), table_fingerprint(table), lambda run: {name: table})
+
+
+class StudyRun:
+    """One run of a study: runs stages in order, and hands each the tables the stages before it made."""
+
+    def __init__(self, folder: RunFolder, reporter: Reporter, ray: LazyRay):
+        self.folder = folder
+        self.reporter = reporter
+        self.ray = ray  # call it for the `ray` module, started or joined on first use
+        self._tables: dict[str, pa.Table] = {}
+
+    def table(self, name: str) -> pa.Table:
+        """A table a stage of this run produced, else the run folder's (read once)."""
+        if name not in self._tables:
+            self._tables[name] = self.folder.read(name)
+        return self._tables[name]
+
+    def _fingerprint(self, stage: Stage) -> str:
+        tables = self.folder.manifest().get("tables", {})
+        return fingerprint({"settings": stage.settings, "inputs": {n: tables.get(n) for n in stage.inputs}})
+
+    def is_current(self, stage: Stage) -> bool:
+        record = self.folder.manifest().get("stages", {}).get(stage.name, {})
+        return (
+            record.get("state") == "done"
+            and record.get("fingerprint") == self._fingerprint(stage)
+            and all(self.folder.has(t) for t in stage.tables)
+            and all((self.folder.root / f).exists() for f in stage.files)
+        )
+
+    def __call__(self, *stages: Stage) -> None:
+        for stage in stages:
+            self.run_stage(stage)
+
+    def run_stage(self, stage: Stage) -> bool:
+        """Run the stage unless it is current; return whether it ran."""
+        if self.is_current(stage):
+            self.reporter.stage(stage.name, "skip", "unchanged inputs and settings")
+            return False
+        fp = self._fingerprint(stage)
+        manifest = self.folder.manifest()
+        manifest.setdefault("stages", {})[stage.name] = {"state": "running", "fingerprint": fp, "started": now()}
+        self.folder.save_manifest(manifest)
+        self.reporter.stage(stage.name, "run")
+        start = time.monotonic()
+        outputs = stage.compute(self)
+        missing = set(stage.tables) - set(outputs)
+        if missing:
+            raise RuntimeError(f"stage {stage.name} did not produce {sorted(missing)}")
+        self._tables.update(outputs)
+        written = {name: self.folder.write(name, outputs[name]) for name in stage.tables}
+        for name in stage.tables:
+            self.folder.clear_parts(name)  # folded into the table just written
+        manifest = self.folder.manifest()
+        manifest.setdefault("tables", {}).update(written)
+        manifest["stages"][stage.name] = {
+            "state": "done",
+            "fingerprint": fp,
+            "started": manifest["stages"][stage.name]["started"],
+            "finished": now(),
+            "seconds": round(time.monotonic() - start, 3),
+            "rows": {name: outputs[name].num_rows for name in stage.tables},
+        }
+        self.folder.save_manifest(manifest)
+        rows = ", ".join([f"{outputs[n].num_rows} {n}" for n in stage.tables] + list(stage.files))
+        self.reporter.stage(stage.name, "done", f"{rows} in {time.monotonic() - start:.1f}s")
+        return True
+
+    def __enter__(self) -> "StudyRun":
+        return self
+
+    def __exit__(self, exc_type, *_) -> None:
+        self.ray.close()
+        if exc_type is None:
+            self.folder.update_manifest(finished=now())
+            self.reporter.say(f"report: {self.folder.root / 'report.html'}")
+
+
+def package_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for name in REPORTED_PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return versions
+
+
+def open_run(study: StudyBase, reporter: Reporter | None, summary: str, **manifest: Any) -> StudyRun:
+    """Begin a run: the run folder, with the manifest's record of this run (the config and its
+    hash, package versions, the start); `manifest` adds what the study kind records."""
+    reporter = reporter or Reporter()
+    folder = RunFolder(study.output)
+    folder.root.mkdir(parents=True, exist_ok=True)
+    folder.update_manifest(
+        study=study.name,
+        demo=study.demo,
+        config=study.model_dump(mode="json"),
+        config_hash=study.hash(),
+        versions=package_versions(),
+        started=now(),
+        finished=None,
+        spend_usd=folder.manifest().get("spend_usd", {}),  # the run folder's total across resumed runs
+        **manifest,
+    )
+    reporter.say(f"[bold]{study.name}[/bold]{summary} -> {folder.root}")
+    return StudyRun(folder, reporter, LazyRay(study.runtime))

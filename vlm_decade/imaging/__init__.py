@@ -1,0 +1,1 @@
+"""Images as the models see them: the masked variants (`masks`) and conversion to RGB."""

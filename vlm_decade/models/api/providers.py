@@ -1,0 +1,264 @@
+"""Providers: build one request with the official client, parse one answer. Nothing else.
+
+Retries, limits, concurrency, caching and costs belong to the gateway; the clients' own retries are
+switched off (`max_retries=0` for openai; no `retry_options` for google-genai) so that exactly one
+layer decides when to try again. `retryable` and `retry_after` tell the gateway what a failure was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import json
+import math
+import struct
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from vlm_decade.core.config import Price, ProviderConfig
+from vlm_decade.models.api.keys import Secret
+
+OPENAI_REASONING = ("o1", "o3", "o4", "gpt-5")
+EMBED_DIM = 3072  # text-embedding-3-large natively; gemini-embedding-001 through output_dimensionality
+CHAT_OPTIONS = {"temperature", "max_output_tokens", "reasoning_effort", "detail", "thinking_budget"}
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """A prompt, with one image or none (a text-only request, e.g. an LLM judge), to one model, with
+    the generation settings that decide the answer."""
+
+    model_id: str
+    prompt: str
+    image_png: bytes | None = None
+    settings: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Reply:
+    text: str
+    input_tokens: int
+    output_tokens: int  # as billed: reasoning / thinking tokens included
+    model_version: str
+
+
+def chat_key(provider: str, req: ChatRequest) -> str:
+    """The cache key: provider, model, prompt, the exact image bytes sent, and the settings. A
+    text-only request has no image field at all, so image requests keep the keys they always had."""
+    payload = {"provider": provider, "model": req.model_id, "prompt": req.prompt, "settings": req.settings}
+    if req.image_png is not None:
+        payload["image_sha256"] = hashlib.sha256(req.image_png).hexdigest()
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def embed_key(provider: str, model_id: str, text: str) -> str:
+    payload = {"provider": provider, "model": model_id, "dim": EMBED_DIM, "text": text}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def cost(price: Price, input_tokens: int, output_tokens: int) -> float:
+    return (input_tokens * price.input_per_mtok + output_tokens * price.output_per_mtok) / 1e6
+
+
+def text_tokens(text: str) -> int:
+    """A rough count (4 characters a token) for estimates; the provider's reported usage is billed."""
+    return max(1, math.ceil(len(text) / 4))
+
+
+def png_size(png: bytes) -> tuple[int, int]:
+    """(width, height) from a PNG's IHDR chunk."""
+    return struct.unpack(">II", png[16:24])
+
+
+def _status(exc: BaseException) -> int | None:
+    code = getattr(exc, "status_code", None) or getattr(exc, "code", None)
+    return code if isinstance(code, int) else None
+
+
+class Provider:
+    name: str
+
+    def __init__(self, cfg: ProviderConfig, key: Secret):
+        self.cfg = cfg
+        self.key = key
+
+    @classmethod
+    def settings(cls, model_id: str, options: dict) -> dict:
+        raise NotImplementedError
+
+    @classmethod
+    def estimate_input(cls, req: ChatRequest) -> int:
+        """Input tokens of a request before it is sent: its text, the image by the provider's rule,
+        and a few tokens of message framing."""
+        image = 0 if req.image_png is None else cls.image_tokens(req.image_png, req.settings)
+        return text_tokens(req.prompt) + image + 10
+
+    @classmethod
+    def image_tokens(cls, png: bytes, settings: dict) -> int:
+        raise NotImplementedError
+
+    async def chat(self, req: ChatRequest) -> Reply:
+        raise NotImplementedError
+
+    async def embed(self, model_id: str, texts: list[str]) -> tuple[np.ndarray, int, str]:
+        """(unit-length float32 vectors, input tokens, model version)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def retryable(exc: BaseException) -> bool:
+        """Rate limits, server errors, timeouts, dropped connections and broken bodies are worth
+        another try; other 4xx answers (bad request, auth, not found) would fail again."""
+        status = _status(exc)
+        if status is not None:
+            return status in (408, 409, 429) or status >= 500
+        return isinstance(exc, (TimeoutError, asyncio.TimeoutError, ConnectionError, ValueError)) or _transport(exc)
+
+    @staticmethod
+    def retry_after(exc: BaseException) -> float | None:
+        headers = getattr(getattr(exc, "response", None), "headers", None)
+        if headers is None:
+            return None
+        for header, scale in (("retry-after-ms", 1e-3), ("retry-after", 1.0)):
+            try:
+                value = headers.get(header)
+                if value is not None:
+                    return max(0.0, float(value) * scale)
+            except (TypeError, ValueError):
+                continue  # an HTTP date: fall back to backoff
+        return None
+
+
+def _transport(exc: BaseException) -> bool:
+    """httpx / httpx2 / openai connection failures, without importing any of them here."""
+    names = {c.__name__ for c in type(exc).__mro__}
+    return bool(names & {"TransportError", "TimeoutException", "APIConnectionError", "APITimeoutError", "NetworkError"})
+
+
+class OpenAIProvider(Provider):
+    name = "openai"
+
+    def __init__(self, cfg: ProviderConfig, key: Secret):
+        super().__init__(cfg, key)
+        import openai
+
+        self.client = openai.AsyncOpenAI(api_key=key.reveal(), base_url=cfg.base_url, max_retries=0, timeout=cfg.timeout_s)
+
+    @staticmethod
+    def reasoning(model_id: str) -> bool:
+        return model_id.startswith(OPENAI_REASONING)
+
+    @classmethod
+    def settings(cls, model_id: str, options: dict) -> dict:
+        # Reasoning models (o1/o3/o4/gpt-5) take no temperature, and their hidden reasoning tokens
+        # count against max_completion_tokens, so they get a larger cap.
+        if cls.reasoning(model_id):
+            out = {"max_output_tokens": int(options.get("max_output_tokens", 2000))}
+            if "reasoning_effort" in options:
+                out["reasoning_effort"] = str(options["reasoning_effort"])
+        else:
+            out = {"max_output_tokens": int(options.get("max_output_tokens", 300)), "temperature": float(options.get("temperature", 0.0))}
+        out["detail"] = str(options.get("detail", "auto"))
+        return out
+
+    @classmethod
+    def image_tokens(cls, png: bytes, settings: dict) -> int:
+        # OpenAI's published image rule: fit in 2048x2048, shortest side to 768, 170 per 512 tile + 85.
+        if settings.get("detail") == "low":
+            return 85
+        w, h = png_size(png)
+        s = min(1.0, 2048 / max(w, h))
+        w, h = w * s, h * s
+        s = min(1.0, 768 / min(w, h))
+        return 85 + 170 * math.ceil(w * s / 512) * math.ceil(h * s / 512)
+
+    async def chat(self, req: ChatRequest) -> Reply:
+        s = req.settings
+        content = [{"type": "text", "text": req.prompt}]
+        if req.image_png is not None:
+            url = "data:image/png;base64," + base64.b64encode(req.image_png).decode()
+            content.append({"type": "image_url", "image_url": {"url": url, "detail": s["detail"]}})
+        kwargs = {"max_completion_tokens": s["max_output_tokens"]}
+        if "temperature" in s:
+            kwargs["temperature"] = s["temperature"]
+        if "reasoning_effort" in s:
+            kwargs["reasoning_effort"] = s["reasoning_effort"]
+        r = await self.client.chat.completions.create(
+            model=req.model_id,
+            messages=[{"role": "user", "content": content}],
+            **kwargs,
+        )
+        usage = r.usage
+        # completion_tokens already includes reasoning tokens, which are billed as output.
+        return Reply(
+            (r.choices[0].message.content or "").strip(),
+            usage.prompt_tokens if usage else 0,
+            usage.completion_tokens if usage else 0,
+            r.model + (f"+{r.system_fingerprint}" if r.system_fingerprint else ""),
+        )
+
+    async def embed(self, model_id: str, texts: list[str]) -> tuple[np.ndarray, int, str]:
+        # The client asks for base64 float32 and decodes it; 3,072 is the native width of -large.
+        r = await self.client.embeddings.create(model=model_id, input=texts, dimensions=EMBED_DIM)
+        vectors = np.asarray([d.embedding for d in sorted(r.data, key=lambda d: d.index)], dtype=np.float32)
+        return vectors, (r.usage.prompt_tokens if r.usage else sum(map(text_tokens, texts))), r.model
+
+
+class GeminiProvider(Provider):
+    name = "gemini"
+
+    def __init__(self, cfg: ProviderConfig, key: Secret):
+        super().__init__(cfg, key)
+        from google import genai
+        from google.genai import types
+
+        self.types = types
+        http = types.HttpOptions(timeout=int(cfg.timeout_s * 1000))  # milliseconds; no retry_options
+        if cfg.base_url:
+            http = types.HttpOptions(base_url=cfg.base_url, api_version="v1beta", timeout=int(cfg.timeout_s * 1000))
+        self.client = genai.Client(api_key=key.reveal(), http_options=http)
+
+    @classmethod
+    def settings(cls, model_id: str, options: dict) -> dict:
+        # Gemini 2.5 models think by default and count thinking against max_output_tokens.
+        thinks = model_id.startswith("gemini-2.5")
+        out = {
+            "max_output_tokens": int(options.get("max_output_tokens", 2000 if thinks else 300)),
+            "temperature": float(options.get("temperature", 0.0)),
+        }
+        if "thinking_budget" in options:
+            out["thinking_budget"] = int(options["thinking_budget"])
+        return out
+
+    @classmethod
+    def image_tokens(cls, png: bytes, settings: dict) -> int:
+        # Gemini's published rule: 258 tokens for an image up to 384 px a side, else per 768 px tile.
+        w, h = png_size(png)
+        return 258 if max(w, h) <= 384 else 258 * math.ceil(w / 768) * math.ceil(h / 768)
+
+    async def chat(self, req: ChatRequest) -> Reply:
+        t, s = self.types, req.settings
+        config = t.GenerateContentConfig(temperature=s["temperature"], max_output_tokens=s["max_output_tokens"])
+        if "thinking_budget" in s:
+            config.thinking_config = t.ThinkingConfig(thinking_budget=s["thinking_budget"])
+        contents = [req.prompt]
+        if req.image_png is not None:
+            contents.insert(0, t.Part.from_bytes(data=req.image_png, mime_type="image/png"))
+        r = await self.client.aio.models.generate_content(model=req.model_id, contents=contents, config=config)
+        u = r.usage_metadata
+        out = ((u.candidates_token_count or 0) + (u.thoughts_token_count or 0)) if u else 0
+        return Reply((r.text or "").strip(), (u.prompt_token_count or 0) if u else 0, out, r.model_version or req.model_id)
+
+    async def embed(self, model_id: str, texts: list[str]) -> tuple[np.ndarray, int, str]:
+        r = await self.client.aio.models.embed_content(
+            model=model_id, contents=texts, config=self.types.EmbedContentConfig(output_dimensionality=EMBED_DIM)
+        )
+        vectors = np.asarray([e.values for e in r.embeddings], dtype=np.float32)
+        # The API returns unnormalised vectors below its native width; normalise always.
+        vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+        return vectors, sum(map(text_tokens, texts)), model_id  # no usage reported for embeddings
+
+
+def provider_class(name: str) -> type[Provider]:
+    return {"openai": OpenAIProvider, "gemini": GeminiProvider}[name]

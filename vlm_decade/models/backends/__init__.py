@@ -1,0 +1,94 @@
+"""Describing models: one registry, lazy imports, one small interface.
+
+A backend is a class that is built once per Ray actor from its `ModelConfig` (load the model there,
+never at import) and then describes batches of stimuli. Backends only turn stimuli into texts; the
+describe stage owns batching, retries of failed rows, resume and persistence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from vlm_decade.core.config import ModelConfig
+from vlm_decade.core.errors import Problem
+from vlm_decade.core.registry import Registry
+
+
+@dataclass(frozen=True)
+class Stimulus:
+    """One image variant to describe: `variant` is `full` or a mask id; `image` is RGB uint8 HxWx3.
+    `classes` is the class list of the image's dataset, given only to closed-world backends (Study B's
+    CLIP / SigLIP baselines)."""
+
+    image_id: str
+    variant: str
+    image: np.ndarray
+    prompt: str
+    classes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Description:
+    """A backend's answer for one stimulus. `status` is `ok` or `error` (then `error` says why)."""
+
+    text: str
+    status: str = "ok"
+    error: str = ""
+    model_version: str = ""
+
+
+class Backend:
+    """Base class. `needs_images=False` backends (imported files) are called without decoding images."""
+
+    needs_images = True
+    # Remote backends (API models) are sent through their provider's gateway, not an actor pool.
+    remote = False
+    # Closed-world backends choose among the dataset's class names (`Stimulus.classes`).
+    closed_world = False
+
+    def __init__(self, model: ModelConfig):
+        self.model = model
+
+    def describe(self, batch: list[Stimulus]) -> list[Description]:
+        raise NotImplementedError
+
+    @classmethod
+    def fingerprint(cls, model: ModelConfig) -> dict:
+        """What decides this model's answers (its display name, batch size and variants do not);
+        part of every response's cache key."""
+        return model.model_dump(mode="json", exclude={"name", "batch_size", "variants"})
+
+    @classmethod
+    def check(cls, model: ModelConfig, image_ids: set[str], variants: list[str]) -> list[Problem]:
+        """Problems `validate` can find before any work: missing weights, files, keys."""
+        return []
+
+
+# Imported only when a study uses them, so optional dependencies stay optional.
+BACKENDS = Registry(
+    "backend",
+    {
+        "hf-captioner": "vlm_decade.models.backends.hf_captioner:HFCaptioner",
+        "hf-detector": "vlm_decade.models.backends.hf_detector:HFDetector",
+        "hf-vlm": "vlm_decade.models.backends.hf_vlm:HFVLM",
+        "hf-zero-shot": "vlm_decade.models.backends.hf_zero_shot:HFZeroShot",
+        "gemini": "vlm_decade.models.backends.api:GeminiBackend",
+        "imported": "vlm_decade.models.backends.imported:ImportedBackend",
+        "litert-classifier": "vlm_decade.models.backends.litert_classifier:LiteRTClassifier",
+        "openai": "vlm_decade.models.backends.api:OpenAIBackend",
+        "ssd-label": "vlm_decade.models.backends.ssd_template:SSDLabel",
+        "ssd-template": "vlm_decade.models.backends.ssd_template:SSDTemplateCaptioner",
+    },
+)
+
+
+def backend_class(name: str) -> type[Backend]:
+    return BACKENDS.load(name)
+
+
+def api_provider(backend: str) -> str | None:
+    """The API provider whose gateway a backend's requests go through; None for a local backend."""
+    cls = backend_class(backend)
+    return getattr(cls, "provider", None) if cls.remote else None

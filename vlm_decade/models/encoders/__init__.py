@@ -1,0 +1,61 @@
+"""Text encoders: one registry, lazy imports. An encoder turns texts into L2-normalised vectors.
+
+The similarity metrics (SBERT-SI here; GPT-SI and Gemini-SI through the API layer) are cosine
+similarities of these vectors, so every encoder returns unit-length float32 rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+from vlm_decade.core.config import EncoderConfig
+from vlm_decade.core.registry import Registry
+
+
+class Encoder:
+    # Remote encoders (APIs) are sent through their provider's gateway, not loaded in an actor.
+    remote = False
+
+    def __init__(self, cfg: EncoderConfig):
+        self.cfg = cfg
+
+    @property
+    def version(self) -> str:
+        return self.cfg.model_id
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        """(len(texts), dim) float32, each row of unit length."""
+        raise NotImplementedError
+
+
+ENCODERS = Registry(
+    "encoder backend",
+    {
+        "gemini-embedding": "vlm_decade.models.encoders.api:GeminiEmbedding",
+        "openai-embedding": "vlm_decade.models.encoders.api:OpenAIEmbedding",
+        "sentence-transformers": "vlm_decade.models.encoders.sbert:SentenceTransformerEncoder",
+    },
+)
+
+
+def encoder_class(name: str) -> type[Encoder]:
+    return ENCODERS.load(name)
+
+
+def text_key(text: str) -> str:
+    """A text's key in the `embeddings` table: the sha256 of the stripped text."""
+    return hashlib.sha256(text.strip().encode("utf-8")).hexdigest()
+
+
+def normalise(vectors: np.ndarray) -> np.ndarray:
+    vectors = np.asarray(vectors, dtype=np.float32)
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return vectors / np.where(norms == 0, 1, norms)
+
+
+def api_provider(backend: str) -> str | None:
+    """The API provider whose gateway an encoder's requests go through; None for a local encoder."""
+    cls = encoder_class(backend)
+    return getattr(cls, "provider", None) if cls.remote else None

@@ -1,0 +1,419 @@
+"""The describe stage: every model answers every image variant and prompt, into the `responses` table.
+
+Local models run in Ray actors that load the model once (`num_gpus` per actor where there are GPUs);
+images are decoded and masked by Ray tasks on CPU workers and handed to the actors, with at most
+two batches in flight per actor, so memory stays flat whatever the number of images. Each finished
+batch is saved as a part at once, so a killed run keeps it; rows whose `cache_key` (model, prompt,
+image bytes, mask geometry) is already done are never described again.
+
+API models (`remote` backends) do not sit in that actor pool: Ray tasks encode their stimuli as PNG
+bytes and send the requests to the provider's gateway actor (`vlm_decade.models.api`) with many in
+flight; finished rows are saved as parts every few seconds, and every answer paid for is in the
+API cache at once, so a killed run pays for nothing twice.
+
+What a study asks of its models (each model's prompts, the masked variants, the class lists of
+closed-world baselines) comes in a `Plan`; the study builds it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from vlm_decade.core.config import ModelConfig, StudyBase
+from vlm_decade.core.dispatch import bounded
+from vlm_decade.core.errors import InputError, Problem
+from vlm_decade.core.runfolder import RunFolder
+from vlm_decade.core.runner import Stage, StudyRun
+from vlm_decade.imaging.masks import MaskSpec
+from vlm_decade.models.api.gateway import failed_answer
+from vlm_decade.models.backends import Backend, Description, Stimulus, api_provider, backend_class
+from vlm_decade.stages.estimate import Line
+
+RESPONSES_SCHEMA = pa.schema(
+    [
+        ("subject", pa.string()),
+        ("image_id", pa.string()),
+        ("variant", pa.string()),
+        ("prompt_id", pa.string()),
+        ("text", pa.string()),
+        ("status", pa.string()),
+        ("error", pa.string()),
+        ("latency_s", pa.float64()),
+        ("input_tokens", pa.int64()),
+        ("output_tokens", pa.int64()),
+        ("cost_usd", pa.float64()),
+        ("model_version", pa.string()),
+        ("cache_key", pa.string()),
+    ]
+)
+RESPONSE_KEY = ("subject", "image_id", "variant", "prompt_id")
+ANSWER_FIELDS = ("text", "status", "error", "latency_s", "input_tokens", "output_tokens", "cost_usd", "model_version")
+IN_FLIGHT_PER_ACTOR = 2
+REMOTE_BATCH = 8  # stimuli one Ray task encodes and sends for an API model
+FLUSH_ROWS, FLUSH_S = 32, 2.0  # save API rows as a part this often
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a study asks of its models: each model's (prompt id, prompt) pairs, the masked variants
+    a model with `variants: all` also describes, and each dataset's class names (given to
+    closed-world backends only)."""
+
+    prompts: dict[str, tuple[tuple[str, str], ...]]
+    masks: tuple[MaskSpec, ...] = ()
+    classnames: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def variants(self, model: ModelConfig) -> list[str]:
+        return ["full"] + ([s.mask_id for s in self.masks] if model.variants == "all" else [])
+
+
+@dataclass(frozen=True)
+class Job:
+    """One response to produce."""
+
+    subject: str
+    image_id: str
+    variant: str
+    prompt_id: str
+    prompt: str
+    path: str
+    mask: MaskSpec | None
+    cache_key: str
+    classes: tuple[str, ...] = ()  # the dataset's class names, for closed-world backends only
+
+
+# checks -----------------------------------------------------------------------------------------
+def check_models(study: StudyBase, image_ids: set[str] | None, variants: list[str]) -> list[Problem]:
+    """Each model's backend and what its `check` finds before any work (weights, files, keys), and a
+    price for every API model. Checks that need the images wait until the data could be read
+    (`image_ids` None: it could not)."""
+    problems = []
+    for i, model in enumerate(study.models):
+        try:
+            cls = backend_class(model.backend)
+        except KeyError as exc:
+            problems.append(Problem("study file", exc.args[0], field=f"models.{i}.backend"))
+            continue
+        if image_ids is not None or not cls.needs_images:
+            problems += cls.check(model, image_ids or set(), variants)
+        provider = api_provider(model.backend)
+        if provider and getattr(study.providers, provider).price(provider, model.model_id) is None:
+            problems.append(Problem("study file", f"no price for {provider} model '{model.model_id}'; add one under "
+                                    f"providers.{provider}.prices", field=f"models.{i}.model_id"))
+    return problems
+
+
+def api_budgets(study: StudyBase) -> dict[str, float | None]:
+    """Budgets of the providers a study's models use: part of the stage's settings, so a run with a
+    higher budget takes up the rows an earlier budget skipped."""
+    used = {p for m in study.models if (p := api_provider(m.backend))}
+    return {p: getattr(study.providers, p).budget_usd for p in sorted(used)}
+
+
+def model_fingerprint(model: ModelConfig) -> dict:
+    return backend_class(model.backend).fingerprint(model)
+
+
+def check_actor_fit(study: StudyBase, ray) -> None:
+    """On a local Ray, actors that ask for more than the machine has would wait forever in silence."""
+    if study.runtime.address:
+        return  # a cluster may autoscale to fit
+    rt, have = study.runtime, ray.cluster_resources()
+    for resource, each in (("CPU", rt.cpus_per_actor), ("GPU", rt.gpus_per_actor)):
+        need = each * rt.actors_per_model
+        if need > have.get(resource, 0):
+            raise InputError(
+                [
+                    Problem(
+                        "study file",
+                        f"{rt.actors_per_model} actors x {each:g} {resource} = {need:g} {resource}, but this Ray has "
+                        f"{have.get(resource, 0):g}; lower actors_per_model or {resource.lower()}s_per_actor",
+                        field=f"runtime.{resource.lower()}s_per_actor",
+                    )
+                ]
+            )
+
+
+# planning and loading ---------------------------------------------------------------------------
+def plan_jobs(study: StudyBase, plan: Plan, images: pa.Table) -> list[Job]:
+    """Every response to produce."""
+    specs = {s.mask_id: s for s in plan.masks}
+    rows = images.select(["image_id", "dataset", "path", "sha256"]).to_pylist()
+    jobs = []
+    for model in study.models:
+        settings = model_fingerprint(model)
+        closed = backend_class(model.backend).closed_world
+        for prompt_id, prompt in plan.prompts[model.name]:
+            for row in rows:
+                classes = tuple(plan.classnames.get(row["dataset"], ())) if closed else ()
+                for variant in plan.variants(model):
+                    mask = specs.get(variant)
+                    payload = {"model": settings, "prompt": prompt, "image": row["sha256"], "mask": asdict(mask) if mask else None}
+                    if closed:
+                        payload["classes"] = list(classes)
+                    key = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+                    jobs.append(Job(model.name, row["image_id"], variant, prompt_id, prompt, row["path"], mask, key, classes))
+    return jobs
+
+
+def load_stimuli(jobs: list[Job]) -> list[Stimulus | str]:
+    """Decode and mask images; a file that fails here becomes an error string for its row only."""
+    from PIL import Image
+
+    from vlm_decade.imaging.masks import apply_mask
+
+    out: list[Stimulus | str] = []
+    for job in jobs:
+        try:
+            with Image.open(job.path) as im:
+                rgb = np.asarray(im.convert("RGB"))
+            image = apply_mask(rgb, job.mask) if job.mask else rgb
+            out.append(Stimulus(job.image_id, job.variant, image, job.prompt, job.classes))
+        except Exception as exc:  # noqa: BLE001 - recorded per row; the run goes on
+            out.append(f"could not read image {job.path}: {exc}")
+    return out
+
+
+def load_png(jobs: list[Job]) -> list[bytes | str]:
+    """Each job's stimulus as the PNG bytes an API model is sent, or an error string for its row.
+    Jobs that share an image and variant (probe questions) share one encoding."""
+    import io
+
+    from PIL import Image
+
+    encoded: dict[tuple, bytes | str] = {}
+    out: list[bytes | str] = []
+    for job in jobs:
+        key = (job.path, job.mask)
+        if key not in encoded:
+            (stim,) = load_stimuli([job])
+            if isinstance(stim, str):
+                encoded[key] = stim
+            else:
+                buf = io.BytesIO()
+                Image.fromarray(stim.image).save(buf, format="PNG")
+                encoded[key] = buf.getvalue()
+        out.append(encoded[key])
+    return out
+
+
+# rows -------------------------------------------------------------------------------------------
+def response_row(job: Job, answer: dict) -> dict:
+    """A `responses` row: the job's key and cache key, and the answer's fields."""
+    return {"subject": job.subject, "image_id": job.image_id, "variant": job.variant, "prompt_id": job.prompt_id,
+            **{k: answer[k] for k in ANSWER_FIELDS}, "cache_key": job.cache_key}
+
+
+def _local_answer(description: Description, latency_s: float) -> dict:
+    return {"text": description.text, "status": description.status, "error": description.error, "latency_s": latency_s,
+            "input_tokens": None, "output_tokens": None, "cost_usd": 0.0, "model_version": description.model_version}
+
+
+def describe_batch(backend: Backend | None, jobs: list[Job], stimuli: list[Stimulus | str]) -> list[dict]:
+    ready = [s for s in stimuli if isinstance(s, Stimulus)]
+    start = time.perf_counter()
+    try:
+        answers = iter(backend.describe(ready)) if ready else iter(())
+    except Exception as exc:  # noqa: BLE001 - a batch that fails is recorded, not fatal
+        answers = iter([Description("", "error", f"{type(exc).__name__}: {exc}")] * len(ready))
+    latency = (time.perf_counter() - start) / max(len(ready), 1)
+    return [
+        response_row(job, _local_answer(next(answers), latency) if isinstance(stim, Stimulus) else failed_answer("error", stim))
+        for job, stim in zip(jobs, stimuli)
+    ]
+
+
+def failed_batch(batch: list[Job], exc: BaseException) -> list[dict]:
+    first_line = str(exc).splitlines()[0] if str(exc) else ""
+    return [response_row(job, failed_answer("error", f"{type(exc).__name__}: {first_line}")) for job in batch]
+
+
+class DescribeActor:
+    """Holds one model for the life of the actor; describes batches of decoded stimuli."""
+
+    def __init__(self, model: ModelConfig):
+        self.backend = backend_class(model.backend)(model)
+
+    def describe(self, jobs: list[Job], stimuli: list[Stimulus | str]) -> list[dict]:
+        return describe_batch(self.backend, jobs, stimuli)
+
+
+def ask_gateway(gateway, model_id: str, settings: dict, jobs: list[Job]) -> list[dict]:
+    """A Ray task: each job's stimulus as PNG, with its prompt, through the provider's gateway
+    actor; one answer per job, in order. Image bytes go from here to the gateway, never through the
+    driver."""
+    import ray
+
+    from vlm_decade.models.api.providers import ChatRequest
+
+    refs = [
+        png if isinstance(png, str) else gateway.chat.remote(ChatRequest(model_id, job.prompt, png, settings))
+        for job, png in zip(jobs, load_png(jobs))
+    ]
+    answers = []
+    for ref in refs:
+        if isinstance(ref, str):
+            answers.append(failed_answer("error", ref))
+            continue
+        try:
+            answers.append(ray.get(ref))
+        except Exception as exc:  # noqa: BLE001 - a lost call is an error row, tried again next run
+            answers.append(failed_answer("error", f"{type(exc).__name__}: gateway call failed"))
+    return answers
+
+
+def batches(items: list, size: int) -> list[list]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def _key(row) -> tuple:
+    return tuple(row[k] for k in RESPONSE_KEY)
+
+
+def collect_rows(folder: RunFolder, jobs: list[Job]) -> dict[tuple, dict]:
+    """For each current job, its best row so far (ok over error, later over earlier) from the
+    previous table and the parts a crash or this run left; rows of other settings are dropped."""
+    wanted = {(j.subject, j.image_id, j.variant, j.prompt_id): j.cache_key for j in jobs}
+    old = folder.read("responses").cast(RESPONSES_SCHEMA) if folder.has("responses") else RESPONSES_SCHEMA.empty_table()
+    best: dict[tuple, dict] = {}
+    for table in (old, folder.read_parts("responses", RESPONSES_SCHEMA)):
+        for row in table.to_pylist():
+            key = _key(row)
+            if wanted.get(key) == row["cache_key"] and best.get(key, {}).get("status") != "ok":
+                best[key] = row
+    return best
+
+
+# the stage --------------------------------------------------------------------------------------
+def run_describe(study: StudyBase, plan: Plan, run: StudyRun) -> pa.Table:
+    jobs = plan_jobs(study, plan, run.table("images"))
+    done = {k for k, row in collect_rows(run.folder, jobs).items() if row["status"] == "ok"}
+    todo = [j for j in jobs if (j.subject, j.image_id, j.variant, j.prompt_id) not in done]
+    if done:
+        run.reporter.say(f"     responses    {len(done)} of {len(jobs)} already done, kept")
+    with run.reporter.track("describe", len(todo)) as advance:
+        for model in study.models:
+            model_jobs = [j for j in todo if j.subject == model.name]
+            if not model_jobs:
+                continue
+            cls = backend_class(model.backend)
+            if cls.remote:
+                _describe_remote(study, model, model_jobs, run, advance)
+            elif cls.needs_images:
+                _describe_on_ray(study, model, model_jobs, run, advance)
+            else:
+                backend = cls(model)
+                with run.folder.parts("responses", RESPONSES_SCHEMA) as parts:
+                    for batch in batches(model_jobs, model.batch_size):
+                        stimuli = [Stimulus(j.image_id, j.variant, np.empty(0, np.uint8), j.prompt, j.classes) for j in batch]
+                        parts.add(describe_batch(backend, batch, stimuli))
+                        advance(len(batch))
+    rows = sorted(collect_rows(run.folder, jobs).values(), key=_key)
+    return pa.Table.from_pylist(rows, schema=RESPONSES_SCHEMA)
+
+
+def _describe_on_ray(study: StudyBase, model: ModelConfig, jobs: list[Job], run: StudyRun, advance) -> None:
+    ray, rt = run.ray(), study.runtime
+    check_actor_fit(study, ray)
+    actor_cls = ray.remote(DescribeActor).options(
+        num_cpus=rt.cpus_per_actor, num_gpus=rt.gpus_per_actor, max_restarts=1, max_task_retries=1
+    )
+    # Loaders reserve no CPU: the actors may hold every CPU there is, and the in-flight cap
+    # already bounds how many loads run at once (two per actor).
+    loader = ray.remote(load_stimuli).options(num_cpus=0)
+    actors = [actor_cls.remote(model) for _ in range(rt.actors_per_model)]
+
+    def submit(batch: list[Job], slot: int):
+        return actors[slot % len(actors)].describe.remote(batch, loader.remote(batch))
+
+    try:
+        with run.folder.parts("responses", RESPONSES_SCHEMA) as parts:
+            for done in bounded(ray, batches(jobs, model.batch_size), submit, IN_FLIGHT_PER_ACTOR * len(actors)):
+                # a lost actor or batch is recorded per row, and tried again on the next run
+                parts.add(done.value if done.error is None else failed_batch(done.work, done.error))
+                advance(len(done.work))
+    finally:
+        for actor in actors:
+            ray.kill(actor)
+
+
+def _describe_remote(study: StudyBase, model: ModelConfig, jobs: list[Job], run: StudyRun, advance) -> None:
+    """An API model: Ray tasks encode PNGs and send them to the provider's gateway actor, many at once."""
+    from vlm_decade.models.api.session import RemoteSession
+
+    ray = run.ray()
+    cls = backend_class(model.backend)
+    settings = cls.settings(model)
+    tasks = max(1, 2 * getattr(study.providers, cls.provider).max_concurrency // REMOTE_BATCH)
+    ask = ray.remote(ask_gateway).options(num_cpus=0)
+    skipped: list[str] = []
+    with RemoteSession(ray, study.providers, run.folder, cls.provider) as session:
+        with run.folder.parts("responses", RESPONSES_SCHEMA, FLUSH_ROWS, FLUSH_S, on_save=session.record) as parts:
+            submit = lambda batch, _: ask.remote(session.actor, model.model_id, settings, batch)  # noqa: E731
+            for done in bounded(ray, batches(jobs, REMOTE_BATCH), submit, tasks):
+                if done.error is not None:
+                    parts.add(failed_batch(done.work, done.error))
+                else:
+                    skipped += [a["error"] for a in done.value if a["status"] == "skipped"]
+                    parts.add([response_row(j, a) for j, a in zip(done.work, done.value)])
+                advance(len(done.work))
+    if skipped:
+        run.reporter.say(f"     {model.name}: {len(skipped)} requests not sent: {skipped[0]}")
+
+
+def stage(study: StudyBase, plan: Plan) -> Stage:
+    """The `responses` table: what decides it is each model's settings and prompts, the masks, the
+    class lists, and the API budgets (so a higher budget takes up the rows a lower one skipped)."""
+    budgets = api_budgets(study)
+    settings = {
+        "models": [[m.name, m.variants, model_fingerprint(m), *plan.prompts[m.name]] for m in study.models],
+        "masks": [asdict(s) for s in plan.masks],
+        "classnames": {d: list(c) for d, c in sorted(plan.classnames.items())},
+    }
+    # Only studies with API models carry budgets, so other studies keep their fingerprints.
+    return Stage("responses", ("images",), settings | ({"budgets": budgets} if budgets else {}),
+                 lambda run: {"responses": run_describe(study, plan, run)})
+
+
+# estimate ---------------------------------------------------------------------------------------
+def estimate(study: StudyBase, plan: Plan, images: pa.Table, cache) -> tuple[list[Line], int, int]:
+    """The API models' requests, built exactly as the stage would send them (a request the cache
+    answers is counted as cached and free); and how many answers they give, and the answer tokens
+    at most, which the embed stage would then encode."""
+    from vlm_decade.models.api.providers import ChatRequest, chat_key, cost, provider_class
+
+    api_models = {m.name: m for m in study.models if backend_class(m.backend).remote}
+    by_model = defaultdict(list)
+    for job in plan_jobs(study, plan, images):
+        if job.subject in api_models:
+            by_model[job.subject].append(job)
+    lines, answer_tokens = [], 0
+    n_answers = sum(len(j) for j in by_model.values())
+    for name, model_jobs in by_model.items():
+        model = api_models[name]
+        cls = backend_class(model.backend)
+        provider, settings = cls.provider, cls.settings(model)
+        price = getattr(study.providers, provider).price(provider, model.model_id)
+        line = Line(provider, name)
+        for job, png in zip(model_jobs, load_png(model_jobs)):
+            if isinstance(png, str):
+                continue  # an unreadable image is an error row, never a request
+            req = ChatRequest(model.model_id, job.prompt, png, settings)
+            line.requests += 1
+            answer_tokens += settings["max_output_tokens"]
+            if cache.has("chat", chat_key(provider, req)):
+                line.cached += 1
+                continue
+            n_in = provider_class(provider).estimate_input(req)
+            line.input_tokens += n_in
+            line.output_tokens += settings["max_output_tokens"]
+            line.usd += cost(price, n_in, settings["max_output_tokens"]) if price else 0.0
+        lines.append(line)
+    return lines, n_answers, answer_tokens

@@ -1,0 +1,54 @@
+"""`vlm-decade estimate`: the requests, tokens and dollars a study's API work would take, before any
+is spent. Each stage that sends API requests counts its own (`describe.estimate`, `embed.estimate`,
+Study B's judge); a study's pipeline puts the lines together and `render` prints them.
+
+Input tokens follow the providers' published counting rules (text at about 4 characters a token,
+images by tiles); output is counted at each model's `max_output_tokens` cap, so the dollars are an
+upper bound. A request the cache already answers is counted as cached and free.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from vlm_decade.core.config import PRICES_AS_OF, StudyBase
+from vlm_decade.models.api.cache import ResponseCache
+from vlm_decade.models.api.session import cache_dir
+
+
+@dataclass
+class Line:
+    """What one model, encoder or judge would send to one provider."""
+
+    provider: str
+    what: str  # model or encoder name
+    requests: int = 0
+    cached: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    usd: float = 0.0
+
+
+def response_cache(study: StudyBase) -> ResponseCache:
+    """The cache the study's gateways would answer from."""
+    return ResponseCache(cache_dir(study.providers))
+
+
+def render(study: StudyBase, lines: list[Line], notes: tuple[str, ...] = ()) -> str:
+    if not lines:
+        return "no API models, encoders or judge in this study: nothing to spend"
+    out = [f"{'provider':<8} {'model/encoder':<24} {'requests':>9} {'cached':>7} {'tokens in':>11} {'tokens out*':>12} {'US$ at most':>12}"]
+    totals: dict[str, float] = defaultdict(float)
+    for ln in lines:
+        out.append(f"{ln.provider:<8} {ln.what:<24} {ln.requests:>9} {ln.cached:>7} {ln.input_tokens:>11} {ln.output_tokens:>12} {ln.usd:>12.4f}")
+        totals[ln.provider] += ln.usd
+    for provider, usd in sorted(totals.items()):
+        budget = getattr(study.providers, provider).budget_usd
+        cap = "no budget cap" if budget is None else f"budget ${budget:g}" + (" (would stop the run)" if usd > budget else "")
+        out.append(f"{provider}: at most ${usd:.4f}; {cap}")
+    out.append("* output counted at each model's max_output_tokens; cached requests are free; embeddings of "
+               f"model answers counted at that cap too. Prices: the built-in table as of {PRICES_AS_OF} "
+               "and providers.<name>.prices")
+    out += notes
+    return "\n".join(out)

@@ -1,0 +1,272 @@
+"""Study A's input: read and check the images, human descriptions and votes, and rank the descriptions.
+
+`load_study_data` reads the three tables of docs/data-format.md, decodes every image once, and checks
+everything before it ranks anything: all problems (file, spreadsheet row, field) come back together
+as one InputError. It writes nothing. The result is the `images` and `references` tables of the run
+folder (DESIGN.md) and, per dataset, which ranking method was used ("votes" or "consensus").
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+
+from vlm_decade.core.errors import Problems
+from vlm_decade.core.tables import Table, cell_present, cell_text, read_table
+from vlm_decade.imaging.masks import MaskConfig, mask_ids
+from vlm_decade.stages.images import IMAGE_COLUMNS, CheckedImage, check_images, images_table
+from vlm_decade.studies.decade.config import DataConfig, RankingConfig
+from vlm_decade.studies.decade.ranking import rank_by_consensus, rank_by_votes
+
+DESCRIPTION_COLUMNS = ("description_id", "image_id", "worker_id", "condition", "text")
+VOTE_COLUMNS = ("image_id", "rater_id", "trial", "shown", "chosen")
+
+FULL = "full"
+MASKED = "masked"
+VOTES, CONSENSUS = "votes", "consensus"
+
+REFERENCES_SCHEMA = pa.schema(
+    [
+        ("description_id", pa.string()),
+        ("image_id", pa.string()),
+        ("dataset", pa.string()),
+        ("condition", pa.string()),
+        ("worker_id", pa.string()),
+        ("role", pa.string()),
+        ("votes", pa.int64()),
+        ("shown", pa.int64()),
+        ("text", pa.string()),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class StudyData:
+    """Study A's checked input: the run folder's `images` and `references` tables (docs/data-format.md)."""
+
+    images: pa.Table
+    references: pa.Table
+    ranking_method: dict[str, str]  # dataset -> "votes" | "consensus"
+    ratings: pa.Table | None = None  # human similarity ratings, when the study has them (metric_validation)
+    hand_labels: pa.Table | None = None  # hand error labels, when the study has them (taxonomy)
+
+
+def load_study_data(data: DataConfig, ranking: RankingConfig, masks: MaskConfig) -> StudyData:
+    """Read, check and rank Study A's input; every problem is raised together as one InputError."""
+    problems = Problems()
+    images_t = read_table(Path(data.images), IMAGE_COLUMNS, problems)
+    descriptions_t = read_table(Path(data.descriptions), DESCRIPTION_COLUMNS, problems)
+    votes_t = read_table(Path(data.votes), VOTE_COLUMNS, problems) if data.votes is not None else None
+
+    images = descriptions = None
+    if images_t is not None:
+        images = check_images(images_t, Path(data.image_dir), problems)
+    if descriptions_t is not None:
+        descriptions = _check_descriptions(descriptions_t, images, [FULL, *mask_ids(masks)], problems)
+    if images is not None and descriptions is not None:
+        _check_every_image_has_full(images_t, images, descriptions, descriptions_t.name, problems)
+    tally = _Tally()
+    if votes_t is not None and images is not None and descriptions is not None:
+        declared = {cell_text(row, "description_id") for row in descriptions_t.rows}
+        tally = _check_votes(votes_t, images, descriptions, declared, problems)
+    methods = _ranking_methods(images, tally, votes_t, problems) if images is not None else {}
+    problems.raise_if_any()
+
+    return StudyData(
+        images=images_table(images),
+        references=_references_table(images, descriptions, tally, methods, ranking),
+        ranking_method=methods,
+    )
+
+
+# --- descriptions ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Description:
+    row: int
+    image_id: str
+    worker_id: str
+    condition: str
+    text: str
+
+
+def _check_descriptions(
+    table: Table, images: dict[str, CheckedImage] | None, conditions: list[str], problems: Problems
+) -> dict[str, _Description]:
+    descriptions: dict[str, _Description] = {}
+    for row in table.rows:
+        ids_ok = cell_present(row, table, ("description_id", "image_id", "worker_id", "condition"), problems)
+        text = cell_text(row, "text")
+        if not text:
+            problems.add(table.file, "'text' is empty or only whitespace", row=row.number, field="text")
+        if not ids_ok:
+            continue
+        description_id, image_id, condition = (cell_text(row, c) for c in ("description_id", "image_id", "condition"))
+        if description_id in descriptions:
+            problems.add(
+                table.file,
+                f"duplicate description_id '{description_id}' (first at row {descriptions[description_id].row})",
+                row=row.number,
+                field="description_id",
+            )
+            continue
+        ok = True
+        if images is not None and image_id not in images:
+            problems.add(
+                table.file, f"unknown image_id '{image_id}' (not in the images table)", row=row.number, field="image_id"
+            )
+            ok = False
+        if condition not in conditions:
+            problems.add(
+                table.file,
+                f"unknown condition '{condition}': expected one of {', '.join(conditions)}",
+                row=row.number,
+                field="condition",
+            )
+            ok = False
+        if ok:
+            descriptions[description_id] = _Description(row.number, image_id, cell_text(row, "worker_id"), condition, text)
+    return descriptions
+
+
+def _check_every_image_has_full(
+    table: Table, images: dict[str, CheckedImage], descriptions: dict[str, _Description], source: str, problems: Problems
+) -> None:
+    with_full = {d.image_id for d in descriptions.values() if d.condition == FULL}
+    for image_id, im in images.items():
+        if image_id not in with_full:
+            message = f"image '{image_id}' has no 'full' description in {source}"
+            problems.add(table.file, message, row=im.row, field="image_id")
+
+
+# --- votes -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Tally:
+    """Per description: times chosen best and times shown, counting only votes for its own image."""
+
+    votes: Counter = field(default_factory=Counter)
+    shown: Counter = field(default_factory=Counter)
+    images_with_votes: set[str] = field(default_factory=set)
+
+
+def _check_votes(
+    table: Table,
+    images: dict[str, CheckedImage],
+    descriptions: dict[str, _Description],
+    declared: set[str],
+    problems: Problems,
+) -> _Tally:
+    """Check each vote and tally the good ones.
+
+    `declared` holds every id in the descriptions table, `descriptions` only the rows that passed their
+    checks: a vote naming a rejected description is not counted, but is not reported again either.
+    """
+    tally = _Tally()
+    seen: dict[tuple[str, str, str], int] = {}
+    for row in table.rows:
+        if not cell_present(row, table, VOTE_COLUMNS, problems):
+            continue
+        errors: list[tuple[str, str]] = []  # (field, message) for this row
+        image_id, chosen = cell_text(row, "image_id"), cell_text(row, "chosen")
+        key = (image_id, cell_text(row, "rater_id"), cell_text(row, "trial"))
+        shown = _shown_ids(row.cells["shown"])
+        own = [d for d in shown if d in descriptions and descriptions[d].image_id == image_id]
+        if image_id not in images:
+            errors.append(("image_id", f"unknown image_id '{image_id}' (not in the images table)"))
+        elif key in seen:
+            message = f"duplicate vote: rater '{key[1]}', trial '{key[2]}' on image '{image_id}'"
+            errors.append(("trial", f"{message} (first at row {seen[key]})"))
+        else:
+            seen[key] = row.number
+            if not shown:
+                errors.append(("shown", "'shown' lists no description ids"))
+            for description_id, n in Counter(shown).items():
+                if description_id not in declared:
+                    errors.append(("shown", f"unknown description id '{description_id}' in 'shown'"))
+                elif n > 1:
+                    errors.append(("shown", f"'shown' lists '{description_id}' {n} times"))
+            if shown and not own and all(d in descriptions for d in shown):
+                errors.append(("shown", f"'shown' has no description of image '{image_id}'"))
+            if chosen not in declared:
+                errors.append(("chosen", f"unknown description id '{chosen}' in 'chosen'"))
+            elif chosen not in shown:
+                errors.append(("chosen", f"chosen '{chosen}' is not among the shown descriptions"))
+        for column, message in errors:
+            problems.add(table.file, message, row=row.number, field=column)
+        if errors or not all(d in descriptions for d in (*shown, chosen)):
+            continue
+        tally.shown.update(own)
+        # A distractor (another image's description) chosen as best counts for nothing.
+        if descriptions[chosen].image_id == image_id:
+            tally.votes[chosen] += 1
+        if any(descriptions[d].condition == FULL for d in own):
+            tally.images_with_votes.add(image_id)
+    return tally
+
+
+def _shown_ids(value: str | list[str]) -> list[str]:
+    parts = value if isinstance(value, list) else value.split(";")
+    return [p.strip() for p in parts if p.strip()]
+
+
+def _ranking_methods(
+    images: dict[str, CheckedImage], tally: _Tally, votes_t: Table | None, problems: Problems
+) -> dict[str, str]:
+    """Per dataset: "votes" if every image has votes, "consensus" if none has; a mix is a problem."""
+    by_dataset: dict[str, list[str]] = defaultdict(list)
+    for image_id, im in images.items():
+        by_dataset[im.dataset].append(image_id)
+    methods = {}
+    for dataset in sorted(by_dataset):
+        without = sorted(i for i in by_dataset[dataset] if i not in tally.images_with_votes)
+        if not without:
+            methods[dataset] = VOTES
+        elif len(without) == len(by_dataset[dataset]):
+            methods[dataset] = CONSENSUS
+        else:
+            problems.add(
+                votes_t.file,
+                f"dataset '{dataset}' has votes for some images but none showing a 'full' description of "
+                f"{len(without)} image(s): {', '.join(without)}",
+                field="image_id",
+            )
+    return methods
+
+
+def _references_table(
+    images: dict[str, CheckedImage],
+    descriptions: dict[str, _Description],
+    tally: _Tally,
+    methods: dict[str, str],
+    cfg: RankingConfig,
+) -> pa.Table:
+    by_image: dict[str, list[str]] = defaultdict(list)
+    for description_id, d in descriptions.items():
+        by_image[d.image_id].append(description_id)
+    roles: dict[str, str] = {}
+    for image_id, ids in by_image.items():
+        full = sorted(i for i in ids if descriptions[i].condition == FULL)
+        if methods[images[image_id].dataset] == VOTES:
+            roles.update(rank_by_votes(full, tally.votes, tally.shown, cfg.top_k, cfg.bottom_k))
+        else:
+            texts = [descriptions[i].text for i in full]
+            roles.update(rank_by_consensus(full, texts, cfg.top_k, cfg.bottom_k))
+    order = sorted(descriptions, key=lambda i: (descriptions[i].image_id, descriptions[i].condition, i))
+    columns = {
+        "description_id": order,
+        "image_id": [descriptions[i].image_id for i in order],
+        "dataset": [images[descriptions[i].image_id].dataset for i in order],
+        "condition": [descriptions[i].condition for i in order],
+        "worker_id": [descriptions[i].worker_id for i in order],
+        "role": [roles.get(i, MASKED) for i in order],
+        "votes": [tally.votes[i] for i in order],
+        "shown": [tally.shown[i] for i in order],
+        "text": [descriptions[i].text for i in order],
+    }
+    return pa.table(columns, schema=REFERENCES_SCHEMA)

@@ -1,0 +1,392 @@
+"""Validation of the similarity metrics against people (METHOD.md, "Similarity metric"; paper fig. A.1a).
+
+Raters score how similar a model's description is to the image's gold standard. A metric is valid
+to the degree that it agrees with each rater as well as raters agree with one another:
+
+* metric vs raters: per rater, the correlation (Pearson and Spearman) of the metric's values with
+  that rater's ratings over the (subject, image) pairs the rater rated; then the mean over raters.
+* inter-rater, leave-one-out: each rater against the mean rating of all the other raters, averaged
+  over raters. This is the CEILING: the others' mean is the best prediction of one rater that
+  people can give, so a metric that reaches it agrees with a person as well as the crowd does.
+* inter-rater, pairwise: the mean correlation over all pairs of raters (how well one person agrees
+  with another). It lies below the leave-one-out ceiling; it is the reference the paper tests
+  against ("agrees with people better than people agree with each other"): pass ceiling="pairwise".
+
+Uncertainty comes from a bootstrap over images (all pairs of a drawn image go in together), drawn
+from the stats engine's seeded chunk streams, so every statistic sees the same resamples: the CI of
+each mean, and the two-sided bootstrap p of (metric-vs-rater mean) minus (ceiling), with
+Benjamini-Hochberg q across metrics within each correlation kind. Averages of correlations are
+plain means (no Fisher z), as the paper reports them.
+
+Also here: the human ratings table (`load_ratings`, checked like every input: file, row, field)
+and the figure (`write_validation_figure`).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from vlm_decade.core.errors import Problems
+from vlm_decade.core.runfolder import table_fingerprint
+from vlm_decade.core.runner import Stage, StudyRun
+from vlm_decade.core.tables import read_table
+from vlm_decade.report.figures import save_figure
+from vlm_decade.stats import format_p
+from vlm_decade.stats.resampling import bh_qvalues, bootstrap_p, percentile_ci, resample_counts, weighted_pearson, weighted_ranks
+
+RATINGS_COLUMNS = ("rater_id", "subject", "image_id", "rating")
+RATINGS_SCHEMA = pa.schema(
+    [("rater_id", pa.string()), ("subject", pa.string()), ("image_id", pa.string()), ("rating", pa.float64())]
+)
+LOO = "inter-rater (leave-one-out)"
+PAIRWISE = "inter-rater (pairwise)"
+CEILINGS = {"leave-one-out": LOO, "pairwise": PAIRWISE}
+KINDS = ("pearson", "spearman")
+STREAM = "metric-validation"
+
+VALIDATION_SCHEMA = pa.schema(
+    [
+        ("metric", pa.string()),
+        ("kind", pa.string()),  # pearson | spearman
+        ("role", pa.string()),  # metric | ceiling | reference
+        ("estimate", pa.float64()),
+        ("ci_low", pa.float64()),
+        ("ci_high", pa.float64()),
+        ("difference", pa.float64()),  # metric rows: estimate minus the ceiling's estimate
+        ("diff_ci_low", pa.float64()),
+        ("diff_ci_high", pa.float64()),
+        ("p", pa.float64()),
+        ("q", pa.float64()),
+        ("n_raters", pa.int64()),
+        ("n_pairs", pa.int64()),
+        ("n_resamples", pa.int64()),
+        ("seed", pa.int64()),
+    ]
+)
+PER_RATER_SCHEMA = pa.schema(
+    [
+        ("metric", pa.string()),
+        ("kind", pa.string()),
+        ("rater_id", pa.string()),
+        ("estimate", pa.float64()),
+        ("n_pairs", pa.int64()),
+    ]
+)
+
+
+# --- the ratings table -----------------------------------------------------------------------------
+
+
+def check_ratings(
+    path: str | Path,
+    known_subjects,
+    known_images,
+    problems: Problems,
+    scale: tuple[float, float] = (1.0, 5.0),
+) -> pa.Table | None:
+    """Read and check a ratings table (rater_id, subject, image_id, rating), adding every problem.
+
+    Returns the good rows (RATINGS_SCHEMA, sorted) or None when the file cannot be read at all.
+    A rating must be a number within `scale`; one rater may rate a (subject, image) only once.
+    """
+    table = read_table(Path(path), RATINGS_COLUMNS, problems)
+    if table is None:
+        return None
+    subjects, images = set(known_subjects), set(known_images)
+    lo, hi = scale
+    seen: dict[tuple[str, str, str], int] = {}
+    rows = []
+    for row in table.rows:
+        cells = {c: row.cells[c] for c in RATINGS_COLUMNS}
+        cells = {c: (";".join(v) if isinstance(v, list) else v).strip() for c, v in cells.items()}
+        errors: list[tuple[str, str]] = [(c, f"'{c}' is empty") for c, v in cells.items() if not v]
+        if cells["subject"] and cells["subject"] not in subjects:
+            errors.append(("subject", f"unknown subject '{cells['subject']}' (not a model of the study)"))
+        if cells["image_id"] and cells["image_id"] not in images:
+            errors.append(("image_id", f"unknown image_id '{cells['image_id']}' (not in the images table)"))
+        rating = math.nan
+        if cells["rating"]:
+            try:
+                rating = float(cells["rating"])
+            except ValueError:
+                errors.append(("rating", f"rating '{cells['rating']}' is not a number"))
+            else:
+                if not lo <= rating <= hi:  # NaN fails this too
+                    errors.append(("rating", f"rating {cells['rating']} is outside the scale {lo:g} to {hi:g}"))
+        key = (cells["rater_id"], cells["subject"], cells["image_id"])
+        if all(key) and key in seen:
+            message = f"duplicate rating: rater '{key[0]}' on subject '{key[1]}', image '{key[2]}'"
+            errors.append(("rater_id", f"{message} (first at row {seen[key]})"))
+        elif all(key):
+            seen[key] = row.number
+        for column, message in errors:
+            problems.add(table.file, message, row=row.number, field=column)
+        if not errors:
+            rows.append({**cells, "rating": rating})
+    if not table.rows:
+        problems.add(table.file, "has no ratings")
+    rows.sort(key=lambda r: (r["subject"], r["image_id"], r["rater_id"]))
+    return pa.Table.from_pylist(rows, schema=RATINGS_SCHEMA)
+
+
+def load_ratings(path: str | Path, known_subjects, known_images, scale: tuple[float, float] = (1.0, 5.0)) -> pa.Table:
+    """The checked ratings table; every problem (file, row, field) is raised together as one InputError."""
+    problems = Problems()
+    table = check_ratings(path, known_subjects, known_images, problems, scale)
+    problems.raise_if_any()
+    return table
+
+
+# --- the analysis ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MetricValidation:
+    """`summary` (VALIDATION_SCHEMA): per kind, the two inter-rater references and one row per metric
+    with p and q against the ceiling; `per_rater` (PER_RATER_SCHEMA): full-sample correlations."""
+
+    summary: pa.Table
+    per_rater: pa.Table
+    ceiling: str  # "leave-one-out" or "pairwise"
+
+
+@dataclass(frozen=True)
+class _Design:
+    raters: list[str]
+    metrics: list[str]
+    image_of_pair: np.ndarray  # (P,) image index of each analysed (subject, image) pair
+    n_images: int
+    ratings: np.ndarray  # (R, P), 0 where missing
+    rated: np.ndarray  # (R, P) bool
+    values: np.ndarray  # (K, P) metric values
+
+
+def _design(ratings: pa.Table, scores: pa.Table) -> _Design:
+    """The rated pairs that every metric scored, as matrices."""
+    if "variant" in scores.column_names:  # the run's scores table: ratings are of full-image descriptions
+        scores = scores.filter(pc.equal(scores["variant"], "full"))
+    value_of: dict[str, dict[tuple[str, str], float]] = {}
+    for s, i, m, v in zip(*(scores.column(c).to_pylist() for c in ("subject", "image_id", "metric", "value"))):
+        if (s, i) in value_of.setdefault(m, {}):
+            raise ValueError(f"scores: more than one value for metric '{m}', subject '{s}', image '{i}'")
+        value_of[m][(s, i)] = math.nan if v is None else v
+    metrics = sorted(value_of)
+    rated_pairs = set(zip(ratings.column("subject").to_pylist(), ratings.column("image_id").to_pylist()))
+    pairs = sorted(p for p in rated_pairs if all(np.isfinite(value_of[m].get(p, math.nan)) for m in metrics))
+    raters = sorted(set(ratings.column("rater_id").to_pylist()))
+    if not metrics:
+        raise ValueError("scores: no metric values")
+    if len(raters) < 2:
+        raise ValueError("ratings: inter-rater agreement needs at least 2 raters")
+    images = sorted({i for _, i in pairs})
+    pair_index = {p: j for j, p in enumerate(pairs)}
+    rater_index = {r: j for j, r in enumerate(raters)}
+    y = np.zeros((len(raters), len(pairs)))
+    rated = np.zeros((len(raters), len(pairs)), dtype=bool)
+    for r, s, i, v in zip(*(ratings.column(c).to_pylist() for c in RATINGS_COLUMNS)):
+        if (s, i) in pair_index:
+            y[rater_index[r], pair_index[(s, i)]] = v
+            rated[rater_index[r], pair_index[(s, i)]] = True
+    few = [r for r, n in zip(raters, rated.sum(axis=1)) if n < 3]
+    if few:
+        raise ValueError(f"a correlation needs at least 3 scored pairs per rater; too few for: {', '.join(few)}")
+    return _Design(
+        raters=raters,
+        metrics=metrics,
+        image_of_pair=np.array([images.index(i) for _, i in pairs], dtype=np.intp),
+        n_images=len(images),
+        ratings=y,
+        rated=rated,
+        values=np.array([[value_of[m][p] for p in pairs] for m in metrics]),
+    )
+
+
+class _Correlator:
+    """Correlations of (vector, subset of pairs) series under one block of resample weights.
+
+    Spearman ranks are taken within each resample and each subset (a pair outside the subset gets
+    weight 0, which `weighted_ranks` leaves out), and cached: in a complete design every
+    rater shares one subset, so each vector is ranked once per block.
+    """
+
+    def __init__(self, weights: np.ndarray, kind: str):
+        self.w, self.kind = weights, kind
+        self._ranks: dict[tuple[str, bytes], np.ndarray] = {}
+
+    def _series(self, name: str, x: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        if self.kind == "pearson":
+            return np.broadcast_to(x, self.w.shape)  # the same values in every resample
+        key = (name, np.packbits(mask).tobytes())
+        if key not in self._ranks:
+            self._ranks[key] = weighted_ranks(self.w * mask, x)
+        return self._ranks[key]
+
+    def corr(self, a: tuple[str, np.ndarray], b: tuple[str, np.ndarray], mask: np.ndarray) -> np.ndarray:
+        return weighted_pearson(self.w * mask, self._series(*a, mask), self._series(*b, mask))
+
+
+def _nanmean(x: np.ndarray, axis: int = 0) -> np.ndarray:
+    with warnings.catch_warnings():  # a resample where every rater's r is undefined gives NaN, quietly
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmean(x, axis=axis)
+
+
+def _statistics(d: _Design, weights: np.ndarray, kind: str) -> dict[str, np.ndarray]:
+    """Per resample (row of `weights`, over pairs): each metric's mean correlation with the raters,
+    and the two inter-rater means; plus the per-rater values under the key (name, rater)."""
+    c = _Correlator(weights, kind)
+    n_raters = len(d.raters)
+    rater = [(f"rater:{r}", d.ratings[j]) for j, r in enumerate(d.raters)]
+    out: dict = {}
+    for k, m in enumerate(d.metrics):
+        per = np.vstack([c.corr((f"metric:{m}", d.values[k]), rater[j], d.rated[j]) for j in range(n_raters)])
+        out[m] = _nanmean(per)
+        out.update({(m, d.raters[j]): per[j] for j in range(n_raters)})
+    loo = []
+    for j in range(n_raters):
+        others = np.delete(np.arange(n_raters), j)
+        count = d.rated[others].sum(axis=0)
+        mean_others = d.ratings[others].sum(axis=0) / np.maximum(count, 1)
+        loo.append(c.corr((f"others:{j}", mean_others), rater[j], d.rated[j] & (count > 0)))
+        out[(LOO, d.raters[j])] = loo[-1]
+    out[LOO] = _nanmean(np.vstack(loo))
+    pairwise = [
+        c.corr(rater[i], rater[j], d.rated[i] & d.rated[j]) for i in range(n_raters) for j in range(i + 1, n_raters)
+    ]
+    out[PAIRWISE] = _nanmean(np.vstack(pairwise))
+    return out
+
+
+def validate_metrics(
+    ratings: pa.Table,
+    scores: pa.Table,
+    n_resamples: int = 10_000,
+    seed: int = 20_241_101,
+    confidence: float = 0.95,
+    ceiling: str = "leave-one-out",
+) -> MetricValidation:
+    """Each metric's agreement with the raters against the inter-rater ceiling (module docstring).
+
+    ratings: RATINGS_SCHEMA rows (`load_ratings`). scores: one row per (subject, image_id, metric)
+    with a `value`: the run's scores table (only its `full` variant is used) or `metrics.score_table`.
+    Only rated pairs that every metric scored are analysed, so all metrics see the same pairs.
+    ceiling: "leave-one-out" (default) or "pairwise" (the paper's test); p and q are against it.
+    """
+    if ceiling not in CEILINGS:
+        raise ValueError(f"ceiling must be one of {', '.join(CEILINGS)}, got {ceiling!r}")
+    if n_resamples < 1:
+        raise ValueError("n_resamples must be at least 1")
+    d = _design(ratings, scores)
+    n_pairs = d.values.shape[1]
+    full = {kind: _statistics(d, np.ones((1, n_pairs)), kind) for kind in KINDS}
+
+    # Every kind and statistic sees the same resamples: chunk c of the stream, whatever B is.
+    dists: dict[str, dict] = {kind: {} for kind in KINDS}
+    for counts in resample_counts(seed, STREAM, n_resamples, d.n_images):
+        weights = counts[:, d.image_of_pair]
+        for kind in KINDS:
+            for name, dist in _statistics(d, weights, kind).items():
+                if isinstance(name, str):
+                    dists[kind].setdefault(name, []).append(dist)
+
+    ref = CEILINGS[ceiling]
+    rows, per_rater = [], []
+    for kind in KINDS:
+        dist = {name: np.concatenate(parts) for name, parts in dists[kind].items()}
+        names = [LOO, PAIRWISE, *d.metrics]
+        lo, hi = percentile_ci(np.vstack([dist[n] for n in names]), confidence)
+        diffs = np.vstack([dist[m] - dist[ref] for m in d.metrics])
+        p = bootstrap_p(diffs)
+        q = bh_qvalues(p)
+        dlo, dhi = percentile_ci(diffs, confidence)
+        for i, name in enumerate(names):
+            row = {"metric": name, "kind": kind, "estimate": float(full[kind][name][0]), "ci_low": lo[i], "ci_high": hi[i]}
+            if name in (LOO, PAIRWISE):
+                row["role"] = "ceiling" if name == ref else "reference"
+            else:
+                k = i - 2
+                row.update(role="metric", difference=row["estimate"] - float(full[kind][ref][0]),
+                           diff_ci_low=dlo[k], diff_ci_high=dhi[k], p=p[k], q=q[k])
+            rows.append(_nan_to_null({**row, "n_raters": len(d.raters), "n_pairs": n_pairs,
+                                      "n_resamples": n_resamples, "seed": seed}))
+        for key, value in full[kind].items():
+            if isinstance(key, tuple):
+                name, rater_id = key
+                j = d.raters.index(rater_id)
+                per_rater.append(
+                    {"metric": name, "kind": kind, "rater_id": rater_id, "estimate": float(value[0]),
+                     "n_pairs": int(d.rated[j].sum())}
+                )
+    summary = pa.Table.from_pylist(rows, schema=VALIDATION_SCHEMA)
+    per_rater.sort(key=lambda r: (r["kind"], r["metric"], r["rater_id"]))
+    return MetricValidation(summary, pa.Table.from_pylist(per_rater, schema=PER_RATER_SCHEMA), ceiling)
+
+
+def _nan_to_null(row: dict) -> dict:
+    return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()}
+
+
+# --- the figure ------------------------------------------------------------------------------------
+
+
+def validation_figure(summary: pa.Table, labels: dict[str, str] | None = None, demo: bool = False):
+    """Fig. A.1a's shape: per kind, each metric's mean correlation with the raters (point, CI) against
+    the ceiling (grey band: CI, line: estimate) and the other inter-rater reference (dashed line)."""
+    from matplotlib.figure import Figure
+
+    labels = labels or {}
+    rows = summary.to_pylist()
+    kinds = [k for k in KINDS if any(r["kind"] == k for r in rows)]
+    fig = Figure(figsize=(4.2 * len(kinds), 4.2), layout="constrained")
+    axes = fig.subplots(1, len(kinds), sharey=True, squeeze=False)[0]
+    for ax, kind in zip(axes, kinds):
+        here = [r for r in rows if r["kind"] == kind]
+        metrics = [r for r in here if r["role"] == "metric"]
+        ceiling = next(r for r in here if r["role"] == "ceiling")
+        other = next(r for r in here if r["role"] == "reference")
+        ax.axhspan(ceiling["ci_low"], ceiling["ci_high"], color="0.85", zorder=0, label=f"{ceiling['metric']} (95% CI)")
+        ax.axhline(ceiling["estimate"], color="0.45", lw=1.2, zorder=1)
+        ax.axhline(other["estimate"], color="0.45", lw=1.0, ls="--", zorder=1, label=other["metric"])
+        x = np.arange(len(metrics))
+        est = np.array([r["estimate"] for r in metrics])
+        err = np.array([[r["estimate"] - r["ci_low"], r["ci_high"] - r["estimate"]] for r in metrics]).T
+        ax.errorbar(x, est, yerr=err, fmt="o", color="C0", capsize=4, zorder=3, label="metric vs raters (mean, 95% CI)")
+        for xi, r in zip(x, metrics):
+            ax.annotate(f"q {format_p(r['q'], r['n_resamples'])}", (xi, r["ci_high"]), xytext=(0, 4),
+                        textcoords="offset points", ha="center", fontsize=8)
+        ax.set_xticks(x, [labels.get(r["metric"], r["metric"]) for r in metrics], rotation=20, ha="right", fontsize=8)
+        ax.set_xlim(-0.6, len(metrics) - 0.4)
+        ax.set_title(f"{kind.capitalize()} correlation with raters")
+        n = metrics[0] if metrics else ceiling
+        ax.set_xlabel(f"{n['n_raters']} raters, {n['n_pairs']} rated pairs")
+    axes[0].set_ylabel("mean correlation")
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=3, fontsize=8)
+    if demo:
+        fig.suptitle("DEMO DATA: simulated ratings, no findings", color="firebrick", fontweight="bold")
+        fig.text(0.5, 0.5, "DEMO DATA", fontsize=48, color="firebrick", alpha=0.15, ha="center", va="center", rotation=20)
+    return fig
+
+
+def write_validation_figure(
+    summary: pa.Table, path: str | Path, labels: dict[str, str] | None = None, demo: bool = False
+) -> Path:
+    """Draw `validation_figure` and write it atomically (a temporary file renamed into place).
+    The format follows the suffix (.png, .svg, .pdf); `labels` maps metric names to legend labels."""
+    return save_figure(validation_figure(summary, labels, demo), Path(path), dpi=150)
+
+
+def stage(study, ratings: pa.Table) -> Stage:
+    """The `metric_validation` table: each metric of the run's scores against the study's raters."""
+    s = study.statistics
+
+    def compute(run: StudyRun) -> dict[str, pa.Table]:
+        return {"metric_validation": validate_metrics(ratings, run.table("scores"), s.n_resamples, s.seed, s.confidence).summary}
+
+    return Stage("metric_validation", ("scores",), [table_fingerprint(ratings), s.model_dump()], compute)

@@ -1,0 +1,116 @@
+"""Study A as one function: check everything, then run its stages in order over the shared spine.
+
+Everything is checked before anything is written (`check`); each stage then runs only if its
+inputs or settings changed, and Ray starts only when a stage needs it. The same five functions as
+Study B's pipeline: `check`, `run`, `estimate`, `summary`, `redraw_report`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, replace
+
+from vlm_decade.core.errors import InputError, Problem, Problems
+from vlm_decade.core.progress import Reporter
+from vlm_decade.core.runfolder import RunFolder
+from vlm_decade.core.runner import given, open_run
+from vlm_decade.imaging.masks import mask_specs
+from vlm_decade.models.backends import backend_class
+from vlm_decade.stages import describe, embed
+from vlm_decade.stages.estimate import Line, render, response_cache
+from vlm_decade.studies.decade import metric_validation, report, score, statistics, stsb
+from vlm_decade.studies.decade.config import StudyConfig
+from vlm_decade.studies.decade.data import StudyData, load_study_data
+from vlm_decade.studies.decade.taxonomy import stages as taxonomy
+from vlm_decade.studies.decade.taxonomy.analysis import ERROR_TYPES
+from vlm_decade.studies.decade.taxonomy.hand import check_hand_labels
+
+
+def plan(study: StudyConfig) -> describe.Plan:
+    """Each model's prompt (its own or the study's, with a short hash as id, so a reworded prompt is
+    a new row) and the masked variants."""
+    prompts = {}
+    for m in study.models:
+        text = m.prompt or study.prompt
+        prompts[m.name] = (("p-" + hashlib.sha256(text.encode()).hexdigest()[:10], text),)
+    return describe.Plan(prompts, masks=tuple(mask_specs(study.masks)))
+
+
+def check(study: StudyConfig) -> StudyData:
+    """Check data and models; raise every problem together. Writes nothing."""
+    problems: list[Problem] = []
+    data = None
+    try:
+        data = load_study_data(study.data, study.ranking, study.masks)
+    except InputError as exc:
+        problems += exc.problems
+    image_ids = set(data.images.column("image_id").to_pylist()) if data else None
+    problems += describe.check_models(study, image_ids, ["full"] + [s.mask_id for s in mask_specs(study.masks)])
+    problems += embed.check_encoders(study)
+    ratings = hand_labels = None
+    found = Problems()
+    if study.data.ratings is not None and image_ids is not None:
+        ratings = metric_validation.check_ratings(study.data.ratings, [m.name for m in study.models], image_ids, found)
+    if study.data.hand_labels is not None and image_ids is not None:
+        if study.taxonomy is None:
+            found.add("study file", "hand labels need the error taxonomy: add a `taxonomy:` section", field="data.hand_labels")
+        else:
+            hand_labels = check_hand_labels(study.data.hand_labels, [m.name for m in study.models], image_ids, ERROR_TYPES, found)
+    if study.taxonomy is not None:
+        problems += backend_class(study.taxonomy.detector.backend).check(study.taxonomy.detector.as_model(), image_ids or set(), ["full"])
+    problems += found.items
+    if problems:
+        raise InputError(problems)
+    return replace(data, ratings=ratings, hand_labels=hand_labels)
+
+
+def run(study: StudyConfig, reporter: Reporter | None = None) -> RunFolder:
+    data = check(study)
+    stages = [
+        given("images", data.images),
+        given("references", data.references),
+        describe.stage(study, plan(study)),
+        embed.stage(study),
+        score.stage(study),
+        statistics.stage(study),
+    ]
+    if data.ratings is not None:
+        stages.append(metric_validation.stage(study, data.ratings))
+    if study.stsb_check:
+        stages.append(stsb.stage(study))
+    if study.taxonomy is not None:
+        stages += taxonomy.stages(study, data.hand_labels)
+    stages.append(report.stage(study, data, [t for s in stages for t in s.tables]))
+    summary = f": {data.images.num_rows} images, {len(study.models)} models"
+    masks = [asdict(s) for s in mask_specs(study.masks)]
+    with open_run(study, reporter, summary, ranking_method=data.ranking_method, masks=masks) as spine:
+        spine(*stages)
+    return spine.folder
+
+
+def estimate(study: StudyConfig, data: StudyData) -> str:
+    """The API requests, tokens and dollars this study would take, as `vlm-decade estimate` prints them."""
+    cache = response_cache(study)
+    lines: list[Line]
+    lines, n_answers, answer_tokens = describe.estimate(study, plan(study), data.images, cache)
+    lines += embed.estimate(study, data.references.column("text").to_pylist(), n_answers, answer_tokens, cache)
+    notes = ()
+    if study.taxonomy is not None:
+        notes = ("The error taxonomy's probe questions (one or two per object an API model's description leaves "
+                 "out or adds) are not counted: they depend on the descriptions; the budget caps them too.",)
+    return render(study, lines, notes)
+
+
+def summary(study: StudyConfig, data: StudyData) -> tuple[str, list[str]]:
+    """What `validate` says of a study that passed its checks, and its warnings (none here)."""
+    datasets = sorted(set(data.images.column("dataset").to_pylist()))
+    return (
+        f"{data.images.num_rows} images in {len(datasets)} datasets ({', '.join(datasets)}), "
+        f"{data.references.num_rows} human descriptions, {len(study.models)} models; gold standard by "
+        + ", ".join(f"{d}: {m}" for d, m in sorted(data.ranking_method.items()))
+    ), []
+
+
+def redraw_report(folder: RunFolder, study: StudyConfig) -> list[str]:
+    """Write report.html again from the run folder's tables; returns the required tables it lacks."""
+    return report.redraw(folder, study)

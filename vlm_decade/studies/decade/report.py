@@ -1,0 +1,205 @@
+"""The report: `report.html` beside the tables, its figures drawn from the run's tables, and CSVs.
+
+The main figure has the shape of the paper's figure 4b: mean similarity to the gold standard per
+model with bootstrap CIs, datasets side by side, and the top- and bottom-ranked humans drawn as
+bands. A demo run says on the page that its human data were written for the demo.
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from vlm_decade.core.runfolder import RunFolder, atomic_write_bytes
+from vlm_decade.core.runner import Stage
+from vlm_decade.report.figures import COLOURS, save_figure
+from vlm_decade.report.html import html_table, page_start, write_csvs
+from vlm_decade.stats import format_p
+from vlm_decade.studies.decade.config import StudyConfig
+from vlm_decade.studies.decade.metric_validation import write_validation_figure
+from vlm_decade.studies.decade.taxonomy.report import taxonomy_section
+
+# Part of the report stage's settings: bump it when the page changes, so existing runs redraw it.
+REPORT_FORMAT = 5
+# The tables every report draws from, and those it adds a section for when the run has them.
+REPORT_TABLES = ("images", "references", "responses", "scores", "stats", "comparisons")
+OPTIONAL_TABLES = ("metric_validation", "stsb", "detections", "errors", "spatial", "hand_agreement", "error_stats",
+                   "error_comparisons", "impact_stats", "impact_comparisons")
+HUMAN_BANDS = {"human:top": ("top-ranked humans", 0.25), "human:bottom": ("bottom-ranked humans", 0.12)}
+
+
+def similarity_figure(stats: pa.Table, study: StudyConfig, metric: str, path: Path) -> None:
+    """Figure 4b's shape for one metric, from the `stats` table."""
+    rows = [r for r in stats.to_pylist() if r["metric"] == metric and r["variant"] == "full"]
+    datasets = sorted({r["dataset"] for r in rows})
+    models = [m.name for m in study.models if any(r["subject"] == m.name for r in rows)]
+    era = {m.name: m.era for m in study.models}
+    by_key = {(r["subject"], r["dataset"]): r for r in rows}
+    fig, ax = plt.subplots(figsize=(max(4.5, 1.3 * len(models) + 2.5), 4.2), dpi=120)
+    width = 0.7 / max(len(datasets), 1)
+    for d_i, dataset in enumerate(datasets):
+        colour = COLOURS[d_i % len(COLOURS)]
+        for subject, (label, alpha) in HUMAN_BANDS.items():
+            r = by_key.get((subject, dataset))
+            if r:
+                ax.axhspan(r["ci_low"], r["ci_high"], color=colour, alpha=alpha, lw=0)
+                ax.axhline(r["estimate"], color=colour, lw=1, ls="--" if subject == "human:bottom" else "-")
+                ax.annotate(f"{label} ({dataset})", (len(models) - 0.45, r["estimate"]), fontsize=7, color=colour, va="bottom", ha="right")
+        xs, ys, lo, hi = [], [], [], []
+        for m_i, model in enumerate(models):
+            r = by_key.get((model, dataset))
+            if r:
+                xs.append(m_i + (d_i - (len(datasets) - 1) / 2) * width)
+                ys.append(r["estimate"])
+                lo.append(r["estimate"] - r["ci_low"])
+                hi.append(r["ci_high"] - r["estimate"])
+        ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o", color=colour, capsize=3, label=dataset)
+    ax.set_xticks(range(len(models)))
+    ax.set_xticklabels([f"{m}\n({era[m]})" for m in models], fontsize=8)
+    ax.set_xlim(-0.6, len(models) - 0.4)
+    ax.set_ylabel(f"{metric} to gold standard (mean, 95% CI)")
+    ax.legend(title="dataset", fontsize=8, loc="lower left")
+    ax.grid(axis="y", alpha=0.3)
+    title = f"Similarity to the gold standard ({metric})"
+    ax.set_title(title + ("\nDEMO DATA: not a finding" if study.demo else ""), fontsize=10)
+    fig.tight_layout()
+    save_figure(fig, path)
+
+
+def _metric_validation(run: RunFolder, study: StudyConfig, summary: pa.Table) -> str:
+    """Each metric's agreement with the human raters against the inter-rater ceiling (figure A.1a's shape)."""
+    write_validation_figure(summary, run.root / "figures" / "metric_validation.png", demo=study.demo)
+    n = study.statistics.n_resamples
+    note = " These ratings were simulated for the demo." if study.demo else ""
+    return (
+        "<h2>The metrics against human ratings</h2><p class='note'>Correlation of each metric with each rater, "
+        "averaged over raters, against the inter-rater ceiling (each rater against the mean of the others); "
+        f"p and q test the difference from the ceiling (docs/metrics.md).{note}</p>"
+        "<img src='figures/metric_validation.png' alt='metric validation against human ratings'>"
+        + html_table(
+            summary,
+            ["metric", "kind", "role", "estimate", "ci_low", "ci_high", "difference", "p", "q", "n_raters", "n_pairs"],
+            {"p": lambda v, r: "" if v is None else format_p(v, n), "q": lambda v, r: "" if v is None else format_p(v, n),
+             "difference": lambda v, r: "" if v is None else f"{v:.3f}"},
+        )
+    )
+
+
+def _examples(tables: dict[str, pa.Table], study: StudyConfig) -> str:
+    """Per image: the gold description and each model's full-image description with its scores."""
+    gold = {r["image_id"]: r["text"] for r in tables["references"].to_pylist() if r["role"] == "gold" and r["condition"] == "full"}
+    said = {(r["subject"], r["image_id"]): r["text"] for r in tables["responses"].to_pylist() if r["variant"] == "full" and r["status"] == "ok"}
+    scores: dict[tuple[str, str], list[str]] = {}
+    for r in tables["scores"].to_pylist():
+        scores.setdefault((r["subject"], r["image_id"]), []).append(f"{r['metric']} {r['value']:.2f}")
+    rows = []
+    for image in tables["images"].sort_by([("dataset", "ascending"), ("image_id", "ascending")]).to_pylist():
+        i = image["image_id"]
+        models = "".join(
+            f"<div><b>{html.escape(m.name)}</b>: {html.escape(said.get((m.name, i), '(no description)'))} "
+            f"<span class='note'>{html.escape(', '.join(scores.get((m.name, i), [])))}</span></div>"
+            for m in study.models
+        )
+        rows.append(
+            f"<tr><td>{html.escape(i)}<br><span class='note'>{html.escape(image['dataset'])}</span></td>"
+            f"<td>{html.escape(gold.get(i, ''))}</td><td>{models}</td></tr>"
+        )
+    return (
+        "<h2>Descriptions</h2><table><thead><tr><th>image</th><th>gold standard (human)</th><th>models</th></tr></thead>"
+        f"<tbody>{''.join(rows)}</tbody></table>"
+    )
+
+
+def write_report(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Table]) -> None:
+    figures = run.root / "figures"
+    metrics = sorted(set(tables["stats"].column("metric").to_pylist()))
+    for metric in metrics:
+        similarity_figure(tables["stats"], study, metric, figures / f"similarity_{metric}.png")
+    manifest = run.manifest()
+    parts = [page_start(f"{study.name}: vlm_decade report", study.name)]
+    if study.demo:
+        parts.append(
+            "<p class='demo'><b>Demo data.</b> The photos are real (they ship with scikit-image), but the human "
+            "descriptions, masked descriptions and imported captions were written for this demo and the ranking "
+            "votes were simulated. These numbers show what the tool computes; they are not findings about people "
+            "or models.</p>"
+        )
+    images = tables["images"]
+    parts.append(
+        f"<p class='note'>{images.num_rows} images in {len(set(images.column('dataset').to_pylist()))} datasets; "
+        f"{len(study.models)} models; {study.statistics.n_resamples:,} bootstrap resamples over images "
+        f"(seed {study.statistics.seed}); config hash <code>{manifest.get('config_hash', '')[:12]}</code>.</p>"
+    )
+    ranking = manifest.get("ranking_method", {})
+    consensus = sorted(d for d, m in ranking.items() if m == "consensus")
+    parts.append("<h2>Gold standard</h2><ul>")
+    for dataset, method in sorted(ranking.items()):
+        how = "chosen by ranking votes" if method == "votes" else "no votes: consensus rule (the description most similar to the others)"
+        parts.append(f"<li>{html.escape(dataset)}: {how}</li>")
+    parts.append("</ul>")
+    if consensus:
+        parts.append(f"<p class='note'>Datasets without votes ({', '.join(consensus)}) use the consensus fallback; see docs/data-format.md.</p>")
+
+    parts.append("<h2>Similarity to the gold standard</h2>")
+    for metric in metrics:
+        parts.append(f"<img src='figures/similarity_{metric}.png' alt='{html.escape(metric)} per model and dataset'>")
+    parts.append(
+        html_table(
+            tables["stats"].sort_by([("metric", "ascending"), ("subject", "ascending"), ("dataset", "ascending")]),
+            ["subject", "dataset", "metric", "variant", "estimate", "ci_low", "ci_high", "n_images"],
+        )
+    )
+    if tables["comparisons"].num_rows:
+        parts.append("<h2>Comparisons</h2><p class='note'>Two-sided bootstrap p; q = Benjamini-Hochberg within each family.</p>")
+        n = study.statistics.n_resamples
+        parts.append(
+            html_table(
+                tables["comparisons"],
+                ["family", "a", "b", "dataset", "metric", "difference", "ci_low", "ci_high", "p", "q", "significant"],
+                {"p": lambda v, r: format_p(v, n), "q": lambda v, r: format_p(v, n)},
+            )
+        )
+    if "metric_validation" in tables:
+        parts.append(_metric_validation(run, study, tables["metric_validation"]))
+    if "stsb" in tables:
+        parts.append(
+            "<h2>The metrics against STS-B's human ratings</h2><p class='note'>Real human similarity ratings "
+            "(STS-B test split, and its photo-caption pairs), through the same encoder and metric code as this study: "
+            "Spearman correlation with a bootstrap CI over sentence pairs (docs/metrics.md).</p>"
+        )
+        parts.append(html_table(tables["stsb"], ["label", "subset", "n_pairs", "spearman", "ci_low", "ci_high"]))
+    if "errors" in tables:
+        parts.append(taxonomy_section(run, study, tables))
+    parts.append(_examples(tables, study))
+    failed = tables["responses"].filter(pc.not_equal(tables["responses"].column("status"), "ok"))
+    parts.append(f"<h2>Responses</h2><p class='note'>{tables['responses'].num_rows} responses, {failed.num_rows} failed.</p>")
+    if failed.num_rows:
+        parts.append(html_table(failed, ["subject", "image_id", "variant", "error"]))
+    parts.append(write_csvs(run.root, tables, ("stats", "comparisons", "scores", "responses")))
+    atomic_write_bytes(run.root / "report.html", "\n".join(parts).encode("utf-8"))
+
+
+def stage(study: StudyConfig, data, made: list[str]) -> Stage:
+    """report.html from the tables every report draws, and those of `made` it has a section for."""
+    tables = REPORT_TABLES + tuple(n for n in OPTIONAL_TABLES if n in made)
+    return Stage(
+        "report",
+        tables,
+        {"demo": study.demo, "ranking": data.ranking_method, "format": REPORT_FORMAT},
+        lambda run: write_report(run.folder, study, {n: run.table(n) for n in tables}) or {},
+        outputs=(),
+        files=("report.html",),
+    )
+
+
+def redraw(folder: RunFolder, study: StudyConfig) -> list[str]:
+    """Write report.html again from a run folder; returns the tables it needs and lacks (then nothing is written)."""
+    missing = [n for n in REPORT_TABLES if not folder.has(n)]
+    if not missing:
+        names = list(REPORT_TABLES) + [n for n in OPTIONAL_TABLES if folder.has(n)]
+        write_report(folder, study, {n: folder.read(n) for n in names})
+    return missing

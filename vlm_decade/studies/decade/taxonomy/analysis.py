@@ -1,0 +1,165 @@
+"""From descriptions, detections, probe transcripts and masked descriptions to the `errors` table,
+and from it to what the statistics engine bootstraps: error rates and error impact.
+
+One row per model x image x error type: `present` (null where it could not be decided, e.g. an SDE
+on an image without masked descriptions), `method` (detector, probe, masks or hand) and `evidence`
+(JSON: the objects, boxes, words or transcript behind the label), so every label can be audited.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+
+import numpy as np
+import pyarrow as pa
+
+from vlm_decade.stats import SCORES_SCHEMA, ComparisonSpec, Family, Term
+from vlm_decade.studies.decade.taxonomy import agreement, probes, rules
+from vlm_decade.studies.decade.taxonomy.objects import Mention
+
+SDE = "spatial_dependence"
+ERROR_TYPES = (*rules.ERROR_TYPES, SDE)
+NO_ERROR = "no error"
+ALL_IMAGES = "all"  # the impact pools every dataset's model-image pairs, as the paper's figure 8
+ERRORS_SCHEMA = pa.schema(
+    [
+        ("subject", pa.string()),
+        ("image_id", pa.string()),
+        ("dataset", pa.string()),
+        ("error_type", pa.string()),
+        ("present", pa.bool_()),
+        ("method", pa.string()),
+        ("evidence", pa.string()),
+    ]
+)
+AGREEMENT_SCHEMA = pa.schema(
+    [("error_type", pa.string()), ("kappa", pa.float64()), ("observed_agreement", pa.float64()), ("n", pa.int64())]
+)
+
+
+def _evidence(payload) -> str:
+    return json.dumps(payload, sort_keys=True, default=str)
+
+
+def object_labels(
+    pairs: list[tuple[str, str, str, str]],
+    relevant: dict[str, list[Mention]],
+    mentioned: dict[tuple[str, str], list[Mention]],
+    detections: dict[str, list | None],
+    transcripts: dict[tuple[str, str], list],
+    probed: set[str],
+    matcher,
+    confusable: float,
+) -> list[dict]:
+    """Detection, recognition, scene-understanding and hallucination rows for each
+    (subject, image_id, dataset, text) pair: from the detector's boxes, or from the probe
+    transcript for API models (`probed` subjects). Undecidable pairs get null rows saying why."""
+    rows = []
+    for subject, image_id, dataset, _ in pairs:
+        key = (subject, image_id)
+        if subject in probed:
+            method, found = "probe", transcripts.get(key)
+            findings = None if found is None else probes.probe_findings(found, matcher)
+            why = "no probe answers for this image"
+        else:
+            method, boxes = "detector", detections.get(image_id)
+            findings = None if boxes is None else rules.detector_errors(relevant.get(image_id, []), boxes, mentioned.get(key, []), matcher, confusable)
+            why = "the detector failed on this image"
+        if findings is None:
+            rows += [
+                {"subject": subject, "image_id": image_id, "dataset": dataset, "error_type": t, "present": None,
+                 "method": method, "evidence": _evidence({"undecided": why})}
+                for t in rules.ERROR_TYPES
+            ]
+            continue
+        context = {"relevant": [m.name for m in relevant.get(image_id, [])], "mentioned": [m.name for m in mentioned.get(key, [])]}
+        for error_type, (present, evidence) in rules.summarise(findings).items():
+            rows.append(
+                {"subject": subject, "image_id": image_id, "dataset": dataset, "error_type": error_type, "present": present,
+                 "method": method, "evidence": _evidence({**context, "findings": json.loads(evidence)})}
+            )
+    return rows
+
+
+def spatial_labels(spatial_rows) -> list[dict]:
+    """One spatial-dependence row per model and image, from the SDE computation."""
+    return [
+        {"subject": r.subject, "image_id": r.image_id, "dataset": r.dataset, "error_type": SDE, "present": r.sde, "method": "masks",
+         "evidence": _evidence({"model_r": r.model_r, "human_mean_r": r.human_mean_r, "human_sd_r": r.human_sd_r,
+                                "model_profile": r.model_profile, "human_profile": r.human_profile, "reason": r.reason})}
+        for r in spatial_rows
+    ]
+
+
+def errors_table(auto_rows: list[dict], hand: pa.Table | None, dataset_of: dict[str, str]) -> tuple[pa.Table, pa.Table]:
+    """The errors table with hand labels applied over the automatic ones, and their agreement."""
+    if hand is None:
+        rows, agree = auto_rows, {}
+    else:
+        merged, agree = agreement.apply_hand_labels(auto_rows, hand.to_pylist())
+        rows = [r if r.get("source") != "hand" else _hand_row(r, dataset_of) for r in merged]
+    rows = sorted(rows, key=lambda r: (r["subject"], r["image_id"], ERROR_TYPES.index(r["error_type"])))
+    table = pa.Table.from_pylist([{k: r.get(k) for k in ERRORS_SCHEMA.names} for r in rows], schema=ERRORS_SCHEMA)
+    agreement_rows = [{"error_type": t, "kappa": a["kappa"], "observed_agreement": a["observed_agreement"], "n": a["n"]} for t, a in sorted(agree.items())]
+    return table, pa.Table.from_pylist(agreement_rows, schema=AGREEMENT_SCHEMA)
+
+
+def _hand_row(row: dict, dataset_of: dict[str, str]) -> dict:
+    """A hand label: the person's note and what the automatic label said, beside its evidence."""
+    auto = json.loads(row["evidence"]) if row.get("evidence") else {}
+    evidence = {**auto, "hand": row.get("note") or "", "auto_present": row.get("auto_present")}
+    return {**row, "dataset": dataset_of[row["image_id"]], "method": "hand", "evidence": _evidence(evidence)}
+
+
+def error_scores(errors: pa.Table) -> pa.Table:
+    """Each label as a 0/1 score (null where undecided), so the statistics engine gives error rates
+    per model and dataset with bootstrap CIs, and the era and dataset comparisons."""
+    rows = [
+        {"subject": r["subject"], "image_id": r["image_id"], "dataset": r["dataset"], "variant": "full", "metric": r["error_type"],
+         "value": None if r["present"] is None else float(r["present"])}
+        for r in errors.to_pylist()
+    ]
+    return pa.Table.from_pylist(rows, schema=SCORES_SCHEMA)
+
+
+def impact_scores(errors: pa.Table, scores: pa.Table, metric: str) -> pa.Table:
+    """Per image, the mean similarity (`metric`) of the model-image pairs that have each error type,
+    and of those with none (figure 8). Subjects `error:<type>` and `no error`, all datasets pooled.
+
+    A pair counts as error-free only when its four object error types were all decided (an
+    undecided SDE is left aside: most models describe no masked variants); a pair with an
+    undecided label and no error present is in no group."""
+    present: dict[tuple[str, str], set[str]] = defaultdict(set)
+    decided: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for r in errors.to_pylist():
+        if r["present"] is not None:
+            key = (r["subject"], r["image_id"])
+            decided[key].add(r["error_type"])
+            if r["present"]:
+                present[key].add(r["error_type"])
+    groups: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for r in scores.to_pylist():
+        key = (r["subject"], r["image_id"])
+        if r["metric"] != metric or r["variant"] != "full" or r["value"] is None:
+            continue
+        if present[key]:
+            names = [f"error:{t}" for t in sorted(present[key])]
+        elif decided[key] >= set(rules.ERROR_TYPES):
+            names = [NO_ERROR]
+        else:
+            continue
+        for name in names:
+            groups[(name, r["image_id"])].append(r["value"])
+    rows = [
+        {"subject": name, "image_id": image_id, "dataset": ALL_IMAGES, "variant": "full", "metric": metric, "value": float(np.mean(v))}
+        for (name, image_id), v in sorted(groups.items())
+    ]
+    return pa.Table.from_pylist(rows, schema=SCORES_SCHEMA)
+
+
+def impact_family(impact: pa.Table) -> Family:
+    """Each error group against the pairs with no error."""
+    subjects = set(impact.column("subject").to_pylist())
+    names = sorted(subjects - {NO_ERROR}) if NO_ERROR in subjects else []
+    return Family("impact", [ComparisonSpec(Term.subject(n, ALL_IMAGES), Term.subject(NO_ERROR, ALL_IMAGES)) for n in names])

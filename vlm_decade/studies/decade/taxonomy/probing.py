@@ -1,0 +1,97 @@
+"""The probes stage: targeted questions to API models about the objects of each image.
+
+An API model shows no boxes, so for each relevant object its description leaves out we ask it
+(with the image) whether the object is there, then what it is; and for each object it mentions
+that no human named, whether that object is there. Questions go through the provider's gateway
+actor like any other request: the same cache (a re-run pays for nothing twice), limits and budget.
+The `probes` table is the transcript, the evidence of every probe-based label.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from vlm_decade.core.config import ModelConfig
+from vlm_decade.core.dispatch import bounded
+from vlm_decade.core.runner import StudyRun
+from vlm_decade.models.api.gateway import failed_answer
+from vlm_decade.models.backends import backend_class
+from vlm_decade.stages.describe import REMOTE_BATCH, Job, ask_gateway, batches
+from vlm_decade.studies.decade.config import StudyConfig
+from vlm_decade.studies.decade.taxonomy import probes
+
+PROBES_SCHEMA = pa.schema(
+    [
+        ("subject", pa.string()),
+        ("image_id", pa.string()),
+        ("round", pa.int32()),
+        ("kind", pa.string()),
+        ("object", pa.string()),
+        ("anchor", pa.string()),
+        ("question", pa.string()),
+        ("answer", pa.string()),
+        ("status", pa.string()),
+        ("error", pa.string()),
+        ("cost_usd", pa.float64()),
+    ]
+)
+
+
+def transcripts(table: pa.Table) -> dict[tuple[str, str], list[tuple[probes.Question, str]]]:
+    """(subject, image_id) -> the answered questions, from the `probes` table (failed ones left out)."""
+    out: dict[tuple[str, str], list] = {}
+    for r in table.to_pylist():
+        if r["status"] == "ok":
+            question = probes.Question(r["kind"], r["object"], r["anchor"] or None, r["question"])
+            out.setdefault((r["subject"], r["image_id"]), []).append((question, r["answer"]))
+    return out
+
+
+def _ask(run: StudyRun, session, model: ModelConfig, paths: dict[str, str], asks: list[tuple[str, probes.Question]], tasks: int) -> list[dict]:
+    """Send each (image_id, question) with its image; one answer per ask, in order."""
+    ray = run.ray()
+    settings = backend_class(model.backend).settings(model)
+    jobs = [Job(model.name, i, "full", "", q.text, paths[i], None, "") for i, q in asks]
+    ask = ray.remote(ask_gateway).options(num_cpus=0)
+    submit = lambda chunk, _: ask.remote(session.actor, model.model_id, settings, [jobs[k] for k in chunk])  # noqa: E731
+    answers: dict[int, dict] = {}
+    for done in bounded(ray, batches(list(range(len(jobs))), REMOTE_BATCH), submit, tasks):
+        if done.error is not None:  # a lost task: its probes failed, asked again next run
+            answers.update({k: failed_answer("error", f"{type(done.error).__name__}: gateway call failed") for k in done.work})
+        else:
+            answers.update(zip(done.work, done.value))
+    return [answers[k] for k in range(len(jobs))]
+
+
+def run_probes(study: StudyConfig, first: dict[tuple[str, str], list[probes.Question]], run: StudyRun) -> pa.Table:
+    """Ask each API model its first-round questions, then the follow-ups their answers call for."""
+    from vlm_decade.models.api.session import RemoteSession
+
+    images = run.table("images")
+    paths = dict(zip(images.column("image_id").to_pylist(), images.column("path").to_pylist()))
+    templates = study.taxonomy.probes.templates()
+    rows: list[dict] = []
+    for model in study.models:
+        asks = [(image_id, q) for (subject, image_id), qs in sorted(first.items()) if subject == model.name for q in qs]
+        if not asks:
+            continue
+        provider = backend_class(model.backend).provider
+        tasks = max(1, 2 * getattr(study.providers, provider).max_concurrency // REMOTE_BATCH)
+        with RemoteSession(run.ray(), study.providers, run.folder, provider) as session, \
+                run.reporter.track(f"probe {model.name}", len(asks)) as advance:
+            for round_no in (1, 2):
+                answers = _ask(run, session, model, paths, asks, tasks)
+                advance(len(asks) if round_no == 1 else 0)
+                answered: dict[str, list] = {}
+                for (image_id, q), a in zip(asks, answers):
+                    rows.append(
+                        {"subject": model.name, "image_id": image_id, "round": round_no, "kind": q.kind, "object": q.obj,
+                         "anchor": q.anchor or "", "question": q.text, "answer": a["text"], "status": a["status"],
+                         "error": a.get("error", ""), "cost_usd": a.get("cost_usd", 0.0)}
+                    )
+                    if a["status"] == "ok":
+                        answered.setdefault(image_id, []).append((q, a["text"]))
+                asks = [(i, q) for i, pairs in sorted(answered.items()) for q in probes.second_round(pairs, templates)]
+                if not asks:
+                    break
+    return pa.Table.from_pylist(rows, schema=PROBES_SCHEMA)

@@ -1,0 +1,141 @@
+"""Detector-based error labels for local models (METHOD.md "Error taxonomy", paper section 2.5.1).
+
+For one (model, image): the relevant objects (named in the gold description), the detector's
+boxes on the image and the objects the model's description names give a list of `Finding`s:
+
+- detection: a relevant object neither mentioned nor detected;
+- recognition: a detected relevant object left unmentioned while the description names, in its place,
+  something confusable with it that is neither in the gold nor detected; or a detected irrelevant
+  (non-gold) object, unmentioned, that such a mention misnames;
+- scene_understanding: a relevant object detected (and not misnamed) but left out of the description;
+- hallucination: a mentioned object that matches no gold object and no detection and misnames nothing.
+
+A mention of a detected object the gold leaves out is no error. Misnamings are paired greedily, most
+similar pair first, one mention per object.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from vlm_decade.models.backends.detection import Detection
+from vlm_decade.studies.decade.taxonomy.objects import CONFUSABLE_THRESHOLD, Mention, ObjectMatcher
+
+ERROR_TYPES = ("detection", "recognition", "scene_understanding", "hallucination")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One error of `error_type` about object `obj`, with the evidence that decided it (JSON-ready).
+
+    `unclear` marks a probe whose answer could not be read: kept so the transcript shows, never
+    counted as an error."""
+
+    error_type: str
+    obj: str
+    evidence: dict
+    unclear: bool = False
+
+    def __post_init__(self):
+        if self.error_type not in ERROR_TYPES:
+            raise ValueError(f"unknown error type {self.error_type!r}; expected one of {ERROR_TYPES}")
+
+
+def detector_errors(relevant: Sequence[Mention], detections: Sequence[Detection],
+                      mentioned: Sequence[Mention], matcher: ObjectMatcher,
+                      confusable: float = CONFUSABLE_THRESHOLD) -> list[Finding]:
+    """The errors of one description, in ERROR_TYPES order: detection and scene understanding in the
+    gold's order, recognition relevant objects first (gold order) then irrelevant ones (detection
+    order), hallucination in the description's order. `confusable` is the least similarity of a
+    misnaming to the object it misnames."""
+    gold = _unique(relevant)
+    said = _unique(mentioned)
+    best_box = _best_box_per_label(detections)
+    labels = list(best_box)
+    gold_names = [g.name for g in gold]
+    said_names = [m.name for m in said]
+
+    missed = [g for g in gold if matcher.best_match(g.name, said_names) is None]
+    seen = {g.name: matcher.best_match(g.name, labels) for g in missed}
+    unexplained = [m for m in said if matcher.best_match(m.name, gold_names) is None
+                   and matcher.best_match(m.name, labels) is None]
+    ignored = [label for label in labels if matcher.best_match(label, gold_names) is None
+               and matcher.best_match(label, said_names) is None]
+
+    # Objects the detector saw that the description does not name, each with its detection label.
+    targets = [(g.name, g.phrase, seen[g.name][0], True) for g in missed if seen[g.name] is not None]
+    targets += [(label, label, label, False) for label in ignored]
+    pairs = _pair(unexplained, targets, matcher, confusable)
+
+    detection = [Finding("detection", g.name, {"object": g.name, "phrase": g.phrase})
+                 for g in missed if seen[g.name] is None]
+    recognition, scene = [], []
+    for t, (obj, phrase, label, is_relevant) in enumerate(targets):
+        box = _box_evidence(best_box[label])
+        if t in pairs:
+            mention, score = pairs[t]
+            recognition.append(Finding("recognition", obj, {
+                "object": obj, "phrase": phrase, "relevant": is_relevant, "named_as": mention.name,
+                "named_phrase": mention.phrase, "similarity": round(score, 3), "detection": box}))
+        elif is_relevant:
+            scene.append(Finding("scene_understanding", obj, {
+                "object": obj, "phrase": phrase, "similarity": round(seen[obj][1], 3), "detection": box}))
+    misnamed = {mention.name for mention, _ in pairs.values()}
+    hallucination = [Finding("hallucination", m.name, {"object": m.name, "phrase": m.phrase})
+                     for m in unexplained if m.name not in misnamed]
+    return detection + recognition + scene + hallucination
+
+
+def summarise(findings: Sequence[Finding]) -> dict[str, tuple[bool, str]]:
+    """For every error type: whether it is present (any finding that is not unclear) and the
+    evidence of its findings as compact JSON ("[]" when none)."""
+    summary = {}
+    for error_type in ERROR_TYPES:
+        mine = [f for f in findings if f.error_type == error_type]
+        evidence = [{**f.evidence, "unclear": True} if f.unclear else f.evidence for f in mine]
+        summary[error_type] = (any(not f.unclear for f in mine),
+                               json.dumps(evidence, separators=(",", ":"), ensure_ascii=False))
+    return summary
+
+
+def _pair(mentions: list[Mention], targets: list[tuple[str, str, str, bool]], matcher: ObjectMatcher,
+          confusable: float) -> dict[int, tuple[Mention, float]]:
+    """Greedy one-to-one pairing of unexplained mentions with unnamed detected objects, most similar
+    first (ties: earlier object, then earlier mention). A mention's similarity to an object is the
+    larger of its similarity to the object's name and to the detection label that found it."""
+    candidates = []
+    for t, (obj, _, label, _) in enumerate(targets):
+        for m, mention in enumerate(mentions):
+            score = max(matcher.similarity(mention.name, obj), matcher.similarity(mention.name, label))
+            if score >= confusable:
+                candidates.append((-score, t, m))
+    pairs: dict[int, tuple[Mention, float]] = {}
+    used: set[int] = set()
+    for negative, t, m in sorted(candidates):
+        if t not in pairs and m not in used:
+            pairs[t] = (mentions[m], -negative)
+            used.add(m)
+    return pairs
+
+
+def _unique(mentions: Sequence[Mention]) -> list[Mention]:
+    """The first mention of each name, in order."""
+    first: dict[str, Mention] = {}
+    for mention in mentions:
+        first.setdefault(mention.name, mention)
+    return list(first.values())
+
+
+def _best_box_per_label(detections: Sequence[Detection]) -> dict[str, Detection]:
+    """Each detected label once (first-seen order) with its highest-scoring box, as evidence."""
+    best: dict[str, Detection] = {}
+    for det in detections:
+        if det.label not in best or det.score > best[det.label].score:
+            best[det.label] = det
+    return best
+
+
+def _box_evidence(det: Detection) -> dict:
+    return {"label": det.label, "score": round(det.score, 3), "box": [round(v, 3) for v in det.box]}

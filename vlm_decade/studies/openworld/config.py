@@ -1,0 +1,74 @@
+"""Study B's study file (`study: openworld`): labelled images, prompts, the LI judge and the
+scoring thresholds, over the sections both studies share (`vlm_decade.core.config`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from vlm_decade.core.config import EncoderConfig, Settings, StudyBase, operational, repeated
+
+OPEN_WORLD_PROMPT = "What type of object is in this image?"
+
+
+class OpenWorldDataConfig(Settings):
+    """Study B's input tables (docs/openworld-data.md)."""
+
+    labels: Path = Field(description="image_id, dataset, file, label, granularity.")
+    image_dir: Path = Field(description="The folder that `file` is relative to.")
+    classnames: Path = Field(description="dataset, class_name: each dataset's class list (for the closed-world baselines).")
+
+
+class PromptConfig(Settings):
+    """One prompt of Study B; its `id` is the `variant` of its rows in `scores` and `stats`."""
+
+    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="The prompt's id in every table.")
+    text: str = Field(min_length=1, description="The question every open-world model answers.")
+
+
+class JudgeConfig(Settings):
+    """The LI judge (docs/openworld-metrics.md): a local instruct model (`hf-judge`, the paper's
+    Llama-3.2-3B-Instruct by default) or an API model (`openai`, `gemini`)."""
+
+    backend: Literal["hf-judge", "openai", "gemini"] = Field("hf-judge", description="hf-judge (a local instruct model), openai or gemini.")
+    model_id: str = Field("meta-llama/Llama-3.2-3B-Instruct", description="The judge's hub or API model id.")
+    path: Path | None = Field(None, description="A local folder with the weights.")
+    options: dict[str, Any] = Field(default_factory=dict, description="Judge options (docs/openworld-metrics.md).")
+    batch_size: int = operational(16, "Prompts per batch of a local judge.", ge=1)
+
+
+class OpenWorldMetricsConfig(Settings):
+    """SS and CS use `encoder` (Sentence-BERT all-MiniLM-L6-v2 in the paper); a prediction's CS at or
+    above `cs_high`, and LI at or above `li_high`, count as high in the error analysis."""
+
+    encoder: EncoderConfig = Field(EncoderConfig(name="SBERT"), description="The encoder of SS and CS.")
+    cs_high: float = Field(0.55, gt=0.0, le=1.0, description="CS at or above this counts as high.")
+    li_high: float = Field(0.5, gt=0.0, le=1.0, description="LI at or above this counts as high.")
+
+
+class OpenWorldStudyConfig(StudyBase):
+    """Study B: LMMs as open-world classifiers (METHOD.md). Every open-world model answers every
+    prompt (the first is the main one; the others make the ablation); closed-world baselines choose
+    from the dataset's class names once."""
+
+    study: Literal["openworld"] = Field(description="openworld: Study B.")
+    data: OpenWorldDataConfig = Field(description="The input tables.")
+    prompts: tuple[PromptConfig, ...] = Field(
+        (PromptConfig(id="default", text=OPEN_WORLD_PROMPT),), min_length=1,
+        description="The prompts; the first is the main one, the others make the ablation.",
+    )
+    judge: JudgeConfig | None = Field(JudgeConfig(), description="The LI judge; none: LI is skipped.")
+    scoring: OpenWorldMetricsConfig = Field(OpenWorldMetricsConfig(), description="SS and CS, and the error types' thresholds.")
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        for kind, names in (("model", [m.name for m in self.models]), ("prompt id", [p.id for p in self.prompts])):
+            dupes = repeated(names)
+            if dupes:
+                raise ValueError(f"{kind}s must be unique; repeated: {', '.join(dupes)}")
+        for m in self.models:
+            if m.era is not None or m.prompt is not None or m.variants != "full":
+                raise ValueError(f"model '{m.name}': Study B models take no era, prompt or variants (prompts are set under `prompts`)")
+        return self

@@ -1,0 +1,149 @@
+"""Study B's input: labelled images and each dataset's class names (docs/openworld-data.md).
+
+`load_openworld_data` reads the labels table (one row per image: where its file is, its class label and
+its dataset's label granularity) and the class-names table (each dataset's candidate list for the
+closed-world baselines). It decodes every image once and checks everything; all problems (file,
+spreadsheet row, field) come back together as one InputError, and nothing is written. Reading and the
+image checks are Study A's (`vlm_decade.studies.decade.data`), so both studies report bad input the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+
+from vlm_decade.core.errors import Problems
+from vlm_decade.core.tables import Table, cell_present, cell_text, read_table
+from vlm_decade.stages.images import IMAGES_SCHEMA, check_images, images_table
+
+LABEL_COLUMNS = ("image_id", "dataset", "file", "label", "granularity")
+CLASSNAME_COLUMNS = ("dataset", "class_name")
+# The paper groups its datasets by how specific their labels are.
+GRANULARITIES = ("prototypical", "fine-grained", "very fine-grained")
+
+LABELS_SCHEMA = pa.schema(
+    [
+        ("image_id", pa.string()),
+        ("dataset", pa.string()),
+        ("label", pa.string()),
+        ("granularity", pa.string()),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class OpenWorldData:
+    """Study B's checked input; both tables are sorted by image_id, the dicts by dataset."""
+
+    images: pa.Table  # IMAGES_SCHEMA: image_id, dataset, path, sha256, width, height
+    labels: pa.Table  # LABELS_SCHEMA: image_id, dataset, label, granularity
+    classnames: dict[str, tuple[str, ...]]  # dataset -> its class names, in the table's order
+    granularity: dict[str, str]  # dataset -> one of GRANULARITIES
+
+
+def load_openworld_data(labels: Path, image_dir: Path, classnames: Path) -> OpenWorldData:
+    """Read and check Study B's input; every problem is raised together as one InputError."""
+    problems = Problems()
+    labels_t = read_table(Path(labels), LABEL_COLUMNS, problems)
+    classes_t = read_table(Path(classnames), CLASSNAME_COLUMNS, problems)
+    class_lists = _check_classnames(classes_t, problems) if classes_t is not None else None
+
+    images = {}
+    granularity: dict[str, str] = {}
+    if labels_t is not None:
+        images = check_images(labels_t, Path(image_dir), problems)
+        granularity = _check_labels(labels_t, problems)
+        if class_lists is not None:
+            _check_labels_in_class_lists(labels_t, class_lists, classes_t.name, problems)
+    problems.raise_if_any()
+
+    datasets = sorted(granularity)
+    return OpenWorldData(
+        images=images_table(images),
+        labels=_labels_table(labels_t),
+        # A class list of a dataset with no labelled image is not needed: it is left out.
+        classnames={d: tuple(class_lists[d]) for d in datasets},
+        granularity={d: granularity[d] for d in datasets},
+    )
+
+
+def _check_classnames(table: Table, problems: Problems) -> dict[str, list[str]]:
+    """Each dataset's class names in row order. A repeated name is kept: real lists have them
+    (clip-benchmark's ImageNet names 'missile' and 'sunglasses' twice) and they are harmless."""
+    lists: dict[str, list[str]] = {}
+    for row in table.rows:
+        if cell_present(row, table, CLASSNAME_COLUMNS, problems):
+            lists.setdefault(cell_text(row, "dataset"), []).append(cell_text(row, "class_name"))
+    if not table.rows:
+        problems.add(table.file, "has no class names")
+    return lists
+
+
+def _check_labels(table: Table, problems: Problems) -> dict[str, str]:
+    """Check each row's label and granularity; return each dataset's granularity (the first row's)."""
+    granularity: dict[str, str] = {}
+    first_row: dict[str, int] = {}
+    for row in table.rows:
+        if not cell_present(row, table, ("label", "granularity"), problems):
+            continue
+        value = cell_text(row, "granularity")
+        if value not in GRANULARITIES:
+            message = f"unknown granularity '{value}': expected one of {', '.join(GRANULARITIES)}"
+            problems.add(table.file, message, row=row.number, field="granularity")
+            continue
+        dataset = cell_text(row, "dataset")
+        if not dataset:  # already reported by the image checks
+            continue
+        if dataset not in granularity:
+            granularity[dataset], first_row[dataset] = value, row.number
+        elif value != granularity[dataset]:
+            message = (
+                f"granularity '{value}' differs from '{granularity[dataset]}' given for dataset '{dataset}' "
+                f"at row {first_row[dataset]}: a dataset has one granularity"
+            )
+            problems.add(table.file, message, row=row.number, field="granularity")
+    return granularity
+
+
+def _check_labels_in_class_lists(
+    table: Table, class_lists: dict[str, list[str]], source: str, problems: Problems
+) -> None:
+    """Every labelled dataset has a class list (reported once, at its first row), and every label is in it."""
+    known = {d: set(names) for d, names in class_lists.items()}
+    reported: set[str] = set()
+    for row in table.rows:
+        dataset, label = cell_text(row, "dataset"), cell_text(row, "label")
+        if not dataset or not label:  # already reported as empty
+            continue
+        if dataset not in known:
+            if dataset not in reported:
+                reported.add(dataset)
+                message = f"dataset '{dataset}' has no class names in {source}"
+                problems.add(table.file, message, row=row.number, field="dataset")
+            continue
+        if label not in known[dataset]:
+            count = len(class_lists[dataset])
+            message = f"label '{label}' is not among the {count} class names of dataset '{dataset}' in {source}"
+            near = [n for n in class_lists[dataset] if n.casefold() == label.casefold()]
+            if near:
+                message += f" (did you mean '{near[0]}'? labels must match exactly)"
+            problems.add(table.file, message, row=row.number, field="label")
+
+
+def _labels_table(table: Table) -> pa.Table:
+    rows = sorted(table.rows, key=lambda r: cell_text(r, "image_id"))
+    columns = {c: [cell_text(r, c) for r in rows] for c in LABELS_SCHEMA.names}
+    return pa.table(columns, schema=LABELS_SCHEMA)
+
+
+__all__ = [
+    "CLASSNAME_COLUMNS",
+    "GRANULARITIES",
+    "IMAGES_SCHEMA",
+    "LABELS_SCHEMA",
+    "LABEL_COLUMNS",
+    "OpenWorldData",
+    "load_openworld_data",
+]

@@ -1,0 +1,131 @@
+"""Study B's judgements stage: the LI judge on each distinct (label, prediction), once.
+
+A local judge runs in a Ray actor (a GPU per actor where the study gives one); an API judge sends
+text-only requests through the provider's gateway, so its answers are cached and paid for once.
+The `judgements` table keeps the raw answers: anything but "0"/"1" counts as 0 and stays as evidence.
+Answers the same judge gave before (the previous table, or the parts a killed run saved) are kept,
+so adding a model or a prompt judges only the new pairs.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from vlm_decade.core.dispatch import bounded
+from vlm_decade.core.runner import Stage, StudyRun
+from vlm_decade.models.backends import backend_class
+from vlm_decade.stages.describe import batches
+from vlm_decade.stages.estimate import Line
+from vlm_decade.studies.openworld.config import OpenWorldStudyConfig
+from vlm_decade.studies.openworld.judge import LOCAL_BACKEND, LocalJudge, RemoteJudge, judge_available, judge_settings
+from vlm_decade.studies.openworld.metrics import judge_prompt, judgement_valid
+from vlm_decade.studies.openworld.scoring import judgement_key
+
+JUDGEMENTS_SCHEMA = pa.schema(
+    [
+        ("label", pa.string()),
+        ("prediction", pa.string()),
+        ("answer", pa.string()),
+        ("valid", pa.bool_()),
+        ("status", pa.string()),
+        ("error", pa.string()),
+        ("cost_usd", pa.float64()),
+        ("judge_key", pa.string()),
+    ]
+)
+LOCAL_CHUNK = 256  # prompts per call to the judge actor, so progress shows
+LOCAL_ANSWER_TOKENS = 64  # what a local model's answer is counted at in an estimate of judge requests
+
+
+def judge_unavailable(study: OpenWorldStudyConfig) -> str | None:
+    """Why no judge can run (none configured, weights missing, no key), or None when one can."""
+    if study.judge is None:
+        return "no judge model is configured (set `judge:` to a local instruct model or an API model)"
+    return judge_available(study.judge, study.providers)
+
+
+def judge_key(study: OpenWorldStudyConfig) -> str:
+    """What decides the judge's answers (not its batch size)."""
+    return study.judge.key()
+
+
+def _rows(pairs: list[tuple[str, str]], answers, key: str) -> pa.Table:
+    rows = [
+        {"label": label, "prediction": prediction, "answer": a.text, "valid": judgement_valid(a.text) if a.status == "ok" else False,
+         "status": a.status, "error": a.error, "cost_usd": a.cost_usd, "judge_key": key}
+        for (label, prediction), a in zip(pairs, answers)
+    ]
+    return pa.Table.from_pylist(rows, schema=JUDGEMENTS_SCHEMA)
+
+
+def _done(run, key: str) -> dict[tuple[str, str], dict]:
+    """Answers this judge already gave, from the previous table and the parts of a killed run."""
+    old = run.read("judgements") if run.has("judgements") else JUDGEMENTS_SCHEMA.empty_table()
+    if "judge_key" not in old.column_names:
+        old = JUDGEMENTS_SCHEMA.empty_table()
+    rows = pa.concat_tables([old.cast(JUDGEMENTS_SCHEMA), run.read_parts("judgements", JUDGEMENTS_SCHEMA)]).to_pylist()
+    return {(r["label"], r["prediction"]): r for r in rows if r["judge_key"] == key and r["status"] == "ok"}
+
+
+def pairs_to_judge(labels: pa.Table, responses: pa.Table) -> list[tuple[str, str]]:
+    """Each distinct (label, prediction) the judge must see, once."""
+    label_of = dict(zip(labels.column("image_id").to_pylist(), labels.column("label").to_pylist()))
+    ok = [r for r in responses.to_pylist() if r["status"] == "ok" and r["image_id"] in label_of]
+    return sorted({judgement_key(label_of[r["image_id"]], r["text"]) for r in ok})
+
+
+def judge_pairs(study: OpenWorldStudyConfig, pairs: list[tuple[str, str]], run: StudyRun) -> pa.Table:
+    cfg, key, folder = study.judge, judge_key(study), run.folder
+    done = _done(folder, key)
+    todo = [p for p in pairs if p not in done]
+    if done:
+        run.reporter.say(f"     judgements   {len(pairs) - len(todo)} of {len(pairs)} already judged, kept")
+    if todo and cfg.backend == LOCAL_BACKEND:
+        ray, rt = run.ray(), study.runtime
+        actor = ray.remote(LocalJudge).options(num_cpus=rt.cpus_per_actor, num_gpus=rt.gpus_per_actor).remote(cfg)
+        submit = lambda chunk, _: actor.judge.remote([judge_prompt(label, prediction) for label, prediction in chunk])  # noqa: E731
+        try:
+            with run.reporter.track("judge", len(todo)) as advance:
+                for finished in bounded(ray, batches(todo, LOCAL_CHUNK), submit, 1):
+                    if finished.error is not None:
+                        raise finished.error
+                    folder.append_part("judgements", _rows(finished.work, finished.value, key))
+                    advance(len(finished.work))
+        finally:
+            ray.kill(actor)
+    elif todo:  # the gateway's cache keeps every answer paid for, so a killed run loses none
+        answers = RemoteJudge(run.ray(), study, folder, cfg, run.reporter).judge([judge_prompt(l, p) for l, p in todo])
+        folder.append_part("judgements", _rows(todo, answers, key))
+    latest = {(r["label"], r["prediction"]): r for r in folder.read_parts("judgements", JUDGEMENTS_SCHEMA).to_pylist() if r["judge_key"] == key}
+    rows = [latest.get(p) or done[p] for p in pairs]
+    return pa.Table.from_pylist(rows, schema=JUDGEMENTS_SCHEMA)
+
+
+def stage(study: OpenWorldStudyConfig) -> Stage:
+    """The `judgements` table: the judge's answer for each distinct (label, prediction)."""
+
+    def compute(run: StudyRun) -> dict[str, pa.Table]:
+        return {"judgements": judge_pairs(study, pairs_to_judge(run.table("labels"), run.table("responses")), run)}
+
+    return Stage("judgements", ("labels", "responses"), study.judge.fingerprint(), compute)
+
+
+def estimate(study: OpenWorldStudyConfig, images: pa.Table, prompts: dict[str, tuple]) -> Line:
+    """The API judge: at most one text-only request per prediction (every model, image and prompt),
+    each prediction at its model's answer cap (LOCAL_ANSWER_TOKENS for local models)."""
+    from vlm_decade.models.api.providers import cost, text_tokens
+
+    judge, provider = study.judge, study.judge.backend
+    price = getattr(study.providers, provider).price(provider, judge.model_id)
+    out_cap = judge_settings(judge)["max_output_tokens"]
+    line = Line(provider, f"judge {judge.model_id}")
+    template = text_tokens(judge_prompt("", ""))
+    for model in study.models:
+        cls = backend_class(model.backend)
+        answer = cls.settings(model)["max_output_tokens"] if cls.remote else LOCAL_ANSWER_TOKENS
+        n = images.num_rows * len(prompts[model.name])
+        line.requests += n
+        line.input_tokens += n * (template + answer + 4)  # + the label
+        line.output_tokens += n * out_cap
+    line.usd = cost(price, line.input_tokens, line.output_tokens) if price else 0.0
+    return line

@@ -1,0 +1,92 @@
+"""Study B as one function: check everything, then run its stages in order over the shared spine.
+
+The same spine and the same five functions as Study A's pipeline (`check`, `run`, `estimate`,
+`summary`, `redraw_report`): every input is checked before anything is written, each stage runs
+only when its inputs or settings changed, responses resume per row, and Ray starts only when a
+stage needs it.
+"""
+
+from __future__ import annotations
+
+from vlm_decade.core.errors import InputError, Problem
+from vlm_decade.core.progress import Reporter
+from vlm_decade.core.runfolder import RunFolder
+from vlm_decade.core.runner import given, open_run
+from vlm_decade.models.backends import backend_class
+from vlm_decade.stages import describe
+from vlm_decade.stages.estimate import render, response_cache
+from vlm_decade.studies.openworld import judging, report, scoring, statistics
+from vlm_decade.studies.openworld.config import OpenWorldStudyConfig
+from vlm_decade.studies.openworld.data import OpenWorldData, load_openworld_data
+from vlm_decade.studies.openworld.judging import judge_unavailable
+
+
+def plan(study: OpenWorldStudyConfig, classnames: dict[str, tuple[str, ...]]) -> describe.Plan:
+    """Every open-world model answers every prompt, by its id; a closed-world baseline answers once,
+    under the first prompt (which it does not read), choosing among its dataset's class names."""
+    prompts = {
+        m.name: tuple((p.id, p.text) for p in (study.prompts[:1] if backend_class(m.backend).closed_world else study.prompts))
+        for m in study.models
+    }
+    return describe.Plan(prompts, classnames=classnames)
+
+
+def check(study: OpenWorldStudyConfig) -> OpenWorldData:
+    """Check data and models; raise every problem together. Writes nothing. (A judge that cannot
+    run is no error: LI is skipped with a note, `judge_unavailable`.)"""
+    problems: list[Problem] = []
+    data = None
+    try:
+        data = load_openworld_data(study.data.labels, study.data.image_dir, study.data.classnames)
+    except InputError as exc:
+        problems += exc.problems
+    image_ids = set(data.images.column("image_id").to_pylist()) if data else None
+    problems += describe.check_models(study, image_ids, ["full"])
+    if problems:
+        raise InputError(problems)
+    return data
+
+
+def run(study: OpenWorldStudyConfig, reporter: Reporter | None = None) -> RunFolder:
+    data = check(study)
+    no_judge = judge_unavailable(study)
+    stages = [
+        given("images", data.images),
+        given("labels", data.labels),
+        describe.stage(study, plan(study, data.classnames)),
+        *([judging.stage(study)] if no_judge is None else []),
+        scoring.stage(study, no_judge),
+        statistics.stage(study, data.granularity),
+        report.stage(study, no_judge),
+    ]
+    summary = f" (Study B): {data.images.num_rows} images, {len(study.models)} models"
+    with open_run(study, reporter, summary, kind="openworld", granularity=data.granularity) as spine:
+        if no_judge is not None:
+            spine.reporter.say(f"     [yellow]LI skipped[/yellow]: {no_judge}")
+        spine(*stages)
+    return spine.folder
+
+
+def estimate(study: OpenWorldStudyConfig, data: OpenWorldData) -> str:
+    """The API requests, tokens and dollars this study would take, as `vlm-decade estimate` prints them."""
+    steps = plan(study, data.classnames)
+    lines, _, _ = describe.estimate(study, steps, data.images, response_cache(study))
+    if study.judge is not None and study.judge.backend in ("openai", "gemini"):
+        lines.append(judging.estimate(study, data.images, steps.prompts))
+    return render(study, lines)
+
+
+def summary(study: OpenWorldStudyConfig, data: OpenWorldData) -> tuple[str, list[str]]:
+    """What `validate` says of a study that passed its checks, and its warnings."""
+    datasets = sorted(set(data.images.column("dataset").to_pylist()))
+    no_judge = judge_unavailable(study)
+    text = (
+        f"Study B, {data.images.num_rows} labelled images in {len(datasets)} datasets "
+        f"({', '.join(f'{d}: {data.granularity[d]}' for d in datasets)}), {len(study.models)} models, {len(study.prompts)} prompts"
+    )
+    return text, [f"LI will be skipped: {no_judge}"] if no_judge else []
+
+
+def redraw_report(folder: RunFolder, study: OpenWorldStudyConfig) -> list[str]:
+    """Write report.html again from the run folder's tables; returns the required tables it lacks."""
+    return report.redraw(folder, study, judge_unavailable(study))

@@ -1,0 +1,134 @@
+"""Study B's report: the paper's main table (TI, LI, SS, CS per model and granularity group, with
+bootstrap CIs), the open/closed gap, the error-type breakdown with examples, and the prompt ablation."""
+
+from __future__ import annotations
+
+import html
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from vlm_decade.core.runfolder import RunFolder, atomic_write_bytes
+from vlm_decade.core.runner import Stage
+from vlm_decade.report.html import html_table, page_start, write_csvs
+from vlm_decade.stats import format_p
+from vlm_decade.studies.openworld.config import OpenWorldStudyConfig
+from vlm_decade.studies.openworld.scoring import METRICS
+
+# Bump when the page changes, so existing runs redraw it.
+REPORT_FORMAT = 1
+REPORT_TABLES = ("images", "labels", "responses", "predictions", "stats", "comparisons")
+GROUPS = ("prototypical", "fine-grained", "very fine-grained", "all")
+OUTCOMES = {
+    "granularity": "granularity error (CS high, LI low: right but too generic)",
+    "ambiguity": "label ambiguity (LI high, CS low: another valid name)",
+    "confusion": "fine-grained confusion (both low: wrong but specific)",
+}
+
+
+def _cell(r: dict | None) -> str:
+    if r is None:
+        return ""
+    return f"{100 * r['estimate']:.1f} [{100 * r['ci_low']:.1f}, {100 * r['ci_high']:.1f}]"
+
+
+def _matrix(stats: list[dict], models: list[str], groups: list[str], metrics: list[str], variant: str, label) -> str:
+    by = {(r["subject"], r["dataset"], r["metric"], r["variant"]): r for r in stats}
+    head = "<th>model</th>" + "".join(f"<th>{html.escape(g)}<br>{html.escape(label(m))}</th>" for g in groups for m in metrics)
+    body = "".join(
+        f"<tr><td>{html.escape(model)}</td>"
+        + "".join(f"<td>{_cell(by.get((model, g, m, variant)))}</td>" for g in groups for m in metrics)
+        + "</tr>"
+        for model in models
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def write_openworld_report(run: RunFolder, study: OpenWorldStudyConfig, tables: dict[str, pa.Table], no_judge: str | None = None) -> None:
+    """`no_judge` says why LI was skipped, when it was."""
+    stats = tables["stats"].to_pylist()
+    predictions = tables["predictions"]
+    main = study.prompts[0].id
+    models = [m.name for m in study.models]
+    present_groups = {r["dataset"] for r in stats}
+    groups = [g for g in GROUPS if g in present_groups]
+    metrics = [m for m in METRICS if any(r["metric"] == m for r in stats)]
+    n = study.statistics.n_resamples
+    parts = [page_start(f"{study.name}: vlm_decade report", f"{study.name} (Study B: open-world classification)")]
+    if study.demo:
+        parts.append(
+            "<p class='demo'><b>Demo.</b> The photos and their labels are real (ImageNet and CIFAR-10 samples that ship with "
+            "foolbox; class names from clip-benchmark), but the \"models\" are offline stand-ins: a COCO detector's top label "
+            "and an ImageNet classifier, not LMMs. The numbers show what the tool computes; they are no findings about LMMs.</p>"
+        )
+    images = tables["images"]
+    parts.append(
+        f"<p class='note'>{images.num_rows} images in {len(set(images.column('dataset').to_pylist()))} datasets; {len(models)} models; "
+        f"{n:,} bootstrap resamples over images (seed {study.statistics.seed}). Values are percentages (SS and CS: cosine x 100) "
+        f"with 95% CIs; prompt: <code>{html.escape(study.prompts[0].text)}</code>.</p>"
+    )
+    if "LI" not in metrics:
+        why = html.escape(no_judge or "no judge answers")
+        parts.append(f"<p class='note'><b>LI was not computed:</b> {why}. The error types need LI, so they are not shown either.</p>")
+    parts.append("<h2>Main table</h2>")
+    parts.append(_matrix(stats, models, groups, metrics, main, lambda m: m))
+    comparisons = tables["comparisons"]
+    if comparisons.num_rows:
+        parts.append("<h2>Open-world against closed-world</h2><p class='note'>Mean of the open-world models minus the mean of the "
+                     "closed-world baselines (which were given the class list); two-sided bootstrap p, BH q.</p>")
+        parts.append(
+            html_table(
+                comparisons.filter(pc.equal(comparisons.column("variant"), main)),
+                ["a", "b", "dataset", "metric", "difference", "ci_low", "ci_high", "p", "q"],
+                {"p": lambda v, r: format_p(v, n), "q": lambda v, r: format_p(v, n)},
+            )
+        )
+    outcome_metrics = [f"outcome:{o}" for o in OUTCOMES if any(r["metric"] == f"outcome:{o}" for r in stats)]
+    if outcome_metrics:
+        parts.append("<h2>Error types</h2><p class='note'>" + "; ".join(html.escape(v) for v in OUTCOMES.values()) +
+                     f". Thresholds: CS &ge; {study.scoring.cs_high}, LI &ge; {study.scoring.li_high} (docs/openworld-metrics.md).</p>")
+        parts.append(_matrix(stats, models, groups, outcome_metrics, main, lambda m: m.split(":", 1)[1]))
+        rows = predictions.to_pylist()
+        for name, meaning in OUTCOMES.items():
+            examples = [r for r in rows if r["outcome"] == name][:5]
+            if examples:
+                parts.append(f"<h3>{html.escape(meaning)}</h3>")
+                parts.append(html_table(pa.Table.from_pylist(examples, schema=predictions.schema),
+                                         ["subject", "image_id", "label", "prediction", "CS", "LI", "best_concept", "judge_answer"]))
+    if len(study.prompts) > 1:
+        parts.append("<h2>Prompt ablation</h2><p class='note'>All images; one column per prompt and metric. Prompts: "
+                     + "; ".join(f"<b>{html.escape(p.id)}</b>: {html.escape(p.text)}" for p in study.prompts) + "</p>")
+        for prompt in study.prompts:
+            parts.append(f"<h3>{html.escape(prompt.id)}</h3>")
+            parts.append(_matrix(stats, models, ["all"], metrics, prompt.id, lambda m: m))
+    parts.append("<h2>Predictions</h2>")
+    parts.append(
+        html_table(
+            predictions.filter(pc.equal(predictions.column("prompt_id"), main)),
+            ["subject", "image_id", "dataset", "granularity", "label", "prediction", "TI", "LI", "SS", "CS", "outcome"],
+            {"LI": lambda v, r: "" if v is None else f"{v:.0f}"},
+        )
+    )
+    failed = [r for r in tables["responses"].to_pylist() if r["status"] != "ok"]
+    parts.append(f"<p class='note'>{tables['responses'].num_rows} responses, {len(failed)} failed.</p>")
+    parts.append(write_csvs(run.root, tables, ("stats", "comparisons", "predictions", "responses")))
+    atomic_write_bytes(run.root / "report.html", "\n".join(parts).encode("utf-8"))
+
+
+def stage(study: OpenWorldStudyConfig, no_judge: str | None) -> Stage:
+    return Stage(
+        "report",
+        REPORT_TABLES,
+        {"demo": study.demo, "format": REPORT_FORMAT, "no_judge": no_judge},
+        lambda run: write_openworld_report(run.folder, study, {n: run.table(n) for n in REPORT_TABLES}, no_judge) or {},
+        outputs=(),
+        files=("report.html",),
+    )
+
+
+def redraw(folder: RunFolder, study: OpenWorldStudyConfig, no_judge: str | None) -> list[str]:
+    """Write report.html again from a run folder; returns the tables it needs and lacks (then nothing is written)."""
+    missing = [n for n in REPORT_TABLES if not folder.has(n)]
+    if not missing:
+        write_openworld_report(folder, study, {n: folder.read(n) for n in REPORT_TABLES}, no_judge)
+    return missing

@@ -1,0 +1,112 @@
+"""Study B's score stage: TI, LI, SS and CS for every prediction, and its outcome.
+
+`scores` has one row per prediction and metric (Study A's schema; `variant` holds the prompt id, so
+the prompt ablation falls out of the statistics engine); `predictions` keeps, per prediction, the
+label, the answer, the four values, the concept that matched best, the judge's raw answer and the
+outcome (correct, granularity, ambiguity, confusion), the evidence a reader checks.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from vlm_decade.core.runner import Stage, StudyRun
+from vlm_decade.stats import SCORES_SCHEMA
+from vlm_decade.studies.openworld.config import OpenWorldStudyConfig
+from vlm_decade.studies.openworld.metrics import parse_judgement, similarities, text_inclusion
+from vlm_decade.studies.openworld.outcomes import OUTCOMES, outcome
+
+METRICS = ("TI", "LI", "SS", "CS")
+PREDICTIONS_SCHEMA = pa.schema(
+    [
+        ("subject", pa.string()),
+        ("image_id", pa.string()),
+        ("dataset", pa.string()),
+        ("granularity", pa.string()),
+        ("prompt_id", pa.string()),
+        ("label", pa.string()),
+        ("prediction", pa.string()),
+        ("TI", pa.float64()),
+        ("LI", pa.float64()),
+        ("SS", pa.float64()),
+        ("CS", pa.float64()),
+        ("best_concept", pa.string()),
+        ("judge_answer", pa.string()),
+        ("outcome", pa.string()),
+    ]
+)
+
+
+def judgement_key(label: str, prediction: str) -> tuple[str, str]:
+    return label.strip(), prediction.strip()
+
+
+def score_predictions(
+    labels: pa.Table, responses: pa.Table, judged: dict[tuple[str, str], str] | None, encode, nlp, cs_high: float, li_high: float
+) -> tuple[pa.Table, pa.Table]:
+    """(scores, predictions) for every successful response. `judged` maps (label, prediction) to the
+    judge's raw answer; None when no judge ran (LI is then left out, and outcomes are `unjudged`)."""
+    label_of = {r["image_id"]: r for r in labels.to_pylist()}
+    ok = [r for r in responses.to_pylist() if r["status"] == "ok" and r["image_id"] in label_of]
+    gold = [label_of[r["image_id"]]["label"] for r in ok]
+    said = [r["text"] for r in ok]
+    ss, cs, best = similarities(gold, said, encode, nlp) if ok else ([], [], [])
+    predictions, scores = [], []
+    for r, label, text, s, c, concept in zip(ok, gold, said, ss, cs, best):
+        info = label_of[r["image_id"]]
+        answer = None if judged is None else judged.get(judgement_key(label, text))
+        li = None if answer is None else parse_judgement(answer)
+        values = {"TI": text_inclusion(label, text), "LI": li, "SS": float(s), "CS": float(c)}
+        predictions.append(
+            {"subject": r["subject"], "image_id": r["image_id"], "dataset": info["dataset"], "granularity": info["granularity"],
+             "prompt_id": r["prompt_id"], "label": label, "prediction": text, **values, "best_concept": concept,
+             "judge_answer": answer, "outcome": outcome(values["CS"], li, cs_high, li_high)}
+        )
+        scores += [
+            {"subject": r["subject"], "image_id": r["image_id"], "dataset": info["dataset"], "variant": r["prompt_id"], "metric": m, "value": v}
+            for m, v in values.items()
+            if v is not None
+        ]
+    predictions.sort(key=lambda p: (p["subject"], p["prompt_id"], p["image_id"]))
+    scores.sort(key=lambda s: (s["metric"], s["subject"], s["variant"], s["image_id"]))
+    return pa.Table.from_pylist(scores, schema=SCORES_SCHEMA), pa.Table.from_pylist(predictions, schema=PREDICTIONS_SCHEMA)
+
+
+def grouped_scores(scores: pa.Table, predictions: pa.Table, granularity: dict[str, str]) -> pa.Table:
+    """What the statistics engine bootstraps: each metric and each outcome's rate (`outcome:<name>`),
+    by granularity group and over all images (`dataset` holds the group; image ids are unique)."""
+    rows = []
+    for r in scores.to_pylist():
+        for group in (granularity[r["dataset"]], "all"):
+            rows.append({**r, "dataset": group})
+    names = [o for o in OUTCOMES if o != "unjudged"]  # every rate, 0 included
+    for p in predictions.to_pylist():
+        if p["outcome"] == "unjudged":
+            continue
+        for group in (p["granularity"], "all"):
+            rows += [
+                {"subject": p["subject"], "image_id": p["image_id"], "dataset": group, "variant": p["prompt_id"],
+                 "metric": f"outcome:{name}", "value": float(p["outcome"] == name)}
+                for name in names
+            ]
+    return pa.Table.from_pylist(rows, schema=SCORES_SCHEMA)
+
+
+def stage(study: OpenWorldStudyConfig, no_judge: str | None) -> Stage:
+    """`scores` and `predictions`; LI from the judge's answers unless `no_judge` says why there are none."""
+    inputs = ("labels", "responses") + (("judgements",) if no_judge is None else ())
+
+    def compute(run: StudyRun) -> dict[str, pa.Table]:
+        from vlm_decade.models.encoders.sbert import SentenceTransformerEncoder  # torch: only when scoring runs
+        from vlm_decade.studies.openworld.metrics import load_nlp
+
+        judged = None
+        if no_judge is None:
+            judged = {judgement_key(r["label"], r["prediction"]): r["answer"] for r in run.table("judgements").to_pylist() if r["status"] == "ok"}
+        scores, predictions = score_predictions(
+            run.table("labels"), run.table("responses"), judged, SentenceTransformerEncoder(study.scoring.encoder).encode, load_nlp(),
+            study.scoring.cs_high, study.scoring.li_high,
+        )
+        return {"scores": scores, "predictions": predictions}
+
+    return Stage("scores", inputs, [study.scoring.fingerprint(), no_judge], compute, outputs=("scores", "predictions"))
