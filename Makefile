@@ -25,6 +25,7 @@ demo: setup
 	$(BIN)/vlm-decade demo
 
 test: setup
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
 
 clean:

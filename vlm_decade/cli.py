@@ -1,4 +1,4 @@
-"""The `vlm-decade` command line: demo, run, validate, estimate, report, masks.
+"""The `vlm-decade` command line: demo, run, validate, estimate, report, masks, schema, validate-metric.
 
 Bad input ends with every problem listed (file, row, field) and exit status 2, before anything
 is written.
@@ -98,10 +98,11 @@ def estimate(
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help=CACHE_DIR_HELP),
 ) -> None:
     """Print the API requests, tokens and dollars a study would take, before spending any."""
+    from vlm_decade.stages.estimate import render
     from vlm_decade.studies import pipeline_of
 
     study, data = _checked(study_file, cache_dir)
-    print(pipeline_of(study).estimate(study, data))
+    print(render(study, *pipeline_of(study).estimate(study, data)))
 
 
 @app.command()
@@ -171,6 +172,23 @@ def masks(
         _fail(InputError([Problem(str(image), "no such image file")]))
     for path in write_previews(image, out, cfg):
         err.print(str(path))
+
+
+@app.command()
+def schema(
+    study: str = typer.Argument("decade", help="decade (Study A) or openworld (Study B)."),
+    as_json: bool = typer.Option(False, "--json", help="The JSON Schema instead of the table of fields."),
+) -> None:
+    """Every field of a study file: its type, default and meaning (docs/study-file.md shows the same)."""
+    import json
+
+    from vlm_decade.core.config import reference_markdown
+    from vlm_decade.studies import STUDIES
+
+    if study not in STUDIES:
+        _fail(InputError([Problem("command line", f"unknown study '{study}'; known: {', '.join(STUDIES)}", field="STUDY")]))
+    cls = STUDIES[study]
+    print(json.dumps(cls.model_json_schema(), indent=2) if as_json else reference_markdown(cls), end="" if not as_json else "\n")
 
 
 @app.command("validate-metric")

@@ -10,3 +10,17 @@ def ray_session():
     ray = start_ray(num_cpus=2)
     yield ray
     ray.shutdown()
+
+
+def describe_stage(study, images, out):
+    """The describe stage alone, as a run would run it: the images stage first, then `responses`."""
+    from vlm_decade.core.progress import Reporter
+    from vlm_decade.core.runfolder import RunFolder
+    from vlm_decade.core.runner import StudyRun, given
+    from vlm_decade.core.runtime import LazyRay
+    from vlm_decade.stages.describe import run_describe
+    from vlm_decade.studies import pipeline_of
+
+    run = StudyRun(RunFolder(out), Reporter(quiet=True), LazyRay(study.runtime))
+    run.run_stage(given("images", images))
+    return run_describe(study, pipeline_of(study).plan(study), run)

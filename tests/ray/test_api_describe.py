@@ -16,14 +16,15 @@ import pyarrow as pa
 import pytest
 import yaml
 
-from vlm_decade.core.progress import Reporter
 from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.demo import materialize
-from vlm_decade.stages.describe import load_png, plan_jobs, run_describe
-from vlm_decade.stages.estimate import estimate
+from vlm_decade.stages.describe import load_png, plan_jobs
 from vlm_decade.studies import load_study
 from vlm_decade.studies.decade.data import load_study_data
+from vlm_decade.studies.decade.pipeline import estimate, plan
 from vlm_decade.testing.fake_api import FakeAPIServer, FaultConfig, chat_text
+
+from .conftest import describe_stage
 
 pytestmark = pytest.mark.ray
 OPENAI_KEY = "sk-test-NEVERWRITE0123456789abc"
@@ -65,18 +66,17 @@ def study_file(tmp_path: Path, server: FakeAPIServer, budget: float | None = 10.
 
 
 def describe(path: Path, out: Path, **update):
-    import ray
 
     study = load_study(path)
     study = study.model_copy(update=update)
     images = load_study_data(study.data, study.ranking, study.masks).images
-    return study, images, run_describe(study, images, RunFolder(out), Reporter(quiet=True), lambda: ray)
+    return study, images, describe_stage(study, images, out)
 
 
 def test_rows_hold_what_the_provider_answered_for_the_exact_png(server, tmp_path):
     study, images, table = describe(study_file(tmp_path, server), tmp_path / "run")
     assert table.num_rows == 16 * 4 + 16 and set(table.column("status").to_pylist()) == {"ok"}
-    jobs = {(j.subject, j.image_id, j.variant): j for j in plan_jobs(study, images)}
+    jobs = {(j.subject, j.image_id, j.variant): j for j in plan_jobs(study, plan(study), images)}
     rows = table.to_pylist()
     sample = [r for r in rows if r["variant"] in ("full", "m2")][:12]
     pngs = load_png([jobs[(r["subject"], r["image_id"], r["variant"])] for r in sample])
@@ -170,8 +170,7 @@ def test_estimate_counts_what_the_cache_already_holds(server, tmp_path):
     gpt = next(line.split() for line in first.stdout.splitlines() if line.startswith("openai   gpt "))
     assert gpt[2:4] == ["64", "0"] and float(gpt[-1]) > 0
     study, images, _ = describe(path, tmp_path / "run")
-    references = load_study_data(study.data, study.ranking, study.masks).references
-    lines = {line.what: line for line in estimate(study, images, references)}
+    lines = {line.what: line for line in estimate(study, load_study_data(study.data, study.ranking, study.masks))[0]}
     assert (lines["gpt"].requests, lines["gpt"].cached, lines["gpt"].usd) == (64, 64, 0.0)
 
 

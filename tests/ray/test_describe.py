@@ -10,14 +10,14 @@ import pyarrow as pa
 import pytest
 from PIL import Image
 
-from vlm_decade.core.progress import Reporter
 from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.demo import materialize
 from vlm_decade.imaging.masks import apply_mask, mask_specs
 from vlm_decade.models.backends import Stimulus, backend_class
-from vlm_decade.stages.describe import run_describe
 from vlm_decade.studies import load_study
 from vlm_decade.studies.decade.data import load_study_data
+
+from .conftest import describe_stage
 
 pytestmark = pytest.mark.ray
 KEEP = {"astronaut", "chelsea", "coffee", "motorcycle", "retina"}
@@ -37,9 +37,8 @@ def _describe(study, images, out, actors=1, batch_size=4):
     study = study.model_copy(
         update={"models": (model,), "runtime": study.runtime.model_copy(update={"actors_per_model": actors})}
     )
-    import ray
 
-    return run_describe(study, images, RunFolder(out), Reporter(quiet=True), lambda: ray)
+    return describe_stage(study, images, out)
 
 
 def _stable(table: pa.Table) -> pa.Table:

@@ -10,14 +10,13 @@ from PIL import Image
 
 from tests import hf_tiny
 from vlm_decade.core.config import ModelConfig
-from vlm_decade.core.progress import Reporter
-from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.demo import materialize
 from vlm_decade.imaging.masks import apply_mask, mask_specs
 from vlm_decade.models.backends import Stimulus, backend_class
-from vlm_decade.stages.describe import run_describe
 from vlm_decade.studies import load_study
 from vlm_decade.studies.decade.data import load_study_data
+
+from .conftest import describe_stage
 
 pytestmark = pytest.mark.ray
 KEEP = {"chelsea", "coffee", "astronaut"}
@@ -41,12 +40,11 @@ def hf_study(tmp_path_factory):
 
 
 def _describe(study, images, out, actors, batch_size):
-    import ray
 
     models = tuple(m.model_copy(update={"batch_size": batch_size}) for m in study.models)
     runtime = study.runtime.model_copy(update={"actors_per_model": actors, "cpus_per_actor": 1.0})
     study = study.model_copy(update={"models": models, "runtime": runtime})
-    return run_describe(study, images, RunFolder(out), Reporter(quiet=True), lambda: ray)
+    return describe_stage(study, images, out)
 
 
 def test_same_table_whatever_the_layout_and_equal_to_direct_calls(hf_study, tmp_path):

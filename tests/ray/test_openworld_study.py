@@ -16,7 +16,7 @@ from vlm_decade.core.progress import Reporter
 from vlm_decade.demo.openworld import materialize
 from vlm_decade.studies import load_study
 from vlm_decade.studies.openworld.metrics import text_inclusion
-from vlm_decade.studies.openworld.pipeline import run_openworld
+from vlm_decade.studies.openworld.pipeline import run as run_openworld
 from vlm_decade.testing.fake_api import FakeAPIServer
 
 pytestmark = pytest.mark.ray

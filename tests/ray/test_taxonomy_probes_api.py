@@ -35,7 +35,7 @@ from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.demo import materialize
 from vlm_decade.studies import load_study
 from vlm_decade.studies.decade.config import MLLM_PROMPT
-from vlm_decade.studies.decade.pipeline import run_study
+from vlm_decade.studies.decade.pipeline import run as run_study
 from vlm_decade.testing.fake_api import FakeAPIServer
 
 pytestmark = pytest.mark.ray

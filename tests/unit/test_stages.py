@@ -76,3 +76,22 @@ def test_fingerprint_is_content_not_chunking():
     b = pa.concat_tables([pa.table({"x": [1]}), pa.table({"x": [2, 3]})])
     assert table_fingerprint(a) == table_fingerprint(b)
     assert table_fingerprint(a) != table_fingerprint(pa.table({"x": [1, 2, 4]}))
+
+
+def test_a_stage_with_unfinished_rows_runs_again_until_they_are_done(tmp_path):
+    run = RunFolder(tmp_path)
+    runner = _runner(run)
+    attempts = []
+
+    def compute(r):
+        attempts.append(1)
+        status = ["ok", "error", "skipped"] if len(attempts) == 1 else ["ok", "ok", "ok"]
+        return {"t": pa.table({"status": status})}
+
+    assert runner(Stage("t", (), {}, compute))
+    record = run.manifest()["stages"]["t"]
+    assert record["state"] == "incomplete" and record["unfinished"] == {"t": {"error": 1, "skipped": 1}}
+    assert runner(Stage("t", (), {}, compute))  # same settings and inputs, yet it runs again
+    assert run.manifest()["stages"]["t"]["state"] == "done" and "unfinished" not in run.manifest()["stages"]["t"]
+    assert not runner(Stage("t", (), {}, compute))
+    assert len(attempts) == 2

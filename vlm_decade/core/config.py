@@ -260,3 +260,64 @@ def resolve_entry_paths(entry: Any, base: Path) -> None:
         opts = entry.get("options")
         if isinstance(opts, dict) and opts.get("file") is not None:
             opts["file"] = resolve_path(opts["file"], base)
+
+
+def _type_text(annotation: Any) -> str:
+    """A field's type as a study file's author reads it."""
+    origin, args = getattr(annotation, "__origin__", None), getattr(annotation, "__args__", ())
+    if origin is Literal:
+        return " or ".join(str(a) for a in args)
+    if origin is tuple:
+        return f"list of {_type_text(args[0])}" if len(args) == 2 and args[1] is Ellipsis else "list"
+    if origin is dict:
+        return "mapping"
+    if args and type(None) in args:  # X | None
+        return " or ".join(_type_text(a) for a in args if a is not type(None)) + " or none"
+    if isinstance(annotation, type) and issubclass(annotation, Settings):
+        return "section"
+    return {Path: "path", str: "text", int: "integer", float: "number", bool: "true/false"}.get(annotation, str(annotation))
+
+
+_REQUIRED = object()
+
+
+def _value_text(value: Any) -> str:
+    if value is _REQUIRED:
+        return "required"
+    if isinstance(value, Settings):
+        return "(below)"
+    if value is None:
+        return "none"
+    if isinstance(value, (tuple, list)):
+        return "[" + ", ".join(str(getattr(v, "name", getattr(v, "id", v))) for v in value) + "]"
+    if isinstance(value, bool):
+        return str(value).lower()
+    text = "{}" if value == {} else str(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def reference(cls: type[Settings], prefix: str = "", defaults: Settings | None = None) -> list[tuple[str, str, str, str]]:
+    """(key, type, default, description) of every field of a section and the sections inside it;
+    `defaults`: the section's default value, whose fields are the defaults shown."""
+    rows = []
+    for name, field in cls.model_fields.items():
+        key = prefix + name
+        if defaults is not None:
+            value = getattr(defaults, name)
+        else:
+            value = _REQUIRED if field.is_required() else field.get_default(call_default_factory=True)
+        rows.append((key, _type_text(field.annotation), _value_text(value), field.description or ""))
+        inner = _settings_in(field.annotation)
+        if inner is not None:
+            origin = getattr(field.annotation, "__origin__", None)
+            nested = {tuple: "[].", dict: ".<model id>."}.get(origin, ".")
+            rows += reference(inner, key + nested, value if isinstance(value, Settings) else None)
+    return rows
+
+
+def reference_markdown(cls: type[Settings]) -> str:
+    """`reference` as a Markdown table (what `vlm-decade schema` prints and the docs show)."""
+    cell = lambda text: text.replace("|", "\\|")  # noqa: E731
+    lines = ["| key | type | default | what |", "| --- | --- | --- | --- |"]
+    lines += [f"| `{key}` | {cell(kind)} | {cell(default)} | {cell(what)} |" for key, kind, default, what in reference(cls)]
+    return "\n".join(lines) + "\n"

@@ -4,7 +4,8 @@ A `Stage` names the tables it reads, its settings (what decides its results) and
 its fingerprint hashes the settings and the content fingerprints of its input tables (recorded in
 the manifest), so a change anywhere upstream flows down and an unchanged stage is skipped.
 Incremental stages keep their finished rows across crashes (`runfolder`), so the skip-or-run decision
-is per stage and the resume is per row.
+is per stage and the resume is per row. A stage whose table has rows it could not finish (`status`
+error or skipped) is recorded `incomplete`, never skipped: the next run redoes just those rows.
 
 `open_run` begins a run (the run folder and the manifest's record of it) and returns a `StudyRun`:
 what every compute function is given (the tables stages hand on, the run folder, the reporter, and
@@ -23,6 +24,7 @@ from importlib import metadata
 from typing import Any, Callable
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from vlm_decade.core.config import StudyBase
 from vlm_decade.core.progress import Reporter
@@ -55,6 +57,15 @@ class Stage:
     @property
     def tables(self) -> tuple[str, ...]:
         return (self.name,) if self.outputs is None else self.outputs
+
+
+def unfinished_rows(table: pa.Table) -> dict[str, int]:
+    """Rows a stage could not finish (a `status` other than ok: error, skipped), counted by status.
+    A stage that leaves any is `incomplete`: the next run runs it again, and it redoes just those."""
+    if "status" not in table.column_names:
+        return {}
+    counts = pc.value_counts(table.column("status")).to_pylist()
+    return {c["values"]: c["counts"] for c in counts if c["values"] != "ok"}
 
 
 def given(name: str, table: pa.Table) -> Stage:
@@ -113,19 +124,24 @@ class StudyRun:
         written = {name: self.folder.write(name, outputs[name]) for name in stage.tables}
         for name in stage.tables:
             self.folder.clear_parts(name)  # folded into the table just written
+        unfinished = {name: counts for name in stage.tables if (counts := unfinished_rows(outputs[name]))}
         manifest = self.folder.manifest()
         manifest.setdefault("tables", {}).update(written)
         manifest["stages"][stage.name] = {
-            "state": "done",
+            "state": "incomplete" if unfinished else "done",
             "fingerprint": fp,
             "started": manifest["stages"][stage.name]["started"],
             "finished": now(),
             "seconds": round(time.monotonic() - start, 3),
             "rows": {name: outputs[name].num_rows for name in stage.tables},
+            **({"unfinished": unfinished} if unfinished else {}),
         }
         self.folder.save_manifest(manifest)
         rows = ", ".join([f"{outputs[n].num_rows} {n}" for n in stage.tables] + list(stage.files))
         self.reporter.stage(stage.name, "done", f"{rows} in {time.monotonic() - start:.1f}s")
+        for name, counts in unfinished.items():
+            said = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+            self.reporter.say(f"     [yellow]{name}: {said} rows[/yellow], tried again on the next run")
         return True
 
     def __enter__(self) -> "StudyRun":

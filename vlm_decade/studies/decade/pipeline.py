@@ -17,7 +17,7 @@ from vlm_decade.core.runner import given, open_run
 from vlm_decade.imaging.masks import mask_specs
 from vlm_decade.models.backends import backend_class
 from vlm_decade.stages import describe, embed
-from vlm_decade.stages.estimate import Line, render, response_cache
+from vlm_decade.stages.estimate import Line, response_cache
 from vlm_decade.studies.decade import metric_validation, report, score, statistics, stsb
 from vlm_decade.studies.decade.config import StudyConfig
 from vlm_decade.studies.decade.data import StudyData, load_study_data
@@ -88,8 +88,9 @@ def run(study: StudyConfig, reporter: Reporter | None = None) -> RunFolder:
     return spine.folder
 
 
-def estimate(study: StudyConfig, data: StudyData) -> str:
-    """The API requests, tokens and dollars this study would take, as `vlm-decade estimate` prints them."""
+def estimate(study: StudyConfig, data: StudyData) -> tuple[list[Line], tuple[str, ...]]:
+    """The API requests, tokens and dollars this study would take (`stages.estimate.render` prints
+    them), and notes on what they leave out."""
     cache = response_cache(study)
     lines: list[Line]
     lines, n_answers, answer_tokens = describe.estimate(study, plan(study), data.images, cache)
@@ -98,7 +99,7 @@ def estimate(study: StudyConfig, data: StudyData) -> str:
     if study.taxonomy is not None:
         notes = ("The error taxonomy's probe questions (one or two per object an API model's description leaves "
                  "out or adds) are not counted: they depend on the descriptions; the budget caps them too.",)
-    return render(study, lines, notes)
+    return lines, notes
 
 
 def summary(study: StudyConfig, data: StudyData) -> tuple[str, list[str]]:

@@ -14,7 +14,7 @@ from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.core.runner import given, open_run
 from vlm_decade.models.backends import backend_class
 from vlm_decade.stages import describe
-from vlm_decade.stages.estimate import render, response_cache
+from vlm_decade.stages.estimate import Line, response_cache
 from vlm_decade.studies.openworld import judging, report, scoring, statistics
 from vlm_decade.studies.openworld.config import OpenWorldStudyConfig
 from vlm_decade.studies.openworld.data import OpenWorldData, load_openworld_data
@@ -67,13 +67,14 @@ def run(study: OpenWorldStudyConfig, reporter: Reporter | None = None) -> RunFol
     return spine.folder
 
 
-def estimate(study: OpenWorldStudyConfig, data: OpenWorldData) -> str:
-    """The API requests, tokens and dollars this study would take, as `vlm-decade estimate` prints them."""
+def estimate(study: OpenWorldStudyConfig, data: OpenWorldData) -> tuple[list[Line], tuple[str, ...]]:
+    """The API requests, tokens and dollars this study would take (`stages.estimate.render` prints
+    them), and notes on what they leave out (nothing here)."""
     steps = plan(study, data.classnames)
     lines, _, _ = describe.estimate(study, steps, data.images, response_cache(study))
     if study.judge is not None and study.judge.backend in ("openai", "gemini"):
         lines.append(judging.estimate(study, data.images, steps.prompts))
-    return render(study, lines)
+    return lines, ()
 
 
 def summary(study: OpenWorldStudyConfig, data: OpenWorldData) -> tuple[str, list[str]]:
