@@ -1,30 +1,56 @@
 """The run folder: one Parquet table per stage, `manifest.json`, and crash-safe partial results.
 
 Every file is written to a temporary name in the same folder and renamed into place, so a reader
-(or a re-run after SIGKILL) sees either the old file or the new one, never half of one. A stage
-that produces rows incrementally appends finished batches as parts under `.parts/<table>/`; the
-parts survive a crash and are folded into the table when the stage completes.
+(or a re-run after SIGKILL) sees either the old file or the new one, never half of one. Nothing is
+trusted because it exists:
+- each table's content fingerprint (`tables`) and the sha256 of its file (`files`) are recorded in
+  the manifest when it is written, and a table is used again only while its file still hashes the same (`verified`); the
+  fingerprint also travels inside the file's metadata, so a table verifies on its own when the
+  manifest is lost;
+- a stage that produces rows incrementally appends finished batches as parts under
+  `.parts/<table>/`, each named with the hash of its bytes: a part that does not hash to its name
+  (truncated by a crash or a full disk) is discarded and its rows are done again;
+- a manifest that cannot be read is set aside under another name and rebuilt from what verifies.
+One run at a time: `lock()` holds an exclusive lock on the folder (a lock file that names the pid
+and host; the operating system releases it when that process dies, however it dies).
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
+import re
+import socket
 import tempfile
 import time
-import uuid
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+FINGERPRINT_KEY = b"vlm_decade.fingerprint"
+PART = re.compile(r"^part-(\d{20})-([0-9a-f]{16})\.parquet$")
+
+
+def _file_mode() -> int:
+    """What a new file gets under this process's umask (mkstemp alone would give 0600)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+FILE_MODE = _file_mode()
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, FILE_MODE)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
@@ -35,7 +61,17 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         raise
 
 
-def table_bytes(table: pa.Table) -> bytes:
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def table_bytes(table: pa.Table, fingerprint: str | None = None) -> bytes:
+    if fingerprint is not None:
+        table = table.replace_schema_metadata({**(table.schema.metadata or {}), FINGERPRINT_KEY: fingerprint.encode()})
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, compression="zstd")
     return sink.getvalue().to_pybytes()
@@ -49,11 +85,25 @@ def table_fingerprint(table: pa.Table) -> str:
     return hashlib.sha256(sink.getvalue().to_pybytes()).hexdigest()
 
 
-class RunFolder:
-    """The folder a study writes: tables, manifest, report. The driver alone writes it."""
+def _without_fingerprint(table: pa.Table) -> tuple[pa.Table, str | None]:
+    """The table as it was given to `write`, and the fingerprint its file carried."""
+    metadata = dict(table.schema.metadata or {})
+    stored = metadata.pop(FINGERPRINT_KEY, None)
+    return table.replace_schema_metadata(metadata or None), stored.decode() if stored else None
 
-    def __init__(self, root: str | Path):
+
+class RunFolderBusy(RuntimeError):
+    """Another live process holds the run folder's lock."""
+
+
+class RunFolder:
+    """The folder a study writes: tables, manifest, report. The driver alone writes it.
+
+    `say` reports what the folder found and set right (a corrupt table redone, a part discarded)."""
+
+    def __init__(self, root: str | Path, say: Callable[[str], None] | None = None):
         self.root = Path(root)
+        self.say = say if say is not None else (lambda message: None)
 
     # tables -----------------------------------------------------------------------------------
     def table_path(self, name: str) -> Path:
@@ -63,12 +113,50 @@ class RunFolder:
         return self.table_path(name).exists()
 
     def read(self, name: str) -> pa.Table:
-        return pq.read_table(self.table_path(name))
+        return _without_fingerprint(pq.read_table(self.table_path(name)))[0]
 
-    def write(self, name: str, table: pa.Table) -> str:
-        """Write a table atomically; return its content fingerprint."""
-        atomic_write_bytes(self.table_path(name), table_bytes(table))
-        return table_fingerprint(table)
+    def write(self, name: str, table: pa.Table) -> tuple[str, dict[str, Any]]:
+        """Write a table atomically. Returns its content fingerprint (the manifest's `tables`, what
+        later stages' fingerprints use) and its file record (the manifest's `files`: sha256 and size,
+        what `verified` checks)."""
+        fingerprint = table_fingerprint(table)
+        data = table_bytes(table, fingerprint)
+        atomic_write_bytes(self.table_path(name), data)
+        return fingerprint, {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+
+    def verified(self, name: str, record: dict | None) -> str | None:
+        """None when table `name` is there and its file hashes as its `files` record says; else what
+        is wrong."""
+        path = self.table_path(name)
+        if not path.exists():
+            return f"{path.name} is missing"
+        if not record or "sha256" not in record:
+            return f"{path.name} has no recorded hash"
+        if path.stat().st_size != record["bytes"] or file_sha256(path) != record["sha256"]:
+            return f"{path.name} does not match the hash recorded when it was written"
+        return None
+
+    def previous(self, name: str) -> pa.Table | None:
+        """Table `name` as the last finished stage wrote it, if it still verifies: what an
+        incremental stage resumes from. A table that does not verify is not trusted."""
+        problem = self.verified(name, self.manifest().get("files", {}).get(name))
+        if problem is None:
+            return self.read(name)
+        if self.has(name):
+            self.say(f"     [yellow]{problem}: its rows are not reused[/yellow]")
+        return None
+
+    def self_verified(self, name: str) -> tuple[str, dict[str, Any]] | None:
+        """Table `name`'s fingerprint and file record, rebuilt from the file alone (the fingerprint
+        it carries matches its rows), or None when it does not verify."""
+        path = self.table_path(name)
+        try:
+            table, stored = _without_fingerprint(pq.read_table(path))
+        except Exception:  # noqa: BLE001 - a damaged Parquet file raises many kinds of error
+            return None
+        if stored is None or stored != table_fingerprint(table):
+            return None
+        return stored, {"sha256": file_sha256(path), "bytes": path.stat().st_size}
 
     # partial results ----------------------------------------------------------------------------
     def _parts_dir(self, name: str) -> Path:
@@ -76,15 +164,24 @@ class RunFolder:
 
     def append_part(self, name: str, table: pa.Table) -> None:
         if table.num_rows:
-            # Time-ordered names: a later attempt at a row sorts after an earlier one.
-            part = f"part-{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.parquet"
-            atomic_write_bytes(self._parts_dir(name) / part, table_bytes(table))
+            data = table_bytes(table)
+            # Time-ordered names (a later attempt at a row sorts after an earlier one) that carry
+            # the hash of their bytes, so a damaged part is told from a whole one.
+            part = f"part-{time.time_ns():020d}-{hashlib.sha256(data).hexdigest()[:16]}.parquet"
+            atomic_write_bytes(self._parts_dir(name) / part, data)
 
     def read_parts(self, name: str, schema: pa.Schema) -> pa.Table:
-        files = sorted(self._parts_dir(name).glob("part-*.parquet"))
-        if not files:
-            return schema.empty_table()
-        return pa.concat_tables([pq.read_table(f).cast(schema) for f in files])
+        """Every whole part of table `name`, in the order written; damaged ones are discarded."""
+        tables = []
+        for f in sorted(self._parts_dir(name).glob("part-*.parquet")):
+            found = PART.match(f.name)
+            data = f.read_bytes()
+            if found is None or hashlib.sha256(data).hexdigest()[:16] != found.group(2):
+                self.say(f"     [yellow]{name}: part {f.name} is damaged; discarded, its rows are done again[/yellow]")
+                f.unlink()
+                continue
+            tables.append(pq.read_table(pa.BufferReader(data)).cast(schema))
+        return pa.concat_tables(tables) if tables else schema.empty_table()
 
     def parts(self, name: str, schema: pa.Schema, rows: int = 1, seconds: float = 0.0, on_save=None) -> "PartWriter":
         """A buffer of finished rows for table `name`, saved as a part every `rows` rows or `seconds`."""
@@ -103,9 +200,29 @@ class RunFolder:
         return self.root / "manifest.json"
 
     def manifest(self) -> dict[str, Any]:
-        if self.manifest_path.exists():
-            return json.loads(self.manifest_path.read_text(encoding="utf-8"))
-        return {}
+        """The manifest; one that cannot be read is set aside (renamed, kept) and rebuilt from the
+        tables that verify on their own. Its stage records are lost, so every stage runs again,
+        resuming from those tables."""
+        if not self.manifest_path.exists():
+            return {}
+        try:
+            manifest = json.loads(self.manifest_path.read_text(encoding="utf-8"))
+            if isinstance(manifest, dict):
+                return manifest
+        except (ValueError, UnicodeDecodeError):
+            pass
+        aside = self.manifest_path.with_name(f"manifest.json.unreadable-{time.strftime('%Y%m%dT%H%M%S')}")
+        os.replace(self.manifest_path, aside)
+        tables, files = {}, {}
+        for path in sorted(self.root.glob("*.parquet")):
+            found = self.self_verified(path.stem)
+            if found is not None:
+                tables[path.stem], files[path.stem] = found
+        self.say(f"[yellow]{self.manifest_path} could not be read: kept as {aside.name}; rebuilt from the "
+                 f"{len(tables)} tables that verify, and every stage runs again[/yellow]")
+        manifest = {"tables": tables, "files": files}
+        self.save_manifest(manifest)
+        return manifest
 
     def save_manifest(self, manifest: dict[str, Any]) -> None:
         atomic_write_bytes(self.manifest_path, (json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n").encode())
@@ -116,27 +233,57 @@ class RunFolder:
         self.save_manifest(manifest)
         return manifest
 
+    # one run at a time --------------------------------------------------------------------------
+    @contextmanager
+    def lock(self):
+        """Hold the folder's exclusive lock for the `with` block; RunFolderBusy if a live process
+        holds it. The lock file names its holder; the OS releases the lock when the holder dies, so
+        a lock left by a killed run is taken over (and said)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        path = self.root / ".lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, FILE_MODE)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 256, 0).decode(errors="replace").strip() or "another process"
+                raise RunFolderBusy(f"{self.root} is in use by {holder}; wait for that run to end, or use another --out") from None
+            left = os.pread(fd, 256, 0).decode(errors="replace").strip()
+            if left:
+                self.say(f"[yellow]{self.root}: an earlier run ({left}) ended without releasing the folder; taking over[/yellow]")
+            me = f"pid {os.getpid()} on {socket.gethostname()}"
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, me.encode(), 0)
+            yield
+            os.ftruncate(fd, 0)
+        finally:
+            os.close(fd)  # closing releases the lock
+
 
 class PartWriter:
     """Finished rows of an incremental stage, saved as parts: whenever `rows` rows or `seconds` have
     gathered, and on leaving the `with` block (an exception included), so what is done is kept.
-    `on_save` runs after each part is saved (the API stages record the money spent then)."""
+    `add` takes rows as dicts or as an Arrow table; `on_save` runs after each part is saved (the API
+    stages record the money spent then)."""
 
     def __init__(self, folder: RunFolder, name: str, schema: pa.Schema, rows: int, seconds: float, on_save=None):
         self.folder, self.name, self.schema = folder, name, schema
         self.rows, self.seconds, self.on_save = rows, seconds, on_save
-        self.buffer: list[dict] = []
+        self.buffer: list[pa.Table] = []
+        self.count = 0
         self.since = time.monotonic()
 
-    def add(self, rows: list[dict]) -> None:
-        self.buffer += rows
-        if len(self.buffer) >= self.rows or time.monotonic() - self.since >= self.seconds:
+    def add(self, rows: list[dict] | pa.Table) -> None:
+        table = rows if isinstance(rows, pa.Table) else pa.Table.from_pylist(rows, schema=self.schema)
+        self.buffer.append(table)
+        self.count += table.num_rows
+        if self.count >= self.rows or time.monotonic() - self.since >= self.seconds:
             self.save()
 
     def save(self) -> None:
-        if self.buffer:
-            self.folder.append_part(self.name, pa.Table.from_pylist(self.buffer, schema=self.schema))
-            self.buffer = []
+        if self.count:
+            self.folder.append_part(self.name, pa.concat_tables(self.buffer))
+            self.buffer, self.count = [], 0
             if self.on_save is not None:
                 self.on_save()
         self.since = time.monotonic()

@@ -76,14 +76,16 @@ def given(name: str, table: pa.Table) -> Stage:
 class StudyRun:
     """One run of a study: runs stages in order, and hands each the tables the stages before it made."""
 
-    def __init__(self, folder: RunFolder, reporter: Reporter, ray: LazyRay):
+    def __init__(self, folder: RunFolder, reporter: Reporter, ray: LazyRay, lock=None):
         self.folder = folder
         self.reporter = reporter
         self.ray = ray  # call it for the `ray` module, started or joined on first use
+        self._lock = lock  # the folder's lock, held until the run ends
         self._tables: dict[str, pa.Table] = {}
 
     def table(self, name: str) -> pa.Table:
-        """A table a stage of this run produced, else the run folder's (read once)."""
+        """A table a stage of this run produced, else the run folder's (read once; the stage that
+        wrote it was checked before this one ran, so it verified)."""
         if name not in self._tables:
             self._tables[name] = self.folder.read(name)
         return self._tables[name]
@@ -93,13 +95,17 @@ class StudyRun:
         return fingerprint({"settings": stage.settings, "inputs": {n: tables.get(n) for n in stage.inputs}})
 
     def is_current(self, stage: Stage) -> bool:
-        record = self.folder.manifest().get("stages", {}).get(stage.name, {})
-        return (
-            record.get("state") == "done"
-            and record.get("fingerprint") == self._fingerprint(stage)
-            and all(self.folder.has(t) for t in stage.tables)
-            and all((self.folder.root / f).exists() for f in stage.files)
-        )
+        """Done, with the same settings and inputs, and every table it wrote still as written."""
+        manifest = self.folder.manifest()
+        record = manifest.get("stages", {}).get(stage.name, {})
+        if record.get("state") != "done" or record.get("fingerprint") != self._fingerprint(stage):
+            return False
+        for table in stage.tables:
+            problem = self.folder.verified(table, manifest.get("files", {}).get(table))
+            if problem is not None:
+                self.reporter.say(f"     [yellow]{stage.name}: {problem}; done again[/yellow]")
+                return False
+        return all((self.folder.root / f).exists() for f in stage.files)
 
     def __call__(self, *stages: Stage) -> None:
         for stage in stages:
@@ -126,7 +132,8 @@ class StudyRun:
             self.folder.clear_parts(name)  # folded into the table just written
         unfinished = {name: counts for name in stage.tables if (counts := unfinished_rows(outputs[name]))}
         manifest = self.folder.manifest()
-        manifest.setdefault("tables", {}).update(written)
+        manifest.setdefault("tables", {}).update({name: fp for name, (fp, _) in written.items()})
+        manifest.setdefault("files", {}).update({name: record for name, (_, record) in written.items()})
         manifest["stages"][stage.name] = {
             "state": "incomplete" if unfinished else "done",
             "fingerprint": fp,
@@ -148,10 +155,14 @@ class StudyRun:
         return self
 
     def __exit__(self, exc_type, *_) -> None:
-        self.ray.close()
-        if exc_type is None:
-            self.folder.update_manifest(finished=now())
-            self.reporter.say(f"report: {self.folder.root / 'report.html'}")
+        try:
+            self.ray.close()
+            if exc_type is None:
+                self.folder.update_manifest(finished=now())
+                self.reporter.say(f"report: {self.folder.root / 'report.html'}")
+        finally:
+            if self._lock is not None:
+                self._lock.__exit__(None, None, None)
 
 
 def package_versions() -> dict[str, str]:
@@ -168,8 +179,9 @@ def open_run(study: StudyBase, reporter: Reporter | None, summary: str, **manife
     """Begin a run: the run folder, with the manifest's record of this run (the config and its
     hash, package versions, the start); `manifest` adds what the study kind records."""
     reporter = reporter or Reporter()
-    folder = RunFolder(study.output)
-    folder.root.mkdir(parents=True, exist_ok=True)
+    folder = RunFolder(study.output, say=reporter.say)
+    lock = folder.lock()
+    lock.__enter__()  # RunFolderBusy when another run holds the folder; released by StudyRun.__exit__
     folder.update_manifest(
         study=study.name,
         demo=study.demo,
@@ -182,4 +194,4 @@ def open_run(study: StudyBase, reporter: Reporter | None, summary: str, **manife
         **manifest,
     )
     reporter.say(f"[bold]{study.name}[/bold]{summary} -> {folder.root}")
-    return StudyRun(folder, reporter, LazyRay(study.runtime))
+    return StudyRun(folder, reporter, LazyRay(study.runtime), lock)

@@ -281,7 +281,8 @@ def collect_rows(folder: RunFolder, jobs: list[Job]) -> dict[tuple, dict]:
     """For each current job, its best row so far (ok over error, later over earlier) from the
     previous table and the parts a crash or this run left; rows of other settings are dropped."""
     wanted = {(j.subject, j.image_id, j.variant, j.prompt_id): j.cache_key for j in jobs}
-    old = folder.read("responses").cast(RESPONSES_SCHEMA) if folder.has("responses") else RESPONSES_SCHEMA.empty_table()
+    old = folder.previous("responses")
+    old = RESPONSES_SCHEMA.empty_table() if old is None else old.cast(RESPONSES_SCHEMA)
     best: dict[tuple, dict] = {}
     for table in (old, folder.read_parts("responses", RESPONSES_SCHEMA)):
         for row in table.to_pylist():

@@ -91,8 +91,9 @@ def _rows(keys: list[str], vectors: np.ndarray, cfg: EncoderConfig) -> pa.Table:
 
 
 def _existing(folder: RunFolder) -> pa.Table:
-    old = folder.read("embeddings") if folder.has("embeddings") else EMBEDDINGS_SCHEMA.empty_table()
-    return pa.concat_tables([old.cast(EMBEDDINGS_SCHEMA), folder.read_parts("embeddings", EMBEDDINGS_SCHEMA)])
+    old = folder.previous("embeddings")
+    old = EMBEDDINGS_SCHEMA.empty_table() if old is None else old.cast(EMBEDDINGS_SCHEMA)
+    return pa.concat_tables([old, folder.read_parts("embeddings", EMBEDDINGS_SCHEMA)])
 
 
 def run_embed(study: StudyBase, texts: dict[str, str], run: StudyRun) -> pa.Table:

@@ -60,8 +60,8 @@ def _rows(pairs: list[tuple[str, str]], answers, key: str) -> pa.Table:
 
 def _done(run, key: str) -> dict[tuple[str, str], dict]:
     """Answers this judge already gave, from the previous table and the parts of a killed run."""
-    old = run.read("judgements") if run.has("judgements") else JUDGEMENTS_SCHEMA.empty_table()
-    if "judge_key" not in old.column_names:
+    old = run.previous("judgements")
+    if old is None or "judge_key" not in old.column_names:
         old = JUDGEMENTS_SCHEMA.empty_table()
     rows = pa.concat_tables([old.cast(JUDGEMENTS_SCHEMA), run.read_parts("judgements", JUDGEMENTS_SCHEMA)]).to_pylist()
     return {(r["label"], r["prediction"]): r for r in rows if r["judge_key"] == key and r["status"] == "ok"}

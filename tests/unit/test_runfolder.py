@@ -1,0 +1,137 @@
+"""The run folder trusts nothing because it exists: damaged tables, parts and manifests are found
+and set right; one run holds a folder at a time; files follow the umask."""
+
+import json
+import os
+import stat
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from vlm_decade.core.config import RuntimeConfig
+from vlm_decade.core.progress import Reporter
+from vlm_decade.core.runfolder import RunFolder, RunFolderBusy
+from vlm_decade.core.runner import Stage, StudyRun
+from vlm_decade.core.runtime import LazyRay
+
+
+class Said(list):
+    def __call__(self, message):
+        self.append(message)
+
+
+def _run(folder):
+    reporter = Reporter(quiet=True)
+    said = Said()
+    reporter.say = said
+    folder.say = said
+    return StudyRun(folder, reporter, LazyRay(RuntimeConfig())), said
+
+
+def _stage(calls, value=1):
+    def compute(run):
+        calls.append(1)
+        return {"t": pa.table({"x": [value, value + 1, value + 2]})}
+
+    return Stage("t", (), {}, compute)
+
+
+DAMAGE = {
+    "truncated": lambda p: p.write_bytes(p.read_bytes()[: p.stat().st_size // 2]),
+    "emptied": lambda p: p.write_bytes(b""),
+    "edited": lambda p: pq.write_table(pa.table({"x": [7, 8, 9]}), p),
+    "one byte": lambda p: p.write_bytes(p.read_bytes()[:-9] + bytes([p.read_bytes()[-9] ^ 1]) + p.read_bytes()[-8:]),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_a_damaged_table_is_found_and_its_stage_done_again(tmp_path, damage):
+    folder = RunFolder(tmp_path)
+    run, said = _run(folder)
+    calls = []
+    assert run.run_stage(_stage(calls))
+    assert not run.run_stage(_stage(calls))
+    DAMAGE[damage](folder.table_path("t"))
+    run, said = _run(RunFolder(tmp_path))
+    assert run.run_stage(_stage(calls)) and len(calls) == 2
+    assert any("does not match the hash recorded" in m for m in said)
+    assert RunFolder(tmp_path).read("t").column("x").to_pylist() == [1, 2, 3]
+
+
+def test_a_damaged_table_is_not_resumed_from(tmp_path):
+    folder = RunFolder(tmp_path)
+    fp, record = folder.write("t", pa.table({"x": [1]}))
+    folder.save_manifest({"tables": {"t": fp}, "files": {"t": record}})
+    assert folder.previous("t").column("x").to_pylist() == [1]
+    DAMAGE["edited"](folder.table_path("t"))
+    assert folder.previous("t") is None
+
+
+def test_a_damaged_part_is_discarded_and_whole_ones_kept(tmp_path):
+    said = Said()
+    folder = RunFolder(tmp_path, say=said)
+    schema = pa.schema([("x", pa.int64())])
+    folder.append_part("t", pa.table({"x": [1, 2]}))
+    folder.append_part("t", pa.table({"x": [3]}))
+    first = sorted((tmp_path / ".parts" / "t").iterdir())[0]
+    DAMAGE["truncated"](first)
+    assert folder.read_parts("t", schema).column("x").to_pylist() == [3]
+    assert not first.exists() and any("damaged" in m for m in said)
+
+
+def test_an_unreadable_manifest_is_set_aside_and_rebuilt_from_what_verifies(tmp_path):
+    folder = RunFolder(tmp_path)
+    run, _ = _run(folder)
+    run.run_stage(_stage([]))
+    run.run_stage(Stage("u", ("t",), {}, lambda r: {"u": pa.table({"y": ["a"]})}))
+    good = folder.manifest()
+    DAMAGE["edited"](folder.table_path("u"))
+    folder.manifest_path.write_text(folder.manifest_path.read_text()[:40])
+    run, said = _run(RunFolder(tmp_path))
+    rebuilt = run.folder.manifest()
+    assert rebuilt["tables"] == {"t": good["tables"]["t"]} and rebuilt["files"] == {"t": good["files"]["t"]}
+    assert len(list(tmp_path.glob("manifest.json.unreadable-*"))) == 1
+    assert any("could not be read" in m for m in said)
+    calls = []
+    assert run.run_stage(_stage(calls)) and calls  # no stage record survives: it runs again
+
+
+def test_one_run_at_a_time_and_a_dead_holder_is_taken_over(tmp_path):
+    folder = RunFolder(tmp_path)
+    with folder.lock():
+        with pytest.raises(RunFolderBusy, match=f"pid {os.getpid()}"):
+            with RunFolder(tmp_path).lock():
+                pass
+    (tmp_path / ".lock").write_text("pid 99999999 on elsewhere")  # left by a killed run: no lock held
+    said = Said()
+    with RunFolder(tmp_path, say=said).lock():
+        pass
+    assert any("pid 99999999 on elsewhere" in m and "taking over" in m for m in said)
+
+
+def test_files_follow_the_umask(tmp_path):
+    old = os.umask(0o027)
+    try:
+        import importlib
+
+        import vlm_decade.core.runfolder as runfolder
+
+        importlib.reload(runfolder)
+        folder = runfolder.RunFolder(tmp_path)
+        folder.write("t", pa.table({"x": [1]}))
+        folder.save_manifest({})
+        for path in (folder.table_path("t"), folder.manifest_path):
+            assert stat.S_IMODE(path.stat().st_mode) == 0o640
+    finally:
+        os.umask(old)
+        importlib.reload(runfolder)
+
+
+def test_the_manifest_records_fingerprint_and_file_hash(tmp_path):
+    folder = RunFolder(tmp_path)
+    run, _ = _run(folder)
+    run.run_stage(_stage([]))
+    manifest = json.loads(folder.manifest_path.read_text())
+    assert set(manifest["files"]["t"]) == {"sha256", "bytes"} and len(manifest["tables"]["t"]) == 64
+    assert folder.self_verified("t") == (manifest["tables"]["t"], manifest["files"]["t"])
