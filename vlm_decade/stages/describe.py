@@ -25,7 +25,9 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from vlm_decade.core.columns import first_per_key
 from vlm_decade.core.config import ModelConfig, StudyBase
 from vlm_decade.core.dispatch import bounded
 from vlm_decade.core.errors import InputError, Problem
@@ -58,6 +60,7 @@ ANSWER_FIELDS = ("text", "status", "error", "latency_s", "input_tokens", "output
 IN_FLIGHT_PER_ACTOR = 2
 REMOTE_BATCH = 8  # stimuli one Ray task encodes and sends for an API model
 FLUSH_ROWS, FLUSH_S = 32, 2.0  # save API rows as a part this often
+PART_ROWS, PART_S = 4096, 10.0  # save a local model's rows as a part this often
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,7 @@ class Plan:
     prompts: dict[str, tuple[tuple[str, str], ...]]
     masks: tuple[MaskSpec, ...] = ()
     classnames: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    closed: dict[str, bool] = field(default_factory=dict)  # model -> closed-world (given the class names)
 
     def variants(self, model: ModelConfig) -> list[str]:
         return ["full"] + ([s.mask_id for s in self.masks] if model.variants == "all" else [])
@@ -142,25 +146,55 @@ def check_actor_fit(study: StudyBase, ray) -> None:
 
 
 # planning and loading ---------------------------------------------------------------------------
-def plan_jobs(study: StudyBase, plan: Plan, images: pa.Table) -> list[Job]:
-    """Every response to produce."""
+JOB_COLUMNS = (*("subject", "image_id", "variant", "prompt_id"), "dataset", "path", "cache_key")
+
+
+def plan_jobs(study: StudyBase, plan: Plan, images: pa.Table) -> pa.Table:
+    """Every response to produce, as a table (one row per job, in plan order: model, prompt, image,
+    variant) with its cache key, so a study of any size holds no Python object per job;
+    `jobs_from` turns a slice of it into `Job`s."""
     specs = {s.mask_id: s for s in plan.masks}
-    rows = images.select(["image_id", "dataset", "path", "sha256"]).to_pylist()
-    jobs = []
+    rows = images.select(["image_id", "dataset", "path", "sha256"])
+    ids, datasets, paths, shas = (rows.column(c).to_pylist() for c in ("image_id", "dataset", "path", "sha256"))
+    chunks = []
     for model in study.models:
         settings = model_fingerprint(model)
-        closed = backend_class(model.backend).closed_world
+        closed = plan.closed.get(model.name, False)
+        variants = plan.variants(model)
         for prompt_id, prompt in plan.prompts[model.name]:
-            for row in rows:
-                classes = tuple(plan.classnames.get(row["dataset"], ())) if closed else ()
-                for variant in plan.variants(model):
+            keys = []
+            for dataset, sha in zip(datasets, shas):
+                classes = list(plan.classnames.get(dataset, ())) if closed else None
+                for variant in variants:
                     mask = specs.get(variant)
-                    payload = {"model": settings, "prompt": prompt, "image": row["sha256"], "mask": asdict(mask) if mask else None}
+                    payload = {"model": settings, "prompt": prompt, "image": sha, "mask": asdict(mask) if mask else None}
                     if closed:
-                        payload["classes"] = list(classes)
-                    key = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
-                    jobs.append(Job(model.name, row["image_id"], variant, prompt_id, prompt, row["path"], mask, key, classes))
-    return jobs
+                        payload["classes"] = classes
+                    keys.append(hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest())
+            n = len(variants)
+            chunks.append(pa.table({
+                "subject": pa.array([model.name] * (len(ids) * n), pa.string()),
+                "image_id": pa.array([i for i in ids for _ in variants], pa.string()),
+                "variant": pa.array(variants * len(ids), pa.string()),
+                "prompt_id": pa.array([prompt_id] * (len(ids) * n), pa.string()),
+                "dataset": pa.array([d for d in datasets for _ in variants], pa.string()),
+                "path": pa.array([p for p in paths for _ in variants], pa.string()),
+                "cache_key": pa.array(keys, pa.string()),
+            }))
+    if not chunks:
+        return pa.table({c: pa.array([], pa.string()) for c in JOB_COLUMNS})
+    return pa.concat_tables(chunks).combine_chunks()
+
+
+def jobs_from(table: pa.Table, plan: Plan) -> list[Job]:
+    """The `Job`s of some rows of `plan_jobs`' table."""
+    specs = {s.mask_id: s for s in plan.masks}
+    prompts = {(subject, pid): text for subject, pairs in plan.prompts.items() for pid, text in pairs}
+    return [
+        Job(r["subject"], r["image_id"], r["variant"], r["prompt_id"], prompts[(r["subject"], r["prompt_id"])], r["path"],
+            specs.get(r["variant"]), r["cache_key"], tuple(plan.classnames.get(r["dataset"], ())) if plan.closed.get(r["subject"]) else ())
+        for r in table.to_pylist()
+    ]
 
 
 def load_stimuli(jobs: list[Job]) -> list[Stimulus | str]:
@@ -241,7 +275,10 @@ class DescribeActor:
     def __init__(self, model: ModelConfig):
         self.backend = backend_class(model.backend)(model)
 
-    def describe(self, jobs: list[Job], stimuli: list[Stimulus | str]) -> list[dict]:
+    def describe(self, jobs: list[Job], stimuli: list[Stimulus | str] | None) -> list[dict]:
+        """`stimuli` None: the backend needs no images (it is given empty ones)."""
+        if stimuli is None:
+            stimuli = [Stimulus(j.image_id, j.variant, np.empty(0, np.uint8), j.prompt, j.classes) for j in jobs]
         return describe_batch(self.backend, jobs, stimuli)
 
 
@@ -273,56 +310,55 @@ def batches(items: list, size: int) -> list[list]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
-def _key(row) -> tuple:
-    return tuple(row[k] for k in RESPONSE_KEY)
+def _composite(table: pa.Table) -> pa.ChunkedArray:
+    return pc.binary_join_element_wise(*(table.column(c) for c in RESPONSE_KEY), "\x1f")
 
 
-def collect_rows(folder: RunFolder, jobs: list[Job]) -> dict[tuple, dict]:
-    """For each current job, its best row so far (ok over error, later over earlier) from the
-    previous table and the parts a crash or this run left; rows of other settings are dropped."""
-    wanted = {(j.subject, j.image_id, j.variant, j.prompt_id): j.cache_key for j in jobs}
+def collect_rows(folder: RunFolder, jobs: pa.Table) -> pa.Table:
+    """For each current job, its best row so far from the previous table and the parts a crash or
+    this run left (the first ok row; else the latest attempt), sorted by key; rows of other settings
+    (another cache key) are dropped. Columnar: no Python object per row."""
     old = folder.previous("responses")
-    old = RESPONSES_SCHEMA.empty_table() if old is None else old.cast(RESPONSES_SCHEMA)
-    best: dict[tuple, dict] = {}
-    for table in (old, folder.read_parts("responses", RESPONSES_SCHEMA)):
-        for row in table.to_pylist():
-            key = _key(row)
-            if wanted.get(key) == row["cache_key"] and best.get(key, {}).get("status") != "ok":
-                best[key] = row
-    return best
+    sources = [RESPONSES_SCHEMA.empty_table() if old is None else old.cast(RESPONSES_SCHEMA), folder.read_parts("responses", RESPONSES_SCHEMA)]
+    rows = pa.concat_tables(sources)
+    rows = rows.append_column("_order", pa.array(np.arange(rows.num_rows), pa.int64()))
+    rows = rows.join(jobs.select([*RESPONSE_KEY, "cache_key"]), [*RESPONSE_KEY, "cache_key"], join_type="inner")
+    ok = pc.equal(rows.column("status"), "ok")
+    rank = pc.if_else(ok, rows.column("_order"), pc.negate(rows.column("_order")))
+    rows = rows.append_column("_ok", ok).append_column("_rank", rank)
+    rows = rows.sort_by([*((c, "ascending") for c in RESPONSE_KEY), ("_ok", "descending"), ("_rank", "ascending")])
+    rows = rows.append_column("_key", _composite(rows))
+    return first_per_key(rows, "_key").select(RESPONSES_SCHEMA.names).cast(RESPONSES_SCHEMA)
 
 
 # the stage --------------------------------------------------------------------------------------
 def run_describe(study: StudyBase, plan: Plan, run: StudyRun) -> pa.Table:
     jobs = plan_jobs(study, plan, run.table("images"))
-    done = {k for k, row in collect_rows(run.folder, jobs).items() if row["status"] == "ok"}
-    todo = [j for j in jobs if (j.subject, j.image_id, j.variant, j.prompt_id) not in done]
-    if done:
-        run.reporter.say(f"     responses    {len(done)} of {len(jobs)} already done, kept")
-    with run.reporter.track("describe", len(todo)) as advance:
+    jobs = jobs.append_column("_plan", pa.array(np.arange(jobs.num_rows), pa.int64()))
+    done = collect_rows(run.folder, jobs)
+    done = done.filter(pc.equal(done.column("status"), "ok")).select(list(RESPONSE_KEY))
+    todo = jobs.join(done, list(RESPONSE_KEY), join_type="left anti").sort_by("_plan")
+    if done.num_rows:
+        run.reporter.say(f"     responses    {done.num_rows} of {jobs.num_rows} already done, kept")
+    with run.reporter.track("describe", todo.num_rows) as advance:
         for model in study.models:
-            model_jobs = [j for j in todo if j.subject == model.name]
-            if not model_jobs:
+            model_jobs = todo.filter(pc.equal(todo.column("subject"), model.name))
+            if not model_jobs.num_rows:
                 continue
             cls = backend_class(model.backend)
             if cls.remote:
-                _describe_remote(study, model, model_jobs, run, advance)
-            elif cls.needs_images:
-                _describe_on_ray(study, model, model_jobs, run, advance)
+                _describe_remote(study, model, jobs_from(model_jobs, plan), run, advance)
             else:
-                backend = cls(model)
-                with run.folder.parts("responses", RESPONSES_SCHEMA) as parts:
-                    for batch in batches(model_jobs, model.batch_size):
-                        stimuli = [Stimulus(j.image_id, j.variant, np.empty(0, np.uint8), j.prompt, j.classes) for j in batch]
-                        parts.add(describe_batch(backend, batch, stimuli))
-                        advance(len(batch))
-    rows = sorted(collect_rows(run.folder, jobs).values(), key=_key)
-    return pa.Table.from_pylist(rows, schema=RESPONSES_SCHEMA)
+                _describe_on_ray(study, model, model_jobs, plan, run, advance)
+    return collect_rows(run.folder, jobs)
 
 
-def _describe_on_ray(study: StudyBase, model: ModelConfig, jobs: list[Job], run: StudyRun, advance) -> None:
+def _describe_on_ray(study: StudyBase, model: ModelConfig, jobs: pa.Table, plan: Plan, run: StudyRun, advance) -> None:
+    """A local model in its actors; images decoded and masked by loader tasks (none for backends
+    that need no images, such as imported files, which read their own file in the actor)."""
     ray, rt = run.ray(), study.runtime
     check_actor_fit(study, ray)
+    needs_images = backend_class(model.backend).needs_images
     actor_cls = ray.remote(DescribeActor).options(
         num_cpus=rt.cpus_per_actor, num_gpus=rt.gpus_per_actor, max_restarts=1, max_task_retries=1
     )
@@ -332,11 +368,12 @@ def _describe_on_ray(study: StudyBase, model: ModelConfig, jobs: list[Job], run:
     actors = [actor_cls.remote(model) for _ in range(rt.actors_per_model)]
 
     def submit(batch: list[Job], slot: int):
-        return actors[slot % len(actors)].describe.remote(batch, loader.remote(batch))
+        return actors[slot % len(actors)].describe.remote(batch, loader.remote(batch) if needs_images else None)
 
+    work = (jobs_from(jobs.slice(i, model.batch_size), plan) for i in range(0, jobs.num_rows, model.batch_size))
     try:
-        with run.folder.parts("responses", RESPONSES_SCHEMA) as parts:
-            for done in bounded(ray, batches(jobs, model.batch_size), submit, IN_FLIGHT_PER_ACTOR * len(actors)):
+        with run.folder.parts("responses", RESPONSES_SCHEMA, PART_ROWS, PART_S) as parts:
+            for done in bounded(ray, work, submit, IN_FLIGHT_PER_ACTOR * len(actors)):
                 # a lost actor or batch is recorded per row, and tried again on the next run
                 parts.add(done.value if done.error is None else failed_batch(done.work, done.error))
                 advance(len(done.work))
@@ -392,9 +429,9 @@ def estimate(study: StudyBase, plan: Plan, images: pa.Table, cache) -> tuple[lis
 
     api_models = {m.name: m for m in study.models if backend_class(m.backend).remote}
     by_model = defaultdict(list)
-    for job in plan_jobs(study, plan, images):
-        if job.subject in api_models:
-            by_model[job.subject].append(job)
+    jobs = plan_jobs(study, plan, images)
+    for job in jobs_from(jobs.filter(pc.is_in(jobs.column("subject"), pa.array(list(api_models), pa.string()))), plan):
+        by_model[job.subject].append(job)
     lines, answer_tokens = [], 0
     n_answers = sum(len(j) for j in by_model.values())
     for name, model_jobs in by_model.items():

@@ -9,17 +9,21 @@ vector, so a text is paid for once across runs.
 
 from __future__ import annotations
 
+import hashlib
+import shutil
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from vlm_decade.core.columns import first_per_key
 from vlm_decade.core.config import EncoderConfig, StudyBase
 from vlm_decade.core.dispatch import bounded
 from vlm_decade.core.errors import Problem
 from vlm_decade.core.runfolder import RunFolder
-from vlm_decade.core.runner import Stage, StudyRun
+from vlm_decade.core.runner import Stage, StudyRun, Written
 from vlm_decade.models.api.keys import api_key, key_hint
-from vlm_decade.models.encoders import api_provider, encoder_class, text_key
+from vlm_decade.models.encoders import api_provider, encoder_class
 from vlm_decade.stages.estimate import Line
 
 EMBEDDINGS_SCHEMA = pa.schema(
@@ -33,7 +37,8 @@ EMBEDDINGS_SCHEMA = pa.schema(
     ]
 )
 TEXT_BATCH = 128
-IN_FLIGHT = 2  # batches in flight to a local encoder's actor: the next is ready while one is saved
+IN_FLIGHT_PER_ACTOR = 2  # batches in flight to each local encoder actor: the next is ready while one is saved
+PART_ROWS, PART_S = 8192, 10.0  # save vectors as a part this often
 REMOTE_IN_FLIGHT = 8  # batches of texts in flight to an API encoder's gateway
 
 
@@ -61,12 +66,19 @@ def check_encoders(study: StudyBase) -> list[Problem]:
     return problems
 
 
-def texts_to_embed(references: pa.Table, responses: pa.Table) -> dict[str, str]:
-    """sha256 -> text for every distinct non-empty text to score."""
-    texts = references.column("text").to_pylist()
+def texts_to_embed(references: pa.Table, responses: pa.Table) -> pa.Table:
+    """Every distinct non-empty text to score, stripped, with its key: (text_sha256, text), sorted
+    by key. Columnar, so a study of any size holds no Python object per text."""
     ok = responses.filter(pc.equal(responses.column("status"), "ok"))
-    texts += ok.column("text").to_pylist()
-    return {text_key(t): t.strip() for t in texts if t and t.strip()}
+    texts = pa.chunked_array(references.column("text").chunks + ok.column("text").chunks, pa.string())
+    keys, stripped = [], []
+    for chunk in texts.chunks:
+        values = [t.strip() if t else "" for t in chunk.to_pylist()]
+        keys.append(pa.array([hashlib.sha256(t.encode("utf-8")).hexdigest() if t else None for t in values], pa.string()))
+        stripped.append(pa.array(values, pa.string()))
+    table = pa.table({"text_sha256": pa.chunked_array(keys, pa.string()), "text": pa.chunked_array(stripped, pa.string())})
+    table = table.filter(pc.is_valid(table.column("text_sha256")))
+    return first_per_key(table.sort_by("text_sha256"), "text_sha256")
 
 
 class EncodeActor:
@@ -77,52 +89,88 @@ class EncodeActor:
         return self.encoder.encode(texts)
 
 
-def _rows(keys: list[str], vectors: np.ndarray, cfg: EncoderConfig) -> pa.Table:
+def _rows(keys, vectors: np.ndarray, cfg: EncoderConfig) -> pa.Table:
+    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    n, dim = vectors.shape
+    column = pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), dim).cast(pa.list_(pa.float32()))
     return pa.table(
         {
-            "text_sha256": keys,
-            "encoder": [cfg.name] * len(keys),
-            "encoder_key": [encoder_key(cfg)] * len(keys),
-            "dim": [vectors.shape[1]] * len(keys),
-            "vector": list(vectors.astype(np.float32)),
+            "text_sha256": pa.array(keys, pa.string()),
+            "encoder": pa.array([cfg.name] * n, pa.string()),
+            "encoder_key": pa.array([encoder_key(cfg)] * n, pa.string()),
+            "dim": pa.array([dim] * n, pa.int32()),
+            "vector": column,
         },
         schema=EMBEDDINGS_SCHEMA,
     )
 
 
-def _existing(folder: RunFolder) -> pa.Table:
-    old = folder.previous("embeddings")
-    old = EMBEDDINGS_SCHEMA.empty_table() if old is None else old.cast(EMBEDDINGS_SCHEMA)
-    return pa.concat_tables([old, folder.read_parts("embeddings", EMBEDDINGS_SCHEMA)])
+def _sources(folder: RunFolder):
+    """The vectors this run may reuse, as record batches: the previous table (if it verifies) and
+    the parts a killed run or this one saved."""
+    if folder.trusted("embeddings"):
+        for batch in folder.batches("embeddings"):
+            yield pa.Table.from_batches([batch]).cast(EMBEDDINGS_SCHEMA)
+    yield folder.read_parts("embeddings", EMBEDDINGS_SCHEMA)
 
 
-def run_embed(study: StudyBase, texts: dict[str, str], run: StudyRun) -> pa.Table:
-    existing = _existing(run.folder)
-    have = set(zip(existing.column("text_sha256").to_pylist(), existing.column("encoder_key").to_pylist()))
-    todo = {cfg.name: sorted(k for k in texts if (k, encoder_key(cfg)) not in have) for cfg in study.encoders}
-    total = sum(len(v) for v in todo.values())
-    if have:
-        run.reporter.say(f"     embeddings   {len(texts) * len(study.encoders) - total} already encoded, kept")
+def _encoded(folder: RunFolder, keys: list[str]) -> pa.Table:
+    """(text_sha256, encoder_key) of every vector the sources hold for these encoder keys."""
+    found = [t.select(["text_sha256", "encoder_key"]).filter(pc.is_in(t.column("encoder_key"), pa.array(keys, pa.string())))
+             for t in _sources(folder)]
+    return pa.concat_tables(found) if found else pa.table({"text_sha256": pa.array([], pa.string()), "encoder_key": pa.array([], pa.string())})
+
+
+def run_embed(study: StudyBase, texts: pa.Table, run: StudyRun) -> Written:
+    encoders = list(study.encoders)
+    encoded = _encoded(run.folder, [encoder_key(cfg) for cfg in encoders])
+    todo = {}
+    for cfg in encoders:
+        mine = encoded.filter(pc.equal(encoded.column("encoder_key"), encoder_key(cfg))).column("text_sha256")
+        todo[cfg.name] = texts.filter(pc.invert(pc.is_in(texts.column("text_sha256"), mine)))
+    del encoded
+    total = sum(t.num_rows for t in todo.values())
+    if total < texts.num_rows * len(encoders):
+        run.reporter.say(f"     embeddings   {texts.num_rows * len(encoders) - total} already encoded, kept")
     with run.reporter.track("embed", total) as advance:
-        for cfg in study.encoders:
-            keys = todo[cfg.name]
-            if not keys:
+        for cfg in encoders:
+            if not todo[cfg.name].num_rows:
                 continue
             if encoder_class(cfg.backend).remote:
-                _embed_remote(study, cfg, keys, texts, run, advance)
-                continue
-            ray = run.ray()
-            actor = ray.remote(EncodeActor).options(num_cpus=study.runtime.cpus_per_actor).remote(cfg)
-            submit = lambda batch, _: actor.encode.remote([texts[k] for k in batch])  # noqa: E731
-            try:
-                for done in bounded(ray, [keys[i : i + TEXT_BATCH] for i in range(0, len(keys), TEXT_BATCH)], submit, IN_FLIGHT):
-                    if done.error is not None:
-                        raise done.error
-                    run.folder.append_part("embeddings", _rows(done.work, done.value, cfg))
-                    advance(len(done.work))
-            finally:
-                ray.kill(actor)
-    return _select(_existing(run.folder), texts, study.encoders)
+                keys = todo[cfg.name].column("text_sha256").to_pylist()
+                _embed_remote(study, cfg, keys, dict(zip(keys, todo[cfg.name].column("text").to_pylist())), run, advance)
+            else:
+                _embed_local(study, cfg, todo[cfg.name], run, advance)
+    return _write_selected(run.folder, texts, encoders)
+
+
+def encoder_actors(study: StudyBase, ray) -> int:
+    """How many encoder actors keep every CPU (or GPU) of the cluster busy."""
+    rt, have = study.runtime, ray.cluster_resources()
+    if rt.gpus_per_actor > 0:
+        return max(1, int(have.get("GPU", 0) // rt.gpus_per_actor))
+    return max(1, int(have.get("CPU", 1) // max(rt.cpus_per_actor, 1e-9)))
+
+
+def _embed_local(study: StudyBase, cfg: EncoderConfig, todo: pa.Table, run: StudyRun, advance) -> None:
+    """Batches of texts through encoder actors (as many as the cluster's CPUs or GPUs allow), the
+    finished vectors saved as parts every few thousand rows."""
+    ray, rt = run.ray(), study.runtime
+    n_batches = -(-todo.num_rows // TEXT_BATCH)
+    actor_cls = ray.remote(EncodeActor).options(num_cpus=rt.cpus_per_actor, num_gpus=rt.gpus_per_actor, max_restarts=1, max_task_retries=1)
+    actors = [actor_cls.remote(cfg) for _ in range(min(encoder_actors(study, ray), n_batches))]
+    batches = (todo.slice(i, TEXT_BATCH) for i in range(0, todo.num_rows, TEXT_BATCH))
+    submit = lambda batch, slot: actors[slot % len(actors)].encode.remote(batch.column("text").to_pylist())  # noqa: E731
+    try:
+        with run.folder.parts("embeddings", EMBEDDINGS_SCHEMA, PART_ROWS, PART_S) as parts:
+            for done in bounded(ray, batches, submit, IN_FLIGHT_PER_ACTOR * len(actors)):
+                if done.error is not None:
+                    raise done.error
+                parts.add(_rows(done.work.column("text_sha256"), done.value, cfg))
+                advance(done.work.num_rows)
+    finally:
+        for actor in actors:
+            ray.kill(actor)
 
 
 def _embed_remote(study: StudyBase, cfg: EncoderConfig, keys: list[str], texts: dict[str, str], run: StudyRun, advance) -> None:
@@ -156,21 +204,50 @@ def _embed_remote(study: StudyBase, cfg: EncoderConfig, keys: list[str], texts: 
         raise kind(f"encoder {cfg.name}: {stopped[0]['error']}; the vectors finished so far are kept")
 
 
-def _select(table: pa.Table, texts: dict[str, str], encoders) -> pa.Table:
-    """The vectors the current texts and encoders need, one row each, sorted."""
-    wanted = {(k, encoder_key(cfg)): cfg.name for cfg in encoders for k in texts}
-    rows = {}
-    for row in table.to_pylist():
-        name = wanted.get((row["text_sha256"], row["encoder_key"]))
-        if name is not None:
-            rows[(name, row["text_sha256"])] = {**row, "encoder": name}
-    return pa.Table.from_pylist([rows[k] for k in sorted(rows)], schema=EMBEDDINGS_SCHEMA)
+def _write_selected(folder: RunFolder, texts: pa.Table, encoders) -> Written:
+    """Write the vectors the current texts and encoders need, one row each, sorted by (encoder,
+    text), without holding them all: the reusable rows are spread over buckets by encoder and the
+    key's first hex digit (spill files beside the tables), then each bucket is sorted and written."""
+    name_of = {encoder_key(cfg): cfg.name for cfg in encoders}
+    order = {name: i for i, name in enumerate(sorted(set(name_of.values())))}
+    wanted = texts.column("text_sha256")
+    spill = folder.root / ".spill" / "embeddings"
+    shutil.rmtree(spill, ignore_errors=True)
+    spill.mkdir(parents=True)
+    writers: dict[int, pa.ipc.RecordBatchStreamWriter] = {}
+    try:
+        for table in _sources(folder):
+            table = table.filter(pc.and_(pc.is_in(table.column("encoder_key"), pa.array(list(name_of), pa.string())),
+                                         pc.is_in(table.column("text_sha256"), wanted)))
+            if not table.num_rows:
+                continue
+            names = [name_of[k] for k in table.column("encoder_key").to_pylist()]
+            table = table.set_column(1, "encoder", pa.array(names, pa.string()))
+            digit = pc.utf8_slice_codeunits(table.column("text_sha256"), 0, 1).to_pylist()
+            buckets = np.array([order[n] * 16 + int(d, 16) for n, d in zip(names, digit)])
+            for bucket in np.unique(buckets):
+                if bucket not in writers:
+                    writers[bucket] = pa.ipc.new_stream(str(spill / f"{bucket:06d}.arrow"), EMBEDDINGS_SCHEMA)
+                writers[bucket].write_table(table.filter(pa.array(buckets == bucket)))
+        for writer in writers.values():
+            writer.close()
+
+        def sorted_batches():
+            for bucket in sorted(writers):
+                with pa.ipc.open_stream(str(spill / f"{bucket:06d}.arrow")) as reader:
+                    table = reader.read_all()
+                yield from first_per_key(table.sort_by("text_sha256"), "text_sha256").to_batches()
+
+        fingerprint, record, rows = folder.write_batches("embeddings", EMBEDDINGS_SCHEMA, sorted_batches())
+        return Written(fingerprint, record, rows)
+    finally:
+        shutil.rmtree(spill, ignore_errors=True)
 
 
 def stage(study: StudyBase) -> Stage:
     """The `embeddings` table: every distinct text of the references and the ok responses, per encoder."""
 
-    def compute(run: StudyRun) -> dict[str, pa.Table]:
+    def compute(run: StudyRun) -> dict[str, Written]:
         return {"embeddings": run_embed(study, texts_to_embed(run.table("references"), run.table("responses")), run)}
 
     return Stage("embeddings", ("references", "responses"), [e.fingerprint() for e in study.encoders], compute)

@@ -7,10 +7,13 @@ gold standard (as the paper draws them as bands). One metric per encoder (e.g. S
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.core.runner import Stage, StudyRun
 from vlm_decade.models.encoders import text_key
 from vlm_decade.models.metrics import build_metric
@@ -20,57 +23,121 @@ from vlm_decade.studies.decade.config import StudyConfig
 HUMAN_GROUPS = {"top": "human:top", "bottom": "human:bottom"}
 
 
-def encoder_vectors(embeddings: pa.Table, encoder: str) -> dict[str, np.ndarray]:
+class EncoderVectors(Mapping):
+    """text_sha256 -> vector of one encoder, over one (n, dim) float32 matrix (no object per vector)."""
+
+    def __init__(self, keys: list[str], matrix: np.ndarray):
+        self.row = {k: i for i, k in enumerate(keys)}
+        self.matrix = matrix
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        return self.matrix[self.row[key]]
+
+    def __iter__(self):
+        return iter(self.row)
+
+    def __len__(self) -> int:
+        return len(self.row)
+
+
+def vector_matrix(table: pa.Table | pa.RecordBatch) -> np.ndarray:
+    """The `vector` column of embeddings rows (one encoder, one width) as an (n, dim) float32 array."""
+    column = table.column("vector")
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    dim = table.column("dim")[0].as_py() if table.num_rows else 0
+    return column.flatten().to_numpy(zero_copy_only=False).reshape(table.num_rows, dim)
+
+
+def encoder_vectors(embeddings: pa.Table, encoder: str) -> EncoderVectors:
     """text_sha256 -> vector, for one encoder of the `embeddings` table."""
     table = embeddings.filter(pc.equal(embeddings.column("encoder"), encoder))
-    return {k: np.asarray(v, dtype=np.float32) for k, v in zip(table.column("text_sha256").to_pylist(), table.column("vector").to_pylist())}
+    return EncoderVectors(table.column("text_sha256").to_pylist(), vector_matrix(table))
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
-def scoring_pairs(references: pa.Table, responses: pa.Table) -> list[tuple[str, str, str, str]]:
-    """(subject, image_id, candidate, gold) for every model's full-image description and every
-    member of a human reference group; a group's value per image is the mean over its members."""
-    full_refs = [r for r in references.to_pylist() if r["condition"] == "full"]
-    gold = {r["image_id"]: r["text"] for r in full_refs if r["role"] == "gold"}
-    pairs = [
-        (r["subject"], r["image_id"], r["text"], gold[r["image_id"]])
-        for r in responses.to_pylist()
-        if r["status"] == "ok" and r["variant"] == "full" and r["image_id"] in gold
-    ]
-    pairs += [(HUMAN_GROUPS[r["role"]], r["image_id"], r["text"], gold[r["image_id"]]) for r in full_refs if r["role"] in HUMAN_GROUPS]
-    return pairs
+def _keyed(texts: pa.ChunkedArray) -> pa.Array:
+    return pa.array([text_key(t) for t in texts.to_pylist()], pa.string())
+
+
+def scoring_pairs(references: pa.Table, responses: pa.Table) -> pa.Table:
+    """(subject, image_id, candidate, gold, candidate_key, gold_key) for every model's full-image
+    description and every member of a human reference group; a group's value per image is the mean
+    over its members."""
+    full = references.filter(pc.equal(references.column("condition"), "full"))
+    gold = full.filter(pc.equal(full.column("role"), "gold")).select(["image_id", "text"]).rename_columns(["image_id", "gold"])
+    ok = pc.and_(pc.equal(responses.column("status"), "ok"), pc.equal(responses.column("variant"), "full"))
+    models = responses.filter(ok).select(["subject", "image_id", "text"])
+    humans = full.filter(pc.is_in(full.column("role"), pa.array(list(HUMAN_GROUPS))))
+    humans = pa.table({"subject": pc.replace_substring_regex(humans.column("role"), "^(.*)$", "human:\\1"),
+                       "image_id": humans.column("image_id"), "text": humans.column("text")})
+    candidates = pa.concat_tables([models.cast(humans.schema), humans]).rename_columns(["subject", "image_id", "candidate"])
+    pairs = candidates.join(gold, "image_id", join_type="inner").combine_chunks()
+    return pairs.append_column("candidate_key", _keyed(pairs.column("candidate"))).append_column("gold_key", _keyed(pairs.column("gold")))
+
+
+def _batches(embeddings: pa.Table | RunFolder, encoder: str):
+    """One encoder's rows of the embeddings, a batch at a time: from a table, or streamed from the
+    run folder's file (which may be too big to read whole)."""
+    source = embeddings.to_batches() if isinstance(embeddings, pa.Table) else embeddings.batches("embeddings")
+    for batch in source:
+        batch = pa.Table.from_batches([batch]).filter(pc.equal(batch.column("encoder"), encoder))
+        if batch.num_rows:
+            yield batch
+
+
+def cosine_values(pairs: pa.Table, embeddings: pa.Table | RunFolder, encoder: str) -> np.ndarray:
+    """Each pair's cosine (float64) under one encoder, in two passes over its vectors: the gold
+    standards' first (one per image), then every candidate's, so the vectors are never all held."""
+    gold_keys = pc.unique(pairs.column("gold_key"))
+    found_keys, found = [], []
+    for batch in _batches(embeddings, encoder):
+        batch = batch.filter(pc.is_in(batch.column("text_sha256"), gold_keys))
+        found_keys.append(batch.column("text_sha256").combine_chunks())
+        found.append(vector_matrix(batch).astype(np.float64))
+    gold_matrix = np.vstack(found) if found else np.zeros((0, 0))
+    gold_row = pc.index_in(pairs.column("gold_key"), pa.concat_arrays(found_keys) if found_keys else pa.array([], pa.string()))
+    gold_vectors = gold_matrix[gold_row.fill_null(0).to_numpy()] if gold_matrix.size else gold_matrix
+    values = np.full(pairs.num_rows, np.nan)
+    for batch in _batches(embeddings, encoder):
+        row = pc.index_in(pairs.column("candidate_key"), batch.column("text_sha256").combine_chunks())
+        at = np.flatnonzero(row.is_valid().to_numpy(zero_copy_only=False))
+        if at.size:
+            c = vector_matrix(batch).astype(np.float64)[row.take(at).to_numpy()]
+            g = gold_vectors[at]
+            values[at] = np.einsum("ij,ij->i", c, g) / (np.linalg.norm(c, axis=1) * np.linalg.norm(g, axis=1))
+    missing = int(np.isnan(values).sum() + gold_row.null_count)
+    if missing:
+        raise RuntimeError(f"{missing} pairs have no {encoder} vector: the embeddings table does not match the texts")
+    return values
 
 
 def similarity_scores(
-    images: pa.Table, references: pa.Table, responses: pa.Table, embeddings: pa.Table, metrics: list[str], pair_metrics=()
+    images: pa.Table, references: pa.Table, responses: pa.Table, embeddings: pa.Table | RunFolder, metrics: list[str], pair_metrics=()
 ) -> pa.Table:
-    """Cosine to the gold standard for each encoder in `metrics` (from the `embeddings` table), and
-    each loaded pairwise metric in `pair_metrics` (e.g. BERTScore, `vlm_decade.models.metrics`)."""
-    dataset_of = dict(zip(images.column("image_id").to_pylist(), images.column("dataset").to_pylist()))
+    """Cosine to the gold standard for each encoder in `metrics` (from the embeddings: a table, or
+    the run folder's, streamed), and each loaded pairwise metric in `pair_metrics` (e.g. BERTScore,
+    `vlm_decade.models.metrics`)."""
     pairs = scoring_pairs(references, responses)
-    candidates = [p[2] for p in pairs]
-    golds = [p[3] for p in pairs]
-    values_by_metric: dict[str, list[float]] = {}
-    for metric in metrics:
-        vec = encoder_vectors(embeddings, metric)
-        values_by_metric[metric] = [cosine(vec[text_key(c)], vec[text_key(g)]) for c, g in zip(candidates, golds)]
-    for metric in pair_metrics:
-        values_by_metric[metric.name] = [float(v) for v in metric.score(candidates, golds)]
-
-    rows = []
-    for metric, values in values_by_metric.items():
-        grouped: dict[tuple[str, str], list[float]] = {}
-        for (subject, image_id, _, _), value in zip(pairs, values):
-            grouped.setdefault((subject, image_id), []).append(value)
-        rows += [
-            {"subject": s, "image_id": i, "dataset": dataset_of[i], "variant": "full", "metric": metric, "value": float(np.mean(v))}
-            for (s, i), v in grouped.items()
-        ]
-    rows.sort(key=lambda r: (r["metric"], r["subject"], r["image_id"]))
-    return pa.Table.from_pylist(rows, schema=SCORES_SCHEMA)
+    tables = []
+    for name in list(metrics) + [m.name for m in pair_metrics]:
+        if name in metrics:
+            values = cosine_values(pairs, embeddings, name)
+        else:
+            metric = next(m for m in pair_metrics if m.name == name)
+            values = np.asarray(metric.score(pairs.column("candidate").to_pylist(), pairs.column("gold").to_pylist()), np.float64)
+        per_pair = pairs.select(["subject", "image_id"]).append_column("value", pa.array(values, pa.float64()))
+        means = per_pair.group_by(["subject", "image_id"], use_threads=False).aggregate([("value", "mean")])
+        n = means.num_rows
+        tables.append(pa.table({"subject": means.column("subject"), "image_id": means.column("image_id"),
+                                "variant": pa.array(["full"] * n, pa.string()), "metric": pa.array([name] * n, pa.string()),
+                                "value": means.column("value_mean")}))
+    scores = pa.concat_tables(tables) if tables else pa.table({c: pa.array([], SCORES_SCHEMA.field(c).type) for c in ("subject", "image_id", "variant", "metric", "value")})
+    scores = scores.join(images.select(["image_id", "dataset"]), "image_id", join_type="inner")
+    return scores.select(SCORES_SCHEMA.names).cast(SCORES_SCHEMA).sort_by([("metric", "ascending"), ("subject", "ascending"), ("image_id", "ascending")])
 
 
 def stage(study: StudyConfig) -> Stage:
@@ -78,7 +145,7 @@ def stage(study: StudyConfig) -> Stage:
     encoders = [e.name for e in study.encoders]
 
     def compute(run: StudyRun) -> dict[str, pa.Table]:
-        tables = [run.table(n) for n in ("images", "references", "responses", "embeddings")]
-        return {"scores": similarity_scores(*tables, encoders, [build_metric(m) for m in study.metrics])}
+        tables = [run.table(n) for n in ("images", "references", "responses")]
+        return {"scores": similarity_scores(*tables, run.folder, encoders, [build_metric(m) for m in study.metrics])}
 
     return Stage("scores", ("images", "references", "responses", "embeddings"), [encoders, [m.fingerprint() for m in study.metrics]], compute)

@@ -24,11 +24,9 @@ from vlm_decade.studies.openworld.judging import judge_unavailable
 def plan(study: OpenWorldStudyConfig, classnames: dict[str, tuple[str, ...]]) -> describe.Plan:
     """Every open-world model answers every prompt, by its id; a closed-world baseline answers once,
     under the first prompt (which it does not read), choosing among its dataset's class names."""
-    prompts = {
-        m.name: tuple((p.id, p.text) for p in (study.prompts[:1] if backend_class(m.backend).closed_world else study.prompts))
-        for m in study.models
-    }
-    return describe.Plan(prompts, classnames=classnames)
+    closed = {m.name: backend_class(m.backend).closed_world for m in study.models}
+    prompts = {m.name: tuple((p.id, p.text) for p in (study.prompts[:1] if closed[m.name] else study.prompts)) for m in study.models}
+    return describe.Plan(prompts, classnames=classnames, closed=closed)
 
 
 def check(study: OpenWorldStudyConfig) -> OpenWorldData:
