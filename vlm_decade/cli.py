@@ -54,6 +54,7 @@ CACHE_DIR_HELP = "API response cache shared across runs (default: the study's pr
 def _run(study) -> None:
     """Run a study of either kind; an API stage that stopped (a budget reached, a provider
     refusing) says why."""
+    from vlm_decade.core.dispatch import Stalled
     from vlm_decade.core.runfolder import RunFolderBusy
     from vlm_decade.models.api.session import APIStopped
     from vlm_decade.studies import pipeline_of
@@ -62,7 +63,7 @@ def _run(study) -> None:
         pipeline_of(study).run(study)
     except InputError as exc:
         _fail(exc)
-    except (APIStopped, RunFolderBusy) as exc:
+    except (APIStopped, RunFolderBusy, Stalled) as exc:
         err.print(f"[bold red]stopped:[/bold red] {exc}", highlight=False)
         raise typer.Exit(1)
 

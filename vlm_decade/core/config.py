@@ -140,6 +140,8 @@ class RuntimeConfig(Settings):
     actors_per_model: int = Field(1, ge=1, description="Actors per local model.")
     cpus_per_actor: float = Field(1.0, ge=0.0, description="CPUs each model or encoder actor reserves.")
     gpus_per_actor: float = Field(0.0, ge=0.0, description="GPUs each model actor reserves (0.25: four small models per GPU).")
+    stall_timeout_s: float = Field(1800.0, gt=0, description="A stage that finishes no call for this long stops with a message naming what it waits for.")
+    max_restarts: int = Field(3, ge=0, description="Model or encoder actors a stage may lose (process or node) and replace before the rest of its batches become error rows.")
 
 
 # Published list prices in US$ per million tokens (standard tier, text and image input alike), as

@@ -1,10 +1,11 @@
 """The one loop that sends work to Ray: a bounded number of calls in flight, results as they finish.
 
 Every stage that hands batches to Ray actors or tasks (describe, embed, detections, the judge,
-probes) goes through `bounded`: it submits work while fewer than `limit` calls are pending, and
-yields each call's outcome as it finishes, so memory stays flat whatever the amount of work and a
-stage can save each result at once. A call that fails yields its exception instead of a value: the
-stage decides what a failure means for its rows.
+probes) goes through `bounded` (or `pool_map`, for a pool of actors that may be lost): it submits
+work while fewer than `limit` calls are pending, and yields each call's outcome as it finishes, so
+memory stays flat whatever the amount of work and a stage can save each result at once. A call
+that fails yields its exception instead of a value: the stage decides what a failure means for its
+rows. Neither waits forever: when nothing finishes for the stall timeout, `Stalled` says why.
 """
 
 from __future__ import annotations
@@ -26,12 +27,29 @@ class Finished(Generic[W]):
     error: BaseException | None = None
 
 
-def bounded(ray, work: Iterable[W], submit: Callable[[W, int], Any], limit: int) -> Iterator[Finished[W]]:
+class Stalled(RuntimeError):
+    """No call finished for the stall timeout: the work waits for something the cluster lacks."""
+
+
+def stalled(ray, what: str, needs: dict[str, float], seconds: float) -> Stalled:
+    """The message of a stage that stopped moving, naming what it waits for and what is free."""
+    free = ray.available_resources()
+    wants = ", ".join(f"{v:g} {k}" for k, v in needs.items() if v) or "nothing but a worker"
+    short = [k for k, v in needs.items() if v and free.get(k, 0) < v]
+    why = f"the cluster has {', '.join(f'{free.get(k, 0):g} {k}' for k in short)} free" if short else "nothing is short: a worker may be stuck"
+    return Stalled(f"{what}: no call finished in {seconds:g}s (runtime.stall_timeout_s); each waits for {wants}, and {why}. "
+                   "What finished is kept: run again when the cluster has room (or lower the resources each actor asks for)")
+
+
+def bounded(ray, work: Iterable[W], submit: Callable[[W, int], Any], limit: int, *,
+            stall_timeout_s: float | None = None, what: str = "work", needs: dict[str, float] | None = None) -> Iterator[Finished[W]]:
     """Submit `work` items with `submit(item, slot)` while fewer than `limit` calls are in flight;
     yield each `Finished` call in the order they finish.
 
     `slot` (0 .. limit-1) is the place the call takes, freed when it finishes: with an actor pool,
-    `actors[slot % len(actors)]` keeps the same number of calls on every actor.
+    `actors[slot % len(actors)]` keeps the same number of calls on every actor. When no call
+    finishes for `stall_timeout_s` (an actor that lost its node waiting for room to restart, say),
+    `Stalled` is raised naming `what` and the resources each call `needs`, instead of waiting forever.
     """
     items = iter(work)
     pending: dict[Any, tuple[W, int]] = {}
@@ -47,7 +65,10 @@ def bounded(ray, work: Iterable[W], submit: Callable[[W, int], Any], limit: int)
 
     fill()
     while pending:
-        (ref,), _ = ray.wait(list(pending), num_returns=1)
+        ready, _ = ray.wait(list(pending), num_returns=1, timeout=stall_timeout_s)
+        if not ready:
+            raise stalled(ray, what, needs or {}, stall_timeout_s)
+        ref = ready[0]
         item, slot = pending.pop(ref)
         free.append(slot)
         try:
@@ -56,3 +77,72 @@ def bounded(ray, work: Iterable[W], submit: Callable[[W, int], Any], limit: int)
             done = Finished(item, error=exc)
         fill()  # keep the cluster busy while the caller saves this result
         yield done
+
+
+def pool_map(ray, make_actor: Callable[[], Any], n_actors: int, work: Iterable[W], call: Callable[[Any, W], Any], *,
+             in_flight_per_actor: int = 2, max_lost: int = 3, stall_timeout_s: float | None = None, what: str = "work",
+             needs: dict[str, float] | None = None) -> Iterator[Finished[W]]:
+    """`bounded` over a pool of `n_actors` actors made by `make_actor`, that survives losing them.
+
+    A call whose actor died (its process or its node lost) is not an outcome: its work goes back to
+    the queue and the actor leaves the pool, so the others take it over; when none is left, a new
+    actor is made (it waits for room on the cluster, within the stall timeout). After `max_lost`
+    actors are lost (an actor that cannot even start, say), the rest of the work is handed back
+    failed with the last loss, to become error rows that a later run tries again. Other failures are
+    handed back as usual. The actors are killed when the work is done.
+    """
+    from ray.exceptions import RayActorError
+
+    actors = {i: make_actor() for i in range(n_actors)}
+    load = {i: 0 for i in actors}
+    queue = iter(work)
+    retry: list[W] = []
+    pending: dict[Any, tuple[W, int]] = {}
+    made, lost, last_loss = n_actors, 0, None
+
+    def fill() -> None:
+        nonlocal made
+        while lost <= max_lost:
+            if not actors:
+                actors[made], load[made] = make_actor(), 0
+                made += 1
+            slot = min(actors, key=lambda i: load[i])
+            if load[slot] >= in_flight_per_actor:
+                return
+            item = retry.pop() if retry else next(queue, _END)
+            if item is _END:
+                return
+            pending[call(actors[slot], item)] = (item, slot)
+            load[slot] += 1
+
+    try:
+        fill()
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=stall_timeout_s)
+            if not ready:
+                raise stalled(ray, what, needs or {}, stall_timeout_s)
+            item, slot = pending.pop(ready[0])
+            if slot in load:
+                load[slot] -= 1
+            try:
+                done = Finished(item, ray.get(ready[0]))
+            except RayActorError as exc:
+                if slot in actors:
+                    ray.kill(actors.pop(slot))
+                    load.pop(slot)
+                    lost += 1
+                last_loss = exc
+                if lost <= max_lost:
+                    retry.append(item)
+                    fill()
+                    continue
+                done = Finished(item, error=exc)
+            except Exception as exc:  # noqa: BLE001 - handed to the stage, which records it per row
+                done = Finished(item, error=exc)
+            fill()
+            yield done
+        for item in [*retry, *queue]:  # left when too many actors were lost
+            yield Finished(item, error=last_loss)
+    finally:
+        for actor in actors.values():
+            ray.kill(actor)

@@ -200,7 +200,7 @@ class RunFolder:
     def batches(self, name: str, columns: list[str] | None = None, batch_size: int = ROW_GROUP_ROWS):
         """Table `name` as record batches, in order, a row group at a time (for tables too big to read whole)."""
         source = pq.ParquetFile(self.table_path(name))
-        yield from source.iter_batches(batch_size=batch_size, columns=columns)
+        yield from source.iter_batches(batch_size=batch_size, columns=columns, use_threads=False)  # no read-ahead: one row group at a time
 
     def verified(self, name: str, record: dict | None) -> str | None:
         """None when table `name` is there and its file hashes as its `files` record says; else what
@@ -250,9 +250,9 @@ class RunFolder:
             part = f"part-{time.time_ns():020d}-{hashlib.sha256(data).hexdigest()[:16]}.parquet"
             atomic_write_bytes(self._parts_dir(name) / part, data)
 
-    def read_parts(self, name: str, schema: pa.Schema) -> pa.Table:
-        """Every whole part of table `name`, in the order written; damaged ones are discarded."""
-        tables = []
+    def iter_parts(self, name: str, schema: pa.Schema, columns: list[str] | None = None):
+        """Every whole part of table `name` (its `columns`), one table at a time in the order
+        written; damaged ones are discarded, and said."""
         for f in sorted(self._parts_dir(name).glob("part-*.parquet")):
             found = PART.match(f.name)
             data = f.read_bytes()
@@ -260,7 +260,12 @@ class RunFolder:
                 self.say(f"     [yellow]{name}: part {f.name} is damaged; discarded, its rows are done again[/yellow]")
                 f.unlink()
                 continue
-            tables.append(pq.read_table(pa.BufferReader(data)).cast(schema))
+            table = pq.read_table(pa.BufferReader(data), columns=columns)
+            yield table.cast(pa.schema([schema.field(c) for c in table.column_names]))
+
+    def read_parts(self, name: str, schema: pa.Schema) -> pa.Table:
+        """Every whole part of table `name`, in the order written; damaged ones are discarded."""
+        tables = list(self.iter_parts(name, schema))
         return pa.concat_tables(tables) if tables else schema.empty_table()
 
     def parts(self, name: str, schema: pa.Schema, rows: int = 1, seconds: float = 0.0, on_save=None) -> "PartWriter":

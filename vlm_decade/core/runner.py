@@ -157,6 +157,7 @@ class StudyRun:
             **({"unfinished": unfinished} if unfinished else {}),
         }
         self.folder.save_manifest(manifest)
+        pa.default_memory_pool().release_unused()  # a stage's working memory goes back to the system
         said = ", ".join([f"{rows[n]} {n}" for n in stage.tables] + list(stage.files))
         self.reporter.stage(stage.name, "done", f"{said} in {time.monotonic() - start:.1f}s")
         for name, counts in unfinished.items():

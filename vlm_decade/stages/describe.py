@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 
 from vlm_decade.core.columns import first_per_key
 from vlm_decade.core.config import ModelConfig, StudyBase
-from vlm_decade.core.dispatch import bounded
+from vlm_decade.core.dispatch import bounded, pool_map
 from vlm_decade.core.errors import InputError, Problem
 from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.core.runner import Stage, StudyRun
@@ -359,27 +359,19 @@ def _describe_on_ray(study: StudyBase, model: ModelConfig, jobs: pa.Table, plan:
     ray, rt = run.ray(), study.runtime
     check_actor_fit(study, ray)
     needs_images = backend_class(model.backend).needs_images
-    actor_cls = ray.remote(DescribeActor).options(
-        num_cpus=rt.cpus_per_actor, num_gpus=rt.gpus_per_actor, max_restarts=1, max_task_retries=1
-    )
+    actor_cls = ray.remote(DescribeActor).options(num_cpus=rt.cpus_per_actor, num_gpus=rt.gpus_per_actor)
     # Loaders reserve no CPU: the actors may hold every CPU there is, and the in-flight cap
     # already bounds how many loads run at once (two per actor).
     loader = ray.remote(load_stimuli).options(num_cpus=0)
-    actors = [actor_cls.remote(model) for _ in range(rt.actors_per_model)]
-
-    def submit(batch: list[Job], slot: int):
-        return actors[slot % len(actors)].describe.remote(batch, loader.remote(batch) if needs_images else None)
-
     work = (jobs_from(jobs.slice(i, model.batch_size), plan) for i in range(0, jobs.num_rows, model.batch_size))
-    try:
-        with run.folder.parts("responses", RESPONSES_SCHEMA, PART_ROWS, PART_S) as parts:
-            for done in bounded(ray, work, submit, IN_FLIGHT_PER_ACTOR * len(actors)):
-                # a lost actor or batch is recorded per row, and tried again on the next run
-                parts.add(done.value if done.error is None else failed_batch(done.work, done.error))
-                advance(len(done.work))
-    finally:
-        for actor in actors:
-            ray.kill(actor)
+    call = lambda actor, batch: actor.describe.remote(batch, loader.remote(batch) if needs_images else None)  # noqa: E731
+    with run.folder.parts("responses", RESPONSES_SCHEMA, PART_ROWS, PART_S) as parts:
+        for done in pool_map(ray, lambda: actor_cls.remote(model), rt.actors_per_model, work, call, in_flight_per_actor=IN_FLIGHT_PER_ACTOR,
+                             max_lost=rt.max_restarts, stall_timeout_s=rt.stall_timeout_s, what=f"describe ({model.name})",
+                             needs={"CPU": rt.cpus_per_actor, "GPU": rt.gpus_per_actor}):
+            # a batch that failed (or whose actors kept dying) is recorded per row, tried again next run
+            parts.add(done.value if done.error is None else failed_batch(done.work, done.error))
+            advance(len(done.work))
 
 
 def _describe_remote(study: StudyBase, model: ModelConfig, jobs: list[Job], run: StudyRun, advance) -> None:

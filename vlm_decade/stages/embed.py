@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 
 from vlm_decade.core.columns import first_per_key
 from vlm_decade.core.config import EncoderConfig, StudyBase
-from vlm_decade.core.dispatch import bounded
+from vlm_decade.core.dispatch import bounded, pool_map
 from vlm_decade.core.errors import Problem
 from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.core.runner import Stage, StudyRun, Written
@@ -39,6 +39,7 @@ EMBEDDINGS_SCHEMA = pa.schema(
 TEXT_BATCH = 128
 IN_FLIGHT_PER_ACTOR = 2  # batches in flight to each local encoder actor: the next is ready while one is saved
 PART_ROWS, PART_S = 8192, 10.0  # save vectors as a part this often
+VECTOR_BATCH = 4096  # rows read (or texts hashed) at a time
 REMOTE_IN_FLIGHT = 8  # batches of texts in flight to an API encoder's gateway
 
 
@@ -72,8 +73,8 @@ def texts_to_embed(references: pa.Table, responses: pa.Table) -> pa.Table:
     ok = responses.filter(pc.equal(responses.column("status"), "ok"))
     texts = pa.chunked_array(references.column("text").chunks + ok.column("text").chunks, pa.string())
     keys, stripped = [], []
-    for chunk in texts.chunks:
-        values = [t.strip() if t else "" for t in chunk.to_pylist()]
+    for start in range(0, len(texts), VECTOR_BATCH):
+        values = [t.strip() if t else "" for t in texts.slice(start, VECTOR_BATCH).to_pylist()]
         keys.append(pa.array([hashlib.sha256(t.encode("utf-8")).hexdigest() if t else None for t in values], pa.string()))
         stripped.append(pa.array(values, pa.string()))
     table = pa.table({"text_sha256": pa.chunked_array(keys, pa.string()), "text": pa.chunked_array(stripped, pa.string())})
@@ -105,19 +106,20 @@ def _rows(keys, vectors: np.ndarray, cfg: EncoderConfig) -> pa.Table:
     )
 
 
-def _sources(folder: RunFolder):
-    """The vectors this run may reuse, as record batches: the previous table (if it verifies) and
-    the parts a killed run or this one saved."""
+def _sources(folder: RunFolder, columns: list[str] | None = None):
+    """The vectors this run may reuse, a table at a time (never all at once): the previous table
+    (if it verifies) and the parts a killed run or this one saved."""
     if folder.trusted("embeddings"):
-        for batch in folder.batches("embeddings"):
-            yield pa.Table.from_batches([batch]).cast(EMBEDDINGS_SCHEMA)
-    yield folder.read_parts("embeddings", EMBEDDINGS_SCHEMA)
+        for batch in folder.batches("embeddings", columns=columns, batch_size=VECTOR_BATCH):
+            table = pa.Table.from_batches([batch])
+            yield table.cast(pa.schema([EMBEDDINGS_SCHEMA.field(c) for c in table.column_names]))
+    yield from folder.iter_parts("embeddings", EMBEDDINGS_SCHEMA, columns)
 
 
 def _encoded(folder: RunFolder, keys: list[str]) -> pa.Table:
     """(text_sha256, encoder_key) of every vector the sources hold for these encoder keys."""
-    found = [t.select(["text_sha256", "encoder_key"]).filter(pc.is_in(t.column("encoder_key"), pa.array(keys, pa.string())))
-             for t in _sources(folder)]
+    found = [t.filter(pc.is_in(t.column("encoder_key"), pa.array(keys, pa.string())))
+             for t in _sources(folder, ["text_sha256", "encoder_key"])]
     return pa.concat_tables(found) if found else pa.table({"text_sha256": pa.array([], pa.string()), "encoder_key": pa.array([], pa.string())})
 
 
@@ -157,20 +159,17 @@ def _embed_local(study: StudyBase, cfg: EncoderConfig, todo: pa.Table, run: Stud
     finished vectors saved as parts every few thousand rows."""
     ray, rt = run.ray(), study.runtime
     n_batches = -(-todo.num_rows // TEXT_BATCH)
-    actor_cls = ray.remote(EncodeActor).options(num_cpus=rt.cpus_per_actor, num_gpus=rt.gpus_per_actor, max_restarts=1, max_task_retries=1)
-    actors = [actor_cls.remote(cfg) for _ in range(min(encoder_actors(study, ray), n_batches))]
+    actor_cls = ray.remote(EncodeActor).options(num_cpus=rt.cpus_per_actor, num_gpus=rt.gpus_per_actor)
     batches = (todo.slice(i, TEXT_BATCH) for i in range(0, todo.num_rows, TEXT_BATCH))
-    submit = lambda batch, slot: actors[slot % len(actors)].encode.remote(batch.column("text").to_pylist())  # noqa: E731
-    try:
-        with run.folder.parts("embeddings", EMBEDDINGS_SCHEMA, PART_ROWS, PART_S) as parts:
-            for done in bounded(ray, batches, submit, IN_FLIGHT_PER_ACTOR * len(actors)):
-                if done.error is not None:
-                    raise done.error
-                parts.add(_rows(done.work.column("text_sha256"), done.value, cfg))
-                advance(done.work.num_rows)
-    finally:
-        for actor in actors:
-            ray.kill(actor)
+    call = lambda actor, batch: actor.encode.remote(batch.column("text").to_pylist())  # noqa: E731
+    with run.folder.parts("embeddings", EMBEDDINGS_SCHEMA, PART_ROWS, PART_S) as parts:
+        for done in pool_map(ray, lambda: actor_cls.remote(cfg), min(encoder_actors(study, ray), n_batches), batches, call,
+                             in_flight_per_actor=IN_FLIGHT_PER_ACTOR, max_lost=rt.max_restarts, stall_timeout_s=rt.stall_timeout_s,
+                             what=f"embed ({cfg.name})", needs={"CPU": rt.cpus_per_actor, "GPU": rt.gpus_per_actor}):
+            if done.error is not None:
+                raise done.error
+            parts.add(_rows(done.work.column("text_sha256"), done.value, cfg))
+            advance(done.work.num_rows)
 
 
 def _embed_remote(study: StudyBase, cfg: EncoderConfig, keys: list[str], texts: dict[str, str], run: StudyRun, advance) -> None:

@@ -21,6 +21,7 @@ from vlm_decade.stats import SCORES_SCHEMA
 from vlm_decade.studies.decade.config import StudyConfig
 
 HUMAN_GROUPS = {"top": "human:top", "bottom": "human:bottom"}
+EMBEDDING_BATCH = 4096  # vectors read at a time (a Parquet list column decodes at several times its size)
 
 
 class EncoderVectors(Mapping):
@@ -82,7 +83,7 @@ def scoring_pairs(references: pa.Table, responses: pa.Table) -> pa.Table:
 def _batches(embeddings: pa.Table | RunFolder, encoder: str):
     """One encoder's rows of the embeddings, a batch at a time: from a table, or streamed from the
     run folder's file (which may be too big to read whole)."""
-    source = embeddings.to_batches() if isinstance(embeddings, pa.Table) else embeddings.batches("embeddings")
+    source = embeddings.to_batches() if isinstance(embeddings, pa.Table) else embeddings.batches("embeddings", batch_size=EMBEDDING_BATCH)
     for batch in source:
         batch = pa.Table.from_batches([batch]).filter(pc.equal(batch.column("encoder"), encoder))
         if batch.num_rows:
@@ -97,17 +98,17 @@ def cosine_values(pairs: pa.Table, embeddings: pa.Table | RunFolder, encoder: st
     for batch in _batches(embeddings, encoder):
         batch = batch.filter(pc.is_in(batch.column("text_sha256"), gold_keys))
         found_keys.append(batch.column("text_sha256").combine_chunks())
-        found.append(vector_matrix(batch).astype(np.float64))
-    gold_matrix = np.vstack(found) if found else np.zeros((0, 0))
+        found.append(vector_matrix(batch))
+    gold_matrix = np.vstack(found) if found else np.zeros((0, 0), np.float32)
     gold_row = pc.index_in(pairs.column("gold_key"), pa.concat_arrays(found_keys) if found_keys else pa.array([], pa.string()))
-    gold_vectors = gold_matrix[gold_row.fill_null(0).to_numpy()] if gold_matrix.size else gold_matrix
+    gold_of_pair = gold_row.fill_null(0).to_numpy()
     values = np.full(pairs.num_rows, np.nan)
     for batch in _batches(embeddings, encoder):
         row = pc.index_in(pairs.column("candidate_key"), batch.column("text_sha256").combine_chunks())
         at = np.flatnonzero(row.is_valid().to_numpy(zero_copy_only=False))
         if at.size:
-            c = vector_matrix(batch).astype(np.float64)[row.take(at).to_numpy()]
-            g = gold_vectors[at]
+            c = vector_matrix(batch)[row.take(at).to_numpy()].astype(np.float64)
+            g = gold_matrix[gold_of_pair[at]].astype(np.float64)
             values[at] = np.einsum("ij,ij->i", c, g) / (np.linalg.norm(c, axis=1) * np.linalg.norm(g, axis=1))
     missing = int(np.isnan(values).sum() + gold_row.null_count)
     if missing:

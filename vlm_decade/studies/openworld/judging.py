@@ -82,11 +82,13 @@ def judge_pairs(study: OpenWorldStudyConfig, pairs: list[tuple[str, str]], run: 
         run.reporter.say(f"     judgements   {len(pairs) - len(todo)} of {len(pairs)} already judged, kept")
     if todo and cfg.backend == LOCAL_BACKEND:
         ray, rt = run.ray(), study.runtime
-        actor = ray.remote(LocalJudge).options(num_cpus=rt.cpus_per_actor, num_gpus=rt.gpus_per_actor).remote(cfg)
+        actor = ray.remote(LocalJudge).options(num_cpus=rt.cpus_per_actor, num_gpus=rt.gpus_per_actor, max_restarts=rt.max_restarts,
+                                               max_task_retries=rt.max_restarts).remote(cfg)
         submit = lambda chunk, _: actor.judge.remote([judge_prompt(label, prediction) for label, prediction in chunk])  # noqa: E731
         try:
             with run.reporter.track("judge", len(todo)) as advance:
-                for finished in bounded(ray, batches(todo, LOCAL_CHUNK), submit, 1):
+                for finished in bounded(ray, batches(todo, LOCAL_CHUNK), submit, 1, stall_timeout_s=rt.stall_timeout_s, what="judge",
+                                        needs={"CPU": rt.cpus_per_actor, "GPU": rt.gpus_per_actor}):
                     if finished.error is not None:
                         raise finished.error
                     folder.append_part("judgements", _rows(finished.work, finished.value, key))

@@ -1,0 +1,116 @@
+"""The bounded dispatcher: never more than `limit` calls in flight, every outcome handed back, and
+a stage that stops moving says what it waits for instead of hanging."""
+
+import pytest
+
+from vlm_decade.core.dispatch import Stalled, bounded
+
+
+class FakeRay:
+    """Calls finish in the order given by `finish_order` (indexes of submitted calls); `wait`
+    reports a timeout when told nothing finishes."""
+
+    def __init__(self, results, stuck=False):
+        self.results, self.stuck = results, stuck
+        self.in_flight, self.max_in_flight = set(), 0
+
+    def submit(self, item, slot):
+        ref = ("ref", item, slot)
+        self.in_flight.add(ref)
+        self.max_in_flight = max(self.max_in_flight, len(self.in_flight))
+        return ref
+
+    def wait(self, refs, num_returns, timeout=None):
+        if self.stuck:
+            return [], refs
+        ref = sorted(refs, key=lambda r: -r[1])[0]  # the newest finishes first: out of order
+        return [ref], [r for r in refs if r != ref]
+
+    def get(self, ref):
+        self.in_flight.discard(ref)
+        value = self.results[ref[1]]
+        if isinstance(value, Exception):
+            raise value
+        return value
+
+    def available_resources(self):
+        return {"CPU": 0.0, "GPU": 0.0}
+
+
+def test_every_item_once_within_the_limit_and_failures_handed_back():
+    results = {i: i * i for i in range(10)}
+    results[4] = ValueError("batch 4 failed")
+    ray = FakeRay(results)
+    done = list(bounded(ray, range(10), ray.submit, 3))
+    assert sorted(d.work for d in done) == list(range(10))
+    assert ray.max_in_flight == 3
+    assert {d.work: d.value for d in done if d.error is None} == {i: i * i for i in range(10) if i != 4}
+    (failed,) = [d for d in done if d.error is not None]
+    assert failed.work == 4 and "batch 4" in str(failed.error)
+
+
+def test_slots_are_reused_so_each_actor_keeps_its_share():
+    ray = FakeRay({i: i for i in range(12)})
+    slots = []
+    list(bounded(ray, range(12), lambda item, slot: slots.append(slot) or ray.submit(item, slot), 4))
+    assert set(slots) == {0, 1, 2, 3} and len(slots) == 12
+
+
+def test_a_stalled_stage_names_what_it_waits_for():
+    ray = FakeRay({0: 0}, stuck=True)
+    with pytest.raises(Stalled, match=r"describe \(m\): no call finished in 5s.*1 CPU, 1 GPU.*0 CPU, 0 GPU free"):
+        list(bounded(ray, range(3), ray.submit, 2, stall_timeout_s=5, what="describe (m)", needs={"CPU": 1, "GPU": 1}))
+
+
+class LostActor(Exception):
+    pass
+
+
+class PoolRay(FakeRay):
+    """Actors are ints; calls to actor 0 fail as lost (its node died) until it is killed."""
+
+    def __init__(self, dead=(0,)):
+        super().__init__({})
+        self.dead, self.killed, self.made = set(dead), [], 0
+
+    def make(self):
+        self.made += 1
+        return self.made - 1
+
+    def call(self, actor, item):
+        ref = ("ref", item, actor)
+        self.in_flight.add(ref)
+        return ref
+
+    def get(self, ref):
+        from ray.exceptions import ActorDiedError
+
+        self.in_flight.discard(ref)
+        if ref[2] in self.dead:
+            raise ActorDiedError()
+        return (ref[1], ref[2])
+
+    def kill(self, actor):
+        self.killed.append(actor)
+
+
+def test_a_lost_actor_leaves_the_pool_and_the_others_take_its_work():
+    from vlm_decade.core.dispatch import pool_map
+
+    ray = PoolRay(dead=(0,))
+    done = list(pool_map(ray, ray.make, 2, range(8), ray.call, in_flight_per_actor=2))
+    assert sorted(d.work for d in done) == list(range(8)) and all(d.error is None for d in done)
+    assert {d.value[1] for d in done} == {1}  # all by the survivor
+    assert ray.killed.count(0) == 1 and ray.made == 2
+
+
+def test_when_every_actor_is_lost_a_new_one_is_made_and_losses_are_capped():
+    from vlm_decade.core.dispatch import pool_map
+
+    ray = PoolRay(dead=(0,))
+    done = list(pool_map(ray, ray.make, 1, range(3), ray.call))
+    assert ray.made == 2 and all(d.error is None and d.value[1] == 1 for d in done)
+    ray = PoolRay(dead=range(100))  # no actor ever lives: after max_lost, the work comes back failed
+    done = list(pool_map(ray, ray.make, 1, range(5), ray.call, max_lost=2))
+    assert sorted(d.work for d in done) == list(range(5)) and all(d.error is not None for d in done)
+    assert ray.made == 3
