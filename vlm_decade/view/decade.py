@@ -115,7 +115,8 @@ def gallery(view: RunView, q: GalleryQuery) -> dict:
             params_join += [TOP_HUMANS, q.metric]
             key = "h.value - m.value"
         params = params_join + params
-    direction = "DESC" if q.direction == "desc" else "ASC"
+    # A sort the run cannot give (no scores) falls back to image ids, ascending unless asked otherwise.
+    direction = "DESC" if (q.direction if joins else q.order) == "desc" else "ASC"
     base = f"FROM images AS i{joins} WHERE {' AND '.join(where)}"
     total = view.values(f"SELECT count(*) {base}", params)[0]
     rows = view.rows(
