@@ -18,14 +18,16 @@ VIEW_NOTE = ("Per-image content on this page is a sample: each model's {n} worst
              "when a model has at most {twice}). <code>vlm-decade view RUN_DIR</code> shows every image, with filters.")
 
 
-def view_note(n: int = SAMPLE_SIZE) -> str:
+def view_note(n: int | None = None) -> str:
+    n = SAMPLE_SIZE if n is None else n
     return f"<p class='note'>{VIEW_NOTE.format(n=n, twice=2 * n)}</p>"
 
 
-def extremes(rows: Sequence[dict], key: str, n: int = SAMPLE_SIZE) -> tuple[list[dict], list[dict]]:
-    """The `n` rows with the lowest `key` (lowest first) and the `n` with the highest (highest
-    first), never the same row in both; with at most 2n rows the two together are all of them.
-    Rows whose key is None or NaN are left out. Ties keep the rows' given order."""
+def extremes(rows: Sequence[dict], key: str, n: int | None = None) -> tuple[list[dict], list[dict]]:
+    """The `n` rows (default SAMPLE_SIZE) with the lowest `key` (lowest first) and the `n` with the
+    highest (highest first), never the same row in both; with at most 2n rows the two together are
+    all of them. Rows whose key is None or NaN are left out. Ties keep the rows' given order."""
+    n = SAMPLE_SIZE if n is None else n
     valued = [r for r in rows if r[key] is not None and not (isinstance(r[key], float) and math.isnan(r[key]))]
     ordered = sorted(valued, key=lambda r: r[key])
     low = ordered[:n]
