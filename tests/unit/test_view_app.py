@@ -105,6 +105,9 @@ def test_image_page_shows_descriptions_scores_errors_and_evidence(app_a):
             assert f'data-model="{model}" data-variant="{variant}"' in text and f"{model} says a3 {variant}" in text
     row = text[text.index('data-model="alpha" data-variant="full"'):]
     assert '<td class="value">0.500</td>' in row[:row.index("</tr>")]
+    # A masked variant: its similarity to the model's own full description, from the SDE profile.
+    row = text[text.index('data-model="beta" data-variant="m3"'):]
+    assert '<td class="value">0.900</td>' in row[:row.index("</tr>")] and "SIM to own full" in text
     # The recognition label with its evidence and the detector box it cites, drawn in red.
     assert "named as <b>bowl</b>" in text and "similarity 0.610" in text
     assert f"left:{100 * BOX[0]}%;top:{100 * BOX[1]}%" in text

@@ -187,12 +187,17 @@ def image_page(view: RunView, image_id: str) -> dict | None:
     score_of = {(s["subject"], s["variant"], s["metric"]): s["value"] for s in scores}
     said = {(r["subject"], r["variant"]): r for r in responses}
     variant_ids = variants_of(view)
+    spatial = view.rows("SELECT subject, mask_ids, model_profile, human_profile, model_r, human_mean_r, human_sd_r, z, sde, reason "
+                        "FROM spatial WHERE image_id = ? ORDER BY subject", one) if view.has("spatial") else []
+    # A masked description's similarity to the model's own full-image one (the SDE profile).
+    own = {(r["subject"], mask): value for r in spatial for mask, value in zip(r["mask_ids"] or [], r["model_profile"] or [])}
     model_rows = []
     for model in models(view):
         model_rows.append({
             "name": model,
             "variants": [
-                {"variant": v, "response": said.get((model, v)), "scores": [(m, score_of.get((model, v, m))) for m in metric_names]}
+                {"variant": v, "response": said.get((model, v)), "scores": [(m, score_of.get((model, v, m))) for m in metric_names],
+                 "own": own.get((model, v))}
                 for v in variant_ids if (model, v) in said or any((model, v, m) in score_of for m in metric_names)
             ],
         })
@@ -218,8 +223,6 @@ def image_page(view: RunView, image_id: str) -> dict | None:
         for r in view.rows("SELECT subject, round, kind, object, question, answer, status, error FROM probes WHERE image_id = ? "
                            "ORDER BY subject, round, object", one):
             probes.setdefault(r["subject"], []).append(r)
-    spatial = view.rows("SELECT subject, mask_ids, model_profile, human_profile, model_r, human_mean_r, human_sd_r, z, sde, reason "
-                        "FROM spatial WHERE image_id = ? ORDER BY subject", one) if view.has("spatial") else []
     return {
         "image": image,
         "gold": [r for r in full_refs if r["role"] == "gold"],
@@ -237,6 +240,7 @@ def image_page(view: RunView, image_id: str) -> dict | None:
         "probes": probes,
         "spatial": spatial,
         "has_heatmap": any(r["sde"] is not None for r in spatial),
+        "profile_metric": view.study.taxonomy_metric if spatial else None,
     }
 
 
