@@ -54,7 +54,7 @@ def create_app(view: RunView) -> Starlette:
         return templates.TemplateResponse(request, name, context, status_code=status)
 
     def image_of(image_id: str) -> dict:
-        image = decade.image_row(view, image_id)
+        image = view.image(image_id)
         if image is None:
             raise HTTPException(404, f"the run lists no image '{image_id}'")
         return image
@@ -154,8 +154,9 @@ def bind(host: str, port: int) -> socket.socket:
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
+    # Listening at once: a client that connects as soon as the address is printed waits in the
+    # backlog until the server accepts, instead of being refused.
     sock.listen(128)
-    sock.set_inheritable(True)
     return sock
 
 

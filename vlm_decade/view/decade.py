@@ -135,7 +135,7 @@ def gallery(view: RunView, q: GalleryQuery) -> dict:
 
 
 def _in_list(ids: list[str]) -> str:
-    return ", ".join("?" for _ in ids) or "NULL"
+    return ", ".join("?" for _ in ids)
 
 
 def _page_scores(view: RunView, ids: list[str], metric: str) -> dict[tuple[str, str], float]:
@@ -156,11 +156,6 @@ def _page_errors(view: RunView, ids: list[str]) -> dict[tuple[str, str], list[st
     return out
 
 
-def image_row(view: RunView, image_id: str) -> dict | None:
-    rows = view.rows("SELECT * FROM images WHERE image_id = ?", [image_id])
-    return rows[0] if rows else None
-
-
 def variants_of(view: RunView) -> list[str]:
     """full and the mask ids of the study, in order."""
     from vlm_decade.imaging.masks import mask_ids
@@ -170,7 +165,7 @@ def variants_of(view: RunView) -> list[str]:
 
 def image_page(view: RunView, image_id: str) -> dict | None:
     """Everything the run knows about one image, or None when the run does not list it."""
-    image = image_row(view, image_id)
+    image = view.image(image_id)
     if image is None:
         return None
     one = [image_id]

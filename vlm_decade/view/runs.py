@@ -63,6 +63,11 @@ class RunView:
         """The first column of a query."""
         return [next(iter(r.values())) for r in self.rows(sql, params)]
 
+    def image(self, image_id: str) -> dict | None:
+        """The images table's row of one image, or None when the run does not list it."""
+        rows = self.rows("SELECT * FROM images WHERE image_id = ?", [image_id])
+        return rows[0] if rows else None
+
 
 def _quoted(path: Path) -> str:
     return "'" + str(path).replace("'", "''") + "'"
@@ -86,7 +91,9 @@ def open_run(root: str | Path) -> RunView:
         raise InputError(problems) from None
     if not folder.has("images"):
         raise InputError([Problem(str(folder.table_path("images")), "missing: the run has no images table yet (run the study first)")])
-    connection = duckdb.connect(":memory:", config={"threads": 2})
+    # Parquet reading is built in; DuckDB must not fetch extensions from the network on its own.
+    connection = duckdb.connect(":memory:", config={"threads": 2, "autoinstall_known_extensions": False,
+                                                     "autoload_known_extensions": False})
     present = []
     for name in TABLES[study.study]:
         if folder.has(name):

@@ -77,7 +77,7 @@ def _prediction_samples(tables: dict[str, pa.Table], study: OpenWorldStudyConfig
                 continue
             body = "".join(
                 f"<tr><td>{thumbs[r['image_id']]}</td><td>{html.escape(r['image_id'])}<br><span class='note'>{html.escape(r['dataset'])}, "
-                f"{html.escape(r['granularity'] or '')}</span></td><td>{html.escape(r['label'])}</td><td>{html.escape(r['prediction'] or '')}</td>"
+                f"{html.escape(r['granularity'] or '')}</span></td><td>{html.escape(r['label'] or '')}</td><td>{html.escape(r['prediction'] or '')}</td>"
                 + "".join(f"<td>{'' if r[m] is None else (f'{r[m]:.0f}' if m in ('TI', 'LI') else f'{r[m]:.3f}')}</td>" for m in METRICS)
                 + f"<td>{html.escape(r['outcome'] or '')}</td></tr>"
                 for r in rows
