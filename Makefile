@@ -5,7 +5,7 @@ PYTHON ?= python3
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: demo test setup clean
+.PHONY: demo test setup browser clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +24,13 @@ setup: $(BIN)/.installed
 demo: setup
 	$(BIN)/vlm-decade demo
 
-test: setup
+# The view's browser tests drive Debian's chromium through chromedriver (tests/e2e/test_view_browser.py);
+# installing them needs root (as CI has); elsewhere run the apt-get line once with sudo.
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver)
+
+test: setup browser
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
 

@@ -1,4 +1,4 @@
-"""The `vlm-decade` command line: demo, run, validate, estimate, report, masks, schema, validate-metric.
+"""The `vlm-decade` command line: demo, run, validate, estimate, report, view, masks, schema, validate-metric.
 
 Bad input ends with every problem listed (file, row, field) and exit status 2, before anything
 is written.
@@ -154,6 +154,34 @@ def report(run_dir: Path = typer.Argument(..., help="A run folder.")) -> None:
         err.print(f"[red]{run_dir}: tables missing: {', '.join(missing)}; run the study first[/red]")
         raise typer.Exit(INPUT_ERROR_EXIT)
     err.print(f"report: {run_dir / 'report.html'}")
+
+
+@app.command()
+def view(
+    run_dir: Path = typer.Argument(..., help="A run folder (Study A or B)."),
+    port: int = typer.Option(8765, "--port", help="Port to listen on (0: any free port).", min=0, max=65535),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on; only this machine by default."),
+) -> None:
+    """Look at a run's images and results in the browser: a local web app over its tables."""
+    from vlm_decade.view.app import bind, serve
+    from vlm_decade.view.runs import open_run
+
+    try:
+        run_view = open_run(run_dir)
+    except InputError as exc:
+        _fail(exc)
+    try:
+        sock = bind(host, port)
+    except OSError as exc:
+        _fail(InputError([Problem("command line", f"cannot listen on {host}:{port}: {exc.strerror or exc}", field="--port")]))
+    bound_host, bound_port = sock.getsockname()[:2]
+    shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+    # The one line on stdout: the address (tests read the port from it).
+    print(f"vlm-decade view: http://{shown}:{bound_port}/ ({run_view.kind} run {run_view.root}); Ctrl-C to stop", flush=True)
+    try:
+        serve(run_view, sock)
+    except KeyboardInterrupt:
+        pass
 
 
 @app.command()

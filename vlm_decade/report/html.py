@@ -28,7 +28,7 @@ def page_start(title: str, heading: str, style: str = STYLE) -> str:
 
 def html_table(table: pa.Table, columns: list[str], formats: dict | None = None) -> str:
     """`columns` of `table` as an HTML table; `formats[column](value, row)` gives a cell's text
-    (floats default to three decimals)."""
+    (floats default to three decimals, nulls to an empty cell)."""
     formats = formats or {}
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
     body = []
@@ -36,7 +36,10 @@ def html_table(table: pa.Table, columns: list[str], formats: dict | None = None)
         cells = []
         for c in columns:
             value = row[c]
-            text = formats[c](value, row) if c in formats else (f"{value:.3f}" if isinstance(value, float) else str(value))
+            if c in formats:
+                text = formats[c](value, row)
+            else:  # a null (an estimate a budget stop left out) is an empty cell
+                text = "" if value is None else (f"{value:.3f}" if isinstance(value, float) else str(value))
             cells.append(f"<td>{html.escape(text)}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"

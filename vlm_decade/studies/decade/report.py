@@ -3,11 +3,15 @@
 The main figure has the shape of the paper's figure 4b: mean similarity to the gold standard per
 model with bootstrap CIs, datasets side by side, and the top- and bottom-ranked humans drawn as
 bands. A demo run says on the page that its human data were written for the demo.
+
+The page stays a few MB at any number of images: figures and statistics tables, and per image only
+a sample (each model's worst and best images, thumbnails embedded); `vlm-decade view` shows the rest.
 """
 
 from __future__ import annotations
 
 import html
+import math
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -18,23 +22,30 @@ from vlm_decade.core.runfolder import RunFolder, atomic_write_bytes
 from vlm_decade.core.runner import Stage
 from vlm_decade.report.figures import COLOURS, save_figure
 from vlm_decade.report.html import html_table, page_start, write_csvs
+from vlm_decade.report.samples import extremes, thumbnail_img, view_note
 from vlm_decade.stats import format_p
 from vlm_decade.studies.decade.config import StudyConfig
 from vlm_decade.studies.decade.metric_validation import write_validation_figure
 from vlm_decade.studies.decade.taxonomy.report import taxonomy_section
 
 # Part of the report stage's settings: bump it when the page changes, so existing runs redraw it.
-REPORT_FORMAT = 5
+REPORT_FORMAT = 6
 # The tables every report draws from, and those it adds a section for when the run has them.
 REPORT_TABLES = ("images", "references", "responses", "scores", "stats", "comparisons")
 OPTIONAL_TABLES = ("metric_validation", "stsb", "detections", "errors", "spatial", "hand_agreement", "error_stats",
                    "error_comparisons", "impact_stats", "impact_comparisons")
+FAILED_SHOWN = 20  # failed responses listed on the page; the view lists them all
 HUMAN_BANDS = {"human:top": ("top-ranked humans", 0.25), "human:bottom": ("bottom-ranked humans", 0.12)}
 
 
+def _complete(r: dict | None) -> bool:
+    """A stats row with an estimate and both CI ends (a budget stop can leave them null)."""
+    return r is not None and all(r[k] is not None and not math.isnan(r[k]) for k in ("estimate", "ci_low", "ci_high"))
+
+
 def similarity_figure(stats: pa.Table, study: StudyConfig, metric: str, path: Path) -> None:
-    """Figure 4b's shape for one metric, from the `stats` table."""
-    rows = [r for r in stats.to_pylist() if r["metric"] == metric and r["variant"] == "full"]
+    """Figure 4b's shape for one metric, from the `stats` table; rows without an estimate or CI are left out."""
+    rows = [r for r in stats.to_pylist() if r["metric"] == metric and r["variant"] == "full" and _complete(r)]
     datasets = sorted({r["dataset"] for r in rows})
     models = [m.name for m in study.models if any(r["subject"] == m.name for r in rows)]
     era = {m.name: m.era for m in study.models}
@@ -48,7 +59,7 @@ def similarity_figure(stats: pa.Table, study: StudyConfig, metric: str, path: Pa
             if r:
                 ax.axhspan(r["ci_low"], r["ci_high"], color=colour, alpha=alpha, lw=0)
                 ax.axhline(r["estimate"], color=colour, lw=1, ls="--" if subject == "human:bottom" else "-")
-                ax.annotate(f"{label} ({dataset})", (len(models) - 0.45, r["estimate"]), fontsize=7, color=colour, va="bottom", ha="right")
+                ax.annotate(f"{label} ({dataset})", (max(len(models), 1) - 0.45, r["estimate"]), fontsize=7, color=colour, va="bottom", ha="right")
         xs, ys, lo, hi = [], [], [], []
         for m_i, model in enumerate(models):
             r = by_key.get((model, dataset))
@@ -57,12 +68,16 @@ def similarity_figure(stats: pa.Table, study: StudyConfig, metric: str, path: Pa
                 ys.append(r["estimate"])
                 lo.append(r["estimate"] - r["ci_low"])
                 hi.append(r["ci_high"] - r["estimate"])
-        ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o", color=colour, capsize=3, label=dataset)
+        if xs:
+            ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o", color=colour, capsize=3, label=dataset)
     ax.set_xticks(range(len(models)))
-    ax.set_xticklabels([f"{m}\n({era[m]})" for m in models], fontsize=8)
-    ax.set_xlim(-0.6, len(models) - 0.4)
+    ax.set_xticklabels([f"{m}\n({era[m]})" if era[m] else m for m in models], fontsize=8)
+    ax.set_xlim(-0.6, max(len(models), 1) - 0.4)
     ax.set_ylabel(f"{metric} to gold standard (mean, 95% CI)")
-    ax.legend(title="dataset", fontsize=8, loc="lower left")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(title="dataset", fontsize=8, loc="lower left")
+    else:
+        ax.text(0.5, 0.5, "no model has an estimate with a CI", transform=ax.transAxes, ha="center", va="center", color="#777")
     ax.grid(axis="y", alpha=0.3)
     title = f"Similarity to the gold standard ({metric})"
     ax.set_title(title + ("\nDEMO DATA: not a finding" if study.demo else ""), fontsize=10)
@@ -89,29 +104,78 @@ def _metric_validation(run: RunFolder, study: StudyConfig, summary: pa.Table) ->
     )
 
 
-def _examples(tables: dict[str, pa.Table], study: StudyConfig) -> str:
-    """Per image: the gold description and each model's full-image description with its scores."""
-    gold = {r["image_id"]: r["text"] for r in tables["references"].to_pylist() if r["role"] == "gold" and r["condition"] == "full"}
-    said = {(r["subject"], r["image_id"]): r["text"] for r in tables["responses"].to_pylist() if r["variant"] == "full" and r["status"] == "ok"}
-    scores: dict[tuple[str, str], list[str]] = {}
-    for r in tables["scores"].to_pylist():
-        scores.setdefault((r["subject"], r["image_id"]), []).append(f"{r['metric']} {r['value']:.2f}")
-    rows = []
-    for image in tables["images"].sort_by([("dataset", "ascending"), ("image_id", "ascending")]).to_pylist():
-        i = image["image_id"]
-        models = "".join(
-            f"<div><b>{html.escape(m.name)}</b>: {html.escape(said.get((m.name, i), '(no description)'))} "
-            f"<span class='note'>{html.escape(', '.join(scores.get((m.name, i), [])))}</span></div>"
-            for m in study.models
-        )
-        rows.append(
-            f"<tr><td>{html.escape(i)}<br><span class='note'>{html.escape(image['dataset'])}</span></td>"
-            f"<td>{html.escape(gold.get(i, ''))}</td><td>{models}</td></tr>"
-        )
-    return (
-        "<h2>Descriptions</h2><table><thead><tr><th>image</th><th>gold standard (human)</th><th>models</th></tr></thead>"
-        f"<tbody>{''.join(rows)}</tbody></table>"
-    )
+def sample_metric(study: StudyConfig, scores: pa.Table) -> str | None:
+    """The metric the report's per-image samples rank by: the taxonomy's, else the first one scored."""
+    scored = sorted(set(scores.column("metric").to_pylist()))
+    return study.taxonomy_metric if study.taxonomy_metric in scored else (scored[0] if scored else None)
+
+
+def samples(tables: dict[str, pa.Table], study: StudyConfig) -> tuple[str | None, dict[str, tuple[list[dict], list[dict]]]]:
+    """Per model, its worst and best full images by `sample_metric`: the only per-image rows the report shows."""
+    scores = tables["scores"]
+    metric = sample_metric(study, scores)
+    if metric is None:
+        return None, {}
+    full = scores.filter(pc.and_(pc.equal(scores.column("variant"), "full"), pc.equal(scores.column("metric"), metric)))
+    rows: dict[str, list[dict]] = {}
+    for r in full.select(["subject", "image_id", "dataset", "value"]).to_pylist():
+        rows.setdefault(r["subject"], []).append(r)
+    return metric, {m.name: extremes(sorted(rows.get(m.name, []), key=lambda r: r["image_id"]), "value") for m in study.models}
+
+
+def sampled_ids(picked: dict[str, tuple[list[dict], list[dict]]]) -> list[str]:
+    return sorted({r["image_id"] for low, high in picked.values() for r in low + high})
+
+
+def only_images(table: pa.Table, ids: list[str]) -> pa.Table:
+    return table.filter(pc.is_in(table.column("image_id"), value_set=pa.array(ids, pa.string())))
+
+
+def _examples(tables: dict[str, pa.Table], study: StudyConfig, metric: str | None, picked: dict[str, tuple[list[dict], list[dict]]]) -> str:
+    """Each model's worst and best images: thumbnail, its full-image description, the gold standard and the similarity."""
+    if metric is None:
+        return "<h2>Descriptions</h2><p class='note'>No scores in this run, so no images to show.</p>"
+    ids = sampled_ids(picked)
+    references = only_images(tables["references"], ids).to_pylist()
+    gold = {r["image_id"]: r["text"] for r in references if r["role"] == "gold" and r["condition"] == "full"}
+    said = {(r["subject"], r["image_id"]): r["text"] for r in only_images(tables["responses"], ids).to_pylist()
+            if r["variant"] == "full" and r["status"] == "ok"}
+    path_of = {r["image_id"]: r["path"] for r in only_images(tables["images"], ids).to_pylist()}
+    thumbs = {i: thumbnail_img(path_of.get(i), i) for i in ids}
+    parts = [f"<h2>Descriptions</h2><p class='note'>Each model's worst and best images by {html.escape(metric)} to the gold standard "
+             "(full image).</p>"]
+    for model in study.models:
+        low, high = picked.get(model.name, ([], []))
+        if not low:
+            parts.append(f"<h3>{html.escape(model.name)}</h3><p class='note'>No {html.escape(metric)} scores for this model.</p>")
+            continue
+        for title, rows in ((f"{model.name}: lowest {metric}", low), (f"{model.name}: highest {metric}", high)):
+            if not rows:
+                continue
+            body = "".join(
+                f"<tr><td>{thumbs[r['image_id']]}</td><td>{html.escape(r['image_id'])}<br><span class='note'>{html.escape(r['dataset'])}</span></td>"
+                f"<td>{r['value']:.3f}</td><td>{html.escape(said.get((model.name, r['image_id']), '(no description)'))}</td>"
+                f"<td>{html.escape(gold.get(r['image_id'], ''))}</td></tr>"
+                for r in rows
+            )
+            parts.append(
+                f"<h3>{html.escape(title)}</h3><table class='sample' data-model='{html.escape(model.name)}'><thead><tr><th></th><th>image</th>"
+                f"<th>{html.escape(metric)}</th><th>the model said</th><th>gold standard (human)</th></tr></thead><tbody>{body}</tbody></table>"
+            )
+    return "".join(parts)
+
+
+def _failed_responses(responses: pa.Table, shown: int = FAILED_SHOWN) -> str:
+    """How many responses failed, per model, and the first few of them."""
+    failed = responses.filter(pc.not_equal(responses.column("status"), "ok"))
+    parts = [f"<h2>Responses</h2><p class='note'>{responses.num_rows} responses, {failed.num_rows} failed.</p>"]
+    if failed.num_rows:
+        counts = failed.group_by("subject").aggregate([("image_id", "count")]).rename_columns(["subject", "failed"]).sort_by("subject")
+        parts.append(html_table(counts, ["subject", "failed"]))
+        if failed.num_rows > shown:
+            parts.append(f"<p class='note'>The first {shown}; the view's model pages list every failed response.</p>")
+        parts.append(html_table(failed.slice(0, shown), ["subject", "image_id", "variant", "error"]))
+    return "".join(parts)
 
 
 def write_report(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Table]) -> None:
@@ -134,6 +198,7 @@ def write_report(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Table]
         f"{len(study.models)} models; {study.statistics.n_resamples:,} bootstrap resamples over images "
         f"(seed {study.statistics.seed}); config hash <code>{manifest.get('config_hash', '')[:12]}</code>.</p>"
     )
+    parts.append(view_note())
     ranking = manifest.get("ranking_method", {})
     consensus = sorted(d for d, m in ranking.items() if m == "consensus")
     parts.append("<h2>Gold standard</h2><ul>")
@@ -172,13 +237,14 @@ def write_report(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Table]
             "Spearman correlation with a bootstrap CI over sentence pairs (docs/metrics.md).</p>"
         )
         parts.append(html_table(tables["stsb"], ["label", "subset", "n_pairs", "spearman", "ci_low", "ci_high"]))
+    metric, picked = samples(tables, study)
     if "errors" in tables:
-        parts.append(taxonomy_section(run, study, tables))
-    parts.append(_examples(tables, study))
-    failed = tables["responses"].filter(pc.not_equal(tables["responses"].column("status"), "ok"))
-    parts.append(f"<h2>Responses</h2><p class='note'>{tables['responses'].num_rows} responses, {failed.num_rows} failed.</p>")
-    if failed.num_rows:
-        parts.append(html_table(failed, ["subject", "image_id", "variant", "error"]))
+        # Per-image parts of the error section (heat maps, examples, errors.html) cover the sampled images.
+        ids = sampled_ids(picked)
+        per_image = {n: only_images(tables[n], ids) for n in ("errors", "spatial", "references", "responses")}
+        parts.append(taxonomy_section(run, study, {**tables, **per_image}))
+    parts.append(_examples(tables, study, metric, picked))
+    parts.append(_failed_responses(tables["responses"]))
     parts.append(write_csvs(run.root, tables, ("stats", "comparisons", "scores", "responses")))
     atomic_write_bytes(run.root / "report.html", "\n".join(parts).encode("utf-8"))
 

@@ -1,9 +1,12 @@
 """Study B's report: the paper's main table (TI, LI, SS, CS per model and granularity group, with
-bootstrap CIs), the open/closed gap, the error-type breakdown with examples, and the prompt ablation."""
+bootstrap CIs), the open/closed gap, the error-type breakdown with examples, the prompt ablation, and
+per model a bounded sample of its predictions (lowest and highest CS, thumbnails embedded), so the
+page stays a few MB at any number of images; `vlm-decade view` shows every prediction."""
 
 from __future__ import annotations
 
 import html
+import math
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -11,12 +14,13 @@ import pyarrow.compute as pc
 from vlm_decade.core.runfolder import RunFolder, atomic_write_bytes
 from vlm_decade.core.runner import Stage
 from vlm_decade.report.html import html_table, page_start, write_csvs
+from vlm_decade.report.samples import extremes, thumbnail_img, view_note
 from vlm_decade.stats import format_p
 from vlm_decade.studies.openworld.config import OpenWorldStudyConfig
 from vlm_decade.studies.openworld.scoring import METRICS
 
 # Bump when the page changes, so existing runs redraw it.
-REPORT_FORMAT = 1
+REPORT_FORMAT = 2
 REPORT_TABLES = ("images", "labels", "responses", "predictions", "stats", "comparisons")
 GROUPS = ("prototypical", "fine-grained", "very fine-grained", "all")
 OUTCOMES = {
@@ -26,10 +30,15 @@ OUTCOMES = {
 }
 
 
+def _percent(value: float | None) -> str:
+    return "n/a" if value is None or math.isnan(value) else f"{100 * value:.1f}"
+
+
 def _cell(r: dict | None) -> str:
+    """An estimate and its CI in percent; a null one (a budget stop can leave them) reads n/a."""
     if r is None:
         return ""
-    return f"{100 * r['estimate']:.1f} [{100 * r['ci_low']:.1f}, {100 * r['ci_high']:.1f}]"
+    return f"{_percent(r['estimate'])} [{_percent(r['ci_low'])}, {_percent(r['ci_high'])}]"
 
 
 def _matrix(stats: list[dict], models: list[str], groups: list[str], metrics: list[str], variant: str, label) -> str:
@@ -42,6 +51,41 @@ def _matrix(stats: list[dict], models: list[str], groups: list[str], metrics: li
         for model in models
     )
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _prediction_samples(tables: dict[str, pa.Table], study: OpenWorldStudyConfig) -> str:
+    """Each model's lowest- and highest-CS predictions under the main prompt, with the image."""
+    predictions = tables["predictions"]
+    main = predictions.filter(pc.equal(predictions.column("prompt_id"), study.prompts[0].id))
+    columns = ["subject", "image_id", "dataset", "granularity", "label", "prediction", "TI", "LI", "SS", "CS", "outcome"]
+    by_model: dict[str, list[dict]] = {}
+    for r in main.select(columns).to_pylist():
+        by_model.setdefault(r["subject"], []).append(r)
+    picked = {m.name: extremes(sorted(by_model.get(m.name, []), key=lambda r: r["image_id"]), "CS") for m in study.models}
+    ids = sorted({r["image_id"] for low, high in picked.values() for r in low + high})
+    images = tables["images"]
+    path_of = {r["image_id"]: r["path"] for r in images.filter(pc.is_in(images.column("image_id"), value_set=pa.array(ids, pa.string()))).to_pylist()}
+    thumbs = {i: thumbnail_img(path_of.get(i), i) for i in ids}
+    parts = ["<h2>Predictions</h2><p class='note'>Each model's predictions with the lowest and the highest CS (main prompt).</p>"]
+    for model in study.models:
+        low, high = picked[model.name]
+        if not low:
+            parts.append(f"<h3>{html.escape(model.name)}</h3><p class='note'>No scored predictions.</p>")
+            continue
+        for title, rows in ((f"{model.name}: lowest CS", low), (f"{model.name}: highest CS", high)):
+            if not rows:
+                continue
+            body = "".join(
+                f"<tr><td>{thumbs[r['image_id']]}</td><td>{html.escape(r['image_id'])}<br><span class='note'>{html.escape(r['dataset'])}, "
+                f"{html.escape(r['granularity'] or '')}</span></td><td>{html.escape(r['label'] or '')}</td><td>{html.escape(r['prediction'] or '')}</td>"
+                + "".join(f"<td>{'' if r[m] is None else (f'{r[m]:.0f}' if m in ('TI', 'LI') else f'{r[m]:.3f}')}</td>" for m in METRICS)
+                + f"<td>{html.escape(r['outcome'] or '')}</td></tr>"
+                for r in rows
+            )
+            head = "".join(f"<th>{m}</th>" for m in METRICS)
+            parts.append(f"<h3>{html.escape(title)}</h3><table class='sample' data-model='{html.escape(model.name)}'><thead><tr><th></th>"
+                         f"<th>image</th><th>label</th><th>prediction</th>{head}<th>outcome</th></tr></thead><tbody>{body}</tbody></table>")
+    return "".join(parts)
 
 
 def write_openworld_report(run: RunFolder, study: OpenWorldStudyConfig, tables: dict[str, pa.Table], no_judge: str | None = None) -> None:
@@ -70,6 +114,7 @@ def write_openworld_report(run: RunFolder, study: OpenWorldStudyConfig, tables: 
     if "LI" not in metrics:
         why = html.escape(no_judge or "no judge answers")
         parts.append(f"<p class='note'><b>LI was not computed:</b> {why}. The error types need LI, so they are not shown either.</p>")
+    parts.append(view_note())
     parts.append("<h2>Main table</h2>")
     parts.append(_matrix(stats, models, groups, metrics, main, lambda m: m))
     comparisons = tables["comparisons"]
@@ -88,29 +133,22 @@ def write_openworld_report(run: RunFolder, study: OpenWorldStudyConfig, tables: 
         parts.append("<h2>Error types</h2><p class='note'>" + "; ".join(html.escape(v) for v in OUTCOMES.values()) +
                      f". Thresholds: CS &ge; {study.scoring.cs_high}, LI &ge; {study.scoring.li_high} (docs/openworld-metrics.md).</p>")
         parts.append(_matrix(stats, models, groups, outcome_metrics, main, lambda m: m.split(":", 1)[1]))
-        rows = predictions.to_pylist()
         for name, meaning in OUTCOMES.items():
-            examples = [r for r in rows if r["outcome"] == name][:5]
-            if examples:
+            examples = predictions.filter(pc.equal(predictions.column("outcome"), name)).slice(0, 5)
+            if examples.num_rows:
                 parts.append(f"<h3>{html.escape(meaning)}</h3>")
-                parts.append(html_table(pa.Table.from_pylist(examples, schema=predictions.schema),
-                                         ["subject", "image_id", "label", "prediction", "CS", "LI", "best_concept", "judge_answer"]))
+                parts.append(html_table(examples, ["subject", "image_id", "label", "prediction", "CS", "LI", "best_concept", "judge_answer"],
+                                        {"LI": lambda v, r: "" if v is None else f"{v:.0f}"}))
     if len(study.prompts) > 1:
         parts.append("<h2>Prompt ablation</h2><p class='note'>All images; one column per prompt and metric. Prompts: "
                      + "; ".join(f"<b>{html.escape(p.id)}</b>: {html.escape(p.text)}" for p in study.prompts) + "</p>")
         for prompt in study.prompts:
             parts.append(f"<h3>{html.escape(prompt.id)}</h3>")
             parts.append(_matrix(stats, models, ["all"], metrics, prompt.id, lambda m: m))
-    parts.append("<h2>Predictions</h2>")
-    parts.append(
-        html_table(
-            predictions.filter(pc.equal(predictions.column("prompt_id"), main)),
-            ["subject", "image_id", "dataset", "granularity", "label", "prediction", "TI", "LI", "SS", "CS", "outcome"],
-            {"LI": lambda v, r: "" if v is None else f"{v:.0f}"},
-        )
-    )
-    failed = [r for r in tables["responses"].to_pylist() if r["status"] != "ok"]
-    parts.append(f"<p class='note'>{tables['responses'].num_rows} responses, {len(failed)} failed.</p>")
+    parts.append(_prediction_samples(tables, study))
+    responses = tables["responses"]
+    failed = pc.sum(pc.not_equal(responses.column("status"), "ok")).as_py() or 0
+    parts.append(f"<p class='note'>{responses.num_rows} responses, {failed} failed.</p>")
     parts.append(write_csvs(run.root, tables, ("stats", "comparisons", "predictions", "responses")))
     atomic_write_bytes(run.root / "report.html", "\n".join(parts).encode("utf-8"))
 

@@ -1,0 +1,324 @@
+"""`vlm-decade view` on the demo's run folders, driven in a real headless Chromium: the gallery and
+its filters, an image page (the image, its variants, the descriptions, the error evidence), a model
+page against stats.parquet, Study B's gallery by outcome, and requests for paths outside the run.
+A screenshot of each page is saved under the demo run's temporary folder.
+
+Chromium and chromedriver come from the system (Debian: chromium, chromium-driver; `make browser`);
+without them these tests fail, they do not skip.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from .conftest import BIN, cli_env, vlm_decade
+
+pytestmark = pytest.mark.e2e
+
+# Headless, and nothing that reaches beyond this machine (background networking, updates, sync).
+CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage", "--window-size=1400,1000")
+WAIT_S = 30
+
+
+class Server:
+    """`vlm-decade view RUN --port 0` in a subprocess; `url` from the line it prints."""
+
+    def __init__(self, run: Path):
+        self.process = subprocess.Popen([str(BIN / "vlm-decade"), "view", str(run), "--port", "0"], stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True, env=cli_env())
+        line = self.process.stdout.readline()
+        found = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
+        if not found:
+            self.process.kill()
+            raise AssertionError(f"no address printed: {line!r} {self.process.stderr.read()[-3000:]}")
+        self.port = int(found.group(1))
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        self.process.stdout.close()
+        self.process.stderr.close()
+
+
+@pytest.fixture(scope="module")
+def decade_server(demo_run):
+    server = Server(demo_run[0] / "decade")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def openworld_server(demo_run):
+    server = Server(demo_run[0] / "openworld")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def shots(demo_run) -> Path:
+    folder = demo_run[0] / "screenshots"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver_path = shutil.which("chromedriver")
+    if not (chromium and driver_path):
+        pytest.fail("the view's browser tests need chromium and chromedriver: apt-get install chromium chromium-driver (make browser)")
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in CHROMIUM_FLAGS:
+        options.add_argument(flag)
+    options.add_argument(f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}")
+    # The driver is named, so Selenium Manager (which would download one) never runs.
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=driver_path))
+    driver.set_page_load_timeout(WAIT_S)
+    yield driver
+    driver.quit()
+
+
+def screenshot(driver, path: Path) -> None:
+    """The whole page, not just the window."""
+    size = driver.execute_cdp_cmd("Page.getLayoutMetrics", {})["cssContentSize"]
+    clip = {"x": 0, "y": 0, "width": size["width"], "height": min(size["height"], 6000), "scale": 1}
+    data = driver.execute_cdp_cmd("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True, "clip": clip})
+    path.write_bytes(base64.b64decode(data["data"]))
+    assert path.stat().st_size > 5_000
+
+
+def wait_for(driver, condition, what: str):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, WAIT_S).until(lambda d: condition(d), message=what)
+
+
+def cards(driver) -> list[str]:
+    from selenium.webdriver.common.by import By
+
+    return [c.get_attribute("data-image") for c in driver.find_elements(By.CSS_SELECTOR, "#gallery a.card")]
+
+
+def choose(driver, select_id: str, value: str) -> None:
+    """Pick a value in one of the filters; the page reloads with it in its address."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    old = driver.find_element(By.ID, "gallery")
+    Select(driver.find_element(By.ID, select_id)).select_by_value(value)
+    wait_for(driver, lambda d: _stale(old), f"the page to reload after choosing {value}")
+    wait_for(driver, lambda d: d.execute_script("return document.readyState") == "complete", "the page to load")
+
+
+def _stale(element) -> bool:
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    try:
+        element.is_enabled()
+        return False
+    except StaleElementReferenceException:
+        return True
+
+
+def images_loaded(driver, selector: str) -> bool:
+    return driver.execute_script(
+        "const xs = [...document.querySelectorAll(arguments[0])]; return xs.length > 0 && xs.every(i => i.complete && i.naturalWidth > 0);",
+        selector)
+
+
+def test_the_gallery_lists_the_images_and_a_filter_narrows_it(browser, decade_server, demo_run, shots):
+    run = demo_run[0] / "decade"
+    images = pq.read_table(run / "images.parquet")
+    browser.get(decade_server.url + "/")
+    assert cards(browser) == sorted(images.column("image_id").to_pylist())
+    wait_for(browser, lambda d: images_loaded(d, "#gallery a.card:nth-child(-n+4) img"), "the first thumbnails")
+    screenshot(browser, shots / "decade-gallery.png")
+
+    choose(browser, "f-dataset", "specialist")
+    specialist = images.filter(pc.equal(images.column("dataset"), "specialist")).column("image_id").to_pylist()
+    assert "dataset=specialist" in browser.current_url and cards(browser) == sorted(specialist)
+    assert 0 < len(specialist) < images.num_rows
+
+    # Then one model's detection errors: exactly the images errors.parquet labels so.
+    choose(browser, "f-model", "ssd-template")
+    choose(browser, "f-error", "detection")
+    errors = pq.read_table(run / "errors.parquet").to_pylist()
+    expected = sorted({r["image_id"] for r in errors if r["present"] and r["subject"] == "ssd-template"
+                       and r["error_type"] == "detection" and r["image_id"] in specialist})
+    assert cards(browser) == expected
+    screenshot(browser, shots / "decade-gallery-filtered.png")
+
+    # Sorted by the model's similarity, worst first, as scores.parquet has it.
+    browser.get(decade_server.url + "/?sort=similarity:ssd-template&metric=SBERT-SI")
+    scores = [r for r in pq.read_table(run / "scores.parquet").to_pylist()
+              if r["subject"] == "ssd-template" and r["metric"] == "SBERT-SI" and r["variant"] == "full"]
+    assert cards(browser) == [r["image_id"] for r in sorted(scores, key=lambda r: (r["value"], r["image_id"]))]
+
+
+def test_an_image_page_shows_the_image_its_variants_descriptions_and_evidence(browser, decade_server, demo_run, shots):
+    from selenium.webdriver.common.by import By
+
+    run = demo_run[0] / "decade"
+    detections = {r["image_id"]: r["detections"] for r in pq.read_table(run / "detections.parquet").to_pylist()}
+    image_id = max(sorted(detections), key=lambda i: len(detections[i]))  # the image with the most boxes
+    browser.get(f"{decade_server.url}/image/{image_id}")
+    assert browser.find_element(By.ID, "image-id").text.startswith(image_id)
+    wait_for(browser, lambda d: images_loaded(d, "#main-image, #variants img, #heatmap"), "the image, its variants and heat map")
+    variants = [f.get_attribute("data-variant") for f in browser.find_elements(By.CSS_SELECTOR, "#variants figure")]
+    assert variants == ["full", "m1", "m2", "m3"]
+    # The detector's boxes, drawn over the image where they are.
+    boxes = browser.find_elements(By.CSS_SELECTOR, "#boxed .box")
+    assert len(boxes) == len(detections[image_id]) > 0
+    picture = browser.find_element(By.ID, "main-image").rect
+    first, d = boxes[0].rect, detections[image_id][0]
+    assert first["x"] - picture["x"] == pytest.approx(d["x0"] * picture["width"], abs=2)
+    assert first["width"] == pytest.approx((d["x1"] - d["x0"]) * picture["width"], abs=2)
+    # The gold standard and the ranked humans, every model's description of every variant.
+    references = pq.read_table(run / "references.parquet").to_pylist()
+    gold = next(r for r in references if r["image_id"] == image_id and r["role"] == "gold" and r["condition"] == "full")
+    assert browser.find_element(By.CSS_SELECTOR, "tr.gold td:last-child").text == gold["text"]
+    tops = browser.find_elements(By.CSS_SELECTOR, "tr[data-role='top']")
+    assert len(tops) == sum(r["image_id"] == image_id and r["role"] == "top" for r in references)
+    responses = [r for r in pq.read_table(run / "responses.parquet").to_pylist() if r["image_id"] == image_id]
+    for r in responses:
+        row = browser.find_element(By.CSS_SELECTOR, f"tr[data-model='{r['subject']}'][data-variant='{r['variant']}']")
+        assert r["text"] in row.text
+    # Every error label with its evidence.
+    errors = [r for r in pq.read_table(run / "errors.parquet").to_pylist() if r["image_id"] == image_id]
+    rows = browser.find_elements(By.CSS_SELECTOR, "table.errors tbody > tr")
+    assert len(rows) == len(errors)
+    for r in errors:
+        row = browser.find_element(By.CSS_SELECTOR, f"table.errors tr[data-model='{r['subject']}'][data-error='{r['error_type']}']")
+        assert ("yes" if r["present"] else ("undecided" if r["present"] is None else "no")) in row.text
+    toggle = browser.find_element(By.ID, "toggle-boxes")
+    toggle.click()
+    assert not boxes[0].is_displayed()
+    toggle.click()
+    screenshot(browser, shots / "decade-image.png")
+
+
+def test_the_model_page_shows_the_numbers_of_stats_parquet(browser, decade_server, demo_run, shots):
+    from selenium.webdriver.common.by import By
+
+    run = demo_run[0] / "decade"
+    browser.get(f"{decade_server.url}/model/demo-imported")
+    stats = [r for r in pq.read_table(run / "stats.parquet").to_pylist() if r["subject"] == "demo-imported"]
+    rows = browser.find_elements(By.CSS_SELECTOR, "#stats tbody tr")
+    assert len(rows) == len(stats) > 0
+    shown = {}
+    for row in rows:
+        cells = [c.text for c in row.find_elements(By.TAG_NAME, "td")]
+        shown[(cells[0], cells[1], cells[2])] = (cells[3], cells[4], float(row.get_attribute("data-estimate")))
+    for r in stats:
+        text, ci, exact = shown[(r["metric"], r["variant"], r["dataset"])]
+        assert text == f"{r['estimate']:.3f}" and ci == f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}]" and exact == r["estimate"]
+    error_stats = [r for r in pq.read_table(run / "error_stats.parquet").to_pylist() if r["subject"] == "demo-imported"]
+    rates = {(row.get_attribute("data-metric"), row.get_attribute("data-dataset")): float(row.get_attribute("data-estimate"))
+             for row in browser.find_elements(By.CSS_SELECTOR, "#error-stats tbody tr")}
+    assert rates == {(r["metric"], r["dataset"]): r["estimate"] for r in error_stats}
+    screenshot(browser, shots / "decade-model.png")
+
+
+def test_study_b_gallery_filters_by_outcome(browser, openworld_server, demo_run, shots):
+    from selenium.webdriver.common.by import By
+
+    run = demo_run[0] / "openworld"
+    images = pq.read_table(run / "images.parquet").column("image_id").to_pylist()
+    browser.get(openworld_server.url + "/")
+    assert cards(browser) == sorted(images)
+    wait_for(browser, lambda d: images_loaded(d, "#gallery a.card:nth-child(-n+4) img"), "the first thumbnails")
+    screenshot(browser, shots / "openworld-gallery.png")
+    # The demo has no judge, so every prediction is unjudged and none is correct.
+    choose(browser, "f-outcome", "correct")
+    assert cards(browser) == [] and "No image matches" in browser.find_element(By.ID, "gallery").text
+    choose(browser, "f-outcome", "unjudged")
+    assert cards(browser) == sorted(images)
+    choose(browser, "f-sort", "cs")
+    predictions = [r for r in pq.read_table(run / "predictions.parquet").to_pylist() if r["prompt_id"] == "default"]
+    lowest = {}
+    for r in predictions:
+        lowest[r["image_id"]] = min(lowest.get(r["image_id"], 1e9), r["CS"])
+    assert cards(browser) == sorted(lowest, key=lambda i: (lowest[i], i))
+
+
+def test_study_b_gallery_filters_a_judged_run_by_outcome(browser, demo_run, tmp_path, shots):
+    """The same run with LI set from text inclusion, a stand-in judge, and the outcomes that follow."""
+    from vlm_decade.studies.openworld.outcomes import outcome
+
+    run = tmp_path / "judged"
+    shutil.copytree(demo_run[0] / "openworld", run, ignore=shutil.ignore_patterns(".view"))
+    table = pq.read_table(run / "predictions.parquet")
+    rows = table.to_pylist()
+    for r in rows:
+        r["LI"] = r["TI"]
+        r["outcome"] = outcome(r["CS"], r["LI"])
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), run / "predictions.parquet")
+    server = Server(run)
+    try:
+        for name in ("granularity", "confusion", "correct"):
+            browser.get(f"{server.url}/")
+            choose(browser, "f-outcome", name)
+            assert cards(browser) == sorted({r["image_id"] for r in rows if r["outcome"] == name}), name
+            if name == "confusion":
+                screenshot(browser, shots / "openworld-gallery-confusion.png")
+        browser.get(f"{server.url}/?outcome=correct&model=efficientnet-lite3-imagenet")
+        assert cards(browser) == sorted({r["image_id"] for r in rows if r["outcome"] == "correct" and r["subject"] == "efficientnet-lite3-imagenet"})
+    finally:
+        server.stop()
+
+
+def raw_get(port: int, target: str) -> tuple[int, bytes]:
+    """A request with its target sent exactly as written (no client normalises the dots away)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(f"GET {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    status = int(data.split(b" ", 2)[1])
+    return status, data
+
+
+@pytest.mark.parametrize("target", [
+    "/../etc/passwd", "/run/../../../../etc/passwd", "/run/%2e%2e/%2e%2e/%2e%2e/%2e%2e/etc/passwd", "/run//etc/passwd",
+    "/run/%2Fetc%2Fpasswd", "/run/inputs/../../../../../etc/passwd", "/static/../../../../../etc/passwd",
+    "/static/%2e%2e/%2e%2e/%2e%2e/cli.py", "/picture/original/../../../etc/passwd", "/picture/original/%2Fetc%2Fpasswd",
+    "//etc/passwd", "/etc/passwd", "http://127.0.0.1/etc/passwd",
+])
+def test_paths_outside_the_run_are_not_found(decade_server, target):
+    status, body = raw_get(decade_server.port, target)
+    assert status == 404, body[:300]
+    assert b"root:" not in body and b"from __future__" not in body
+
+
+def test_the_run_folders_own_files_are_served(decade_server):
+    assert raw_get(decade_server.port, "/run/report.html")[0] == 200
+    assert raw_get(decade_server.port, "/run/figures/similarity_SBERT-SI.png")[0] == 200
+
+
+def test_not_a_run_folder_is_a_clear_message(tmp_path):
+    for folder in (tmp_path, tmp_path / "absent"):
+        started = time.monotonic()
+        done = vlm_decade("view", str(folder), "--port", "0", timeout=120)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        assert ("not a run folder" if folder.exists() else "no such folder") in " ".join(done.stderr.split())
+        assert time.monotonic() - started < 120

@@ -1,0 +1,236 @@
+"""Both studies' reports on the awkward runs: no rows at all, one image, one model, one dataset, no
+human votes, no masked variants, and statistics a budget stop left without estimate or CI. Each
+report is written from hand-built tables and read back for what it must say; and the bounded
+samples that keep it small pick exactly the worst and best rows."""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from vlm_decade.core.runfolder import RunFolder
+from vlm_decade.report.samples import extremes, thumbnail_uri
+from vlm_decade.stages.describe import RESPONSES_SCHEMA
+from vlm_decade.stages.images import IMAGES_SCHEMA
+from vlm_decade.stats import COMPARISONS_SCHEMA, SCORES_SCHEMA, STATS_SCHEMA
+from vlm_decade.studies import study_from_dict
+from vlm_decade.studies.decade.data import REFERENCES_SCHEMA
+from vlm_decade.studies.decade.report import write_report
+from vlm_decade.studies.openworld.data import LABELS_SCHEMA
+from vlm_decade.studies.openworld.report import write_openworld_report
+from vlm_decade.studies.openworld.scoring import PREDICTIONS_SCHEMA
+
+from .view_runs import DECADE_CONFIG, OPENWORLD_CONFIG, PREDICTIONS, SIMILARITY, decade_run, openworld_run
+
+SCHEMAS = {"images": IMAGES_SCHEMA, "references": REFERENCES_SCHEMA, "responses": RESPONSES_SCHEMA, "scores": SCORES_SCHEMA,
+           "stats": STATS_SCHEMA, "comparisons": COMPARISONS_SCHEMA, "labels": LABELS_SCHEMA, "predictions": PREDICTIONS_SCHEMA}
+
+
+def _read(root, name) -> pa.Table:
+    table = pq.read_table(root / f"{name}.parquet")
+    schema = SCHEMAS[name]
+    columns = {f.name: table.column(f.name).cast(f.type) if f.name in table.column_names else pa.nulls(table.num_rows, f.type)
+               for f in schema}
+    return pa.table(columns, schema=schema)
+
+
+def _keep(tables: dict[str, pa.Table], **where) -> dict[str, pa.Table]:
+    """Every table's rows whose columns named in `where` take one of the given values (tables without the column unchanged)."""
+    out = {}
+    for name, table in tables.items():
+        for column, values in where.items():
+            if column in table.column_names:
+                table = table.filter(pc.is_in(table.column(column), value_set=pa.array(values)))
+        out[name] = table
+    return out
+
+
+@pytest.fixture
+def decade_tables(tmp_path):
+    root = decade_run(tmp_path / "src", tables=("references", "responses", "scores", "stats"))
+    tables = {n: _read(root, n) for n in ("images", "references", "responses", "scores", "stats")}
+    tables["comparisons"] = COMPARISONS_SCHEMA.empty_table()
+    return tables
+
+
+def _decade(tmp_path, tables, config=DECADE_CONFIG) -> str:
+    out = RunFolder(tmp_path / "out")
+    write_report(out, study_from_dict(copy.deepcopy(config)), tables)
+    return (out.root / "report.html").read_text()
+
+
+def sample(page: str, title: str) -> list[str]:
+    """The image ids of the sample table headed `title`, in order ([] when there is none)."""
+    start = page.find(f"<h3>{title}</h3>")
+    if start < 0:
+        return []
+    return re.findall(r"<td>([\w-]+)<br>", page[start:page.index("</table>", start)])
+
+
+def _one_model_config():
+    config = copy.deepcopy(DECADE_CONFIG)
+    config["models"] = config["models"][:1]
+    return config
+
+
+def test_decade_report_with_no_rows_at_all(tmp_path, decade_tables):
+    page = _decade(tmp_path, {n: t.schema.empty_table() for n, t in decade_tables.items()})
+    assert "0 images in 0 datasets" in page and "No scores in this run" in page and "0 responses, 0 failed" in page
+
+
+def test_decade_report_with_one_image(tmp_path, decade_tables):
+    page = _decade(tmp_path, _keep(decade_tables, image_id=["a2"]))
+    assert "1 images in 1 datasets" in page
+    # The one image is both the worst and the only row of each model's sample, never listed twice.
+    assert len(re.findall(r"<td>a2<br>", page)) == 2 and "alpha: highest SIM" not in page
+    assert "alpha says a2 full" in page and "gold description of a2" in page
+
+
+def test_decade_report_with_one_model(tmp_path, decade_tables):
+    tables = _keep(decade_tables, subject=["alpha", "human:top"])
+    page = _decade(tmp_path, tables, _one_model_config())
+    assert "beta" not in page and (tmp_path / "out" / "figures" / "similarity_SIM.png").stat().st_size > 5_000
+    worst = sorted((v[0], i) for i, v in SIMILARITY.items() if v[0] is not None)
+    # Five scored images, fewer than the sample's size: all of them, worst first, and no "highest" table.
+    assert sample(page, "alpha: lowest SIM") == [i for _, i in worst] and sample(page, "alpha: highest SIM") == []
+
+
+def test_decade_report_with_one_dataset(tmp_path, decade_tables):
+    page = _decade(tmp_path, _keep(decade_tables, dataset=["ds-b"]))
+    assert "3 images in 1 datasets" in page and "ds-a" not in page
+
+
+def test_decade_report_without_human_votes_or_human_scores(tmp_path, decade_tables):
+    tables = _keep(decade_tables, subject=["alpha", "beta"], role=["gold", "other"])
+    page = _decade(tmp_path, tables)
+    assert "human:top" not in page and "top description" not in page and "gold description of a1" in page
+
+
+def test_decade_report_without_masked_variants(tmp_path, decade_tables):
+    tables = _keep(decade_tables, variant=["full"], condition=["full"])
+    page = _decade(tmp_path, tables)
+    assert "alpha says a1 full" in page and " m1" not in page.split("<h2>Descriptions</h2>")[1]
+
+
+def test_decade_report_with_estimates_a_budget_stop_left_null(tmp_path, decade_tables):
+    stats = decade_tables["stats"]
+    nulls = pa.nulls(stats.num_rows, pa.float64())
+    tables = {**decade_tables, "stats": stats.set_column(4, "estimate", nulls).set_column(5, "ci_low", nulls).set_column(6, "ci_high", nulls)}
+    page = _decade(tmp_path, tables)
+    assert "<td>SIM</td><td>full</td><td></td><td></td><td></td><td>3</td>" in page
+    assert (tmp_path / "out" / "figures" / "similarity_SIM.png").exists()
+    # Partly null: the rows that have numbers still show them.
+    page = _decade(tmp_path, decade_tables)
+    assert "<td>0.483</td><td>0.200</td><td>0.650</td>" in page
+
+
+def test_decade_report_comparisons_with_null_numbers(tmp_path, decade_tables):
+    row = {f.name: None for f in COMPARISONS_SCHEMA}
+    row.update(family="models", a="alpha", b="beta", dataset="ds-a", metric="SIM", variant="full")
+    tables = {**decade_tables, "comparisons": pa.Table.from_pylist([row], schema=COMPARISONS_SCHEMA)}
+    page = _decade(tmp_path, tables)
+    assert "<td>models</td><td>alpha</td><td>beta</td><td>ds-a</td><td>SIM</td><td></td><td></td><td></td><td>n/a</td><td>n/a</td>" in page
+
+
+def test_decade_report_stays_bounded_per_model(tmp_path, decade_tables, monkeypatch):
+    import vlm_decade.report.samples as samples
+
+    monkeypatch.setattr(samples, "SAMPLE_SIZE", 2)
+    page = _decade(tmp_path, decade_tables)
+    assert sample(page, "alpha: lowest SIM") == ["b1", "a1"] and sample(page, "alpha: highest SIM") == ["b2", "a2"]
+    assert sample(page, "beta: lowest SIM") == ["a3", "b3"] and sample(page, "beta: highest SIM") == ["a2", "a1"]
+    assert "vlm-decade view" in page
+
+
+@pytest.fixture
+def openworld_tables(tmp_path):
+    root = openworld_run(tmp_path / "src")
+    tables = {n: _read(root, n) for n in ("images", "labels", "responses", "predictions")}
+    main = [p for p in tables["predictions"].to_pylist() if p["prompt_id"] == "default"]
+    stats = []
+    for model in ("alpha", "beta"):
+        for group in ("prototypical", "fine-grained", "very fine-grained", "all"):
+            mine = [p for p in main if p["subject"] == model and (group == "all" or p["granularity"] == group)]
+            values = {m: [p[m] for p in mine] for m in ("TI", "LI", "SS", "CS")}
+            values |= {f"outcome:{o}": [float(p["outcome"] == o) for p in mine] for o in ("correct", "granularity", "ambiguity", "confusion")}
+            for metric, column in values.items():
+                mean = sum(column) / len(column)
+                stats.append({"subject": model, "dataset": group, "metric": metric, "variant": "default", "estimate": mean,
+                              "ci_low": mean - 0.1, "ci_high": mean + 0.1, "n_images": len(mine), "n_resamples": 100, "seed": 1,
+                              "method": "percentile"})
+    tables["stats"] = pa.Table.from_pylist(stats, schema=STATS_SCHEMA)
+    tables["comparisons"] = COMPARISONS_SCHEMA.empty_table()
+    return tables
+
+
+def _openworld(tmp_path, tables, config=OPENWORLD_CONFIG, no_judge=None) -> str:
+    out = RunFolder(tmp_path / "out")
+    write_openworld_report(out, study_from_dict(copy.deepcopy(config)), tables, no_judge)
+    return (out.root / "report.html").read_text()
+
+
+def test_openworld_report_with_no_rows_at_all(tmp_path, openworld_tables):
+    page = _openworld(tmp_path, {n: t.schema.empty_table() for n, t in openworld_tables.items()}, no_judge="no judge")
+    assert "0 images in 0 datasets" in page and "No scored predictions" in page and "0 responses, 0 failed" in page
+
+
+def test_openworld_report_with_one_image_one_model_one_group(tmp_path, openworld_tables):
+    config = copy.deepcopy(OPENWORLD_CONFIG)
+    config["models"] = config["models"][:1]
+    tables = _keep(openworld_tables, image_id=["a2"], subject=["alpha"])
+    tables["stats"] = _keep({"s": openworld_tables["stats"]}, dataset=["prototypical"], subject=["alpha"])["s"]
+    page = _openworld(tmp_path, tables, config)
+    assert "1 images in 1 datasets" in page and "beta" not in page
+    cs = next(r for r in tables["stats"].to_pylist() if r["metric"] == "CS")
+    assert f"{100 * cs['estimate']:.1f} [{100 * cs['ci_low']:.1f}, {100 * cs['ci_high']:.1f}]" in page
+    assert len(re.findall(r"<td>a2<br>", page)) == 1 and "alpha: highest CS" not in page
+
+
+def test_openworld_report_with_estimates_a_budget_stop_left_null(tmp_path, openworld_tables):
+    stats = openworld_tables["stats"]
+    nulls = pa.nulls(stats.num_rows, pa.float64())
+    tables = {**openworld_tables, "stats": stats.set_column(4, "estimate", nulls).set_column(5, "ci_low", nulls).set_column(6, "ci_high", nulls)}
+    page = _openworld(tmp_path, tables)
+    assert "n/a [n/a, n/a]" in page
+
+
+def test_openworld_report_samples_the_lowest_and_highest_cs(tmp_path, openworld_tables, monkeypatch):
+    import vlm_decade.report.samples as samples
+
+    monkeypatch.setattr(samples, "SAMPLE_SIZE", 2)
+    page = _openworld(tmp_path, openworld_tables)
+    beta = sorted((p[2], i) for (m, i), p in PREDICTIONS.items() if m == "beta")
+    assert sample(page, "beta: lowest CS") == [i for _, i in beta[:2]]
+    assert sample(page, "beta: highest CS") == [i for _, i in beta[::-1][:2]]
+    # The error types with a few examples each; no table lists every prediction.
+    assert "granularity error" in page and "fine-grained confusion" in page
+    assert page.count("<td>b1<br>") == len([m for m in ("alpha", "beta") if "b1" in sample(page, f"{m}: lowest CS") + sample(page, f"{m}: highest CS")])
+
+
+@pytest.mark.parametrize("n_rows, n, low, high", [(0, 3, [], []), (1, 3, [0], []), (4, 3, [0, 1, 2], [3]), (6, 3, [0, 1, 2], [5, 4, 3]),
+                                                 (10, 3, [0, 1, 2], [9, 8, 7])])
+def test_extremes_are_disjoint_and_cover_small_sets(n_rows, n, low, high):
+    rows = [{"id": i, "v": float(i)} for i in range(n_rows)]
+    got_low, got_high = extremes(rows[::-1], "v", n)
+    assert [r["id"] for r in got_low] == low and [r["id"] for r in got_high] == high
+
+
+def test_extremes_leave_out_missing_values_and_keep_the_order_of_ties():
+    rows = [{"id": "a", "v": 0.5}, {"id": "b", "v": None}, {"id": "c", "v": float("nan")}, {"id": "d", "v": 0.5}, {"id": "e", "v": 0.1}]
+    low, high = extremes(rows, "v", 1)
+    assert [r["id"] for r in low] == ["e"] and [r["id"] for r in high] == ["d"]
+
+
+def test_thumbnails_are_small_and_a_missing_file_is_none(tmp_path):
+    from PIL import Image
+
+    path = tmp_path / "big.png"
+    Image.new("RGB", (2000, 1000), (10, 200, 30)).save(path)
+    uri = thumbnail_uri(str(path))
+    assert uri.startswith("data:image/jpeg;base64,") and len(uri) < 4_000
+    assert thumbnail_uri(str(tmp_path / "gone.png")) is None

@@ -1,0 +1,241 @@
+"""The view's pages over hand-built run folders: what the gallery lists for each filter and sort,
+what an image page and a model page show, and how it meets bad input (not a run, missing tables,
+a moved image, a path outside the run)."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+
+import pytest
+from starlette.testclient import TestClient
+
+from vlm_decade.core.errors import InputError
+from vlm_decade.view import decade
+from vlm_decade.view.app import create_app
+from vlm_decade.view.runs import open_run
+
+from .view_runs import BOX, IMAGES, LABELS, PREDICTIONS, PRESENT, PROBE_QUESTION, SIMILARITY, STATS, decade_run, openworld_run
+
+
+def client(root) -> TestClient:
+    return TestClient(create_app(open_run(root)), raise_server_exceptions=True)
+
+
+def listed(page: str) -> list[str]:
+    return re.findall(r'<a class="card[^"]*" href="[^"]+" data-image="([^"]+)"', page)
+
+
+@pytest.fixture(scope="module")
+def run_a(tmp_path_factory):
+    return decade_run(tmp_path_factory.mktemp("view") / "run")
+
+
+@pytest.fixture(scope="module")
+def app_a(run_a):
+    return client(run_a)
+
+
+def test_gallery_lists_every_image_in_id_order(app_a):
+    page = app_a.get("/")
+    assert page.status_code == 200
+    assert listed(page.text) == sorted(IMAGES)
+    assert '<span id="count">6 images</span>' in page.text
+
+
+@pytest.mark.parametrize("params, expected", [
+    ({"dataset": "ds-b"}, ["b1", "b2", "b3"]),
+    ({"error": "detection"}, sorted({i for m, i, t in PRESENT if t == "detection"})),
+    ({"error": "detection", "model": "alpha"}, ["a1", "b1"]),
+    ({"error": "detection", "model": "beta", "dataset": "ds-b"}, []),
+    ({"sde": "yes"}, ["a2", "b1"]),
+    ({"sde": "yes", "model": "beta"}, ["a2", "b1"]),
+    ({"sde": "no", "model": "alpha"}, ["a1", "a3", "b1", "b2", "b3"]),
+    ({"sde": "no"}, ["a1", "a3", "b2", "b3"]),
+])
+def test_gallery_filters(app_a, params, expected):
+    assert listed(app_a.get("/", params=params).text) == expected
+
+
+def test_sort_by_similarity_puts_the_worst_first_and_unscored_last(app_a):
+    alpha = sorted((v[0], i) for i, v in SIMILARITY.items() if v[0] is not None)
+    assert listed(app_a.get("/", params={"sort": "similarity:alpha"}).text) == [i for _, i in alpha] + ["b3"]
+    descending = listed(app_a.get("/", params={"sort": "similarity:alpha", "order": "desc"}).text)
+    assert descending == [i for _, i in reversed(alpha)] + ["b3"]
+
+
+def test_sort_by_gap_puts_the_largest_model_human_gap_first(app_a):
+    gap = sorted(((v[2] - v[1], i) for i, v in SIMILARITY.items()), reverse=True)
+    assert listed(app_a.get("/", params={"sort": "gap:beta"}).text) == [i for _, i in gap]
+
+
+def test_gallery_cards_show_the_models_similarity_and_errors(app_a):
+    page = app_a.get("/", params={"model": "alpha", "dataset": "ds-a"}).text
+    card = page[page.index('data-image="a3"'):page.index('data-image="a3"') + 1500]
+    assert "0.500" in card and "recognition" in card and 'data-model="beta"' not in card
+    assert "top humans <span class=\"value\">0.900</span>" in card
+
+
+def test_paging(app_a, monkeypatch):
+    monkeypatch.setattr(decade, "PAGE_SIZE", 4)
+    first = app_a.get("/").text
+    assert listed(first) == ["a1", "a2", "a3", "b1"] and "page 1 of 2" in first
+    assert listed(app_a.get("/", params={"page": 2}).text) == ["b2", "b3"]
+
+
+def test_unknown_filter_values_fall_back_to_defaults(app_a):
+    page = app_a.get("/", params={"sort": "nonsense", "model": "<script>", "page": "x", "error": "bogus"})
+    assert page.status_code == 200 and listed(page.text) == sorted(IMAGES)
+    assert "<script>" not in page.text
+
+
+def test_image_page_shows_descriptions_scores_errors_and_evidence(app_a):
+    page = app_a.get("/image/a3")
+    assert page.status_code == 200
+    text = page.text
+    # The gold standard (escaped), the top- and bottom-ranked humans with their votes.
+    assert html.escape("gold description of a3 <b>bold</b>") in text and "<b>bold</b>" not in text
+    assert re.search(r'data-role="top"><td>top-ranked</td><td>5</td><td>top description of a3', text)
+    assert re.search(r'data-role="bottom"><td>bottom-ranked</td><td>1</td><td>bottom description of a3', text)
+    assert "masked description of a3" in text
+    # Every model's description per variant, with its similarity.
+    for model in ("alpha", "beta"):
+        for variant in ("full", "m1", "m2", "m3"):
+            assert f'data-model="{model}" data-variant="{variant}"' in text and f"{model} says a3 {variant}" in text
+    row = text[text.index('data-model="alpha" data-variant="full"'):]
+    assert '<td class="value">0.500</td>' in row[:row.index("</tr>")]
+    # A masked variant: its similarity to the model's own full description, from the SDE profile.
+    row = text[text.index('data-model="beta" data-variant="m3"'):]
+    assert '<td class="value">0.900</td>' in row[:row.index("</tr>")] and "SIM to own full" in text
+    # The recognition label with its evidence and the detector box it cites, drawn in red.
+    assert "named as <b>bowl</b>" in text and "similarity 0.610" in text
+    assert f"left:{100 * BOX[0]}%;top:{100 * BOX[1]}%" in text
+    assert re.search(r'class="box cited"[^>]*title="cup 0.88: evidence for alpha: recognition"', text)
+    # The probe transcript of the API model, in the evidence and as asked.
+    assert text.count(PROBE_QUESTION) >= 2 and "No." in text
+    # Masks: the variants, the SDE table and the heat map.
+    for variant in ("full", "m1", "m2", "m3"):
+        assert f'src="/picture/{variant}/a3"' in text
+    assert 'id="heatmap"' in text
+
+
+def test_pictures_are_made_on_demand_and_cached_in_the_run(app_a, run_a):
+    thumb = app_a.get("/picture/thumb/a1")
+    assert thumb.status_code == 200 and thumb.headers["content-type"] == "image/jpeg" and thumb.content[:2] == b"\xff\xd8"
+    assert list((run_a / ".view" / "thumbs").glob("*.jpg"))
+    masked = app_a.get("/picture/m2/a1")
+    assert masked.status_code == 200 and masked.headers["content-type"] == "image/jpeg"
+    heat = app_a.get("/heatmap/a1")
+    assert heat.status_code == 200 and heat.content[:4] == b"\x89PNG"
+    assert app_a.get("/picture/m9/a1").status_code == 404
+    assert app_a.get("/picture/thumb/nope").status_code == 404
+
+
+def test_model_page_numbers_are_the_stats_tables(app_a):
+    page = app_a.get("/model/beta").text
+    rows = re.findall(r'<tr data-metric="SIM" data-variant="full" data-dataset="([^"]+)"\s+data-estimate="([^"]*)" '
+                      r'data-ci-low="([^"]*)" data-ci-high="([^"]*)">', page)
+    assert {d: tuple(None if v == "" else float(v) for v in values) for d, *values in rows} == {
+        d: values for (m, d), values in STATS.items() if m == "beta"}
+    assert '<td class="value">0.483</td>' in page and "[0.200, 0.650]" in page
+    assert "[–, –]" in page  # the estimate a budget stop left out
+    assert '1 failed response(s)' in page and "RateLimitError: budget reached" in page
+    assert app_a.get("/model/gamma").status_code == 404
+
+
+def test_a_moved_image_gets_a_placeholder_not_an_error(tmp_path):
+    root = decade_run(tmp_path / "run")
+    (root / "inputs" / "b2.png").unlink()
+    app = client(root)
+    page = app.get("/image/b2")
+    assert page.status_code == 200 and 'id="missing-image"' in page.text and "b2.png" in page.text
+    for url in ("/picture/thumb/b2", "/picture/full/b2", "/picture/m1/b2", "/picture/original/b2", "/heatmap/b2"):
+        answer = app.get(url)
+        assert answer.status_code == 200 and answer.headers["content-type"] == "image/svg+xml", url
+        assert b"image not found" in answer.content
+    assert listed(app.get("/").text) == sorted(IMAGES)
+
+
+def test_a_run_with_only_its_images_table_still_shows(tmp_path):
+    app = client(decade_run(tmp_path / "run", tables=("images",)))
+    assert listed(app.get("/").text) == sorted(IMAGES)
+    assert listed(app.get("/", params={"error": "detection", "sort": "gap:alpha"}).text) == sorted(IMAGES)
+    page = app.get("/image/a1")
+    assert page.status_code == 200 and "no error labels" in page.text and "no human descriptions" in page.text
+    assert app.get("/model/alpha").status_code == 200
+    assert app.get("/heatmap/a1").status_code == 404
+
+
+def test_not_a_run_folder_is_a_clear_input_error(tmp_path):
+    with pytest.raises(InputError, match="no such folder"):
+        open_run(tmp_path / "absent")
+    with pytest.raises(InputError, match="not a run folder"):
+        open_run(tmp_path)
+    (tmp_path / "manifest.json").write_text("{broken")
+    with pytest.raises(InputError, match="not readable as JSON"):
+        open_run(tmp_path)
+    (tmp_path / "manifest.json").write_text(json.dumps({"config": {"study": "decade", "name": "x"}}))
+    with pytest.raises(InputError, match="config.data"):
+        open_run(tmp_path)
+    root = decade_run(tmp_path / "run")
+    (root / "images.parquet").unlink()
+    with pytest.raises(InputError, match="no images table"):
+        open_run(root)
+
+
+@pytest.mark.parametrize("url", ["/run/manifest.json", "/run/inputs/a1.png"])
+def test_files_inside_the_run_are_served(app_a, url):
+    assert app_a.get(url).status_code == 200
+
+
+@pytest.mark.parametrize("url", ["/run/%2Fetc%2Fpasswd", "/run/..%2F..%2Fetc%2Fpasswd", "/run/inputs/..%2F..%2F..%2Fetc%2Fpasswd",
+                                 "/static/..%2F..%2Fcli.py", "/picture/original/..%2F..%2Fetc%2Fpasswd", "/run/", "/run/inputs"])
+def test_nothing_outside_the_run_is_served(app_a, url):
+    assert app_a.get(url).status_code == 404
+
+
+def test_a_link_out_of_the_run_is_not_followed(tmp_path):
+    root = decade_run(tmp_path / "run")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("private")
+    (root / "link.txt").symlink_to(secret)
+    assert client(root).get("/run/link.txt").status_code == 404
+
+
+@pytest.fixture(scope="module")
+def app_b(tmp_path_factory):
+    return client(openworld_run(tmp_path_factory.mktemp("view-b") / "run"))
+
+
+@pytest.mark.parametrize("params, expected", [
+    ({}, sorted(LABELS)),
+    ({"outcome": "correct"}, sorted({i for (m, i), p in PREDICTIONS.items() if p[3] == "correct"})),
+    ({"outcome": "confusion", "model": "alpha"}, ["a3", "b2"]),
+    ({"outcome": "granularity", "dataset": "ds-b"}, ["b1"]),
+    ({"granularity": "prototypical"}, ["a2", "b1", "b3"]),
+    ({"outcome": "unjudged", "prompt": "specific"}, sorted(LABELS)),
+    ({"outcome": "correct", "prompt": "specific"}, []),
+])
+def test_openworld_gallery_filters(app_b, params, expected):
+    assert listed(app_b.get("/", params=params).text) == expected
+
+
+def test_openworld_gallery_sorts_by_cs(app_b):
+    alpha = sorted((p[2], i) for (m, i), p in PREDICTIONS.items() if m == "alpha")
+    assert listed(app_b.get("/", params={"sort": "cs", "model": "alpha"}).text) == [i for _, i in alpha]
+    lowest = sorted((min(PREDICTIONS[(m, i)][2] for m in ("alpha", "beta")), i) for i in LABELS)
+    assert listed(app_b.get("/", params={"sort": "cs", "order": "desc"}).text) == [i for _, i in reversed(lowest)]
+
+
+def test_openworld_card_and_image_page_show_every_prediction(app_b):
+    page = app_b.get("/", params={"dataset": "ds-a"}).text
+    card = page[page.index('data-image="a1"'):page.index('data-image="a2"')]
+    assert "dalmatian" in card and 'data-model="beta" data-outcome="correct"' in card and "CS 0.95" in card
+    image = app_b.get("/image/a2").text
+    assert 'id="label">cat<' in image
+    for model in ("alpha", "beta"):
+        for prompt in ("default", "specific"):
+            assert f'data-model="{model}" data-prompt="{prompt}"' in image
+    assert "kitten" in image and "ambiguity" in image
+    assert app_b.get("/model/alpha").status_code == 404

@@ -1,0 +1,9 @@
+"""`vlm-decade view`: a local web app over a run folder, to look at the images behind the numbers.
+
+Study A: a gallery of images (filter by dataset, model, error type and SDE; sort by a model's
+similarity or its gap to the top-ranked humans), one page per image (its masked variants, the human
+and model descriptions with their similarities, the error labels with their evidence, the heat map)
+and one page per model. Study B: a gallery of labelled images with every model's prediction, its
+metrics and outcome. `runs` opens the run folder (DuckDB over its Parquet tables), `decade` and
+`openworld` are the pages' queries, `pictures` makes the thumbnails and variants, `app` serves them.
+"""

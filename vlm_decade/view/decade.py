@@ -1,0 +1,289 @@
+"""Study A's pages as queries: the gallery (filter, sort, page), one image with everything the run
+knows about it, and one model with its statistics, error rates and failed rows.
+
+Each function takes a RunView and returns plain data for a template; SQL does the filtering,
+sorting and paging, so a page costs the same at 100 images and at a million score rows.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, replace
+
+from vlm_decade.view.runs import RunView
+
+FULL = "full"
+TOP_HUMANS = "human:top"  # the reference for the model-human gap
+ERROR_TYPES = ("detection", "recognition", "scene_understanding", "hallucination", "spatial_dependence")
+ERROR_NAMES = {"detection": "detection", "recognition": "recognition", "scene_understanding": "scene understanding",
+               "hallucination": "hallucination", "spatial_dependence": "SDE"}
+ROLE_ORDER = ("gold", "top", "bottom", "other")
+PAGE_SIZE = 48
+FAILED_PAGE_SIZE = 100
+
+
+@dataclass(frozen=True)
+class GalleryQuery:
+    """The gallery's filters and sort, as read from the page's query string.
+
+    `model` narrows the cards to one model and is the model the error and SDE filters ask about (any
+    model when empty). `sort` is `image`, `similarity:<model>` (that model's similarity to the gold
+    standard on the full image, in `metric`) or `gap:<model>` (top-ranked humans' similarity minus
+    the model's, same metric and image: how far the model falls behind people).
+    """
+
+    dataset: str = ""
+    model: str = ""
+    error: str = ""
+    sde: str = ""  # "", "yes" or "no"
+    metric: str = ""
+    sort: str = "image"
+    order: str = ""  # "asc" or "desc"; empty: the sort's natural order
+    page: int = 1
+
+    @classmethod
+    def parse(cls, params, metrics: list[str], models: list[str]) -> "GalleryQuery":
+        """Read the query string; unknown values fall back to the defaults rather than fail."""
+        def pick(name: str, allowed) -> str:
+            value = params.get(name, "")
+            return value if value in allowed else ""
+
+        sorts = {"image"} | {f"{kind}:{m}" for kind in ("similarity", "gap") for m in models}
+        try:
+            page = max(1, int(params.get("page", "1")))
+        except ValueError:
+            page = 1
+        return cls(
+            dataset=params.get("dataset", ""),
+            model=pick("model", models),
+            error=pick("error", ERROR_TYPES),
+            sde=pick("sde", ("yes", "no")),
+            metric=pick("metric", metrics) or (metrics[0] if metrics else ""),
+            sort=params.get("sort", "image") if params.get("sort", "image") in sorts else "image",
+            order=pick("order", ("asc", "desc")),
+            page=page,
+        )
+
+    @property
+    def direction(self) -> str:
+        """Similarity ascending (worst first); gap descending (largest gap first); ids ascending."""
+        return self.order or ("desc" if self.sort.startswith("gap:") else "asc")
+
+    def link(self, **changes) -> dict:
+        """The query string of this query with `changes` (and the page back to 1 unless given)."""
+        changed = replace(self, **{"page": 1, **changes})
+        return {k: v for k, v in changed.__dict__.items() if v not in ("", None) and not (k == "page" and v == 1)}
+
+
+def models(view: RunView) -> list[str]:
+    return [m.name for m in view.study.models]
+
+
+def metrics(view: RunView) -> list[str]:
+    return view.values("SELECT DISTINCT metric FROM scores ORDER BY metric") if view.has("scores") else []
+
+
+def datasets(view: RunView) -> list[tuple[str, int]]:
+    return [(r["dataset"], r["n"]) for r in view.rows("SELECT dataset, count(*) AS n FROM images GROUP BY dataset ORDER BY dataset")]
+
+
+def gallery(view: RunView, q: GalleryQuery) -> dict:
+    """One page of images with each shown model's similarity and errors, and the total count."""
+    where, params = ["(? = '' OR i.dataset = ?)"], [q.dataset, q.dataset]
+    if q.error and view.has("errors"):
+        where.append("i.image_id IN (SELECT image_id FROM errors WHERE present AND error_type = ? AND (? = '' OR subject = ?))")
+        params += [q.error, q.model, q.model]
+    if q.sde and view.has("spatial"):
+        with_sde = "SELECT image_id FROM spatial WHERE sde AND (? = '' OR subject = ?)"
+        if q.sde == "yes":
+            where.append(f"i.image_id IN ({with_sde})")
+            params += [q.model, q.model]
+        else:  # decided, and no SDE for the model (or for any model)
+            where.append(f"i.image_id IN (SELECT image_id FROM spatial WHERE sde IS NOT NULL AND (? = '' OR subject = ?)) "
+                         f"AND i.image_id NOT IN ({with_sde})")
+            params += [q.model, q.model, q.model, q.model]
+    joins, key = "", "i.image_id"
+    kind, _, sort_model = q.sort.partition(":")
+    if kind in ("similarity", "gap") and view.has("scores"):
+        score = "(SELECT image_id, value FROM scores WHERE subject = ? AND metric = ? AND variant = 'full')"
+        joins = f" LEFT JOIN {score} AS m ON m.image_id = i.image_id"
+        params_join = [sort_model, q.metric]
+        key = "m.value"
+        if kind == "gap":
+            joins += f" LEFT JOIN {score} AS h ON h.image_id = i.image_id"
+            params_join += [TOP_HUMANS, q.metric]
+            key = "h.value - m.value"
+        params = params_join + params
+    # A sort the run cannot give (no scores) falls back to image ids, ascending unless asked otherwise.
+    direction = "DESC" if (q.direction if joins else q.order) == "desc" else "ASC"
+    base = f"FROM images AS i{joins} WHERE {' AND '.join(where)}"
+    total = view.values(f"SELECT count(*) {base}", params)[0]
+    rows = view.rows(
+        f"SELECT i.image_id, i.dataset, {key} AS sort_value {base} ORDER BY sort_value {direction} NULLS LAST, i.image_id "
+        f"LIMIT {PAGE_SIZE} OFFSET {(q.page - 1) * PAGE_SIZE}",
+        params,
+    )
+    shown = [q.model] if q.model else models(view)
+    ids = [r["image_id"] for r in rows]
+    scores = _page_scores(view, ids, q.metric)
+    errors = _page_errors(view, ids)
+    for r in rows:
+        r["models"] = [{"name": m, "value": scores.get((r["image_id"], m)), "errors": errors.get((r["image_id"], m), [])} for m in shown]
+        r["humans"] = scores.get((r["image_id"], TOP_HUMANS))
+    return {"rows": rows, "total": total, "pages": max(1, math.ceil(total / PAGE_SIZE)), "sort_kind": kind}
+
+
+def _in_list(ids: list[str]) -> str:
+    return ", ".join("?" for _ in ids)
+
+
+def _page_scores(view: RunView, ids: list[str], metric: str) -> dict[tuple[str, str], float]:
+    if not ids or not view.has("scores"):
+        return {}
+    rows = view.rows(f"SELECT image_id, subject, value FROM scores WHERE variant = 'full' AND metric = ? AND image_id IN ({_in_list(ids)})",
+                     [metric, *ids])
+    return {(r["image_id"], r["subject"]): r["value"] for r in rows}
+
+
+def _page_errors(view: RunView, ids: list[str]) -> dict[tuple[str, str], list[str]]:
+    if not ids or not view.has("errors"):
+        return {}
+    out: dict[tuple[str, str], list[str]] = {}
+    rows = view.rows(f"SELECT image_id, subject, error_type FROM errors WHERE present AND image_id IN ({_in_list(ids)})", ids)
+    for r in sorted(rows, key=lambda r: ERROR_TYPES.index(r["error_type"]) if r["error_type"] in ERROR_TYPES else len(ERROR_TYPES)):
+        out.setdefault((r["image_id"], r["subject"]), []).append(r["error_type"])
+    return out
+
+
+def variants_of(view: RunView) -> list[str]:
+    """full and the mask ids of the study, in order."""
+    from vlm_decade.imaging.masks import mask_ids
+
+    return [FULL, *mask_ids(view.study.masks)]
+
+
+def image_page(view: RunView, image_id: str) -> dict | None:
+    """Everything the run knows about one image, or None when the run does not list it."""
+    image = view.image(image_id)
+    if image is None:
+        return None
+    one = [image_id]
+    references = view.rows('SELECT * FROM "references" WHERE image_id = ?', one) if view.has("references") else []
+    full_refs = sorted((r for r in references if r["condition"] == FULL),
+                       key=lambda r: (ROLE_ORDER.index(r["role"]) if r["role"] in ROLE_ORDER else len(ROLE_ORDER), -(r["votes"] or 0)))
+    masked_refs: dict[str, list[dict]] = {}
+    for r in references:
+        if r["condition"] != FULL:
+            masked_refs.setdefault(r["condition"], []).append(r)
+    responses = view.rows("SELECT subject, variant, prompt_id, text, status, error FROM responses WHERE image_id = ?", one) if view.has("responses") else []
+    scores = view.rows("SELECT subject, variant, metric, value FROM scores WHERE image_id = ?", one) if view.has("scores") else []
+    metric_names = sorted({s["metric"] for s in scores})
+    score_of = {(s["subject"], s["variant"], s["metric"]): s["value"] for s in scores}
+    said = {(r["subject"], r["variant"]): r for r in responses}
+    variant_ids = variants_of(view)
+    spatial = view.rows("SELECT subject, mask_ids, model_profile, human_profile, model_r, human_mean_r, human_sd_r, z, sde, reason "
+                        "FROM spatial WHERE image_id = ? ORDER BY subject", one) if view.has("spatial") else []
+    # A masked description's similarity to the model's own full-image one (the SDE profile).
+    own = {(r["subject"], mask): value for r in spatial for mask, value in zip(r["mask_ids"] or [], r["model_profile"] or [])}
+    model_rows = []
+    for model in models(view):
+        model_rows.append({
+            "name": model,
+            "variants": [
+                {"variant": v, "response": said.get((model, v)), "scores": [(m, score_of.get((model, v, m))) for m in metric_names],
+                 "own": own.get((model, v))}
+                for v in variant_ids if (model, v) in said or any((model, v, m) in score_of for m in metric_names)
+            ],
+        })
+    humans = [{"name": s, "scores": [(m, score_of.get((s, FULL, m))) for m in metric_names]}
+              for s in sorted({s["subject"] for s in scores if s["subject"].startswith("human:")})]
+    errors = []
+    if view.has("errors"):
+        for r in view.rows("SELECT subject, error_type, present, method, evidence FROM errors WHERE image_id = ?", one):
+            r["evidence"] = _json(r["evidence"])
+            errors.append(r)
+        errors.sort(key=lambda r: (r["subject"], ERROR_TYPES.index(r["error_type"]) if r["error_type"] in ERROR_TYPES else 99))
+    detections, detector_status = [], None
+    if view.has("detections"):
+        found = view.rows("SELECT status, error, detections FROM detections WHERE image_id = ?", one)
+        if found:
+            detector_status = found[0]["status"] if found[0]["status"] == "ok" else f"{found[0]['status']}: {found[0]['error']}"
+            detections = found[0]["detections"] or []
+    cited = _cited_boxes(errors)
+    for d in detections:
+        d["cited"] = cited.get(_box_key(d["label"], (d["x0"], d["y0"], d["x1"], d["y1"])))
+    probes: dict[str, list[dict]] = {}
+    if view.has("probes"):
+        for r in view.rows("SELECT subject, round, kind, object, question, answer, status, error FROM probes WHERE image_id = ? "
+                           "ORDER BY subject, round, object", one):
+            probes.setdefault(r["subject"], []).append(r)
+    return {
+        "image": image,
+        "gold": [r for r in full_refs if r["role"] == "gold"],
+        "top": [r for r in full_refs if r["role"] == "top"],
+        "bottom": [r for r in full_refs if r["role"] == "bottom"],
+        "others": [r for r in full_refs if r["role"] not in ("gold", "top", "bottom")],
+        "masked_refs": dict(sorted(masked_refs.items())),
+        "variants": variant_ids,
+        "metrics": metric_names,
+        "models": model_rows,
+        "humans": humans,
+        "errors": errors,
+        "detections": detections,
+        "detector_status": detector_status,
+        "probes": probes,
+        "spatial": spatial,
+        "has_heatmap": any(r["sde"] is not None for r in spatial),
+        "profile_metric": view.study.taxonomy_metric if spatial else None,
+    }
+
+
+def _json(text: str | None):
+    try:
+        return json.loads(text) if text else {}
+    except ValueError:
+        return {"unreadable evidence": text}
+
+
+def _box_key(label: str, box) -> tuple:
+    return (label, *(round(float(v), 3) for v in box))
+
+
+def _cited_boxes(errors: list[dict]) -> dict[tuple, list[str]]:
+    """The detector boxes that error labels cite as evidence, with the labels that cite them."""
+    cited: dict[tuple, list[str]] = {}
+    for e in errors:
+        for finding in e["evidence"].get("findings", []) if isinstance(e["evidence"], dict) else []:
+            det = finding.get("detection") if isinstance(finding, dict) else None
+            if isinstance(det, dict) and "box" in det:
+                cited.setdefault(_box_key(det["label"], det["box"]), []).append(f"{e['subject']}: {ERROR_NAMES.get(e['error_type'], e['error_type'])}")
+    return cited
+
+
+def model_page(view: RunView, model: str, page: int = 1) -> dict | None:
+    """One model: its statistics and error rates as the stats tables hold them, its comparisons and
+    its failed responses (paged); None for a name the study does not have."""
+    if model not in models(view):
+        return None
+    stats = view.rows("SELECT * FROM stats WHERE subject = ? ORDER BY metric, variant, dataset", [model]) if view.has("stats") else []
+    error_stats = view.rows("SELECT * FROM error_stats WHERE subject = ? ORDER BY metric, dataset", [model]) if view.has("error_stats") else []
+    comparisons = (view.rows("SELECT * FROM comparisons WHERE a = ? OR b = ? ORDER BY family, metric, dataset", [model, model])
+                   if view.has("comparisons") else [])
+    failed_total, failed = 0, []
+    if view.has("responses"):
+        failed_total = view.values("SELECT count(*) FROM responses WHERE subject = ? AND status <> 'ok'", [model])[0]
+        failed = view.rows(f"SELECT image_id, variant, prompt_id, status, error FROM responses WHERE subject = ? AND status <> 'ok' "
+                           f"ORDER BY image_id, variant, prompt_id LIMIT {FAILED_PAGE_SIZE} OFFSET {(page - 1) * FAILED_PAGE_SIZE}", [model])
+    config = next(m for m in view.study.models if m.name == model)
+    return {
+        "name": model,
+        "config": config,
+        "stats": stats,
+        "error_stats": error_stats,
+        "comparisons": comparisons,
+        "failed": failed,
+        "failed_total": failed_total,
+        "page": page,
+        "pages": max(1, math.ceil(failed_total / FAILED_PAGE_SIZE)),
+    }

@@ -1,0 +1,105 @@
+"""A run folder opened for looking at: its study (from manifest.json), which tables it has, and a
+DuckDB connection with one view per table, so pages filter, sort and page through the Parquet files
+in SQL without loading them into Python.
+
+Only `images` is required; every other table is optional and a page shows what the run has.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import duckdb
+from pydantic import ValidationError
+
+from vlm_decade.core.errors import InputError, Problem
+from vlm_decade.core.runfolder import RunFolder
+from vlm_decade.studies import AnyStudy, study_from_dict
+
+# The tables a page may read; a run that lacks one simply has no such section.
+TABLES = {
+    "decade": ("images", "references", "responses", "scores", "stats", "comparisons", "detections", "probes", "errors",
+               "spatial", "error_stats"),
+    "openworld": ("images", "labels", "responses", "predictions", "stats", "comparisons"),
+}
+CACHE = ".view"  # thumbnails and variants made on demand, inside the run folder
+
+
+@dataclass
+class RunView:
+    """What the pages need of a run: its folder, study, tables and a DuckDB connection over them."""
+
+    folder: RunFolder
+    study: AnyStudy
+    tables: tuple[str, ...]
+    connection: duckdb.DuckDBPyConnection
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def root(self) -> Path:
+        return self.folder.root
+
+    @property
+    def kind(self) -> str:
+        return self.study.study
+
+    def has(self, table: str) -> bool:
+        return table in self.tables
+
+    def rows(self, sql: str, params: list | tuple = ()) -> list[dict]:
+        """The rows of a query as dicts. Each call gets its own cursor: requests run on several threads."""
+        with self._lock:
+            cursor = self.connection.cursor()
+        try:
+            result = cursor.execute(sql, list(params))
+            names = [d[0] for d in result.description]
+            return [dict(zip(names, row)) for row in result.fetchall()]
+        finally:
+            cursor.close()
+
+    def values(self, sql: str, params: list | tuple = ()) -> list:
+        """The first column of a query."""
+        return [next(iter(r.values())) for r in self.rows(sql, params)]
+
+    def image(self, image_id: str) -> dict | None:
+        """The images table's row of one image, or None when the run does not list it."""
+        rows = self.rows("SELECT * FROM images WHERE image_id = ?", [image_id])
+        return rows[0] if rows else None
+
+
+def _quoted(path: Path) -> str:
+    return "'" + str(path).replace("'", "''") + "'"
+
+
+def open_run(root: str | Path) -> RunView:
+    """The run folder at `root`, or an InputError that says why it is not one."""
+    folder = RunFolder(Path(root).resolve())
+    if not folder.root.is_dir():
+        raise InputError([Problem(str(root), "no such folder")])
+    try:
+        manifest = folder.manifest()
+    except (ValueError, OSError) as exc:
+        raise InputError([Problem(str(folder.manifest_path), f"not readable as JSON: {exc}")]) from None
+    if not isinstance(manifest, dict) or "config" not in manifest:
+        raise InputError([Problem(str(folder.manifest_path), "not a run folder (manifest.json missing or without a study config)")])
+    try:
+        study = study_from_dict(manifest["config"])
+    except ValidationError as exc:
+        problems = [Problem(str(folder.manifest_path), e["msg"], field="config." + ".".join(str(p) for p in e["loc"])) for e in exc.errors()]
+        raise InputError(problems) from None
+    if not folder.has("images"):
+        raise InputError([Problem(str(folder.table_path("images")), "missing: the run has no images table yet (run the study first)")])
+    # Parquet reading is built in; DuckDB must not fetch extensions from the network on its own.
+    connection = duckdb.connect(":memory:", config={"threads": 2, "autoinstall_known_extensions": False,
+                                                     "autoload_known_extensions": False})
+    present = []
+    for name in TABLES[study.study]:
+        if folder.has(name):
+            try:
+                connection.execute(f'CREATE VIEW "{name}" AS SELECT * FROM read_parquet({_quoted(folder.table_path(name))})')
+            except duckdb.Error as exc:
+                raise InputError([Problem(str(folder.table_path(name)), f"not a readable Parquet table: {exc}")]) from None
+            present.append(name)
+    return RunView(folder, study, tuple(present), connection)
