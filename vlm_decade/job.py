@@ -7,6 +7,7 @@ alone writes the run folder. Bad input ends with every problem listed and exit s
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
 from pathlib import Path
 
@@ -15,17 +16,37 @@ from vlm_decade.core.errors import InputError, Problem
 SCRIPTS = {"decade": "jobs/decade_study.py", "openworld": "jobs/openworld_study.py"}
 
 
+def job_package(out: Path) -> Path | None:
+    """Ray's temporary copy of the working dir this job runs in, when `out` would land inside it
+    (`ray job submit --working-dir .` runs the script from such a copy on the head node)."""
+    cwd = Path.cwd().resolve()
+    if not {"runtime_resources", "working_dir_files"} <= set(cwd.parts):
+        return None
+    return cwd if out.resolve().is_relative_to(cwd) else None
+
+
 def _study(kind: str, args):
     from vlm_decade.demo import decade_demo, openworld_demo
     from vlm_decade.studies import STUDIES, load_study
 
     if args.demo:
         demo = decade_demo if kind == "decade" else openworld_demo
-        return demo(args.out or Path("runs/demo") / kind)
+        out = args.out or Path("runs/demo") / kind
+        _refuse_job_package(out)  # before the demo lays out its inputs there
+        return demo(out)
     study = load_study(args.config, output=args.out)
     if not isinstance(study, STUDIES[kind]):
         raise InputError([Problem(str(args.config), f"a `study: {study.study}` file; run it with {SCRIPTS[study.study]}", field="study")])
+    _refuse_job_package(Path(study.output))
     return study
+
+
+def _refuse_job_package(out: Path) -> None:
+    package = job_package(out)
+    if package is not None:
+        raise InputError([Problem("--out", f"{out} would land inside Ray's temporary copy of the working dir ({package}), "
+                                  "which the next job or code change replaces; give an absolute path on a disk the head node keeps, "
+                                  "or shared storage", field="--out")])
 
 
 def main(kind: str, description: str, argv: list[str] | None = None) -> int:
@@ -40,6 +61,7 @@ def main(kind: str, description: str, argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         study = _study(kind, args)
+        print(f"run folder: {Path(study.output).resolve()} on {socket.gethostname()}", flush=True)
         pipeline_of(study).run(study)
     except InputError as exc:
         print(f"{len(exc.problems)} problem(s) in the input; nothing was run or written:", file=sys.stderr)

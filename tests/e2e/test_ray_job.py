@@ -79,6 +79,7 @@ def test_ray_job_submit_runs_the_demo(ray_head, tmp_path):
 
     status = JobSubmissionClient(address).get_job_status("vlm-decade-e2e")
     assert status == JobStatus.SUCCEEDED, submit.stdout[-4000:] + submit.stderr[-2000:]
+    assert f"run folder: {out.resolve()}" in submit.stdout  # the job says where its results are
     manifest = json.loads((out / "manifest.json").read_text())
     assert all(s["state"] == "done" for s in manifest["stages"].values())
     assert (out / "report.html").exists() and (out / "stats.parquet").exists()

@@ -88,13 +88,18 @@ def test_an_unreadable_manifest_is_set_aside_and_rebuilt_from_what_verifies(tmp_
     good = folder.manifest()
     DAMAGE["edited"](folder.table_path("u"))
     folder.manifest_path.write_text(folder.manifest_path.read_text()[:40])
+    with pytest.raises(ValueError, match="not readable as JSON"):
+        RunFolder(tmp_path).manifest()  # reading alone changes nothing
+    assert not list(tmp_path.glob("manifest.json.unreadable-*"))
     run, said = _run(RunFolder(tmp_path))
-    rebuilt = run.folder.manifest()
+    with run.folder.lock():
+        rebuilt = run.folder.manifest()
     assert rebuilt["tables"] == {"t": good["tables"]["t"]} and rebuilt["files"] == {"t": good["files"]["t"]}
     assert len(list(tmp_path.glob("manifest.json.unreadable-*"))) == 1
     assert any("could not be read" in m for m in said)
     calls = []
-    assert run.run_stage(_stage(calls)) and calls  # no stage record survives: it runs again
+    with run.folder.lock():
+        assert run.run_stage(_stage(calls)) and calls  # no stage record survives: it runs again
 
 
 def test_one_run_at_a_time_and_a_dead_holder_is_taken_over(tmp_path):

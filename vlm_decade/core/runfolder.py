@@ -149,6 +149,7 @@ class RunFolder:
     def __init__(self, root: str | Path, say: Callable[[str], None] | None = None):
         self.root = Path(root)
         self.say = say if say is not None else (lambda message: None)
+        self.repairs = False  # set while a run holds the folder: only then is a damaged manifest rebuilt
 
     # tables -----------------------------------------------------------------------------------
     def table_path(self, name: str) -> Path:
@@ -285,17 +286,21 @@ class RunFolder:
         return self.root / "manifest.json"
 
     def manifest(self) -> dict[str, Any]:
-        """The manifest; one that cannot be read is set aside (renamed, kept) and rebuilt from the
-        tables that verify on their own. Its stage records are lost, so every stage runs again,
-        resuming from those tables."""
+        """The manifest. One that cannot be read raises ValueError, except while a run holds the
+        folder (`lock`): then it is set aside (renamed, kept) and rebuilt from the tables that verify
+        on their own; its stage records are lost, so every stage runs again, resuming from those
+        tables."""
         if not self.manifest_path.exists():
             return {}
         try:
             manifest = json.loads(self.manifest_path.read_text(encoding="utf-8"))
             if isinstance(manifest, dict):
                 return manifest
-        except (ValueError, UnicodeDecodeError):
-            pass
+            problem: Exception = ValueError("not a JSON object")
+        except (ValueError, UnicodeDecodeError) as exc:
+            problem = exc
+        if not self.repairs:
+            raise ValueError(f"{self.manifest_path}: not readable as JSON ({problem})")
         aside = self.manifest_path.with_name(f"manifest.json.unreadable-{time.strftime('%Y%m%dT%H%M%S')}")
         os.replace(self.manifest_path, aside)
         tables, files = {}, {}
@@ -339,9 +344,11 @@ class RunFolder:
             me = f"pid {os.getpid()} on {socket.gethostname()}"
             os.ftruncate(fd, 0)
             os.pwrite(fd, me.encode(), 0)
+            self.repairs = True
             yield
             os.ftruncate(fd, 0)
         finally:
+            self.repairs = False
             os.close(fd)  # closing releases the lock
 
 
