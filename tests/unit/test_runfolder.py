@@ -2,6 +2,7 @@
 and set right; one run holds a folder at a time; files follow the umask."""
 
 import json
+import re
 import os
 import stat
 
@@ -140,3 +141,41 @@ def test_the_manifest_records_fingerprint_and_file_hash(tmp_path):
     manifest = json.loads(folder.manifest_path.read_text())
     assert set(manifest["files"]["t"]) == {"sha256", "bytes"} and len(manifest["tables"]["t"]) == 64
     assert folder.self_verified("t") == (manifest["tables"]["t"], manifest["files"]["t"])
+
+
+NASTY = ["../../../../x", "/etc/passwd", "..", ".", "", "a/b", "a\\b", "con", ".hidden", "x" * 300, "naïve café", "\x00nul", "ok-name_1.2"]
+
+
+@pytest.mark.parametrize("name", NASTY)
+def test_safe_name_stays_one_plain_file_inside_the_folder(tmp_path, name):
+    from vlm_decade.core.runfolder import safe_name
+
+    safe = safe_name(name)
+    assert re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,79}", safe), safe
+    folder = RunFolder(tmp_path / "run")
+    path = folder.file("figures", f"similarity_{safe}.png")
+    assert path.parent == tmp_path / "run" / "figures"
+    if name == "ok-name_1.2":
+        assert safe == name  # a plain name is kept as it is
+
+
+def test_distinct_names_never_share_a_file():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from vlm_decade.core.runfolder import safe_name
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.text(max_size=40), st.text(max_size=40))
+    def check(a, b):
+        if a != b:
+            assert safe_name(a) != safe_name(b)
+
+    check()
+
+
+def test_a_path_outside_the_run_folder_is_refused(tmp_path):
+    folder = RunFolder(tmp_path / "run")
+    for parts in (("..", "x"), ("figures", "..", "..", "x"), ("/abs",), ("",)):
+        with pytest.raises(ValueError, match="not inside the run folder"):
+            folder.file(*parts)

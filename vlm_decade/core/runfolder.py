@@ -137,6 +137,19 @@ def table_fingerprint(table: pa.Table) -> str:
     return fingerprint.hexdigest()
 
 
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def safe_name(text: str) -> str:
+    """A file name for a name from the user's data (an image id, a model, encoder or metric name):
+    letters, digits, '.', '_' and '-' only, never '.' or '..' or hidden, at most 80 characters. A name
+    that had to change gets a short hash of the original, so two names never share a file."""
+    cleaned = _UNSAFE.sub("_", text).lstrip(".")[:64]
+    if cleaned == text and cleaned:
+        return cleaned
+    return f"{cleaned or 'name'}-{hashlib.sha256(text.encode('utf-8', 'surrogatepass')).hexdigest()[:12]}"
+
+
 class RunFolderBusy(RuntimeError):
     """Another live process holds the run folder's lock."""
 
@@ -150,6 +163,14 @@ class RunFolder:
         self.root = Path(root)
         self.say = say if say is not None else (lambda message: None)
         self.repairs = False  # set while a run holds the folder: only then is a damaged manifest rebuilt
+
+    def file(self, *parts: str) -> Path:
+        """A path inside the run folder (for the report's files); ValueError for one that would
+        land outside it. Names from the user's data go through `safe_name` first."""
+        path = self.root.joinpath(*parts)
+        if not path.resolve().is_relative_to(self.root.resolve()) or any(p in ("", ".", "..") for p in parts):
+            raise ValueError(f"{path} is not inside the run folder {self.root}")
+        return path
 
     # tables -----------------------------------------------------------------------------------
     def table_path(self, name: str) -> Path:

@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from vlm_decade.core.runfolder import RunFolder, atomic_write_bytes
+from vlm_decade.core.runfolder import RunFolder, atomic_write_bytes, safe_name
 from vlm_decade.core.runner import Stage
 from vlm_decade.report.figures import COLOURS, save_figure
 from vlm_decade.report.html import html_table, page_start, write_csvs
@@ -179,10 +179,9 @@ def _failed_responses(responses: pa.Table, shown: int = FAILED_SHOWN) -> str:
 
 
 def write_report(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Table]) -> None:
-    figures = run.root / "figures"
     metrics = sorted(set(tables["stats"].column("metric").to_pylist()))
     for metric in metrics:
-        similarity_figure(tables["stats"], study, metric, figures / f"similarity_{metric}.png")
+        similarity_figure(tables["stats"], study, metric, run.file("figures", f"similarity_{safe_name(metric)}.png"))
     manifest = run.manifest()
     parts = [page_start(f"{study.name}: vlm_decade report", study.name)]
     if study.demo:
@@ -211,7 +210,7 @@ def write_report(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Table]
 
     parts.append("<h2>Similarity to the gold standard</h2>")
     for metric in metrics:
-        parts.append(f"<img src='figures/similarity_{metric}.png' alt='{html.escape(metric)} per model and dataset'>")
+        parts.append(f"<img src='figures/similarity_{html.escape(safe_name(metric))}.png' alt='{html.escape(metric)} per model and dataset'>")
     parts.append(
         html_table(
             tables["stats"].sort_by([("metric", "ascending"), ("subject", "ascending"), ("dataset", "ascending")]),
