@@ -2,8 +2,8 @@
 and set right; one run holds a folder at a time; files follow the umask."""
 
 import json
-import re
 import os
+import re
 import stat
 
 import pyarrow as pa
