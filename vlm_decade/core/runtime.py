@@ -76,6 +76,9 @@ def start_ray(address: str | None = None, num_cpus: int | None = None, num_gpus:
     env = offline_env()
     with _environ(env):
         ray.init(
+            # "local": a new Ray of our own, even when another one (`ray start`) runs on this machine;
+            # without it, ray.init would quietly join that one.
+            address="local",
             num_cpus=num_cpus,
             num_gpus=num_gpus,
             include_dashboard=False,

@@ -1,0 +1,93 @@
+"""Embedding throughput: texts per second through the embed stage (Ray encoder actors on every CPU,
+parts, the sorted table written in batches) against a plain `SentenceTransformer.encode` over the
+same texts with the same model in this process, in one run on the same machine.
+
+The model is the packaged all-MiniLM-L6-v2 (SBERT-SI). Both paths start from "texts in memory, model
+on disk": the plain path pays its model load, the stage its actor start-up. The figures are the best
+of interleaved rounds (the machine may be shared). Prints one JSON object per measurement and a
+summary with `ratio_vs_plain` (stage texts/s over plain texts/s). Run from the repository root:
+    .venv/bin/python benchmarks/embed_throughput.py [--texts 20000] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from vlm_decade.core.config import EncoderConfig, RuntimeConfig, StudyBase  # noqa: E402
+from vlm_decade.core.progress import Reporter  # noqa: E402
+from vlm_decade.core.runfolder import RunFolder  # noqa: E402
+from vlm_decade.core.runner import StudyRun  # noqa: E402
+from vlm_decade.core.runtime import LazyRay, start_ray  # noqa: E402
+from vlm_decade.models.encoders.sbert import resolve_weights  # noqa: E402
+from vlm_decade.stages import embed  # noqa: E402
+from benchmarks.scale import sentence  # noqa: E402
+
+
+def emit(**kw) -> None:
+    print(json.dumps(kw), flush=True)
+
+
+class EmbedStudy(StudyBase):
+    """Just what the embed stage reads of a study."""
+
+    encoders: tuple[EncoderConfig, ...]
+
+
+def plain(cfg: EncoderConfig, texts: list[str]) -> float:
+    from sentence_transformers import SentenceTransformer
+
+    start = time.perf_counter()
+    model = SentenceTransformer(resolve_weights(cfg), device="cpu")
+    model.encode(texts, batch_size=embed.TEXT_BATCH, convert_to_numpy=True, normalize_embeddings=True)
+    return time.perf_counter() - start
+
+
+def stage(study: EmbedStudy, texts: pa.Table, out: Path) -> float:
+    run = StudyRun(RunFolder(out), Reporter(quiet=True), LazyRay(study.runtime))
+    start = time.perf_counter()
+    written = embed.run_embed(study, texts, run)
+    assert written.rows == texts.num_rows
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--texts", type=int, default=20_000)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    rng = np.random.default_rng(0)
+    texts = [sentence(rng) + f" {i}" for i in range(args.texts)]
+    table = embed.texts_to_embed(pa.table({"text": texts}), pa.table({"status": pa.array([], pa.string()), "text": pa.array([], pa.string())}))
+    cfg = EncoderConfig(name="SBERT-SI")
+    cpus = os.cpu_count() or 2
+    study = EmbedStudy(name="embed-throughput", models=({"name": "x", "backend": "imported", "model_id": "x"},), encoders=(cfg,),
+                       runtime=RuntimeConfig(num_cpus=cpus))
+    start_ray(num_cpus=cpus)
+    best = {"plain": 0.0, "stage": 0.0}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.rounds):
+            seconds = plain(cfg, texts)
+            best["plain"] = max(best["plain"], len(texts) / seconds)
+            emit(round=r, path="plain", texts=len(texts), torch_threads=cpus, seconds=round(seconds, 2), texts_per_s=round(len(texts) / seconds, 1))
+            seconds = stage(study, table, Path(tmp) / f"run-{r}")
+            best["stage"] = max(best["stage"], len(texts) / seconds)
+            emit(round=r, path="stage", texts=len(texts), actors=cpus, seconds=round(seconds, 2), texts_per_s=round(len(texts) / seconds, 1))
+    emit(summary=True, texts=len(texts), cpus=cpus, plain_texts_per_s=round(best["plain"], 1), stage_texts_per_s=round(best["stage"], 1),
+         ratio_vs_plain=round(best["stage"] / best["plain"], 3))
+
+
+if __name__ == "__main__":
+    main()
