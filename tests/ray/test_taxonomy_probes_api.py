@@ -49,8 +49,9 @@ DESCRIPTIONS = {
 IMAGES = tuple(DESCRIPTIONS)
 
 
-def detection(obj: str, anchor: str) -> str:
-    return f"Is there a {obj} near the {anchor} in this image? Answer yes or no."
+def detection(anchor: str) -> str:
+    """The paper's detection question: it points at the place and names no object."""
+    return f"Is there an object near the {anchor} in this image? Answer yes or no."
 
 
 def presence(obj: str) -> str:
@@ -63,11 +64,11 @@ def recognition(anchor: str) -> str:
 
 # (image, round, kind, object, anchor, question, the model's scripted answer), in the order asked.
 PROBES = [
-    ("astronaut", 1, "detection", "shuttle model", "astronaut", detection("shuttle model", "astronaut"), "Yes."),
+    ("astronaut", 1, "detection", "shuttle model", "astronaut", detection("astronaut"), "Yes."),
     ("astronaut", 1, "presence", "guitar", "", presence("guitar"), "No, there is no guitar."),
     ("camera", 1, "presence", "dog", "", presence("dog"), "Hard to say."),
-    ("coffee", 1, "detection", "spoon", "espresso", detection("spoon", "espresso"), "Yes, there is."),
-    ("coffee", 1, "detection", "table", "cup", detection("table", "cup"), "No."),
+    ("coffee", 1, "detection", "spoon", "espresso", detection("espresso"), "Yes, there is."),
+    ("coffee", 1, "detection", "table", "cup", detection("cup"), "No."),
     ("coffee", 1, "presence", "croissant", "", presence("croissant"), "Yes, there is a croissant."),
     # Follow-ups only for the detection questions answered yes, with the same anchor.
     ("astronaut", 2, "recognition", "shuttle model", "astronaut", recognition("astronaut"), "A model of the space shuttle."),
@@ -186,7 +187,7 @@ def test_the_probe_path_labels_an_api_model_from_its_answers_and_reruns_for_free
     assert seen["object"] == "shuttle model" and seen["anchor"] == "astronaut"
     assert seen["named_as"] == "model of the space shuttle" and seen["similarity"] >= 0.72
     assert seen["transcript"] == [
-        {"kind": "detection", "question": detection("shuttle model", "astronaut"), "answer": "Yes.", "reading": "yes"},
+        {"kind": "detection", "question": detection("astronaut"), "answer": "Yes.", "reading": "yes"},
         {"kind": "recognition", "question": recognition("astronaut"), "answer": "A model of the space shuttle.",
          "reading": "model of the space shuttle"},
     ]

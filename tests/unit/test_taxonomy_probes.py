@@ -51,10 +51,49 @@ def mentions(*names):
 
 
 def test_default_templates_read_as_in_the_paper():
+    # The paper: "Is there an object in the hand of the person standing by the wall?", then "What is
+    # the object in the hand of ...?": the detection question points at the place, naming no object.
     t = ProbeTemplates()
     assert t.detection.format(article="a", object="flashlight", anchor="man") == (
-        "Is there a flashlight near the man in this image? Answer yes or no.")
+        "Is there an object near the man in this image? Answer yes or no.")
     assert t.recognition.format(anchor="man") == "What is the object near the man? Answer with a short noun phrase."
+
+
+def test_the_older_naming_form_can_still_be_configured():
+    t = ProbeTemplates(detection="Is there {article} {object} near the {anchor}? Answer yes or no.")
+    assert t.detection.format(article="a", object="flashlight", anchor="man") == "Is there a flashlight near the man? Answer yes or no."
+
+
+def _ask_all(relevant, mentioned, matcher, answer):
+    """Both rounds against a scripted model (question text -> answer), as the probes stage runs them."""
+    first = first_round(relevant, mentioned, matcher)
+    answered = [(q, answer(q.text)) for q in first]
+    answered += [(q, answer(q.text)) for q in second_round(answered)]
+    return answered
+
+
+def test_a_model_that_sees_the_object_but_would_misname_it_makes_a_recognition_error(matcher):
+    # It denies a flashlight (it sees a gun there), but there is an object near the man, and it is "a gun".
+    script = {
+        "Is there an object near the man in this image? Answer yes or no.": "Yes.",
+        "Is there a flashlight near the man in this image? Answer yes or no.": "No.",
+        "What is the object near the man? Answer with a short noun phrase.": "A gun.",
+    }
+    answered = _ask_all(mentions("man", "flashlight"), mentions("man"), matcher, script.__getitem__)
+    assert [q.text for q, _ in answered] == [
+        "Is there an object near the man in this image? Answer yes or no.",
+        "What is the object near the man? Answer with a short noun phrase."]
+    (finding,) = probe_findings(answered, matcher)
+    assert (finding.error_type, finding.obj, finding.evidence["named_as"]) == ("recognition", "flashlight", "gun")
+
+
+def test_a_model_that_says_yes_to_everything_shows_its_detection_error_as_a_misnaming(matcher):
+    # Asked "Is there a flashlight near the man?" it would say yes and hide that it sees nothing; asked
+    # for the object's name, it has to give one, and "a hat" is not the flashlight.
+    answered = _ask_all(mentions("man", "flashlight"), mentions("man"), matcher,
+                        lambda q: "Yes." if q.startswith("Is there") else "A hat.")
+    (finding,) = probe_findings(answered, matcher)
+    assert (finding.error_type, finding.evidence["named_as"]) == ("recognition", "hat")
 
 
 @pytest.mark.parametrize(
@@ -77,10 +116,10 @@ def test_templates_are_checked(field, template, message):
 def test_first_round(matcher):
     questions = first_round(mentions("man", "flashlight", "wall"), mentions("man", "umbrella"), matcher)
     assert questions == [
-        Question("detection", "flashlight", "man", "Is there a flashlight near the man in this image? Answer yes or no."),
+        Question("detection", "flashlight", "man", "Is there an object near the man in this image? Answer yes or no."),
         # "man" already anchors the flashlight: a second object gets the next free anchor, so the
-        # two recognition follow-ups differ
-        Question("detection", "wall", "flashlight", "Is there a wall near the flashlight in this image? Answer yes or no."),
+        # two questions and their recognition follow-ups differ
+        Question("detection", "wall", "flashlight", "Is there an object near the flashlight in this image? Answer yes or no."),
         Question("presence", "umbrella", None, "Is there an umbrella in this image? Answer yes or no."),
     ]
 
@@ -148,7 +187,7 @@ def test_answer_names(text, names):
 
 # -- labels from transcripts --------------------------------------------------------------------------
 
-DETECT = Question("detection", "flashlight", "man", "Is there a flashlight near the man in this image? Answer yes or no.")
+DETECT = Question("detection", "flashlight", "man", "Is there an object near the man in this image? Answer yes or no.")
 RECOGNISE = Question("recognition", "flashlight", "man", "What is the object near the man? Answer with a short noun phrase.")
 PRESENT = Question("presence", "frisbee", None, "Is there a frisbee in this image? Answer yes or no.")
 

@@ -2,11 +2,13 @@
 
 Pure planning and parsing; the caller sends each question with the image through the API.
 
-1. `first_round`: a detection question ("Is there a flashlight near the man?") for each relevant
-   object the description leaves out, and a presence question for each mentioned object the gold
-   does not name.
+1. `first_round`: a detection question for each relevant object the description leaves out, in the
+   paper's form: it points at the place through another gold object and does not name the object
+   ("Is there an object near the man?"), so a model that would misname the object still says yes,
+   and a model that says yes to whatever it is asked is caught by the next question; and a presence
+   question for each mentioned object the gold does not name.
 2. `second_round`: a recognition question ("What is the object near the man?") for each detection
-   question answered yes.
+   question answered yes; the name it gives is compared with the relevant object by the matcher.
 3. `probe_findings`: detection answered no -> detection error; yes, and the recognition answer names
    the object -> scene understanding (recognised but left out); names something else -> recognition;
    presence answered no -> hallucination. Answers that cannot be read give no label, only a finding
@@ -23,7 +25,11 @@ from dataclasses import dataclass
 from vlm_decade.studies.decade.taxonomy.objects import Mention, ObjectMatcher, indefinite_article
 from vlm_decade.studies.decade.taxonomy.rules import Finding
 
-DETECTION_TEMPLATE = "Is there {article} {object} near the {anchor} in this image? Answer yes or no."
+# The paper's detection question names no object ("Is there an object in the hand of the person
+# standing by the wall?"): naming it would let a model that sees something there, but would call it
+# something else, answer "no" (a detection error instead of a recognition error).
+DETECTION_TEMPLATE = "Is there an object near the {anchor} in this image? Answer yes or no."
+# Without another gold object the place cannot be pointed at, so the object is named (our choice).
 DETECTION_NO_ANCHOR_TEMPLATE = "Is there {article} {object} in this image? Answer yes or no."
 RECOGNITION_TEMPLATE = "What is the object near the {anchor}? Answer with a short noun phrase."
 # Without an anchor no single object can be pointed at without naming it, so the model lists what
@@ -40,7 +46,9 @@ QUESTION_KINDS = ("detection", "presence", "recognition")
 @dataclass(frozen=True)
 class ProbeTemplates:
     """The question wordings (configurable); fields {object}, {anchor} and {article} ("a"/"an" for
-    the object). Recognition questions must not name the object: that would answer them."""
+    the object). Recognition questions must not name the object: that would answer them. The
+    detection question may name it (the older "Is there a flashlight near the man?" form), though the
+    default, as the paper, does not."""
 
     detection: str = DETECTION_TEMPLATE
     detection_no_anchor: str = DETECTION_NO_ANCHOR_TEMPLATE
@@ -50,7 +58,7 @@ class ProbeTemplates:
 
     def __post_init__(self):
         rules = {  # template -> (fields it needs, fields it must not use)
-            "detection": ({"object", "anchor"}, set()),
+            "detection": ({"anchor"}, set()),
             "detection_no_anchor": ({"object"}, {"anchor"}),
             "recognition": ({"anchor"}, {"object", "article"}),
             "recognition_no_anchor": (set(), {"object", "article", "anchor"}),

@@ -4,6 +4,8 @@ analysis). Loading spaCy and the object matcher happens here, once per stage."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pyarrow as pa
 
 from vlm_decade.core.runfolder import table_fingerprint
@@ -143,7 +145,9 @@ def stages(study: StudyConfig, hand: pa.Table | None) -> list[Stage]:
             first = first_probe_questions(study, run.table("images"), run.table("references"), run.table("responses"))
             return {"probes": run_probes(study, first, run)}
 
-        out.append(Stage("probes", ("images", "references", "responses"), [matching, cfg.probes.model_dump(), api_budgets(study)], ask))
+        # The effective wordings, defaults included: a new default question asks again.
+        wordings = dataclasses.asdict(cfg.probes.templates())
+        out.append(Stage("probes", ("images", "references", "responses"), [matching, wordings, api_budgets(study)], ask))
         error_inputs += ("probes",)
 
     def error_stats(run: StudyRun) -> dict[str, pa.Table]:
