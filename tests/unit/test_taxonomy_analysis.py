@@ -99,15 +99,20 @@ TRANSCRIPTS = {  # ("api", "i2") has none: its probes failed
     ("api", "i1"): [
         (Question("detection", "cat", "frisbee", "Is there a cat near the frisbee?"), "Yes."),
         (Question("detection", "frisbee", "cat", "Is there a frisbee near the cat?"), "No."),
-        (Question("presence", "tv", None, "Is there a tv in this image?"), "No, there is no TV."),
+        (Question("location", "tv", "car", "Is there an object near the car?"), "No, there is nothing there."),
         (Question("recognition", "cat", "frisbee", "What is the object near the frisbee?"), "A dog."),
     ]
 }
 
 
+# No human named a tv on i1 and no verifier found one (existence.check's verdict).
+EXISTENCE = {("api", "i1"): {"tv": {"object": "tv", "present": False, "checks": [{"source": "humans", "found": False}]}}}
+
+
 @pytest.fixture(scope="module")
 def labels():
-    return object_labels(PAIRS, RELEVANT, MENTIONED, DETECTIONS, TRANSCRIPTS, {"api"}, fake_matcher(), 0.45)
+    return object_labels(PAIRS, RELEVANT, MENTIONED, DETECTIONS, TRANSCRIPTS, {"api"}, fake_matcher(), 0.45, EXISTENCE,
+                         {"i1": ["cat", "frisbee", "car"]})
 
 
 def present(rows, subject, image_id):
@@ -131,13 +136,30 @@ def test_detector_labelled_pair_follows_the_rules(labels):
 
 
 def test_probe_labelled_pair_follows_the_transcript(labels):
-    # frisbee: "No." -> detection; cat: "Yes.", then "A dog." (0.6 < 0.72) -> recognition; tv: "No" ->
-    # hallucination. The api model's boxes are never read (no detection labels of i1's detector).
+    # frisbee: "No." -> detection; cat: "Yes.", then "A dog." (0.6 < 0.72) -> recognition; tv: found by
+    # no one, and nothing where the description puts it (near the car) -> hallucination. The api
+    # model's boxes are never read (no detection labels of i1's detector).
     assert present(labels, "api", "i1") == {
         "detection": True, "recognition": True, "scene_understanding": False, "hallucination": True}
     row = by_key(labels)[("api", "i1", "recognition")]
     assert row["method"] == "probe"
     assert json.loads(row["evidence"])["findings"][0]["named_as"] == "dog"
+    # The hallucination row keeps the whole chain: what was checked, where it was asked, the answer.
+    evidence = json.loads(by_key(labels)[("api", "i1", "hallucination")]["evidence"])
+    assert evidence["checked"] == [EXISTENCE[("api", "i1")]["tv"]]
+    (chain,) = evidence["findings"]
+    assert chain["existence"]["present"] is False and chain["reference"] == "car"
+    assert chain["transcript"] == [{"kind": "location", "question": "Is there an object near the car?",
+                                    "answer": "No, there is nothing there.", "reading": "no"}]
+
+
+def test_a_mention_other_humans_named_is_no_hallucination_for_a_detector_labelled_model():
+    # "a dog, a car and a tv": the tv is in no detection and not in the gold, but a worker named it.
+    seen = {("local", "i1"): {"tv": {"object": "tv", "present": True, "checks": [{"source": "humans", "found": True}]},
+                              "dog": {"object": "dog", "present": False, "checks": []}}}
+    rows = object_labels(PAIRS[:1], RELEVANT, MENTIONED, DETECTIONS, {}, set(), fake_matcher(), 0.45, seen)
+    assert present(rows, "local", "i1")["hallucination"] is False
+    assert present(rows, "local", "i1")["recognition"] is True  # the dog still misnames the cat
 
 
 def test_undecidable_pairs_give_null_rows_with_the_reason(labels):
@@ -359,8 +381,10 @@ def test_probed_pair_labels_from_the_errors_stage(monkeypatch, said, probe_rows,
         "taxonomy": {},
     })
     relevant, mentioned = {"i1": mentions("sofa")}, {("api", "i1"): mentions(*said)}
-    assert len(first_round(relevant["i1"], mentioned[("api", "i1")], fake_matcher())) == len(probe_rows)
+    absent = [n for n in said if n != "sofa"]
+    assert len(first_round(relevant["i1"], mentioned[("api", "i1")], fake_matcher(), absent=absent)) == len(probe_rows)
     monkeypatch.setattr(stages, "objects", lambda references, pairs: (relevant, mentioned))
+    monkeypatch.setattr(stages, "human_objects", lambda references: {"i1": (("sofa",),)})
     monkeypatch.setattr(stages, "matcher_for", lambda study: fake_matcher())
     gold, masked = "a sofa in a room", "a room"
     tables = {

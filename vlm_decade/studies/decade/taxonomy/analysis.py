@@ -51,20 +51,33 @@ def object_labels(
     probed: set[str],
     matcher,
     confusable: float,
+    existence: dict[tuple[str, str], dict[str, dict]] | None = None,
+    present: dict[str, list[str]] | None = None,
 ) -> list[dict]:
     """Detection, recognition, scene-understanding and hallucination rows for each
     (subject, image_id, dataset, text) pair: from the detector's boxes, or from the probe
-    transcript for API models (`probed` subjects). Undecidable pairs get null rows saying why."""
+    transcript for API models (`probed` subjects). Undecidable pairs get null rows saying why.
+
+    `existence`: per pair, the verdict on each mentioned object the gold does not name
+    (`existence.check`); the hallucination row's evidence keeps them all (`checked`), cleared ones
+    included. `present`: per image, the objects known to be there (gold and human-named), which a
+    probed model's answer about a mention's place may name."""
+    existence = existence or {}
+    present = present or {}
     rows = []
     for subject, image_id, dataset, _ in pairs:
         key = (subject, image_id)
+        verdicts = existence.get(key, {})
+        gold = [m.name for m in relevant.get(image_id, [])]
         if subject in probed:
             method, found = "probe", transcripts.get(key)
-            findings = None if found is None else probes.probe_findings(found, matcher)
+            findings = None if found is None else probes.probe_findings(
+                found, matcher, verdicts, gold, present.get(image_id, gold))
             why = "no probe answers for this image"
         else:
             method, boxes = "detector", detections.get(image_id)
-            findings = None if boxes is None else rules.detector_errors(relevant.get(image_id, []), boxes, mentioned.get(key, []), matcher, confusable)
+            findings = None if boxes is None else rules.detector_errors(
+                relevant.get(image_id, []), boxes, mentioned.get(key, []), matcher, confusable, verdicts)
             why = "the detector failed on this image"
         if findings is None:
             rows += [
@@ -73,11 +86,14 @@ def object_labels(
                 for t in rules.ERROR_TYPES
             ]
             continue
-        context = {"relevant": [m.name for m in relevant.get(image_id, [])], "mentioned": [m.name for m in mentioned.get(key, [])]}
-        for error_type, (present, evidence) in rules.summarise(findings).items():
+        context = {"relevant": gold, "mentioned": [m.name for m in mentioned.get(key, [])]}
+        for error_type, (present_, evidence) in rules.summarise(findings).items():
+            payload = {**context, "findings": json.loads(evidence)}
+            if error_type == "hallucination":
+                payload["checked"] = list(verdicts.values())
             rows.append(
-                {"subject": subject, "image_id": image_id, "dataset": dataset, "error_type": error_type, "present": present,
-                 "method": method, "evidence": _evidence({**context, "findings": json.loads(evidence)})}
+                {"subject": subject, "image_id": image_id, "dataset": dataset, "error_type": error_type, "present": present_,
+                 "method": method, "evidence": _evidence(payload)}
             )
     return rows
 

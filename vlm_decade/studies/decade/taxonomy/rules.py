@@ -45,11 +45,13 @@ class Finding:
 
 def detector_errors(relevant: Sequence[Mention], detections: Sequence[Detection],
                       mentioned: Sequence[Mention], matcher: ObjectMatcher,
-                      confusable: float = CONFUSABLE_THRESHOLD) -> list[Finding]:
+                      confusable: float = CONFUSABLE_THRESHOLD, existence: dict[str, dict] | None = None) -> list[Finding]:
     """The errors of one description, in ERROR_TYPES order: detection and scene understanding in the
     gold's order, recognition relevant objects first (gold order) then irrelevant ones (detection
     order), hallucination in the description's order. `confusable` is the least similarity of a
-    misnaming to the object it misnames."""
+    misnaming to the object it misnames. `existence` (name -> `existence.check` verdict) says which
+    mentioned objects outside the gold an independent source found in the image: those are no error;
+    one whose verdict is undecided (None) gives an unclear hallucination if it misnames nothing."""
     gold = _unique(relevant)
     said = _unique(mentioned)
     best_box = _best_box_per_label(detections)
@@ -59,8 +61,10 @@ def detector_errors(relevant: Sequence[Mention], detections: Sequence[Detection]
 
     missed = [g for g in gold if matcher.best_match(g.name, said_names) is None]
     seen = {g.name: matcher.best_match(g.name, labels) for g in missed}
+    verdicts = existence or {}
     unexplained = [m for m in said if matcher.best_match(m.name, gold_names) is None
-                   and matcher.best_match(m.name, labels) is None]
+                   and matcher.best_match(m.name, labels) is None
+                   and verdicts.get(m.name, {}).get("present") is not True]
     ignored = [label for label in labels if matcher.best_match(label, gold_names) is None
                and matcher.best_match(label, said_names) is None]
 
@@ -83,9 +87,15 @@ def detector_errors(relevant: Sequence[Mention], detections: Sequence[Detection]
             scene.append(Finding("scene_understanding", obj, {
                 "object": obj, "phrase": phrase, "similarity": round(seen[obj][1], 3), "detection": box}))
     misnamed = {mention.name for mention, _ in pairs.values()}
-    hallucination = [Finding("hallucination", m.name, {"object": m.name, "phrase": m.phrase})
-                     for m in unexplained if m.name not in misnamed]
+    hallucination = [_hallucination(m, verdicts.get(m.name)) for m in unexplained if m.name not in misnamed]
     return detection + recognition + scene + hallucination
+
+
+def _hallucination(mention: Mention, verdict: dict | None) -> Finding:
+    evidence = {"object": mention.name, "phrase": mention.phrase}
+    if verdict is None:
+        return Finding("hallucination", mention.name, evidence)
+    return Finding("hallucination", mention.name, {**evidence, "existence": verdict}, unclear=verdict["present"] is None)
 
 
 def summarise(findings: Sequence[Finding]) -> dict[str, tuple[bool, str]]:
