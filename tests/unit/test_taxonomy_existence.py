@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from vlm_decade.models.backends.detection import Detection
-from vlm_decade.studies.decade.taxonomy.existence import ImageEvidence, best_box, candidates, check
+from vlm_decade.studies.decade.taxonomy.existence import ImageEvidence, candidates, check
 from vlm_decade.studies.decade.taxonomy.objects import MATCH_THRESHOLD, Mention, ObjectMatcher
+from vlm_decade.studies.decade.taxonomy.rules import best_located
 
 NAMES = ("guitar", "man", "flag", "suit", "lamp", "gun", "banjo")
 
@@ -53,7 +54,7 @@ def test_humans_other_than_the_gold_count_one_description_at_a_time():
 def test_the_locator_finds_an_object_when_its_best_box_reaches_the_minimum_score():
     boxes = (Detection("guitar", 0.05, (0, 0, 0.5, 0.5)), Detection("guitar", 0.3, (0.1, 0.1, 0.4, 0.6)),
              Detection("lamp", 0.08, (0.6, 0, 1, 0.2)))
-    assert best_box(boxes, "guitar").score == 0.3 and best_box(boxes, "gun") is None
+    assert best_located(boxes, "guitar").score == 0.3 and best_located(boxes, "gun") is None
     found = check("guitar", ImageEvidence(located=boxes, min_score=0.1), matcher())
     assert found["present"] is True
     assert by_source(found)["locator"] == {"source": "locator", "found": True, "min_score": 0.1, "best_score": 0.3,
@@ -97,13 +98,13 @@ def test_the_locator_returns_the_best_boxes_of_each_name_as_transformers_scores_
     from vlm_decade.models.backends.hf_locator import PER_QUERY, HFLocator
 
     rgb = (np.random.default_rng(1).random((40, 60, 3)) * 255).astype(np.uint8)
-    names = ["cat", "dog", "cup"]
+    names = ["cat", "dog", "cup", "red cup"]
     locator = HFLocator(ModelConfig(name="locator", backend="hf-locator", model_id="tiny", path=owl))
     (found,) = locator.locate([rgb], [names + ["cat"]])  # a repeated name is asked once
 
     processor, net = AutoProcessor.from_pretrained(owl), AutoModelForZeroShotObjectDetection.from_pretrained(owl).eval()
     with torch.inference_mode():
-        out = net(**processor(text=[names], images=[rgb], return_tensors="pt"))
+        out = net(**processor(text=[names], images=[rgb], return_tensors="pt", padding=True))
     logits = out.logits[0]  # (boxes, names): each box goes to its best name, scored by the sigmoid
     scores, best = torch.sigmoid(logits.max(dim=-1).values), logits.argmax(dim=-1)
     for k, name in enumerate(names):

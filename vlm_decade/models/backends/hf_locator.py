@@ -32,7 +32,10 @@ class HFLocator(HFBackend):
         from transformers import AutoModelForZeroShotObjectDetection, AutoProcessor
 
         self.processor = AutoProcessor.from_pretrained(source, **self.options["processor"])
-        return AutoModelForZeroShotObjectDetection.from_pretrained(source, **kwargs)
+        net = AutoModelForZeroShotObjectDetection.from_pretrained(source, **kwargs)
+        # Names of different lengths in one query batch: padded to the longest, cut at the text tower's length.
+        self._text_kwargs = {"padding": True, "truncation": True, "max_length": net.config.text_config.max_position_embeddings}
+        return net
 
     def locate(self, images: Sequence[np.ndarray], queries: Sequence[Sequence[str]]) -> list[list[Detection]]:
         """For each RGB image and its names, the best boxes of each name (highest score first). One
@@ -43,7 +46,7 @@ class HFLocator(HFBackend):
         if not names:
             return []
         torch = self._torch
-        inputs = self.processor(text=[names], images=[rgb], return_tensors="pt")
+        inputs = self.processor(text=[names], images=[rgb], return_tensors="pt", **self._text_kwargs)
         inputs = {k: v.to(self.input_device) for k, v in inputs.items()}
         inputs = {k: v.to(self.dtype) if v.is_floating_point() else v for k, v in inputs.items()}
         with torch.inference_mode():

@@ -53,6 +53,9 @@ def object_labels(
     confusable: float,
     existence: dict[tuple[str, str], dict[str, dict]] | None = None,
     present: dict[str, list[str]] | None = None,
+    located: dict[str, list | None] | None = None,
+    min_score: float = 0.0,
+    min_iou: float = 0.5,
 ) -> list[dict]:
     """Detection, recognition, scene-understanding and hallucination rows for each
     (subject, image_id, dataset, text) pair: from the detector's boxes, or from the probe
@@ -61,7 +64,9 @@ def object_labels(
     `existence`: per pair, the verdict on each mentioned object the gold does not name
     (`existence.check`); the hallucination row's evidence keeps them all (`checked`), cleared ones
     included. `present`: per image, the objects known to be there (gold and human-named), which a
-    probed model's answer about a mention's place may name."""
+    probed model's answer about a mention's place may name. `located`: per image, the locator's boxes
+    (None where it failed), when the study has a locator: detector labels are then read from the
+    boxes at each object's place (`rules.located_errors`), with `min_score` and `min_iou`."""
     existence = existence or {}
     present = present or {}
     rows = []
@@ -74,6 +79,12 @@ def object_labels(
             findings = None if found is None else probes.probe_findings(
                 found, matcher, verdicts, gold, present.get(image_id, gold))
             why = "no probe answers for this image"
+        elif located is not None:
+            method, boxes, spots = "detector", detections.get(image_id), located.get(image_id)
+            findings = None if boxes is None or spots is None else rules.located_errors(
+                relevant.get(image_id, []), boxes, mentioned.get(key, []), matcher, spots, min_score, min_iou, verdicts,
+                present.get(image_id, gold))
+            why = "the detector failed on this image" if boxes is None else "the locator failed on this image"
         else:
             method, boxes = "detector", detections.get(image_id)
             findings = None if boxes is None else rules.detector_errors(

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from vlm_decade.models.backends.detection import Detection
 from vlm_decade.studies.decade.taxonomy.objects import Mention, ObjectMatcher
 from vlm_decade.studies.decade.taxonomy.probes import parse_yes_no
+from vlm_decade.studies.decade.taxonomy.rules import best_located
 
 
 @dataclass(frozen=True)
@@ -51,15 +52,6 @@ def candidates(relevant: Sequence[Mention], mentioned: Sequence[Mention], matche
     return [name for name in dict.fromkeys(m.name for m in mentioned) if matcher.best_match(name, gold) is None]
 
 
-def best_box(located: Sequence[Detection], name: str) -> Detection | None:
-    """The highest-scoring box the locator found for the query `name` (the earliest on a tie)."""
-    best = None
-    for det in located:
-        if det.label == name and (best is None or det.score > best.score):
-            best = det
-    return best
-
-
 def check(obj: str, evidence: ImageEvidence, matcher: ObjectMatcher) -> dict:
     """The verdict on whether `obj` is in the image, with each check's evidence (JSON-ready):
     {"object", "present": True | False | None, "checks": [...]}."""
@@ -70,7 +62,7 @@ def check(obj: str, evidence: ImageEvidence, matcher: ObjectMatcher) -> dict:
                    "named_as": sorted({m[0] for m in named})})
     unclear = False
     if evidence.located is not None:
-        box = best_box(evidence.located, obj)
+        box = best_located(evidence.located, obj)
         found = box is not None and box.score >= evidence.min_score
         checks.append({"source": "locator", "found": found, "min_score": evidence.min_score,
                        "best_score": None if box is None else round(box.score, 3),

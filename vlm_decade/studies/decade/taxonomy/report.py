@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -34,6 +35,17 @@ NAMES = {
 }
 
 
+def _point(r: dict | None) -> tuple[float, float, float] | None:
+    """A stats row as (estimate, lower bar, upper bar); None when it has no estimate (a group with no
+    decided label, a budget stop). A row with no interval draws its point without a bar."""
+    if r is None or r.get("estimate") is None or math.isnan(r["estimate"]):
+        return None
+    est, lo, hi = r["estimate"], r.get("ci_low"), r.get("ci_high")
+    if lo is None or hi is None or math.isnan(lo) or math.isnan(hi):
+        return est, 0.0, 0.0
+    return est, max(est - lo, 0.0), max(hi - est, 0.0)
+
+
 def error_rate_figure(stats: list[dict], study: StudyConfig, path: Path) -> None:
     """Figures 5-6 and 7b's shape: one panel per error type, each model's rate per dataset with CIs."""
     models = [m.name for m in study.models]
@@ -45,36 +57,38 @@ def error_rate_figure(stats: list[dict], study: StudyConfig, path: Path) -> None
         for d_i, dataset in enumerate(datasets):
             xs, ys, lo, hi = [], [], [], []
             for m_i, model in enumerate(models):
-                r = by.get((model, dataset, error_type))
-                if r:
+                point = _point(by.get((model, dataset, error_type)))
+                if point is not None:
                     xs.append(m_i + (d_i - (len(datasets) - 1) / 2) * width)
-                    ys.append(r["estimate"])
-                    lo.append(r["estimate"] - r["ci_low"])
-                    hi.append(r["ci_high"] - r["estimate"])
-            ax.bar(xs, ys, width=width, yerr=[lo, hi], capsize=2, color=COLOURS[d_i % len(COLOURS)], label=dataset)
+                    ys.append(point[0])
+                    lo.append(point[1])
+                    hi.append(point[2])
+            ax.bar(xs, ys, width=width, yerr=[lo, hi] if xs else None, capsize=2, color=COLOURS[d_i % len(COLOURS)], label=dataset)
         ax.set_title(NAMES[error_type], fontsize=9)
         ax.set_xticks(range(len(models)))
         ax.set_xticklabels(models, fontsize=7, rotation=30, ha="right")
         ax.set_ylim(0, 1)
         ax.grid(axis="y", alpha=0.3)
     axes[0].set_ylabel("share of images with the error (95% CI)")
-    axes[0].legend(title="dataset", fontsize=7)
+    if datasets:
+        axes[0].legend(title="dataset", fontsize=7)
     fig.suptitle("Error rates by model and dataset" + (" (DEMO DATA: not a finding)" if study.demo else ""), fontsize=10)
     fig.tight_layout()
     save_figure(fig, path)
 
 
 def impact_figure(stats: list[dict], metric: str, demo: bool, path: Path) -> None:
-    """Figure 8's shape: mean similarity of the pairs with each error type; dashed: pairs with none."""
-    groups = [f"error:{t}" for t in ERROR_TYPES if any(r["subject"] == f"error:{t}" for r in stats)]
+    """Figure 8's shape: mean similarity of the pairs with each error type; dashed: pairs with none.
+    A group with no estimate is left out; a group without an interval is drawn without a bar."""
     by = {r["subject"]: r for r in stats}
+    groups = [f"error:{t}" for t in ERROR_TYPES if _point(by.get(f"error:{t}")) is not None]
+    points = [_point(by[g]) for g in groups]
     fig, ax = plt.subplots(figsize=(6, 3.6), dpi=110)
-    ys = [by[g]["estimate"] for g in groups]
-    err = [[by[g]["estimate"] - by[g]["ci_low"] for g in groups], [by[g]["ci_high"] - by[g]["estimate"] for g in groups]]
-    ax.bar(range(len(groups)), ys, yerr=err, capsize=3, color="#7f7f7f")
-    if NO_ERROR in by:
-        none = by[NO_ERROR]
-        ax.axhline(none["estimate"], ls="--", color="k", lw=1, label=f"no error ({none['estimate']:.2f}, {none['n_images']} images)")
+    ax.bar(range(len(groups)), [p[0] for p in points], yerr=[[p[1] for p in points], [p[2] for p in points]] if points else None,
+           capsize=3, color="#7f7f7f")
+    none = _point(by.get(NO_ERROR))
+    if none is not None:
+        ax.axhline(none[0], ls="--", color="k", lw=1, label=f"no error ({none[0]:.2f}, {by[NO_ERROR]['n_images']} images)")
         ax.legend(fontsize=8)
     ax.set_xticks(range(len(groups)))
     # With few images a group's CI and p mean little: the counts are on the axis.

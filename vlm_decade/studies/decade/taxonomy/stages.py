@@ -156,7 +156,8 @@ def compute_errors(study: StudyConfig, tables, hand: pa.Table | None) -> dict[st
     relevant, mentioned = objects(references, pairs)
     probed = probed_models(study)
     matcher = matcher_for(study)
-    verdicts, present, _ = existence_inputs(study, tables, pairs, relevant, mentioned, matcher)
+    verdicts, present, located = existence_inputs(study, tables, pairs, relevant, mentioned, matcher)
+    locator = study.taxonomy.locator
     probed_pairs = [p for p in pairs if p[0] in probed]
     answered = probe_transcripts(study, tables("probes"), probed_pairs, relevant, mentioned, verdicts, matcher) if probed else {}
     rows = analysis.object_labels(
@@ -170,6 +171,9 @@ def compute_errors(study: StudyConfig, tables, hand: pa.Table | None) -> dict[st
         study.taxonomy.confusable_threshold,
         verdicts,
         present,
+        located,
+        locator.min_score if locator else 0.0,
+        locator.iou if locator else 0.5,
     )
     vectors = encoder_vectors(tables("embeddings"), study.taxonomy_metric)
     masked_models = {m.name for m in study.models if m.variants == "all"}
@@ -213,15 +217,17 @@ def compute_probes(study: StudyConfig, run: StudyRun) -> pa.Table:
 
 
 def locator_queries(study: StudyConfig, tables) -> dict[str, list[str]]:
-    """Per image, the names the locator looks for: the gold objects, and, when it is the verifier,
-    the mentions outside the gold that no human named."""
+    """Per image, the names the locator looks for: the objects known to be there (the gold's and
+    those any human named, so a local model's boxes can be read at their places), and, when it is the
+    verifier, the mentions outside the gold that no human named."""
+    humans = human_objects(tables("references"))
     relevant, _ = objects(tables("references"), [])
-    queries = {i: [m.name for m in objs] for i, objs in relevant.items()}
+    queries = {i: [m.name for m in relevant.get(i, [])] + [n for names in described for n in names] for i, described in humans.items()}
     verifier = study.taxonomy.verifier
     if verifier is not None and verifier.kind == "locator":
         pairs = model_texts(study, tables("images"), tables("responses"))
         relevant, mentioned = objects(tables("references"), pairs)
-        evidence = evidence_for(study, human_objects(tables("references")), None, None)
+        evidence = evidence_for(study, humans, None, None)
         for image_id, names in unconfirmed_mentions(pairs, relevant, mentioned, evidence, matcher_for(study)).items():
             queries.setdefault(image_id, []).extend(names)
     return {i: list(dict.fromkeys(names)) for i, names in queries.items()}
