@@ -195,3 +195,29 @@ def test_bad_arguments_are_refused(kw, match):
     args = {"eras": ERAS, "n_resamples": 10, "seed": 0, **kw}
     with pytest.raises(StatsInputError, match=match):
         analyse(study(n=5), **args)
+
+
+def test_a_comparison_on_too_few_images_keeps_its_difference_but_gets_no_test():
+    # "big" and "other" have 6 images, "tiny" only 1: with min_images=5 the tiny comparison keeps its
+    # difference and interval, gets no p, q or decision, and leaves the BH family: the other q is its p.
+    values = {"big": [0.9, 0.8, 0.85, 0.95, 0.7, 0.75], "other": [0.5, 0.4, 0.45, 0.6, 0.3, 0.35], "tiny": [0.2]}
+    rows = [(s, f"i{k}", "all", "full", "m", v) for s, vs in values.items() for k, v in enumerate(vs)]
+    scores = pa.table(list(map(list, zip(*rows))), names=["subject", "image_id", "dataset", "variant", "metric", "value"])
+    family = Family("f", [ComparisonSpec(Term.subject("big", "all"), Term.subject(s, "all")) for s in ("other", "tiny")])
+    _, strict = analyse(scores, {}, 500, 1, families=[family], min_images=5)
+    _, loose = analyse(scores, {}, 500, 1, families=[family])
+    small, fine = {r["b"]: r for r in rows_of(strict)}["tiny"], {r["b"]: r for r in rows_of(strict)}["other"]
+    assert (small["p"], small["q"], small["significant"]) == (None, None, None)
+    assert small["difference"] == pytest.approx(np.mean(values["big"]) - 0.2) and small["ci_low"] is not None
+    assert (small["n_a"], small["n_b"], fine["n_a"], fine["n_b"]) == (6, 1, 6, 6)
+    assert fine["q"] == fine["p"] and fine["significant"] is True
+    by_b = {r["b"]: r for r in rows_of(loose)}
+    assert by_b["tiny"]["p"] is not None  # without the minimum, both are tested and corrected together
+    expected = stats.false_discovery_control([by_b["other"]["p"], by_b["tiny"]["p"]], method="bh")
+    assert [by_b["other"]["q"], by_b["tiny"]["q"]] == pytest.approx(list(expected))
+    with pytest.raises(StatsInputError, match="min_images"):
+        analyse(scores, {}, 500, 1, families=[family], min_images=0)
+
+
+def rows_of(table):
+    return table.to_pylist()

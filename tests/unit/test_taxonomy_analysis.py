@@ -340,6 +340,17 @@ def test_undecided_pair_is_not_counted_as_error_free():
     assert (NO_ERROR, "i3") not in got
 
 
+def test_an_undecided_sde_is_not_no_error():
+    # (b, i3): its four object labels are decided and absent, but its spatial dependence is undecided.
+    errors = {**IMPACT_ERRORS, ("b", "i3"): flags(undecided=("spatial_dependence",))}
+    impact = impact_scores(errors_of(errors), similarity_scores(IMPACT_SIMILARITY), METRIC)
+    assert (NO_ERROR, "i3") not in {(r["subject"], r["image_id"]) for r in impact.to_pylist()}
+    # a model without masked variants has no SDE label at all: its four object labels decide
+    no_sde = {key: {t: v for t, v in flags().items() if t != "spatial_dependence"} for key in [("b", "i3")]}
+    impact = impact_scores(errors_of({**IMPACT_ERRORS, **no_sde}), similarity_scores(IMPACT_SIMILARITY), METRIC)
+    assert (NO_ERROR, "i3") in {(r["subject"], r["image_id"]) for r in impact.to_pylist()}
+
+
 def test_impact_family_compares_each_error_group_with_no_error():
     impact = impact_scores(errors_of(IMPACT_ERRORS), similarity_scores(IMPACT_SIMILARITY), METRIC)
     family = impact_family(impact)

@@ -99,6 +99,7 @@ def bootstrap_study(
     keep_distributions: bool = False,
     use_ray: bool | None = None,
     n_tasks: int | None = None,
+    min_images: int = 1,
 ) -> StudyResult:
     """`analyse` with every option, returning a `StudyResult` (tables, optional distributions).
 
@@ -106,9 +107,13 @@ def bootstrap_study(
     mode: "multinomial" (ordinary bootstrap), "poisson" (Poisson bootstrap over image shards,
     for studies too large for the index matrix) or "auto" (Poisson above POISSON_AUTO_IMAGES).
     use_ray: None = use Ray tasks when Ray is initialised. n_tasks: blocks per dataset (results
-    do not depend on it).
+    do not depend on it). min_images: a comparison whose term (either side) rests on fewer images
+    gets its difference and interval but no p, q or decision, and is left out of the family's BH
+    correction (`n_a`, `n_b` say how many each side had).
     """
     _validate.validate_params(n_resamples, seed, confidence, alpha, method, mode)
+    if not isinstance(min_images, int) or isinstance(min_images, bool) or min_images < 1:
+        raise _validate.StatsInputError(f"min_images must be a whole number >= 1, got {min_images!r}")
     scores = _validate.validate_scores(scores)
     mats = pivot(scores)
     subjects = {s for m in mats.values() for s, _, _ in m.series}
@@ -144,13 +149,14 @@ def bootstrap_study(
                 distributions[(subject, d, metric, variant)] = dists[d][k]
 
     def term(t, metric, variant):
-        """Mean over the term's subjects that have this (dataset, metric, variant); None if none."""
+        """Mean over the term's subjects that have this (dataset, metric, variant), and the number of
+        images any of them has; None if none."""
         ks = [index[(s, t.dataset, metric, variant)][1] for s in t.subjects if (s, t.dataset, metric, variant) in index]
         if not ks:
             return None
         d = t.dataset
         jk = jack[d][ks].mean(axis=0) if method == "bca" else None
-        return dists[d][ks].mean(axis=0), float(theta[d][ks].mean()), jk
+        return dists[d][ks].mean(axis=0), float(theta[d][ks].mean()), jk, int((mats[d].mask[ks] > 0).any(axis=0).sum())
 
     keys = sorted({(metric, variant) for (_, _, metric, variant) in index})
     comp_rows, comp_dists = [], {}
@@ -166,11 +172,12 @@ def bootstrap_study(
                 thetas.append(ta[1] - tb[1])
                 if method == "bca":  # multi-sample jackknife when the datasets differ
                     jks.append([ta[2] - tb[2]] if paired else [ta[2] - tb[1], ta[1] - tb[2]])
-                rows.append((spec, ta[1], tb[1], paired))
+                rows.append((spec, ta[1], tb[1], paired, ta[3], tb[3]))
             if not rows:
                 continue
             dd = np.vstack(diffs)
             p = _core.bootstrap_p(dd)
+            p[[min(r[4], r[5]) < min_images for r in rows]] = np.nan  # too few images: no test
             q = _core.bh_qvalues(p)
             if method == "bca":
                 lo = np.empty(len(rows))
@@ -179,12 +186,13 @@ def bootstrap_study(
                     lo[i : i + 1], hi[i : i + 1] = _core.bca_ci(dd[i : i + 1], np.array([thetas[i]]), [j[None] for j in jk], confidence)
             else:
                 lo, hi = _core.percentile_ci(dd, confidence)
-            for i, (spec, ea, eb, paired) in enumerate(rows):
+            for i, (spec, ea, eb, paired, na, nb) in enumerate(rows):
                 a, b = spec.a, spec.b
                 ds = a.dataset if paired else f"{a.dataset} vs {b.dataset}"
                 comp_rows.append(
                     (fam.name, a.label, b.label, ds, metric, variant, thetas[i], lo[i], hi[i], p[i], q[i],
-                     bool(q[i] <= alpha), n_resamples, a.dataset, b.dataset, ea, eb, paired, seed)
+                     None if np.isnan(q[i]) else bool(q[i] <= alpha), n_resamples, a.dataset, b.dataset, ea, eb, paired, seed,
+                     na, nb)
                 )
                 if keep_distributions:
                     comp_dists[(fam.name, a.label, b.label, a.dataset, b.dataset, metric, variant)] = dd[i]

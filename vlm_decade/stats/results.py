@@ -57,6 +57,9 @@ COMPARISONS_SCHEMA = pa.schema(
         ("estimate_b", pa.float64()),
         ("paired", pa.bool_()),
         ("seed", pa.int64()),
+        # Images behind each term; below the analysis' `min_images` a comparison has no p, q or decision.
+        ("n_a", pa.int64()),
+        ("n_b", pa.int64()),
     ]
 )
 

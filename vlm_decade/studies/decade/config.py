@@ -126,6 +126,7 @@ class TaxonomyConfig(Settings):
     min_humans: int = Field(1, ge=1, description="A mentioned object the gold does not name is there when at least this many human descriptions (any worker) name it.")
     verifier: VerifierConfig | None = Field(None, description="Checks that a mentioned object the gold does not name is there (besides all human descriptions); none: the humans only.")
     sde_n_sd: float = Field(2.0, gt=0.0, description="SDE: the model's correlation this many SDs below the humans' mean.")
+    min_images: int = Field(5, ge=1, description="Error rates and impact: a group on fewer images is shown, flagged, and not tested (no p, q).")
     similarity: str | None = Field(None, description="The encoder whose scores the SDE and error impact use; none: the first encoder.")
 
     @model_validator(mode="after")

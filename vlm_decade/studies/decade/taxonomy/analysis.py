@@ -154,17 +154,20 @@ def impact_scores(errors: pa.Table, scores: pa.Table, metric: str) -> pa.Table:
     """Per image, the mean similarity (`metric`) of the model-image pairs that have each error type,
     and of those with none (figure 8). Subjects `error:<type>` and `no error`, all datasets pooled.
 
-    A pair counts as error-free only when its four object error types were all decided (an
-    undecided SDE is left aside: most models describe no masked variants); a pair with an
-    undecided label and no error present is in no group."""
+    A pair has no error only when every label it has is decided and absent, its four object error
+    types at least (a model without masked variants has no SDE label): an undecided label is not "no
+    error". A pair with an undecided label and no error present is in no group."""
     present: dict[tuple[str, str], set[str]] = defaultdict(set)
     decided: dict[tuple[str, str], set[str]] = defaultdict(set)
+    undecided: set[tuple[str, str]] = set()
     for r in errors.to_pylist():
-        if r["present"] is not None:
-            key = (r["subject"], r["image_id"])
-            decided[key].add(r["error_type"])
-            if r["present"]:
-                present[key].add(r["error_type"])
+        key = (r["subject"], r["image_id"])
+        if r["present"] is None:
+            undecided.add(key)
+            continue
+        decided[key].add(r["error_type"])
+        if r["present"]:
+            present[key].add(r["error_type"])
     groups: dict[tuple[str, str], list[float]] = defaultdict(list)
     for r in scores.to_pylist():
         key = (r["subject"], r["image_id"])
@@ -172,7 +175,7 @@ def impact_scores(errors: pa.Table, scores: pa.Table, metric: str) -> pa.Table:
             continue
         if present[key]:
             names = [f"error:{t}" for t in sorted(present[key])]
-        elif decided[key] >= set(rules.ERROR_TYPES):
+        elif key not in undecided and decided[key] >= set(rules.ERROR_TYPES):
             names = [NO_ERROR]
         else:
             continue

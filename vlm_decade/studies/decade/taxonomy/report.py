@@ -180,6 +180,28 @@ def examples_table(tables: dict[str, pa.Table], per_type: int = 3) -> str:
     )
 
 
+def _number(v, r) -> str:
+    return "" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3f}"
+
+
+def stat_formats(n_resamples: int, min_images: int) -> dict:
+    """Cells of the stats and comparisons tables: nulls blank, p and q as `format_p`, a comparison with
+    too few images said so, a group on too few images flagged."""
+
+    def p_cell(v, r):
+        if v is not None and not math.isnan(v):
+            return format_p(v, n_resamples)
+        small = r.get("n_a") is not None and r.get("n_b") is not None and min(r["n_a"], r["n_b"]) < min_images
+        return f"not tested (< {min_images} images)" if small else "n/a"
+
+    return {
+        "p": p_cell, "q": p_cell,
+        "significant": lambda v, r: "" if v is None else ("yes" if v else "no"),
+        "n_images": lambda v, r: "" if v is None else (f"{v} (too few: not tested)" if v < min_images else str(v)),
+        **{c: _number for c in ("estimate", "ci_low", "ci_high", "difference")},
+    }
+
+
 def taxonomy_section(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Table]) -> str:
     figures = run.root / "figures"
     n = study.statistics.n_resamples
@@ -190,26 +212,27 @@ def taxonomy_section(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Ta
         impact_figure(impact, study.taxonomy_metric, study.demo, figures / "impact.png")
     heatmaps = heatmap_files(run, study, tables["images"], tables["spatial"])
     _evidence_page(run, study, tables["errors"])
-    fmt = {"p": lambda v, r: format_p(v, n), "q": lambda v, r: format_p(v, n)}
+    fmt = stat_formats(n, study.taxonomy.min_images)
     parts = [
         "<h2>Errors</h2><p class='note'>Local and imported models are labelled from the taxonomy detector's boxes, API models "
         "from their answers to probe questions; spatial dependence from the masked descriptions (docs/taxonomy.md, "
         "docs/spatial-dependence.md). Every label and its evidence: <a href='errors.html'>errors.html</a>.</p>",
         "<img src='figures/error_rates.png' alt='error rates by model and dataset'>",
         html_table(tables["error_stats"].sort_by([("metric", "ascending"), ("subject", "ascending"), ("dataset", "ascending")]),
-                   ["subject", "dataset", "metric", "estimate", "ci_low", "ci_high", "n_images"]),
+                   ["subject", "dataset", "metric", "estimate", "ci_low", "ci_high", "n_images"], fmt),
     ]
     parts.append(examples_table(tables))
     if tables["error_comparisons"].num_rows:
         parts.append("<h3>Error-rate comparisons</h3>")
-        parts.append(html_table(tables["error_comparisons"], ["family", "a", "b", "dataset", "metric", "difference", "p", "q", "significant"], fmt))
+        parts.append(html_table(tables["error_comparisons"], ["family", "a", "b", "dataset", "metric", "difference", "n_a", "n_b", "p", "q",
+                                                              "significant"], fmt))
     if impact:
         parts.append(f"<h2>Error impact</h2><p class='note'>Mean {html.escape(study.taxonomy_metric)} of the model-image pairs "
                      "that have each error type, against the pairs with none (all datasets pooled; figure 8).</p>")
         parts.append("<img src='figures/impact.png' alt='similarity by error type'>")
-        parts.append(html_table(tables["impact_stats"], ["subject", "estimate", "ci_low", "ci_high", "n_images"]))
+        parts.append(html_table(tables["impact_stats"], ["subject", "estimate", "ci_low", "ci_high", "n_images"], fmt))
         if tables["impact_comparisons"].num_rows:
-            parts.append(html_table(tables["impact_comparisons"], ["a", "b", "metric", "difference", "ci_low", "ci_high", "p", "q"], fmt))
+            parts.append(html_table(tables["impact_comparisons"], ["a", "b", "metric", "difference", "ci_low", "ci_high", "n_a", "n_b", "p", "q"], fmt))
     if heatmaps:
         parts.append("<h2>Which regions matter</h2><p class='note'>Importance of each masked region (1 - similarity of the masked "
                      "description to the unmasked one) for humans and each model (figure 7a).</p>")

@@ -26,6 +26,8 @@ from vlm_decade.studies.decade.taxonomy.spatial import spatial_dependence, spati
 
 # Part of the taxonomy stages' settings: bump it when the labelling rules change, so existing runs label again.
 LABELS_FORMAT = 2
+# Likewise for the error statistics (what is compared, how pairs are weighted).
+STATS_FORMAT = 2
 
 
 def matcher_for(study: StudyConfig) -> ObjectMatcher:
@@ -235,7 +237,7 @@ def locator_queries(study: StudyConfig, tables) -> dict[str, list[str]]:
 
 def compute_error_stats(study: StudyConfig, errors: pa.Table, scores: pa.Table) -> dict[str, pa.Table]:
     """Error rates (per model and dataset, with the era and dataset comparisons) and error impact."""
-    settings = study.statistics.model_dump()
+    settings = {**study.statistics.model_dump(), "min_images": study.taxonomy.min_images}
     model_eras = {m.name: m.era for m in study.models}
     error_stats, error_comparisons = analyse(analysis.error_scores(errors), model_eras, **settings)
     impact = analysis.impact_scores(errors, scores, study.taxonomy_metric)
@@ -282,7 +284,8 @@ def stages(study: StudyConfig, hand: pa.Table | None) -> list[Stage]:
     out.append(Stage("errors", error_inputs, [matching, checking, cfg.sde_n_sd, study.taxonomy_metric, hand_fp],
                      lambda run: compute_errors(study, _with_optional(run, error_inputs), hand),
                      outputs=("errors", "spatial", "hand_agreement")))
-    out.append(Stage("error_stats", ("errors", "scores"), [study.statistics.model_dump(), study.eras, study.taxonomy_metric], error_stats,
+    out.append(Stage("error_stats", ("errors", "scores"), [study.statistics.model_dump(), study.eras, study.taxonomy_metric,
+                                                           cfg.min_images, STATS_FORMAT], error_stats,
                      outputs=("error_stats", "error_comparisons", "impact_stats", "impact_comparisons")))
     return out
 
