@@ -221,3 +221,14 @@ def test_a_comparison_on_too_few_images_keeps_its_difference_but_gets_no_test():
 
 def rows_of(table):
     return table.to_pylist()
+
+
+def test_a_weight_column_weighs_each_image_by_its_units_and_must_be_positive():
+    # i1 holds two units averaging 0.3, i2 one unit of 0.9: the estimate is (2 * 0.3 + 0.9) / 3 = 0.5.
+    scores = pa.table({"subject": ["s", "s"], "image_id": ["i1", "i2"], "dataset": ["d", "d"], "variant": ["full", "full"],
+                       "metric": ["m", "m"], "value": [0.3, 0.9], "weight": [2.0, 1.0]})
+    (row,) = analyse(scores, {}, 200, 0, families=[])[0].to_pylist()
+    assert row["estimate"] == pytest.approx(0.5) and row["n_images"] == 2
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(StatsInputError, match="weight"):
+            analyse(scores.set_column(6, "weight", pa.array([2.0, bad])), {}, 200, 0, families=[])

@@ -318,19 +318,40 @@ IMPACT_ERRORS = {
 IMPACT_SIMILARITY = {("a", "i1"): 0.2, ("b", "i1"): 0.6, ("a", "i2"): 0.8, ("b", "i2"): 0.3, ("a", "i3"): 0.4, ("b", "i3"): 0.9}
 
 
-def test_impact_is_the_mean_similarity_per_image_and_group():
+def test_impact_is_the_mean_similarity_per_image_and_group_with_its_pairs_as_weight():
     impact = impact_scores(errors_of(IMPACT_ERRORS), similarity_scores(IMPACT_SIMILARITY), METRIC)
-    got = {(r["subject"], r["image_id"]): r["value"] for r in impact.to_pylist()}
+    got = {(r["subject"], r["image_id"]): (r["value"], r["weight"]) for r in impact.to_pylist()}
     # (a, i1) has two error types: it counts in both groups, and never as "no error".
-    assert got == pytest.approx({
-        ("error:detection", "i1"): (0.2 + 0.6) / 2,
-        ("error:hallucination", "i1"): 0.2,
-        ("error:recognition", "i3"): 0.4,
-        (NO_ERROR, "i2"): (0.8 + 0.3) / 2,
-        (NO_ERROR, "i3"): 0.9,
-    })
+    assert got == {
+        ("error:detection", "i1"): (pytest.approx((0.2 + 0.6) / 2), 2.0),
+        ("error:hallucination", "i1"): (pytest.approx(0.2), 1.0),
+        ("error:recognition", "i3"): (pytest.approx(0.4), 1.0),
+        (NO_ERROR, "i2"): (pytest.approx((0.8 + 0.3) / 2), 2.0),
+        (NO_ERROR, "i3"): (pytest.approx(0.9), 1.0),
+    }
     assert set(impact.column("dataset").to_pylist()) == {"all"}
     assert set(impact.column("metric").to_pylist()) == {METRIC}
+    assert analysis.impact_pairs(impact) == {"error:detection": 2, "error:hallucination": 1, "error:recognition": 1, NO_ERROR: 3}
+
+
+def test_impact_is_a_mean_over_model_image_pairs_resampled_by_image():
+    # The paper's figure 8 averages model-image pairs: "no error" holds (a, i2) 0.8, (b, i2) 0.3 and
+    # (b, i3) 0.9, so its estimate is 2.0 / 3, not the mean of the image means ((0.55 + 0.9) / 2).
+    from vlm_decade.stats import _core, _streams, bootstrap_study
+
+    impact = impact_scores(errors_of(IMPACT_ERRORS), similarity_scores(IMPACT_SIMILARITY), METRIC)
+    result = bootstrap_study(impact, {}, 1000, 7, families=[impact_family(impact)], keep_distributions=True, use_ray=False)
+    stats = {r["subject"]: r for r in result.stats.to_pylist()}
+    assert stats[NO_ERROR]["estimate"] == pytest.approx(2.0 / 3) and stats[NO_ERROR]["n_images"] == 2
+    assert stats["error:detection"]["estimate"] == pytest.approx(0.4)
+    # By hand, from the engine's own resample counts over the three images (i1, i2, i3): per resample
+    # the sum of the pairs' values over the sum of their numbers, each image drawn with all its pairs.
+    counts = np.vstack([_core.multinomial_counts(np.random.default_rng(ss), b, 3) for ss, b in
+                        zip(_streams.chunk_streams(7, "all", _streams.KIND_MULTINOMIAL, 2), _streams.chunk_sizes(1000))])
+    sums, pairs = np.array([0.0, 1.1, 0.9]), np.array([0.0, 2.0, 1.0])
+    with np.errstate(invalid="ignore"):
+        by_hand = counts @ sums / (counts @ pairs)
+    assert result.distributions[(NO_ERROR, "all", METRIC, "full")] == pytest.approx(by_hand, nan_ok=True)
 
 
 def test_undecided_pair_is_not_counted_as_error_free():
@@ -351,13 +372,21 @@ def test_an_undecided_sde_is_not_no_error():
     assert (NO_ERROR, "i3") in {(r["subject"], r["image_id"]) for r in impact.to_pylist()}
 
 
-def test_impact_family_compares_each_error_group_with_no_error():
+def test_impact_family_compares_each_error_group_with_no_error_and_the_types_with_each_other():
     impact = impact_scores(errors_of(IMPACT_ERRORS), similarity_scores(IMPACT_SIMILARITY), METRIC)
     family = impact_family(impact)
     base = Term.subject(NO_ERROR, "all")
     assert family.name == "impact"
     assert family.specs == tuple(
-        ComparisonSpec(Term.subject(f"error:{t}", "all"), base) for t in ("detection", "hallucination", "recognition"))
+        ComparisonSpec(Term.subject(f"error:{t}", "all"), base) for t in ("detection", "recognition", "hallucination"))
+    # every group present: the paper's scene understanding and SDE comparisons join them
+    every = {(s, i): flags(t) for s, i, t in zip("abcde", ("i1", "i2", "i3", "i1", "i2"), ERROR_TYPES)} | {("f", "i3"): flags()}
+    scores = similarity_scores({key: 0.5 for key in every})
+    specs = [(s.a.label, s.b.label) for s in impact_family(impact_scores(errors_of(every), scores, METRIC)).specs]
+    group = {t: f"error:{t}" for t in ERROR_TYPES}
+    assert specs == [(group[t], NO_ERROR) for t in ERROR_TYPES] + [
+        (group["scene_understanding"], group[t]) for t in ("detection", "recognition", "hallucination")] + [
+        (group["spatial_dependence"], group[t]) for t in ("detection", "recognition", "scene_understanding", "hallucination")]
 
 
 def test_impact_family_is_empty_without_error_free_pairs():

@@ -16,8 +16,8 @@ from vlm_decade.studies.decade.taxonomy.probes import (
     answer_names,
     first_round,
     parse_yes_no,
-    probe_findings,
     presence_questions,
+    probe_findings,
     reference,
     second_round,
 )

@@ -65,9 +65,10 @@ def weighted_sums(weights: np.ndarray, values: np.ndarray, mask: np.ndarray) -> 
     """Partial sums of a resample block: (sum_i w_bi x_si m_si, sum_i w_bi m_si), each (B, S).
 
     `values` (S, n) must hold 0 where `mask` (S, n) is 0, so missing scores drop out of both the
-    numerator and the denominator. Sums over disjoint image shards add up exactly.
+    numerator and the denominator; a mask entry above 1 weighs an image by the units it holds.
+    Sums over disjoint image shards add up exactly.
     """
-    if mask.all():  # no missing scores: every total is the resample's weight sum (half the work)
+    if (mask == 1.0).all():  # no missing scores, no unit weights: every total is the resample's weight sum
         return weights @ values.T, np.repeat(weights.sum(axis=1)[:, None], mask.shape[0], axis=1)
     return weights @ values.T, weights @ mask.T
 

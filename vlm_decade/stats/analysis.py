@@ -3,6 +3,10 @@
 The long scores table is pivoted, per dataset, into a (series x images) value matrix and a mask
 (series = subject x metric x variant). Every series of a dataset shares the dataset's resamples,
 so comparisons on one dataset are paired, and different datasets draw independent resamples.
+
+An optional `weight` column says how many units a row's value is the mean of (the model-image pairs
+of an error group on one image): the mask then holds the weight and the values the weighted sums, so
+an estimate is the mean over units while the bootstrap still resamples images, whole (clusters).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ def pivot(scores: pa.Table) -> dict[str, DatasetMatrix]:
     for c in _validate.SCORE_COLUMNS:
         codes[c], words[c] = _sorted_codes(scores.column(c))
     value = scores.column("value").to_numpy()
+    weight = scores.column("weight").to_numpy() if "weight" in scores.column_names else np.ones(len(value))
     n_m, n_v = len(words["metric"]), len(words["variant"])
     series_key = (codes["subject"] * n_m + codes["metric"]) * n_v + codes["variant"]
     by_ds = np.argsort(codes["dataset"], kind="stable")
@@ -65,11 +70,12 @@ def pivot(scores: pa.Table) -> dict[str, DatasetMatrix]:
                 f"(dataset {name!r}, image {words['image_id'][codes['image_id'][dup]]!r})"
             )
         v = value[rows]
+        w = weight[rows]
         ok = ~np.isnan(v)  # NaN/null = no score (failed response): that image is masked out
         values = np.zeros((s, n))
         mask = np.zeros((s, n))
-        values[ser_i[ok], img_i[ok]] = v[ok]
-        mask[ser_i[ok], img_i[ok]] = 1.0
+        values[ser_i[ok], img_i[ok]] = v[ok] * w[ok]
+        mask[ser_i[ok], img_i[ok]] = w[ok]
         sub, rem = np.divmod(ser_u, n_m * n_v)
         met, var = np.divmod(rem, n_v)
         series = tuple(
@@ -141,7 +147,7 @@ def bootstrap_study(
         theta[d] = _core.masked_means(m.values, m.mask)
         jack[d] = _core.jackknife_means(m.values, m.mask) if method == "bca" else None
         lo, hi = _interval(dists[d], theta[d], [jack[d]] if method == "bca" else [], confidence, method)
-        n_img = m.mask.sum(axis=1).astype(np.int64)
+        n_img = (m.mask > 0).sum(axis=1).astype(np.int64)
         for k, (subject, metric, variant) in enumerate(m.series):
             index[(subject, d, metric, variant)] = (d, k)
             stats_rows.append((subject, d, metric, variant, theta[d][k], lo[k], hi[k], n_img[k], n_resamples, seed, label))

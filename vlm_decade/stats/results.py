@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-# One value per subject, image, variant and metric: what the engine resamples.
+# One value per subject, image, variant and metric: what the engine resamples. A scores table may add
+# a `weight` column (float64 > 0): the number of units (e.g. model-image pairs) the value is the mean
+# of, so estimates are means over units while resamples draw whole images.
 SCORES_SCHEMA = pa.schema(
     [
         ("subject", pa.string()),

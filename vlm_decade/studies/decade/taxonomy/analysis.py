@@ -33,6 +33,7 @@ ERRORS_SCHEMA = pa.schema(
         ("evidence", pa.string()),
     ]
 )
+IMPACT_SCHEMA = SCORES_SCHEMA.append(pa.field("weight", pa.float64()))  # weight: pairs behind the value
 AGREEMENT_SCHEMA = pa.schema(
     [("error_type", pa.string()), ("kappa", pa.float64()), ("observed_agreement", pa.float64()), ("n", pa.int64())]
 )
@@ -151,8 +152,11 @@ def error_scores(errors: pa.Table) -> pa.Table:
 
 
 def impact_scores(errors: pa.Table, scores: pa.Table, metric: str) -> pa.Table:
-    """Per image, the mean similarity (`metric`) of the model-image pairs that have each error type,
-    and of those with none (figure 8). Subjects `error:<type>` and `no error`, all datasets pooled.
+    """The similarity (`metric`) of the model-image pairs that have each error type, and of those with
+    none (figure 8), as the statistics engine takes it: per group and image, the mean over the image's
+    pairs in the group with their number as `weight`, so each group's estimate is the mean over its
+    model-image pairs (the paper's) while the bootstrap resamples images, each with all its pairs.
+    Subjects `error:<type>` and `no error`, all datasets pooled.
 
     A pair has no error only when every label it has is decided and absent, its four object error
     types at least (a model without masked variants has no SDE label): an undecided label is not "no
@@ -182,14 +186,34 @@ def impact_scores(errors: pa.Table, scores: pa.Table, metric: str) -> pa.Table:
         for name in names:
             groups[(name, r["image_id"])].append(r["value"])
     rows = [
-        {"subject": name, "image_id": image_id, "dataset": ALL_IMAGES, "variant": "full", "metric": metric, "value": float(np.mean(v))}
+        {"subject": name, "image_id": image_id, "dataset": ALL_IMAGES, "variant": "full", "metric": metric,
+         "value": float(np.mean(v)), "weight": float(len(v))}
         for (name, image_id), v in sorted(groups.items())
     ]
-    return pa.Table.from_pylist(rows, schema=SCORES_SCHEMA)
+    return pa.Table.from_pylist(rows, schema=IMPACT_SCHEMA)
 
 
 def impact_family(impact: pa.Table) -> Family:
-    """Each error group against the pairs with no error."""
+    """The paper's comparisons of error impact (figure 8, section 3.2.6), corrected together: each
+    error group against the pairs with no error; scene understanding against detection, recognition
+    and hallucination; spatial dependence against each of the other four."""
     subjects = set(impact.column("subject").to_pylist())
-    names = sorted(subjects - {NO_ERROR}) if NO_ERROR in subjects else []
-    return Family("impact", [ComparisonSpec(Term.subject(n, ALL_IMAGES), Term.subject(NO_ERROR, ALL_IMAGES)) for n in names])
+    group = {t: f"error:{t}" for t in ERROR_TYPES}
+
+    def spec(a: str, b: str) -> ComparisonSpec:
+        return ComparisonSpec(Term.subject(a, ALL_IMAGES), Term.subject(b, ALL_IMAGES))
+
+    specs = [spec(group[t], NO_ERROR) for t in ERROR_TYPES if NO_ERROR in subjects and group[t] in subjects]
+    scene, sde = group["scene_understanding"], group[SDE]
+    specs += [spec(scene, group[t]) for t in ("detection", "recognition", "hallucination")
+              if scene in subjects and group[t] in subjects]
+    specs += [spec(sde, group[t]) for t in rules.ERROR_TYPES if sde in subjects and group[t] in subjects]
+    return Family("impact", specs)
+
+
+def impact_pairs(impact: pa.Table) -> dict[str, int]:
+    """The number of model-image pairs behind each impact group (its estimate's units)."""
+    counts: dict[str, int] = defaultdict(int)
+    for subject, weight in zip(impact.column("subject").to_pylist(), impact.column("weight").to_pylist()):
+        counts[subject] += int(weight)
+    return dict(counts)

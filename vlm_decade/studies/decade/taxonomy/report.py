@@ -77,8 +77,14 @@ def error_rate_figure(stats: list[dict], study: StudyConfig, path: Path) -> None
     save_figure(fig, path)
 
 
+def _units(r: dict) -> str:
+    pairs = r.get("n_pairs")
+    return f"{pairs} pairs, {r['n_images']} images" if pairs is not None else f"{r['n_images']} images"
+
+
 def impact_figure(stats: list[dict], metric: str, demo: bool, path: Path) -> None:
-    """Figure 8's shape: mean similarity of the pairs with each error type; dashed: pairs with none.
+    """Figure 8's shape: mean similarity of the model-image pairs with each error type; dashed: pairs
+    with none.
     A group with no estimate is left out; a group without an interval is drawn without a bar."""
     by = {r["subject"]: r for r in stats}
     groups = [f"error:{t}" for t in ERROR_TYPES if _point(by.get(f"error:{t}")) is not None]
@@ -88,11 +94,11 @@ def impact_figure(stats: list[dict], metric: str, demo: bool, path: Path) -> Non
            capsize=3, color="#7f7f7f")
     none = _point(by.get(NO_ERROR))
     if none is not None:
-        ax.axhline(none[0], ls="--", color="k", lw=1, label=f"no error ({none[0]:.2f}, {by[NO_ERROR]['n_images']} images)")
+        ax.axhline(none[0], ls="--", color="k", lw=1, label=f"no error ({none[0]:.2f}, {_units(by[NO_ERROR])})")
         ax.legend(fontsize=8)
     ax.set_xticks(range(len(groups)))
     # With few images a group's CI and p mean little: the counts are on the axis.
-    ax.set_xticklabels([f"{NAMES[g.split(':', 1)[1]]}\n({by[g]['n_images']} images)" for g in groups], fontsize=8, rotation=20, ha="right")
+    ax.set_xticklabels([f"{NAMES[g.split(':', 1)[1]]}\n({_units(by[g])})" for g in groups], fontsize=8, rotation=20, ha="right")
     ax.set_ylabel(f"{metric} to gold (mean, 95% CI)")
     ax.set_title("Similarity by error type" + ("\nDEMO DATA: not a finding" if demo else ""), fontsize=10)
     ax.grid(axis="y", alpha=0.3)
@@ -228,9 +234,12 @@ def taxonomy_section(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Ta
                                                               "significant"], fmt))
     if impact:
         parts.append(f"<h2>Error impact</h2><p class='note'>Mean {html.escape(study.taxonomy_metric)} of the model-image pairs "
-                     "that have each error type, against the pairs with none (all datasets pooled; figure 8).</p>")
+                     "that have each error type, against the pairs with none, and the paper's comparisons between the types "
+                     "(scene understanding against detection, recognition and hallucination; SDE against the other four). "
+                     "All datasets pooled; the bootstrap resamples images, each with all its pairs (figure 8).</p>")
         parts.append("<img src='figures/impact.png' alt='similarity by error type'>")
-        parts.append(html_table(tables["impact_stats"], ["subject", "estimate", "ci_low", "ci_high", "n_images"], fmt))
+        parts.append(html_table(tables["impact_stats"], ["subject", "estimate", "ci_low", "ci_high", "n_images"]
+                                + (["n_pairs"] if "n_pairs" in tables["impact_stats"].column_names else []), fmt))
         if tables["impact_comparisons"].num_rows:
             parts.append(html_table(tables["impact_comparisons"], ["a", "b", "metric", "difference", "ci_low", "ci_high", "n_a", "n_b", "p", "q"], fmt))
     if heatmaps:

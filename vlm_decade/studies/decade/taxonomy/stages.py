@@ -243,8 +243,11 @@ def compute_error_stats(study: StudyConfig, errors: pa.Table, scores: pa.Table) 
     impact = analysis.impact_scores(errors, scores, study.taxonomy_metric)
     if impact.num_rows:
         impact_stats, impact_comparisons = analyse(impact, {}, **settings, families=[analysis.impact_family(impact)])
+        pairs = analysis.impact_pairs(impact)
+        impact_stats = impact_stats.append_column("n_pairs", pa.array([pairs[s] for s in impact_stats.column("subject").to_pylist()], pa.int64()))
     else:
-        impact_stats, impact_comparisons = error_stats.schema.empty_table(), error_comparisons.schema.empty_table()
+        impact_stats = error_stats.schema.append(pa.field("n_pairs", pa.int64())).empty_table()
+        impact_comparisons = error_comparisons.schema.empty_table()
     return {
         "error_stats": error_stats,
         "error_comparisons": error_comparisons,
