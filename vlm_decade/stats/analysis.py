@@ -274,18 +274,21 @@ def correlation_ci(
 
 
 def format_p(p: float, n_resamples: int) -> str:
-    """A p-value as the report prints it: "< 1e-4" at the resolution floor 1/(B+1), else digits.
+    """A p-value as the report prints it: "< 2.0e-4" at the resolution floor 2/(B+1), else digits.
 
-    With B resamples `bootstrap_p` never returns less than 1/(B+1); a p at that floor means
-    "no resample crossed 0", and is printed as "< 10^k" for the smallest power of ten at or
-    above the floor (B = 10,000: floor 9.999e-5, printed "< 1e-4").
+    With B resamples `bootstrap_p` never returns less than 2/(B+1); a p at that floor means "no
+    resample crossed 0", and is printed as "< " and the floor rounded up to two significant digits
+    (B = 10,000: floor 1.9998e-4, printed "< 2.0e-4"), so the bound it states always holds.
     """
     if p is None or np.isnan(p):
         return "n/a"
     floor = _core.p_floor(n_resamples)
     if p <= floor * (1 + 1e-9):
-        k = int(np.ceil(np.log10(floor) - 1e-12))
-        return f"< 1e{k}"
+        exponent = int(np.floor(np.log10(floor)))
+        mantissa = np.ceil(floor / 10.0**exponent * 10 - 1e-9) / 10
+        if mantissa >= 10:
+            mantissa, exponent = mantissa / 10, exponent + 1
+        return f"< {mantissa:.1f}e{exponent}"
     if p >= 0.01:
         return f"{p:.3f}" if p < 0.9995 else "1.000"
     return f"{p:.1e}".replace("e-0", "e-")

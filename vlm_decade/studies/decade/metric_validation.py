@@ -38,7 +38,7 @@ from vlm_decade.core.runfolder import table_fingerprint
 from vlm_decade.core.runner import Stage, StudyRun
 from vlm_decade.core.tables import read_table
 from vlm_decade.report.figures import save_figure
-from vlm_decade.stats import format_p
+from vlm_decade.stats import METHOD_VERSION, format_p
 from vlm_decade.stats.resampling import bh_qvalues, bootstrap_p, percentile_ci, resample_counts, weighted_pearson, weighted_ranks
 
 RATINGS_COLUMNS = ("rater_id", "subject", "image_id", "rating")
@@ -389,4 +389,4 @@ def stage(study, ratings: pa.Table) -> Stage:
     def compute(run: StudyRun) -> dict[str, pa.Table]:
         return {"metric_validation": validate_metrics(ratings, run.table("scores"), s.n_resamples, s.seed, s.confidence).summary}
 
-    return Stage("metric_validation", ("scores",), [table_fingerprint(ratings), s.model_dump()], compute)
+    return Stage("metric_validation", ("scores",), [table_fingerprint(ratings), s.model_dump(), METHOD_VERSION], compute)

@@ -7,7 +7,7 @@ import pyarrow as pa
 
 from vlm_decade.core.runner import Stage, StudyRun
 from vlm_decade.models.backends import backend_class
-from vlm_decade.stats import ComparisonSpec, Family, Term, analyse
+from vlm_decade.stats import METHOD_VERSION, ComparisonSpec, Family, Term, analyse
 from vlm_decade.studies.openworld.config import OpenWorldStudyConfig
 from vlm_decade.studies.openworld.scoring import grouped_scores
 
@@ -38,5 +38,5 @@ def stage(study: OpenWorldStudyConfig, granularity: dict[str, str]) -> Stage:
         stats, comparisons = analyse(grouped, {}, **study.statistics.model_dump(), families=[open_closed_family(study, groups)])
         return {"stats": stats, "comparisons": comparisons}
 
-    return Stage("stats", ("scores", "predictions"), [study.statistics.model_dump(), kinds(study), granularity], compute,
+    return Stage("stats", ("scores", "predictions"), [study.statistics.model_dump(), kinds(study), granularity, METHOD_VERSION], compute,
                  outputs=("stats", "comparisons"))

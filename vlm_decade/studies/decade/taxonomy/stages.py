@@ -14,7 +14,7 @@ from vlm_decade.imaging.masks import mask_specs
 from vlm_decade.models.backends import backend_class
 from vlm_decade.models.encoders import text_key
 from vlm_decade.stages.describe import api_budgets
-from vlm_decade.stats import analyse
+from vlm_decade.stats import METHOD_VERSION, analyse
 from vlm_decade.studies.decade.config import StudyConfig
 from vlm_decade.studies.decade.score import cosine, encoder_vectors
 from vlm_decade.studies.decade.taxonomy import analysis, existence, probes
@@ -288,7 +288,7 @@ def stages(study: StudyConfig, hand: pa.Table | None) -> list[Stage]:
                      lambda run: compute_errors(study, _with_optional(run, error_inputs), hand),
                      outputs=("errors", "spatial", "hand_agreement")))
     out.append(Stage("error_stats", ("errors", "scores"), [study.statistics.model_dump(), study.eras, study.taxonomy_metric,
-                                                           cfg.min_images, STATS_FORMAT], error_stats,
+                                                           cfg.min_images, STATS_FORMAT, METHOD_VERSION], error_stats,
                      outputs=("error_stats", "error_comparisons", "impact_stats", "impact_comparisons")))
     return out
 
