@@ -34,6 +34,7 @@ class RankingConfig(Settings):
 
     top_k: int = Field(4, ge=1, description="Descriptions in the top-ranked human group.")
     bottom_k: int = Field(4, ge=1, description="Descriptions in the bottom-ranked human group.")
+    seed: int = Field(20_241_101, ge=0, description="Seed of the draw that orders descriptions the votes (or the consensus scores) cannot tell apart.")
 
 
 class DetectorConfig(Settings):

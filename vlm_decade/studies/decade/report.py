@@ -21,10 +21,11 @@ from vlm_decade.report.html import html_table, page_start, write_csvs
 from vlm_decade.stats import format_p
 from vlm_decade.studies.decade.config import StudyConfig
 from vlm_decade.studies.decade.metric_validation import write_validation_figure
+from vlm_decade.studies.decade.ranking import vote_ties
 from vlm_decade.studies.decade.taxonomy.report import taxonomy_section
 
 # Part of the report stage's settings: bump it when the page changes, so existing runs redraw it.
-REPORT_FORMAT = 5
+REPORT_FORMAT = 6
 # The tables every report draws from, and those it adds a section for when the run has them.
 REPORT_TABLES = ("images", "references", "responses", "scores", "stats", "comparisons")
 OPTIONAL_TABLES = ("metric_validation", "stsb", "detections", "errors", "spatial", "hand_agreement", "error_stats",
@@ -89,6 +90,18 @@ def _metric_validation(run: RunFolder, study: StudyConfig, summary: pa.Table) ->
     )
 
 
+def _ranking_ties(references: pa.Table, study: StudyConfig) -> str:
+    """How many role cuts of the vote ranking fell between descriptions the votes could not tell apart."""
+    ties = vote_ties(references.to_pylist())
+    if not ties["images"]:
+        return ""
+    return (
+        f"<p class='note'>{ties['tied']} of {ties['cuts']} role cuts (gold | top | other | bottom) over {ties['images']} "
+        f"vote-ranked images fell between descriptions with equal votes and win rates, {ties['gold_tied']} of them choosing "
+        f"the gold standard; a seeded draw decided them (ranking.seed {study.ranking.seed}; docs/data-format.md).</p>"
+    )
+
+
 def _examples(tables: dict[str, pa.Table], study: StudyConfig) -> str:
     """Per image: the gold description and each model's full-image description with its scores."""
     gold = {r["image_id"]: r["text"] for r in tables["references"].to_pylist() if r["role"] == "gold" and r["condition"] == "full"}
@@ -143,6 +156,7 @@ def write_report(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Table]
     parts.append("</ul>")
     if consensus:
         parts.append(f"<p class='note'>Datasets without votes ({', '.join(consensus)}) use the consensus fallback; see docs/data-format.md.</p>")
+    parts.append(_ranking_ties(tables["references"], study))
 
     parts.append("<h2>Similarity to the gold standard</h2>")
     for metric in metrics:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import html
 import json
 import math
+from collections import Counter
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -131,6 +132,75 @@ def heatmap_files(run: RunFolder, study: StudyConfig, images: pa.Table, spatial:
     return out
 
 
+SDE_COUNTS_SCHEMA = pa.schema([("subject", pa.string()), ("images", pa.int64()), ("decided", pa.int64()), ("sde", pa.int64()),
+                               ("undecided", pa.int64()), ("why_undecided", pa.string())])
+
+
+def sde_counts(spatial: pa.Table) -> pa.Table:
+    """Per model: its images with an SDE row, how many were decided, how many had an SDE, and how many
+    could not be decided, with each reason and its count (most frequent first)."""
+    by: dict[str, list[dict]] = {}
+    for r in spatial.to_pylist():
+        by.setdefault(r["subject"], []).append(r)
+    rows = []
+    for subject, here in sorted(by.items()):
+        reasons = Counter(r["reason"] for r in here if r["sde"] is None)
+        rows.append({"subject": subject, "images": len(here), "decided": sum(r["sde"] is not None for r in here),
+                     "sde": sum(r["sde"] is True for r in here), "undecided": sum(reasons.values()),
+                     "why_undecided": "; ".join(f"{why} ({n})" for why, n in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])))})
+    return pa.Table.from_pylist(rows, schema=SDE_COUNTS_SCHEMA)
+
+
+def _check_words(check: dict) -> str:
+    """One existence check in words: who was asked and what came back."""
+    found = "found" if check.get("found") else "not found"
+    if check["source"] == "humans":
+        named = ", ".join(check.get("named_as") or [])
+        return f"humans: {check.get('naming', 0)} of {check.get('descriptions', 0)} descriptions name it{f' ({named})' if named else ''}: {found}"
+    if check["source"] == "locator":
+        return f"locator: best box score {check.get('best_score')} (min {check.get('min_score')}): {found}"
+    return f"verifier {check.get('model', '')}: \u201c{check.get('question')}\u201d \u2192 \u201c{check.get('answer')}\u201d ({check.get('reading')}): {found}"
+
+
+def _chain(finding: dict) -> list[str]:
+    """A finding's evidence chain, step by step: existence checks, the boxes at its place, the questions."""
+    steps = []
+    existence = finding.get("existence")
+    if isinstance(existence, dict):
+        steps += [_check_words(c) for c in existence.get("checks", [])]
+    located = finding.get("located")
+    if isinstance(located, dict):
+        steps.append(f"located at {located.get('box')} (score {located.get('score')})")
+    elif isinstance(located, str):
+        steps.append(f"locator: {located}")
+    for box in finding.get("boxes_there", []):
+        steps.append(f"box there: {box.get('label')} (IoU {box.get('iou')}, score {box.get('score')})")
+    if "detection" in finding and isinstance(finding["detection"], dict):
+        steps.append(f"detector box: {finding['detection'].get('label')} {finding['detection'].get('box')}")
+    for t in finding.get("transcript", []):
+        steps.append(f"{t.get('kind')}: \u201c{t.get('question')}\u201d \u2192 \u201c{t.get('answer')}\u201d (read: {t.get('reading')})")
+    if "location" in finding:
+        steps.append(f"location: {finding['location']}")
+    if finding.get("named_as"):
+        steps.append(f"named as: {finding['named_as']}")
+    if finding.get("unclear"):
+        steps.append("unclear: no label")
+    return steps
+
+
+def _chain_html(evidence: dict) -> str:
+    """Each finding of a label (and, for hallucinations, each mention checked) as its chain of steps."""
+    items = []
+    for f in evidence.get("findings", []) if isinstance(evidence.get("findings"), list) else []:
+        steps = "".join(f"<li>{html.escape(step)}</li>" for step in _chain(f))
+        items.append(f"<li><b>{html.escape(str(f.get('object', '')))}</b><ol>{steps}</ol></li>")
+    cleared = [c for c in evidence.get("checked", []) if c.get("present") is True]
+    for c in cleared:
+        steps = "".join(f"<li>{html.escape(_check_words(x))}</li>" for x in c.get("checks", []))
+        items.append(f"<li><b>{html.escape(c['object'])}</b> (mentioned, there: no error)<ol>{steps}</ol></li>")
+    return f"<ul>{''.join(items)}</ul>" if items else ""
+
+
 def _evidence_page(run: RunFolder, study: StudyConfig, errors: pa.Table) -> None:
     rows = []
     for r in errors.to_pylist():
@@ -139,7 +209,8 @@ def _evidence_page(run: RunFolder, study: StudyConfig, errors: pa.Table) -> None
         rows.append(
             f"<tr class='{state}'><td>{html.escape(r['subject'])}</td><td>{html.escape(r['image_id'])}</td>"
             f"<td>{html.escape(NAMES[r['error_type']])}</td><td>{state}</td><td>{html.escape(r['method'])}</td>"
-            f"<td><code>{html.escape(json.dumps(evidence, indent=1))}</code></td></tr>"
+            f"<td>{_chain_html(evidence)}<details><summary>all evidence (JSON)</summary>"
+            f"<code>{html.escape(json.dumps(evidence, indent=1))}</code></details></td></tr>"
         )
     page = (
         page_start(f"{study.name}: error labels", "Error labels and their evidence", EVIDENCE_STYLE)
@@ -242,6 +313,12 @@ def taxonomy_section(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Ta
                                 + (["n_pairs"] if "n_pairs" in tables["impact_stats"].column_names else []), fmt))
         if tables["impact_comparisons"].num_rows:
             parts.append(html_table(tables["impact_comparisons"], ["a", "b", "metric", "difference", "ci_low", "ci_high", "n_a", "n_b", "p", "q"], fmt))
+    counts = sde_counts(tables["spatial"])
+    if counts.num_rows:
+        parts.append("<h3>Spatial dependence: decided and undecided images</h3><p class='note'>An image whose SDE cannot be "
+                     "decided (no masked description, a constant profile, too few human descriptions) is counted here and left "
+                     "out of the SDE rate and of \"no error\" (docs/spatial-dependence.md).</p>")
+        parts.append(html_table(counts, counts.column_names))
     if heatmaps:
         parts.append("<h2>Which regions matter</h2><p class='note'>Importance of each masked region (1 - similarity of the masked "
                      "description to the unmasked one) for humans and each model (figure 7a).</p>")
