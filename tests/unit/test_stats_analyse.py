@@ -232,3 +232,26 @@ def test_a_weight_column_weighs_each_image_by_its_units_and_must_be_positive():
     for bad in (0.0, -1.0, float("nan")):
         with pytest.raises(StatsInputError, match="weight"):
             analyse(scores.set_column(6, "weight", pa.array([2.0, bad])), {}, 200, 0, families=[])
+
+
+def test_the_paper_s_era_against_human_and_within_era_comparisons():
+    # Study (ERAS): pre-MLLMs UDC, OFA; MLLMs GPT-4, Gemini; humans top and bottom; datasets coco, csb.
+    st, c = analyse(study(), ERAS, 1000, 1)
+    xs = [x for x in rows(c) if x["metric"] == "gpt-si"]
+    era_h = [(x["a"], x["b"], x["dataset"]) for x in xs if x["family"] == "era-vs-humans"]
+    assert era_h == [("era:pre-mllm", "human:bottom", "coco"), ("era:mllm", "human:top", "coco"),
+                     ("era:pre-mllm", "human:bottom", "csb"), ("era:mllm", "human:top", "csb")]
+    within = [(x["a"], x["b"], x["dataset"]) for x in xs if x["family"] == "within-era"]
+    assert within == [("OFA", "UDC", "coco"), ("OFA", "UDC", "csb"), ("GPT-4", "Gemini", "coco"), ("GPT-4", "Gemini", "csb")]
+    # the era mean is the mean of its models' means; on csb the pre-MLLMs (0.4) lie below bottom humans (0.72)
+    means = {(r["subject"], r["dataset"]): r["estimate"] for r in rows(st) if r["metric"] == "gpt-si"}
+    pre_csb = next(x for x in xs if x["family"] == "era-vs-humans" and x["a"] == "era:pre-mllm" and x["dataset"] == "csb")
+    assert pre_csb["estimate_a"] == pytest.approx((means[("UDC", "csb")] + means[("OFA", "csb")]) / 2)
+    assert pre_csb["difference"] < -0.25 and pre_csb["significant"]
+    for family in ("era-vs-humans", "within-era"):
+        ps = [x["p"] for x in xs if x["family"] == family]
+        np.testing.assert_array_equal([x["q"] for x in xs if x["family"] == family], stats_bh(ps))
+
+
+def stats_bh(ps):
+    return stats.false_discovery_control(ps, method="bh")

@@ -37,6 +37,15 @@ class RankingConfig(Settings):
     seed: int = Field(20_241_101, ge=0, description="Seed of the draw that orders descriptions the votes (or the consensus scores) cannot tell apart.")
 
 
+class ValidationConfig(Settings):
+    """The metrics' validation against human ratings (docs/metrics.md): the inter-rater reference
+    each metric's mean correlation with the raters is tested against."""
+
+    ceiling: Literal["pairwise", "leave-one-out"] = Field(
+        "pairwise", description="pairwise (the mean correlation of two raters: the paper's test) or leave-one-out (each rater against the others' mean: stricter)."
+    )
+
+
 class DetectorConfig(Settings):
     """The object detector that stands in for a local model's visual front end in the error
     taxonomy (boxes and classes per image): `ssd-template` (packaged, offline) or `hf-detector`."""
@@ -149,6 +158,7 @@ class StudyConfig(StudyBase):
     prompt: str = Field(MLLM_PROMPT, description="The prompt MLLMs are given (a model's own `prompt` wins).")
     encoders: tuple[EncoderConfig, ...] = Field((EncoderConfig(name="SBERT-SI"),), description="One similarity metric per encoder.")
     metrics: tuple[MetricConfig, ...] = Field((), description="Pairwise metrics beside the encoders' cosines (BERTScore).")
+    validation: ValidationConfig = Field(ValidationConfig(), description="The metrics against the human ratings (`data.ratings`).")
     stsb_check: bool = Field(False, description="Also check the Sentence-BERT encoders and `metrics` against STS-B's human ratings (offline).")
     taxonomy: TaxonomyConfig | None = Field(None, description="The error taxonomy, spatial dependence and error impact; none: similarity only.")
 

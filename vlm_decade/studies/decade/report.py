@@ -76,14 +76,17 @@ def _metric_validation(run: RunFolder, study: StudyConfig, summary: pa.Table) ->
     write_validation_figure(summary, run.root / "figures" / "metric_validation.png", demo=study.demo)
     n = study.statistics.n_resamples
     note = " These ratings were simulated for the demo." if study.demo else ""
+    reference = {"pairwise": "the mean correlation between two raters (the paper's test)",
+                 "leave-one-out": "each rater against the mean of the others"}[study.validation.ceiling]
     return (
         "<h2>The metrics against human ratings</h2><p class='note'>Correlation of each metric with each rater, "
-        "averaged over raters, against the inter-rater ceiling (each rater against the mean of the others); "
-        f"p and q test the difference from the ceiling (docs/metrics.md).{note}</p>"
+        f"averaged over raters, against {reference}; p and q test the difference from it, over all rated pairs "
+        f"(subject \"all\") and, as the paper's figure A.1a, for each rated model (docs/metrics.md).{note}</p>"
         "<img src='figures/metric_validation.png' alt='metric validation against human ratings'>"
         + html_table(
             summary,
-            ["metric", "kind", "role", "estimate", "ci_low", "ci_high", "difference", "p", "q", "n_raters", "n_pairs"],
+            [c for c in ("subject",) if c in summary.column_names]
+            + ["metric", "kind", "role", "estimate", "ci_low", "ci_high", "difference", "p", "q", "n_raters", "n_pairs"],
             {"p": lambda v, r: "" if v is None else format_p(v, n), "q": lambda v, r: "" if v is None else format_p(v, n),
              "difference": lambda v, r: "" if v is None else f"{v:.3f}"},
         )
