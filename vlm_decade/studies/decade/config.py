@@ -159,12 +159,15 @@ class StudyConfig(StudyBase):
     encoders: tuple[EncoderConfig, ...] = Field((EncoderConfig(name="SBERT-SI"),), description="One similarity metric per encoder.")
     metrics: tuple[MetricConfig, ...] = Field((), description="Pairwise metrics beside the encoders' cosines (BERTScore).")
     validation: ValidationConfig = Field(ValidationConfig(), description="The metrics against the human ratings (`data.ratings`).")
+    caption_metrics: tuple[Literal["BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr-D"], ...] = Field(
+        (), description="Caption metrics against all human descriptions of the image (pycocoevalcap; needs Java; docs/metrics.md)."
+    )
     stsb_check: bool = Field(False, description="Also check the Sentence-BERT encoders and `metrics` against STS-B's human ratings (offline).")
     taxonomy: TaxonomyConfig | None = Field(None, description="The error taxonomy, spatial dependence and error impact; none: similarity only.")
 
     @model_validator(mode="after")
     def _unique_names(self):
-        metric_names = [e.name for e in self.encoders] + [m.name for m in self.metrics]
+        metric_names = [e.name for e in self.encoders] + [m.name for m in self.metrics] + list(self.caption_metrics)
         for kind, names in (("model", [m.name for m in self.models]), ("metric (encoder or metric)", metric_names)):
             dupes = repeated(names)
             if dupes:
