@@ -279,6 +279,27 @@ def stat_formats(n_resamples: int, min_images: int) -> dict:
     }
 
 
+def checks_note(study: StudyConfig) -> str:
+    """What the labels were checked with: the locator, the verifier, the human descriptions."""
+    cfg = study.taxonomy
+    if cfg.locator is not None:
+        boxes = f"read at each object's place, found by the open-vocabulary locator {cfg.locator.model_id}"
+    else:
+        boxes = ("read by name: no locator is configured (an open-vocabulary detector such as OWL-ViT finds each object's "
+                 "place; its weights cannot be had offline, so the demo runs without one)")
+    if cfg.verifier is None:
+        verifier = "no verifier is configured"
+    elif cfg.verifier.kind == "locator":
+        verifier = "the locator, queried with the mention's name"
+    else:
+        verifier = f"the verifier model {cfg.verifier.model_id}"
+    return (f"<p class='note'>Detector labels: the local model's boxes {html.escape(boxes)}. A mentioned object the gold does "
+            f"not name counts as there when at least {cfg.min_humans} human description(s) of any worker name it, or "
+            f"{html.escape(verifier)} finds it; API models are asked the paper's questions at the place their description puts "
+            "it. Error rates and impact groups on fewer than "
+            f"{cfg.min_images} images are shown but not tested (docs/taxonomy.md).</p>")
+
+
 def taxonomy_section(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Table]) -> str:
     figures = run.root / "figures"
     n = study.statistics.n_resamples
@@ -294,6 +315,7 @@ def taxonomy_section(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Ta
         "<h2>Errors</h2><p class='note'>Local and imported models are labelled from the taxonomy detector's boxes, API models "
         "from their answers to probe questions; spatial dependence from the masked descriptions (docs/taxonomy.md, "
         "docs/spatial-dependence.md). Every label and its evidence: <a href='errors.html'>errors.html</a>.</p>",
+        checks_note(study),
         "<img src='figures/error_rates.png' alt='error rates by model and dataset'>",
         html_table(tables["error_stats"].sort_by([("metric", "ascending"), ("subject", "ascending"), ("dataset", "ascending")]),
                    ["subject", "dataset", "metric", "estimate", "ci_low", "ci_high", "n_images"], fmt),
