@@ -89,7 +89,7 @@ def test_cased_answers_as_clip_run_by_hand_would(setup, nlp):
     answers = backend.describe([Stimulus(f"i{i}", "full", image, "What type of object is in this image?") for i, image in enumerate(images())])
     captions = texts(CAPTIONS)
     captions /= np.linalg.norm(captions, axis=1, keepdims=True)
-    scale = float(net.logit_scale.exp())
+    scale = float(net.logit_scale.detach().exp())
     for image, answer in zip(images(), answers):
         with torch.inference_mode():
             out = net.get_image_features(**processor(images=[image], return_tensors="pt"))
