@@ -75,6 +75,11 @@ def test_the_verifier_model_says_whether_it_is_there(answer, present, reading):
     assert by_source(verdict)["verifier"]["reading"] == reading and by_source(verdict)["verifier"]["model"] == "gpt-4o"
 
 
+def test_a_locator_that_failed_on_the_image_leaves_it_undecided():
+    verdict = check("gun", ImageEvidence(locator_failed=True), matcher())
+    assert verdict["present"] is None and by_source(verdict)["locator"] == {"source": "locator", "found": False, "failed": True}
+
+
 def test_the_humans_outweigh_a_verifier_that_cannot_tell():
     verdict = check("gun", ImageEvidence(humans=(("gun",),), verifier={"gun": ("?", "Maybe.")}), matcher())
     assert verdict["present"] is True

@@ -14,8 +14,8 @@ agree with itself):
   verifier is a model).
 
 `check(obj, evidence, matcher)` returns the verdict with every check it made: `present` True when
-any source finds the object, None when none does but the verifier's answer could not be read (no
-label can be given), False otherwise.
+any source finds the object, None when none does but the verifier's answer could not be read or the
+locator failed on the image (no label can be given), False otherwise.
 """
 
 from __future__ import annotations
@@ -36,11 +36,13 @@ class ImageEvidence:
     `humans`: the objects each human description of the full image names (every worker);
     `min_humans`: how many of them must name an object for it to be there;
     `located`: the locator's boxes (label = the query), None when the locator is not the verifier;
+    `locator_failed`: the locator is the verifier but failed on this image (nothing can be said);
     `verifier`: object -> (question, answer) of the verifier model, None when it is not the verifier."""
 
     humans: tuple[tuple[str, ...], ...] = ()
     min_humans: int = 1
     located: tuple[Detection, ...] | None = None
+    locator_failed: bool = False
     min_score: float = 0.0
     verifier: dict[str, tuple[str, str]] | None = None
     verifier_name: str = ""
@@ -60,8 +62,10 @@ def check(obj: str, evidence: ImageEvidence, matcher: ObjectMatcher) -> dict:
     checks.append({"source": "humans", "descriptions": len(evidence.humans), "naming": len(named),
                    "min": evidence.min_humans, "found": len(named) >= evidence.min_humans,
                    "named_as": sorted({m[0] for m in named})})
-    unclear = False
-    if evidence.located is not None:
+    unclear = evidence.locator_failed
+    if evidence.locator_failed:
+        checks.append({"source": "locator", "found": False, "failed": True})
+    elif evidence.located is not None:
         box = best_located(evidence.located, obj)
         found = box is not None and box.score >= evidence.min_score
         checks.append({"source": "locator", "found": found, "min_score": evidence.min_score,

@@ -93,6 +93,7 @@ def evidence_for(study: StudyConfig, humans: dict, located: dict | None, answers
         out[image_id] = existence.ImageEvidence(
             humans=described, min_humans=study.taxonomy.min_humans,
             located=None if not by_locator else tuple(boxes or ()),
+            locator_failed=by_locator and located is not None and boxes is None,
             min_score=study.taxonomy.locator.min_score if by_locator else 0.0,
             verifier=(answers or {}).get(image_id, {}) if by_model else None,
             verifier_name=verifier.model_id or "locator" if verifier else "",
