@@ -288,14 +288,14 @@ def checks_note(study: StudyConfig) -> str:
         boxes = ("read by name: no locator is configured (an open-vocabulary detector such as OWL-ViT finds each object's "
                  "place; its weights cannot be had offline, so the demo runs without one)")
     if cfg.verifier is None:
-        verifier = "no verifier is configured"
+        verifier = " (no verifier is configured: no second check)"
     elif cfg.verifier.kind == "locator":
-        verifier = "the locator, queried with the mention's name"
+        verifier = ", or the locator, queried with the mention's name, finds it"
     else:
-        verifier = f"the verifier model {cfg.verifier.model_id}"
+        verifier = f", or the verifier model {cfg.verifier.model_id} says it is there"
     return (f"<p class='note'>Detector labels: the local model's boxes {html.escape(boxes)}. A mentioned object the gold does "
-            f"not name counts as there when at least {cfg.min_humans} human description(s) of any worker name it, or "
-            f"{html.escape(verifier)} finds it; API models are asked the paper's questions at the place their description puts "
+            f"not name counts as there when at least {cfg.min_humans} human description(s) of any worker name it"
+            f"{html.escape(verifier)}; API models are asked the paper's questions at the place their description puts "
             "it. Error rates and impact groups on fewer than "
             f"{cfg.min_images} images are shown but not tested (docs/taxonomy.md).</p>")
 
