@@ -139,8 +139,19 @@ def test_errors_html_shows_each_labels_whole_evidence_chain(tmp_path):
          "reference": "man", "transcript": [{"kind": "location", "question": "Is there an object near the man?", "answer": "Yes.", "reading": "yes"},
                                             {"kind": "identification", "question": "What is the object near the man?", "answer": "A guitar.",
                                              "reading": "guitar"}]}]}
-    errors = pa.Table.from_pylist([{"subject": "m1", "image_id": "i1", "dataset": "d1", "error_type": "hallucination", "present": True,
-                                    "method": "probe", "evidence": json.dumps(chain)}], schema=ERRORS_SCHEMA)
+    hand = {"findings": [], "hand": "the saucer is called a bowl", "auto_present": False}
+    sde = {"model_r": -0.5, "human_mean_r": 0.8, "human_sd_r": 0.2, "reason": ""}
+    undecided = {"undecided": "the detector failed on this image"}
+    errors = pa.Table.from_pylist([
+        {"subject": "m1", "image_id": "i1", "dataset": "d1", "error_type": "hallucination", "present": True, "method": "probe",
+         "evidence": json.dumps(chain)},
+        {"subject": "m1", "image_id": "i2", "dataset": "d1", "error_type": "recognition", "present": True, "method": "hand",
+         "evidence": json.dumps(hand)},
+        {"subject": "m1", "image_id": "i2", "dataset": "d1", "error_type": "spatial_dependence", "present": True, "method": "masks",
+         "evidence": json.dumps(sde)},
+        {"subject": "m1", "image_id": "i3", "dataset": "d1", "error_type": "detection", "present": None, "method": "detector",
+         "evidence": json.dumps(undecided)},
+    ], schema=ERRORS_SCHEMA)
     from vlm_decade.studies.decade.taxonomy.report import _evidence_page
 
     _evidence_page(RunFolder(tmp_path), make_study(), errors)
@@ -149,3 +160,6 @@ def test_errors_html_shows_each_labels_whole_evidence_chain(tmp_path):
     assert "<li>verifier gpt-4o: \u201cIs there a guitar?\u201d \u2192 \u201cNo.\u201d (no): not found</li>" in page
     assert "<li>identification: \u201cWhat is the object near the man?\u201d \u2192 \u201cA guitar.\u201d (read: guitar)</li>" in page
     assert "<details><summary>all evidence (JSON)</summary>" in page and "&quot;reference&quot;: &quot;man&quot;" in page
+    assert "<li>hand label: the saucer is called a bowl (the automatic label: absent)</li>" in page
+    assert "<li>model r -0.5; humans' mean r 0.8, SD 0.2</li>" in page
+    assert "<li>undecided: the detector failed on this image</li>" in page

@@ -162,7 +162,7 @@ def _check_words(check: dict) -> str:
     return f"verifier {check.get('model', '')}: \u201c{check.get('question')}\u201d \u2192 \u201c{check.get('answer')}\u201d ({check.get('reading')}): {found}"
 
 
-def _chain(finding: dict) -> list[str]:
+def _chain(error_type: str, finding: dict) -> list[str]:
     """A finding's evidence chain, step by step: existence checks, the boxes at its place, the questions."""
     steps = []
     existence = finding.get("existence")
@@ -175,27 +175,40 @@ def _chain(finding: dict) -> list[str]:
         steps.append(f"locator: {located}")
     for box in finding.get("boxes_there", []):
         steps.append(f"box there: {box.get('label')} (IoU {box.get('iou')}, score {box.get('score')})")
-    if "detection" in finding and isinstance(finding["detection"], dict):
+    if isinstance(finding.get("detection"), dict):
         steps.append(f"detector box: {finding['detection'].get('label')} {finding['detection'].get('box')}")
     for t in finding.get("transcript", []):
         steps.append(f"{t.get('kind')}: \u201c{t.get('question')}\u201d \u2192 \u201c{t.get('answer')}\u201d (read: {t.get('reading')})")
     if "location" in finding:
         steps.append(f"location: {finding['location']}")
     if finding.get("named_as"):
-        steps.append(f"named as: {finding['named_as']}")
+        steps.append(f"named as: {finding['named_as']}" + (f" (similarity {finding['similarity']})" if "similarity" in finding else ""))
+    if not steps and error_type == "detection":
+        steps.append("not mentioned, and no detector box names it")
+    if not steps and error_type == "hallucination":
+        steps.append("mentioned; no gold object and no detector box match it")
     if finding.get("unclear"):
         steps.append("unclear: no label")
     return steps
 
 
-def _chain_html(evidence: dict) -> str:
-    """Each finding of a label (and, for hallucinations, each mention checked) as its chain of steps."""
+def _chain_html(error_type: str, evidence: dict) -> str:
+    """Each finding of a label (for hallucinations, each mention checked too; for SDE the correlations;
+    for a hand label the person's note) as its chain of steps."""
     items = []
+    if "hand" in evidence:
+        auto = evidence.get("auto_present")
+        said = "undecided" if auto is None else ("present" if auto else "absent")
+        items.append(f"<li>hand label{': ' + html.escape(evidence['hand']) if evidence['hand'] else ''} (the automatic label: {said})</li>")
+    if "model_r" in evidence:
+        items.append(f"<li>model r {evidence.get('model_r')}; humans' mean r {evidence.get('human_mean_r')}, SD {evidence.get('human_sd_r')}"
+                     f"{'; ' + html.escape(evidence['reason']) if evidence.get('reason') else ''}</li>")
+    if "undecided" in evidence:
+        items.append(f"<li>undecided: {html.escape(str(evidence['undecided']))}</li>")
     for f in evidence.get("findings", []) if isinstance(evidence.get("findings"), list) else []:
-        steps = "".join(f"<li>{html.escape(step)}</li>" for step in _chain(f))
+        steps = "".join(f"<li>{html.escape(step)}</li>" for step in _chain(error_type, f))
         items.append(f"<li><b>{html.escape(str(f.get('object', '')))}</b><ol>{steps}</ol></li>")
-    cleared = [c for c in evidence.get("checked", []) if c.get("present") is True]
-    for c in cleared:
+    for c in [c for c in evidence.get("checked", []) if c.get("present") is True]:
         steps = "".join(f"<li>{html.escape(_check_words(x))}</li>" for x in c.get("checks", []))
         items.append(f"<li><b>{html.escape(c['object'])}</b> (mentioned, there: no error)<ol>{steps}</ol></li>")
     return f"<ul>{''.join(items)}</ul>" if items else ""
@@ -209,7 +222,7 @@ def _evidence_page(run: RunFolder, study: StudyConfig, errors: pa.Table) -> None
         rows.append(
             f"<tr class='{state}'><td>{html.escape(r['subject'])}</td><td>{html.escape(r['image_id'])}</td>"
             f"<td>{html.escape(NAMES[r['error_type']])}</td><td>{state}</td><td>{html.escape(r['method'])}</td>"
-            f"<td>{_chain_html(evidence)}<details><summary>all evidence (JSON)</summary>"
+            f"<td>{_chain_html(r['error_type'], evidence)}<details><summary>all evidence (JSON)</summary>"
             f"<code>{html.escape(json.dumps(evidence, indent=1))}</code></details></td></tr>"
         )
     page = (
