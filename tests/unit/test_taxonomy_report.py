@@ -161,5 +161,5 @@ def test_errors_html_shows_each_labels_whole_evidence_chain(tmp_path):
     assert "<li>identification: \u201cWhat is the object near the man?\u201d \u2192 \u201cA guitar.\u201d (read: guitar)</li>" in page
     assert "<details><summary>all evidence (JSON)</summary>" in page and "&quot;reference&quot;: &quot;man&quot;" in page
     assert "<li>hand label: the saucer is called a bowl (the automatic label: absent)</li>" in page
-    assert "<li>model r -0.5; humans' mean r 0.8, SD 0.2</li>" in page
+    assert "<li>model r -0.500; humans' mean r 0.800, SD 0.200</li>" in page
     assert "<li>undecided: the detector failed on this image</li>" in page

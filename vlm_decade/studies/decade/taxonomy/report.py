@@ -201,7 +201,8 @@ def _chain_html(error_type: str, evidence: dict) -> str:
         said = "undecided" if auto is None else ("present" if auto else "absent")
         items.append(f"<li>hand label{': ' + html.escape(evidence['hand']) if evidence['hand'] else ''} (the automatic label: {said})</li>")
     if "model_r" in evidence:
-        items.append(f"<li>model r {evidence.get('model_r')}; humans' mean r {evidence.get('human_mean_r')}, SD {evidence.get('human_sd_r')}"
+        r = {k: _number(evidence.get(k), None) or "none" for k in ("model_r", "human_mean_r", "human_sd_r")}
+        items.append(f"<li>model r {r['model_r']}; humans' mean r {r['human_mean_r']}, SD {r['human_sd_r']}"
                      f"{'; ' + html.escape(evidence['reason']) if evidence.get('reason') else ''}</li>")
     if "undecided" in evidence:
         items.append(f"<li>undecided: {html.escape(str(evidence['undecided']))}</li>")
