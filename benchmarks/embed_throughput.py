@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from benchmarks.scale import sentence  # noqa: E402
 from vlm_decade.core.config import EncoderConfig, RuntimeConfig, StudyBase  # noqa: E402
 from vlm_decade.core.progress import Reporter  # noqa: E402
 from vlm_decade.core.runfolder import RunFolder  # noqa: E402
@@ -33,7 +34,6 @@ from vlm_decade.core.runner import StudyRun  # noqa: E402
 from vlm_decade.core.runtime import LazyRay, start_ray  # noqa: E402
 from vlm_decade.models.encoders.sbert import resolve_weights  # noqa: E402
 from vlm_decade.stages import embed  # noqa: E402
-from benchmarks.scale import sentence  # noqa: E402
 
 
 def emit(**kw) -> None:

@@ -203,3 +203,16 @@ def save_sentence_encoder(folder: Path, seed: int = 0, dim: int = 384) -> Path:
     widen = _seeded(lambda: models.Dense(word.get_word_embedding_dimension(), dim), seed)
     SentenceTransformer(modules=[word, pooling, widen], device="cpu").save(str(folder))
     return folder
+
+
+def save_owlvit(folder: Path, seed: int = 0) -> Path:
+    """An OWL-ViT (open-vocabulary detector) on 32x32 images, with its processor; its class head
+    compares image patches with the text embeddings, so the text width is the projection width."""
+    from transformers import OwlViTConfig, OwlViTForObjectDetection, OwlViTImageProcessor, OwlViTProcessor
+
+    tok = _tokenizer()
+    config = OwlViTConfig(text_config=_contrastive_text(tok), vision_config=_CONTRASTIVE_VISION, projection_dim=32)
+    _seeded(lambda: _widened(OwlViTForObjectDetection(config)), seed).save_pretrained(folder)
+    images = OwlViTImageProcessor(size={"height": 32, "width": 32}, crop_size={"height": 32, "width": 32})
+    OwlViTProcessor(image_processor=images, tokenizer=tok).save_pretrained(folder)
+    return folder

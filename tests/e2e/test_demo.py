@@ -112,6 +112,12 @@ def test_demo_error_taxonomy(demo_run):
     assert (out / "figures" / "impact.png").exists() and "Error impact" in html
     evidence_page = (out / "errors.html").read_text()
     assert "errors.html" in html and evidence_page.count("<tr class=") == len(errors)
+    # Impact over model-image pairs; a group on fewer than 5 images is shown but never tested.
+    impact = pq.read_table(out / "impact_stats.parquet").to_pylist()
+    assert impact and all(r["n_pairs"] >= r["n_images"] for r in impact)
+    comparisons = pq.read_table(out / "impact_comparisons.parquet").to_pylist()
+    assert comparisons and all((c["p"] is None) == (min(c["n_a"], c["n_b"]) < 5) for c in comparisons)
+    assert "Spatial dependence: decided and undecided images" in html and "role cuts" in html
 
 
 def test_demo_runs_study_b(demo_run):
@@ -126,8 +132,11 @@ def test_demo_runs_study_b(demo_run):
     # The ImageNet classifier names 17 of the 20 ImageNet photos exactly (docs/models.md), so its
     # text inclusion on the fine-grained group is at least 17/20.
     assert stats[("efficientnet-lite3-imagenet", "fine-grained", "TI")]["estimate"] >= 0.85
-    assert {m for _, _, m in stats} == {"TI", "SS", "CS"}
+    assert {m for _, _, m in stats} == {"TI", "SS", "CS", "ss@0.5", "ss@0.6", "ss@0.7", "ss@0.8", "ss@0.9", "ss@avg"}
+    # each dataset's own rows beside the groups' means of dataset means
+    assert {d for _, d, _ in stats} == {"cifar10", "imagenet", "prototypical", "fine-grained", "all"}
     html = (out / "report.html").read_text()
+    assert "Per dataset" in html and "SS at thresholds" in html and "Model against model" in html
     assert "Main table" in html and "LI was not computed" in html and "no judge model is configured" in html
     assert "LI skipped" in " ".join(result.stderr.split())
 

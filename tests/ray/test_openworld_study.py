@@ -103,16 +103,20 @@ def test_study_b_runs_with_a_tiny_vlm_a_closed_world_baseline_and_an_api_judge(s
         expected = {(True, True): "correct", (True, False): "granularity", (False, True): "ambiguity", (False, False): "confusion"}
         assert p["outcome"] == expected[(high_cs, high_li)]
 
-    # Stats per granularity group and over all images, per prompt: the LI estimate is the mean.
+    # Stats per dataset, per granularity group and over all datasets, per prompt: as the paper's
+    # table, "all" (and each group) is the mean of the datasets' means.
     stats = pq.read_table(root / "stats.parquet").to_pylist()
     li_all = next(s for s in stats if (s["subject"], s["dataset"], s["metric"], s["variant"]) == ("tiny-vlm", "all", "LI", "specific"))
-    mine = [p["LI"] for p in predictions if p["subject"] == "tiny-vlm" and p["prompt_id"] == "specific"]
-    assert li_all["estimate"] == pytest.approx(sum(mine) / len(mine))
-    assert {s["dataset"] for s in stats} == {"prototypical", "fine-grained", "all"}
+    mine = [p for p in predictions if p["subject"] == "tiny-vlm" and p["prompt_id"] == "specific"]
+    by_dataset = {d: [p["LI"] for p in mine if p["dataset"] == d] for d in {p["dataset"] for p in mine}}
+    assert li_all["estimate"] == pytest.approx(sum(sum(v) / len(v) for v in by_dataset.values()) / len(by_dataset))
+    assert {s["dataset"] for s in stats} == {"prototypical", "fine-grained", "all"} | set(by_dataset)
+    assert {"ss@0.5", "ss@avg"} <= {s["metric"] for s in stats}
     comparisons = pq.read_table(root / "comparisons.parquet").to_pylist()
-    assert {c["family"] for c in comparisons} == {"open-vs-closed"}
+    assert {c["family"] for c in comparisons} == {"open-vs-closed", "model-vs-model", "prompt-ablation"}
     html = (root / "report.html").read_text()
-    assert "Main table" in html and "Prompt ablation" in html and "Error types" in html
+    for section in ("Main table", "Per dataset", "SS at thresholds", "Model against model", "Prompt ablation: differences", "Error types"):
+        assert section in html
 
     # Again: every stage skipped, no request sent.
     run_openworld(load_study(path), Reporter(quiet=True))

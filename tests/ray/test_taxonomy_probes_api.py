@@ -1,7 +1,8 @@
 """Study A's error taxonomy for an API model, end to end on Ray against the fake server: the model
-describes four demo photos, the `probes` stage asks it about the objects its descriptions leave
-out or add, and the `errors` rows follow its scripted answers by the probe rules (paper section
-2.5.2). Run again, every stage is skipped and nothing more is sent.
+describes four demo photos, a verifier model is asked whether the objects its descriptions add are
+there, the `probes` stage asks the model about the objects its descriptions leave out (and about the
+place of each added object nothing else found), and the `errors` rows follow the scripted answers by
+the probe rules (paper section 2.5.2). Run again, every stage is skipped and nothing more is sent.
 
 The expectations are worked by hand from the gold descriptions (the consensus choice, as the
 dataset has no votes) and the objects spaCy finds in them:
@@ -15,8 +16,10 @@ dataset has no votes) and the objects spaCy finds in them:
     clock      gold: clock, wall
                said: clock, wall
 
-A detection question's anchor is the first other gold object no earlier question used (astronaut;
-espresso for the spoon, then cup for the table).
+No human description of these photos names a guitar, a croissant or a dog, so the verifier is asked
+about each. A detection question's anchor is the first other gold object no earlier question used
+(astronaut; espresso for the spoon, then cup for the table); a location question's reference is the
+gold object the description names nearest the added one (the flag, before "a guitar").
 """
 
 from __future__ import annotations
@@ -49,8 +52,9 @@ DESCRIPTIONS = {
 IMAGES = tuple(DESCRIPTIONS)
 
 
-def detection(obj: str, anchor: str) -> str:
-    return f"Is there a {obj} near the {anchor} in this image? Answer yes or no."
+def detection(anchor: str) -> str:
+    """The paper's detection question: it points at the place and names no object."""
+    return f"Is there an object near the {anchor} in this image? Answer yes or no."
 
 
 def presence(obj: str) -> str:
@@ -61,26 +65,32 @@ def recognition(anchor: str) -> str:
     return f"What is the object near the {anchor}? Answer with a short noun phrase."
 
 
-# (image, round, kind, object, anchor, question, the model's scripted answer), in the order asked.
+VERIFIER = "verifier:gpt-4o"
+# (subject, image, round, kind, object, anchor, question, the scripted answer), in the order asked.
 PROBES = [
-    ("astronaut", 1, "detection", "shuttle model", "astronaut", detection("shuttle model", "astronaut"), "Yes."),
-    ("astronaut", 1, "presence", "guitar", "", presence("guitar"), "No, there is no guitar."),
-    ("camera", 1, "presence", "dog", "", presence("dog"), "Hard to say."),
-    ("coffee", 1, "detection", "spoon", "espresso", detection("spoon", "espresso"), "Yes, there is."),
-    ("coffee", 1, "detection", "table", "cup", detection("table", "cup"), "No."),
-    ("coffee", 1, "presence", "croissant", "", presence("croissant"), "Yes, there is a croissant."),
-    # Follow-ups only for the detection questions answered yes, with the same anchor.
-    ("astronaut", 2, "recognition", "shuttle model", "astronaut", recognition("astronaut"), "A model of the space shuttle."),
-    ("coffee", 2, "recognition", "spoon", "espresso", recognition("espresso"), "A fork."),
+    # The verifier, first: is each added object there? Only what it does not confirm is asked about again.
+    (VERIFIER, "astronaut", 1, "presence", "guitar", "", presence("guitar"), "No, there is no guitar."),
+    (VERIFIER, "camera", 1, "presence", "dog", "", presence("dog"), "Hard to say."),
+    (VERIFIER, "coffee", 1, "presence", "croissant", "", presence("croissant"), "Yes, there is a croissant."),
+    ("gpt", "astronaut", 1, "detection", "shuttle model", "astronaut", detection("astronaut"), "Yes."),
+    # The guitar's place, in the description: near the flag. The model stands by its guitar there.
+    ("gpt", "astronaut", 1, "location", "guitar", "flag", detection("flag"), "Yes."),
+    ("gpt", "coffee", 1, "detection", "spoon", "espresso", detection("espresso"), "Yes, there is."),
+    ("gpt", "coffee", 1, "detection", "table", "cup", detection("cup"), "No."),
+    # Follow-ups only for the questions answered yes, with the same anchor.
+    ("gpt", "astronaut", 2, "recognition", "shuttle model", "astronaut", recognition("astronaut"), "A model of the space shuttle."),
+    ("gpt", "astronaut", 2, "identification", "guitar", "flag", recognition("flag"), "A guitar."),
+    ("gpt", "coffee", 2, "recognition", "spoon", "espresso", recognition("espresso"), "A fork."),
 ]
-ANSWERS = {(image, question): answer for image, _, _, _, _, question, answer in PROBES}
+ANSWERS = {(image, question): answer for _, image, _, _, _, _, question, answer in PROBES}
 
 # Per image, the error types present by the probe rules:
 #   astronaut: shuttle model seen and named ("model of the space shuttle") -> scene understanding;
-#              guitar denied -> hallucination.
+#              guitar: no human named one, the verifier denies it, and at its place the model names
+#              the guitar again -> hallucination (asking the model alone would have confirmed it).
 #   coffee:    spoon seen but named "fork" (similarity 0.52 < 0.72) -> recognition; table denied ->
-#              detection; croissant confirmed -> no hallucination.
-#   camera:    dog unclear -> no label, the transcript kept as unclear.
+#              detection; croissant confirmed by the verifier -> no hallucination, nothing asked.
+#   camera:    the verifier cannot tell about the dog -> no label, the transcript kept as unclear.
 #   clock:     nothing to ask -> no error of any kind (decided, not undecided).
 PRESENT = {
     "astronaut": {"detection": False, "recognition": False, "scene_understanding": True, "hallucination": True},
@@ -147,6 +157,7 @@ def study_and_server(tmp_path: Path, monkeypatch):
     raw.pop("metrics")
     raw["stsb_check"] = False
     raw["models"] = [{"name": "gpt", "backend": "openai", "model_id": "gpt-4o-mini", "era": "mllm", "variants": "full"}]
+    raw["taxonomy"]["verifier"] = {"kind": "model", "backend": "openai", "model_id": "gpt-4o"}
     raw["statistics"] = {"n_resamples": 200, "seed": 3}
     with FakeAPIServer(answer=answer) as server:
         raw["providers"] = {
@@ -168,10 +179,10 @@ def test_the_probe_path_labels_an_api_model_from_its_answers_and_reruns_for_free
 
     probes = run.read("probes").to_pylist()
     asked = sorted(
-        (p["image_id"], p["round"], p["kind"], p["object"], p["anchor"], p["question"], p["answer"]) for p in probes
+        (p["subject"], p["image_id"], p["round"], p["kind"], p["object"], p["anchor"], p["question"], p["answer"]) for p in probes
     )
     assert asked == sorted(PROBES)
-    assert all(p["subject"] == "gpt" and p["status"] == "ok" and p["cost_usd"] > 0 for p in probes)
+    assert all(p["status"] == "ok" and p["cost_usd"] > 0 for p in probes)
     assert len(server.received()) == len(IMAGES) + len(PROBES)  # each description and question once
 
     errors = run.read("errors").to_pylist()
@@ -186,13 +197,18 @@ def test_the_probe_path_labels_an_api_model_from_its_answers_and_reruns_for_free
     assert seen["object"] == "shuttle model" and seen["anchor"] == "astronaut"
     assert seen["named_as"] == "model of the space shuttle" and seen["similarity"] >= 0.72
     assert seen["transcript"] == [
-        {"kind": "detection", "question": detection("shuttle model", "astronaut"), "answer": "Yes.", "reading": "yes"},
+        {"kind": "detection", "question": detection("astronaut"), "answer": "Yes.", "reading": "yes"},
         {"kind": "recognition", "question": recognition("astronaut"), "answer": "A model of the space shuttle.",
          "reading": "model of the space shuttle"},
     ]
     (invented,) = findings("astronaut", "hallucination")
+    assert invented["reference"] == "flag"
+    assert invented["existence"]["present"] is False
+    assert [(c["source"], c["found"]) for c in invented["existence"]["checks"]] == [("humans", False), ("verifier", False)]
+    assert invented["existence"]["checks"][1]["answer"] == "No, there is no guitar."
     assert invented["transcript"] == [
-        {"kind": "presence", "question": presence("guitar"), "answer": "No, there is no guitar.", "reading": "no"}
+        {"kind": "location", "question": detection("flag"), "answer": "Yes.", "reading": "yes"},
+        {"kind": "identification", "question": recognition("flag"), "answer": "A guitar.", "reading": "guitar"},
     ]
     (misnamed,) = findings("coffee", "recognition")
     assert misnamed["object"] == "spoon" and misnamed["named_as"] == "fork" and misnamed["similarity"] < 0.72
@@ -200,8 +216,10 @@ def test_the_probe_path_labels_an_api_model_from_its_answers_and_reruns_for_free
     (missed,) = findings("coffee", "detection")
     assert missed["object"] == "table" and missed["transcript"][0]["reading"] == "no"
     assert findings("coffee", "hallucination") == []  # the croissant is there
+    checked = json.loads(labels[("coffee", "hallucination")]["evidence"])["checked"]
+    assert [(c["object"], c["present"]) for c in checked] == [("croissant", True)]
     (doubt,) = findings("camera", "hallucination")
-    assert doubt["unclear"] is True and doubt["transcript"][0]["answer"] == "Hard to say."
+    assert doubt["unclear"] is True and doubt["existence"]["checks"][1]["answer"] == "Hard to say."
     assert all(findings("clock", t) == [] for t in PRESENT["clock"])
 
     # Again: every stage is current, so nothing runs and the server hears nothing.

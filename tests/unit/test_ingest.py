@@ -46,7 +46,7 @@ class Study:
 
     Votes worked by hand (own-image showings only; a distractor's showing or win counts nowhere):
       im1: a1 2/3, a3 1/2, a2 1/3, a4 0/3, a5 0/3  -> gold a1, top a3 (beats a2 on win rate), other a2 a4,
-           bottom a5 (ties a4 on 0/3, loses on id); a6 is masked.
+           bottom a5 (ties a4 on 0/3; the seeded draw, ranking.seed on stream im1, puts a4 first); a6 is masked.
       im2: b3 2/2, b2 1/2, b1 0/2, b4 0/1, b5 0/2  -> gold b3, top b2, other b1 b4, bottom b5.
     With top_k = bottom_k = 1.
     """

@@ -70,8 +70,33 @@ def test_leave_one_out_reference_matches_hand_computation():
     assert per == pytest.approx({"r0": r0, "r1": r1, "r2": r2}, abs=1e-12)
     pairwise = np.mean([pearsonr(TOY[a], TOY[b])[0] for a, b in itertools.combinations(range(3), 2)])
     assert row(result.summary, PAIRWISE, "pearson")["estimate"] == pytest.approx(pairwise, abs=1e-12)
-    assert row(result.summary, LOO, "pearson")["role"] == "ceiling"
-    assert row(result.summary, PAIRWISE, "pearson")["role"] == "reference"
+    # the paper's test is against the mean pairwise correlation: the default reference
+    assert row(result.summary, PAIRWISE, "pearson")["role"] == "ceiling"
+    assert row(result.summary, LOO, "pearson")["role"] == "reference"
+    metric = row(result.summary, "x", "pearson")
+    assert metric["difference"] == pytest.approx(metric["estimate"] - pairwise, abs=1e-12)
+    loo = validate_metrics(ratings_table(TOY), scores_table({"x": np.arange(4.0)}), n_resamples=200, seed=1, ceiling="leave-one-out")
+    assert row(loo.summary, LOO, "pearson")["role"] == "ceiling"
+
+
+def test_each_rated_model_is_validated_on_its_own_pairs_too():
+    # Figure A.1a per model: two models rated by the same three raters; a model's rows are the analysis
+    # of its pairs alone (by hand with scipy), beside the analysis of all pairs.
+    rng = np.random.default_rng(3)
+    a, b = rng.integers(1, 6, size=(3, 6)).astype(float), rng.integers(1, 6, size=(3, 6)).astype(float)
+    ratings = pa.concat_tables([ratings_table(a, "A"), ratings_table(b, "B")])
+    metric = {"A": rng.normal(size=6), "B": rng.normal(size=6)}
+    scores = pa.concat_tables([scores_table({"x": metric["A"]}, "A"), scores_table({"x": metric["B"]}, "B")])
+    result = validate_metrics(ratings, scores, n_resamples=200, seed=3)
+    assert sorted(set(result.summary.column("subject").to_pylist())) == ["A", "B", "all"]
+    for subject, matrix in (("A", a), ("B", b)):
+        (mine,) = [r for r in result.summary.to_pylist() if r["subject"] == subject and r["metric"] == "x" and r["kind"] == "pearson"]
+        assert mine["estimate"] == pytest.approx(np.mean([pearsonr(metric[subject], rater)[0] for rater in matrix]), abs=1e-12)
+        assert mine["n_pairs"] == 6 and mine["n_raters"] == 3
+    (pooled,) = [r for r in result.summary.to_pylist() if r["subject"] == "all" and r["metric"] == "x" and r["kind"] == "pearson"]
+    both = np.concatenate([metric["A"], metric["B"]])
+    assert pooled["estimate"] == pytest.approx(np.mean([pearsonr(both, np.concatenate([a[j], b[j]]))[0] for j in range(3)]), abs=1e-12)
+    assert pooled["n_pairs"] == 12
 
 
 def test_correlations_with_each_rater_match_scipy_with_ties_and_gaps():

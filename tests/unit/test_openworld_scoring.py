@@ -9,11 +9,11 @@ import pyarrow as pa
 import pytest
 
 from vlm_decade.models.api.keys import KEY_ENV
-from vlm_decade.stats import SCORES_SCHEMA, ComparisonSpec, Term
+from vlm_decade.stats import SCORES_SCHEMA
 from vlm_decade.studies import study_from_dict
 from vlm_decade.studies.openworld.judging import judge_unavailable, pairs_to_judge
-from vlm_decade.studies.openworld.scoring import PREDICTIONS_SCHEMA, grouped_scores, score_predictions
-from vlm_decade.studies.openworld.statistics import kinds, open_closed_family
+from vlm_decade.studies.openworld.scoring import PREDICTIONS_SCHEMA, score_predictions
+from vlm_decade.studies.openworld.statistics import kinds
 
 spacy = pytest.importorskip("spacy")
 
@@ -153,28 +153,6 @@ def test_a_pair_the_judge_did_not_answer_is_unjudged_alone(nlp):
     assert ("n", "i3") not in li and len(li) == len(EXPECTED) - 1
 
 
-def test_grouped_scores_put_each_value_under_its_group_and_all(nlp):
-    scores, predictions = score(nlp, JUDGED)
-    grouped = grouped_scores(scores, predictions, GRANULARITY)
-    assert grouped.schema == SCORES_SCHEMA
-    got = {(r["subject"], r["variant"], r["image_id"], r["dataset"], r["metric"]): r["value"] for r in grouped.to_pylist()}
-    names = ("ambiguity", "confusion", "correct", "granularity")
-    want = {}
-    for (s, prompt, image), (*values, _, outcome) in EXPECTED.items():
-        for group in (GROUP_OF[image], "all"):
-            want.update({(s, prompt, image, group, m): v for m, v in zip(("TI", "LI", "SS", "CS"), values)})
-            want.update({(s, prompt, image, group, f"outcome:{n}"): float(n == outcome) for n in names})
-    assert got == pytest.approx(want)
-    assert grouped.num_rows == len(want)  # no row twice
-
-
-def test_unjudged_predictions_give_no_outcome_rates(nlp):
-    scores, predictions = score(nlp, None)
-    grouped = grouped_scores(scores, predictions, GRANULARITY)
-    assert not any(m.startswith("outcome:") for m in grouped.column("metric").to_pylist())
-    assert grouped.num_rows == 2 * scores.num_rows
-
-
 # -- the pipeline's helpers --------------------------------------------------------------------------
 
 OPEN_WORLD = {"study": "openworld", "name": "b", "data": {"labels": "l.csv", "image_dir": "img", "classnames": "c.csv"}}
@@ -184,21 +162,9 @@ def study_b(*models, **extra):
     return study_from_dict({**OPEN_WORLD, "models": [dict(zip(("name", "backend", "model_id"), m)) for m in models], **extra})
 
 
-def test_open_closed_family_is_one_spec_per_group():
+def test_models_are_open_or_closed_world_by_backend():
     study = study_b(("vlm2", "hf-vlm", "x"), ("gpt", "openai", "gpt-4o-mini"), ("clip", "hf-zero-shot", "y"))
     assert kinds(study) == {"vlm2": "open-world", "gpt": "open-world", "clip": "closed-world"}
-    family = open_closed_family(study, {"prototypical", "all"})
-    assert family.name == "open-vs-closed"
-    assert family.specs == tuple(
-        ComparisonSpec(Term("open-world", ("gpt", "vlm2"), g), Term("closed-world", ("clip",), g)) for g in ("all", "prototypical"))
-
-
-@pytest.mark.parametrize("models", [
-    [("vlm", "hf-vlm", "x"), ("gpt", "openai", "gpt-4o-mini")],
-    [("clip", "hf-zero-shot", "y")],
-])
-def test_no_open_closed_comparison_when_a_kind_is_missing(models):
-    assert open_closed_family(study_b(*models), {"all", "prototypical"}).specs == ()
 
 
 def test_judge_pairs_are_distinct_and_stripped():

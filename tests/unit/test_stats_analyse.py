@@ -68,7 +68,7 @@ def test_default_families_and_bh_within_each():
         assert all(x["significant"] == (x["q"] <= 0.05) for x in xs)
     pre = [x for x in per["dataset"] if x["a"] == "era:pre-mllm"][0]
     assert pre["dataset"] == "coco vs csb" and not pre["paired"] and pre["difference"] > 0.15 and pre["significant"]
-    assert pre["p"] == 1 / 2001  # no resample crosses 0: the floor
+    assert pre["p"] == 2 / 2001  # no resample crosses 0: the floor
     mllm = [x for x in per["dataset"] if x["a"] == "era:mllm"][0]
     assert mllm["ci_low"] < 0 < mllm["ci_high"]
 
@@ -195,3 +195,63 @@ def test_bad_arguments_are_refused(kw, match):
     args = {"eras": ERAS, "n_resamples": 10, "seed": 0, **kw}
     with pytest.raises(StatsInputError, match=match):
         analyse(study(n=5), **args)
+
+
+def test_a_comparison_on_too_few_images_keeps_its_difference_but_gets_no_test():
+    # "big" and "other" have 6 images, "tiny" only 1: with min_images=5 the tiny comparison keeps its
+    # difference and interval, gets no p, q or decision, and leaves the BH family: the other q is its p.
+    values = {"big": [0.9, 0.8, 0.85, 0.95, 0.7, 0.75], "other": [0.5, 0.4, 0.45, 0.6, 0.3, 0.35], "tiny": [0.2]}
+    rows = [(s, f"i{k}", "all", "full", "m", v) for s, vs in values.items() for k, v in enumerate(vs)]
+    scores = pa.table(list(map(list, zip(*rows))), names=["subject", "image_id", "dataset", "variant", "metric", "value"])
+    family = Family("f", [ComparisonSpec(Term.subject("big", "all"), Term.subject(s, "all")) for s in ("other", "tiny")])
+    _, strict = analyse(scores, {}, 500, 1, families=[family], min_images=5)
+    _, loose = analyse(scores, {}, 500, 1, families=[family])
+    small, fine = {r["b"]: r for r in rows_of(strict)}["tiny"], {r["b"]: r for r in rows_of(strict)}["other"]
+    assert (small["p"], small["q"], small["significant"]) == (None, None, None)
+    assert small["difference"] == pytest.approx(np.mean(values["big"]) - 0.2) and small["ci_low"] is not None
+    assert (small["n_a"], small["n_b"], fine["n_a"], fine["n_b"]) == (6, 1, 6, 6)
+    assert fine["q"] == fine["p"] and fine["significant"] is True
+    by_b = {r["b"]: r for r in rows_of(loose)}
+    assert by_b["tiny"]["p"] is not None  # without the minimum, both are tested and corrected together
+    expected = stats.false_discovery_control([by_b["other"]["p"], by_b["tiny"]["p"]], method="bh")
+    assert [by_b["other"]["q"], by_b["tiny"]["q"]] == pytest.approx(list(expected))
+    with pytest.raises(StatsInputError, match="min_images"):
+        analyse(scores, {}, 500, 1, families=[family], min_images=0)
+
+
+def rows_of(table):
+    return table.to_pylist()
+
+
+def test_a_weight_column_weighs_each_image_by_its_units_and_must_be_positive():
+    # i1 holds two units averaging 0.3, i2 one unit of 0.9: the estimate is (2 * 0.3 + 0.9) / 3 = 0.5.
+    scores = pa.table({"subject": ["s", "s"], "image_id": ["i1", "i2"], "dataset": ["d", "d"], "variant": ["full", "full"],
+                       "metric": ["m", "m"], "value": [0.3, 0.9], "weight": [2.0, 1.0]})
+    (row,) = analyse(scores, {}, 200, 0, families=[])[0].to_pylist()
+    assert row["estimate"] == pytest.approx(0.5) and row["n_images"] == 2
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(StatsInputError, match="weight"):
+            analyse(scores.set_column(6, "weight", pa.array([2.0, bad])), {}, 200, 0, families=[])
+
+
+def test_the_paper_s_era_against_human_and_within_era_comparisons():
+    # Study (ERAS): pre-MLLMs UDC, OFA; MLLMs GPT-4, Gemini; humans top and bottom; datasets coco, csb.
+    st, c = analyse(study(), ERAS, 1000, 1)
+    xs = [x for x in rows(c) if x["metric"] == "gpt-si"]
+    era_h = [(x["a"], x["b"], x["dataset"]) for x in xs if x["family"] == "era-vs-humans"]
+    assert era_h == [("era:pre-mllm", "human:bottom", "coco"), ("era:mllm", "human:top", "coco"),
+                     ("era:pre-mllm", "human:bottom", "csb"), ("era:mllm", "human:top", "csb")]
+    within = [(x["a"], x["b"], x["dataset"]) for x in xs if x["family"] == "within-era"]
+    assert within == [("OFA", "UDC", "coco"), ("OFA", "UDC", "csb"), ("GPT-4", "Gemini", "coco"), ("GPT-4", "Gemini", "csb")]
+    # the era mean is the mean of its models' means; on csb the pre-MLLMs (0.4) lie below bottom humans (0.72)
+    means = {(r["subject"], r["dataset"]): r["estimate"] for r in rows(st) if r["metric"] == "gpt-si"}
+    pre_csb = next(x for x in xs if x["family"] == "era-vs-humans" and x["a"] == "era:pre-mllm" and x["dataset"] == "csb")
+    assert pre_csb["estimate_a"] == pytest.approx((means[("UDC", "csb")] + means[("OFA", "csb")]) / 2)
+    assert pre_csb["difference"] < -0.25 and pre_csb["significant"]
+    for family in ("era-vs-humans", "within-era"):
+        ps = [x["p"] for x in xs if x["family"] == family]
+        np.testing.assert_array_equal([x["q"] for x in xs if x["family"] == family], stats_bh(ps))
+
+
+def stats_bh(ps):
+    return stats.false_discovery_control(ps, method="bh")

@@ -52,18 +52,23 @@ def test_quantile_rows_equals_numpy_and_skips_nan():
 
 
 def test_bootstrap_p_hand_worked():
-    # 1 below, 3 above 0: p = (1 + 2*1) / (4 + 1)
-    assert _core.bootstrap_p(np.array([[1.0, 2.0, 3.0, -1.0]]))[0] == pytest.approx(0.6)
+    # the standard two-sided form min(1, 2 (1 + min(k_below, k_above)) / (B + 1))
+    # 1 below, 3 above 0: p = 2 (1 + 1) / (4 + 1)
+    assert _core.bootstrap_p(np.array([[1.0, 2.0, 3.0, -1.0]]))[0] == pytest.approx(0.8)
+    # 2 below of 9: 2 (1 + 2) / 10
+    assert _core.bootstrap_p(np.array([[-1.0, -2.0, 1, 2, 3, 4, 5, 6, 7]]))[0] == pytest.approx(0.6)
     # ties at 0 count half each way: below = 1 + 1, above = 1 + 1 -> capped at 1
     assert _core.bootstrap_p(np.array([[0.0, 0.0, 1.0, -1.0]]))[0] == 1.0
     assert _core.bootstrap_p(np.zeros((1, 10_000)))[0] == 1.0  # a subject against itself
     p = _core.bootstrap_p(np.full((1, 10_000), 0.3))[0]
-    assert p == 1 / 10_001 == _core.p_floor(10_000)
-    assert format_p(p, 10_000) == "< 1e-4"
+    assert p == 2 / 10_001 == _core.p_floor(10_000)
+    assert format_p(p, 10_000) == "< 2.0e-4"
 
 
 def test_format_p():
-    assert format_p(1 / 1000, 999) == "< 1e-3"
+    assert format_p(2 / 1000, 999) == "< 2.0e-3"
+    assert format_p(2 / 201, 200) == "< 1.0e-2"  # the floor 9.95e-3, rounded up: the bound holds
+    assert format_p(2 / 1001, 1000) == "< 2.0e-3"
     assert format_p(0.0312, 10_000) == "0.031"
     assert format_p(0.0023, 10_000) == "2.3e-3"
     assert format_p(1.0, 10_000) == "1.000"

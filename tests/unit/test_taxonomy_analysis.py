@@ -99,15 +99,20 @@ TRANSCRIPTS = {  # ("api", "i2") has none: its probes failed
     ("api", "i1"): [
         (Question("detection", "cat", "frisbee", "Is there a cat near the frisbee?"), "Yes."),
         (Question("detection", "frisbee", "cat", "Is there a frisbee near the cat?"), "No."),
-        (Question("presence", "tv", None, "Is there a tv in this image?"), "No, there is no TV."),
+        (Question("location", "tv", "car", "Is there an object near the car?"), "No, there is nothing there."),
         (Question("recognition", "cat", "frisbee", "What is the object near the frisbee?"), "A dog."),
     ]
 }
 
 
+# No human named a tv on i1 and no verifier found one (existence.check's verdict).
+EXISTENCE = {("api", "i1"): {"tv": {"object": "tv", "present": False, "checks": [{"source": "humans", "found": False}]}}}
+
+
 @pytest.fixture(scope="module")
 def labels():
-    return object_labels(PAIRS, RELEVANT, MENTIONED, DETECTIONS, TRANSCRIPTS, {"api"}, fake_matcher(), 0.45)
+    return object_labels(PAIRS, RELEVANT, MENTIONED, DETECTIONS, TRANSCRIPTS, {"api"}, fake_matcher(), 0.45, EXISTENCE,
+                         {"i1": ["cat", "frisbee", "car"]})
 
 
 def present(rows, subject, image_id):
@@ -131,13 +136,30 @@ def test_detector_labelled_pair_follows_the_rules(labels):
 
 
 def test_probe_labelled_pair_follows_the_transcript(labels):
-    # frisbee: "No." -> detection; cat: "Yes.", then "A dog." (0.6 < 0.72) -> recognition; tv: "No" ->
-    # hallucination. The api model's boxes are never read (no detection labels of i1's detector).
+    # frisbee: "No." -> detection; cat: "Yes.", then "A dog." (0.6 < 0.72) -> recognition; tv: found by
+    # no one, and nothing where the description puts it (near the car) -> hallucination. The api
+    # model's boxes are never read (no detection labels of i1's detector).
     assert present(labels, "api", "i1") == {
         "detection": True, "recognition": True, "scene_understanding": False, "hallucination": True}
     row = by_key(labels)[("api", "i1", "recognition")]
     assert row["method"] == "probe"
     assert json.loads(row["evidence"])["findings"][0]["named_as"] == "dog"
+    # The hallucination row keeps the whole chain: what was checked, where it was asked, the answer.
+    evidence = json.loads(by_key(labels)[("api", "i1", "hallucination")]["evidence"])
+    assert evidence["checked"] == [EXISTENCE[("api", "i1")]["tv"]]
+    (chain,) = evidence["findings"]
+    assert chain["existence"]["present"] is False and chain["reference"] == "car"
+    assert chain["transcript"] == [{"kind": "location", "question": "Is there an object near the car?",
+                                    "answer": "No, there is nothing there.", "reading": "no"}]
+
+
+def test_a_mention_other_humans_named_is_no_hallucination_for_a_detector_labelled_model():
+    # "a dog, a car and a tv": the tv is in no detection and not in the gold, but a worker named it.
+    seen = {("local", "i1"): {"tv": {"object": "tv", "present": True, "checks": [{"source": "humans", "found": True}]},
+                              "dog": {"object": "dog", "present": False, "checks": []}}}
+    rows = object_labels(PAIRS[:1], RELEVANT, MENTIONED, DETECTIONS, {}, set(), fake_matcher(), 0.45, seen)
+    assert present(rows, "local", "i1")["hallucination"] is False
+    assert present(rows, "local", "i1")["recognition"] is True  # the dog still misnames the cat
 
 
 def test_undecidable_pairs_give_null_rows_with_the_reason(labels):
@@ -296,19 +318,40 @@ IMPACT_ERRORS = {
 IMPACT_SIMILARITY = {("a", "i1"): 0.2, ("b", "i1"): 0.6, ("a", "i2"): 0.8, ("b", "i2"): 0.3, ("a", "i3"): 0.4, ("b", "i3"): 0.9}
 
 
-def test_impact_is_the_mean_similarity_per_image_and_group():
+def test_impact_is_the_mean_similarity_per_image_and_group_with_its_pairs_as_weight():
     impact = impact_scores(errors_of(IMPACT_ERRORS), similarity_scores(IMPACT_SIMILARITY), METRIC)
-    got = {(r["subject"], r["image_id"]): r["value"] for r in impact.to_pylist()}
+    got = {(r["subject"], r["image_id"]): (r["value"], r["weight"]) for r in impact.to_pylist()}
     # (a, i1) has two error types: it counts in both groups, and never as "no error".
-    assert got == pytest.approx({
-        ("error:detection", "i1"): (0.2 + 0.6) / 2,
-        ("error:hallucination", "i1"): 0.2,
-        ("error:recognition", "i3"): 0.4,
-        (NO_ERROR, "i2"): (0.8 + 0.3) / 2,
-        (NO_ERROR, "i3"): 0.9,
-    })
+    assert got == {
+        ("error:detection", "i1"): (pytest.approx((0.2 + 0.6) / 2), 2.0),
+        ("error:hallucination", "i1"): (pytest.approx(0.2), 1.0),
+        ("error:recognition", "i3"): (pytest.approx(0.4), 1.0),
+        (NO_ERROR, "i2"): (pytest.approx((0.8 + 0.3) / 2), 2.0),
+        (NO_ERROR, "i3"): (pytest.approx(0.9), 1.0),
+    }
     assert set(impact.column("dataset").to_pylist()) == {"all"}
     assert set(impact.column("metric").to_pylist()) == {METRIC}
+    assert analysis.impact_pairs(impact) == {"error:detection": 2, "error:hallucination": 1, "error:recognition": 1, NO_ERROR: 3}
+
+
+def test_impact_is_a_mean_over_model_image_pairs_resampled_by_image():
+    # The paper's figure 8 averages model-image pairs: "no error" holds (a, i2) 0.8, (b, i2) 0.3 and
+    # (b, i3) 0.9, so its estimate is 2.0 / 3, not the mean of the image means ((0.55 + 0.9) / 2).
+    from vlm_decade.stats import _core, _streams, bootstrap_study
+
+    impact = impact_scores(errors_of(IMPACT_ERRORS), similarity_scores(IMPACT_SIMILARITY), METRIC)
+    result = bootstrap_study(impact, {}, 1000, 7, families=[impact_family(impact)], keep_distributions=True, use_ray=False)
+    stats = {r["subject"]: r for r in result.stats.to_pylist()}
+    assert stats[NO_ERROR]["estimate"] == pytest.approx(2.0 / 3) and stats[NO_ERROR]["n_images"] == 2
+    assert stats["error:detection"]["estimate"] == pytest.approx(0.4)
+    # By hand, from the engine's own resample counts over the three images (i1, i2, i3): per resample
+    # the sum of the pairs' values over the sum of their numbers, each image drawn with all its pairs.
+    counts = np.vstack([_core.multinomial_counts(np.random.default_rng(ss), b, 3) for ss, b in
+                        zip(_streams.chunk_streams(7, "all", _streams.KIND_MULTINOMIAL, 2), _streams.chunk_sizes(1000))])
+    sums, pairs = np.array([0.0, 1.1, 0.9]), np.array([0.0, 2.0, 1.0])
+    with np.errstate(invalid="ignore"):
+        by_hand = counts @ sums / (counts @ pairs)
+    assert result.distributions[(NO_ERROR, "all", METRIC, "full")] == pytest.approx(by_hand, nan_ok=True)
 
 
 def test_undecided_pair_is_not_counted_as_error_free():
@@ -318,13 +361,32 @@ def test_undecided_pair_is_not_counted_as_error_free():
     assert (NO_ERROR, "i3") not in got
 
 
-def test_impact_family_compares_each_error_group_with_no_error():
+def test_an_undecided_sde_is_not_no_error():
+    # (b, i3): its four object labels are decided and absent, but its spatial dependence is undecided.
+    errors = {**IMPACT_ERRORS, ("b", "i3"): flags(undecided=("spatial_dependence",))}
+    impact = impact_scores(errors_of(errors), similarity_scores(IMPACT_SIMILARITY), METRIC)
+    assert (NO_ERROR, "i3") not in {(r["subject"], r["image_id"]) for r in impact.to_pylist()}
+    # a model without masked variants has no SDE label at all: its four object labels decide
+    no_sde = {key: {t: v for t, v in flags().items() if t != "spatial_dependence"} for key in [("b", "i3")]}
+    impact = impact_scores(errors_of({**IMPACT_ERRORS, **no_sde}), similarity_scores(IMPACT_SIMILARITY), METRIC)
+    assert (NO_ERROR, "i3") in {(r["subject"], r["image_id"]) for r in impact.to_pylist()}
+
+
+def test_impact_family_compares_each_error_group_with_no_error_and_the_types_with_each_other():
     impact = impact_scores(errors_of(IMPACT_ERRORS), similarity_scores(IMPACT_SIMILARITY), METRIC)
     family = impact_family(impact)
     base = Term.subject(NO_ERROR, "all")
     assert family.name == "impact"
     assert family.specs == tuple(
-        ComparisonSpec(Term.subject(f"error:{t}", "all"), base) for t in ("detection", "hallucination", "recognition"))
+        ComparisonSpec(Term.subject(f"error:{t}", "all"), base) for t in ("detection", "recognition", "hallucination"))
+    # every group present: the paper's scene understanding and SDE comparisons join them
+    every = {(s, i): flags(t) for s, i, t in zip("abcde", ("i1", "i2", "i3", "i1", "i2"), ERROR_TYPES)} | {("f", "i3"): flags()}
+    scores = similarity_scores({key: 0.5 for key in every})
+    specs = [(s.a.label, s.b.label) for s in impact_family(impact_scores(errors_of(every), scores, METRIC)).specs]
+    group = {t: f"error:{t}" for t in ERROR_TYPES}
+    assert specs == [(group[t], NO_ERROR) for t in ERROR_TYPES] + [
+        (group["scene_understanding"], group[t]) for t in ("detection", "recognition", "hallucination")] + [
+        (group["spatial_dependence"], group[t]) for t in ("detection", "recognition", "scene_understanding", "hallucination")]
 
 
 def test_impact_family_is_empty_without_error_free_pairs():
@@ -359,8 +421,10 @@ def test_probed_pair_labels_from_the_errors_stage(monkeypatch, said, probe_rows,
         "taxonomy": {},
     })
     relevant, mentioned = {"i1": mentions("sofa")}, {("api", "i1"): mentions(*said)}
-    assert len(first_round(relevant["i1"], mentioned[("api", "i1")], fake_matcher())) == len(probe_rows)
+    absent = [n for n in said if n != "sofa"]
+    assert len(first_round(relevant["i1"], mentioned[("api", "i1")], fake_matcher(), absent=absent)) == len(probe_rows)
     monkeypatch.setattr(stages, "objects", lambda references, pairs: (relevant, mentioned))
+    monkeypatch.setattr(stages, "human_objects", lambda references: {"i1": (("sofa",),)})
     monkeypatch.setattr(stages, "matcher_for", lambda study: fake_matcher())
     gold, masked = "a sofa in a room", "a room"
     tables = {

@@ -16,7 +16,9 @@ from vlm_decade.studies.decade.taxonomy.probes import (
     answer_names,
     first_round,
     parse_yes_no,
+    presence_questions,
     probe_findings,
+    reference,
     second_round,
 )
 from vlm_decade.studies.decade.taxonomy.rules import summarise
@@ -51,10 +53,49 @@ def mentions(*names):
 
 
 def test_default_templates_read_as_in_the_paper():
+    # The paper: "Is there an object in the hand of the person standing by the wall?", then "What is
+    # the object in the hand of ...?": the detection question points at the place, naming no object.
     t = ProbeTemplates()
     assert t.detection.format(article="a", object="flashlight", anchor="man") == (
-        "Is there a flashlight near the man in this image? Answer yes or no.")
+        "Is there an object near the man in this image? Answer yes or no.")
     assert t.recognition.format(anchor="man") == "What is the object near the man? Answer with a short noun phrase."
+
+
+def test_the_older_naming_form_can_still_be_configured():
+    t = ProbeTemplates(detection="Is there {article} {object} near the {anchor}? Answer yes or no.")
+    assert t.detection.format(article="a", object="flashlight", anchor="man") == "Is there a flashlight near the man? Answer yes or no."
+
+
+def _ask_all(relevant, mentioned, matcher, answer):
+    """Both rounds against a scripted model (question text -> answer), as the probes stage runs them."""
+    first = first_round(relevant, mentioned, matcher)
+    answered = [(q, answer(q.text)) for q in first]
+    answered += [(q, answer(q.text)) for q in second_round(answered)]
+    return answered
+
+
+def test_a_model_that_sees_the_object_but_would_misname_it_makes_a_recognition_error(matcher):
+    # It denies a flashlight (it sees a gun there), but there is an object near the man, and it is "a gun".
+    script = {
+        "Is there an object near the man in this image? Answer yes or no.": "Yes.",
+        "Is there a flashlight near the man in this image? Answer yes or no.": "No.",
+        "What is the object near the man? Answer with a short noun phrase.": "A gun.",
+    }
+    answered = _ask_all(mentions("man", "flashlight"), mentions("man"), matcher, script.__getitem__)
+    assert [q.text for q, _ in answered] == [
+        "Is there an object near the man in this image? Answer yes or no.",
+        "What is the object near the man? Answer with a short noun phrase."]
+    (finding,) = probe_findings(answered, matcher)
+    assert (finding.error_type, finding.obj, finding.evidence["named_as"]) == ("recognition", "flashlight", "gun")
+
+
+def test_a_model_that_says_yes_to_everything_shows_its_detection_error_as_a_misnaming(matcher):
+    # Asked "Is there a flashlight near the man?" it would say yes and hide that it sees nothing; asked
+    # for the object's name, it has to give one, and "a hat" is not the flashlight.
+    answered = _ask_all(mentions("man", "flashlight"), mentions("man"), matcher,
+                        lambda q: "Yes." if q.startswith("Is there") else "A hat.")
+    (finding,) = probe_findings(answered, matcher)
+    assert (finding.error_type, finding.evidence["named_as"]) == ("recognition", "hat")
 
 
 @pytest.mark.parametrize(
@@ -75,14 +116,29 @@ def test_templates_are_checked(field, template, message):
 
 
 def test_first_round(matcher):
-    questions = first_round(mentions("man", "flashlight", "wall"), mentions("man", "umbrella"), matcher)
+    questions = first_round(mentions("man", "flashlight", "wall"), mentions("man", "umbrella"), matcher, absent=["umbrella"])
     assert questions == [
-        Question("detection", "flashlight", "man", "Is there a flashlight near the man in this image? Answer yes or no."),
+        Question("detection", "flashlight", "man", "Is there an object near the man in this image? Answer yes or no."),
         # "man" already anchors the flashlight: a second object gets the next free anchor, so the
-        # two recognition follow-ups differ
-        Question("detection", "wall", "flashlight", "Is there a wall near the flashlight in this image? Answer yes or no."),
-        Question("presence", "umbrella", None, "Is there an umbrella in this image? Answer yes or no."),
+        # two questions and their recognition follow-ups differ
+        Question("detection", "wall", "flashlight", "Is there an object near the flashlight in this image? Answer yes or no."),
+        # the umbrella, which nothing independent finds, is asked about where the description puts it: near the man
+        Question("location", "umbrella", "man", "Is there an object near the man in this image? Answer yes or no."),
     ]
+
+
+def test_a_mention_found_in_the_image_or_without_a_place_gets_no_location_question(matcher):
+    assert first_round(mentions("man"), mentions("man", "umbrella"), matcher, absent=[]) == []
+    # nothing the gold names is mentioned: the description places the umbrella near nothing known
+    assert first_round(mentions("man"), mentions("umbrella"), matcher, absent=["umbrella"])[1:] == []
+
+
+def test_the_reference_is_the_nearest_mentioned_gold_object_the_earlier_on_a_tie(matcher):
+    gold = ["man", "dog", "tree"]
+    assert reference("frisbee", ["man", "frisbee", "dog"], gold, matcher) == "man"
+    assert reference("frisbee", ["hat", "frisbee", "dog"], gold, matcher) == "dog"
+    assert reference("frisbee", ["tree", "hat", "frisbee", "kite", "dog"], gold, matcher) == "tree"
+    assert reference("frisbee", ["frisbee", "kite"], gold, matcher) is None
 
 
 def test_anchor_is_the_first_other_gold_object_that_is_not_the_same_thing(matcher):
@@ -106,10 +162,19 @@ def test_second_round_asks_recognition_only_after_yes(matcher):
     wall = Question("detection", "wall", "man", "...")
     cat = Question("detection", "cat", None, "...")
     presence = Question("presence", "umbrella", None, "...")
-    asked = second_round([(flashlight, "Yes."), (wall, "No."), (cat, "yes, there is"), (presence, "Yes")])
+    gun = Question("location", "gun", "wall", "...")
+    asked = second_round([(flashlight, "Yes."), (wall, "No."), (cat, "yes, there is"), (presence, "Yes"), (gun, "Yes")])
     assert asked == [
         Question("recognition", "flashlight", "man", "What is the object near the man? Answer with a short noun phrase."),
         Question("recognition", "cat", None, ProbeTemplates().recognition_no_anchor),
+        Question("identification", "gun", "wall", "What is the object near the wall? Answer with a short noun phrase."),
+    ]
+
+
+def test_the_verifier_is_asked_about_each_object_by_name():
+    assert presence_questions(["umbrella", "cat", "umbrella"]) == [
+        Question("presence", "umbrella", None, "Is there an umbrella in this image? Answer yes or no."),
+        Question("presence", "cat", None, "Is there a cat in this image? Answer yes or no."),
     ]
 
 
@@ -148,7 +213,7 @@ def test_answer_names(text, names):
 
 # -- labels from transcripts --------------------------------------------------------------------------
 
-DETECT = Question("detection", "flashlight", "man", "Is there a flashlight near the man in this image? Answer yes or no.")
+DETECT = Question("detection", "flashlight", "man", "Is there an object near the man in this image? Answer yes or no.")
 RECOGNISE = Question("recognition", "flashlight", "man", "What is the object near the man? Answer with a short noun phrase.")
 PRESENT = Question("presence", "frisbee", None, "Is there a frisbee in this image? Answer yes or no.")
 
@@ -198,14 +263,65 @@ def test_listed_objects_without_anchor(matcher):
     assert found[0].evidence["named_as"] == "couch"
 
 
-def test_presence_no_is_hallucination_and_yes_is_none(matcher):
-    assert labels(probe_findings([(PRESENT, "No, there is no frisbee.")], matcher)) == [("hallucination", "frisbee", False)]
-    assert probe_findings([(PRESENT, "Yes, on the grass.")], matcher) == []
+def verdict(obj, present):
+    """An existence verdict as `existence.check` gives it (the checks themselves do not matter here)."""
+    return {"object": obj, "present": present, "checks": [{"source": "humans", "found": present is True}]}
+
+
+LOCATE_GUN = Question("location", "gun", "man", "Is there an object near the man in this image? Answer yes or no.")
+IDENTIFY_GUN = Question("identification", "gun", "man", "What is the object near the man? Answer with a short noun phrase.")
+
+
+def test_a_mention_an_independent_source_found_is_no_error(matcher):
+    assert probe_findings([], matcher, {"frisbee": verdict("frisbee", True)}) == []
+
+
+def test_a_mention_whose_existence_is_undecided_gives_no_label(matcher):
+    (finding,) = probe_findings([], matcher, {"frisbee": verdict("frisbee", None)})
+    assert (finding.error_type, finding.unclear) == ("hallucination", True)
+    assert finding.evidence["existence"]["present"] is None
+
+
+def test_nothing_where_the_description_puts_it_is_a_hallucination(matcher):
+    (finding,) = probe_findings([(LOCATE_GUN, "No.")], matcher, {"gun": verdict("gun", False)}, ["man", "lamp"], ["man", "lamp"])
+    assert (finding.error_type, finding.obj, finding.unclear) == ("hallucination", "gun", False)
+    assert finding.evidence["reference"] == "man" and finding.evidence["transcript"][0]["reading"] == "no"
+
+
+def test_a_model_consistent_with_its_own_hallucination_is_caught(matcher):
+    # Asked about its own mention it would say "yes, a gun"; no human named a gun and no verifier found
+    # one, and what it names at the place is the gun again: a hallucination.
+    answered = [(LOCATE_GUN, "Yes."), (IDENTIFY_GUN, "A gun.")]
+    (finding,) = probe_findings(answered, matcher, {"gun": verdict("gun", False)}, ["man", "lamp"], ["man", "lamp"])
+    assert (finding.error_type, finding.obj, finding.unclear) == ("hallucination", "gun", False)
+    assert [t["reading"] for t in finding.evidence["transcript"]] == ["yes", "gun"]
+
+
+def test_a_present_object_named_at_the_place_makes_the_mention_a_misidentification(matcher):
+    # The paper's figure 5b: the lamp on the wall called a second gun. At the place the description
+    # puts the gun the model names the lamp, which is there: a recognition error about the lamp.
+    answered = [(LOCATE_GUN, "Yes."), (IDENTIFY_GUN, "A lamp on the wall.")]
+    (finding,) = probe_findings(answered, matcher, {"gun": verdict("gun", False)}, ["man", "lamp"], ["man", "lamp", "wall"])
+    assert (finding.error_type, finding.obj) == ("recognition", "lamp")
+    assert finding.evidence["named_as"] == "gun" and finding.evidence["relevant"] is True
+    assert finding.evidence["said_there"] == "lamp on the wall" and finding.evidence["existence"]["present"] is False
+
+
+def test_a_mention_with_no_place_is_a_hallucination_by_its_existence_alone(matcher):
+    (finding,) = probe_findings([], matcher, {"gun": verdict("gun", False)}, ["man"], ["man"])
+    assert finding.error_type == "hallucination" and "not asked" in finding.evidence["location"]
+
+
+def test_the_name_given_for_a_relevant_object_is_that_misnaming_not_a_hallucination(matcher):
+    # Asked about the object near the man (the flashlight) it said "a gun", and it mentions a gun.
+    answered = [(DETECT, "Yes"), (RECOGNISE, "A gun.")]
+    found = probe_findings(answered, matcher, {"gun": verdict("gun", False)}, ["man", "flashlight"], ["man", "flashlight"])
+    assert labels(found) == [("recognition", "flashlight", False)]
 
 
 def test_unclear_answers_give_no_label_but_keep_the_transcript(matcher):
-    found = probe_findings([(DETECT, "I'm not sure."), (PRESENT, "Maybe.")], matcher)
-    assert labels(found) == [("detection", "flashlight", True), ("hallucination", "frisbee", True)]
+    found = probe_findings([(DETECT, "I'm not sure."), (LOCATE_GUN, "Maybe.")], matcher, {"gun": verdict("gun", False)}, ["man"], ["man"])
+    assert labels(found) == [("detection", "flashlight", True), ("hallucination", "gun", True)]
     assert found[0].evidence["transcript"][0]["reading"] == "unclear"
     summary = summarise(found)
     assert summary["detection"][0] is False and summary["hallucination"][0] is False
@@ -220,7 +336,7 @@ def test_yes_without_a_recognition_answer_is_unclear(matcher):
 
 def test_a_whole_transcript(matcher):
     cat = Question("detection", "cat", "man", "...")
-    answered = [(DETECT, "Yes"), (cat, "No"), (PRESENT, "No"),
-                (RECOGNISE, "a gun")]
-    assert labels(probe_findings(answered, matcher)) == [
-        ("recognition", "flashlight", False), ("detection", "cat", False), ("hallucination", "frisbee", False)]
+    answered = [(DETECT, "Yes"), (cat, "No"), (LOCATE_GUN, "No"), (RECOGNISE, "a hat")]
+    found = probe_findings(answered, matcher, {"gun": verdict("gun", False), "hat": verdict("hat", True)}, ["man"], ["man"])
+    assert labels(found) == [
+        ("recognition", "flashlight", False), ("detection", "cat", False), ("hallucination", "gun", False)]

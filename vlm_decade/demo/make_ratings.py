@@ -52,8 +52,9 @@ LATENT: dict[str, tuple[str, float]] = {
     "camera": ("camera-w01", 0.75),
     # "a blurry photo of a clock on a wall": the gist exactly
     "clock": ("clock-w02", 0.80),
-    # "a red motorcycle parked in a garage": the gist exactly
-    "motorcycle": ("motorcycle-w01", 0.85),
+    # "a red motorcycle parked in a garage": the gist, without the vintage Yamaha, bench and bicycle
+    # (w01 and w02 tie on votes and win rate; the ranking's seeded draw chose w02)
+    "motorcycle": ("motorcycle-w02", 0.80),
     # "a bunch of coins sitting on a black table": right objects, not ancient, not a museum
     "coins": ("coins-w02", 0.60),
     # "a close up of a pizza on a plate": wrong

@@ -15,6 +15,12 @@ Two kinds of metric:
 
 A built metric holds its model, so build it once (in an actor) and call `score` per batch;
 `score_pairs(cfg, ...)` does both in one call.
+
+The caption metrics users expect beside them (BLEU-1..4, METEOR, ROUGE-L, CIDEr-D) compare one
+candidate with *several* references, so they are not pairwise: `caption_scores(candidates,
+references)` scores a set of candidates, each against its own list of references, through
+pycocoevalcap, the COCO caption evaluation's reference implementation (its PTB tokenizer and METEOR
+run on Java). SPICE is left out: it downloads Stanford CoreNLP models at run time.
 """
 
 from __future__ import annotations
@@ -181,6 +187,46 @@ def score_table(metrics: list[Metric], pairs: pa.Table) -> pa.Table:
         ]
     rows.sort(key=lambda r: (r["metric"], r["subject"], r["image_id"]))
     return pa.Table.from_pylist(rows, schema=METRIC_SCORES_SCHEMA)
+
+
+CAPTION_METRICS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr-D")
+
+
+def caption_scores(candidates: list[str], references: list[list[str]], names=CAPTION_METRICS) -> dict[str, np.ndarray]:
+    """Each candidate's score against its own references, per metric in `names`, as pycocoevalcap
+    computes them after its PTB tokenizer (lower case, punctuation dropped): sentence-level BLEU-n
+    (closest reference length, its tiny smoothing), METEOR 1.5, ROUGE-L (beta 1.2) and CIDEr-D
+    (sigma 6, clipped, x10). CIDEr-D's idf is taken over the references of all the candidates scored
+    together, so score one set of images in one call (one model's descriptions). Needs Java."""
+    from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
+
+    unknown = sorted(set(names) - set(CAPTION_METRICS))
+    if unknown:
+        raise ValueError(f"unknown caption metric(s) {unknown}; known: {', '.join(CAPTION_METRICS)}")
+    if len(candidates) != len(references):
+        raise ValueError(f"{len(candidates)} candidates but {len(references)} reference lists")
+    if any(not refs for refs in references):
+        raise ValueError("every candidate needs at least one reference")
+    if not candidates:
+        return {name: np.zeros(0) for name in names}
+    keys = [str(i) for i in range(len(candidates))]
+    tokenizer = PTBTokenizer()
+    res = tokenizer.tokenize({k: [{"caption": c}] for k, c in zip(keys, candidates)})
+    gts = tokenizer.tokenize({k: [{"caption": r} for r in refs] for k, refs in zip(keys, references)})
+    res, gts = {k: res[k] for k in keys}, {k: gts[k] for k in keys}  # the scorers follow the keys' order
+    out: dict[str, np.ndarray] = {}
+    bleu = [n for n in names if n.startswith("BLEU-")]
+    if bleu:
+        from pycocoevalcap.bleu.bleu import Bleu
+
+        _, per = Bleu(4).compute_score(gts, res, verbose=0)
+        out.update({n: np.asarray(per[int(n[-1]) - 1], dtype=np.float64) for n in bleu})
+    for name, load in (("METEOR", "meteor.meteor:Meteor"), ("ROUGE-L", "rouge.rouge:Rouge"), ("CIDEr-D", "cider.cider:Cider")):
+        if name in names:
+            module, cls = load.split(":")
+            scorer = getattr(__import__(f"pycocoevalcap.{module}", fromlist=[cls]), cls)()
+            out[name] = np.asarray(scorer.compute_score(gts, res)[1], dtype=np.float64)
+    return {n: out[n] for n in names}
 
 
 def _cuda() -> bool:

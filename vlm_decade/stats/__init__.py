@@ -19,12 +19,27 @@ See docs/statistics.md for the definitions.
 """
 
 from vlm_decade.stats._core import bh_qvalues, bootstrap_p, p_floor
+
+# What the engine computes, as a version: stages put it in their settings, so a change of method
+# (2: the standard two-sided p-value, min_images, unit weights) recomputes existing runs.
+METHOD_VERSION = 2
 from vlm_decade.stats._validate import StatsInputError
 from vlm_decade.stats.analysis import analyse, bootstrap_study, correlation_ci, format_p, pivot
-from vlm_decade.stats.families import ComparisonSpec, Family, Term, dataset_family, default_families, era_family, vs_humans_family
+from vlm_decade.stats.families import (
+    ComparisonSpec,
+    Family,
+    Term,
+    dataset_family,
+    default_families,
+    era_family,
+    era_vs_humans_family,
+    vs_humans_family,
+    within_era_family,
+)
 from vlm_decade.stats.results import COMPARISONS_SCHEMA, SCORES_SCHEMA, STATS_SCHEMA, Estimate, StudyResult
 
 __all__ = [
+    "METHOD_VERSION",
     "analyse",
     "bootstrap_study",
     "correlation_ci",
@@ -41,6 +56,8 @@ __all__ = [
     "era_family",
     "dataset_family",
     "vs_humans_family",
+    "era_vs_humans_family",
+    "within_era_family",
     "SCORES_SCHEMA",
     "STATS_SCHEMA",
     "COMPARISONS_SCHEMA",

@@ -65,9 +65,10 @@ def weighted_sums(weights: np.ndarray, values: np.ndarray, mask: np.ndarray) -> 
     """Partial sums of a resample block: (sum_i w_bi x_si m_si, sum_i w_bi m_si), each (B, S).
 
     `values` (S, n) must hold 0 where `mask` (S, n) is 0, so missing scores drop out of both the
-    numerator and the denominator. Sums over disjoint image shards add up exactly.
+    numerator and the denominator; a mask entry above 1 weighs an image by the units it holds.
+    Sums over disjoint image shards add up exactly.
     """
-    if mask.all():  # no missing scores: every total is the resample's weight sum (half the work)
+    if (mask == 1.0).all():  # no missing scores, no unit weights: every total is the resample's weight sum
         return weights @ values.T, np.repeat(weights.sum(axis=1)[:, None], mask.shape[0], axis=1)
     return weights @ values.T, weights @ mask.T
 
@@ -231,11 +232,11 @@ def bca_ci(
 def bootstrap_p(diff_dist: np.ndarray) -> np.ndarray:
     """Two-sided bootstrap p-value of H0: difference = 0, per row of resampled differences.
 
-    p = (1 + 2 * min(k_below, k_above)) / (B + 1), capped at 1, where k_below counts resamples
-    with difference < 0 plus half of those exactly 0 (k_above likewise). It is twice the smaller
-    tail mass of the bootstrap distribution beyond 0 with the (1 + k)/(B + 1) correction that
-    keeps it valid, so it never falls below 1/(B + 1) (9.999e-5 for B = 10,000); a difference
-    that is 0 in every resample (a subject against itself) gets exactly p = 1.
+    p = min(1, 2 (1 + min(k_below, k_above)) / (B + 1)), where k_below counts resamples with
+    difference < 0 plus half of those exactly 0 (k_above likewise): twice the one-sided p-value
+    (1 + k) / (B + 1), the standard form that keeps a finite-B p valid (Davison & Hinkley 1997, 4.4).
+    It never falls below 2/(B + 1) (1.9998e-4 for B = 10,000); a difference that is 0 in every
+    resample (a subject against itself) gets exactly p = 1.
     """
     d = np.atleast_2d(diff_dist)
     valid = ~np.isnan(d)
@@ -243,13 +244,13 @@ def bootstrap_p(diff_dist: np.ndarray) -> np.ndarray:
     eq = (d == 0).sum(axis=1) / 2.0
     below = (d < 0).sum(axis=1) + eq
     above = (d > 0).sum(axis=1) + eq
-    p = (1.0 + 2.0 * np.minimum(below, above)) / (b + 1.0)
+    p = 2.0 * (1.0 + np.minimum(below, above)) / (b + 1.0)
     return np.where(b > 0, np.minimum(p, 1.0), np.nan)
 
 
 def p_floor(n_resamples: int) -> float:
-    """The smallest p-value `bootstrap_p` can return with this many resamples."""
-    return 1.0 / (n_resamples + 1.0)
+    """The smallest p-value `bootstrap_p` can return with this many resamples: 2/(B + 1)."""
+    return 2.0 / (n_resamples + 1.0)
 
 
 def bh_qvalues(p: np.ndarray) -> np.ndarray:

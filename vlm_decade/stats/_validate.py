@@ -45,6 +45,15 @@ def validate_scores(scores) -> pa.Table:
         row = int(np.flatnonzero(np.isinf(v))[0])
         raise StatsInputError(f"scores column 'value' is infinite at row {row}")
     cols["value"] = pa.array(v, pa.float64())
+    if "weight" in scores.column_names:  # optional: how many units (pairs) a row's value averages
+        weight = scores.column("weight")
+        if not (pa.types.is_floating(weight.type) or pa.types.is_integer(weight.type)):
+            raise StatsInputError(f"scores column 'weight' must be numeric, got {weight.type}")
+        w = weight.cast(pa.float64()).to_numpy(zero_copy_only=False)
+        bad = np.flatnonzero(~(np.isfinite(w) & (w > 0)))
+        if bad.size:
+            raise StatsInputError(f"scores column 'weight' must be a positive number, got {w[bad[0]]!r} at row {int(bad[0])}")
+        cols["weight"] = pa.array(w, pa.float64())
     return pa.table(cols)
 
 

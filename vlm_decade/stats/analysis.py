@@ -3,6 +3,10 @@
 The long scores table is pivoted, per dataset, into a (series x images) value matrix and a mask
 (series = subject x metric x variant). Every series of a dataset shares the dataset's resamples,
 so comparisons on one dataset are paired, and different datasets draw independent resamples.
+
+An optional `weight` column says how many units a row's value is the mean of (the model-image pairs
+of an error group on one image): the mask then holds the weight and the values the weighted sums, so
+an estimate is the mean over units while the bootstrap still resamples images, whole (clusters).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ def pivot(scores: pa.Table) -> dict[str, DatasetMatrix]:
     for c in _validate.SCORE_COLUMNS:
         codes[c], words[c] = _sorted_codes(scores.column(c))
     value = scores.column("value").to_numpy()
+    weight = scores.column("weight").to_numpy() if "weight" in scores.column_names else np.ones(len(value))
     n_m, n_v = len(words["metric"]), len(words["variant"])
     series_key = (codes["subject"] * n_m + codes["metric"]) * n_v + codes["variant"]
     by_ds = np.argsort(codes["dataset"], kind="stable")
@@ -65,11 +70,12 @@ def pivot(scores: pa.Table) -> dict[str, DatasetMatrix]:
                 f"(dataset {name!r}, image {words['image_id'][codes['image_id'][dup]]!r})"
             )
         v = value[rows]
+        w = weight[rows]
         ok = ~np.isnan(v)  # NaN/null = no score (failed response): that image is masked out
         values = np.zeros((s, n))
         mask = np.zeros((s, n))
-        values[ser_i[ok], img_i[ok]] = v[ok]
-        mask[ser_i[ok], img_i[ok]] = 1.0
+        values[ser_i[ok], img_i[ok]] = v[ok] * w[ok]
+        mask[ser_i[ok], img_i[ok]] = w[ok]
         sub, rem = np.divmod(ser_u, n_m * n_v)
         met, var = np.divmod(rem, n_v)
         series = tuple(
@@ -99,6 +105,7 @@ def bootstrap_study(
     keep_distributions: bool = False,
     use_ray: bool | None = None,
     n_tasks: int | None = None,
+    min_images: int = 1,
 ) -> StudyResult:
     """`analyse` with every option, returning a `StudyResult` (tables, optional distributions).
 
@@ -106,9 +113,13 @@ def bootstrap_study(
     mode: "multinomial" (ordinary bootstrap), "poisson" (Poisson bootstrap over image shards,
     for studies too large for the index matrix) or "auto" (Poisson above POISSON_AUTO_IMAGES).
     use_ray: None = use Ray tasks when Ray is initialised. n_tasks: blocks per dataset (results
-    do not depend on it).
+    do not depend on it). min_images: a comparison whose term (either side) rests on fewer images
+    gets its difference and interval but no p, q or decision, and is left out of the family's BH
+    correction (`n_a`, `n_b` say how many each side had).
     """
     _validate.validate_params(n_resamples, seed, confidence, alpha, method, mode)
+    if not isinstance(min_images, int) or isinstance(min_images, bool) or min_images < 1:
+        raise _validate.StatsInputError(f"min_images must be a whole number >= 1, got {min_images!r}")
     scores = _validate.validate_scores(scores)
     mats = pivot(scores)
     subjects = {s for m in mats.values() for s, _, _ in m.series}
@@ -136,7 +147,7 @@ def bootstrap_study(
         theta[d] = _core.masked_means(m.values, m.mask)
         jack[d] = _core.jackknife_means(m.values, m.mask) if method == "bca" else None
         lo, hi = _interval(dists[d], theta[d], [jack[d]] if method == "bca" else [], confidence, method)
-        n_img = m.mask.sum(axis=1).astype(np.int64)
+        n_img = (m.mask > 0).sum(axis=1).astype(np.int64)
         for k, (subject, metric, variant) in enumerate(m.series):
             index[(subject, d, metric, variant)] = (d, k)
             stats_rows.append((subject, d, metric, variant, theta[d][k], lo[k], hi[k], n_img[k], n_resamples, seed, label))
@@ -144,13 +155,14 @@ def bootstrap_study(
                 distributions[(subject, d, metric, variant)] = dists[d][k]
 
     def term(t, metric, variant):
-        """Mean over the term's subjects that have this (dataset, metric, variant); None if none."""
+        """Mean over the term's subjects that have this (dataset, metric, variant), and the number of
+        images any of them has; None if none."""
         ks = [index[(s, t.dataset, metric, variant)][1] for s in t.subjects if (s, t.dataset, metric, variant) in index]
         if not ks:
             return None
         d = t.dataset
         jk = jack[d][ks].mean(axis=0) if method == "bca" else None
-        return dists[d][ks].mean(axis=0), float(theta[d][ks].mean()), jk
+        return dists[d][ks].mean(axis=0), float(theta[d][ks].mean()), jk, int((mats[d].mask[ks] > 0).any(axis=0).sum())
 
     keys = sorted({(metric, variant) for (_, _, metric, variant) in index})
     comp_rows, comp_dists = [], {}
@@ -166,11 +178,12 @@ def bootstrap_study(
                 thetas.append(ta[1] - tb[1])
                 if method == "bca":  # multi-sample jackknife when the datasets differ
                     jks.append([ta[2] - tb[2]] if paired else [ta[2] - tb[1], ta[1] - tb[2]])
-                rows.append((spec, ta[1], tb[1], paired))
+                rows.append((spec, ta[1], tb[1], paired, ta[3], tb[3]))
             if not rows:
                 continue
             dd = np.vstack(diffs)
             p = _core.bootstrap_p(dd)
+            p[[min(r[4], r[5]) < min_images for r in rows]] = np.nan  # too few images: no test
             q = _core.bh_qvalues(p)
             if method == "bca":
                 lo = np.empty(len(rows))
@@ -179,12 +192,13 @@ def bootstrap_study(
                     lo[i : i + 1], hi[i : i + 1] = _core.bca_ci(dd[i : i + 1], np.array([thetas[i]]), [j[None] for j in jk], confidence)
             else:
                 lo, hi = _core.percentile_ci(dd, confidence)
-            for i, (spec, ea, eb, paired) in enumerate(rows):
+            for i, (spec, ea, eb, paired, na, nb) in enumerate(rows):
                 a, b = spec.a, spec.b
                 ds = a.dataset if paired else f"{a.dataset} vs {b.dataset}"
                 comp_rows.append(
                     (fam.name, a.label, b.label, ds, metric, variant, thetas[i], lo[i], hi[i], p[i], q[i],
-                     bool(q[i] <= alpha), n_resamples, a.dataset, b.dataset, ea, eb, paired, seed)
+                     None if np.isnan(q[i]) else bool(q[i] <= alpha), n_resamples, a.dataset, b.dataset, ea, eb, paired, seed,
+                     na, nb)
                 )
                 if keep_distributions:
                     comp_dists[(fam.name, a.label, b.label, a.dataset, b.dataset, metric, variant)] = dd[i]
@@ -260,18 +274,21 @@ def correlation_ci(
 
 
 def format_p(p: float, n_resamples: int) -> str:
-    """A p-value as the report prints it: "< 1e-4" at the resolution floor 1/(B+1), else digits.
+    """A p-value as the report prints it: "< 2.0e-4" at the resolution floor 2/(B+1), else digits.
 
-    With B resamples `bootstrap_p` never returns less than 1/(B+1); a p at that floor means
-    "no resample crossed 0", and is printed as "< 10^k" for the smallest power of ten at or
-    above the floor (B = 10,000: floor 9.999e-5, printed "< 1e-4").
+    With B resamples `bootstrap_p` never returns less than 2/(B+1); a p at that floor means "no
+    resample crossed 0", and is printed as "< " and the floor rounded up to two significant digits
+    (B = 10,000: floor 1.9998e-4, printed "< 2.0e-4"), so the bound it states always holds.
     """
     if p is None or np.isnan(p):
         return "n/a"
     floor = _core.p_floor(n_resamples)
     if p <= floor * (1 + 1e-9):
-        k = int(np.ceil(np.log10(floor) - 1e-12))
-        return f"< 1e{k}"
+        exponent = int(np.floor(np.log10(floor)))
+        mantissa = np.ceil(floor / 10.0**exponent * 10 - 1e-9) / 10
+        if mantissa >= 10:
+            mantissa, exponent = mantissa / 10, exponent + 1
+        return f"< {mantissa:.1f}e{exponent}"
     if p >= 0.01:
         return f"{p:.3f}" if p < 0.9995 else "1.000"
     return f"{p:.1e}".replace("e-0", "e-")

@@ -101,6 +101,32 @@ def vs_humans_family(eras: dict[str, str], datasets) -> Family:
     return Family("vs-humans", specs)
 
 
+def era_vs_humans_family(eras: dict[str, str], datasets) -> Family:
+    """(d) the era means against the human groups the paper compares them with, on each dataset
+    (paired): the pre-MLLM mean vs the bottom-ranked humans ("below bottom-ranked humans on CSB"),
+    the MLLM mean vs the top-ranked humans ("near top-ranked humans")."""
+    pairs = (("pre-mllm", "human:bottom"), ("mllm", "human:top"))
+    specs = [
+        ComparisonSpec(Term.group(era_label(era), _members(eras, era), d), Term.subject(human, d))
+        for d in sorted(datasets)
+        for era, human in pairs
+        if _members(eras, era) and human in eras
+    ]
+    return Family("era-vs-humans", specs)
+
+
+def within_era_family(eras: dict[str, str], datasets) -> Family:
+    """(e) every pair of models of one era, on each dataset (paired): which models of an era differ."""
+    specs = [
+        ComparisonSpec(Term.subject(a, d), Term.subject(b, d))
+        for era in ("pre-mllm", "mllm")
+        for d in sorted(datasets)
+        for a, b in combinations(_members(eras, era), 2)
+    ]
+    return Family("within-era", specs)
+
+
 def default_families(eras: dict[str, str], datasets) -> list[Family]:
-    """The paper's families: era, dataset, vs-humans."""
-    return [era_family(eras, datasets), dataset_family(eras, datasets), vs_humans_family(eras, datasets)]
+    """The paper's families: era, dataset, vs-humans, era-vs-humans, within-era."""
+    return [era_family(eras, datasets), dataset_family(eras, datasets), vs_humans_family(eras, datasets),
+            era_vs_humans_family(eras, datasets), within_era_family(eras, datasets)]

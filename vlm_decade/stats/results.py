@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-# One value per subject, image, variant and metric: what the engine resamples.
+# One value per subject, image, variant and metric: what the engine resamples. A scores table may add
+# a `weight` column (float64 > 0): the number of units (e.g. model-image pairs) the value is the mean
+# of, so estimates are means over units while resamples draw whole images.
 SCORES_SCHEMA = pa.schema(
     [
         ("subject", pa.string()),
@@ -57,6 +59,9 @@ COMPARISONS_SCHEMA = pa.schema(
         ("estimate_b", pa.float64()),
         ("paired", pa.bool_()),
         ("seed", pa.int64()),
+        # Images behind each term; below the analysis' `min_images` a comparison has no p, q or decision.
+        ("n_a", pa.int64()),
+        ("n_b", pa.int64()),
     ]
 )
 

@@ -70,6 +70,7 @@ class Backend:
 BACKENDS = Registry(
     "backend",
     {
+        "cased": "vlm_decade.models.backends.cased:CaSED",
         "hf-captioner": "vlm_decade.models.backends.hf_captioner:HFCaptioner",
         "hf-detector": "vlm_decade.models.backends.hf_detector:HFDetector",
         "hf-vlm": "vlm_decade.models.backends.hf_vlm:HFVLM",

@@ -34,6 +34,16 @@ class RankingConfig(Settings):
 
     top_k: int = Field(4, ge=1, description="Descriptions in the top-ranked human group.")
     bottom_k: int = Field(4, ge=1, description="Descriptions in the bottom-ranked human group.")
+    seed: int = Field(20_241_101, ge=0, description="Seed of the draw that orders descriptions the votes (or the consensus scores) cannot tell apart.")
+
+
+class ValidationConfig(Settings):
+    """The metrics' validation against human ratings (docs/metrics.md): the inter-rater reference
+    each metric's mean correlation with the raters is tested against."""
+
+    ceiling: Literal["pairwise", "leave-one-out"] = Field(
+        "pairwise", description="pairwise (the mean correlation of two raters: the paper's test) or leave-one-out (each rater against the others' mean: stricter)."
+    )
 
 
 class DetectorConfig(Settings):
@@ -60,7 +70,7 @@ class ProbeTemplates(Settings):
     detection_no_anchor: str | None = Field(None, description="Is the object there (no anchor object to refer to)?")
     recognition: str | None = Field(None, description="What is the object near the anchor?")
     recognition_no_anchor: str | None = Field(None, description="What is the object (no anchor)?")
-    presence: str | None = Field(None, description="Is a mentioned object that no human named there?")
+    presence: str | None = Field(None, description="The verifier model's question: is a mentioned object that the gold does not name in the image?")
 
     @model_validator(mode="after")
     def _usable(self) -> "ProbeTemplates":
@@ -69,6 +79,45 @@ class ProbeTemplates(Settings):
 
     def templates(self) -> Templates:
         return Templates(**{k: v for k, v in self.model_dump().items() if v is not None})
+
+
+class LocatorConfig(Settings):
+    """An open-vocabulary detector (OWL-ViT or OWLv2 through transformers) that finds objects by name
+    (docs/taxonomy.md): where each gold object is, so that a local model's boxes there can be read for
+    its class, and, when it is the `verifier`, whether a mentioned object is in the image at all."""
+
+    model_id: str = Field("google/owlv2-base-patch16-ensemble", description="The OWL-ViT / OWLv2 model id.")
+    path: Path | None = Field(None, description="A local folder with the weights.")
+    options: dict[str, Any] = Field(default_factory=dict, description="dtype, device, device_map, processor (docs/models.md).")
+    min_score: float = Field(0.1, gt=0.0, le=1.0, description="A box scoring at least this finds the object.")
+    iou: float = Field(0.5, gt=0.0, le=1.0, description="A local model's box is at a gold object's place when its IoU with the locator's box reaches this.")
+    batch_size: int = operational(4, "Images per batch.", ge=1)
+
+    def as_model(self) -> ModelConfig:
+        return ModelConfig(name="locator", backend="hf-locator", model_id=self.model_id, path=self.path,
+                           options=self.options, batch_size=self.batch_size)
+
+
+class VerifierConfig(Settings):
+    """The check, independent of the model, that an object a model mentions and the gold does not
+    name is in the image (docs/taxonomy.md): the `locator` queried with its name, or another MLLM
+    (`model`) asked whether it is there. The human descriptions of all workers are always checked."""
+
+    kind: Literal["locator", "model"] = Field(description="locator (the taxonomy's locator) or model (an API model asked).")
+    backend: Literal["openai", "gemini"] | None = Field(None, description="model: its API.")
+    model_id: str | None = Field(None, description="model: its API model id (not one of the models it checks, ideally).")
+    options: dict[str, Any] = Field(default_factory=dict, description="model: backend options (temperature, max_output_tokens).")
+
+    @model_validator(mode="after")
+    def _complete(self) -> "VerifierConfig":
+        if self.kind == "model" and (self.backend is None or not self.model_id):
+            raise ValueError("a model verifier needs `backend` (openai or gemini) and `model_id`")
+        if self.kind == "locator" and (self.backend is not None or self.model_id is not None):
+            raise ValueError("the locator verifier takes no backend or model_id (set them under taxonomy.locator)")
+        return self
+
+    def as_model(self) -> ModelConfig:
+        return ModelConfig(name=f"verifier:{self.model_id}", backend=self.backend, model_id=self.model_id, options=self.options)
 
 
 class TaxonomyConfig(Settings):
@@ -83,13 +132,19 @@ class TaxonomyConfig(Settings):
     confusable_threshold: float = Field(0.45, gt=0.0, le=1.0, description="A mention this close to a seen object misnames it (recognition).")
     # A factory, so the templates are checked when a study is read, not while this module loads.
     probes: ProbeTemplates = Field(default_factory=ProbeTemplates, description="Question wordings for API models; unset: the built-in ones.")
+    locator: LocatorConfig | None = Field(None, description="An open-vocabulary detector that finds objects by name; none: detector labels read the boxes' classes by name only.")
+    min_humans: int = Field(1, ge=1, description="A mentioned object the gold does not name is there when at least this many human descriptions (any worker) name it.")
+    verifier: VerifierConfig | None = Field(None, description="Checks that a mentioned object the gold does not name is there (besides all human descriptions); none: the humans only.")
     sde_n_sd: float = Field(2.0, gt=0.0, description="SDE: the model's correlation this many SDs below the humans' mean.")
+    min_images: int = Field(5, ge=1, description="Error rates and impact: a group on fewer images is shown, flagged, and not tested (no p, q).")
     similarity: str | None = Field(None, description="The encoder whose scores the SDE and error impact use; none: the first encoder.")
 
     @model_validator(mode="after")
     def _thresholds_ordered(self) -> "TaxonomyConfig":
         if self.confusable_threshold > self.match_threshold:
             raise ValueError("confusable_threshold must not exceed match_threshold")
+        if self.verifier is not None and self.verifier.kind == "locator" and self.locator is None:
+            raise ValueError("verifier kind 'locator' needs a `locator` section")
         return self
 
 
@@ -103,12 +158,16 @@ class StudyConfig(StudyBase):
     prompt: str = Field(MLLM_PROMPT, description="The prompt MLLMs are given (a model's own `prompt` wins).")
     encoders: tuple[EncoderConfig, ...] = Field((EncoderConfig(name="SBERT-SI"),), description="One similarity metric per encoder.")
     metrics: tuple[MetricConfig, ...] = Field((), description="Pairwise metrics beside the encoders' cosines (BERTScore).")
+    validation: ValidationConfig = Field(ValidationConfig(), description="The metrics against the human ratings (`data.ratings`).")
+    caption_metrics: tuple[Literal["BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr-D"], ...] = Field(
+        (), description="Caption metrics against all human descriptions of the image (pycocoevalcap; needs Java; docs/metrics.md)."
+    )
     stsb_check: bool = Field(False, description="Also check the Sentence-BERT encoders and `metrics` against STS-B's human ratings (offline).")
     taxonomy: TaxonomyConfig | None = Field(None, description="The error taxonomy, spatial dependence and error impact; none: similarity only.")
 
     @model_validator(mode="after")
     def _unique_names(self):
-        metric_names = [e.name for e in self.encoders] + [m.name for m in self.metrics]
+        metric_names = [e.name for e in self.encoders] + [m.name for m in self.metrics] + list(self.caption_metrics)
         for kind, names in (("model", [m.name for m in self.models]), ("metric (encoder or metric)", metric_names)):
             dupes = repeated(names)
             if dupes:

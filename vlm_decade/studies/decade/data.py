@@ -253,10 +253,10 @@ def _references_table(
     for image_id, ids in by_image.items():
         full = sorted(i for i in ids if descriptions[i].condition == FULL)
         if methods[images[image_id].dataset] == VOTES:
-            roles.update(rank_by_votes(full, tally.votes, tally.shown, cfg.top_k, cfg.bottom_k))
+            roles.update(rank_by_votes(full, tally.votes, tally.shown, cfg.top_k, cfg.bottom_k, seed=cfg.seed, stream=image_id))
         else:
             texts = [descriptions[i].text for i in full]
-            roles.update(rank_by_consensus(full, texts, cfg.top_k, cfg.bottom_k))
+            roles.update(rank_by_consensus(full, texts, cfg.top_k, cfg.bottom_k, seed=cfg.seed, stream=image_id))
     order = sorted(descriptions, key=lambda i: (descriptions[i].image_id, descriptions[i].condition, i))
     columns = {
         "description_id": order,

@@ -5,12 +5,15 @@ to the degree that it agrees with each rater as well as raters agree with one an
 
 * metric vs raters: per rater, the correlation (Pearson and Spearman) of the metric's values with
   that rater's ratings over the (subject, image) pairs the rater rated; then the mean over raters.
-* inter-rater, leave-one-out: each rater against the mean rating of all the other raters, averaged
-  over raters. This is the CEILING: the others' mean is the best prediction of one rater that
-  people can give, so a metric that reaches it agrees with a person as well as the crowd does.
 * inter-rater, pairwise: the mean correlation over all pairs of raters (how well one person agrees
-  with another). It lies below the leave-one-out ceiling; it is the reference the paper tests
-  against ("agrees with people better than people agree with each other"): pass ceiling="pairwise".
+  with another). The paper's test is against it ("the metric's mean correlation with individual
+  raters is higher than the mean inter-rater correlation"), so it is the default reference.
+* inter-rater, leave-one-out: each rater against the mean rating of all the other raters, averaged
+  over raters: a stricter ceiling (the others' mean is the best prediction of one rater people can
+  give), offered as `ceiling="leave-one-out"`.
+
+Each analysis is made on all rated pairs (`subject` "all") and, as the paper's figure A.1a shows
+it for UDC, M2M and OSCAR, on each rated model's pairs alone.
 
 Uncertainty comes from a bootstrap over images (all pairs of a drawn image go in together), drawn
 from the stats engine's seeded chunk streams, so every statistic sees the same resamples: the CI of
@@ -38,7 +41,7 @@ from vlm_decade.core.runfolder import table_fingerprint
 from vlm_decade.core.runner import Stage, StudyRun
 from vlm_decade.core.tables import read_table
 from vlm_decade.report.figures import save_figure
-from vlm_decade.stats import format_p
+from vlm_decade.stats import METHOD_VERSION, format_p
 from vlm_decade.stats.resampling import bh_qvalues, bootstrap_p, percentile_ci, resample_counts, weighted_pearson, weighted_ranks
 
 RATINGS_COLUMNS = ("rater_id", "subject", "image_id", "rating")
@@ -51,8 +54,10 @@ CEILINGS = {"leave-one-out": LOO, "pairwise": PAIRWISE}
 KINDS = ("pearson", "spearman")
 STREAM = "metric-validation"
 
+ALL = "all"  # the subject of the analysis over every rated pair
 VALIDATION_SCHEMA = pa.schema(
     [
+        ("subject", pa.string()),  # "all", or the one model whose rated pairs the row is about
         ("metric", pa.string()),
         ("kind", pa.string()),  # pearson | spearman
         ("role", pa.string()),  # metric | ceiling | reference
@@ -72,6 +77,7 @@ VALIDATION_SCHEMA = pa.schema(
 )
 PER_RATER_SCHEMA = pa.schema(
     [
+        ("subject", pa.string()),
         ("metric", pa.string()),
         ("kind", pa.string()),
         ("rater_id", pa.string()),
@@ -154,7 +160,7 @@ class MetricValidation:
 
     summary: pa.Table
     per_rater: pa.Table
-    ceiling: str  # "leave-one-out" or "pairwise"
+    ceiling: str  # "pairwise" or "leave-one-out"
 
 
 @dataclass(frozen=True)
@@ -168,8 +174,10 @@ class _Design:
     values: np.ndarray  # (K, P) metric values
 
 
-def _design(ratings: pa.Table, scores: pa.Table) -> _Design:
-    """The rated pairs that every metric scored, as matrices."""
+def _design(ratings: pa.Table, scores: pa.Table, thin: str = "refuse") -> _Design | None:
+    """The rated pairs that every metric scored, as matrices. A rater with fewer than 3 such pairs is
+    refused (`thin="refuse"`, a ValueError) or left out (`thin="drop"`: one model's share of the
+    ratings); None when fewer than 2 raters are left."""
     if "variant" in scores.column_names:  # the run's scores table: ratings are of full-image descriptions
         scores = scores.filter(pc.equal(scores["variant"], "full"))
     value_of: dict[str, dict[tuple[str, str], float]] = {}
@@ -195,8 +203,13 @@ def _design(ratings: pa.Table, scores: pa.Table) -> _Design:
             y[rater_index[r], pair_index[(s, i)]] = v
             rated[rater_index[r], pair_index[(s, i)]] = True
     few = [r for r, n in zip(raters, rated.sum(axis=1)) if n < 3]
-    if few:
+    if few and thin == "refuse":
         raise ValueError(f"a correlation needs at least 3 scored pairs per rater; too few for: {', '.join(few)}")
+    if few:
+        keep = [j for j, r in enumerate(raters) if r not in few]
+        if len(keep) < 2:
+            return None
+        raters, y, rated = [raters[j] for j in keep], y[keep], rated[keep]
     return _Design(
         raters=raters,
         metrics=metrics,
@@ -270,26 +283,44 @@ def validate_metrics(
     n_resamples: int = 10_000,
     seed: int = 20_241_101,
     confidence: float = 0.95,
-    ceiling: str = "leave-one-out",
+    ceiling: str = "pairwise",
 ) -> MetricValidation:
-    """Each metric's agreement with the raters against the inter-rater ceiling (module docstring).
+    """Each metric's agreement with the raters against the inter-rater reference (module docstring),
+    over all rated pairs (subject "all") and over each rated model's pairs.
 
     ratings: RATINGS_SCHEMA rows (`load_ratings`). scores: one row per (subject, image_id, metric)
     with a `value`: the run's scores table (only its `full` variant is used) or `metrics.score_table`.
     Only rated pairs that every metric scored are analysed, so all metrics see the same pairs.
-    ceiling: "leave-one-out" (default) or "pairwise" (the paper's test); p and q are against it.
-    """
+    ceiling: "pairwise" (default, the paper's test) or "leave-one-out"; p and q are against it. A
+    model whose raters rated fewer than 3 of its pairs each (or with fewer than 2 such raters) gets
+    no per-model rows."""
     if ceiling not in CEILINGS:
         raise ValueError(f"ceiling must be one of {', '.join(CEILINGS)}, got {ceiling!r}")
     if n_resamples < 1:
         raise ValueError("n_resamples must be at least 1")
-    d = _design(ratings, scores)
+    rows, per_rater = _validate(ALL, _design(ratings, scores), n_resamples, seed, confidence, ceiling, STREAM)
+    rated = sorted(set(ratings.column("subject").to_pylist()))
+    if len(rated) > 1:
+        for subject in rated:
+            design = _design(ratings.filter(pc.equal(ratings["subject"], subject)), scores, thin="drop")
+            if design is not None:
+                more, more_raters = _validate(subject, design, n_resamples, seed, confidence, ceiling, f"{STREAM}:{subject}")
+                rows += more
+                per_rater += more_raters
+    summary = pa.Table.from_pylist(rows, schema=VALIDATION_SCHEMA)
+    per_rater.sort(key=lambda r: (r["subject"] != ALL, r["subject"], r["kind"], r["metric"], r["rater_id"]))
+    return MetricValidation(summary, pa.Table.from_pylist(per_rater, schema=PER_RATER_SCHEMA), ceiling)
+
+
+def _validate(subject: str, d: _Design, n_resamples: int, seed: int, confidence: float, ceiling: str,
+              stream: str) -> tuple[list[dict], list[dict]]:
+    """The summary and per-rater rows of one analysis (all pairs, or one model's)."""
     n_pairs = d.values.shape[1]
     full = {kind: _statistics(d, np.ones((1, n_pairs)), kind) for kind in KINDS}
 
     # Every kind and statistic sees the same resamples: chunk c of the stream, whatever B is.
     dists: dict[str, dict] = {kind: {} for kind in KINDS}
-    for counts in resample_counts(seed, STREAM, n_resamples, d.n_images):
+    for counts in resample_counts(seed, stream, n_resamples, d.n_images):
         weights = counts[:, d.image_of_pair]
         for kind in KINDS:
             for name, dist in _statistics(d, weights, kind).items():
@@ -307,7 +338,7 @@ def validate_metrics(
         q = bh_qvalues(p)
         dlo, dhi = percentile_ci(diffs, confidence)
         for i, name in enumerate(names):
-            row = {"metric": name, "kind": kind, "estimate": float(full[kind][name][0]), "ci_low": lo[i], "ci_high": hi[i]}
+            row = {"subject": subject, "metric": name, "kind": kind, "estimate": float(full[kind][name][0]), "ci_low": lo[i], "ci_high": hi[i]}
             if name in (LOO, PAIRWISE):
                 row["role"] = "ceiling" if name == ref else "reference"
             else:
@@ -321,12 +352,10 @@ def validate_metrics(
                 name, rater_id = key
                 j = d.raters.index(rater_id)
                 per_rater.append(
-                    {"metric": name, "kind": kind, "rater_id": rater_id, "estimate": float(value[0]),
+                    {"subject": subject, "metric": name, "kind": kind, "rater_id": rater_id, "estimate": float(value[0]),
                      "n_pairs": int(d.rated[j].sum())}
                 )
-    summary = pa.Table.from_pylist(rows, schema=VALIDATION_SCHEMA)
-    per_rater.sort(key=lambda r: (r["kind"], r["metric"], r["rater_id"]))
-    return MetricValidation(summary, pa.Table.from_pylist(per_rater, schema=PER_RATER_SCHEMA), ceiling)
+    return rows, per_rater
 
 
 def _nan_to_null(row: dict) -> dict:
@@ -337,41 +366,53 @@ def _nan_to_null(row: dict) -> dict:
 
 
 def validation_figure(summary: pa.Table, labels: dict[str, str] | None = None, demo: bool = False):
-    """Fig. A.1a's shape: per kind, each metric's mean correlation with the raters (point, CI) against
-    the ceiling (grey band: CI, line: estimate) and the other inter-rater reference (dashed line)."""
+    """Fig. A.1a's shape: one row of panels per analysis (all rated pairs, then each rated model), one
+    panel per kind: each metric's mean correlation with the raters (point, CI) against the reference
+    the test uses (grey band: CI, line: estimate) and the other inter-rater reference (dashed line)."""
     from matplotlib.figure import Figure
 
     labels = labels or {}
     rows = summary.to_pylist()
     kinds = [k for k in KINDS if any(r["kind"] == k for r in rows)]
-    fig = Figure(figsize=(4.2 * len(kinds), 4.2), layout="constrained")
-    axes = fig.subplots(1, len(kinds), sharey=True, squeeze=False)[0]
-    for ax, kind in zip(axes, kinds):
-        here = [r for r in rows if r["kind"] == kind]
-        metrics = [r for r in here if r["role"] == "metric"]
-        ceiling = next(r for r in here if r["role"] == "ceiling")
-        other = next(r for r in here if r["role"] == "reference")
-        ax.axhspan(ceiling["ci_low"], ceiling["ci_high"], color="0.85", zorder=0, label=f"{ceiling['metric']} (95% CI)")
-        ax.axhline(ceiling["estimate"], color="0.45", lw=1.2, zorder=1)
-        ax.axhline(other["estimate"], color="0.45", lw=1.0, ls="--", zorder=1, label=other["metric"])
-        x = np.arange(len(metrics))
-        est = np.array([r["estimate"] for r in metrics])
-        err = np.array([[r["estimate"] - r["ci_low"], r["ci_high"] - r["estimate"]] for r in metrics]).T
-        ax.errorbar(x, est, yerr=err, fmt="o", color="C0", capsize=4, zorder=3, label="metric vs raters (mean, 95% CI)")
-        for xi, r in zip(x, metrics):
-            ax.annotate(f"q {format_p(r['q'], r['n_resamples'])}", (xi, r["ci_high"]), xytext=(0, 4),
-                        textcoords="offset points", ha="center", fontsize=8)
-        ax.set_xticks(x, [labels.get(r["metric"], r["metric"]) for r in metrics], rotation=20, ha="right", fontsize=8)
-        ax.set_xlim(-0.6, len(metrics) - 0.4)
-        ax.set_title(f"{kind.capitalize()} correlation with raters")
-        n = metrics[0] if metrics else ceiling
-        ax.set_xlabel(f"{n['n_raters']} raters, {n['n_pairs']} rated pairs")
-    axes[0].set_ylabel("mean correlation")
-    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=3, fontsize=8)
+    subjects = list(dict.fromkeys(r.get("subject", ALL) for r in rows))
+    fig = Figure(figsize=(4.2 * max(len(kinds), 1), 4.2 * max(len(subjects), 1)), layout="constrained")
+    grid = fig.subplots(max(len(subjects), 1), max(len(kinds), 1), sharey=True, squeeze=False)
+    for axes, subject in zip(grid, subjects):
+        for ax, kind in zip(axes, kinds):
+            here = [r for r in rows if r["kind"] == kind and r.get("subject", ALL) == subject]
+            _validation_panel(ax, here, labels, kind, subject)
+        axes[0].set_ylabel("mean correlation")
+    fig.legend(*grid[0][0].get_legend_handles_labels(), loc="outside lower center", ncols=3, fontsize=8)
     if demo:
         fig.suptitle("DEMO DATA: simulated ratings, no findings", color="firebrick", fontweight="bold")
         fig.text(0.5, 0.5, "DEMO DATA", fontsize=48, color="firebrick", alpha=0.15, ha="center", va="center", rotation=20)
     return fig
+
+
+def _validation_panel(ax, here: list[dict], labels: dict[str, str], kind: str, subject: str) -> None:
+    metrics = [r for r in here if r["role"] == "metric"]
+    ceiling = next(r for r in here if r["role"] == "ceiling")
+    other = next(r for r in here if r["role"] == "reference")
+    if ceiling["ci_low"] is not None and ceiling["ci_high"] is not None:
+        ax.axhspan(ceiling["ci_low"], ceiling["ci_high"], color="0.85", zorder=0, label=f"{ceiling['metric']} (95% CI)")
+    if ceiling["estimate"] is not None:
+        ax.axhline(ceiling["estimate"], color="0.45", lw=1.2, zorder=1)
+    if other["estimate"] is not None:
+        ax.axhline(other["estimate"], color="0.45", lw=1.0, ls="--", zorder=1, label=other["metric"])
+    shown = [r for r in metrics if r["estimate"] is not None]
+    x = np.arange(len(shown))
+    est = np.array([r["estimate"] for r in shown])
+    err = np.array([[r["estimate"] - (r["ci_low"] if r["ci_low"] is not None else r["estimate"]),
+                     (r["ci_high"] if r["ci_high"] is not None else r["estimate"]) - r["estimate"]] for r in shown]).reshape(-1, 2).T
+    ax.errorbar(x, est, yerr=err, fmt="o", color="C0", capsize=4, zorder=3, label="metric vs raters (mean, 95% CI)")
+    for xi, r in zip(x, shown):
+        ax.annotate(f"q {format_p(r['q'], r['n_resamples'])}", (xi, r["ci_high"] if r["ci_high"] is not None else r["estimate"]),
+                    xytext=(0, 4), textcoords="offset points", ha="center", fontsize=8)
+    ax.set_xticks(x, [labels.get(r["metric"], r["metric"]) for r in shown], rotation=20, ha="right", fontsize=8)
+    ax.set_xlim(-0.6, max(len(shown), 1) - 0.4)
+    ax.set_title(f"{kind.capitalize()} correlation with raters" + ("" if subject == ALL else f": {subject}"), fontsize=10)
+    n = metrics[0] if metrics else ceiling
+    ax.set_xlabel(f"{n['n_raters']} raters, {n['n_pairs']} rated pairs")
 
 
 def write_validation_figure(
@@ -383,10 +424,11 @@ def write_validation_figure(
 
 
 def stage(study, ratings: pa.Table) -> Stage:
-    """The `metric_validation` table: each metric of the run's scores against the study's raters."""
-    s = study.statistics
+    """The `metric_validation` table: each metric of the run's scores against the study's raters,
+    tested against `study.validation.ceiling`."""
+    s, ceiling = study.statistics, study.validation.ceiling
 
     def compute(run: StudyRun) -> dict[str, pa.Table]:
-        return {"metric_validation": validate_metrics(ratings, run.table("scores"), s.n_resamples, s.seed, s.confidence).summary}
+        return {"metric_validation": validate_metrics(ratings, run.table("scores"), s.n_resamples, s.seed, s.confidence, ceiling).summary}
 
-    return Stage("metric_validation", ("scores",), [table_fingerprint(ratings), s.model_dump()], compute)
+    return Stage("metric_validation", ("scores",), [table_fingerprint(ratings), s.model_dump(), ceiling, METHOD_VERSION], compute)

@@ -26,6 +26,7 @@ from vlm_decade.report.samples import extremes, thumbnail_img, view_note
 from vlm_decade.stats import format_p
 from vlm_decade.studies.decade.config import StudyConfig
 from vlm_decade.studies.decade.metric_validation import write_validation_figure
+from vlm_decade.studies.decade.ranking import vote_ties
 from vlm_decade.studies.decade.taxonomy.report import taxonomy_section
 
 # Part of the report stage's settings: bump it when the page changes, so existing runs redraw it.
@@ -90,14 +91,17 @@ def _metric_validation(run: RunFolder, study: StudyConfig, summary: pa.Table) ->
     write_validation_figure(summary, run.root / "figures" / "metric_validation.png", demo=study.demo)
     n = study.statistics.n_resamples
     note = " These ratings were simulated for the demo." if study.demo else ""
+    reference = {"pairwise": "the mean correlation between two raters (the paper's test)",
+                 "leave-one-out": "each rater against the mean of the others"}[study.validation.ceiling]
     return (
         "<h2>The metrics against human ratings</h2><p class='note'>Correlation of each metric with each rater, "
-        "averaged over raters, against the inter-rater ceiling (each rater against the mean of the others); "
-        f"p and q test the difference from the ceiling (docs/metrics.md).{note}</p>"
+        f"averaged over raters, against {reference}; p and q test the difference from it, over all rated pairs "
+        f"(subject \"all\") and, as the paper's figure A.1a, for each rated model (docs/metrics.md).{note}</p>"
         "<img src='figures/metric_validation.png' alt='metric validation against human ratings'>"
         + html_table(
             summary,
-            ["metric", "kind", "role", "estimate", "ci_low", "ci_high", "difference", "p", "q", "n_raters", "n_pairs"],
+            [c for c in ("subject",) if c in summary.column_names]
+            + ["metric", "kind", "role", "estimate", "ci_low", "ci_high", "difference", "p", "q", "n_raters", "n_pairs"],
             {"p": lambda v, r: "" if v is None else format_p(v, n), "q": lambda v, r: "" if v is None else format_p(v, n),
              "difference": lambda v, r: "" if v is None else f"{v:.3f}"},
         )
@@ -178,6 +182,18 @@ def _failed_responses(responses: pa.Table, shown: int = FAILED_SHOWN) -> str:
     return "".join(parts)
 
 
+def _ranking_ties(references: pa.Table, study: StudyConfig) -> str:
+    """How many role cuts of the vote ranking fell between descriptions the votes could not tell apart."""
+    ties = vote_ties(references.to_pylist())
+    if not ties["images"]:
+        return ""
+    return (
+        f"<p class='note'>{ties['tied']} of {ties['cuts']} role cuts (gold | top | other | bottom) over {ties['images']} "
+        f"vote-ranked images fell between descriptions with equal votes and win rates, {ties['gold_tied']} of them choosing "
+        f"the gold standard; a seeded draw decided them (ranking.seed {study.ranking.seed}; docs/data-format.md).</p>"
+    )
+
+
 def write_report(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Table]) -> None:
     metrics = sorted(set(tables["stats"].column("metric").to_pylist()))
     for metric in metrics:
@@ -207,6 +223,7 @@ def write_report(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Table]
     parts.append("</ul>")
     if consensus:
         parts.append(f"<p class='note'>Datasets without votes ({', '.join(consensus)}) use the consensus fallback; see docs/data-format.md.</p>")
+    parts.append(_ranking_ties(tables["references"], study))
 
     parts.append("<h2>Similarity to the gold standard</h2>")
     for metric in metrics:

@@ -142,11 +142,18 @@ def similarity_scores(
 
 
 def stage(study: StudyConfig) -> Stage:
-    """The `scores` table: one metric per encoder, and the study's pairwise `metrics`."""
+    """The `scores` table: one metric per encoder, the study's pairwise `metrics`, and its caption
+    metrics (`caption_metrics`, against all human descriptions: studies/decade/captions.py)."""
     encoders = [e.name for e in study.encoders]
 
     def compute(run: StudyRun) -> dict[str, pa.Table]:
         tables = [run.table(n) for n in ("images", "references", "responses")]
-        return {"scores": similarity_scores(*tables, run.folder, encoders, [build_metric(m) for m in study.metrics])}
+        scores = similarity_scores(*tables, run.folder, encoders, [build_metric(m) for m in study.metrics])
+        if study.caption_metrics:
+            from vlm_decade.studies.decade.captions import caption_metric_scores
 
-    return Stage("scores", ("images", "references", "responses", "embeddings"), [encoders, [m.fingerprint() for m in study.metrics]], compute)
+            scores = pa.concat_tables([scores, caption_metric_scores(*tables, study.caption_metrics)])
+        return {"scores": scores}
+
+    settings = [encoders, [m.fingerprint() for m in study.metrics]] + ([list(study.caption_metrics)] if study.caption_metrics else [])
+    return Stage("scores", ("images", "references", "responses", "embeddings"), settings, compute)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from vlm_decade.core.runner import Stage, StudyRun
-from vlm_decade.stats import analyse
+from vlm_decade.stats import METHOD_VERSION, analyse
 from vlm_decade.studies.decade.config import StudyConfig
 
 
@@ -16,4 +16,4 @@ def stage(study: StudyConfig) -> Stage:
         stats, comparisons = analyse(run.table("scores"), study.eras, **study.statistics.model_dump())
         return {"stats": stats, "comparisons": comparisons}
 
-    return Stage("stats", ("scores",), [study.statistics.model_dump(), study.eras], compute, outputs=("stats", "comparisons"))
+    return Stage("stats", ("scores",), [study.statistics.model_dump(), study.eras, METHOD_VERSION], compute, outputs=("stats", "comparisons"))

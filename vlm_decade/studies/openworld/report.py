@@ -88,6 +88,33 @@ def _prediction_samples(tables: dict[str, pa.Table], study: OpenWorldStudyConfig
     return "".join(parts)
 
 
+def _per_dataset(stats: list[dict], models: list[str], metrics: list[str], variant: str) -> str:
+    """Each dataset's own estimates (the main prompt), as docs/openworld-data.md promises."""
+    datasets = sorted({r["dataset"] for r in stats} - set(GROUPS))
+    if not datasets:
+        return ""
+    return "<h3>Per dataset</h3>" + _matrix(stats, models, datasets, metrics, variant, lambda m: m)
+
+
+def _ss_shares(stats: list[dict], models: list[str], groups: list[str], variant: str) -> str:
+    """SS as the authors' code reports it: the share of predictions at or above 0.5 ... 0.9 and their average."""
+    names = [m for m in ("ss@0.5", "ss@0.6", "ss@0.7", "ss@0.8", "ss@0.9", "ss@avg") if any(r["metric"] == m for r in stats)]
+    if not names:
+        return ""
+    return ("<h3>SS at thresholds</h3><p class='note'>Share of predictions whose SS reaches each threshold, and the average "
+            "of those shares (percent).</p>" + _matrix(stats, models, groups, names, variant, lambda m: m))
+
+
+def _comparison_section(comparisons: pa.Table, family: str, title: str, note: str, n_resamples: int) -> str:
+    rows = comparisons.filter(pc.equal(comparisons.column("family"), family)) if comparisons.num_rows else comparisons
+    if not rows.num_rows:
+        return ""
+    fmt = {"p": lambda v, r: "" if v is None else format_p(v, n_resamples), "q": lambda v, r: "" if v is None else format_p(v, n_resamples),
+           "significant": lambda v, r: "" if v is None else ("yes" if v else "no")}
+    return (f"<h2>{html.escape(title)}</h2><p class='note'>{html.escape(note)}</p>"
+            + html_table(rows, ["a", "b", "dataset", "metric", "variant", "difference", "ci_low", "ci_high", "p", "q", "significant"], fmt))
+
+
 def write_openworld_report(run: RunFolder, study: OpenWorldStudyConfig, tables: dict[str, pa.Table], no_judge: str | None = None) -> None:
     """`no_judge` says why LI was skipped, when it was."""
     stats = tables["stats"].to_pylist()
@@ -115,15 +142,20 @@ def write_openworld_report(run: RunFolder, study: OpenWorldStudyConfig, tables: 
         why = html.escape(no_judge or "no judge answers")
         parts.append(f"<p class='note'><b>LI was not computed:</b> {why}. The error types need LI, so they are not shown either.</p>")
     parts.append(view_note())
-    parts.append("<h2>Main table</h2>")
+    parts.append("<h2>Main table</h2><p class='note'>As the paper's table: within each granularity group the mean of its "
+                 "datasets' means (each dataset bootstrapped on its own images, the group's resamples the mean of theirs); "
+                 "<code>all</code> is the mean over every dataset (docs/openworld.md).</p>")
     parts.append(_matrix(stats, models, groups, metrics, main, lambda m: m))
+    parts.append(_per_dataset(stats, models, metrics, main))
+    parts.append(_ss_shares(stats, models, groups, main))
     comparisons = tables["comparisons"]
-    if comparisons.num_rows:
+    open_closed = comparisons.filter(pc.equal(comparisons.column("family"), "open-vs-closed")) if comparisons.num_rows else comparisons
+    if open_closed.num_rows:
         parts.append("<h2>Open-world against closed-world</h2><p class='note'>Mean of the open-world models minus the mean of the "
                      "closed-world baselines (which were given the class list); two-sided bootstrap p, BH q.</p>")
         parts.append(
             html_table(
-                comparisons.filter(pc.equal(comparisons.column("variant"), main)),
+                open_closed.filter(pc.equal(open_closed.column("variant"), main)),
                 ["a", "b", "dataset", "metric", "difference", "ci_low", "ci_high", "p", "q"],
                 {"p": lambda v, r: format_p(v, n), "q": lambda v, r: format_p(v, n)},
             )
@@ -139,7 +171,12 @@ def write_openworld_report(run: RunFolder, study: OpenWorldStudyConfig, tables: 
                 parts.append(f"<h3>{html.escape(meaning)}</h3>")
                 parts.append(html_table(examples, ["subject", "image_id", "label", "prediction", "CS", "LI", "best_concept", "judge_answer"],
                                         {"LI": lambda v, r: "" if v is None else f"{v:.0f}"}))
+    parts.append(_comparison_section(comparisons, "model-vs-model", "Model against model",
+                                     "Each pair of models under the main prompt, per group; BH q within each group family and metric.", n))
     if len(study.prompts) > 1:
+        parts.append(_comparison_section(comparisons, "prompt-ablation", "Prompt ablation: differences from the main prompt",
+                                         "Each open-world model's mean under a prompt minus its mean under the main prompt, per "
+                                         "group; one BH family across prompts, per metric.", n))
         parts.append("<h2>Prompt ablation</h2><p class='note'>All images; one column per prompt and metric. Prompts: "
                      + "; ".join(f"<b>{html.escape(p.id)}</b>: {html.escape(p.text)}" for p in study.prompts) + "</p>")
         for prompt in study.prompts:

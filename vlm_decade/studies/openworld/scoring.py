@@ -14,7 +14,7 @@ from vlm_decade.core.runner import Stage, StudyRun
 from vlm_decade.stats import SCORES_SCHEMA
 from vlm_decade.studies.openworld.config import OpenWorldStudyConfig
 from vlm_decade.studies.openworld.metrics import parse_judgement, similarities, text_inclusion
-from vlm_decade.studies.openworld.outcomes import OUTCOMES, outcome
+from vlm_decade.studies.openworld.outcomes import outcome
 
 METRICS = ("TI", "LI", "SS", "CS")
 PREDICTIONS_SCHEMA = pa.schema(
@@ -70,26 +70,6 @@ def score_predictions(
     predictions.sort(key=lambda p: (p["subject"], p["prompt_id"], p["image_id"]))
     scores.sort(key=lambda s: (s["metric"], s["subject"], s["variant"], s["image_id"]))
     return pa.Table.from_pylist(scores, schema=SCORES_SCHEMA), pa.Table.from_pylist(predictions, schema=PREDICTIONS_SCHEMA)
-
-
-def grouped_scores(scores: pa.Table, predictions: pa.Table, granularity: dict[str, str]) -> pa.Table:
-    """What the statistics engine bootstraps: each metric and each outcome's rate (`outcome:<name>`),
-    by granularity group and over all images (`dataset` holds the group; image ids are unique)."""
-    rows = []
-    for r in scores.to_pylist():
-        for group in (granularity[r["dataset"]], "all"):
-            rows.append({**r, "dataset": group})
-    names = [o for o in OUTCOMES if o != "unjudged"]  # every rate, 0 included
-    for p in predictions.to_pylist():
-        if p["outcome"] == "unjudged":
-            continue
-        for group in (p["granularity"], "all"):
-            rows += [
-                {"subject": p["subject"], "image_id": p["image_id"], "dataset": group, "variant": p["prompt_id"],
-                 "metric": f"outcome:{name}", "value": float(p["outcome"] == name)}
-                for name in names
-            ]
-    return pa.Table.from_pylist(rows, schema=SCORES_SCHEMA)
 
 
 def stage(study: OpenWorldStudyConfig, no_judge: str | None) -> Stage:

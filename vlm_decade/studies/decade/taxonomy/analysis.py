@@ -33,6 +33,7 @@ ERRORS_SCHEMA = pa.schema(
         ("evidence", pa.string()),
     ]
 )
+IMPACT_SCHEMA = SCORES_SCHEMA.append(pa.field("weight", pa.float64()))  # weight: pairs behind the value
 AGREEMENT_SCHEMA = pa.schema(
     [("error_type", pa.string()), ("kappa", pa.float64()), ("observed_agreement", pa.float64()), ("n", pa.int64())]
 )
@@ -51,20 +52,44 @@ def object_labels(
     probed: set[str],
     matcher,
     confusable: float,
+    existence: dict[tuple[str, str], dict[str, dict]] | None = None,
+    present: dict[str, list[str]] | None = None,
+    located: dict[str, list | None] | None = None,
+    min_score: float = 0.0,
+    min_iou: float = 0.5,
 ) -> list[dict]:
     """Detection, recognition, scene-understanding and hallucination rows for each
     (subject, image_id, dataset, text) pair: from the detector's boxes, or from the probe
-    transcript for API models (`probed` subjects). Undecidable pairs get null rows saying why."""
+    transcript for API models (`probed` subjects). Undecidable pairs get null rows saying why.
+
+    `existence`: per pair, the verdict on each mentioned object the gold does not name
+    (`existence.check`); the hallucination row's evidence keeps them all (`checked`), cleared ones
+    included. `present`: per image, the objects known to be there (gold and human-named), which a
+    probed model's answer about a mention's place may name. `located`: per image, the locator's boxes
+    (None where it failed), when the study has a locator: detector labels are then read from the
+    boxes at each object's place (`rules.located_errors`), with `min_score` and `min_iou`."""
+    existence = existence or {}
+    present = present or {}
     rows = []
     for subject, image_id, dataset, _ in pairs:
         key = (subject, image_id)
+        verdicts = existence.get(key, {})
+        gold = [m.name for m in relevant.get(image_id, [])]
         if subject in probed:
             method, found = "probe", transcripts.get(key)
-            findings = None if found is None else probes.probe_findings(found, matcher)
+            findings = None if found is None else probes.probe_findings(
+                found, matcher, verdicts, gold, present.get(image_id, gold))
             why = "no probe answers for this image"
+        elif located is not None:
+            method, boxes, spots = "detector", detections.get(image_id), located.get(image_id)
+            findings = None if boxes is None or spots is None else rules.located_errors(
+                relevant.get(image_id, []), boxes, mentioned.get(key, []), matcher, spots, min_score, min_iou, verdicts,
+                present.get(image_id, gold))
+            why = "the detector failed on this image" if boxes is None else "the locator failed on this image"
         else:
             method, boxes = "detector", detections.get(image_id)
-            findings = None if boxes is None else rules.detector_errors(relevant.get(image_id, []), boxes, mentioned.get(key, []), matcher, confusable)
+            findings = None if boxes is None else rules.detector_errors(
+                relevant.get(image_id, []), boxes, mentioned.get(key, []), matcher, confusable, verdicts)
             why = "the detector failed on this image"
         if findings is None:
             rows += [
@@ -73,11 +98,14 @@ def object_labels(
                 for t in rules.ERROR_TYPES
             ]
             continue
-        context = {"relevant": [m.name for m in relevant.get(image_id, [])], "mentioned": [m.name for m in mentioned.get(key, [])]}
-        for error_type, (present, evidence) in rules.summarise(findings).items():
+        context = {"relevant": gold, "mentioned": [m.name for m in mentioned.get(key, [])]}
+        for error_type, (present_, evidence) in rules.summarise(findings).items():
+            payload = {**context, "findings": json.loads(evidence)}
+            if error_type == "hallucination":
+                payload["checked"] = list(verdicts.values())
             rows.append(
-                {"subject": subject, "image_id": image_id, "dataset": dataset, "error_type": error_type, "present": present,
-                 "method": method, "evidence": _evidence({**context, "findings": json.loads(evidence)})}
+                {"subject": subject, "image_id": image_id, "dataset": dataset, "error_type": error_type, "present": present_,
+                 "method": method, "evidence": _evidence(payload)}
             )
     return rows
 
@@ -124,20 +152,26 @@ def error_scores(errors: pa.Table) -> pa.Table:
 
 
 def impact_scores(errors: pa.Table, scores: pa.Table, metric: str) -> pa.Table:
-    """Per image, the mean similarity (`metric`) of the model-image pairs that have each error type,
-    and of those with none (figure 8). Subjects `error:<type>` and `no error`, all datasets pooled.
+    """The similarity (`metric`) of the model-image pairs that have each error type, and of those with
+    none (figure 8), as the statistics engine takes it: per group and image, the mean over the image's
+    pairs in the group with their number as `weight`, so each group's estimate is the mean over its
+    model-image pairs (the paper's) while the bootstrap resamples images, each with all its pairs.
+    Subjects `error:<type>` and `no error`, all datasets pooled.
 
-    A pair counts as error-free only when its four object error types were all decided (an
-    undecided SDE is left aside: most models describe no masked variants); a pair with an
-    undecided label and no error present is in no group."""
+    A pair has no error only when every label it has is decided and absent, its four object error
+    types at least (a model without masked variants has no SDE label): an undecided label is not "no
+    error". A pair with an undecided label and no error present is in no group."""
     present: dict[tuple[str, str], set[str]] = defaultdict(set)
     decided: dict[tuple[str, str], set[str]] = defaultdict(set)
+    undecided: set[tuple[str, str]] = set()
     for r in errors.to_pylist():
-        if r["present"] is not None:
-            key = (r["subject"], r["image_id"])
-            decided[key].add(r["error_type"])
-            if r["present"]:
-                present[key].add(r["error_type"])
+        key = (r["subject"], r["image_id"])
+        if r["present"] is None:
+            undecided.add(key)
+            continue
+        decided[key].add(r["error_type"])
+        if r["present"]:
+            present[key].add(r["error_type"])
     groups: dict[tuple[str, str], list[float]] = defaultdict(list)
     for r in scores.to_pylist():
         key = (r["subject"], r["image_id"])
@@ -145,21 +179,41 @@ def impact_scores(errors: pa.Table, scores: pa.Table, metric: str) -> pa.Table:
             continue
         if present[key]:
             names = [f"error:{t}" for t in sorted(present[key])]
-        elif decided[key] >= set(rules.ERROR_TYPES):
+        elif key not in undecided and decided[key] >= set(rules.ERROR_TYPES):
             names = [NO_ERROR]
         else:
             continue
         for name in names:
             groups[(name, r["image_id"])].append(r["value"])
     rows = [
-        {"subject": name, "image_id": image_id, "dataset": ALL_IMAGES, "variant": "full", "metric": metric, "value": float(np.mean(v))}
+        {"subject": name, "image_id": image_id, "dataset": ALL_IMAGES, "variant": "full", "metric": metric,
+         "value": float(np.mean(v)), "weight": float(len(v))}
         for (name, image_id), v in sorted(groups.items())
     ]
-    return pa.Table.from_pylist(rows, schema=SCORES_SCHEMA)
+    return pa.Table.from_pylist(rows, schema=IMPACT_SCHEMA)
 
 
 def impact_family(impact: pa.Table) -> Family:
-    """Each error group against the pairs with no error."""
+    """The paper's comparisons of error impact (figure 8, section 3.2.6), corrected together: each
+    error group against the pairs with no error; scene understanding against detection, recognition
+    and hallucination; spatial dependence against each of the other four."""
     subjects = set(impact.column("subject").to_pylist())
-    names = sorted(subjects - {NO_ERROR}) if NO_ERROR in subjects else []
-    return Family("impact", [ComparisonSpec(Term.subject(n, ALL_IMAGES), Term.subject(NO_ERROR, ALL_IMAGES)) for n in names])
+    group = {t: f"error:{t}" for t in ERROR_TYPES}
+
+    def spec(a: str, b: str) -> ComparisonSpec:
+        return ComparisonSpec(Term.subject(a, ALL_IMAGES), Term.subject(b, ALL_IMAGES))
+
+    specs = [spec(group[t], NO_ERROR) for t in ERROR_TYPES if NO_ERROR in subjects and group[t] in subjects]
+    scene, sde = group["scene_understanding"], group[SDE]
+    specs += [spec(scene, group[t]) for t in ("detection", "recognition", "hallucination")
+              if scene in subjects and group[t] in subjects]
+    specs += [spec(sde, group[t]) for t in rules.ERROR_TYPES if sde in subjects and group[t] in subjects]
+    return Family("impact", specs)
+
+
+def impact_pairs(impact: pa.Table) -> dict[str, int]:
+    """The number of model-image pairs behind each impact group (its estimate's units)."""
+    counts: dict[str, int] = defaultdict(int)
+    for subject, weight in zip(impact.column("subject").to_pylist(), impact.column("weight").to_pylist()):
+        counts[subject] += int(weight)
+    return dict(counts)

@@ -1,8 +1,10 @@
 """The probes stage: targeted questions to API models about the objects of each image.
 
 An API model shows no boxes, so for each relevant object its description leaves out we ask it
-(with the image) whether the object is there, then what it is; and for each object it mentions
-that no human named, whether that object is there. Questions go through the provider's gateway
+(with the image) whether there is an object at the place, then what it is; for each object it
+mentions that no independent source finds in the image, the same two questions at the place its
+description puts it. A verifier model, when the study has one, is first asked whether each such
+mentioned object is there at all. Questions go through the provider's gateway
 actor like any other request: the same cache (a re-run pays for nothing twice), limits and budget.
 The `probes` table is the transcript, the evidence of every probe-based label.
 """
@@ -20,6 +22,8 @@ from vlm_decade.stages.describe import REMOTE_BATCH, Job, ask_gateway, batches
 from vlm_decade.studies.decade.config import StudyConfig
 from vlm_decade.studies.decade.taxonomy import probes
 
+# The verifier's questions are rows of the probes table too, under this subject prefix and its model id.
+VERIFIER_PREFIX = "verifier:"
 PROBES_SCHEMA = pa.schema(
     [
         ("subject", pa.string()),
@@ -63,27 +67,35 @@ def _ask(run: StudyRun, session, model: ModelConfig, paths: dict[str, str], asks
     return [answers[k] for k in range(len(jobs))]
 
 
-def run_probes(study: StudyConfig, first: dict[tuple[str, str], list[probes.Question]], run: StudyRun) -> pa.Table:
-    """Ask each API model its first-round questions, then the follow-ups their answers call for."""
+def run_probes(study: StudyConfig, run: StudyRun, verifier_asks: dict[str, list[probes.Question]], first_questions) -> pa.Table:
+    """Ask the verifier model `verifier_asks` (image_id -> presence questions), then each API model
+    its first-round questions (`first_questions(verifier answers)`: (subject, image_id) -> questions)
+    and the follow-ups their answers call for. A question asked twice about one image (two objects
+    near one anchor) is sent once; each of its rows gets the answer."""
     from vlm_decade.models.api.session import RemoteSession
 
     images = run.table("images")
     paths = dict(zip(images.column("image_id").to_pylist(), images.column("path").to_pylist()))
     templates = study.taxonomy.probes.templates()
     rows: list[dict] = []
-    for model in study.models:
-        asks = [(image_id, q) for (subject, image_id), qs in sorted(first.items()) if subject == model.name for q in qs]
+    answers: dict[str, dict[str, tuple[str, str]]] = {}  # the verifier's: image_id -> object -> (question, answer)
+
+    def ask_rounds(model: ModelConfig, per_pair: dict[tuple[str, str], list[probes.Question]]) -> None:
+        asks = [(image_id, q) for (_, image_id), qs in sorted(per_pair.items()) for q in qs]
         if not asks:
-            continue
+            return
         provider = backend_class(model.backend).provider
         tasks = max(1, 2 * getattr(study.providers, provider).max_concurrency // REMOTE_BATCH)
         with RemoteSession(run.ray(), study.providers, run.folder, provider) as session, \
                 run.reporter.track(f"probe {model.name}", len(asks)) as advance:
             for round_no in (1, 2):
-                answers = _ask(run, session, model, paths, asks, tasks)
+                distinct = list(dict.fromkeys((image_id, q.text) for image_id, q in asks))
+                sent = _ask(run, session, model, paths, [(i, probes.Question("detection", "", None, text)) for i, text in distinct], tasks)
+                answer_of = dict(zip(distinct, sent))
                 advance(len(asks) if round_no == 1 else 0)
                 answered: dict[str, list] = {}
-                for (image_id, q), a in zip(asks, answers):
+                for image_id, q in asks:
+                    a = answer_of[(image_id, q.text)]
                     rows.append(
                         {"subject": model.name, "image_id": image_id, "round": round_no, "kind": q.kind, "object": q.obj,
                          "anchor": q.anchor or "", "question": q.text, "answer": a["text"], "status": a["status"],
@@ -91,7 +103,16 @@ def run_probes(study: StudyConfig, first: dict[tuple[str, str], list[probes.Ques
                     )
                     if a["status"] == "ok":
                         answered.setdefault(image_id, []).append((q, a["text"]))
+                        if q.kind == "presence":
+                            answers.setdefault(image_id, {})[q.obj] = (q.text, a["text"])
                 asks = [(i, q) for i, pairs in sorted(answered.items()) for q in probes.second_round(pairs, templates)]
                 if not asks:
                     break
+
+    if verifier_asks:
+        verifier = study.taxonomy.verifier.as_model()
+        ask_rounds(verifier, {(verifier.name, i): qs for i, qs in verifier_asks.items()})
+    first = first_questions(answers)
+    for model in study.models:
+        ask_rounds(model, {key: qs for key, qs in first.items() if key[0] == model.name})
     return pa.Table.from_pylist(rows, schema=PROBES_SCHEMA)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import html
 import json
+import math
+from collections import Counter
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -34,6 +36,17 @@ NAMES = {
 }
 
 
+def _point(r: dict | None) -> tuple[float, float, float] | None:
+    """A stats row as (estimate, lower bar, upper bar); None when it has no estimate (a group with no
+    decided label, a budget stop). A row with no interval draws its point without a bar."""
+    if r is None or r.get("estimate") is None or math.isnan(r["estimate"]):
+        return None
+    est, lo, hi = r["estimate"], r.get("ci_low"), r.get("ci_high")
+    if lo is None or hi is None or math.isnan(lo) or math.isnan(hi):
+        return est, 0.0, 0.0
+    return est, max(est - lo, 0.0), max(hi - est, 0.0)
+
+
 def error_rate_figure(stats: list[dict], study: StudyConfig, path: Path) -> None:
     """Figures 5-6 and 7b's shape: one panel per error type, each model's rate per dataset with CIs."""
     models = [m.name for m in study.models]
@@ -45,40 +58,48 @@ def error_rate_figure(stats: list[dict], study: StudyConfig, path: Path) -> None
         for d_i, dataset in enumerate(datasets):
             xs, ys, lo, hi = [], [], [], []
             for m_i, model in enumerate(models):
-                r = by.get((model, dataset, error_type))
-                if r:
+                point = _point(by.get((model, dataset, error_type)))
+                if point is not None:
                     xs.append(m_i + (d_i - (len(datasets) - 1) / 2) * width)
-                    ys.append(r["estimate"])
-                    lo.append(r["estimate"] - r["ci_low"])
-                    hi.append(r["ci_high"] - r["estimate"])
-            ax.bar(xs, ys, width=width, yerr=[lo, hi], capsize=2, color=COLOURS[d_i % len(COLOURS)], label=dataset)
+                    ys.append(point[0])
+                    lo.append(point[1])
+                    hi.append(point[2])
+            ax.bar(xs, ys, width=width, yerr=[lo, hi] if xs else None, capsize=2, color=COLOURS[d_i % len(COLOURS)], label=dataset)
         ax.set_title(NAMES[error_type], fontsize=9)
         ax.set_xticks(range(len(models)))
         ax.set_xticklabels(models, fontsize=7, rotation=30, ha="right")
         ax.set_ylim(0, 1)
         ax.grid(axis="y", alpha=0.3)
     axes[0].set_ylabel("share of images with the error (95% CI)")
-    axes[0].legend(title="dataset", fontsize=7)
+    if datasets:
+        axes[0].legend(title="dataset", fontsize=7)
     fig.suptitle("Error rates by model and dataset" + (" (DEMO DATA: not a finding)" if study.demo else ""), fontsize=10)
     fig.tight_layout()
     save_figure(fig, path)
 
 
+def _units(r: dict) -> str:
+    pairs = r.get("n_pairs")
+    return f"{pairs} pairs, {r['n_images']} images" if pairs is not None else f"{r['n_images']} images"
+
+
 def impact_figure(stats: list[dict], metric: str, demo: bool, path: Path) -> None:
-    """Figure 8's shape: mean similarity of the pairs with each error type; dashed: pairs with none."""
-    groups = [f"error:{t}" for t in ERROR_TYPES if any(r["subject"] == f"error:{t}" for r in stats)]
+    """Figure 8's shape: mean similarity of the model-image pairs with each error type; dashed: pairs
+    with none.
+    A group with no estimate is left out; a group without an interval is drawn without a bar."""
     by = {r["subject"]: r for r in stats}
+    groups = [f"error:{t}" for t in ERROR_TYPES if _point(by.get(f"error:{t}")) is not None]
+    points = [_point(by[g]) for g in groups]
     fig, ax = plt.subplots(figsize=(6, 3.6), dpi=110)
-    ys = [by[g]["estimate"] for g in groups]
-    err = [[by[g]["estimate"] - by[g]["ci_low"] for g in groups], [by[g]["ci_high"] - by[g]["estimate"] for g in groups]]
-    ax.bar(range(len(groups)), ys, yerr=err, capsize=3, color="#7f7f7f")
-    if NO_ERROR in by:
-        none = by[NO_ERROR]
-        ax.axhline(none["estimate"], ls="--", color="k", lw=1, label=f"no error ({none['estimate']:.2f}, {none['n_images']} images)")
+    ax.bar(range(len(groups)), [p[0] for p in points], yerr=[[p[1] for p in points], [p[2] for p in points]] if points else None,
+           capsize=3, color="#7f7f7f")
+    none = _point(by.get(NO_ERROR))
+    if none is not None:
+        ax.axhline(none[0], ls="--", color="k", lw=1, label=f"no error ({none[0]:.2f}, {_units(by[NO_ERROR])})")
         ax.legend(fontsize=8)
     ax.set_xticks(range(len(groups)))
     # With few images a group's CI and p mean little: the counts are on the axis.
-    ax.set_xticklabels([f"{NAMES[g.split(':', 1)[1]]}\n({by[g]['n_images']} images)" for g in groups], fontsize=8, rotation=20, ha="right")
+    ax.set_xticklabels([f"{NAMES[g.split(':', 1)[1]]}\n({_units(by[g])})" for g in groups], fontsize=8, rotation=20, ha="right")
     ax.set_ylabel(f"{metric} to gold (mean, 95% CI)")
     ax.set_title("Similarity by error type" + ("\nDEMO DATA: not a finding" if demo else ""), fontsize=10)
     ax.grid(axis="y", alpha=0.3)
@@ -111,6 +132,89 @@ def heatmap_files(run: RunFolder, study: StudyConfig, images: pa.Table, spatial:
     return out
 
 
+SDE_COUNTS_SCHEMA = pa.schema([("subject", pa.string()), ("images", pa.int64()), ("decided", pa.int64()), ("sde", pa.int64()),
+                               ("undecided", pa.int64()), ("why_undecided", pa.string())])
+
+
+def sde_counts(spatial: pa.Table) -> pa.Table:
+    """Per model: its images with an SDE row, how many were decided, how many had an SDE, and how many
+    could not be decided, with each reason and its count (most frequent first)."""
+    by: dict[str, list[dict]] = {}
+    for r in spatial.to_pylist():
+        by.setdefault(r["subject"], []).append(r)
+    rows = []
+    for subject, here in sorted(by.items()):
+        reasons = Counter(r["reason"] for r in here if r["sde"] is None)
+        rows.append({"subject": subject, "images": len(here), "decided": sum(r["sde"] is not None for r in here),
+                     "sde": sum(r["sde"] is True for r in here), "undecided": sum(reasons.values()),
+                     "why_undecided": "; ".join(f"{why} ({n})" for why, n in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])))})
+    return pa.Table.from_pylist(rows, schema=SDE_COUNTS_SCHEMA)
+
+
+def _check_words(check: dict) -> str:
+    """One existence check in words: who was asked and what came back."""
+    found = "found" if check.get("found") else "not found"
+    if check["source"] == "humans":
+        named = ", ".join(check.get("named_as") or [])
+        return f"humans: {check.get('naming', 0)} of {check.get('descriptions', 0)} descriptions name it{f' ({named})' if named else ''}: {found}"
+    if check["source"] == "locator":
+        return f"locator: best box score {check.get('best_score')} (min {check.get('min_score')}): {found}"
+    return f"verifier {check.get('model', '')}: \u201c{check.get('question')}\u201d \u2192 \u201c{check.get('answer')}\u201d ({check.get('reading')}): {found}"
+
+
+def _chain(error_type: str, finding: dict) -> list[str]:
+    """A finding's evidence chain, step by step: existence checks, the boxes at its place, the questions."""
+    steps = []
+    existence = finding.get("existence")
+    if isinstance(existence, dict):
+        steps += [_check_words(c) for c in existence.get("checks", [])]
+    located = finding.get("located")
+    if isinstance(located, dict):
+        steps.append(f"located at {located.get('box')} (score {located.get('score')})")
+    elif isinstance(located, str):
+        steps.append(f"locator: {located}")
+    for box in finding.get("boxes_there", []):
+        steps.append(f"box there: {box.get('label')} (IoU {box.get('iou')}, score {box.get('score')})")
+    if isinstance(finding.get("detection"), dict):
+        steps.append(f"detector box: {finding['detection'].get('label')} {finding['detection'].get('box')}")
+    for t in finding.get("transcript", []):
+        steps.append(f"{t.get('kind')}: \u201c{t.get('question')}\u201d \u2192 \u201c{t.get('answer')}\u201d (read: {t.get('reading')})")
+    if "location" in finding:
+        steps.append(f"location: {finding['location']}")
+    if finding.get("named_as"):
+        steps.append(f"named as: {finding['named_as']}" + (f" (similarity {finding['similarity']})" if "similarity" in finding else ""))
+    if not steps and error_type == "detection":
+        steps.append("not mentioned, and no detector box names it")
+    if not steps and error_type == "hallucination":
+        steps.append("mentioned; no gold object and no detector box match it")
+    if finding.get("unclear"):
+        steps.append("unclear: no label")
+    return steps
+
+
+def _chain_html(error_type: str, evidence: dict) -> str:
+    """Each finding of a label (for hallucinations, each mention checked too; for SDE the correlations;
+    for a hand label the person's note) as its chain of steps."""
+    items = []
+    if "hand" in evidence:
+        auto = evidence.get("auto_present")
+        said = "undecided" if auto is None else ("present" if auto else "absent")
+        items.append(f"<li>hand label{': ' + html.escape(evidence['hand']) if evidence['hand'] else ''} (the automatic label: {said})</li>")
+    if "model_r" in evidence:
+        r = {k: _number(evidence.get(k), None) or "none" for k in ("model_r", "human_mean_r", "human_sd_r")}
+        items.append(f"<li>model r {r['model_r']}; humans' mean r {r['human_mean_r']}, SD {r['human_sd_r']}"
+                     f"{'; ' + html.escape(evidence['reason']) if evidence.get('reason') else ''}</li>")
+    if "undecided" in evidence:
+        items.append(f"<li>undecided: {html.escape(str(evidence['undecided']))}</li>")
+    for f in evidence.get("findings", []) if isinstance(evidence.get("findings"), list) else []:
+        steps = "".join(f"<li>{html.escape(step)}</li>" for step in _chain(error_type, f))
+        items.append(f"<li><b>{html.escape(str(f.get('object', '')))}</b><ol>{steps}</ol></li>")
+    for c in [c for c in evidence.get("checked", []) if c.get("present") is True]:
+        steps = "".join(f"<li>{html.escape(_check_words(x))}</li>" for x in c.get("checks", []))
+        items.append(f"<li><b>{html.escape(c['object'])}</b> (mentioned, there: no error)<ol>{steps}</ol></li>")
+    return f"<ul>{''.join(items)}</ul>" if items else ""
+
+
 def _evidence_page(run: RunFolder, study: StudyConfig, errors: pa.Table) -> None:
     rows = []
     for r in errors.to_pylist():
@@ -119,7 +223,8 @@ def _evidence_page(run: RunFolder, study: StudyConfig, errors: pa.Table) -> None
         rows.append(
             f"<tr class='{state}'><td>{html.escape(r['subject'])}</td><td>{html.escape(r['image_id'])}</td>"
             f"<td>{html.escape(NAMES[r['error_type']])}</td><td>{state}</td><td>{html.escape(r['method'])}</td>"
-            f"<td><code>{html.escape(json.dumps(evidence, indent=1))}</code></td></tr>"
+            f"<td>{_chain_html(r['error_type'], evidence)}<details><summary>all evidence (JSON)</summary>"
+            f"<code>{html.escape(json.dumps(evidence, indent=1))}</code></details></td></tr>"
         )
     page = (
         page_start(f"{study.name}: error labels", "Error labels and their evidence", EVIDENCE_STYLE)
@@ -166,6 +271,49 @@ def examples_table(tables: dict[str, pa.Table], per_type: int = 3) -> str:
     )
 
 
+def _number(v, r) -> str:
+    return "" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3f}"
+
+
+def stat_formats(n_resamples: int, min_images: int) -> dict:
+    """Cells of the stats and comparisons tables: nulls blank, p and q as `format_p`, a comparison with
+    too few images said so, a group on too few images flagged."""
+
+    def p_cell(v, r):
+        if v is not None and not math.isnan(v):
+            return format_p(v, n_resamples)
+        small = r.get("n_a") is not None and r.get("n_b") is not None and min(r["n_a"], r["n_b"]) < min_images
+        return f"not tested (< {min_images} images)" if small else "n/a"
+
+    return {
+        "p": p_cell, "q": p_cell,
+        "significant": lambda v, r: "" if v is None else ("yes" if v else "no"),
+        "n_images": lambda v, r: "" if v is None else (f"{v} (too few: not tested)" if v < min_images else str(v)),
+        **{c: _number for c in ("estimate", "ci_low", "ci_high", "difference")},
+    }
+
+
+def checks_note(study: StudyConfig) -> str:
+    """What the labels were checked with: the locator, the verifier, the human descriptions."""
+    cfg = study.taxonomy
+    if cfg.locator is not None:
+        boxes = f"read at each object's place, found by the open-vocabulary locator {cfg.locator.model_id}"
+    else:
+        boxes = ("read by name: no locator is configured (an open-vocabulary detector such as OWL-ViT finds each object's "
+                 "place; its weights cannot be had offline, so the demo runs without one)")
+    if cfg.verifier is None:
+        verifier = " (no verifier is configured: no second check)"
+    elif cfg.verifier.kind == "locator":
+        verifier = ", or the locator, queried with the mention's name, finds it"
+    else:
+        verifier = f", or the verifier model {cfg.verifier.model_id} says it is there"
+    return (f"<p class='note'>Detector labels: the local model's boxes {html.escape(boxes)}. A mentioned object the gold does "
+            f"not name counts as there when at least {cfg.min_humans} human description(s) of any worker name it"
+            f"{html.escape(verifier)}; API models are asked the paper's questions at the place their description puts "
+            "it. Error rates and impact groups on fewer than "
+            f"{cfg.min_images} images are shown but not tested (docs/taxonomy.md).</p>")
+
+
 def taxonomy_section(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Table]) -> str:
     figures = run.root / "figures"
     n = study.statistics.n_resamples
@@ -176,26 +324,37 @@ def taxonomy_section(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Ta
         impact_figure(impact, study.taxonomy_metric, study.demo, figures / "impact.png")
     heatmaps = heatmap_files(run, study, tables["images"], tables["spatial"])
     _evidence_page(run, study, tables["errors"])
-    fmt = {"p": lambda v, r: format_p(v, n), "q": lambda v, r: format_p(v, n)}
+    fmt = stat_formats(n, study.taxonomy.min_images)
     parts = [
         "<h2>Errors</h2><p class='note'>Local and imported models are labelled from the taxonomy detector's boxes, API models "
         "from their answers to probe questions; spatial dependence from the masked descriptions (docs/taxonomy.md, "
         "docs/spatial-dependence.md). Every label and its evidence: <a href='errors.html'>errors.html</a>.</p>",
+        checks_note(study),
         "<img src='figures/error_rates.png' alt='error rates by model and dataset'>",
         html_table(tables["error_stats"].sort_by([("metric", "ascending"), ("subject", "ascending"), ("dataset", "ascending")]),
-                   ["subject", "dataset", "metric", "estimate", "ci_low", "ci_high", "n_images"]),
+                   ["subject", "dataset", "metric", "estimate", "ci_low", "ci_high", "n_images"], fmt),
     ]
     parts.append(examples_table(tables))
     if tables["error_comparisons"].num_rows:
         parts.append("<h3>Error-rate comparisons</h3>")
-        parts.append(html_table(tables["error_comparisons"], ["family", "a", "b", "dataset", "metric", "difference", "p", "q", "significant"], fmt))
+        parts.append(html_table(tables["error_comparisons"], ["family", "a", "b", "dataset", "metric", "difference", "n_a", "n_b", "p", "q",
+                                                              "significant"], fmt))
     if impact:
         parts.append(f"<h2>Error impact</h2><p class='note'>Mean {html.escape(study.taxonomy_metric)} of the model-image pairs "
-                     "that have each error type, against the pairs with none (all datasets pooled; figure 8).</p>")
+                     "that have each error type, against the pairs with none, and the paper's comparisons between the types "
+                     "(scene understanding against detection, recognition and hallucination; SDE against the other four). "
+                     "All datasets pooled; the bootstrap resamples images, each with all its pairs (figure 8).</p>")
         parts.append("<img src='figures/impact.png' alt='similarity by error type'>")
-        parts.append(html_table(tables["impact_stats"], ["subject", "estimate", "ci_low", "ci_high", "n_images"]))
+        parts.append(html_table(tables["impact_stats"], ["subject", "estimate", "ci_low", "ci_high", "n_images"]
+                                + (["n_pairs"] if "n_pairs" in tables["impact_stats"].column_names else []), fmt))
         if tables["impact_comparisons"].num_rows:
-            parts.append(html_table(tables["impact_comparisons"], ["a", "b", "metric", "difference", "ci_low", "ci_high", "p", "q"], fmt))
+            parts.append(html_table(tables["impact_comparisons"], ["a", "b", "metric", "difference", "ci_low", "ci_high", "n_a", "n_b", "p", "q"], fmt))
+    counts = sde_counts(tables["spatial"])
+    if counts.num_rows:
+        parts.append("<h3>Spatial dependence: decided and undecided images</h3><p class='note'>An image whose SDE cannot be "
+                     "decided (no masked description, a constant profile, too few human descriptions) is counted here and left "
+                     "out of the SDE rate and of \"no error\" (docs/spatial-dependence.md).</p>")
+        parts.append(html_table(counts, counts.column_names))
     if heatmaps:
         parts.append("<h2>Which regions matter</h2><p class='note'>Importance of each masked region (1 - similarity of the masked "
                      "description to the unmasked one) for humans and each model (figure 7a).</p>")

@@ -12,6 +12,13 @@ boxes on the image and the objects the model's description names give a list of 
 
 A mention of a detected object the gold leaves out is no error. Misnamings are paired greedily, most
 similar pair first, one mention per object.
+
+With an open-vocabulary locator (`located_errors`), the paper's reading of the detector's
+classification: each relevant object is found by its name, and the local model's boxes at that place
+(IoU) say what its detector made of it: no box there -> detection; a box of its class -> scene
+understanding (if left out); only boxes of other classes -> recognition (misclassified). A mention
+outside the gold that no independent source finds: its box lying on an object that is there (gold or
+human-named, also located) -> recognition (that object misidentified); otherwise -> hallucination.
 """
 
 from __future__ import annotations
@@ -45,11 +52,13 @@ class Finding:
 
 def detector_errors(relevant: Sequence[Mention], detections: Sequence[Detection],
                       mentioned: Sequence[Mention], matcher: ObjectMatcher,
-                      confusable: float = CONFUSABLE_THRESHOLD) -> list[Finding]:
+                      confusable: float = CONFUSABLE_THRESHOLD, existence: dict[str, dict] | None = None) -> list[Finding]:
     """The errors of one description, in ERROR_TYPES order: detection and scene understanding in the
     gold's order, recognition relevant objects first (gold order) then irrelevant ones (detection
     order), hallucination in the description's order. `confusable` is the least similarity of a
-    misnaming to the object it misnames."""
+    misnaming to the object it misnames. `existence` (name -> `existence.check` verdict) says which
+    mentioned objects outside the gold an independent source found in the image: those are no error;
+    one whose verdict is undecided (None) gives an unclear hallucination if it misnames nothing."""
     gold = _unique(relevant)
     said = _unique(mentioned)
     best_box = _best_box_per_label(detections)
@@ -59,8 +68,10 @@ def detector_errors(relevant: Sequence[Mention], detections: Sequence[Detection]
 
     missed = [g for g in gold if matcher.best_match(g.name, said_names) is None]
     seen = {g.name: matcher.best_match(g.name, labels) for g in missed}
+    verdicts = existence or {}
     unexplained = [m for m in said if matcher.best_match(m.name, gold_names) is None
-                   and matcher.best_match(m.name, labels) is None]
+                   and matcher.best_match(m.name, labels) is None
+                   and verdicts.get(m.name, {}).get("present") is not True]
     ignored = [label for label in labels if matcher.best_match(label, gold_names) is None
                and matcher.best_match(label, said_names) is None]
 
@@ -83,9 +94,114 @@ def detector_errors(relevant: Sequence[Mention], detections: Sequence[Detection]
             scene.append(Finding("scene_understanding", obj, {
                 "object": obj, "phrase": phrase, "similarity": round(seen[obj][1], 3), "detection": box}))
     misnamed = {mention.name for mention, _ in pairs.values()}
-    hallucination = [Finding("hallucination", m.name, {"object": m.name, "phrase": m.phrase})
-                     for m in unexplained if m.name not in misnamed]
+    hallucination = [_hallucination(m, verdicts.get(m.name)) for m in unexplained if m.name not in misnamed]
     return detection + recognition + scene + hallucination
+
+
+def iou(a: tuple[float, float, float, float], b: tuple[float, float, float, float]) -> float:
+    """Intersection over union of two boxes (x0, y0, x1, y1); 0 when either has no area."""
+    w = min(a[2], b[2]) - max(a[0], b[0])
+    h = min(a[3], b[3]) - max(a[1], b[1])
+    inter = max(w, 0.0) * max(h, 0.0)
+    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
+    return inter / union if union > 0 else 0.0
+
+
+def located_errors(relevant: Sequence[Mention], detections: Sequence[Detection], mentioned: Sequence[Mention],
+                   matcher: ObjectMatcher, located: Sequence[Detection], min_score: float, min_iou: float,
+                   existence: dict[str, dict] | None = None, present: Sequence[str] = ()) -> list[Finding]:
+    """The errors of one description read from where things are (the paper's 2.5.1 with boxes):
+    `located` are the locator's boxes (label = the object's name asked for), a find when scoring at
+    least `min_score`; a local model's box is at an object's place when its IoU with the object's
+    best located box reaches `min_iou`. `present`: the objects known to be in the image (gold and
+    human-named), located too, that a box of a mentioned object may lie on.
+
+    Relevant objects (gold order): mentioned -> no error; else the boxes at its place decide:
+    none -> detection, one of its class -> scene understanding, only others -> recognition (the class
+    the detector gave, `named_as`). A relevant object the locator did not find falls back to the
+    name rules: a box of its class anywhere -> scene understanding, none -> detection.
+    Mentioned objects outside the gold (description order), unless an independent source found them
+    (`existence`): a box of the mention's class that lies on a present object other than one the
+    description names -> recognition about that object (unless already counted as its misclassification);
+    otherwise -> hallucination (undecided existence: unclear)."""
+    gold = _unique(relevant)
+    said = _unique(mentioned)
+    said_names = [m.name for m in said]
+    verdicts = existence or {}
+
+    def place(name: str) -> Detection | None:
+        best = best_located(located, name)
+        return best if best is not None and best.score >= min_score else None
+
+    def boxes_at(spot: Detection) -> list[tuple[Detection, float]]:
+        return [(d, iou(d.box, spot.box)) for d in detections if iou(d.box, spot.box) >= min_iou]
+
+    findings: dict[str, list[Finding]] = {t: [] for t in ERROR_TYPES}
+    misclassified: set[str] = set()
+    for g in gold:
+        if matcher.best_match(g.name, said_names) is not None:
+            continue
+        spot = place(g.name)
+        evidence = {"object": g.name, "phrase": g.phrase, "located": None if spot is None else _box_evidence(spot)}
+        if spot is None:  # not found by name: the name rule
+            own = [d for d in detections if matcher.matches(d.label, g.name)]
+            evidence["located"] = "not found: read by name"
+            if own:
+                best = max(own, key=lambda d: d.score)
+                findings["scene_understanding"].append(Finding("scene_understanding", g.name, {**evidence, "detection": _box_evidence(best)}))
+            else:
+                findings["detection"].append(Finding("detection", g.name, evidence))
+            continue
+        there = boxes_at(spot)
+        evidence["boxes_there"] = [{**_box_evidence(d), "iou": round(v, 3)} for d, v in there]
+        right = [d for d, _ in there if matcher.matches(d.label, g.name)]
+        if not there:
+            findings["detection"].append(Finding("detection", g.name, evidence))
+        elif right:
+            findings["scene_understanding"].append(Finding("scene_understanding", g.name, evidence))
+        else:
+            label = max(there, key=lambda pair: (pair[1], pair[0].score))[0].label
+            findings["recognition"].append(Finding("recognition", g.name, {**evidence, "relevant": True, "named_as": label}))
+            misclassified.add(g.name)
+    others = [name for name in dict.fromkeys(present) if matcher.best_match(name, said_names) is None]
+    gold_names = [g.name for g in gold]
+    for m in said:
+        if matcher.best_match(m.name, gold_names) is not None or verdicts.get(m.name, {}).get("present") is True:
+            continue
+        own = [d for d in detections if matcher.matches(d.label, m.name)]
+        lies_on = [(thing, d, iou(d.box, spot.box)) for d in own for thing in others
+                   if (spot := place(thing)) is not None and iou(d.box, spot.box) >= min_iou]
+        if lies_on:
+            thing, box, overlap = max(lies_on, key=lambda t: (t[2], t[1].score))
+            if thing not in misclassified:
+                findings["recognition"].append(Finding("recognition", thing, {
+                    "object": thing, "relevant": matcher.best_match(thing, gold_names) is not None, "named_as": m.name,
+                    "named_phrase": m.phrase, "detection": {**_box_evidence(box), "iou": round(overlap, 3)},
+                    "located": _box_evidence(place(thing))}))
+            continue
+        verdict = verdicts.get(m.name)
+        evidence = {"object": m.name, "phrase": m.phrase, "detections": [_box_evidence(d) for d in own]}
+        if verdict is not None:
+            evidence["existence"] = verdict
+        findings["hallucination"].append(
+            Finding("hallucination", m.name, evidence, unclear=verdict is not None and verdict["present"] is None))
+    return [f for t in ERROR_TYPES for f in findings[t]]
+
+
+def best_located(located: Sequence[Detection], name: str) -> Detection | None:
+    """The highest-scoring box the locator found for the name `name` (the earliest on a tie)."""
+    best = None
+    for det in located:
+        if det.label == name and (best is None or det.score > best.score):
+            best = det
+    return best
+
+
+def _hallucination(mention: Mention, verdict: dict | None) -> Finding:
+    evidence = {"object": mention.name, "phrase": mention.phrase}
+    if verdict is None:
+        return Finding("hallucination", mention.name, evidence)
+    return Finding("hallucination", mention.name, {**evidence, "existence": verdict}, unclear=verdict["present"] is None)
 
 
 def summarise(findings: Sequence[Finding]) -> dict[str, tuple[bool, str]]:
