@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 import re
+import stat
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +20,27 @@ from vlm_decade.core.errors import Problems
 # Bytes that are not UTF-8 survive decoding as lone surrogates (errors="surrogateescape"), so the
 # CSV still parses and each bad cell can be named by row and column.
 _UNDECODABLE = re.compile("[\udc80-\udcff]")
+
+
+def regular_file_problem(path: str | Path) -> str | None:
+    """Why `path` cannot be read as a file (missing, a folder, a FIFO, a device), or None.
+
+    Opening a FIFO blocks until someone writes to it and a device can be endless, so both are
+    refused from their file type before anything opens them."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "not found"
+    except NotADirectoryError:
+        return "not found (a part of the path is a file, not a folder)"
+    except OSError as exc:
+        return f"cannot be read: {exc.strerror or exc}"
+    if stat.S_ISDIR(mode):
+        return "is a folder, not a file"
+    if not stat.S_ISREG(mode):
+        kind = "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+        return f"is {kind}, not a regular file"
+    return None
 
 
 @dataclass(frozen=True)
@@ -40,14 +63,12 @@ def read_table(path: Path, required: tuple[str, ...], problems: Problems, option
     if kind not in (".csv", ".parquet", ".pq"):
         problems.add(path, f"unsupported table format '{path.suffix}': use .csv or .parquet")
         return None
+    problem = regular_file_problem(path)
+    if problem is not None:
+        problems.add(path, "file not found" if problem == "not found" else problem)
+        return None
     try:
         raw = path.read_bytes()
-    except FileNotFoundError:
-        problems.add(path, "file not found")
-        return None
-    except IsADirectoryError:
-        problems.add(path, "is a folder, not a table file")
-        return None
     except OSError as exc:
         problems.add(path, f"cannot be read: {exc.strerror or exc}")
         return None

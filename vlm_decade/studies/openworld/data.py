@@ -37,7 +37,7 @@ LABELS_SCHEMA = pa.schema(
 class OpenWorldData:
     """Study B's checked input; both tables are sorted by image_id, the dicts by dataset."""
 
-    images: pa.Table  # IMAGES_SCHEMA: image_id, dataset, path, sha256, width, height
+    images: pa.Table  # IMAGES_SCHEMA: image_id, dataset, path, sha256, width, height, mode
     labels: pa.Table  # LABELS_SCHEMA: image_id, dataset, label, granularity
     classnames: dict[str, tuple[str, ...]]  # dataset -> its class names, in the table's order
     granularity: dict[str, str]  # dataset -> one of GRANULARITIES
