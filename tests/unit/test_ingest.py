@@ -444,3 +444,27 @@ def test_an_image_path_that_is_a_fifo_is_refused_without_blocking(study):
     os.mkfifo(study.image_dir / "im1.png")  # reading it would wait forever for a writer
     p = only(within_seconds(30, lambda: study.problems(data)), field="file")
     assert p.row == 2 and "FIFO" in p.message
+
+
+def test_an_unterminated_quote_does_not_swallow_descriptions(study):
+    data = study.write()
+    path = study.root / "descriptions.csv"
+    lines = path.read_bytes().split(b"\r\n")
+    lines[3] = lines[3].replace(b"text a3", b'"text a3')  # the quote opens in row 4 and never closes
+    path.write_bytes(b"\r\n".join(lines))
+    (p,) = study.problems(data)
+    assert (p.file, p.row) == (str(path), 4) and "never closes" in p.message
+
+
+def test_parquet_columns_of_the_wrong_type_are_named(study):
+    data = study.write()
+    columns = {c: [r[i] for r in study.images] for i, c in enumerate(IMAGE_HEADER)}
+    columns["file"] = [f.encode() for f in columns["file"]]  # binary paths
+    pq.write_table(pa.table(columns), study.root / "images.parquet")
+    descriptions = {c: [r[i] for r in study.descriptions] for i, c in enumerate(DESCRIPTION_HEADER)}
+    descriptions["worker_id"] = [float(i) for i in range(len(study.descriptions))]  # 1.0 is no id
+    pq.write_table(pa.table(descriptions), study.root / "descriptions.parquet")
+    data = data.model_copy(update={"images": study.root / "images.parquet", "descriptions": study.root / "descriptions.parquet"})
+    problems = study.problems(data)
+    assert "binary" in only(problems, field="file", row=1).message
+    assert "double" in only(problems, field="worker_id", row=1).message

@@ -59,7 +59,7 @@ def load_study_data(data: DataConfig, ranking: RankingConfig, masks: MaskConfig)
     problems = Problems()
     images_t = read_table(Path(data.images), IMAGE_COLUMNS, problems)
     descriptions_t = read_table(Path(data.descriptions), DESCRIPTION_COLUMNS, problems)
-    votes_t = read_table(Path(data.votes), VOTE_COLUMNS, problems) if data.votes is not None else None
+    votes_t = read_table(Path(data.votes), VOTE_COLUMNS, problems, lists=("shown",)) if data.votes is not None else None
 
     images = descriptions = None
     if images_t is not None:
