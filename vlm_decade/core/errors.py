@@ -23,12 +23,27 @@ class Problem:
         return f"{where}: {self.message}"
 
 
-class InputError(Exception):
-    """Raised with every problem found; the command line prints them and exits with status 2."""
+# Checks that see a study's config but not its file name this `file`; `InputError.located` puts in
+# the path of the study file the command line read.
+STUDY_FILE = "study file"
 
-    def __init__(self, problems: list[Problem]):
+
+class InputError(Exception):
+    """Raised with every problem found; the command line prints them and exits with status 2.
+
+    `image_ids`: when a study's images table could be read but had problems, the ids it declares,
+    so that checks of the tables and files that refer to images still run against the ids that
+    really exist (and do not call every reference "unknown")."""
+
+    def __init__(self, problems: list[Problem], image_ids: set[str] | None = None):
         self.problems = list(problems)
+        self.image_ids = image_ids
         super().__init__("\n".join(str(p) for p in self.problems))
+
+    def located(self, study_file) -> "InputError":
+        """The same problems, with those that name the study file in general naming its path."""
+        problems = [Problem(str(study_file), p.message, p.row, p.field) if p.file == STUDY_FILE else p for p in self.problems]
+        return InputError(problems, self.image_ids)
 
 
 class Problems:

@@ -35,6 +35,8 @@ def regular_file_problem(path: str | Path) -> str | None:
         return "not found (a part of the path is a file, not a folder)"
     except OSError as exc:
         return f"cannot be read: {exc.strerror or exc}"
+    except ValueError:  # a NUL byte in the path
+        return "is not a valid path (it holds a NUL byte)"
     if stat.S_ISDIR(mode):
         return "is a folder, not a file"
     if not stat.S_ISREG(mode):

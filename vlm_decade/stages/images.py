@@ -49,6 +49,12 @@ class CheckedImage:
     mode: str = ""
 
 
+def declared_ids(table: Table) -> set[str]:
+    """Every image_id a table of images names, its rows with problems included: what other tables may
+    refer to without being called unknown."""
+    return {image_id for row in table.rows if (image_id := cell_text(row, "image_id"))}
+
+
 def check_images(table: Table, image_dir: Path, problems: Problems) -> dict[str, CheckedImage]:
     images: dict[str, CheckedImage] = {}
     for row in table.rows:

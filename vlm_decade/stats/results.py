@@ -57,6 +57,9 @@ COMPARISONS_SCHEMA = pa.schema(
         ("estimate_b", pa.float64()),
         ("paired", pa.bool_()),
         ("seed", pa.int64()),
+        # Images of the dataset that one side has and the other lacks, left out of a comparison
+        # on shared images (Family.shared_images); 0 otherwise.
+        ("n_dropped", pa.int64()),
     ]
 )
 

@@ -27,6 +27,7 @@ def open_closed_family(study: OpenWorldStudyConfig, groups) -> Family:
     return Family(
         "open-vs-closed",
         [ComparisonSpec(Term.group("open-world", open_models, g), Term.group("closed-world", closed, g)) for g in sorted(groups)],
+        shared_images=True,
     )
 
 
