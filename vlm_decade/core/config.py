@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -296,6 +297,24 @@ def read_study_file(path: str | Path) -> dict:
     if not isinstance(raw, dict):
         raise InputError([Problem(str(path), "a study file must be a YAML mapping")])
     return raw
+
+
+def output_problems(output: Path, field: str = "output") -> list[Problem]:
+    """Why the run folder `output` cannot be written (it is a file, under a file, or in a folder
+    this user may not write), found before any work; [] when it can."""
+    output = Path(output)
+    if "\0" in str(output):
+        return [Problem(str(output).replace("\0", "\\0"), "a path cannot hold a NUL byte", field=field)]
+    if output.exists() and not output.is_dir():
+        return [Problem(str(output), "the run folder exists and is not a folder", field=field)]
+    existing = next((p for p in (output, *output.parents) if p.exists()), None)
+    if existing is None:
+        return []
+    if not existing.is_dir():
+        return [Problem(str(output), f"{existing} is a file, not a folder: the run folder cannot be made under it", field=field)]
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return [Problem(str(output), f"{existing} may not be written by this user", field=field)]
+    return []
 
 
 def resolve_entry_paths(entry: Any, base: Path) -> None:
