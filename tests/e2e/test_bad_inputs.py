@@ -370,3 +370,19 @@ def test_the_installed_command_prints_no_traceback(name, pristine, tmp_path):
     assert done.returncode == case.status and "Traceback" not in done.stderr + done.stdout, done.stderr
     assert all(fragment in said for fragment in case.says), said
     assert listing(tmp_path) == before
+
+
+def test_the_ray_job_main_handles_the_same_errors(place, capsys):
+    """`jobs/*.py` share `vlm_decade.job.main`: the same problems, located, exit 2, nothing written."""
+    from vlm_decade.job import main
+
+    inputs = place / "inputs"
+    CASES["unknown backend"].damage(inputs)
+    before = listing(place)
+    assert main("decade", "test", ["--config", str(inputs / "study.yaml"), "--out", str(place / "run")]) == 2
+    said = " ".join(capsys.readouterr().err.split())
+    assert f"{inputs / 'study.yaml'}, field 'models.1.backend'" in said
+    (place / "afile").write_text("x")
+    assert main("decade", "test", ["--config", str(inputs / "study.yaml"), "--out", str(place / "afile")]) == 2
+    assert "exists and is not a folder" in " ".join(capsys.readouterr().err.split())
+    assert listing(place) - before == {str(place / "afile")}

@@ -1,5 +1,7 @@
 """The study file: paths resolve against its folder, and every problem names the field."""
 
+from pathlib import Path
+
 import pytest
 
 from vlm_decade.core.errors import InputError
@@ -266,3 +268,41 @@ def test_problems_about_the_study_file_in_general_are_located_at_its_path(tmp_pa
 
     located = InputError([Problem(STUDY_FILE, "x", field="models.0.backend"), Problem("data.csv", "y", row=2)]).located(tmp_path / "s.yaml")
     assert [(p.file, p.field) for p in located.problems] == [(str(tmp_path / "s.yaml"), "models.0.backend"), ("data.csv", None)]
+
+
+# Any YAML value in any field: a named problem or a study, never a crash (hypothesis).
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+YAML_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=True) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=6,
+)
+FIELD_PATHS = [
+    ("name",), ("models",), ("models", 0), ("models", 0, "name"), ("models", 0, "options"), ("models", 0, "options", "file"),
+    ("models", 0, "path"), ("metrics",), ("encoders",), ("data",), ("data", "images"), ("data", "image_dir"), ("output",),
+    ("statistics",), ("statistics", "seed"), ("statistics", "n_resamples"), ("masks",), ("masks", "windows"), ("taxonomy",),
+    ("providers",), ("providers", "cache_dir"), ("runtime", "num_cpus"), ("prompt",), ("study",),
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(FIELD_PATHS), YAML_VALUES)
+def test_any_value_in_any_field_is_a_named_problem_or_a_study(path, value):
+    import tempfile
+
+    import yaml
+
+    raw = yaml.safe_load(MINIMAL)
+    raw["statistics"], raw["masks"], raw["providers"], raw["runtime"] = {}, {}, {}, {}
+    node = raw
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    with tempfile.TemporaryDirectory() as folder:
+        (Path(folder) / "study.yaml").write_text(yaml.safe_dump(raw), encoding="utf-8")
+        try:
+            load_study(Path(folder) / "study.yaml")
+        except InputError as exc:
+            assert exc.problems and all(p.file.endswith("study.yaml") for p in exc.problems)

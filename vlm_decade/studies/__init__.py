@@ -33,7 +33,7 @@ def pipeline_of(study: AnyStudy) -> ModuleType:
 def study_from_dict(raw: dict) -> AnyStudy:
     """A validated study of the kind its `study` field names (Study A when absent)."""
     kind = raw.get("study", "decade")
-    if kind not in STUDIES:
+    if not isinstance(kind, str) or kind not in STUDIES:
         raise ValidationError.from_exception_data(
             "StudyConfig", [{"type": "literal_error", "loc": ("study",), "input": kind, "ctx": {"expected": "'decade' or 'openworld'"}}]
         )
