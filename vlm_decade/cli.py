@@ -24,8 +24,6 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 err = Console(stderr=True)
 
-INPUT_ERROR_EXIT = INPUT_EXIT
-
 
 def _fail(exc: InputError, study_file: Optional[Path] = None) -> None:
     if study_file is not None:
@@ -33,7 +31,7 @@ def _fail(exc: InputError, study_file: Optional[Path] = None) -> None:
     err.print(f"[bold red]{len(exc.problems)} problem(s) in the input; nothing was run or written:[/bold red]")
     for problem in exc.problems:
         err.print(f"  - {problem}", highlight=False, markup=False)
-    raise typer.Exit(INPUT_ERROR_EXIT)
+    raise typer.Exit(INPUT_EXIT)
 
 
 def _exit(status: int, message: str) -> None:
@@ -203,7 +201,7 @@ def report(run_dir: Path = typer.Argument(..., help="A run folder.")) -> None:
     missing = pipeline_of(study).redraw_report(folder, study)
     if missing:
         err.print(f"[red]{run_dir}: tables missing: {', '.join(missing)}; run the study first[/red]")
-        raise typer.Exit(INPUT_ERROR_EXIT)
+        raise typer.Exit(INPUT_EXIT)
     err.print(f"report: {run_dir / 'report.html'}")
 
 

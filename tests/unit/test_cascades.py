@@ -119,3 +119,24 @@ def test_a_complete_imported_file_gives_no_warning(tmp_path):
     study = Study(tmp_path)
     cfg = config(study, imported_captions(study, [("im1", "full"), ("im2", "full")]))
     assert pipeline.summary(cfg, pipeline.check(cfg))[1] == []
+
+
+def test_a_run_prints_the_missing_rows_before_its_stages(tmp_path, monkeypatch):
+    from vlm_decade.core.progress import Reporter
+    from vlm_decade.core.runner import StudyRun
+
+    class Said(Reporter):
+        def __init__(self):
+            super().__init__(quiet=True)
+            self.lines: list[str] = []
+
+        def say(self, message: str) -> None:
+            self.lines.append(message)
+
+    study = Study(tmp_path)
+    cfg = config(study, imported_captions(study, [("im1", "full")])).model_copy(update={"output": tmp_path / "run"})
+    monkeypatch.setattr(StudyRun, "__call__", lambda self, *stages: None)  # the stages themselves are not the point
+    reporter = Said()
+    pipeline.run(cfg, reporter)
+    (line,) = [s for s in reporter.lines if "model 'udc'" in s]
+    assert "1 of the 2" in line and "full: 1 of 2" in line
