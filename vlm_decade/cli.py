@@ -1,11 +1,14 @@
 """The `vlm-decade` command line: demo, run, validate, estimate, report, view, masks, schema, validate-metric.
 
 Bad input ends with every problem listed (file, row, field) and exit status 2, before anything
-is written.
+is written. Every command runs inside one handler (`_handled`), which turns each expected error
+into a message and an exit status, never a traceback: 2 for the input (tables, the study file, a
+path given on the command line), 1 for the environment (a full disk, too little memory).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from pathlib import Path
@@ -14,30 +17,68 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from vlm_decade.core.errors import InputError, Problem
+from vlm_decade.core.errors import ENVIRONMENT_EXIT, INPUT_EXIT, InputError, Problem, os_failure
 
 # Each stage shows its own progress; the model libraries' loading bars would only interleave with it.
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Measure vision-language models against people.")
 err = Console(stderr=True)
 
-INPUT_ERROR_EXIT = 2
 
-
-def _fail(exc: InputError) -> None:
+def _fail(exc: InputError, study_file: Optional[Path] = None) -> None:
+    if study_file is not None:
+        exc = exc.located(study_file)
     err.print(f"[bold red]{len(exc.problems)} problem(s) in the input; nothing was run or written:[/bold red]")
     for problem in exc.problems:
         err.print(f"  - {problem}", highlight=False, markup=False)
-    raise typer.Exit(INPUT_ERROR_EXIT)
+    raise typer.Exit(INPUT_EXIT)
 
 
-def _load(study_file: Path, out: Optional[Path], address: Optional[str], cache_dir: Optional[Path] = None):
+def _exit(status: int, message: str) -> None:
+    err.print(f"[bold red]{'error in the input' if status == INPUT_EXIT else 'stopped'}:[/bold red] {message}", highlight=False)
+    raise typer.Exit(status)
+
+
+def _handled(command):
+    """The one top-level handler: a command's expected errors become a message and an exit status."""
+
+    @functools.wraps(command)
+    def handled(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except InputError as exc:
+            _fail(exc, kwargs.get("study_file"))
+        except OSError as exc:  # a path that cannot be used, a full disk
+            _exit(*os_failure(exc))
+        except MemoryError:
+            _exit(ENVIRONMENT_EXIT, "out of memory: give the run more memory, or fewer actors (runtime.actors_per_model)")
+
+    return handled
+
+
+class _Commands(typer.Typer):
+    """A typer app whose every command runs inside `_handled`."""
+
+    def command(self, *args, **kwargs):
+        register = super().command(*args, **kwargs)
+        return lambda function: register(_handled(function))
+
+
+app = _Commands(add_completion=False, no_args_is_help=True, help="Measure vision-language models against people.")
+
+
+def _load(study_file: Path, out: Optional[Path], address: Optional[str], cache_dir: Optional[Path] = None, writes: bool = False):
+    """The study, with the command line's overrides; `writes`: its run folder must be writable."""
+    from vlm_decade.core.config import output_problems
     from vlm_decade.studies import load_study
 
     study = load_study(study_file, output=out)
     if address:
         study = study.model_copy(update={"runtime": study.runtime.model_copy(update={"address": address})})
+    if writes:
+        problems = output_problems(study.output, "--out" if out is not None else "output")
+        if problems:
+            raise InputError(problems)
     return _with_cache_dir(study, cache_dir)
 
 
@@ -61,22 +102,19 @@ def _run(study) -> None:
 
     try:
         pipeline_of(study).run(study)
-    except InputError as exc:
-        _fail(exc)
     except (APIStopped, RunFolderBusy, Stalled) as exc:
         err.print(f"[bold red]stopped:[/bold red] {exc}", highlight=False)
         raise typer.Exit(1)
+    except OSError as exc:  # the run folder is known here: a full disk says what it kept
+        _exit(*os_failure(exc, Path(study.output)))
 
 
 def _checked(study_file: Path, cache_dir: Optional[Path] = None):
     """The study and its checked data, or every problem and exit status 2."""
     from vlm_decade.studies import pipeline_of
 
-    try:
-        study = _load(study_file, None, None, cache_dir)
-        return study, pipeline_of(study).check(study)
-    except InputError as exc:
-        _fail(exc)
+    study = _load(study_file, None, None, cache_dir)
+    return study, pipeline_of(study).check(study)
 
 
 @app.command()
@@ -87,11 +125,7 @@ def run(
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help=CACHE_DIR_HELP),
 ) -> None:
     """Run a study; re-running resumes and skips every unchanged stage."""
-    try:
-        study = _load(study_file, out, address, cache_dir)
-    except InputError as exc:
-        _fail(exc)
-    _run(study)
+    _run(_load(study_file, out, address, cache_dir, writes=True))
 
 
 @app.command()
@@ -108,12 +142,17 @@ def estimate(
 
 
 @app.command()
-def validate(study_file: Path = typer.Argument(..., help="The study's YAML file.")) -> None:
+def validate(
+    study_file: Path = typer.Argument(..., help="The study's YAML file."),
+    strict: bool = typer.Option(False, "--strict", help="Warnings (e.g. an imported file lacking rows) are errors: exit status 2."),
+) -> None:
     """Check the config and the data and report every problem at once; runs nothing."""
     from vlm_decade.studies import pipeline_of
 
     study, data = _checked(study_file)
     text, warnings = pipeline_of(study).summary(study, data)
+    if strict and warnings:
+        _fail(InputError([Problem(str(study_file), f"(--strict) {warning}") for warning in warnings]))
     for warning in warnings:
         err.print(f"[yellow]{warning}[/yellow]", highlight=False)
     err.print(f"[green]ok[/green] {study_file}: {text}", highlight=False)
@@ -125,13 +164,14 @@ def demo(
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help=CACHE_DIR_HELP),
 ) -> None:
     """Run both bundled offline demo studies: Study A into OUT/decade, Study B into OUT/openworld."""
+    from vlm_decade.core.config import output_problems
     from vlm_decade.demo import demo_studies, drop_unkeyed
 
-    try:
-        # The demo runs offline: API models whose key is missing are left out, and it says so.
-        studies = [drop_unkeyed(_with_cache_dir(s, cache_dir)) for s in demo_studies(out)]
-    except InputError as exc:
-        _fail(exc)
+    problems = output_problems(out, "--out")
+    if problems:
+        raise InputError(problems)
+    # The demo runs offline: API models whose key is missing are left out, and it says so.
+    studies = [drop_unkeyed(_with_cache_dir(s, cache_dir)) for s in demo_studies(out)]
     for study, notes in studies:
         for note in notes:
             err.print(f"[yellow]{note}[/yellow]", highlight=False)
@@ -141,18 +181,29 @@ def demo(
 @app.command()
 def report(run_dir: Path = typer.Argument(..., help="A run folder.")) -> None:
     """Write report.html again from a run folder's tables."""
+    from pydantic import ValidationError
+
     from vlm_decade.core.runfolder import RunFolder
-    from vlm_decade.studies import pipeline_of, study_from_dict
+    from vlm_decade.studies import config_problems, pipeline_of, study_from_dict
 
     folder = RunFolder(run_dir)
-    manifest = folder.manifest()
-    if "config" not in manifest:
-        _fail(InputError([Problem(str(folder.manifest_path), "no run here (manifest.json missing or empty)")]))
-    study = study_from_dict(manifest["config"])
+    where = str(folder.manifest_path)
+    try:
+        manifest = folder.manifest()
+    except (ValueError, UnicodeDecodeError) as exc:  # not JSON: cut short or overwritten
+        raise InputError([Problem(where, f"damaged: not valid JSON ({exc})")]) from None
+    if not isinstance(manifest, dict) or "config" not in manifest:
+        raise InputError([Problem(where, "no run here (manifest.json missing, empty or without the study's config)")])
+    try:
+        study = study_from_dict(manifest["config"])
+    except ValidationError as exc:
+        raise InputError(config_problems(where, exc)) from None
+    except AttributeError:  # `config` is not a mapping
+        raise InputError([Problem(where, "damaged: the study's config is not a mapping", field="config")]) from None
     missing = pipeline_of(study).redraw_report(folder, study)
     if missing:
         err.print(f"[red]{run_dir}: tables missing: {', '.join(missing)}; run the study first[/red]")
-        raise typer.Exit(INPUT_ERROR_EXIT)
+        raise typer.Exit(INPUT_EXIT)
     err.print(f"report: {run_dir / 'report.html'}")
 
 
@@ -194,12 +245,7 @@ def masks(
     from vlm_decade.imaging.masks import MaskConfig, write_previews
     from vlm_decade.studies import load_study
 
-    try:
-        cfg = load_study(study_file).masks if study_file else MaskConfig()
-    except InputError as exc:
-        _fail(exc)
-    if not image.is_file():
-        _fail(InputError([Problem(str(image), "no such image file")]))
+    cfg = load_study(study_file).masks if study_file else MaskConfig()
     for path in write_previews(image, out, cfg):
         err.print(str(path))
 
@@ -216,7 +262,7 @@ def schema(
     from vlm_decade.studies import STUDIES
 
     if study not in STUDIES:
-        _fail(InputError([Problem("command line", f"unknown study '{study}'; known: {', '.join(STUDIES)}", field="STUDY")]))
+        raise InputError([Problem("command line", f"unknown study '{study}'; known: {', '.join(STUDIES)}", field="STUDY")])
     cls = STUDIES[study]
     print(json.dumps(cls.model_json_schema(), indent=2) if as_json else reference_markdown(cls), end="" if not as_json else "\n")
 

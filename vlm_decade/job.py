@@ -1,7 +1,9 @@
 """The one `main` behind the `ray job submit` scripts in jobs/: `--config` or `--demo`, `--out`.
 
 The job's driver joins the cluster that runs it (Ray sets RAY_ADDRESS for submitted jobs) and
-alone writes the run folder. Bad input ends with every problem listed and exit status 2.
+alone writes the run folder. Bad input ends with every problem listed and exit status 2; an error of
+the environment (a full disk) with what it says and exit status 1; as on the command line, never a
+traceback for either.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import socket
 import sys
 from pathlib import Path
 
-from vlm_decade.core.errors import InputError, Problem
+from vlm_decade.core.errors import ENVIRONMENT_EXIT, INPUT_EXIT, InputError, Problem, os_failure
 
 SCRIPTS = {"decade": "jobs/decade_study.py", "openworld": "jobs/openworld_study.py"}
 
@@ -26,9 +28,12 @@ def job_package(out: Path) -> Path | None:
 
 
 def _study(kind: str, args):
+    from vlm_decade.core.config import output_problems
     from vlm_decade.demo import decade_demo, openworld_demo
     from vlm_decade.studies import STUDIES, load_study
 
+    if args.out is not None and (problems := output_problems(args.out, "--out")):
+        raise InputError(problems)
     if args.demo:
         demo = decade_demo if kind == "decade" else openworld_demo
         out = args.out or Path("runs/demo") / kind
@@ -37,6 +42,8 @@ def _study(kind: str, args):
     study = load_study(args.config, output=args.out)
     if not isinstance(study, STUDIES[kind]):
         raise InputError([Problem(str(args.config), f"a `study: {study.study}` file; run it with {SCRIPTS[study.study]}", field="study")])
+    if problems := output_problems(study.output):
+        raise InputError(problems)
     _refuse_job_package(Path(study.output))
     return study
 
@@ -51,6 +58,9 @@ def _refuse_job_package(out: Path) -> None:
 
 def main(kind: str, description: str, argv: list[str] | None = None) -> int:
     """Run a study of `kind` (`decade` or `openworld`); the exit status."""
+    from vlm_decade.core.dispatch import Stalled
+    from vlm_decade.core.runfolder import RunFolderBusy
+    from vlm_decade.models.api.session import APIStopped
     from vlm_decade.studies import pipeline_of
 
     parser = argparse.ArgumentParser(description=description)
@@ -59,13 +69,25 @@ def main(kind: str, description: str, argv: list[str] | None = None) -> int:
     source.add_argument("--demo", action="store_true", help="run this study's bundled offline demo")
     parser.add_argument("--out", type=Path, help=f"run folder (default: the study's `output`, or runs/demo/{kind})")
     args = parser.parse_args(argv)
+    study = None
     try:
         study = _study(kind, args)
         print(f"run folder: {Path(study.output).resolve()} on {socket.gethostname()}", flush=True)
         pipeline_of(study).run(study)
     except InputError as exc:
+        exc = exc.located(args.config) if args.config is not None else exc
         print(f"{len(exc.problems)} problem(s) in the input; nothing was run or written:", file=sys.stderr)
         for problem in exc.problems:
             print(f"  - {problem}", file=sys.stderr)
-        return 2
+        return INPUT_EXIT
+    except OSError as exc:
+        status, message = os_failure(exc, Path(study.output) if study is not None else None)
+        print(message, file=sys.stderr)
+        return status
+    except MemoryError:
+        print("out of memory: give the job more memory, or fewer actors (runtime.actors_per_model)", file=sys.stderr)
+        return ENVIRONMENT_EXIT
+    except (APIStopped, RunFolderBusy, Stalled) as exc:
+        print(f"stopped: {exc}", file=sys.stderr)
+        return ENVIRONMENT_EXIT
     return 0

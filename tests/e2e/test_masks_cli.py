@@ -30,5 +30,5 @@ def test_masks_command_writes_variants_and_geometry(tmp_path):
 def test_masks_command_names_a_missing_image(tmp_path):
     result = vlm_decade("masks", str(tmp_path / "nope.png"), "--out", str(tmp_path / "out"))
     assert result.returncode == 2
-    assert "nope.png" in result.stderr and "no such image file" in result.stderr
+    assert "nope.png" in result.stderr and "not found" in result.stderr
     assert not (tmp_path / "out").exists()

@@ -1,5 +1,7 @@
 """The study file: paths resolve against its folder, and every problem names the field."""
 
+from pathlib import Path
+
 import pytest
 
 from vlm_decade.core.errors import InputError
@@ -182,3 +184,125 @@ def test_taxonomy_weights_resolve_against_the_study_file(tmp_path):
 def test_cosine_metric_encoder_path_resolves_against_the_study_file(tmp_path):
     study = load_text(tmp_path, MINIMAL + "metrics: [{name: C, kind: cosine, encoder: {name: E, path: weights/enc}}]\n")
     assert study.metrics[0].encoder.path == tmp_path / "weights" / "enc"
+
+
+# -- fields of the wrong type, ranges, repeated keys, blank names (each named, never a crash) ----------
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        (lambda t: t.split("models:")[0] + "models: 5\n", "models"),
+        (lambda t: t + "metrics: 7\n", "metrics"),
+        (lambda t: t + "encoders: {name: x}\n", "encoders"),
+        (lambda t: t.replace("images: images.csv", "images: 5"), "data.images"),
+        (lambda t: t.replace("image_dir: imgs", "image_dir: [a, b]"), "data.image_dir"),
+        (lambda t: t + "output: 5\n", "output"),
+        (lambda t: t + "providers: {cache_dir: 5}\n", "providers.cache_dir"),
+        (lambda t: t.replace("data: {images: images.csv, image_dir: imgs, descriptions: d.csv}", "data: 3"), "data"),
+        (lambda t: t + "taxonomy: 5\n", "taxonomy"),
+        (lambda t: t + "statistics: {seed: -1}\n", "statistics.seed"),
+        (lambda t: t + "statistics: {seed: 1208925819614629174706176}\n", "statistics.seed"),  # 2**80
+        (lambda t: t + "statistics: {n_resamples: 1.0e+10}\n", "statistics.n_resamples"),
+        (lambda t: t + "statistics: {n_resamples: 1e10}\n", "statistics.n_resamples"),  # YAML reads this as text
+        (lambda t: t.replace("name: m,", "name: '   ',"), "models.0.name"),
+        (lambda t: t.replace("name: s\n", "name: \"\\t\"\n"), "name"),
+        (lambda t: t.replace("model_id: x,", "model_id: ' ',"), "models.0.model_id"),
+    ],
+)
+def test_a_field_of_the_wrong_type_or_range_is_named(tmp_path, change, field):
+    problems = problems_of(tmp_path, change(MINIMAL))
+    assert [p.field for p in problems] == [field], problems
+    assert problems[0].file.endswith("study.yaml")
+
+
+def test_a_bad_type_says_what_it_got(tmp_path):
+    (problem,) = problems_of(tmp_path, MINIMAL.split("models:")[0] + "models: 5\n")
+    assert "must be a list" in problem.message and "got 5" in problem.message
+
+
+def test_an_imported_file_option_that_is_no_path_is_a_problem_not_a_crash():
+    from vlm_decade.core.config import ModelConfig
+    from vlm_decade.models.backends.imported import ImportedBackend
+
+    model = ModelConfig(name="m", backend="imported", model_id="x", era="pre-mllm", options={"file": 5})
+    (problem,) = ImportedBackend.check(model, {"i"}, ["full"])
+    assert problem.file == "study file" and problem.field == "models[m].options.file" and "got 5" in problem.message
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "lines"),
+    [
+        (MINIMAL + "name: t\n", "name", (2, 6)),
+        (MINIMAL + "statistics:\n  seed: 1\n  seed: 2\n", "seed", (7, 8)),
+        (MINIMAL.replace("era: pre-mllm,", "era: pre-mllm, era: mllm,"), "era", (5, 5)),
+    ],
+)
+def test_a_key_given_twice_is_refused_not_last_wins(tmp_path, text, key, lines):
+    (problem,) = problems_of(tmp_path, text)
+    assert f"key '{key}' appears twice (lines {lines[0]} and {lines[1]})" in problem.message
+
+
+def test_yaml_merge_keys_may_still_override(tmp_path):
+    text = MINIMAL + "defaults: &stats {seed: 1, n_resamples: 200}\n"
+    text = text.replace("name: s\n", "")  # keep `name` once, below
+    text = "name: s\n" + text.replace("defaults: &stats", "x-defaults: &stats")
+    problems = problems_of(tmp_path, text + "statistics: {<<: *stats, seed: 3}\n")
+    assert [p.field for p in problems] == ["x-defaults"]  # the anchor's key is unknown; the merge itself is fine
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "mkfifo"), reason="no FIFOs here")
+def test_a_study_file_that_is_a_fifo_or_a_folder_is_refused(tmp_path):
+    import os
+
+    os.mkfifo(tmp_path / "pipe.yaml")
+    with pytest.raises(InputError, match="FIFO"):
+        load_study(tmp_path / "pipe.yaml")  # reading it would block
+    (tmp_path / "folder.yaml").mkdir()
+    with pytest.raises(InputError, match="folder"):
+        load_study(tmp_path / "folder.yaml")
+
+
+def test_problems_about_the_study_file_in_general_are_located_at_its_path(tmp_path):
+    from vlm_decade.core.errors import STUDY_FILE, Problem
+
+    located = InputError([Problem(STUDY_FILE, "x", field="models.0.backend"), Problem("data.csv", "y", row=2)]).located(tmp_path / "s.yaml")
+    assert [(p.file, p.field) for p in located.problems] == [(str(tmp_path / "s.yaml"), "models.0.backend"), ("data.csv", None)]
+
+
+# Any YAML value in any field: a named problem or a study, never a crash (hypothesis).
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+YAML_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=True) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=6,
+)
+FIELD_PATHS = [
+    ("name",), ("models",), ("models", 0), ("models", 0, "name"), ("models", 0, "options"), ("models", 0, "options", "file"),
+    ("models", 0, "path"), ("metrics",), ("encoders",), ("data",), ("data", "images"), ("data", "image_dir"), ("output",),
+    ("statistics",), ("statistics", "seed"), ("statistics", "n_resamples"), ("masks",), ("masks", "windows"), ("taxonomy",),
+    ("providers",), ("providers", "cache_dir"), ("runtime", "num_cpus"), ("prompt",), ("study",),
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(FIELD_PATHS), YAML_VALUES)
+def test_any_value_in_any_field_is_a_named_problem_or_a_study(path, value):
+    import tempfile
+
+    import yaml
+
+    raw = yaml.safe_load(MINIMAL)
+    raw["statistics"], raw["masks"], raw["providers"], raw["runtime"] = {}, {}, {}, {}
+    node = raw
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    with tempfile.TemporaryDirectory() as folder:
+        (Path(folder) / "study.yaml").write_text(yaml.safe_dump(raw), encoding="utf-8")
+        try:
+            load_study(Path(folder) / "study.yaml")
+        except InputError as exc:
+            assert exc.problems and all(p.file.endswith("study.yaml") for p in exc.problems)

@@ -106,6 +106,27 @@ def study(tmp_path):
     return Study(tmp_path)
 
 
+def within_seconds(seconds: float, fn):
+    """fn()'s result, or a failure if it has not returned in time (a blocked read would hang the suite)."""
+    import threading
+
+    outcome: dict = {}
+
+    def target():
+        try:
+            outcome["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - re-raised below, in the test's thread
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=target, daemon=True)  # a daemon: a blocked one does not hold the exit
+    worker.start()
+    worker.join(seconds)
+    assert not worker.is_alive(), f"still running after {seconds} s"
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
 def only(problems, **where):
     """The one problem whose attributes match `where`."""
     hits = [p for p in problems if all(getattr(p, k) == v for k, v in where.items())]
@@ -119,13 +140,14 @@ def only(problems, **where):
 def test_images_table(study):
     result = study.load()
     images = result.images.to_pylist()
-    assert result.images.column_names == ["image_id", "dataset", "path", "sha256", "width", "height"]
+    assert result.images.column_names == ["image_id", "dataset", "path", "sha256", "width", "height", "mode"]
     assert [r["image_id"] for r in images] == ["im1", "im2"]
     assert images[1]["path"] == str(study.image_dir / "sub" / "im2.png")
     assert os.path.isabs(images[0]["path"])
     assert images[1]["sha256"] == hashlib.sha256(study.files["sub/im2.png"]).hexdigest()
     assert (images[0]["width"], images[0]["height"]) == (12, 8)
     assert (images[1]["width"], images[1]["height"]) == (10, 6)
+    assert [r["mode"] for r in images] == ["RGB", "RGB"]
 
 
 def test_references_ranked_by_votes_as_worked_by_hand(study):
@@ -405,3 +427,44 @@ def test_every_problem_comes_back_at_once(study):
         (study.path("descriptions.csv"), 3, "condition"),
         (study.path("votes.csv"), 2, "chosen"),
     }
+
+
+def test_an_image_with_no_faithful_8_bit_reading(study):
+    buf = io.BytesIO()
+    Image.fromarray(np.array([[-1.0, 0.5], [2.0, 0.0]], dtype=np.float32)).save(buf, format="TIFF")
+    study.files["sub/im2.png"] = buf.getvalue()  # the extension does not matter, the content does
+    p = only(study.problems(), field="file")
+    assert p.row == 3 and "no faithful 8-bit reading" in p.message and "from -1 to 2" in p.message
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+def test_an_image_path_that_is_a_fifo_is_refused_without_blocking(study):
+    data = study.write()
+    (study.image_dir / "im1.png").unlink()
+    os.mkfifo(study.image_dir / "im1.png")  # reading it would wait forever for a writer
+    p = only(within_seconds(30, lambda: study.problems(data)), field="file")
+    assert p.row == 2 and "FIFO" in p.message
+
+
+def test_an_unterminated_quote_does_not_swallow_descriptions(study):
+    data = study.write()
+    path = study.root / "descriptions.csv"
+    lines = path.read_bytes().split(b"\r\n")
+    lines[3] = lines[3].replace(b"text a3", b'"text a3')  # the quote opens in row 4 and never closes
+    path.write_bytes(b"\r\n".join(lines))
+    (p,) = study.problems(data)
+    assert (p.file, p.row) == (str(path), 4) and "never closes" in p.message
+
+
+def test_parquet_columns_of_the_wrong_type_are_named(study):
+    data = study.write()
+    columns = {c: [r[i] for r in study.images] for i, c in enumerate(IMAGE_HEADER)}
+    columns["file"] = [f.encode() for f in columns["file"]]  # binary paths
+    pq.write_table(pa.table(columns), study.root / "images.parquet")
+    descriptions = {c: [r[i] for r in study.descriptions] for i, c in enumerate(DESCRIPTION_HEADER)}
+    descriptions["worker_id"] = [float(i) for i in range(len(study.descriptions))]  # 1.0 is no id
+    pq.write_table(pa.table(descriptions), study.root / "descriptions.parquet")
+    data = data.model_copy(update={"images": study.root / "images.parquet", "descriptions": study.root / "descriptions.parquet"})
+    problems = study.problems(data)
+    assert "binary" in only(problems, field="file", row=1).message
+    assert "double" in only(problems, field="worker_id", row=1).message

@@ -304,3 +304,39 @@ def test_materialize_is_idempotent(demo):
     after = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in dest.rglob("*") if p.is_file()}
     assert after == before
     assert len([p for p in before if p.parent.name == "images"]) == 40
+
+
+# --- one fault, one problem (docs/openworld-data.md) -----------------------------------------------
+
+
+def test_one_bad_labels_row_is_one_problem_with_an_imported_model(study):
+    from vlm_decade.studies import study_from_dict
+    from vlm_decade.studies.openworld import pipeline
+
+    answers = write_csv(study.root / "answers.csv", ["image_id", "variant", "text"],
+                        [["toy_b", "full", "a cat"], ["toy_a", "full", "a dog"], ["bird_c", "full", "a bird"]])
+    study.files["a.png"] = b"not a png"  # row 3
+    labels, classnames = study.write()
+    config = study_from_dict({
+        "name": "b", "study": "openworld", "judge": None,
+        "data": {"labels": str(labels), "image_dir": str(study.image_dir), "classnames": str(classnames)},
+        "models": [{"name": "old", "backend": "imported", "model_id": "old", "options": {"file": str(answers)}}],
+    })
+    with pytest.raises(InputError) as caught:
+        pipeline.check(config)
+    (problem,) = caught.value.problems  # the image only: its answer in answers.csv is not "unknown"
+    assert (Path(problem.file).name, problem.row, problem.field) == ("labels.csv", 3, "file")
+    with pytest.raises(InputError) as loaded:
+        load_openworld_data(labels, study.image_dir, classnames)
+    assert loaded.value.image_ids == {"toy_a", "toy_b", "bird_c"}  # what the models' files are checked against
+
+
+def test_labels_in_parquet_of_the_wrong_type_are_named(study):
+    labels, classnames = study.write()
+    columns = {c: [r[i] for r in study.labels] for i, c in enumerate(LABEL_HEADER)}
+    columns["image_id"] = [1.0, 2.0, 3.0]
+    pq.write_table(pa.table(columns), study.root / "labels.parquet")
+    with pytest.raises(InputError) as caught:
+        load_openworld_data(study.root / "labels.parquet", study.image_dir, classnames)
+    (problem,) = caught.value.problems
+    assert (problem.row, problem.field) == (1, "image_id") and "double" in problem.message

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,6 +21,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from vlm_decade.core.errors import InputError, Problem
+from vlm_decade.core.tables import regular_file_problem
 
 OPERATIONAL = {"affects_results": False}
 
@@ -36,9 +38,17 @@ def _settings_in(annotation: Any) -> type["Settings"] | None:
 
 
 class Settings(BaseModel):
-    """A frozen section of a study file."""
+    """A frozen section of a study file. No text field may be only whitespace: a name or prompt of
+    blanks would pass a length check and name nothing."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _not_only_whitespace(cls, value: Any) -> Any:
+        if isinstance(value, str) and value and not value.strip():
+            raise ValueError("is only whitespace")
+        return value
 
     @classmethod
     def _operational(cls) -> dict:
@@ -123,11 +133,19 @@ class MetricConfig(Settings):
         return self
 
 
+# The bootstrap draws its resamples in blocks, but keeps every series' B resampled means (8 bytes
+# each) to read off percentiles: 10^6 resamples take 8 MB per series, 10^10 would take 80 GB. And
+# past 10^6 the Monte-Carlo error of a p-value or an interval end is far below anything it changes.
+MAX_RESAMPLES = 1_000_000
+# Seeds are stored in the run folder's tables as 64-bit integers.
+MAX_SEED = 2**63 - 1
+
+
 class StatisticsConfig(Settings):
     """The bootstrap over images and the FDR control (docs/statistics.md)."""
 
-    n_resamples: int = Field(10_000, ge=100, description="Bootstrap resamples over images.")
-    seed: int = Field(20_241_101, description="Seed of every resampling stream (with each stream's name).")
+    n_resamples: int = Field(10_000, ge=100, le=MAX_RESAMPLES, description="Bootstrap resamples over images (at most 1,000,000: memory grows with them).")
+    seed: int = Field(20_241_101, ge=0, le=MAX_SEED, description="Seed of every resampling stream (with each stream's name); 0 to 2**63 - 1.")
     confidence: float = Field(0.95, gt=0.5, lt=1.0, description="Confidence level of the intervals.")
     alpha: float = Field(0.05, gt=0.0, lt=1.0, description="FDR level of the Benjamini-Hochberg decisions.")
 
@@ -237,21 +255,68 @@ class StudyBase(Settings):
 
 
 def resolve_path(value: Any, base: Path) -> Any:
-    return value if value is None or Path(value).is_absolute() else str(base / value)
+    """A path relative to `base` made absolute; anything that is no path text (a number, a list) is
+    left as it is, for the field's own check to name."""
+    if not isinstance(value, str) or Path(value).is_absolute():
+        return value
+    return str(base / value)
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key that appears twice in one mapping (plain YAML keeps the
+    last one silently, so a setting written twice would be half ignored)."""
+
+    def construct_mapping(self, node, deep=False):
+        first: dict = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base` then overrides: that is allowed
+                continue
+            key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
+            try:
+                seen = key in first
+            except TypeError:  # an unhashable key: the base class names it
+                break
+            if seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key '{key}' appears twice (lines {first[key]} and {line}): each key may be given once", key_node.start_mark
+                )
+            first[key] = line
+        return super().construct_mapping(node, deep=deep)
 
 
 def read_study_file(path: str | Path) -> dict:
     """A study file's YAML as a mapping, or an InputError naming the file."""
     path = Path(path)
+    problem = regular_file_problem(path)
+    if problem is not None:
+        raise InputError([Problem(str(path), f"study file {problem}")])
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError([Problem(str(path), "study file not found")]) from None
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 - a safe loader
+    except OSError as exc:
+        raise InputError([Problem(str(path), f"study file cannot be read: {exc.strerror or exc}")]) from None
+    except (yaml.YAMLError, UnicodeDecodeError, RecursionError) as exc:
         raise InputError([Problem(str(path), f"not valid YAML: {exc}")]) from None
     if not isinstance(raw, dict):
         raise InputError([Problem(str(path), "a study file must be a YAML mapping")])
     return raw
+
+
+def output_problems(output: Path, field: str = "output") -> list[Problem]:
+    """Why the run folder `output` cannot be written (it is a file, under a file, or in a folder
+    this user may not write), found before any work; [] when it can."""
+    output = Path(output)
+    if "\0" in str(output):
+        return [Problem(str(output).replace("\0", "\\0"), "a path cannot hold a NUL byte", field=field)]
+    if output.exists() and not output.is_dir():
+        return [Problem(str(output), "the run folder exists and is not a folder", field=field)]
+    existing = next((p for p in (output, *output.parents) if p.exists()), None)
+    if existing is None:
+        return []
+    if not existing.is_dir():
+        return [Problem(str(output), f"{existing} is a file, not a folder: the run folder cannot be made under it", field=field)]
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return [Problem(str(output), f"{existing} may not be written by this user", field=field)]
+    return []
 
 
 def resolve_entry_paths(entry: Any, base: Path) -> None:
@@ -260,7 +325,7 @@ def resolve_entry_paths(entry: Any, base: Path) -> None:
         if entry.get("path") is not None:
             entry["path"] = resolve_path(entry["path"], base)
         opts = entry.get("options")
-        if isinstance(opts, dict) and opts.get("file") is not None:
+        if isinstance(opts, dict) and "file" in opts:
             opts["file"] = resolve_path(opts["file"], base)
 
 

@@ -1,8 +1,19 @@
-"""Input problems that name the file, row and field, collected so a user sees them all at once."""
+"""Input problems that name the file, row and field, collected so a user sees them all at once; and
+what an error of the machine (a full disk, an unwritable folder) says, with its exit status.
+
+Exit status 2 is the user's input (a table, the study file, a path given on the command line), 1 the
+environment (a full disk, an I/O error, too little memory).
+"""
 
 from __future__ import annotations
 
+import errno
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
+
+INPUT_EXIT = 2
+ENVIRONMENT_EXIT = 1
 
 
 @dataclass(frozen=True)
@@ -23,12 +34,27 @@ class Problem:
         return f"{where}: {self.message}"
 
 
-class InputError(Exception):
-    """Raised with every problem found; the command line prints them and exits with status 2."""
+# Checks that see a study's config but not its file name this `file`; `InputError.located` puts in
+# the path of the study file the command line read.
+STUDY_FILE = "study file"
 
-    def __init__(self, problems: list[Problem]):
+
+class InputError(Exception):
+    """Raised with every problem found; the command line prints them and exits with status 2.
+
+    `image_ids`: when a study's images table could be read but had problems, the ids it declares,
+    so that checks of the tables and files that refer to images still run against the ids that
+    really exist (and do not call every reference "unknown")."""
+
+    def __init__(self, problems: list[Problem], image_ids: set[str] | None = None):
         self.problems = list(problems)
+        self.image_ids = image_ids
         super().__init__("\n".join(str(p) for p in self.problems))
+
+    def located(self, study_file) -> "InputError":
+        """The same problems, with those that name the study file in general naming its path."""
+        problems = [Problem(str(study_file), p.message, p.row, p.field) if p.file == STUDY_FILE else p for p in self.problems]
+        return InputError(problems, self.image_ids)
 
 
 class Problems:
@@ -49,3 +75,57 @@ class Problems:
     def raise_if_any(self) -> None:
         if self.items:
             raise InputError(self.items)
+
+
+# A path the user gave that cannot be used as one: their input (exit 2), named with what is wrong.
+_PATH_ERRORS = {
+    errno.EEXIST: "exists and is not a folder",
+    errno.ENOTDIR: "a part of this path is a file, not a folder",
+    errno.EISDIR: "is a folder, not a file",
+    errno.ENOENT: "not found",
+    errno.EACCES: "permission denied (cannot write here)",
+    errno.EPERM: "not permitted",
+    errno.EROFS: "is on a read-only file system",
+    errno.ENAMETOOLONG: "the name is too long",
+}
+_FULL = {errno.ENOSPC, errno.EDQUOT}
+
+
+def os_failure(exc: OSError, folder: Path | None = None) -> tuple[int, str]:
+    """(exit status, message) for an OSError that ended a command; `folder`: the run folder it was
+    writing, if known. A full disk says which folder, how much space is left and what was kept."""
+    target = exc.filename if exc.filename is not None else folder
+    if exc.errno in _FULL or "No space left on device" in str(exc):
+        where = Path(folder if folder is not None else Path(str(target)).parent) if target is not None else None
+        if where is None:
+            return ENVIRONMENT_EXIT, f"no space left on the device: {exc}"
+        message = f"no space left on the device holding {where}{_free(where)}"
+        if exc.filename is not None:
+            message += f", while writing {exc.filename}"
+        return ENVIRONMENT_EXIT, f"{message}. Kept there: {_kept(where)}. Free some space and run the same command again: it goes on from there."
+    if exc.errno in _PATH_ERRORS and target is not None:
+        return INPUT_EXIT, f"{target}: {_PATH_ERRORS[exc.errno]}"
+    return ENVIRONMENT_EXIT, f"{target}: {exc.strerror or exc}" if target is not None else str(exc)
+
+
+def _free(folder: Path) -> str:
+    for path in (folder, *folder.parents):
+        try:
+            return f" ({shutil.disk_usage(path).free / 1e6:,.1f} MB free)"
+        except OSError:
+            continue
+    return ""
+
+
+def _kept(folder: Path) -> str:
+    """What a run folder holds that a re-run will not redo: finished stages and saved batches."""
+    from vlm_decade.core.runfolder import RunFolder
+
+    try:
+        stages = RunFolder(folder).manifest().get("stages", {})
+    except (OSError, ValueError, AttributeError):  # a manifest that is itself damaged
+        stages = {}
+    done = sorted(name for name, record in stages.items() if isinstance(record, dict) and record.get("state") in ("done", "incomplete"))
+    parts = len(list((folder / ".parts").glob("*/part-*.parquet")))
+    stages_text = f"{len(done)} finished stage(s)" + (f" ({', '.join(done)})" if done else "")
+    return f"{stages_text} and {parts} saved batch(es) of unfinished stages"

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 import re
+import stat
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +20,29 @@ from vlm_decade.core.errors import Problems
 # Bytes that are not UTF-8 survive decoding as lone surrogates (errors="surrogateescape"), so the
 # CSV still parses and each bad cell can be named by row and column.
 _UNDECODABLE = re.compile("[\udc80-\udcff]")
+
+
+def regular_file_problem(path: str | Path) -> str | None:
+    """Why `path` cannot be read as a file (missing, a folder, a FIFO, a device), or None.
+
+    Opening a FIFO blocks until someone writes to it and a device can be endless, so both are
+    refused from their file type before anything opens them."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "not found"
+    except NotADirectoryError:
+        return "not found (a part of the path is a file, not a folder)"
+    except OSError as exc:
+        return f"cannot be read: {exc.strerror or exc}"
+    except ValueError:  # a NUL byte in the path
+        return "is not a valid path (it holds a NUL byte)"
+    if stat.S_ISDIR(mode):
+        return "is a folder, not a file"
+    if not stat.S_ISREG(mode):
+        kind = "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+        return f"is {kind}, not a regular file"
+    return None
 
 
 @dataclass(frozen=True)
@@ -33,26 +58,42 @@ class Table:
     rows: list[Row]
 
 
-def read_table(path: Path, required: tuple[str, ...], problems: Problems, optional: tuple[str, ...] = ()) -> Table | None:
+def read_table(
+    path: Path,
+    required: tuple[str, ...],
+    problems: Problems,
+    optional: tuple[str, ...] = (),
+    *,
+    lists: tuple[str, ...] = (),
+    numbers: tuple[str, ...] = (),
+    flags: tuple[str, ...] = (),
+) -> Table | None:
     """Rows of a CSV or Parquet table, or None (with problems added) when it cannot be used at all.
-    `optional` columns are read when the table has them, and are empty cells when it does not."""
+    `optional` columns are read when the table has them, and are empty cells when it does not.
+
+    A Parquet column must hold text or integers; those named in `lists` may also hold lists of them
+    (a list cell stays a list), in `numbers` floats, in `flags` booleans. Any other type is named."""
     kind = path.suffix.lower()
     if kind not in (".csv", ".parquet", ".pq"):
         problems.add(path, f"unsupported table format '{path.suffix}': use .csv or .parquet")
         return None
+    problem = regular_file_problem(path)
+    if problem is not None:
+        problems.add(path, "file not found" if problem == "not found" else problem)
+        return None
     try:
         raw = path.read_bytes()
-    except FileNotFoundError:
-        problems.add(path, "file not found")
-        return None
-    except IsADirectoryError:
-        problems.add(path, "is a folder, not a table file")
-        return None
     except OSError as exc:
         problems.add(path, f"cannot be read: {exc.strerror or exc}")
         return None
-    reader = _csv_rows if kind == ".csv" else _parquet_rows
-    rows = reader(path, raw, required, problems, optional)
+    if kind == ".csv":
+        rows = _csv_rows(path, raw, required, problems, optional)
+    else:
+        kinds: dict[str, tuple[str, ...]] = {}
+        for allowed, columns in (("lists", lists), ("numbers", numbers), ("flags", flags)):
+            for column in columns:
+                kinds[column] = kinds.get(column, ()) + (allowed,)
+        rows = _parquet_rows(path, raw, required, problems, optional, kinds)
     return None if rows is None else Table(str(path), path.name, rows)
 
 
@@ -64,8 +105,13 @@ def _missing_columns(path: Path, header: list[str], required: tuple[str, ...], p
 
 
 def _csv_rows(path: Path, raw: bytes, required: tuple[str, ...], problems: Problems, optional: tuple[str, ...] = ()) -> list[Row] | None:
+    if raw.startswith((b"\xff\xfe", b"\xfe\xff")) or b"\x00" in raw.split(b"\n", 1)[0]:
+        problems.add(path, "the file looks like UTF-16 (NUL bytes in the header): save it as UTF-8", row=1)
+        return None
     text = raw.decode("utf-8-sig", errors="surrogateescape")
-    records = csv.reader(io.StringIO(text, newline=""))
+    # Strict: a quote that never closes is an error, not a field that silently swallows the rest of
+    # the file, and so is text after a closing quote.
+    records = csv.reader(io.StringIO(text, newline=""), strict=True)
     try:
         header = next(records, None)
     except csv.Error as exc:
@@ -84,10 +130,10 @@ def _csv_rows(path: Path, raw: bytes, required: tuple[str, ...], problems: Probl
         return None
     index = {c: header.index(c) for c in required + tuple(c for c in optional if c in header)}
     rows = []
-    number = 1
+    number, line = 1, records.line_num  # the row (record) being read, and the last line read
     try:
         for record in records:
-            number += 1
+            number, first_line, line = number + 1, line + 1, records.line_num
             if not record:  # a blank line
                 continue
             if len(record) != len(header):
@@ -95,21 +141,53 @@ def _csv_rows(path: Path, raw: bytes, required: tuple[str, ...], problems: Probl
                     path, f"has {len(record)} fields but the header has {len(header)} (unquoted comma?)", row=number
                 )
                 continue
+            if line > first_line and _swallowed_rows(path, record, header, number, first_line, line, problems):
+                continue
             cells = {}
             for column, j in index.items():
                 value = record[j]
                 if _UNDECODABLE.search(value):
                     problems.add(path, "not valid UTF-8 (save the file as UTF-8)", row=number, field=column)
                     value = value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+                if "\x00" in value:
+                    problems.add(path, "contains a NUL byte (\\0), which no text may hold", row=number, field=column)
                 cells[column] = value
             rows.append(Row(number, {c: "" for c in optional} | cells))
     except csv.Error as exc:
-        problems.add(path, f"not valid CSV: {exc}", row=number)
+        if "unexpected end of data" in str(exc):
+            message = (f"a quote opens in this row (which begins at line {line + 1}) and never closes: the rest "
+                       f"of the file, to line {records.line_num}, would be one field; close the quote")
+        else:
+            message = f"not valid CSV at line {records.line_num}: {exc} (a quote inside a quoted field is written twice: \"\")"
+        problems.add(path, message, row=number + 1)
         return None
     return rows
 
 
-def _parquet_rows(path: Path, raw: bytes, required: tuple[str, ...], problems: Problems, optional: tuple[str, ...] = ()) -> list[Row] | None:
+def _swallowed_rows(
+    path: Path, record: list[str], header: list[str], number: int, first_line: int, last_line: int, problems: Problems
+) -> bool:
+    """A quoted field may hold line breaks, but when the lines it took in look like rows of their own
+    (as many fields as the header), a closing quote is missing: every row up to the next quote was
+    swallowed. Says so (at the row where the quote opens) and returns True."""
+    for j, value in enumerate(record):
+        inner = value.splitlines()[1:]
+        lookalikes = sum(1 for text in inner if len(next(csv.reader([text]), [])) == len(header))
+        if lookalikes:
+            problems.add(
+                path,
+                f"a quote opens in this row (which begins at line {first_line}) and closes only at line {last_line}, taking in "
+                f"{lookalikes} line(s) that look like rows of their own: is a closing quote missing?",
+                row=number,
+                field=header[j],
+            )
+            return True
+    return False
+
+
+def _parquet_rows(
+    path: Path, raw: bytes, required: tuple[str, ...], problems: Problems, optional: tuple[str, ...] = (), kinds: dict | None = None
+) -> list[Row] | None:
     try:
         table = pq.read_table(pa.BufferReader(raw))
     except Exception as exc:  # pyarrow reports a damaged file with several exception types
@@ -117,8 +195,40 @@ def _parquet_rows(path: Path, raw: bytes, required: tuple[str, ...], problems: P
         return None
     if _missing_columns(path, table.column_names, required, problems):
         return None
-    rows = table.select(list(required) + [c for c in optional if c in table.column_names]).to_pylist()
-    return [Row(n, {c: "" for c in optional} | {c: _cell(v) for c, v in r.items()}) for n, r in enumerate(rows, start=2)]
+    columns = list(required) + [c for c in optional if c in table.column_names]
+    wrong = [(c, _type_problem(table.schema.field(c).type, (kinds or {}).get(c, ()))) for c in columns]
+    for column, problem in wrong:
+        if problem:
+            problems.add(path, f"column '{column}' {problem}", row=1, field=column)
+    if any(problem for _, problem in wrong):
+        return None
+    rows = []
+    for number, record in enumerate(table.select(columns).to_pylist(), start=2):
+        cells = {c: _cell(v) for c, v in record.items()}
+        for column, value in cells.items():
+            if any("\x00" in v for v in (value if isinstance(value, list) else [value])):
+                problems.add(path, "contains a NUL byte (\\0), which no text may hold", row=number, field=column)
+        rows.append(Row(number, {c: "" for c in optional} | cells))
+    return rows
+
+
+def _type_problem(kind: pa.DataType, allowed: tuple[str, ...]) -> str | None:
+    """Why a Parquet column of this type cannot be read as text cells, or None. Text and integers
+    always can; floats, booleans and lists only where the caller says so (`numbers`, `flags`, `lists`):
+    an id `1.0` or a list of ids joined into one would silently become another id."""
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    scalar = lambda t: pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_integer(t)  # noqa: E731
+    if scalar(kind) or pa.types.is_null(kind):
+        return None
+    if "numbers" in allowed and (pa.types.is_floating(kind) or pa.types.is_decimal(kind)):
+        return None
+    if "flags" in allowed and pa.types.is_boolean(kind):
+        return None
+    if "lists" in allowed and (pa.types.is_list(kind) or pa.types.is_large_list(kind)) and scalar(kind.value_type):
+        return None
+    expected = ["text", "integers"] + [{"numbers": "numbers", "flags": "true/false", "lists": "a list of text or integers"}[a] for a in allowed]
+    return f"has type {kind}: expected {', '.join(expected[:-1])} or {expected[-1]}"
 
 
 def _cell(value) -> str | list[str]:

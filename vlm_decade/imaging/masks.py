@@ -19,6 +19,8 @@ from PIL import Image
 from pydantic import Field, field_validator
 
 from vlm_decade.core.config import Settings
+from vlm_decade.core.errors import InputError, Problem
+from vlm_decade.imaging.decode import ImageDecodeError, load_rgb
 
 
 class MaskConfig(Settings):
@@ -116,8 +118,8 @@ def occlusion(height: int, width: int, spec: MaskSpec) -> np.ndarray:
 
 
 def as_rgb(image: np.ndarray) -> np.ndarray:
-    """An image as RGB uint8 (H, W, 3): gray (H, W) or (H, W, 1) is repeated, RGBA drops its alpha
-    (as PIL's convert("RGB") does, so previews match what the models are shown)."""
+    """An image array as RGB uint8 (H, W, 3): gray (H, W) or (H, W, 1) is repeated, RGBA drops its
+    alpha (as `imaging.decode.load_rgb` does for files, so previews match what the models are shown)."""
     image = np.asarray(image)
     if image.dtype != np.uint8:
         raise ValueError(f"image must be uint8, got {image.dtype}")
@@ -161,10 +163,13 @@ def geometry(spec: MaskSpec, height: int, width: int) -> dict:
 
 
 def write_previews(image_path: str | Path, out_dir: str | Path, cfg: MaskConfig) -> list[Path]:
-    """Write full.png, m1.png, ... and masks.json (image size, config, geometry) into `out_dir`."""
+    """Write full.png, m1.png, ... and masks.json (image size and mode, config, geometry) into `out_dir`;
+    an image that cannot be decoded is an InputError naming it."""
     image_path, out_dir = Path(image_path), Path(out_dir)
-    with Image.open(image_path) as im:
-        rgb = np.asarray(im.convert("RGB"))
+    try:
+        rgb, mode = load_rgb(image_path)  # the pixels the models are shown
+    except ImageDecodeError as exc:
+        raise InputError([Problem(str(image_path), str(exc))]) from None
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for name, array in variants(rgb, cfg).items():
@@ -174,6 +179,7 @@ def write_previews(image_path: str | Path, out_dir: str | Path, cfg: MaskConfig)
     height, width = rgb.shape[:2]
     record = {
         "image": str(image_path),
+        "mode": mode,
         "height": height,
         "width": width,
         "config": cfg.model_dump(mode="json"),

@@ -199,15 +199,13 @@ def jobs_from(table: pa.Table, plan: Plan) -> list[Job]:
 
 def load_stimuli(jobs: list[Job]) -> list[Stimulus | str]:
     """Decode and mask images; a file that fails here becomes an error string for its row only."""
-    from PIL import Image
-
+    from vlm_decade.imaging.decode import load_rgb
     from vlm_decade.imaging.masks import apply_mask
 
     out: list[Stimulus | str] = []
     for job in jobs:
         try:
-            with Image.open(job.path) as im:
-                rgb = np.asarray(im.convert("RGB"))
+            rgb, _ = load_rgb(job.path)
             image = apply_mask(rgb, job.mask) if job.mask else rgb
             out.append(Stimulus(job.image_id, job.variant, image, job.prompt, job.classes))
         except Exception as exc:  # noqa: BLE001 - recorded per row; the run goes on

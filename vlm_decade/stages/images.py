@@ -1,7 +1,10 @@
 """The images of a study, checked: every file read once, fully decoded, hashed and measured.
 
 Both studies' data loaders call `check_images` on their table's rows (image_id, dataset, file); the
-result becomes the run folder's `images` table (image_id, dataset, path, sha256, width, height).
+result becomes the run folder's `images` table (image_id, dataset, path, sha256, width, height,
+mode). Each file is decoded as the models will see it (`vlm_decade.imaging.decode`): width and
+height are those of the upright image, `mode` is the file's own pixel mode, and a file that cannot
+be converted to 8-bit RGB faithfully, or is no regular file (a FIFO would block), is refused here.
 """
 
 from __future__ import annotations
@@ -14,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
-from PIL import Image, UnidentifiedImageError
 
 from vlm_decade.core.errors import Problems
-from vlm_decade.core.tables import Table, cell_present, cell_text
+from vlm_decade.core.tables import Table, cell_present, cell_text, regular_file_problem
+from vlm_decade.imaging.decode import ImageDecodeError, decode_rgb
 
 IMAGE_COLUMNS = ("image_id", "dataset", "file")
 IMAGES_SCHEMA = pa.schema(
@@ -28,6 +31,7 @@ IMAGES_SCHEMA = pa.schema(
         ("sha256", pa.string()),
         ("width", pa.int64()),
         ("height", pa.int64()),
+        ("mode", pa.string()),  # the file's own pixel mode (Pillow's name: RGB, L, I;16, F, ...)
     ]
 )
 
@@ -42,6 +46,13 @@ class CheckedImage:
     sha256: str = ""
     width: int = 0
     height: int = 0
+    mode: str = ""
+
+
+def declared_ids(table: Table) -> set[str]:
+    """Every image_id a table of images names, its rows with problems included: what other tables may
+    refer to without being called unknown."""
+    return {image_id for row in table.rows if (image_id := cell_text(row, "image_id"))}
 
 
 def check_images(table: Table, image_dir: Path, problems: Problems) -> dict[str, CheckedImage]:
@@ -73,30 +84,25 @@ def check_images(table: Table, image_dir: Path, problems: Problems) -> dict[str,
         if isinstance(result, str):
             problems.add(table.file, result, row=im.row, field="file")
         else:
-            im.sha256, im.width, im.height = result
+            im.sha256, im.width, im.height, im.mode = result
     return images
 
 
-def _inspect_image(path: str) -> tuple[str, int, int] | str:
-    """(sha256 of the bytes, width, height) from one read and one full decode, or what is wrong."""
+def _inspect_image(path: str) -> tuple[str, int, int, str] | str:
+    """(sha256 of the bytes, upright width, height, mode) from one read and one full decode, or what is wrong."""
+    problem = regular_file_problem(path)
+    if problem is not None:
+        return f"image file {problem}: {path}"
     try:
         with open(path, "rb") as fh:
             data = fh.read()
-    except FileNotFoundError:
-        return f"image file not found: {path}"
-    except IsADirectoryError:
-        return f"not an image file but a folder: {path}"
     except OSError as exc:
         return f"cannot read image file {path}: {exc.strerror or exc}"
     try:
-        with Image.open(io.BytesIO(data)) as im:
-            im.load()  # a full decode: a truncated file fails here, not just a bad header
-            width, height = im.size
-    except UnidentifiedImageError:
-        return f"not a readable image (not a format Pillow recognises): {path}"
-    except Exception as exc:  # Pillow signals a damaged image with many exception types
-        return f"not a readable image ({type(exc).__name__}: {exc}): {path}"
-    return hashlib.sha256(data).hexdigest(), width, height
+        rgb, mode = decode_rgb(io.BytesIO(data), path)
+    except ImageDecodeError as exc:
+        return str(exc)
+    return hashlib.sha256(data).hexdigest(), rgb.shape[1], rgb.shape[0], mode
 
 
 def images_table(images: dict[str, CheckedImage]) -> pa.Table:
@@ -108,5 +114,6 @@ def images_table(images: dict[str, CheckedImage]) -> pa.Table:
         "sha256": [images[i].sha256 for i in ids],
         "width": [images[i].width for i in ids],
         "height": [images[i].height for i in ids],
+        "mode": [images[i].mode for i in ids],
     }
     return pa.table(columns, schema=IMAGES_SCHEMA)

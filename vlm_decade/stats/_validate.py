@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from vlm_decade.core.config import MAX_RESAMPLES, MAX_SEED
 from vlm_decade.stats.families import ERAS, Family
 
 SCORE_COLUMNS = ("subject", "image_id", "dataset", "variant", "metric")
@@ -76,8 +77,13 @@ def validate_eras(eras, subjects, need_all: bool) -> dict[str, str]:
 def validate_params(n_resamples, seed, confidence, alpha, method, mode) -> None:
     if not isinstance(n_resamples, numbers.Integral) or isinstance(n_resamples, bool) or n_resamples < 1:
         raise StatsInputError(f"n_resamples must be a positive integer, got {n_resamples!r}")
-    if not isinstance(seed, numbers.Integral) or isinstance(seed, bool) or seed < 0:
-        raise StatsInputError(f"seed must be a non-negative integer, got {seed!r}")
+    if n_resamples > MAX_RESAMPLES:
+        raise StatsInputError(
+            f"n_resamples must be at most {MAX_RESAMPLES:,}, got {n_resamples:,}: resamples are drawn in blocks, but every "
+            f"series keeps its {n_resamples:,} resampled means ({8 * n_resamples / 1e9:g} GB each) for its percentiles"
+        )
+    if not isinstance(seed, numbers.Integral) or isinstance(seed, bool) or not 0 <= seed <= MAX_SEED:
+        raise StatsInputError(f"seed must be an integer from 0 to 2**63 - 1 (stored as a 64-bit integer), got {seed!r}")
     for name, x in (("confidence", confidence), ("alpha", alpha)):
         if not isinstance(x, numbers.Real) or not 0.0 < float(x) < 1.0:
             raise StatsInputError(f"{name} must be strictly between 0 and 1, got {x!r}")

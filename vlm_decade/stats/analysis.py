@@ -154,15 +154,37 @@ def bootstrap_study(
             if keep_distributions:
                 distributions[(subject, d, metric, variant)] = dists[d][k]
 
-    def term(t, metric, variant):
-        """Mean over the term's subjects that have this (dataset, metric, variant), and the number of
-        images any of them has; None if none."""
-        ks = [index[(s, t.dataset, metric, variant)][1] for s in t.subjects if (s, t.dataset, metric, variant) in index]
-        if not ks:
-            return None
-        d = t.dataset
-        jk = jack[d][ks].mean(axis=0) if method == "bca" else None
-        return dists[d][ks].mean(axis=0), float(theta[d][ks].mean()), jk, int((mats[d].mask[ks] > 0).any(axis=0).sum())
+    def series(t, metric, variant) -> list[int]:
+        """Rows of the term's subjects that have this (dataset, metric, variant)."""
+        return [index[(s, t.dataset, metric, variant)][1] for s in t.subjects if (s, t.dataset, metric, variant) in index]
+
+    on_shared: dict[tuple[str, bytes], tuple] = {}
+
+    def shared(d: str, keep: np.ndarray) -> tuple:
+        """(resample means, estimates, jackknife) of every series of dataset `d` over only the images
+        in `keep`: the same resamples (streams depend on the seed and the dataset's name only), fewer
+        images. Computed once per (dataset, image set)."""
+        key = (d, keep.tobytes())
+        if key not in on_shared:
+            m = mats[d]
+            values, mask = m.values * keep, m.mask * keep
+            if mode == "poisson":
+                dist = _core.ratio(*_engine.poisson_partial_sums_many({d: (values, mask)}, n_resamples, seed, use_ray=use_ray)[d]).T
+            else:
+                dist = _engine.resample_means_many({d: (values, mask)}, n_resamples, seed, use_ray=use_ray, n_tasks=n_tasks)[d]
+            jk = _core.jackknife_means(values, mask) if method == "bca" else None
+            on_shared[key] = (dist, _core.masked_means(values, mask), jk)
+        return on_shared[key]
+
+    def term(d, ks, own):
+        """Mean over the term's series (rows `ks` of dataset `d`), from `own` = (dists, theta, jackknife)."""
+        dist, th, jk = own
+        return dist[ks].mean(axis=0), float(th[ks].mean()), jk[ks].mean(axis=0) if method == "bca" else None
+
+    def n_images(d: str, ks: list[int], keep: np.ndarray | None) -> int:
+        """Images any of the series `ks` of dataset `d` has (within `keep`, when on shared images)."""
+        has = (mats[d].mask[ks] > 0).any(axis=0)
+        return int((has & (keep > 0)).sum() if keep is not None else has.sum())
 
     keys = sorted({(metric, variant) for (_, _, metric, variant) in index})
     comp_rows, comp_dists = [], {}
@@ -170,20 +192,34 @@ def bootstrap_study(
         for metric, variant in keys:
             rows, diffs, jks, thetas = [], [], [], []
             for spec in fam.specs:
-                ta, tb = term(spec.a, metric, variant), term(spec.b, metric, variant)
-                if ta is None or tb is None:
+                ka, kb = series(spec.a, metric, variant), series(spec.b, metric, variant)
+                if not ka or not kb:
                     continue
-                paired = spec.a.dataset == spec.b.dataset
+                da, db = spec.a.dataset, spec.b.dataset
+                paired, dropped, shared_keep = da == db, 0, None
+                own_a = own_b = (dists[da], theta[da], jack[da])
+                if db != da:
+                    own_b = (dists[db], theta[db], jack[db])
+                if paired and fam.shared_images:
+                    masks = mats[da].mask[ka + kb]
+                    keep = masks.min(axis=0)
+                    if not keep.any():
+                        continue  # no image that both sides have
+                    dropped = int((masks.max(axis=0) - keep).sum())
+                    if dropped:
+                        own_a = own_b = shared(da, keep)
+                        shared_keep = keep
+                ta, tb = term(da, ka, own_a), term(db, kb, own_b)
                 diffs.append(ta[0] - tb[0])
                 thetas.append(ta[1] - tb[1])
                 if method == "bca":  # multi-sample jackknife when the datasets differ
                     jks.append([ta[2] - tb[2]] if paired else [ta[2] - tb[1], ta[1] - tb[2]])
-                rows.append((spec, ta[1], tb[1], paired, ta[3], tb[3]))
+                rows.append((spec, ta[1], tb[1], paired, dropped, n_images(da, ka, shared_keep), n_images(db, kb, shared_keep)))
             if not rows:
                 continue
             dd = np.vstack(diffs)
             p = _core.bootstrap_p(dd)
-            p[[min(r[4], r[5]) < min_images for r in rows]] = np.nan  # too few images: no test
+            p[[min(r[5], r[6]) < min_images for r in rows]] = np.nan  # too few images: no test
             q = _core.bh_qvalues(p)
             if method == "bca":
                 lo = np.empty(len(rows))
@@ -192,13 +228,13 @@ def bootstrap_study(
                     lo[i : i + 1], hi[i : i + 1] = _core.bca_ci(dd[i : i + 1], np.array([thetas[i]]), [j[None] for j in jk], confidence)
             else:
                 lo, hi = _core.percentile_ci(dd, confidence)
-            for i, (spec, ea, eb, paired, na, nb) in enumerate(rows):
+            for i, (spec, ea, eb, paired, dropped, na, nb) in enumerate(rows):
                 a, b = spec.a, spec.b
                 ds = a.dataset if paired else f"{a.dataset} vs {b.dataset}"
                 comp_rows.append(
                     (fam.name, a.label, b.label, ds, metric, variant, thetas[i], lo[i], hi[i], p[i], q[i],
                      None if np.isnan(q[i]) else bool(q[i] <= alpha), n_resamples, a.dataset, b.dataset, ea, eb, paired, seed,
-                     na, nb)
+                     na, nb, dropped)
                 )
                 if keep_distributions:
                     comp_dists[(fam.name, a.label, b.label, a.dataset, b.dataset, metric, variant)] = dd[i]

@@ -39,12 +39,20 @@ class ComparisonSpec:
 
 @dataclass(frozen=True)
 class Family:
+    """`shared_images`: a comparison on one dataset uses only the images that every subject of both
+    terms has a score for (a model missing some images is compared with humans on the same images,
+    not its mean over fewer images with theirs over all); the images it leaves out are counted in
+    the comparison's `n_dropped`. Off, each term averages its own images (groups of different
+    pairs, as the error impact compares)."""
+
     name: str
     specs: tuple[ComparisonSpec, ...]
+    shared_images: bool = False
 
-    def __init__(self, name: str, specs) -> None:
+    def __init__(self, name: str, specs, shared_images: bool = False) -> None:
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "specs", tuple(specs))
+        object.__setattr__(self, "shared_images", shared_images)
 
 
 def era_label(era: str) -> str:
@@ -64,7 +72,7 @@ def era_family(eras: dict[str, str], datasets) -> Family:
             specs.append(
                 ComparisonSpec(Term.group(era_label("pre-mllm"), pre, d), Term.group(era_label("mllm"), mllm, d))
             )
-    return Family("era", specs)
+    return Family("era", specs, shared_images=True)
 
 
 def dataset_family(eras: dict[str, str], datasets) -> Family:
@@ -98,7 +106,7 @@ def vs_humans_family(eras: dict[str, str], datasets) -> Family:
         for m in models
         for h in humans
     ]
-    return Family("vs-humans", specs)
+    return Family("vs-humans", specs, shared_images=True)
 
 
 def era_vs_humans_family(eras: dict[str, str], datasets) -> Family:

@@ -62,6 +62,9 @@ COMPARISONS_SCHEMA = pa.schema(
         # Images behind each term; below the analysis' `min_images` a comparison has no p, q or decision.
         ("n_a", pa.int64()),
         ("n_b", pa.int64()),
+        # Images of the dataset that one side has and the other lacks, left out of a comparison
+        # on shared images (Family.shared_images); 0 otherwise.
+        ("n_dropped", pa.int64()),
     ]
 )
 

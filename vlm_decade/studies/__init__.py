@@ -33,7 +33,7 @@ def pipeline_of(study: AnyStudy) -> ModuleType:
 def study_from_dict(raw: dict) -> AnyStudy:
     """A validated study of the kind its `study` field names (Study A when absent)."""
     kind = raw.get("study", "decade")
-    if kind not in STUDIES:
+    if not isinstance(kind, str) or kind not in STUDIES:
         raise ValidationError.from_exception_data(
             "StudyConfig", [{"type": "literal_error", "loc": ("study",), "input": kind, "ctx": {"expected": "'decade' or 'openworld'"}}]
         )
@@ -42,11 +42,14 @@ def study_from_dict(raw: dict) -> AnyStudy:
 
 def _resolve_paths(raw: dict[str, Any], base: Path) -> None:
     """Paths in a study file are relative to its folder: make them absolute, in place."""
+    # Only what has the right shape is resolved: a field of the wrong type (`models: 5`) is left for
+    # validation to name, with its field.
     data = raw.get("data")
     if isinstance(data, dict):
         raw["data"] = {k: resolve_path(v, base) for k, v in data.items()}
-    entries = [e for section in ("models", "encoders", "metrics") for e in raw.get(section) or []]
-    entries += [m.get("encoder") for m in raw.get("metrics") or [] if isinstance(m, dict)]
+    lists = {section: raw[section] for section in ("models", "encoders", "metrics") if isinstance(raw.get(section), list)}
+    entries = [e for section in lists.values() for e in section]
+    entries += [m.get("encoder") for m in lists.get("metrics", []) if isinstance(m, dict)]
     for parent, keys in (("taxonomy", ("detector", "matcher")), ("scoring", ("encoder",))):
         if isinstance(raw.get(parent), dict):
             entries += [raw[parent].get(k) for k in keys]
@@ -70,6 +73,25 @@ def load_study(path: str | Path, output: str | Path | None = None) -> AnyStudy:
     try:
         return study_from_dict(raw)
     except ValidationError as exc:
-        raise InputError(
-            [Problem(str(path), err["msg"], field=".".join(str(p) for p in err["loc"]) or None) for err in exc.errors()]
-        ) from None
+        raise InputError(config_problems(str(path), exc)) from None
+
+
+PLAIN = {"path_type": "must be a path (text)", "tuple_type": "must be a list"}
+
+
+def config_problems(file: str, exc: ValidationError) -> list[Problem]:
+    """pydantic's errors as problems naming the field and, for a value of the wrong kind, the value.
+    A list that is "too short" only because its entries failed is not reported again."""
+    errors = exc.errors()
+    failed = [err["loc"] for err in errors]
+    problems = []
+    for err in errors:
+        loc = err["loc"]
+        if err["type"] == "too_short" and any(other[: len(loc)] == loc and other != loc for other in failed):
+            continue
+        message = PLAIN.get(err["type"]) or err["msg"].removeprefix("Value error, ")
+        value = err.get("input")
+        if err["type"].endswith(("_type", "_parsing")) and not isinstance(value, (dict, list)):
+            message += f" (got {repr(value)[:40]})"
+        problems.append(Problem(file, message, field=".".join(str(p) for p in loc) or None))
+    return problems

@@ -2,7 +2,8 @@
 
 `load_study_data` reads the three tables of docs/data-format.md, decodes every image once, and checks
 everything before it ranks anything: all problems (file, spreadsheet row, field) come back together
-as one InputError. It writes nothing. The result is the `images` and `references` tables of the run
+as one InputError, which also carries the image ids the images table names (for the checks of the
+files that refer to images). It writes nothing. The result is the `images` and `references` tables of the run
 folder (DESIGN.md) and, per dataset, which ranking method was used ("votes" or "consensus").
 """
 
@@ -14,10 +15,10 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from vlm_decade.core.errors import Problems
+from vlm_decade.core.errors import InputError, Problems
 from vlm_decade.core.tables import Table, cell_present, cell_text, read_table
 from vlm_decade.imaging.masks import MaskConfig, mask_ids
-from vlm_decade.stages.images import IMAGE_COLUMNS, CheckedImage, check_images, images_table
+from vlm_decade.stages.images import IMAGE_COLUMNS, CheckedImage, check_images, declared_ids, images_table
 from vlm_decade.studies.decade.config import DataConfig, RankingConfig
 from vlm_decade.studies.decade.ranking import rank_by_consensus, rank_by_votes
 
@@ -59,21 +60,25 @@ def load_study_data(data: DataConfig, ranking: RankingConfig, masks: MaskConfig)
     problems = Problems()
     images_t = read_table(Path(data.images), IMAGE_COLUMNS, problems)
     descriptions_t = read_table(Path(data.descriptions), DESCRIPTION_COLUMNS, problems)
-    votes_t = read_table(Path(data.votes), VOTE_COLUMNS, problems) if data.votes is not None else None
+    votes_t = read_table(Path(data.votes), VOTE_COLUMNS, problems, lists=("shown",)) if data.votes is not None else None
 
-    images = descriptions = None
+    images = descriptions = known = None
     if images_t is not None:
         images = check_images(images_t, Path(data.image_dir), problems)
+        # References are checked against every id the table names, so one bad images row is one
+        # problem, not one more for each description and vote of its image.
+        known = declared_ids(images_t)
     if descriptions_t is not None:
-        descriptions = _check_descriptions(descriptions_t, images, [FULL, *mask_ids(masks)], problems)
+        descriptions = _check_descriptions(descriptions_t, known, [FULL, *mask_ids(masks)], problems)
     if images is not None and descriptions is not None:
         _check_every_image_has_full(images_t, images, descriptions, descriptions_t.name, problems)
     tally = _Tally()
-    if votes_t is not None and images is not None and descriptions is not None:
+    if votes_t is not None and known is not None and descriptions is not None:
         declared = {cell_text(row, "description_id") for row in descriptions_t.rows}
-        tally = _check_votes(votes_t, images, descriptions, declared, problems)
+        tally = _check_votes(votes_t, known, descriptions, declared, problems)
     methods = _ranking_methods(images, tally, votes_t, problems) if images is not None else {}
-    problems.raise_if_any()
+    if problems:
+        raise InputError(problems.items, image_ids=known)
 
     return StudyData(
         images=images_table(images),
@@ -94,9 +99,7 @@ class _Description:
     text: str
 
 
-def _check_descriptions(
-    table: Table, images: dict[str, CheckedImage] | None, conditions: list[str], problems: Problems
-) -> dict[str, _Description]:
+def _check_descriptions(table: Table, known: set[str] | None, conditions: list[str], problems: Problems) -> dict[str, _Description]:
     descriptions: dict[str, _Description] = {}
     for row in table.rows:
         ids_ok = cell_present(row, table, ("description_id", "image_id", "worker_id", "condition"), problems)
@@ -115,7 +118,7 @@ def _check_descriptions(
             )
             continue
         ok = True
-        if images is not None and image_id not in images:
+        if known is not None and image_id not in known:
             problems.add(
                 table.file, f"unknown image_id '{image_id}' (not in the images table)", row=row.number, field="image_id"
             )
@@ -157,7 +160,7 @@ class _Tally:
 
 def _check_votes(
     table: Table,
-    images: dict[str, CheckedImage],
+    known: set[str],
     descriptions: dict[str, _Description],
     declared: set[str],
     problems: Problems,
@@ -177,7 +180,7 @@ def _check_votes(
         key = (image_id, cell_text(row, "rater_id"), cell_text(row, "trial"))
         shown = _shown_ids(row.cells["shown"])
         own = [d for d in shown if d in descriptions and descriptions[d].image_id == image_id]
-        if image_id not in images:
+        if image_id not in known:
             errors.append(("image_id", f"unknown image_id '{image_id}' (not in the images table)"))
         elif key in seen:
             message = f"duplicate vote: rater '{key[1]}', trial '{key[2]}' on image '{image_id}'"

@@ -102,7 +102,7 @@ def check_ratings(
     Returns the good rows (RATINGS_SCHEMA, sorted) or None when the file cannot be read at all.
     A rating must be a number within `scale`; one rater may rate a (subject, image) only once.
     """
-    table = read_table(Path(path), RATINGS_COLUMNS, problems)
+    table = read_table(Path(path), RATINGS_COLUMNS, problems, numbers=("rating",))
     if table is None:
         return None
     subjects, images = set(known_subjects), set(known_images)

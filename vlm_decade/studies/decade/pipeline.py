@@ -16,6 +16,7 @@ from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.core.runner import given, open_run
 from vlm_decade.imaging.masks import mask_specs
 from vlm_decade.models.backends import backend_class
+from vlm_decade.models.backends.imported import missing_rows
 from vlm_decade.stages import describe, embed
 from vlm_decade.stages.estimate import Line, response_cache
 from vlm_decade.studies.decade import metric_validation, report, score, statistics, stsb
@@ -42,9 +43,10 @@ def check(study: StudyConfig) -> StudyData:
     data = None
     try:
         data = load_study_data(study.data, study.ranking, study.masks)
+        image_ids = set(data.images.column("image_id").to_pylist())
     except InputError as exc:
         problems += exc.problems
-    image_ids = set(data.images.column("image_id").to_pylist()) if data else None
+        image_ids = exc.image_ids  # the ids the table names, when it could be read
     problems += describe.check_models(study, image_ids, ["full"] + [s.mask_id for s in mask_specs(study.masks)])
     problems += embed.check_encoders(study)
     ratings = hand_labels = None
@@ -84,6 +86,8 @@ def run(study: StudyConfig, reporter: Reporter | None = None) -> RunFolder:
     summary = f": {data.images.num_rows} images, {len(study.models)} models"
     masks = [asdict(s) for s in mask_specs(study.masks)]
     with open_run(study, reporter, summary, ranking_method=data.ranking_method, masks=masks) as spine:
+        for line in incomplete_models(study, data):
+            spine.reporter.say(f"     [yellow]{line}[/yellow]")
         spine(*stages)
     return spine.folder
 
@@ -102,14 +106,19 @@ def estimate(study: StudyConfig, data: StudyData) -> tuple[list[Line], tuple[str
     return lines, notes
 
 
+def incomplete_models(study: StudyConfig, data: StudyData) -> list[str]:
+    """Imported models whose files lack some of the descriptions the study asks for."""
+    return missing_rows(study.models, set(data.images.column("image_id").to_pylist()), plan(study).variants)
+
+
 def summary(study: StudyConfig, data: StudyData) -> tuple[str, list[str]]:
-    """What `validate` says of a study that passed its checks, and its warnings (none here)."""
+    """What `validate` says of a study that passed its checks, and its warnings (incomplete imported models)."""
     datasets = sorted(set(data.images.column("dataset").to_pylist()))
     return (
         f"{data.images.num_rows} images in {len(datasets)} datasets ({', '.join(datasets)}), "
         f"{data.references.num_rows} human descriptions, {len(study.models)} models; gold standard by "
         + ", ".join(f"{d}: {m}" for d, m in sorted(data.ranking_method.items()))
-    ), []
+    ), incomplete_models(study, data)
 
 
 def redraw_report(folder: RunFolder, study: StudyConfig) -> list[str]:

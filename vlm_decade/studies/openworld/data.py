@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from vlm_decade.core.errors import Problems
+from vlm_decade.core.errors import InputError, Problems
 from vlm_decade.core.tables import Table, cell_present, cell_text, read_table
-from vlm_decade.stages.images import IMAGES_SCHEMA, check_images, images_table
+from vlm_decade.stages.images import IMAGES_SCHEMA, check_images, declared_ids, images_table
 
 LABEL_COLUMNS = ("image_id", "dataset", "file", "label", "granularity")
 CLASSNAME_COLUMNS = ("dataset", "class_name")
@@ -37,7 +37,7 @@ LABELS_SCHEMA = pa.schema(
 class OpenWorldData:
     """Study B's checked input; both tables are sorted by image_id, the dicts by dataset."""
 
-    images: pa.Table  # IMAGES_SCHEMA: image_id, dataset, path, sha256, width, height
+    images: pa.Table  # IMAGES_SCHEMA: image_id, dataset, path, sha256, width, height, mode
     labels: pa.Table  # LABELS_SCHEMA: image_id, dataset, label, granularity
     classnames: dict[str, tuple[str, ...]]  # dataset -> its class names, in the table's order
     granularity: dict[str, str]  # dataset -> one of GRANULARITIES
@@ -51,13 +51,17 @@ def load_openworld_data(labels: Path, image_dir: Path, classnames: Path) -> Open
     class_lists = _check_classnames(classes_t, problems) if classes_t is not None else None
 
     images = {}
+    known = None
     granularity: dict[str, str] = {}
     if labels_t is not None:
         images = check_images(labels_t, Path(image_dir), problems)
+        known = declared_ids(labels_t)
         granularity = _check_labels(labels_t, problems)
         if class_lists is not None:
             _check_labels_in_class_lists(labels_t, class_lists, classes_t.name, problems)
-    problems.raise_if_any()
+    if problems:
+        # With the ids the labels table names, so the models' files are checked against them.
+        raise InputError(problems.items, image_ids=known)
 
     datasets = sorted(granularity)
     return OpenWorldData(

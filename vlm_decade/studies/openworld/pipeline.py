@@ -13,6 +13,7 @@ from vlm_decade.core.progress import Reporter
 from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.core.runner import given, open_run
 from vlm_decade.models.backends import backend_class
+from vlm_decade.models.backends.imported import missing_rows
 from vlm_decade.stages import describe
 from vlm_decade.stages.estimate import Line, response_cache
 from vlm_decade.studies.openworld import judging, report, scoring, statistics
@@ -36,9 +37,10 @@ def check(study: OpenWorldStudyConfig) -> OpenWorldData:
     data = None
     try:
         data = load_openworld_data(study.data.labels, study.data.image_dir, study.data.classnames)
+        image_ids = set(data.images.column("image_id").to_pylist())
     except InputError as exc:
         problems += exc.problems
-    image_ids = set(data.images.column("image_id").to_pylist()) if data else None
+        image_ids = exc.image_ids  # the ids the table names, when it could be read
     problems += describe.check_models(study, image_ids, ["full"])
     if problems:
         raise InputError(problems)
@@ -61,6 +63,8 @@ def run(study: OpenWorldStudyConfig, reporter: Reporter | None = None) -> RunFol
     with open_run(study, reporter, summary, kind="openworld", granularity=data.granularity) as spine:
         if no_judge is not None:
             spine.reporter.say(f"     [yellow]LI skipped[/yellow]: {no_judge}")
+        for line in incomplete_models(study, data):
+            spine.reporter.say(f"     [yellow]{line}[/yellow]")
         spine(*stages)
     return spine.folder
 
@@ -75,6 +79,11 @@ def estimate(study: OpenWorldStudyConfig, data: OpenWorldData) -> tuple[list[Lin
     return lines, ()
 
 
+def incomplete_models(study: OpenWorldStudyConfig, data: OpenWorldData) -> list[str]:
+    """Imported models whose files lack some of the answers the study asks for."""
+    return missing_rows(study.models, set(data.images.column("image_id").to_pylist()), lambda model: ["full"])
+
+
 def summary(study: OpenWorldStudyConfig, data: OpenWorldData) -> tuple[str, list[str]]:
     """What `validate` says of a study that passed its checks, and its warnings."""
     datasets = sorted(set(data.images.column("dataset").to_pylist()))
@@ -83,7 +92,7 @@ def summary(study: OpenWorldStudyConfig, data: OpenWorldData) -> tuple[str, list
         f"Study B, {data.images.num_rows} labelled images in {len(datasets)} datasets "
         f"({', '.join(f'{d}: {data.granularity[d]}' for d in datasets)}), {len(study.models)} models, {len(study.prompts)} prompts"
     )
-    return text, [f"LI will be skipped: {no_judge}"] if no_judge else []
+    return text, ([f"LI will be skipped: {no_judge}"] if no_judge else []) + incomplete_models(study, data)
 
 
 def redraw_report(folder: RunFolder, study: OpenWorldStudyConfig) -> list[str]:

@@ -21,7 +21,7 @@ TRUE, FALSE = {"1", "true", "yes", "y"}, {"0", "false", "no", "n"}
 
 def check_hand_labels(path: str | Path, subjects, image_ids, error_types, problems: Problems) -> pa.Table | None:
     """The good rows (sorted) or None when the file cannot be read; every bad cell is a problem."""
-    table = read_table(Path(path), HAND_COLUMNS, problems, optional=("note",))
+    table = read_table(Path(path), HAND_COLUMNS, problems, optional=("note",), flags=("present",))
     if table is None:
         return None
     subjects, image_ids, error_types = set(subjects), set(image_ids), tuple(error_types)

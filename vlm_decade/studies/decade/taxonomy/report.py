@@ -12,7 +12,6 @@ from collections import Counter
 from pathlib import Path
 
 import matplotlib.pyplot as plt
-import numpy as np
 import pyarrow as pa
 
 from vlm_decade.core.runfolder import RunFolder, atomic_write_bytes
@@ -109,8 +108,7 @@ def impact_figure(stats: list[dict], metric: str, demo: bool, path: Path) -> Non
 
 def heatmap_files(run: RunFolder, study: StudyConfig, images: pa.Table, spatial: pa.Table) -> list[tuple[str, str]]:
     """Figure 7a: one heat map per image with masked descriptions; (image_id, relative path)."""
-    from PIL import Image
-
+    from vlm_decade.imaging.decode import load_rgb
     from vlm_decade.imaging.masks import mask_specs
     from vlm_decade.studies.decade.taxonomy.heatmaps import write_heatmap
     from vlm_decade.studies.decade.taxonomy.spatial import HUMANS, importance
@@ -125,8 +123,7 @@ def heatmap_files(run: RunFolder, study: StudyConfig, images: pa.Table, spatial:
     out = []
     for image_id, profiles in sorted(panels.items()):
         rel = f"figures/heatmaps/{image_id}.png"
-        with Image.open(path_of[image_id]) as im:
-            rgb = np.asarray(im.convert("RGB"))
+        rgb, _ = load_rgb(path_of[image_id])
         write_heatmap(rgb, specs, profiles, run.root / rel, title=image_id)
         out.append((image_id, rel))
     return out
