@@ -33,7 +33,7 @@ def test_a_model_on_one_image_is_compared_with_humans_on_that_image():
     assert 650 < held.sum() < 850
     assert np.allclose(dist[held], -0.2, atol=1e-12)
     assert (r["ci_low"], r["ci_high"]) == (pytest.approx(-0.2), pytest.approx(-0.2))
-    assert r["p"] == pytest.approx(1 / (held.sum() + 1))  # no resample crosses 0: the floor
+    assert r["p"] == pytest.approx(2 / (held.sum() + 1))  # no resample crosses 0: the two-sided floor 2/(B+1)
     # The model's own estimate is still its mean over the images it has.
     (stat,) = [s for s in res.stats.to_pylist() if s["subject"] == "human:top"]
     assert stat["estimate"] == pytest.approx(0.4) and stat["n_images"] == 2
