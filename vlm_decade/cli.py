@@ -191,7 +191,7 @@ def report(run_dir: Path = typer.Argument(..., help="A run folder.")) -> None:
     try:
         manifest = folder.manifest()
     except (ValueError, UnicodeDecodeError) as exc:  # not JSON: cut short or overwritten
-        raise InputError([Problem(where, f"damaged: not valid JSON ({exc})")]) from None
+        raise InputError([Problem(where, f"damaged: {exc}")]) from None
     if not isinstance(manifest, dict) or "config" not in manifest:
         raise InputError([Problem(where, "no run here (manifest.json missing, empty or without the study's config)")])
     try:

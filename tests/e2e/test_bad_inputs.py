@@ -280,8 +280,8 @@ def test_masks_of_a_16_bit_image_are_not_white(place):
 
 
 REPORT_CASES = {
-    "truncated manifest": (lambda run: (run / "manifest.json").write_text('{"config": {"name": "x", '), ["manifest.json", "not valid JSON"]),
-    "manifest not a mapping": (lambda run: (run / "manifest.json").write_text("[1, 2]"), ["manifest.json", "no run here"]),
+    "truncated manifest": (lambda run: (run / "manifest.json").write_text('{"config": {"name": "x", '), ["manifest.json", "not readable as JSON"]),
+    "manifest not a mapping": (lambda run: (run / "manifest.json").write_text("[1, 2]"), ["manifest.json", "not a JSON object"]),
     "config damaged": (lambda run: (run / "manifest.json").write_text('{"config": {"name": "x", "models": 5}}'),
                        ["manifest.json", "field 'models'"]),
     "config not a mapping": (lambda run: (run / "manifest.json").write_text('{"config": 5}'), ["manifest.json", "field 'config'"]),
@@ -309,14 +309,14 @@ def test_a_full_disk_says_which_folder_and_what_was_kept(place, monkeypatch):
     finished stages listed (a re-run skips them), nothing written elsewhere."""
     from vlm_decade.core import runfolder
 
-    real = runfolder.atomic_write_bytes
+    real = runfolder.RunFolder.write_batches
 
-    def full_disk(path, data):
-        if path.name == "references.parquet":
+    def full_disk(self, name, schema, batches):
+        if name == "references":
             raise OSError(errno.ENOSPC, "No space left on device")
-        real(path, data)
+        return real(self, name, schema, batches)
 
-    monkeypatch.setattr(runfolder, "atomic_write_bytes", full_disk)
+    monkeypatch.setattr(runfolder.RunFolder, "write_batches", full_disk)
     out = place / "run"
     before = listing(place)
     status, said = invoke(["run", str(place / "inputs" / "study.yaml"), "--out", str(out)])

@@ -321,7 +321,7 @@ class RunFolder:
         except (ValueError, UnicodeDecodeError) as exc:
             problem = exc
         if not self.repairs:
-            raise ValueError(f"{self.manifest_path}: not readable as JSON ({problem})")
+            raise ValueError(f"not readable as JSON ({problem})")
         aside = self.manifest_path.with_name(f"manifest.json.unreadable-{time.strftime('%Y%m%dT%H%M%S')}")
         os.replace(self.manifest_path, aside)
         tables, files = {}, {}

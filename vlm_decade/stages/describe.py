@@ -308,36 +308,45 @@ def batches(items: list, size: int) -> list[list]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
-def _composite(table: pa.Table) -> pa.ChunkedArray:
-    return pc.binary_join_element_wise(*(table.column(c) for c in RESPONSE_KEY), "\x1f")
+def _composite(table: pa.Table, *extra: str) -> pa.ChunkedArray:
+    """One string per row from its key columns (and `extra` columns), for set lookups."""
+    return pc.binary_join_element_wise(*(table.column(c) for c in (*RESPONSE_KEY, *extra)), "\x1f")
 
 
 def collect_rows(folder: RunFolder, jobs: pa.Table) -> pa.Table:
     """For each current job, its best row so far from the previous table and the parts a crash or
     this run left (the first ok row; else the latest attempt), sorted by key; rows of other settings
-    (another cache key) are dropped. Columnar: no Python object per row."""
+    (another cache key) are dropped. Columnar, and the rows are copied once: the choice is made on
+    row numbers."""
     old = folder.previous("responses")
     sources = [RESPONSES_SCHEMA.empty_table() if old is None else old.cast(RESPONSES_SCHEMA), folder.read_parts("responses", RESPONSES_SCHEMA)]
     rows = pa.concat_tables(sources)
-    rows = rows.append_column("_order", pa.array(np.arange(rows.num_rows), pa.int64()))
-    rows = rows.join(jobs.select([*RESPONSE_KEY, "cache_key"]), [*RESPONSE_KEY, "cache_key"], join_type="inner")
-    ok = pc.equal(rows.column("status"), "ok")
-    rank = pc.if_else(ok, rows.column("_order"), pc.negate(rows.column("_order")))
-    rows = rows.append_column("_ok", ok).append_column("_rank", rank)
-    rows = rows.sort_by([*((c, "ascending") for c in RESPONSE_KEY), ("_ok", "descending"), ("_rank", "ascending")])
-    rows = rows.append_column("_key", _composite(rows))
-    return first_per_key(rows, "_key").select(RESPONSES_SCHEMA.names).cast(RESPONSES_SCHEMA)
+    current = pc.is_in(_composite(rows, "cache_key"), value_set=_composite(jobs, "cache_key").combine_chunks())
+    at = pa.array(np.flatnonzero(current.to_numpy(zero_copy_only=False)), pa.int64())
+    ok = pc.equal(rows.column("status").take(at), "ok")
+    keys = pa.table({**{c: rows.column(c).take(at) for c in RESPONSE_KEY}, "_ok": ok,
+                     "_rank": pc.if_else(ok, at, pc.negate(at))})  # the first ok row, else the latest
+    order = pc.sort_indices(keys, sort_keys=[*((c, "ascending") for c in RESPONSE_KEY), ("_ok", "descending"), ("_rank", "ascending")])
+    ranked = keys.select(list(RESPONSE_KEY)).take(order)
+    ranked = ranked.append_column("_key", _composite(ranked)).append_column("_row", at.take(order))
+    best = first_per_key(ranked, "_key").column("_row")
+    return rows.take(best).cast(RESPONSES_SCHEMA)
+
+
+def _done_keys(folder: RunFolder, jobs: pa.Table) -> pa.Array:
+    """The composite keys of the jobs that already have an ok row."""
+    done = collect_rows(folder, jobs)
+    return _composite(done.filter(pc.equal(done.column("status"), "ok"))).combine_chunks()
 
 
 # the stage --------------------------------------------------------------------------------------
 def run_describe(study: StudyBase, plan: Plan, run: StudyRun) -> pa.Table:
     jobs = plan_jobs(study, plan, run.table("images"))
-    jobs = jobs.append_column("_plan", pa.array(np.arange(jobs.num_rows), pa.int64()))
-    done = collect_rows(run.folder, jobs)
-    done = done.filter(pc.equal(done.column("status"), "ok")).select(list(RESPONSE_KEY))
-    todo = jobs.join(done, list(RESPONSE_KEY), join_type="left anti").sort_by("_plan")
-    if done.num_rows:
-        run.reporter.say(f"     responses    {done.num_rows} of {jobs.num_rows} already done, kept")
+    done = _done_keys(run.folder, jobs)
+    todo = jobs.filter(pc.invert(pc.is_in(_composite(jobs), value_set=done)))  # still in plan order
+    if len(done):
+        run.reporter.say(f"     responses    {len(done)} of {jobs.num_rows} already done, kept")
+    del done
     with run.reporter.track("describe", todo.num_rows) as advance:
         for model in study.models:
             model_jobs = todo.filter(pc.equal(todo.column("subject"), model.name))
@@ -348,6 +357,7 @@ def run_describe(study: StudyBase, plan: Plan, run: StudyRun) -> pa.Table:
                 _describe_remote(study, model, jobs_from(model_jobs, plan), run, advance)
             else:
                 _describe_on_ray(study, model, model_jobs, plan, run, advance)
+    del todo, model_jobs
     return collect_rows(run.folder, jobs)
 
 

@@ -81,7 +81,7 @@ def open_run(root: str | Path) -> RunView:
     try:
         manifest = folder.manifest()
     except (ValueError, OSError) as exc:
-        raise InputError([Problem(str(folder.manifest_path), f"not readable as JSON: {exc}")]) from None
+        raise InputError([Problem(str(folder.manifest_path), str(exc))]) from None
     if not isinstance(manifest, dict) or "config" not in manifest:
         raise InputError([Problem(str(folder.manifest_path), "not a run folder (manifest.json missing or without a study config)")])
     try:
