@@ -32,7 +32,7 @@ browser:
 
 test: setup browser
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -rs
 
 clean:
 	rm -rf $(VENV) runs

@@ -338,17 +338,6 @@ def test_an_unwritable_output_folder_is_named_before_any_work(place, monkeypatch
     assert not out.exists()
 
 
-@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root writes anywhere")
-def test_a_read_only_output_folder(place):
-    (place / "ro").mkdir()
-    os.chmod(place / "ro", 0o500)
-    try:
-        status, said = invoke(["run", str(place / "inputs" / "study.yaml"), "--out", str(place / "ro" / "run")])
-    finally:
-        os.chmod(place / "ro", 0o700)
-    assert status == 2 and "may not be written" in said
-
-
 # --- the installed command, as a user runs it ---------------------------------------------------------
 
 SAMPLE = ["corrupt image", "quote swallowing rows", "models: 5", "options.file: 5", "seed 2**80", "--out is a file", "Parquet float ids"]

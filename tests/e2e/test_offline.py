@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 
 import pytest
+
+from tests import required
 
 from .conftest import BIN, cli_env
 from .netcheck import outside_traffic
@@ -28,11 +29,11 @@ def test_netcheck_flags_outside_connections():
     assert outside_traffic(reused) == []  # the descriptor was closed, then reused for a local socket
 
 
-@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed (.ci/run installs it)")
 def test_demo_makes_no_outside_connection(tmp_path):
+    strace = required.tool("strace")
     log = tmp_path / "strace.log"
     result = subprocess.run(
-        ["strace", "-f", "-qq", "-e", "trace=connect,sendto,sendmsg,sendmmsg,close", "-o", str(log), str(BIN / "vlm-decade"), "demo", "--out", str(tmp_path / "run")],
+        [strace, "-f", "-qq", "-e", "trace=connect,sendto,sendmsg,sendmmsg,close", "-o", str(log), str(BIN / "vlm-decade"), "demo", "--out", str(tmp_path / "run")],
         capture_output=True,
         text=True,
         timeout=900,

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import required
 from vlm_decade.core.runtime import offline_env
 
 from .conftest import BIN, cli_env
@@ -41,10 +42,8 @@ def ray_head(tmp_path):
         "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
         "--num-cpus=2", "--disable-usage-stats", f"--temp-dir={ray_tmp}",
     ]
-    strace = shutil.which("strace")
     log = tmp_path / "head.strace"
-    if strace:
-        cmd = [strace, "-f", "-qq", "-e", "trace=connect,sendto,sendmsg,sendmmsg,close", "-o", str(log), *cmd]
+    cmd = [required.tool("strace"), "-f", "-qq", "-e", "trace=connect,sendto,sendmsg,sendmmsg,close", "-o", str(log), *cmd]
     head_log = open(tmp_path / "head.log", "w")
     head = subprocess.Popen(cmd, env=env, stdout=head_log, stderr=subprocess.STDOUT, start_new_session=True)
     address = f"http://127.0.0.1:{dashboard}"
@@ -56,7 +55,7 @@ def ray_head(tmp_path):
         assert head.poll() is None, "ray start --head exited: " + (tmp_path / "head.log").read_text()[-3000:]
         assert time.monotonic() < deadline, probe.stderr[-2000:]
         time.sleep(1)
-    yield address, env, (log if strace else None)
+    yield address, env, log
     # A test head holds nothing worth draining (SIGTERM waits 30 s for that): kill it outright.
     os.killpg(head.pid, signal.SIGKILL)
     head.wait(timeout=30)
@@ -83,5 +82,4 @@ def test_ray_job_submit_runs_the_demo(ray_head, tmp_path):
     manifest = json.loads((out / "manifest.json").read_text())
     assert all(s["state"] == "done" for s in manifest["stages"].values())
     assert (out / "report.html").exists() and (out / "stats.parquet").exists()
-    if strace_log is not None:
-        assert outside_traffic(strace_log.read_text()) == []
+    assert outside_traffic(strace_log.read_text()) == []

@@ -5,17 +5,21 @@ against all human descriptions; a human group member never against itself)."""
 from __future__ import annotations
 
 import math
-import shutil
 
 import pyarrow as pa
 import pytest
 
-pytest.importorskip("pycocoevalcap")
-if shutil.which("java") is None:  # the set-up installs one (.ci/run: default-jre-headless)
-    pytest.skip("pycocoevalcap's tokenizer and METEOR need Java", allow_module_level=True)
-
+from tests import required
 from vlm_decade.models.metrics import CAPTION_METRICS, caption_scores  # noqa: E402
 from vlm_decade.studies.decade.captions import caption_metric_scores  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _pycocoevalcap_and_java():
+    """The reference implementation and the Java runtime it runs its tokenizer and METEOR in."""
+    required.module("pycocoevalcap", "pycocoevalcap (the captions extra)")
+    required.tool("java")
+
 
 # Papineni et al. (2002), section 2.1, Example 1: Candidate 1 and its three references.
 CANDIDATE = "It is a guide to action which ensures that the military always obeys the commands of the party."

