@@ -155,28 +155,63 @@ def test_second_run_does_no_work_and_says_so(demo_run):
 
 
 def test_sigkill_midway_then_rerun_gives_the_same_tables(demo_run, tmp_path):
-    reference = demo_run[0] / "decade"
+    """Killed right after the first saved part of Study A's responses (the run pauses there for the
+    kill: VLM_DECADE_PAUSE_AFTER_PART), then run again: both studies' tables equal an uninterrupted run's."""
+    paused = tmp_path / "paused"
     out = tmp_path / "decade"
     proc = subprocess.Popen(
         [str(BIN / "vlm-decade"), "demo", "--out", str(tmp_path)],
-        env=cli_env(),
+        env={**cli_env(), "VLM_DECADE_PAUSE_AFTER_PART": f"responses:{paused}"},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    parts = out / ".parts" / "responses"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and not list(parts.glob("part-*.parquet")):
-        assert proc.poll() is None, "the demo ended before it could be killed"
-        time.sleep(0.05)
+    deadline = time.monotonic() + 600
+    while not paused.exists():
+        assert proc.poll() is None, "the demo ended without saving a part of its responses"
+        assert time.monotonic() < deadline, "no part of the responses within 10 minutes"
+        time.sleep(0.1)
     os.killpg(proc.pid, signal.SIGKILL)  # the driver and the local Ray it started
     proc.wait(timeout=30)
-    assert not (out / "responses.parquet").exists(), "killed too late to test a resume"
-    kept = len(list(parts.glob("part-*.parquet")))
-    assert kept >= 1
+    parts = list((out / ".parts" / "responses").glob("part-*.parquet"))
+    done = sum(pq.read_metadata(p).num_rows for p in parts)
+    total = _table(demo_run[0] / "decade", "responses").num_rows
+    assert not (out / "responses.parquet").exists() and 0 < done < total  # some, not all, of the work
 
     resumed = vlm_decade("demo", "--out", str(tmp_path))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "already done, kept" in resumed.stderr
-    for name in TABLES:
-        assert _table(out, name).equals(_table(reference, name)), name
+    assert f"{done} of {total} already done, kept" in resumed.stderr
+    for study, names in (("decade", TABLES), ("openworld", OPENWORLD_TABLES)):
+        for name in names:
+            assert _table(tmp_path / study, name).equals(_table(demo_run[0] / study, name)), (study, name)
+
+
+def test_report_redraws_the_same_page(demo_run, tmp_path):
+    import shutil
+
+    run = tmp_path / "decade"
+    shutil.copytree(demo_run[0] / "decade", run)
+    before = (run / "report.html").read_text()
+    (run / "report.html").unlink()
+    shutil.rmtree(run / "figures")
+    done = vlm_decade("report", str(run))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (run / "report.html").read_text() == before
+    assert sorted(p.name for p in (run / "figures").rglob("*.png")) == sorted(p.name for p in (demo_run[0] / "decade" / "figures").rglob("*.png"))
+
+
+def test_a_fully_done_rerun_never_starts_ray(demo_run, monkeypatch):
+    """In the same run folder (its images' paths are part of what every stage depends on)."""
+    from vlm_decade.core import runtime
+    from vlm_decade.core.progress import Reporter
+    from vlm_decade.demo import demo_studies
+    from vlm_decade.studies import pipeline_of
+
+    studies = demo_studies(demo_run[0])
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("a stage asked for Ray on a run with nothing left to do")
+
+    monkeypatch.setattr(runtime, "start_ray", no_ray)
+    for study in studies:
+        pipeline_of(study).run(study, Reporter(quiet=True))

@@ -179,3 +179,24 @@ def test_a_path_outside_the_run_folder_is_refused(tmp_path):
     for parts in (("..", "x"), ("figures", "..", "..", "x"), ("/abs",), ("",)):
         with pytest.raises(ValueError, match="not inside the run folder"):
             folder.file(*parts)
+
+
+def test_a_write_interrupted_midway_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch):
+    from vlm_decade.core import runfolder as rf
+
+    folder = RunFolder(tmp_path)
+    folder.write("t", pa.table({"x": [1, 2, 3]}))
+    before = folder.table_path("t").read_bytes()
+
+    def broken_fsync(fd):
+        raise OSError(28, "No space left on device")  # the bytes are half on disk when this fails
+
+    monkeypatch.setattr(rf.os, "fsync", broken_fsync)
+    with pytest.raises(OSError):
+        folder.write("t", pa.table({"x": [7, 8, 9]}))
+    with pytest.raises(OSError):
+        rf.atomic_write_bytes(folder.manifest_path, b"{}")
+    monkeypatch.undo()
+    assert folder.table_path("t").read_bytes() == before
+    assert not folder.manifest_path.exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["t.parquet"]  # no temporary left behind

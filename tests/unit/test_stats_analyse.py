@@ -255,3 +255,13 @@ def test_the_paper_s_era_against_human_and_within_era_comparisons():
 
 def stats_bh(ps):
     return stats.false_discovery_control(ps, method="bh")
+
+
+def test_more_resamples_extend_the_fewer_ones():
+    """docs/statistics.md: resamples come in fixed chunks of one stream per (seed, dataset), so a
+    run with more resamples begins with exactly the resamples of a run with fewer."""
+    t = study()
+    few = bootstrap_study(t, ERAS, 1_000, 12, keep_distributions=True)
+    many = bootstrap_study(t, ERAS, 2_300, 12, keep_distributions=True)
+    for key, dist in few.distributions.items():
+        np.testing.assert_array_equal(many.distributions[key][:1_000], dist)

@@ -150,6 +150,18 @@ def safe_name(text: str) -> str:
     return f"{cleaned or 'name'}-{hashlib.sha256(text.encode('utf-8', 'surrogatepass')).hexdigest()[:12]}"
 
 
+def _pause_for_a_kill(table: str) -> None:
+    """The kill tests' hook: with VLM_DECADE_PAUSE_AFTER_PART="<table>:<file>" set, the first part of
+    <table> makes the process create <file> and wait to be killed, so a test kills it after some but
+    not all of a stage's work, whatever the machine's speed."""
+    hook = os.environ.get("VLM_DECADE_PAUSE_AFTER_PART", "")
+    wanted, _, signal_file = hook.partition(":")
+    if wanted == table and signal_file:
+        Path(signal_file).write_text(str(os.getpid()))
+        while True:
+            time.sleep(60)
+
+
 class RunFolderBusy(RuntimeError):
     """Another live process holds the run folder's lock."""
 
@@ -271,6 +283,7 @@ class RunFolder:
             # the hash of their bytes, so a damaged part is told from a whole one.
             part = f"part-{time.time_ns():020d}-{hashlib.sha256(data).hexdigest()[:16]}.parquet"
             atomic_write_bytes(self._parts_dir(name) / part, data)
+            _pause_for_a_kill(name)
 
     def iter_parts(self, name: str, schema: pa.Schema, columns: list[str] | None = None):
         """Every whole part of table `name` (its `columns`), one table at a time in the order
