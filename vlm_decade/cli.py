@@ -123,9 +123,13 @@ def run(
     out: Optional[Path] = typer.Option(None, "--out", help="Run folder (default: the study's `output`)."),
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to join (default: RAY_ADDRESS, else a local Ray)."),
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help=CACHE_DIR_HELP),
+    rehash: bool = typer.Option(False, "--rehash", help="Read and hash every image again, instead of trusting the run folder's record of unchanged files."),
 ) -> None:
     """Run a study; re-running resumes and skips every unchanged stage."""
-    _run(_load(study_file, out, address, cache_dir, writes=True))
+    study = _load(study_file, out, address, cache_dir, writes=True)
+    if rehash:
+        study = study.model_copy(update={"runtime": study.runtime.model_copy(update={"rehash": True})})
+    _run(study)
 
 
 @app.command()

@@ -485,3 +485,25 @@ def test_parquet_columns_of_the_wrong_type_are_named(study):
     problems = study.problems(data)
     assert "binary" in only(problems, field="file", row=1).message
     assert "double" in only(problems, field="worker_id", row=1).message
+
+
+def test_unchanged_images_are_not_read_again_and_changed_ones_are(study, tmp_path, monkeypatch):
+    from vlm_decade.stages import images
+
+    data = study.write()
+    first = images.ImageCache()
+    reference = load_study_data(data, study.ranking, MaskConfig(count=3), first).images
+    first.save(tmp_path / "run")
+    reads = []
+    real = images._inspect_image
+    monkeypatch.setattr(images, "_inspect_image", lambda path: reads.append(path) or real(path))
+    again = load_study_data(data, study.ranking, MaskConfig(count=3), images.ImageCache.of(tmp_path / "run")).images
+    assert again.equals(reference) and reads == []  # size and time unchanged: nothing read
+    touched = study.image_dir / "im1.png"
+    touched.write_bytes(png_bytes(12, 8, 5))  # same size, new bytes and time
+    changed = load_study_data(data, study.ranking, MaskConfig(count=3), images.ImageCache.of(tmp_path / "run")).images
+    assert reads == [str(touched)]
+    assert changed.column("sha256")[0].as_py() != reference.column("sha256")[0].as_py()
+    reads.clear()
+    load_study_data(data, study.ranking, MaskConfig(count=3), images.ImageCache.of(tmp_path / "run", rehash=True))
+    assert sorted(reads) == sorted(str(study.image_dir / f) for f in study.files)  # --rehash reads everything

@@ -159,6 +159,7 @@ class RuntimeConfig(Settings):
     cpus_per_actor: float = Field(1.0, ge=0.0, description="CPUs each model or encoder actor reserves.")
     gpus_per_actor: float = Field(0.0, ge=0.0, description="GPUs each model actor reserves (0.25: four small models per GPU).")
     stall_timeout_s: float = Field(1800.0, gt=0, description="A stage that finishes no call for this long stops with a message naming what it waits for.")
+    rehash: bool = Field(False, description="Read and hash every image again, instead of trusting the run folder's record of unchanged files (also --rehash).")
     max_restarts: int = Field(3, ge=0, description="Model or encoder actors a stage may lose (process or node) and replace before the rest of its batches become error rows.")
 
 

@@ -5,6 +5,11 @@ result becomes the run folder's `images` table (image_id, dataset, path, sha256,
 mode). Each file is decoded as the models will see it (`vlm_decade.imaging.decode`): width and
 height are those of the upright image, `mode` is the file's own pixel mode, and a file that cannot
 be converted to 8-bit RGB faithfully, or is no regular file (a FIFO would block), is refused here.
+
+Reading and hashing every image again on every run would cost minutes at a million images, so what a
+check found is kept in the run folder (`ImageCache`, `.cache/images.parquet`) under the file's path,
+size and modification time: a later check reuses it while those three are unchanged, and reads the
+file again otherwise (or always, with `runtime.rehash`).
 """
 
 from __future__ import annotations
@@ -17,8 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from vlm_decade.core.errors import Problems
+from vlm_decade.core.runfolder import atomic_write_bytes
 from vlm_decade.core.tables import Table, cell_present, cell_text, regular_file_problem
 from vlm_decade.imaging.decode import ImageDecodeError, decode_rgb
 
@@ -49,13 +56,57 @@ class CheckedImage:
     mode: str = ""
 
 
+CACHE_FILE = Path(".cache") / "images.parquet"
+CACHE_SCHEMA = pa.schema([("path", pa.string()), ("bytes", pa.int64()), ("mtime_ns", pa.int64()), ("sha256", pa.string()),
+                          ("width", pa.int64()), ("height", pa.int64()), ("mode", pa.string())])
+
+
+class ImageCache:
+    """What earlier checks found, per (path, size, modification time), and what this one found."""
+
+    def __init__(self, known: dict[tuple[str, int, int], tuple[str, int, int, str]] | None = None):
+        self.known = known or {}
+        self.found: dict[tuple[str, int, int], tuple[str, int, int, str]] = {}
+
+    @classmethod
+    def of(cls, run_folder: str | Path, rehash: bool = False) -> "ImageCache":
+        """The cache a run folder keeps (none yet, unreadable, or `rehash`: an empty one)."""
+        path = Path(run_folder) / CACHE_FILE
+        if rehash or not path.is_file():
+            return cls()
+        try:
+            rows = pq.read_table(path).cast(CACHE_SCHEMA).to_pylist()
+        except Exception:  # noqa: BLE001 - a damaged cache only costs a fresh check
+            return cls()
+        return cls({(r["path"], r["bytes"], r["mtime_ns"]): (r["sha256"], r["width"], r["height"], r["mode"]) for r in rows})
+
+    def inspect(self, path: str) -> tuple[str, int, int, str] | str:
+        """`_inspect_image`'s answer, from the cache while the file's size and time are unchanged."""
+        try:
+            stat = os.stat(path)
+        except OSError:
+            return _inspect_image(path)  # says what is wrong with the path
+        key = (path, stat.st_size, stat.st_mtime_ns)
+        result = self.known.get(key) or _inspect_image(path)
+        if not isinstance(result, str):
+            self.found[key] = result
+        return result
+
+    def save(self, run_folder: str | Path) -> None:
+        rows = [{"path": p, "bytes": b, "mtime_ns": t, "sha256": h, "width": w, "height": ht, "mode": m}
+                for (p, b, t), (h, w, ht, m) in sorted(self.found.items())]
+        sink = pa.BufferOutputStream()
+        pq.write_table(pa.Table.from_pylist(rows, schema=CACHE_SCHEMA), sink)
+        atomic_write_bytes(Path(run_folder) / CACHE_FILE, sink.getvalue().to_pybytes())
+
+
 def declared_ids(table: Table) -> set[str]:
     """Every image_id a table of images names, its rows with problems included: what other tables may
     refer to without being called unknown."""
     return {image_id for row in table.rows if (image_id := cell_text(row, "image_id"))}
 
 
-def check_images(table: Table, image_dir: Path, problems: Problems) -> dict[str, CheckedImage]:
+def check_images(table: Table, image_dir: Path, problems: Problems, cache: ImageCache | None = None) -> dict[str, CheckedImage]:
     images: dict[str, CheckedImage] = {}
     for row in table.rows:
         if not cell_present(row, table, IMAGE_COLUMNS, problems):
@@ -79,7 +130,7 @@ def check_images(table: Table, image_dir: Path, problems: Problems) -> dict[str,
         return images
     # Reading and hashing release the GIL, and so does Pillow's decoder: threads keep thousands cheap.
     with ThreadPoolExecutor() as pool:
-        results = list(pool.map(_inspect_image, [im.path for im in images.values()]))
+        results = list(pool.map((cache or ImageCache()).inspect, [im.path for im in images.values()]))
     for im, result in zip(images.values(), results):
         if isinstance(result, str):
             problems.add(table.file, result, row=im.row, field="file")

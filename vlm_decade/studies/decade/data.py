@@ -18,7 +18,7 @@ import pyarrow as pa
 from vlm_decade.core.errors import InputError, Problems
 from vlm_decade.core.tables import Table, cell_present, cell_text, read_table
 from vlm_decade.imaging.masks import MaskConfig, mask_ids
-from vlm_decade.stages.images import IMAGE_COLUMNS, CheckedImage, check_images, declared_ids, images_table
+from vlm_decade.stages.images import IMAGE_COLUMNS, CheckedImage, ImageCache, check_images, declared_ids, images_table
 from vlm_decade.studies.decade.config import DataConfig, RankingConfig
 from vlm_decade.studies.decade.ranking import rank_by_consensus, rank_by_votes
 
@@ -55,7 +55,7 @@ class StudyData:
     hand_labels: pa.Table | None = None  # hand error labels, when the study has them (taxonomy)
 
 
-def load_study_data(data: DataConfig, ranking: RankingConfig, masks: MaskConfig) -> StudyData:
+def load_study_data(data: DataConfig, ranking: RankingConfig, masks: MaskConfig, cache: ImageCache | None = None) -> StudyData:
     """Read, check and rank Study A's input; every problem is raised together as one InputError."""
     problems = Problems()
     images_t = read_table(Path(data.images), IMAGE_COLUMNS, problems)
@@ -64,7 +64,7 @@ def load_study_data(data: DataConfig, ranking: RankingConfig, masks: MaskConfig)
 
     images = descriptions = known = None
     if images_t is not None:
-        images = check_images(images_t, Path(data.image_dir), problems)
+        images = check_images(images_t, Path(data.image_dir), problems, cache)
         # References are checked against every id the table names, so one bad images row is one
         # problem, not one more for each description and vote of its image.
         known = declared_ids(images_t)

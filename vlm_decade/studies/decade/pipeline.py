@@ -19,6 +19,7 @@ from vlm_decade.models.backends import backend_class
 from vlm_decade.models.backends.imported import missing_rows
 from vlm_decade.stages import describe, embed
 from vlm_decade.stages.estimate import Line, response_cache
+from vlm_decade.stages.images import ImageCache
 from vlm_decade.studies.decade import metric_validation, report, score, statistics, stsb
 from vlm_decade.studies.decade.config import StudyConfig
 from vlm_decade.studies.decade.data import StudyData, load_study_data
@@ -37,12 +38,13 @@ def plan(study: StudyConfig) -> describe.Plan:
     return describe.Plan(prompts, masks=tuple(mask_specs(study.masks)))
 
 
-def check(study: StudyConfig) -> StudyData:
-    """Check data and models; raise every problem together. Writes nothing."""
+def check(study: StudyConfig, cache: ImageCache | None = None) -> StudyData:
+    """Check data and models; raise every problem together. Writes nothing. `cache`: what earlier
+    runs found about unchanged image files (`ImageCache`)."""
     problems: list[Problem] = []
     data = None
     try:
-        data = load_study_data(study.data, study.ranking, study.masks)
+        data = load_study_data(study.data, study.ranking, study.masks, cache)
         image_ids = set(data.images.column("image_id").to_pylist())
     except InputError as exc:
         problems += exc.problems
@@ -67,7 +69,8 @@ def check(study: StudyConfig) -> StudyData:
 
 
 def run(study: StudyConfig, reporter: Reporter | None = None) -> RunFolder:
-    data = check(study)
+    cache = ImageCache.of(study.output, study.runtime.rehash)
+    data = check(study, cache)
     stages = [
         given("images", data.images),
         given("references", data.references),
@@ -88,6 +91,7 @@ def run(study: StudyConfig, reporter: Reporter | None = None) -> RunFolder:
     with open_run(study, reporter, summary, ranking_method=data.ranking_method, masks=masks) as spine:
         for line in incomplete_models(study, data):
             spine.reporter.say(f"     [yellow]{line}[/yellow]")
+        cache.save(spine.folder.root)
         spine(*stages)
     return spine.folder
 

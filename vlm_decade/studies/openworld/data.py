@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from vlm_decade.core.errors import InputError, Problems
 from vlm_decade.core.tables import Table, cell_present, cell_text, read_table
-from vlm_decade.stages.images import IMAGES_SCHEMA, check_images, declared_ids, images_table
+from vlm_decade.stages.images import IMAGES_SCHEMA, ImageCache, check_images, declared_ids, images_table
 
 LABEL_COLUMNS = ("image_id", "dataset", "file", "label", "granularity")
 CLASSNAME_COLUMNS = ("dataset", "class_name")
@@ -43,7 +43,7 @@ class OpenWorldData:
     granularity: dict[str, str]  # dataset -> one of GRANULARITIES
 
 
-def load_openworld_data(labels: Path, image_dir: Path, classnames: Path) -> OpenWorldData:
+def load_openworld_data(labels: Path, image_dir: Path, classnames: Path, cache: ImageCache | None = None) -> OpenWorldData:
     """Read and check Study B's input; every problem is raised together as one InputError."""
     problems = Problems()
     labels_t = read_table(Path(labels), LABEL_COLUMNS, problems)
@@ -54,7 +54,7 @@ def load_openworld_data(labels: Path, image_dir: Path, classnames: Path) -> Open
     known = None
     granularity: dict[str, str] = {}
     if labels_t is not None:
-        images = check_images(labels_t, Path(image_dir), problems)
+        images = check_images(labels_t, Path(image_dir), problems, cache)
         known = declared_ids(labels_t)
         granularity = _check_labels(labels_t, problems)
         if class_lists is not None:

@@ -16,6 +16,7 @@ from vlm_decade.models.backends import backend_class
 from vlm_decade.models.backends.imported import missing_rows
 from vlm_decade.stages import describe
 from vlm_decade.stages.estimate import Line, response_cache
+from vlm_decade.stages.images import ImageCache
 from vlm_decade.studies.openworld import judging, report, scoring, statistics
 from vlm_decade.studies.openworld.config import OpenWorldStudyConfig
 from vlm_decade.studies.openworld.data import OpenWorldData, load_openworld_data
@@ -30,13 +31,14 @@ def plan(study: OpenWorldStudyConfig, classnames: dict[str, tuple[str, ...]]) ->
     return describe.Plan(prompts, classnames=classnames, closed=closed)
 
 
-def check(study: OpenWorldStudyConfig) -> OpenWorldData:
+def check(study: OpenWorldStudyConfig, cache: ImageCache | None = None) -> OpenWorldData:
     """Check data and models; raise every problem together. Writes nothing. (A judge that cannot
-    run is no error: LI is skipped with a note, `judge_unavailable`.)"""
+    run is no error: LI is skipped with a note, `judge_unavailable`.) `cache`: what earlier runs
+    found about unchanged image files (`ImageCache`)."""
     problems: list[Problem] = []
     data = None
     try:
-        data = load_openworld_data(study.data.labels, study.data.image_dir, study.data.classnames)
+        data = load_openworld_data(study.data.labels, study.data.image_dir, study.data.classnames, cache)
         image_ids = set(data.images.column("image_id").to_pylist())
     except InputError as exc:
         problems += exc.problems
@@ -48,7 +50,8 @@ def check(study: OpenWorldStudyConfig) -> OpenWorldData:
 
 
 def run(study: OpenWorldStudyConfig, reporter: Reporter | None = None) -> RunFolder:
-    data = check(study)
+    cache = ImageCache.of(study.output, study.runtime.rehash)
+    data = check(study, cache)
     no_judge = judge_unavailable(study)
     stages = [
         given("images", data.images),
@@ -65,6 +68,7 @@ def run(study: OpenWorldStudyConfig, reporter: Reporter | None = None) -> RunFol
             spine.reporter.say(f"     [yellow]LI skipped[/yellow]: {no_judge}")
         for line in incomplete_models(study, data):
             spine.reporter.say(f"     [yellow]{line}[/yellow]")
+        cache.save(spine.folder.root)
         spine(*stages)
     return spine.folder
 
