@@ -51,3 +51,32 @@ def test_the_example_with_every_optional_section_runs_and_reruns_for_free(tmp_pa
         assert (out / name).exists(), name
     again = vlm_decade("run", str(study), "--out", str(out))
     assert again.returncode == 0 and "run " not in again.stderr.replace("run folder", ""), again.stderr[-2000:]
+
+
+def test_names_from_the_data_never_write_outside_the_run_folder(tmp_path):
+    """Image ids, model and encoder names that look like paths stay file names inside the run folder."""
+    study = _everything_on(tmp_path / "place" / "example")
+    nasty = {"coco_1": "../../../../escaped", "coco_2": "/tmp/absolute", "csb_1": "a/b\\\\c"}
+    for name in ("images.csv", "descriptions.csv", "votes.csv", "ratings.csv", "hand_labels.csv"):
+        path = study.parent / name
+        text = path.read_text()
+        for old, new in nasty.items():
+            text = text.replace(old + ",", new + ",").replace("," + old + ",", "," + new + ",").replace("," + old + "\n", "," + new + "\n")
+        path.write_text(text)
+    config = yaml.safe_load(study.read_text())
+    config["encoders"][0]["name"] = "../../../../encoder"
+    config["models"][0]["name"] = "../model"
+    for f in ("ratings.csv", "hand_labels.csv"):
+        path = study.parent / f
+        path.write_text(path.read_text().replace("ssd-template", "../model"))
+    study.write_text(yaml.safe_dump(config))
+    outside = sorted(p for p in Path("/tmp").glob("*") if "escaped" in p.name or "encoder" in p.name)
+    before = {p for p in (tmp_path).rglob("*")}
+    out = tmp_path / "place" / "run"
+    done = vlm_decade("run", str(study), "--out", str(out))
+    assert done.returncode == 0, done.stderr[-4000:]
+    new = {p for p in tmp_path.rglob("*")} - before
+    assert new and all(p.is_relative_to(out) for p in new), sorted(str(p) for p in new if not p.is_relative_to(out))
+    assert sorted(p for p in Path("/tmp").glob("*") if "escaped" in p.name or "encoder" in p.name) == outside
+    figures = sorted(p.name for p in (out / "figures").glob("similarity_*.png"))
+    assert figures[0] == "similarity_BERTScore.png" and "encoder-" in figures[1]  # the encoder's name, made safe

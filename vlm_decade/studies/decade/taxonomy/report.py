@@ -14,7 +14,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pyarrow as pa
 
-from vlm_decade.core.runfolder import RunFolder, atomic_write_bytes
+from vlm_decade.core.runfolder import RunFolder, atomic_write_bytes, safe_name
 from vlm_decade.report.figures import COLOURS, save_figure
 from vlm_decade.report.html import html_table, page_start
 from vlm_decade.stats import format_p
@@ -122,9 +122,10 @@ def heatmap_files(run: RunFolder, study: StudyConfig, images: pa.Table, spatial:
             profile[r["subject"]] = importance(r["model_profile"])
     out = []
     for image_id, profiles in sorted(panels.items()):
-        rel = f"figures/heatmaps/{image_id}.png"
+        name = f"{safe_name(image_id)}.png"  # an image id is the user's data: never a path
+        rel = f"figures/heatmaps/{name}"
         rgb, _ = load_rgb(path_of[image_id])
-        write_heatmap(rgb, specs, profiles, run.root / rel, title=image_id)
+        write_heatmap(rgb, specs, profiles, run.file("figures", "heatmaps", name), title=image_id)
         out.append((image_id, rel))
     return out
 
