@@ -215,3 +215,60 @@ def test_a_fully_done_rerun_never_starts_ray(demo_run, monkeypatch):
     monkeypatch.setattr(runtime, "start_ray", no_ray)
     for study in studies:
         pipeline_of(study).run(study, Reporter(quiet=True))
+
+
+def _damage(path, kind: int) -> None:
+    """Four kinds of damage: cut in half, emptied, one value edited (a valid Parquet file), one byte flipped."""
+    data = path.read_bytes()
+    if kind == 0:
+        path.write_bytes(data[: len(data) // 2])
+    elif kind == 1:
+        path.write_bytes(b"")
+    elif kind == 2:
+        table = pq.read_table(path)
+        column = table.column(0)
+        edited = column.to_pylist()
+        edited[0] = edited[-1] if len(set(edited)) > 1 else edited[0]
+        if edited == column.to_pylist():  # a one-valued column: drop a row instead
+            table = table.slice(1)
+        else:
+            table = table.set_column(0, table.schema.field(0), [edited])
+        pq.write_table(table, path)
+    else:
+        flipped = bytearray(data)
+        flipped[len(data) // 3] ^= 0xFF
+        path.write_bytes(bytes(flipped))
+
+
+def test_damaged_tables_parts_and_manifests_are_found_and_redone(tmp_path):
+    """Every table of both studies damaged, a damaged part beside them; then the manifests cut short:
+    each time the rerun says what it found and ends with the tables of the clean run."""
+    first = vlm_decade("demo", "--out", str(tmp_path))
+    assert first.returncode == 0, first.stderr[-3000:]
+    studies = {"decade": TABLES, "openworld": OPENWORLD_TABLES}
+    clean = {(s, n): _table(tmp_path / s, n) for s, names in studies.items() for n in names}
+
+    k = 0
+    for study, names in studies.items():
+        for name in names:
+            _damage(tmp_path / study / f"{name}.parquet", k % 4)
+            k += 1
+    bad_part = tmp_path / "decade" / ".parts" / "responses" / f"part-{0:020d}-{'0' * 16}.parquet"
+    bad_part.parent.mkdir(parents=True)
+    bad_part.write_bytes(b"half a part")
+    again = vlm_decade("demo", "--out", str(tmp_path))
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "does not match the hash recorded" in again.stderr and "is damaged; discarded" in again.stderr
+    for (study, name), table in clean.items():
+        assert _table(tmp_path / study, name).equals(table), (study, name)
+
+    for study in studies:
+        manifest = tmp_path / study / "manifest.json"
+        manifest.write_text(manifest.read_text()[:100])
+    rebuilt = vlm_decade("demo", "--out", str(tmp_path))
+    assert rebuilt.returncode == 0, rebuilt.stderr[-3000:]
+    assert rebuilt.stderr.count("could not be read") == 2
+    for study in studies:
+        assert len(list((tmp_path / study).glob("manifest.json.unreadable-*"))) == 1
+    for (study, name), table in clean.items():
+        assert _table(tmp_path / study, name).equals(table), (study, name)
