@@ -37,7 +37,7 @@ PART = re.compile(r"^part-(\d{20})-([0-9a-f]{16})\.parquet$")
 # A table's fingerprint hashes its Arrow IPC stream in record batches of exactly this many rows (the
 # last one shorter), so it does not depend on how the table happens to be chunked, and a table that
 # is written in pieces (`write_batches`) gets the fingerprint it would get written whole.
-FINGERPRINT_ROWS = 65_536
+FINGERPRINT_ROWS = 8192
 ROW_GROUP_ROWS = 65_536
 
 
@@ -201,10 +201,12 @@ class RunFolder:
         fingerprint, record, _ = self.write_batches(name, table.schema, table.combine_chunks().to_batches(max_chunksize=ROW_GROUP_ROWS))
         return fingerprint, record
 
-    def write_batches(self, name: str, schema: pa.Schema, batches) -> tuple[str, dict[str, Any], int]:
+    def write_batches(self, name: str, schema: pa.Schema, batches, row_group_rows: int = ROW_GROUP_ROWS) -> tuple[str, dict[str, Any], int]:
         """Write a table from an iterator of record batches without holding it whole (row groups
         as they come), to a temporary file renamed into place; its fingerprint goes into the file's
-        metadata too. Returns the fingerprint, the file record and the row count."""
+        metadata too. Row groups hold at most `row_group_rows` rows (a reader decodes one whole
+        row group at a time: keep them small for wide rows). Returns the fingerprint, the file
+        record and the row count."""
         path = self.table_path(name)
         path.parent.mkdir(parents=True, exist_ok=True)
         fingerprint = Fingerprinter(schema)
@@ -217,10 +219,10 @@ class RunFolder:
                 # as written and its fingerprint can be checked from the file alone.
                 with pq.ParquetWriter(fh, schema, compression="zstd", use_compliant_nested_type=False) as writer:
                     for batch in batches:
-                        if batch.num_rows:
-                            fingerprint.add(batch)
-                            writer.write_batch(batch, row_group_size=ROW_GROUP_ROWS)
-                            rows += batch.num_rows
+                        for piece in pa.Table.from_batches([batch]).to_batches(max_chunksize=row_group_rows):
+                            fingerprint.add(piece)
+                            writer.write_batch(piece, row_group_size=row_group_rows)
+                            rows += piece.num_rows
                     digest = fingerprint.hexdigest()
                     writer.add_key_value_metadata({FINGERPRINT_KEY: digest.encode()})
                 fh.flush()

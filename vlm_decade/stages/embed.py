@@ -237,7 +237,7 @@ def _write_selected(folder: RunFolder, texts: pa.Table, encoders) -> Written:
                     table = reader.read_all()
                 yield from first_per_key(table.sort_by("text_sha256"), "text_sha256").to_batches()
 
-        fingerprint, record, rows = folder.write_batches("embeddings", EMBEDDINGS_SCHEMA, sorted_batches())
+        fingerprint, record, rows = folder.write_batches("embeddings", EMBEDDINGS_SCHEMA, sorted_batches(), row_group_rows=VECTOR_BATCH)
         return Written(fingerprint, record, rows)
     finally:
         shutil.rmtree(spill, ignore_errors=True)

@@ -60,14 +60,17 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
-def _keyed(texts: pa.ChunkedArray) -> pa.Array:
-    return pa.array([text_key(t) for t in texts.to_pylist()], pa.string())
+def _keyed(texts: pa.ChunkedArray, chunk: int = 65_536) -> pa.ChunkedArray:
+    """Each text's key, hashed a slice at a time (no list of every text at once)."""
+    return pa.chunked_array([pa.array([text_key(t) for t in texts.slice(i, chunk).to_pylist()], pa.string())
+                             for i in range(0, len(texts), chunk)] or [pa.array([], pa.string())], pa.string())
 
 
-def scoring_pairs(references: pa.Table, responses: pa.Table) -> pa.Table:
+def scoring_pairs(references: pa.Table, responses: pa.Table, texts: bool = True) -> pa.Table:
     """(subject, image_id, candidate, gold, candidate_key, gold_key) for every model's full-image
     description and every member of a human reference group; a group's value per image is the mean
-    over its members."""
+    over its members. `texts` False: the two text columns are left out (only pairwise metrics need
+    them; cosines need only the keys)."""
     full = references.filter(pc.equal(references.column("condition"), "full"))
     gold = full.filter(pc.equal(full.column("role"), "gold")).select(["image_id", "text"]).rename_columns(["image_id", "gold"])
     ok = pc.and_(pc.equal(responses.column("status"), "ok"), pc.equal(responses.column("variant"), "full"))
@@ -77,7 +80,8 @@ def scoring_pairs(references: pa.Table, responses: pa.Table) -> pa.Table:
                        "image_id": humans.column("image_id"), "text": humans.column("text")})
     candidates = pa.concat_tables([models.cast(humans.schema), humans]).rename_columns(["subject", "image_id", "candidate"])
     pairs = candidates.join(gold, "image_id", join_type="inner").combine_chunks()
-    return pairs.append_column("candidate_key", _keyed(pairs.column("candidate"))).append_column("gold_key", _keyed(pairs.column("gold")))
+    pairs = pairs.append_column("candidate_key", _keyed(pairs.column("candidate"))).append_column("gold_key", _keyed(pairs.column("gold")))
+    return pairs if texts else pairs.drop_columns(["candidate", "gold"])
 
 
 def _batches(embeddings: pa.Table | RunFolder, encoder: str):
@@ -122,7 +126,7 @@ def similarity_scores(
     """Cosine to the gold standard for each encoder in `metrics` (from the embeddings: a table, or
     the run folder's, streamed), and each loaded pairwise metric in `pair_metrics` (e.g. BERTScore,
     `vlm_decade.models.metrics`)."""
-    pairs = scoring_pairs(references, responses)
+    pairs = scoring_pairs(references, responses, texts=bool(pair_metrics))
     tables = []
     for name in list(metrics) + [m.name for m in pair_metrics]:
         if name in metrics:
