@@ -45,16 +45,20 @@ RESPONSES_SCHEMA = pa.schema(
         ("text", pa.string()),
         ("status", pa.string()),
         ("error", pa.string()),
-        ("latency_s", pa.float64()),
+        ("latency_s", pa.float64()),  # the provider's (or the local model's) time to answer
+        ("queued_s", pa.float64()),  # API rows: time waiting for limits, slots and earlier attempts
         ("input_tokens", pa.int64()),
         ("output_tokens", pa.int64()),
-        ("cost_usd", pa.float64()),
+        ("cost_usd", pa.float64()),  # what the answer cost when it was bought (cached rows too)
+        ("paid_usd", pa.float64()),  # what the run that wrote the row paid for it (0 from the cache)
+        ("cached", pa.bool_()),  # the answer came from the API cache
         ("model_version", pa.string()),
         ("cache_key", pa.string()),
     ]
 )
 RESPONSE_KEY = ("subject", "image_id", "variant", "prompt_id")
-ANSWER_FIELDS = ("text", "status", "error", "latency_s", "input_tokens", "output_tokens", "cost_usd", "model_version")
+ANSWER_FIELDS = ("text", "status", "error", "latency_s", "queued_s", "input_tokens", "output_tokens", "cost_usd", "paid_usd",
+                 "cached", "model_version")
 IN_FLIGHT_PER_ACTOR = 2
 REMOTE_BATCH = 8  # stimuli one Ray task encodes and sends for an API model
 FLUSH_ROWS, FLUSH_S = 32, 2.0  # save API rows as a part this often
@@ -213,7 +217,8 @@ def response_row(job: Job, answer: dict) -> dict:
 
 def _local_answer(description: Description, latency_s: float) -> dict:
     return {"text": description.text, "status": description.status, "error": description.error, "latency_s": latency_s,
-            "input_tokens": None, "output_tokens": None, "cost_usd": 0.0, "model_version": description.model_version}
+            "queued_s": None, "input_tokens": None, "output_tokens": None, "cost_usd": 0.0, "paid_usd": 0.0, "cached": False,
+            "model_version": description.model_version}
 
 
 def describe_batch(backend: Backend | None, jobs: list[Job], stimuli: list[Stimulus | str]) -> list[dict]:
@@ -277,11 +282,17 @@ def _key(row) -> tuple:
     return tuple(row[k] for k in RESPONSE_KEY)
 
 
+def conform(table: pa.Table, schema: pa.Schema = RESPONSES_SCHEMA) -> pa.Table:
+    """`table` in `schema`: a table written before a column existed gets it as nulls."""
+    columns = [table.column(f.name).cast(f.type) if f.name in table.column_names else pa.nulls(table.num_rows, f.type) for f in schema]
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
 def collect_rows(folder: RunFolder, jobs: list[Job]) -> dict[tuple, dict]:
     """For each current job, its best row so far (ok over error, later over earlier) from the
     previous table and the parts a crash or this run left; rows of other settings are dropped."""
     wanted = {(j.subject, j.image_id, j.variant, j.prompt_id): j.cache_key for j in jobs}
-    old = folder.read("responses").cast(RESPONSES_SCHEMA) if folder.has("responses") else RESPONSES_SCHEMA.empty_table()
+    old = conform(folder.read("responses")) if folder.has("responses") else RESPONSES_SCHEMA.empty_table()
     best: dict[tuple, dict] = {}
     for table in (old, folder.read_parts("responses", RESPONSES_SCHEMA)):
         for row in table.to_pylist():
@@ -365,7 +376,9 @@ def _describe_remote(study: StudyBase, model: ModelConfig, jobs: list[Job], run:
                     parts.add([response_row(j, a) for j, a in zip(done.work, done.value)])
                 advance(len(done.work))
     if skipped:
-        run.reporter.say(f"     {model.name}: {len(skipped)} requests not sent: {skipped[0]}")
+        # The stage ends `incomplete`; the stages after it run on the rows that exist and say so.
+        run.reporter.say(f"     [yellow]{model.name}: {len(skipped)} requests not sent[/yellow]: {skipped[0]}; the stages "
+                         "after this one use the answers that exist, and the next run sends the rest")
 
 
 def stage(study: StudyBase, plan: Plan) -> Stage:

@@ -12,13 +12,16 @@ Answers are derived from the request, so a test can check what arrived: a chat a
 sha256 of each image's bytes and of the prompt (`chat_text`), or is whatever the server's `answer`
 function makes of the prompt and images (`scripted` answers fixed texts by prompt substring, for a
 judge that must read "1" or "0"); an embedding is a seeded normal vector keyed by the text.
-Faults come at configured rates and are deterministic: whether an attempt fails is drawn from a
+Faults come at configured rates (and `first_429` / `first_drop`: the first attempts of every
+payload answer 429, or lose their connection with no answer) and are deterministic: whether an attempt fails is drawn from a
 RNG seeded by (seed, payload hash, how many times this payload came before), so the same requests
 meet the same faults in any order. `rate_400` is drawn from the payload alone: a request
 refused once is refused again, as a real 4xx is.
 
-Everything received is counted per endpoint and logged (time, endpoint, payload sha256, outcome),
-so a test can prove that nothing was sent twice and no 60 s window held more than a limit.
+Everything received is counted per endpoint and logged (time, endpoint, payload sha256, outcome,
+and for an ok answer the model and the usage it reported, when it was written and whether the
+client was still there to read it), so a test can prove that nothing was sent twice, that no 60 s
+window held more than a limit, and what a provider would have billed (`billed_usd`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ import base64
 import hashlib
 import json
 import re
+import select
+import socket
 import threading
 import time
 from collections import Counter
@@ -53,15 +58,25 @@ class FaultConfig:
     rate_broken_json: float = 0.0
     rate_400: float = 0.0
     first_429: int = 0  # the first n attempts of every distinct payload answer 429, whatever the rates
+    first_drop: int = 0  # the first n attempts of every distinct payload: the connection is closed, no answer
     seed: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass
 class Received:
-    time: float
+    """One request as the server saw it. `input_tokens` / `output_tokens` are the usage an ok
+    answer reported (what a provider bills); `delivered` says whether that answer went to a client
+    still connected (False: the client had gone, e.g. killed, before the answer was ready)."""
+
+    time: float  # when the request had arrived whole
     endpoint: str
     payload_sha256: str
-    outcome: str  # ok, 429, 500, timeout, broken, 400
+    outcome: str  # ok, 429, 500, timeout, broken, 400, dropped
+    model: str = ""
+    input_tokens: int = 0
+    output_tokens: int = 0
+    answered: float | None = None  # when the answer (or the error) was written
+    delivered: bool | None = None
 
 
 def image_sha(data: bytes) -> str:
@@ -143,6 +158,17 @@ class FakeAPIServer:
     def gemini_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def billed_usd(self, price, delivered_only: bool = False) -> float:
+        """What the requests answered ok would cost at `price(model) -> (US$ per M input tokens, per
+        M output tokens)`, as a provider bills them: every answer it produced, or only those that
+        reached a connected client."""
+        total = 0.0
+        for r in self.received():
+            if r.outcome == "ok" and (r.delivered or not delivered_only):
+                per_in, per_out = price(r.model)
+                total += (r.input_tokens * per_in + r.output_tokens * per_out) / 1e6
+        return total
+
     # what was received ------------------------------------------------------------------------
     def counts(self) -> Counter:
         """Requests received per endpoint, whatever their outcome."""
@@ -164,7 +190,9 @@ class FakeAPIServer:
         with self.lock:
             attempt = self._seen[digest]
             self._seen[digest] += 1
-        if attempt < f.first_429:
+        if attempt < f.first_drop:
+            return "dropped"
+        if attempt < f.first_drop + f.first_429:
             return "429"
         fixed = np.random.default_rng([f.seed, int(digest[:15], 16)])
         if fixed.random() < f.rate_400:
@@ -193,6 +221,7 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        self.record = None
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length)
         if len(body) < length:  # the client went away mid-request (killed): nothing was asked
@@ -213,8 +242,13 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(404, {"error": {"message": f"no route {path}"}})
         fake = self.fake
         outcome = fake._outcome(digest)
+        self.record = Received(time.time(), endpoint, digest, outcome)
         with fake.lock:
-            fake.log.append(Received(time.time(), endpoint, digest, outcome))
+            fake.log.append(self.record)
+        if outcome == "dropped":  # hang up with no answer, as a connection lost mid-request
+            self.close_connection = True
+            self.record.answered, self.record.delivered = time.time(), False
+            return
         time.sleep(fake.faults.latency_s)
         if outcome == "timeout":
             time.sleep(fake.faults.timeout_sleep_s)
@@ -230,6 +264,9 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(400, _error(400, f"malformed request: {exc}"))
         if outcome == "broken":
             return self._send_raw(200, json.dumps(payload).encode()[:-7])
+        model, used_in, used_out = _usage(endpoint, payload, json.loads(body), gemini["model"] if gemini else "")
+        with fake.lock:
+            self.record.model, self.record.input_tokens, self.record.output_tokens = model, used_in, used_out
         return self._send(200, payload)
 
     # wire formats -----------------------------------------------------------------------------
@@ -317,7 +354,20 @@ class _Handler(BaseHTTPRequestHandler):
     def _send(self, status: int, payload: dict, headers: dict | None = None) -> None:
         self._send_raw(status, json.dumps(payload).encode(), headers)
 
+    def _client_gone(self) -> bool:
+        """Whether the client has closed its end (a killed process's sockets are closed by the
+        kernel): the answer would reach no one."""
+        try:
+            if select.select([self.connection], [], [], 0)[0]:
+                return self.connection.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
+        return False
+
     def _send_raw(self, status: int, body: bytes, headers: dict | None = None) -> None:
+        record = self.record
+        if record is not None:
+            record.answered, record.delivered = time.time(), not self._client_gone()
         try:
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
@@ -327,7 +377,23 @@ class _Handler(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(body)
         except (BrokenPipeError, ConnectionResetError):
-            pass  # the client gave up (a timeout): nothing to answer
+            if record is not None:
+                record.delivered = False  # the client gave up (a timeout): nothing to answer
+
+
+def _usage(endpoint: str, answer: dict, request: dict, gemini_model: str) -> tuple[str, int, int]:
+    """(model, input tokens, output tokens) an ok answer reports, as billed."""
+    if endpoint == "openai.chat":
+        usage = answer["usage"]
+        return request["model"], usage["prompt_tokens"], usage["completion_tokens"]
+    if endpoint == "openai.embeddings":
+        return request["model"], answer["usage"]["prompt_tokens"], 0
+    if endpoint == "gemini.generate":
+        usage = answer["usageMetadata"]
+        return gemini_model, usage["promptTokenCount"], usage["candidatesTokenCount"] + usage["thoughtsTokenCount"]
+    # Gemini reports no usage for embeddings; the gateway bills them at 4 characters a token.
+    requests = request["requests"] if "requests" in request else [request]
+    return gemini_model, sum(max(1, -(-len("".join(p["text"] for p in r["content"]["parts"])) // 4)) for r in requests), 0
 
 
 def _error(code: int, message: str) -> dict:

@@ -1,8 +1,9 @@
 """Providers: build one request with the official client, parse one answer. Nothing else.
 
 Retries, limits, concurrency, caching and costs belong to the gateway; the clients' own retries are
-switched off (`max_retries=0` for openai; no `retry_options` for google-genai) so that exactly one
-layer decides when to try again. `retryable` and `retry_after` tell the gateway what a failure was.
+switched off so that exactly one layer decides when to try again: `max_retries=0` for openai (its
+httpx transport makes no retries of its own), and `HttpRetryOptions(attempts=1)` for google-genai,
+which otherwise re-sends a request after a dropped connection on its aiohttp transport. `retryable` and `retry_after` tell the gateway what a failure was.
 """
 
 from __future__ import annotations
@@ -131,9 +132,10 @@ class Provider:
 
 
 def _transport(exc: BaseException) -> bool:
-    """httpx / httpx2 / openai connection failures, without importing any of them here."""
+    """httpx / httpx2 / openai / aiohttp connection failures, without importing any of them here."""
     names = {c.__name__ for c in type(exc).__mro__}
-    return bool(names & {"TransportError", "TimeoutException", "APIConnectionError", "APITimeoutError", "NetworkError"})
+    return bool(names & {"TransportError", "TimeoutException", "APIConnectionError", "APITimeoutError", "NetworkError",
+                         "ClientConnectionError", "ClientPayloadError"})
 
 
 class OpenAIProvider(Provider):
@@ -214,10 +216,12 @@ class GeminiProvider(Provider):
         from google.genai import types
 
         self.types = types
-        http = types.HttpOptions(timeout=int(cfg.timeout_s * 1000))  # milliseconds; no retry_options
+        # Without retry_options the client still re-sends once, 1-10 s later, after a dropped
+        # connection on its aiohttp transport; one attempt, stated, is the only way to have none.
+        http = {"timeout": int(cfg.timeout_s * 1000), "retry_options": types.HttpRetryOptions(attempts=1)}  # timeout in ms
         if cfg.base_url:
-            http = types.HttpOptions(base_url=cfg.base_url, api_version="v1beta", timeout=int(cfg.timeout_s * 1000))
-        self.client = genai.Client(api_key=key.reveal(), http_options=http)
+            http.update(base_url=cfg.base_url, api_version="v1beta")
+        self.client = genai.Client(api_key=key.reveal(), http_options=types.HttpOptions(**http))
 
     @classmethod
     def settings(cls, model_id: str, options: dict) -> dict:

@@ -1,7 +1,9 @@
-"""What the describe and embed stages share when they send work to a provider's gateway actor:
-getting the actor for this run, and recording the money spent in the manifest as it is spent."""
+"""What the API stages share when they send work to a provider's gateway actor: getting the run's
+actor, and copying the money spent from the run folder's spend log into the manifest."""
 
 from __future__ import annotations
+
+import os
 
 from vlm_decade.core.config import ProvidersConfig
 from vlm_decade.core.errors import InputError, Problem
@@ -9,6 +11,7 @@ from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.models.api.cache import default_cache_dir
 from vlm_decade.models.api.gateway import gateway_actor
 from vlm_decade.models.api.keys import api_key, key_hint
+from vlm_decade.models.api.spend import SpendLog, SpendTally, spend_log_path
 
 
 class APIStopped(Exception):
@@ -23,12 +26,27 @@ def cache_dir(providers: ProvidersConfig):
     return providers.cache_dir or default_cache_dir()
 
 
+def start_spend_log(run: RunFolder, provider: str):
+    """The run folder's spend log for `provider`; a folder whose manifest recorded spend before the
+    log existed starts it with that amount, so the total carries over."""
+    path = spend_log_path(run.root, provider)
+    if not path.exists():
+        before = float(run.manifest().get("spend_usd", {}).get(provider, 0.0))
+        log = SpendLog(path)
+        if before:
+            log.write(e="carried", usd=before)
+        log.close()
+    return path
+
+
 class RemoteSession:
     """The run's gateway actor for one provider, used as a context manager by one stage.
 
-    `spend_usd` in the manifest is the total for the run folder: what earlier runs recorded plus
-    what this gateway has paid, written at every `record` so a killed run leaves it nearly current
-    (the responses rows carry each request's own cost in any case).
+    Every stage of the run gets the same actor (named by run, provider and settings), so its rate
+    limits and budget hold across models, encoders, probes and the judge; its budget also counts
+    what earlier runs of the folder spent (the spend log). `record` copies the log's totals into the
+    manifest: `spend_usd` (paid) and `spend_unresolved_usd` (the worst case of attempts sent whose
+    answer was never recorded: in flight now, or lost with a killed run).
     """
 
     def __init__(self, ray, providers: ProvidersConfig, run: RunFolder, provider: str):
@@ -36,21 +54,26 @@ class RemoteSession:
         if key is None:
             raise InputError([Problem("environment", f"{provider} models need an API key: set {key_hint(provider)}")])
         self.ray, self.run, self.provider = ray, run, provider
-        self.base = float(run.manifest().get("spend_usd", {}).get(provider, 0.0))
-        self.actor = gateway_actor(ray, provider, getattr(providers, provider), key, cache_dir(providers), str(run.root.resolve()))
+        log = start_spend_log(run, provider)
+        self.tally = SpendTally(log)
+        self.actor = gateway_actor(ray, provider, getattr(providers, provider), key, cache_dir(providers),
+                                   str(run.root.resolve()), spend_log=log.resolve(), driver_pid=os.getpid())
 
-    def record(self) -> dict:
-        report = self.ray.get(self.actor.report.remote(), timeout=60)
-        spend = dict(self.run.manifest().get("spend_usd", {}))
-        spend[self.provider] = round(self.base + report["spent_usd"], 6)
-        self.run.update_manifest(spend_usd=spend)
-        return report
+    def record(self) -> None:
+        spend = self.tally.read()
+        manifest = self.run.manifest()
+        paid = dict(manifest.get("spend_usd", {}), **{self.provider: round(spend.paid, 6)})
+        unresolved = {k: v for k, v in manifest.get("spend_unresolved_usd", {}).items() if k != self.provider}
+        if spend.unresolved > 0:
+            unresolved[self.provider] = round(spend.unresolved, 6)
+        self.run.update_manifest(spend_usd=paid, spend_unresolved_usd=unresolved)
+
+    def report(self) -> dict:
+        """The gateway's counts (attempts, cache hits, failures by kind)."""
+        return self.ray.get(self.actor.report.remote(), timeout=60)
 
     def __enter__(self) -> "RemoteSession":
         return self
 
     def __exit__(self, *exc) -> None:
-        try:
-            self.record()
-        finally:
-            self.ray.kill(self.actor)
+        self.record()
