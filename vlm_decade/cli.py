@@ -63,7 +63,36 @@ def _run(study) -> None:
         _fail(exc)
     except APIStopped as exc:
         err.print(f"[bold red]stopped:[/bold red] {exc}", highlight=False)
+        _say_unfinished(study.output)
         raise typer.Exit(1)
+    _say_unfinished(study.output)
+
+
+def _say_unfinished(run_dir: Path) -> None:
+    """The run's last lines: per table and model, the rows still not ok (error, skipped) and the
+    most common error, read from the run folder's tables (the next run retries just those)."""
+    from collections import Counter, defaultdict
+
+    import pyarrow.parquet as pq
+
+    lines = []
+    for path in sorted(Path(run_dir).glob("*.parquet")):
+        names = pq.read_schema(path).names
+        if "status" not in names:
+            continue
+        counts, errors = defaultdict(Counter), defaultdict(Counter)
+        for row in pq.read_table(path, columns=[c for c in ("subject", "status", "error") if c in names]).to_pylist():
+            if row["status"] != "ok":
+                who = row.get("subject") or "judge"
+                counts[who][row["status"]] += 1
+                errors[who][row.get("error") or ""] += 1
+        for who in sorted(counts):
+            said = ", ".join(f"{n} {status}" for status, n in sorted(counts[who].items()))
+            lines.append(f"  {path.stem} {who}: {said}; most common: {errors[who].most_common(1)[0][0]}")
+    if lines:
+        err.print("[yellow]rows not finished (the next run retries just these):[/yellow]", highlight=False)
+        for line in lines:
+            err.print(line, highlight=False, markup=False)
 
 
 def _checked(study_file: Path, cache_dir: Optional[Path] = None):

@@ -59,6 +59,7 @@ class FaultConfig:
     rate_400: float = 0.0
     first_429: int = 0  # the first n attempts of every distinct payload answer 429, whatever the rates
     first_drop: int = 0  # the first n attempts of every distinct payload: the connection is closed, no answer
+    only_if: str = ""  # faults strike only requests whose body holds this text (e.g. the judge's prompt)
     seed: int = 0
 
 
@@ -73,6 +74,7 @@ class Received:
     payload_sha256: str
     outcome: str  # ok, 429, 500, timeout, broken, 400, dropped
     model: str = ""
+    inputs: int = 1  # texts in an embeddings request
     input_tokens: int = 0
     output_tokens: int = 0
     answered: float | None = None  # when the answer (or the error) was written
@@ -158,13 +160,13 @@ class FakeAPIServer:
     def gemini_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def billed_usd(self, price, delivered_only: bool = False) -> float:
+    def billed_usd(self, price, delivered_only: bool = False, provider: str | None = None) -> float:
         """What the requests answered ok would cost at `price(model) -> (US$ per M input tokens, per
         M output tokens)`, as a provider bills them: every answer it produced, or only those that
-        reached a connected client."""
+        reached a connected client; all providers' or one's."""
         total = 0.0
         for r in self.received():
-            if r.outcome == "ok" and (r.delivered or not delivered_only):
+            if r.outcome == "ok" and (r.delivered or not delivered_only) and (provider is None or r.endpoint.startswith(provider + ".")):
                 per_in, per_out = price(r.model)
                 total += (r.input_tokens * per_in + r.output_tokens * per_out) / 1e6
         return total
@@ -185,8 +187,10 @@ class FakeAPIServer:
             self._seen.clear()
 
     # faults -----------------------------------------------------------------------------------
-    def _outcome(self, digest: str) -> str:
+    def _outcome(self, digest: str, body: bytes) -> str:
         f = self.faults
+        if f.only_if and f.only_if.encode() not in body:
+            return "ok"
         with self.lock:
             attempt = self._seen[digest]
             self._seen[digest] += 1
@@ -241,7 +245,7 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             return self._send(404, {"error": {"message": f"no route {path}"}})
         fake = self.fake
-        outcome = fake._outcome(digest)
+        outcome = fake._outcome(digest, body)
         self.record = Received(time.time(), endpoint, digest, outcome)
         with fake.lock:
             fake.log.append(self.record)
@@ -264,9 +268,12 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(400, _error(400, f"malformed request: {exc}"))
         if outcome == "broken":
             return self._send_raw(200, json.dumps(payload).encode()[:-7])
-        model, used_in, used_out = _usage(endpoint, payload, json.loads(body), gemini["model"] if gemini else "")
+        request = json.loads(body)
+        model, used_in, used_out = _usage(endpoint, payload, request, gemini["model"] if gemini else "")
         with fake.lock:
             self.record.model, self.record.input_tokens, self.record.output_tokens = model, used_in, used_out
+            if endpoint.endswith("embed") or endpoint.endswith("embeddings"):
+                self.record.inputs = len(payload.get("data") or payload.get("embeddings") or [payload])
         return self._send(200, payload)
 
     # wire formats -----------------------------------------------------------------------------

@@ -109,7 +109,8 @@ class Gateway:
         self.stats: Counter = Counter()
         self.backoff = wait_exponential_jitter(initial=0.5, max=8.0, jitter=0.5)
         self.jitter = random.Random(f"{provider}:{cache_dir}")  # seeded by the gateway's identity
-        self.attempt_ids = (f"{uuid.uuid4().hex[:12]}-{n}" for n in itertools.count())
+        gateway_id = uuid.uuid4().hex[:12]  # attempts of gateways of earlier runs keep their own ids
+        self.attempt_ids = (f"{gateway_id}-{n}" for n in itertools.count())
 
     # budget -----------------------------------------------------------------------------------
     @property
