@@ -36,6 +36,7 @@ from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.demo import materialize
 from vlm_decade.studies import load_study
 from vlm_decade.studies.decade.config import MLLM_PROMPT
+from vlm_decade.studies.decade.pipeline import check, estimate
 from vlm_decade.studies.decade.pipeline import run as run_study
 from vlm_decade.testing.fake_api import FakeAPIServer, FaultConfig
 
@@ -259,3 +260,17 @@ def test_a_tiny_budget_stops_spending_and_the_study_still_reaches_its_report(stu
     billed = server.billed_usd(lambda model: (0.15, 0.60))  # gpt-4o-mini
     assert manifest["spend_usd"]["openai"] == pytest.approx(billed, abs=1e-6) and billed <= 0.00027
     assert (run.root / "report.html").exists()
+
+
+def test_the_estimate_bounds_every_request_the_study_sends_probes_included(study_and_server):
+    path, server, _ = study_and_server
+    study = load_study(path)
+    lines, notes = estimate(study, check(study))
+    probes = {line.what: line for line in lines}["probes gpt"]
+    # Gold objects (module docstring): astronaut 5, coffee 5, camera 4, clock 2; at most two
+    # questions each, and one per object a description of at most 300 tokens could mention.
+    assert (probes.requests, probes.usd_low) == (2 * (5 + 5 + 4 + 2) + 4 * 300, 0.0)
+    run_study(study, Reporter(quiet=True))
+    assert len(server.received()) <= sum(line.requests for line in lines)
+    billed = server.billed_usd(lambda model: (0.15, 0.60))  # gpt-4o-mini
+    assert billed <= sum(line.usd for line in lines)

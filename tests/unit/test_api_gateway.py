@@ -304,3 +304,32 @@ def test_nothing_new_is_sent_once_the_driver_is_gone(tmp_path):
         after = many(gw, "gpt-4o-mini", [f"after {i}" for i in range(5)])
         assert server.counts()["openai.chat"] == 1
     assert {r["status"] for r in after} == {"error"} and "driver has ended" in after[0]["error"]
+
+
+def test_the_estimate_prints_each_line_and_each_provider_as_a_range():
+    from vlm_decade.stages.estimate import Line, render
+    from vlm_decade.studies.decade.config import StudyConfig
+
+    study = StudyConfig.model_validate({"name": "s", "data": {"images": "i.csv", "image_dir": ".", "descriptions": "d.csv"},
+                                        "models": [{"name": "m", "backend": "imported", "model_id": "m", "era": "mllm"}]})
+    lines = [Line("openai", "gpt", 10, 2, 1000, 3000, usd=0.02, usd_low=0.005), Line("openai", "probes gpt", 50, 0, 9000, 15000, usd=0.2)]
+    text = render(study, lines)
+    assert text.splitlines()[2].split()[-2:] == ["0.0000", "0.2000"]
+    assert "openai: between $0.0050 and $0.2200; budget $10\n" in text  # within the default budget
+
+
+def test_a_responses_table_written_before_the_new_columns_is_still_read(tmp_path):
+    import pyarrow as pa
+
+    from vlm_decade.core.runfolder import RunFolder
+    from vlm_decade.stages.describe import RESPONSES_SCHEMA, Job, collect_rows
+
+    old_columns = ["subject", "image_id", "variant", "prompt_id", "text", "status", "error", "latency_s", "input_tokens",
+                   "output_tokens", "cost_usd", "model_version", "cache_key"]
+    old = pa.table({name: [None] for name in old_columns}, schema=pa.schema([RESPONSES_SCHEMA.field(n) for n in old_columns]))
+    row = {"subject": "gpt", "image_id": "i1", "variant": "full", "prompt_id": "p", "text": "a cat", "status": "ok", "error": "",
+           "latency_s": 1.5, "input_tokens": 10, "output_tokens": 3, "cost_usd": 0.001, "model_version": "v", "cache_key": "k"}
+    folder = RunFolder(tmp_path)
+    folder.write("responses", pa.Table.from_pylist([row], schema=old.schema))
+    (kept,) = collect_rows(folder, [Job("gpt", "i1", "full", "p", "prompt", "x.png", None, "k")]).values()
+    assert kept == {**row, "queued_s": None, "paid_usd": None, "cached": None}

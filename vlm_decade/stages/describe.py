@@ -8,8 +8,9 @@ image bytes, mask geometry) is already done are never described again.
 
 API models (`remote` backends) do not sit in that actor pool: Ray tasks encode their stimuli as PNG
 bytes and send the requests to the provider's gateway actor (`vlm_decade.models.api`) with many in
-flight; finished rows are saved as parts every few seconds, and every answer paid for is in the
-API cache at once, so a killed run pays for nothing twice.
+flight; finished rows are saved as parts every few seconds, and every answer that reaches the
+gateway is in the API cache at once, so a killed run buys again at most the requests that were in
+flight when it died.
 
 What a study asks of its models (each model's prompts, the masked variants, the class lists of
 closed-world baselines) comes in a `Plan`; the study builds it.
@@ -428,5 +429,6 @@ def estimate(study: StudyBase, plan: Plan, images: pa.Table, cache) -> tuple[lis
             line.input_tokens += n_in
             line.output_tokens += settings["max_output_tokens"]
             line.usd += cost(price, n_in, settings["max_output_tokens"]) if price else 0.0
+            line.usd_low += cost(price, n_in, 0) if price else 0.0
         lines.append(line)
     return lines, n_answers, answer_tokens

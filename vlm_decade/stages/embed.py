@@ -201,10 +201,11 @@ def estimate(study: StudyBase, human_texts: list[str], n_answers: int, answer_to
         price = getattr(study.providers, cls.provider).price(cls.provider, enc.model_id)
         line = Line(cls.provider, enc.name)
         todo = [t for t in human if not cache.has("embed", embed_key(cls.provider, enc.model_id, t))]
-        tokens = sum(map(text_tokens, todo)) + answer_tokens
+        human_tokens = sum(map(text_tokens, todo))
         line.requests = -(-(len(todo) + n_answers) // enc.batch_size)
         line.cached = len(human) - len(todo)
-        line.input_tokens = tokens
-        line.usd = cost(price, tokens, 0) if price else 0.0
+        line.input_tokens = human_tokens + answer_tokens
+        line.usd = cost(price, line.input_tokens, 0) if price else 0.0
+        line.usd_low = cost(price, human_tokens, 0) if price else 0.0  # no answer to encode
         lines.append(line)
     return lines

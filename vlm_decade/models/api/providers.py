@@ -98,6 +98,10 @@ class Provider:
 
     @classmethod
     def image_tokens(cls, png: bytes, settings: dict) -> int:
+        return cls.image_tokens_of_size(*png_size(png), settings)
+
+    @classmethod
+    def image_tokens_of_size(cls, width: int, height: int, settings: dict) -> int:
         raise NotImplementedError
 
     async def chat(self, req: ChatRequest) -> Reply:
@@ -165,11 +169,10 @@ class OpenAIProvider(Provider):
         return out
 
     @classmethod
-    def image_tokens(cls, png: bytes, settings: dict) -> int:
+    def image_tokens_of_size(cls, w: int, h: int, settings: dict) -> int:
         # OpenAI's published image rule: fit in 2048x2048, shortest side to 768, 170 per 512 tile + 85.
         if settings.get("detail") == "low":
             return 85
-        w, h = png_size(png)
         s = min(1.0, 2048 / max(w, h))
         w, h = w * s, h * s
         s = min(1.0, 768 / min(w, h))
@@ -236,9 +239,8 @@ class GeminiProvider(Provider):
         return out
 
     @classmethod
-    def image_tokens(cls, png: bytes, settings: dict) -> int:
+    def image_tokens_of_size(cls, w: int, h: int, settings: dict) -> int:
         # Gemini's published rule: 258 tokens for an image up to 384 px a side, else per 768 px tile.
-        w, h = png_size(png)
         return 258 if max(w, h) <= 384 else 258 * math.ceil(w / 768) * math.ceil(h / 768)
 
     async def chat(self, req: ChatRequest) -> Reply:

@@ -3,7 +3,7 @@
 An API model shows no boxes, so for each relevant object its description leaves out we ask it
 (with the image) whether the object is there, then what it is; and for each object it mentions
 that no human named, whether that object is there. Questions go through the provider's gateway
-actor like any other request: the same cache (a re-run pays for nothing twice), limits and budget.
+actor like any other request: the same cache (a re-run buys only what was not answered), limits and budget.
 The `probes` table is the transcript, the evidence of every probe-based label.
 """
 
