@@ -333,3 +333,14 @@ def test_a_responses_table_written_before_the_new_columns_is_still_read(tmp_path
     folder.write("responses", pa.Table.from_pylist([row], schema=old.schema))
     (kept,) = collect_rows(folder, [Job("gpt", "i1", "full", "p", "prompt", "x.png", None, "k")]).values()
     assert kept == {**row, "queued_s": None, "paid_usd": None, "cached": None}
+
+
+def test_the_next_gateway_of_a_run_folder_counts_the_last_window_against_its_rate_limit(tmp_path):
+    # One stage sends 5 requests at 5 a (1.25 s) window; the next stage's gateway starts at once:
+    # without the first one's starts it would send 5 more inside the same window.
+    log = tmp_path / "run" / "api" / "openai.spend.jsonl"
+    with FakeAPIServer() as server:
+        many(gateway(server, "openai", tmp_path, window_s=1.0, rpm=5, spend_log=log), "gpt-4o-mini", [f"a{i}" for i in range(5)])
+        many(gateway(server, "openai", tmp_path, window_s=1.0, rpm=5, spend_log=log), "gpt-4o-mini", [f"b{i}" for i in range(5)])
+        times = [r.time for r in server.received()]
+    assert len(times) == 10 and max_in_window(times, 1.0) <= 5

@@ -1,4 +1,4 @@
-"""The gateway: one per provider and run, the only place that sends requests.
+"""The gateway: one per provider at a time, the only place that sends requests.
 
 It answers from the cache when it can. Otherwise the request takes one of `max_concurrency` slots
 and keeps it through all its attempts; before each attempt it reserves the attempt's worst-case
@@ -8,8 +8,9 @@ written to the spend log and the cache at once, and returned as the fields of a 
 what failed is retried with tenacity (never sooner than Retry-After, else exponential backoff with
 jitter) when it is worth retrying.
 
-The budget covers the run folder: what earlier runs of it paid (its spend log), what this gateway
-paid, and the reservations of the attempts in flight. A request whose worst case would pass it
+The budget covers the run folder: what the gateways before this one paid (its spend log: earlier
+stages, models and runs), what this gateway paid, and the reservations of the attempts in flight;
+the requests those gateways started in the last window count against this one's rate limits. A request whose worst case would pass it
 waits while attempts in flight may still release their reservations, and is skipped only when
 nothing is in flight and it still would not fit.
 
@@ -18,7 +19,7 @@ already on their way are still received and recorded.
 
 `Gateway` is plain asyncio, so the benchmark and tests can drive it directly; `GatewayActor` wraps
 it as an async Ray actor (`num_cpus=0`, pinned to the driver's node, where the cache and run
-folders are), and `gateway_actor` gets or creates the one named actor per provider and run.
+folders are), and `gateway_actor` gets or creates a named one.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ import asyncio
 import base64
 import hashlib
 import itertools
-import json
 import os
 import random
 import select
@@ -99,8 +99,11 @@ class Gateway:
         self.cache = ResponseCache(cache_dir)
         self.log = SpendLog(spend_log) if spend_log is not None else None
         before = read_spend(spend_log) if spend_log is not None else None
-        # Earlier runs of this folder: what they paid, and their unanswered attempts at worst case.
+        # Earlier gateways of this folder: what they paid, and their unanswered attempts at worst case.
         self.spent_before = before.paid + before.unresolved if before else 0.0
+        if before:  # their requests of the last window count against this one's limits
+            now, wall = time.monotonic(), time.time()
+            self.limiter.preload([(now - (wall - t), min(n, cfg.tpm)) for t, n in before.sent if wall - t < self.limiter.window])
         self.spent = 0.0  # US$ paid through this gateway
         self.reserved = 0.0  # worst-case cost of the attempts in flight
         self.in_flight = 0
@@ -172,7 +175,7 @@ class Gateway:
                 raise DriverGone("the run's driver has ended; not sent")
             attempt = next(self.attempt_ids)
             if self.log:
-                self.log.write(a=attempt, e="sent", worst=worst)
+                self.log.write(a=attempt, e="sent", worst=worst, t=round(time.time(), 3), tok=tokens)
             self.stats["attempts"] += 1
             start = time.monotonic()
             try:
@@ -186,7 +189,7 @@ class Gateway:
             latency = time.monotonic() - start
             paid, used = price_of(result)
             if self.log:
-                self.log.write(a=attempt, e="paid", usd=paid)
+                self.log.write(a=attempt, e="paid", usd=paid, tok=used)
             self.limiter.reconcile(entry, used)
             return result, paid, latency
         finally:
@@ -311,12 +314,11 @@ class GatewayActor:
 
 def gateway_actor(ray, provider: str, cfg: ProviderConfig, key: Secret, cache_dir: Path, run_id: str,
                   spend_log: Path | None = None, driver_pid: int | None = None):
-    """The run's one gateway actor for `provider` and these settings, created on this (the
-    driver's) node if it is not there yet; every stage of the run shares it, and its limits."""
+    """The gateway actor named `run_id` for `provider`, created on this (the driver's) node if it is
+    not there yet: everything sent under that name shares its limits and budget."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    identity = json.dumps([run_id, provider, cfg.model_dump(mode="json"), str(cache_dir), str(spend_log), driver_pid], sort_keys=True)
-    name = f"vlm_decade-api-{provider}-{hashlib.sha256(identity.encode()).hexdigest()[:16]}"
+    name = f"vlm_decade-api-{provider}-{hashlib.sha256(run_id.encode()).hexdigest()[:16]}"
     return (
         ray.remote(GatewayActor)
         .options(

@@ -90,6 +90,14 @@ class RateLimiter:
             self.changed.notify_all()
             return entry
 
+    def preload(self, started: list[tuple[float, int]]) -> None:
+        """Count requests that started before this limiter did (`time.monotonic()` times, tokens):
+        the previous gateway's last window, so a new one does not start with a full allowance."""
+        for start, tokens in sorted(started):
+            self.starts.append(start)
+            self.spent.append([start, tokens])
+            self.next_start = max(self.next_start, start + self.interval)
+
     @staticmethod
     def reconcile(entry: list, tokens: int) -> None:
         entry[1] = tokens

@@ -4,6 +4,7 @@ actor, and copying the money spent from the run folder's spend log into the mani
 from __future__ import annotations
 
 import os
+import uuid
 
 from vlm_decade.core.config import ProvidersConfig
 from vlm_decade.core.errors import InputError, Problem
@@ -40,13 +41,13 @@ def start_spend_log(run: RunFolder, provider: str):
 
 
 class RemoteSession:
-    """The run's gateway actor for one provider, used as a context manager by one stage.
-
-    Every stage of the run gets the same actor (named by run, provider and settings), so its rate
-    limits and budget hold across models, encoders, probes and the judge; its budget also counts
-    what earlier runs of the folder spent (the spend log). `record` copies the log's totals into the
-    manifest: `spend_usd` (paid) and `spend_unresolved_usd` (the worst case of attempts sent whose
-    answer was never recorded: in flight now, or lost with a killed run).
+    """A gateway actor for one provider, used as a context manager by one stage (or one model of
+    it), and ended with it. What the gateways of a run folder share lives in its spend log: each new
+    one starts with the spend of those before it (models, encoders, probes, the judge, earlier
+    runs) against its budget, and their requests of the last minute against its rate limits.
+    `record` copies the log's totals into the manifest: `spend_usd` (paid) and
+    `spend_unresolved_usd` (the worst case of attempts sent whose answer was never recorded: in
+    flight now, or lost with a killed run).
     """
 
     def __init__(self, ray, providers: ProvidersConfig, run: RunFolder, provider: str):
@@ -56,8 +57,10 @@ class RemoteSession:
         self.ray, self.run, self.provider = ray, run, provider
         log = start_spend_log(run, provider)
         self.tally = SpendTally(log)
-        self.actor = gateway_actor(ray, provider, getattr(providers, provider), key, cache_dir(providers),
-                                   str(run.root.resolve()), spend_log=log.resolve(), driver_pid=os.getpid())
+        # A name of its own: a gateway being ended (`ray.kill` returns before it is gone) is never reused.
+        name = f"{run.root.resolve()}:{uuid.uuid4().hex}"
+        self.actor = gateway_actor(ray, provider, getattr(providers, provider), key, cache_dir(providers), name,
+                                   spend_log=log.resolve(), driver_pid=os.getpid())
 
     def record(self) -> None:
         spend = self.tally.read()
@@ -76,4 +79,7 @@ class RemoteSession:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.record()
+        try:
+            self.record()
+        finally:
+            self.ray.kill(self.actor)

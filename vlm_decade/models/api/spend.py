@@ -4,14 +4,19 @@ One JSON line per event in `<run folder>/api/<provider>.spend.jsonl`, appended w
 `write` on a file opened `O_APPEND` (a killed process leaves whole lines, at most a torn last one,
 which readers skip):
 
-    {"a": ATTEMPT, "e": "sent", "worst": US$}    before an attempt leaves (its worst-case cost)
-    {"a": ATTEMPT, "e": "paid", "usd": US$}      its answer arrived: what it cost
+    {"a": ATTEMPT, "e": "sent", "worst": US$, "t": TIME, "tok": TOKENS}
+                                                 before an attempt leaves: its worst-case cost, when
+                                                 (Unix time) and the tokens it reserved
+    {"a": ATTEMPT, "e": "paid", "usd": US$, "tok": TOKENS}
+                                                 its answer arrived: what it cost, the tokens used
     {"a": ATTEMPT, "e": "failed"}                it failed (429, 5xx, timeout, dropped): nothing billed
     {"e": "carried", "usd": US$}                 spend recorded before this log existed (older manifests)
 
 So the run folder's spend is the sum of what was paid, including answers that reached the gateway
 after its driver died; an attempt `sent` and never resolved was in flight when the run was killed:
-it may or may not have been billed, and counts at its worst case in `unresolved`.
+it may or may not have been billed, and counts at its worst case in `unresolved`. The `sent` times
+also let the next gateway of the folder (the next stage, or a rerun) start with the requests of the
+last minute already counted against its rate limits.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ class Spend:
     paid: float = 0.0  # US$ for answers that arrived (and carried-over spend)
     unresolved: float = 0.0  # worst case of attempts sent whose outcome was never recorded
     attempts: int = 0
+    sent: tuple[tuple[float, int], ...] = ()  # (Unix time, tokens) of every attempt, in log order
 
 
 class SpendTally:
@@ -57,7 +63,8 @@ class SpendTally:
         self.offset = 0
         self.paid = 0.0
         self.open: dict[str, float] = {}  # attempt -> worst case, until it is resolved
-        self.attempts = 0
+        self.sent: list[tuple[float, int]] = []
+        self.index: dict[str, int] = {}  # attempt -> its place in `sent`
 
     def read(self) -> Spend:
         try:
@@ -76,13 +83,17 @@ class SpendTally:
             kind = event.get("e")
             if kind == "sent":
                 self.open[event["a"]] = float(event["worst"])
-                self.attempts += 1
+                self.index[event["a"]] = len(self.sent)
+                self.sent.append((float(event.get("t", 0.0)), int(event.get("tok", 0))))
             elif kind in ("paid", "failed"):
                 self.open.pop(event["a"], None)
                 self.paid += float(event.get("usd", 0.0))
+                if "tok" in event and event["a"] in self.index:  # the usage reported replaces the reservation
+                    i = self.index[event["a"]]
+                    self.sent[i] = (self.sent[i][0], int(event["tok"]))
             elif kind == "carried":
                 self.paid += float(event["usd"])
-        return Spend(self.paid, sum(self.open.values()), self.attempts)
+        return Spend(self.paid, sum(self.open.values()), len(self.sent), tuple(self.sent))
 
 
 def read_spend(path: str | Path) -> Spend:
