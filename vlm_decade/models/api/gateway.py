@@ -40,6 +40,7 @@ import numpy as np
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
 from vlm_decade.core.config import ProviderConfig
+from vlm_decade.models.api.batch import Batcher
 from vlm_decade.models.api.cache import ResponseCache
 from vlm_decade.models.api.keys import Secret, scrub
 from vlm_decade.models.api.limits import RateLimiter
@@ -88,10 +89,12 @@ class DriverWatch:
 
 class Gateway:
     def __init__(self, provider: str, cfg: ProviderConfig, key: Secret, cache_dir: str | Path, window_s: float = 60.0,
-                 spend_log: str | Path | None = None, driver_pid: int | None = None):
+                 spend_log: str | Path | None = None, driver_pid: int | None = None, run_root: str | Path | None = None,
+                 batch_wait: bool = True):
         """`window_s` is the limits' window: a minute, shorter only in tests. `spend_log` is the run
         folder's log (none: this gateway's spend is all there is); `driver_pid` the process whose
-        end stops new requests."""
+        end stops new requests. In batch mode (`cfg.mode`), `run_root` gets a copy of each batch's
+        record, and `batch_wait` false answers `pending` for a batch not finished."""
         self.name, self.cfg, self.key = provider, cfg, key
         self.provider = provider_class(provider)(cfg, key)
         self.limiter = RateLimiter(cfg.rpm, cfg.tpm, window_s)
@@ -101,6 +104,7 @@ class Gateway:
         before = read_spend(spend_log) if spend_log is not None else None
         # Earlier gateways of this folder: what they paid, and their unanswered attempts at worst case.
         self.spent_before = before.paid + before.unresolved if before else 0.0
+        self.open_before = dict(before.open) if before else {}  # those attempts, until one is collected here
         if before:  # their requests of the last window count against this one's limits
             now, wall = time.monotonic(), time.time()
             self.limiter.preload([(now - (wall - t), min(n, cfg.tpm)) for t, n in before.sent if wall - t < self.limiter.window])
@@ -114,6 +118,7 @@ class Gateway:
         self.jitter = random.Random(f"{provider}:{cache_dir}")  # seeded by the gateway's identity
         gateway_id = uuid.uuid4().hex[:12]  # attempts of gateways of earlier runs keep their own ids
         self.attempt_ids = (f"{gateway_id}-{n}" for n in itertools.count())
+        self.batch = Batcher(self, cache_dir, run_root, batch_wait) if cfg.mode == "batch" else None
 
     # budget -----------------------------------------------------------------------------------
     @property
@@ -135,6 +140,16 @@ class Gateway:
             await self.released.wait()
         self.reserved += worst
         self.in_flight += 1
+
+    def _settle_spend(self, attempt: str, worst: float, paid: float, reserved: bool) -> None:
+        """An attempt's cost is known: release its reservation (this gateway's), or the worst case an
+        earlier gateway left unresolved (a batch collected here)."""
+        if reserved:
+            return self._release(worst, paid)
+        self.spent_before -= self.open_before.pop(attempt, 0.0)
+        self.spent += paid
+        self.released.set()
+        self.released = asyncio.Event()
 
     def _release(self, worst: float, paid: float) -> None:
         self.reserved -= worst
@@ -221,17 +236,40 @@ class Gateway:
         return "error", str(exc) if isinstance(exc, DriverGone) else self._error(exc)
 
     # chat -------------------------------------------------------------------------------------
+    @staticmethod
+    def cached_answer(hit: dict) -> dict:
+        """The row of an answer the cache holds: as it was bought (its cost, the provider's latency
+        then, its mode); nothing paid now."""
+        return {"latency_s": 0.0, "mode": "sync", **hit, "status": "ok", "error": "", "queued_s": 0.0, "paid_usd": 0.0, "cached": True}
+
+    @staticmethod
+    def failed_answer(status: str, error: str) -> dict:
+        return failed_answer(status, error)
+
+    async def submit(self, req: ChatRequest) -> dict:
+        """Batch mode: the answer at once (cache, budget, price), else {"status": "queued", "key"}."""
+        return await self.batch.submit(req)
+
+    async def result(self, key: str) -> dict:
+        """Batch mode: the answer to a queued request, when its batch is finished."""
+        return await self.batch.result(key)
+
+    async def flush(self) -> None:
+        """Batch mode: submit the requests grouped so far now."""
+        await self.batch.flush()
+
     async def chat(self, req: ChatRequest) -> dict:
         """The fields of one `responses` row: text, status (ok, error, skipped), error, latency_s
         (the answering attempt), queued_s (the rest: limits, slots, earlier attempts and their
         waits), input_tokens, output_tokens, cost_usd (what the answer cost when it was bought),
         paid_usd (what this call paid: 0 from the cache), model_version, cached."""
+        if self.batch is not None:
+            return await self.batch.chat(req)
         key = chat_key(self.name, req)
         hit = self.cache.get("chat", key)
         if hit is not None:
             self.stats["cache_hits"] += 1
-            # The answer as it was bought (its cost and the provider's latency then); nothing paid now.
-            return {"latency_s": 0.0, **hit, "status": "ok", "error": "", "queued_s": 0.0, "paid_usd": 0.0, "cached": True}
+            return self.cached_answer(hit)
         try:
             price = self._price(req.model_id)
         except LookupError as exc:
@@ -248,7 +286,7 @@ class Gateway:
             return failed_answer(*self._failed(exc))
         self.stats["requests"] += 1
         entry = {"text": reply.text, "input_tokens": reply.input_tokens, "output_tokens": reply.output_tokens,
-                 "cost_usd": paid, "model_version": reply.model_version, "latency_s": latency}
+                 "cost_usd": paid, "model_version": reply.model_version, "latency_s": latency, "mode": "sync"}
         self.cache.put("chat", key, entry)
         return {**entry, "status": "ok", "error": "", "queued_s": queued, "paid_usd": paid, "cached": False}
 
@@ -287,23 +325,35 @@ class Gateway:
         return {"status": "ok", "error": "", "vectors": vectors, "model_version": version, "paid_usd": paid}
 
     def report(self) -> dict:
-        return {"spent_usd": self.spent, "spent_before_usd": self.spent_before, **self.stats}
+        batches = {f"batch_{k}": v for k, v in self.batch.stats.items()} if self.batch else {}
+        return {"spent_usd": self.spent, "spent_before_usd": self.spent_before, **self.stats, **batches}
 
 
 def failed_answer(status: str, error: str) -> dict:
     """A chat answer with no text: `status` error (`error` says why) or skipped (a budget)."""
     return {"text": "", "status": status, "error": error, "latency_s": 0.0, "queued_s": 0.0, "input_tokens": None,
-            "output_tokens": None, "cost_usd": 0.0, "paid_usd": 0.0, "model_version": "", "cached": False}
+            "output_tokens": None, "cost_usd": 0.0, "paid_usd": 0.0, "model_version": "", "cached": False, "mode": ""}
 
 
 class GatewayActor:
     """The gateway as an async Ray actor: many calls in flight, one limiter for the cluster."""
 
-    def __init__(self, provider: str, cfg: ProviderConfig, key: Secret, cache_dir: str, spend_log: str | None, driver_pid: int | None):
-        self.gateway = Gateway(provider, cfg, key, cache_dir, spend_log=spend_log, driver_pid=driver_pid)
+    def __init__(self, provider: str, cfg: ProviderConfig, key: Secret, cache_dir: str, spend_log: str | None, driver_pid: int | None,
+                 run_root: str | None, batch_wait: bool):
+        self.gateway = Gateway(provider, cfg, key, cache_dir, spend_log=spend_log, driver_pid=driver_pid, run_root=run_root,
+                               batch_wait=batch_wait)
 
     async def chat(self, req: ChatRequest) -> dict:
         return await self.gateway.chat(req)
+
+    async def submit(self, req: ChatRequest) -> dict:
+        return await self.gateway.submit(req)
+
+    async def result(self, key: str) -> dict:
+        return await self.gateway.result(key)
+
+    async def flush(self) -> None:
+        await self.gateway.flush()
 
     async def embed(self, model_id: str, texts: list[str]) -> dict:
         return await self.gateway.embed(model_id, texts)
@@ -313,7 +363,7 @@ class GatewayActor:
 
 
 def gateway_actor(ray, provider: str, cfg: ProviderConfig, key: Secret, cache_dir: Path, run_id: str,
-                  spend_log: Path | None = None, driver_pid: int | None = None):
+                  spend_log: Path | None = None, driver_pid: int | None = None, run_root: Path | None = None, batch_wait: bool = True):
     """The gateway actor named `run_id` for `provider`, created on this (the driver's) node if it is
     not there yet: everything sent under that name shares its limits and budget."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -328,5 +378,6 @@ def gateway_actor(ray, provider: str, cfg: ProviderConfig, key: Secret, cache_di
             max_concurrency=ACTOR_CONCURRENCY,
             scheduling_strategy=NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False),
         )
-        .remote(provider, cfg, key, str(cache_dir), None if spend_log is None else str(spend_log), driver_pid)
+        .remote(provider, cfg, key, str(cache_dir), None if spend_log is None else str(spend_log), driver_pid,
+                None if run_root is None else str(run_root), batch_wait)
     )

@@ -178,22 +178,28 @@ class OpenAIProvider(Provider):
         s = min(1.0, 768 / min(w, h))
         return 85 + 170 * math.ceil(w * s / 512) * math.ceil(h * s / 512)
 
-    async def chat(self, req: ChatRequest) -> Reply:
+    @staticmethod
+    def chat_body(req: ChatRequest) -> dict:
+        """The request body, as sent (sync) or as a batch line's `body`."""
         s = req.settings
         content = [{"type": "text", "text": req.prompt}]
         if req.image_png is not None:
             url = "data:image/png;base64," + base64.b64encode(req.image_png).decode()
             content.append({"type": "image_url", "image_url": {"url": url, "detail": s["detail"]}})
-        kwargs = {"max_completion_tokens": s["max_output_tokens"]}
+        body = {"model": req.model_id, "messages": [{"role": "user", "content": content}], "max_completion_tokens": s["max_output_tokens"]}
         if "temperature" in s:
-            kwargs["temperature"] = s["temperature"]
+            body["temperature"] = s["temperature"]
         if "reasoning_effort" in s:
-            kwargs["reasoning_effort"] = s["reasoning_effort"]
-        r = await self.client.chat.completions.create(
-            model=req.model_id,
-            messages=[{"role": "user", "content": content}],
-            **kwargs,
-        )
+            body["reasoning_effort"] = s["reasoning_effort"]
+        return body
+
+    @staticmethod
+    def reply_from(r) -> Reply:
+        """A chat completion (the client's object, or a batch line's body) as a `Reply`."""
+        if isinstance(r, dict):
+            from openai.types.chat import ChatCompletion
+
+            r = ChatCompletion.model_validate(r)
         usage = r.usage
         # completion_tokens already includes reasoning tokens, which are billed as output.
         return Reply(
@@ -202,6 +208,9 @@ class OpenAIProvider(Provider):
             usage.completion_tokens if usage else 0,
             r.model + (f"+{r.system_fingerprint}" if r.system_fingerprint else ""),
         )
+
+    async def chat(self, req: ChatRequest) -> Reply:
+        return self.reply_from(await self.client.chat.completions.create(**self.chat_body(req)))
 
     async def embed(self, model_id: str, texts: list[str]) -> tuple[np.ndarray, int, str]:
         # The client asks for base64 float32 and decodes it; 3,072 is the native width of -large.
@@ -243,7 +252,8 @@ class GeminiProvider(Provider):
         # Gemini's published rule: 258 tokens for an image up to 384 px a side, else per 768 px tile.
         return 258 if max(w, h) <= 384 else 258 * math.ceil(w / 768) * math.ceil(h / 768)
 
-    async def chat(self, req: ChatRequest) -> Reply:
+    def request_parts(self, req: ChatRequest):
+        """(contents, config) of a request, as sent (sync) or inlined in a batch."""
         t, s = self.types, req.settings
         config = t.GenerateContentConfig(temperature=s["temperature"], max_output_tokens=s["max_output_tokens"])
         if "thinking_budget" in s:
@@ -251,10 +261,19 @@ class GeminiProvider(Provider):
         contents = [req.prompt]
         if req.image_png is not None:
             contents.insert(0, t.Part.from_bytes(data=req.image_png, mime_type="image/png"))
-        r = await self.client.aio.models.generate_content(model=req.model_id, contents=contents, config=config)
+        return contents, config
+
+    @staticmethod
+    def reply_from(r, model_id: str) -> Reply:
+        """A GenerateContentResponse (sync, or a batch's inlined response) as a `Reply`."""
         u = r.usage_metadata
         out = ((u.candidates_token_count or 0) + (u.thoughts_token_count or 0)) if u else 0
-        return Reply((r.text or "").strip(), (u.prompt_token_count or 0) if u else 0, out, r.model_version or req.model_id)
+        return Reply((r.text or "").strip(), (u.prompt_token_count or 0) if u else 0, out, r.model_version or model_id)
+
+    async def chat(self, req: ChatRequest) -> Reply:
+        contents, config = self.request_parts(req)
+        r = await self.client.aio.models.generate_content(model=req.model_id, contents=contents, config=config)
+        return self.reply_from(r, req.model_id)
 
     async def embed(self, model_id: str, texts: list[str]) -> tuple[np.ndarray, int, str]:
         r = await self.client.aio.models.embed_content(

@@ -23,6 +23,18 @@ class BudgetReached(APIStopped):
     """A provider's budget stopped new requests; a later run with a higher budget goes on."""
 
 
+class BatchesPending(APIStopped):
+    """Requests wait in provider batches that are not finished (batch mode without waiting): the
+    stages that need their answers do not start; a later run collects them."""
+
+
+def stop_if_pending(answers, what: str) -> None:
+    """Raise `BatchesPending` when any answer is still in a batch."""
+    pending = [a["error"] for a in answers if a["status"] == "pending"]
+    if pending:
+        raise BatchesPending(f"{what}: {len(pending)} requests wait in batches ({pending[0]}); run again to collect them")
+
+
 def cache_dir(providers: ProvidersConfig):
     return providers.cache_dir or default_cache_dir()
 
@@ -59,8 +71,10 @@ class RemoteSession:
         self.tally = SpendTally(log)
         # A name of its own: a gateway being ended (`ray.kill` returns before it is gone) is never reused.
         name = f"{run.root.resolve()}:{uuid.uuid4().hex}"
+        self.batch = getattr(providers, provider).mode == "batch"
         self.actor = gateway_actor(ray, provider, getattr(providers, provider), key, cache_dir(providers), name,
-                                   spend_log=log.resolve(), driver_pid=os.getpid())
+                                   spend_log=log.resolve(), driver_pid=os.getpid(), run_root=run.root.resolve(),
+                                   batch_wait=providers.batch_wait)
 
     def record(self) -> None:
         spend = self.tally.read()
@@ -69,7 +83,8 @@ class RemoteSession:
         unresolved = {k: v for k, v in manifest.get("spend_unresolved_usd", {}).items() if k != self.provider}
         if spend.unresolved > 0:
             unresolved[self.provider] = round(spend.unresolved, 6)
-        self.run.update_manifest(spend_usd=paid, spend_unresolved_usd=unresolved)
+        by_mode = dict(manifest.get("spend_by_mode_usd", {}), **{self.provider: {m: round(v, 6) for m, v in sorted(spend.by_mode.items())}})
+        self.run.update_manifest(spend_usd=paid, spend_unresolved_usd=unresolved, spend_by_mode_usd=by_mode)
 
     def report(self) -> dict:
         """The gateway's counts (attempts, cache hits, failures by kind)."""

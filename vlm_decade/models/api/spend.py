@@ -12,6 +12,10 @@ which readers skip):
     {"a": ATTEMPT, "e": "failed"}                it failed (429, 5xx, timeout, dropped): nothing billed
     {"e": "carried", "usd": US$}                 spend recorded before this log existed (older manifests)
 
+`sent` and `paid` lines of batch requests carry `"m": "batch"` (the attempt is `<batch id>:<key>`).
+A batch downloaded twice (a run killed after downloading it) resolves its attempts twice: only the
+first resolution of an attempt counts.
+
 So the run folder's spend is the sum of what was paid, including answers that reached the gateway
 after its driver died; an attempt `sent` and never resolved was in flight when the run was killed:
 it may or may not have been billed, and counts at its worst case in `unresolved`. The `sent` times
@@ -23,7 +27,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -52,6 +56,8 @@ class Spend:
     unresolved: float = 0.0  # worst case of attempts sent whose outcome was never recorded
     attempts: int = 0
     sent: tuple[tuple[float, int], ...] = ()  # (Unix time, tokens) of every attempt, in log order
+    by_mode: dict = field(default_factory=dict)  # sync / batch -> US$ paid
+    open: dict = field(default_factory=dict)  # attempt -> worst case, for the attempts not resolved
 
 
 class SpendTally:
@@ -65,6 +71,8 @@ class SpendTally:
         self.open: dict[str, float] = {}  # attempt -> worst case, until it is resolved
         self.sent: list[tuple[float, int]] = []
         self.index: dict[str, int] = {}  # attempt -> its place in `sent`
+        self.resolved: set[str] = set()
+        self.by_mode: dict[str, float] = {}
 
     def read(self) -> Spend:
         try:
@@ -86,14 +94,20 @@ class SpendTally:
                 self.index[event["a"]] = len(self.sent)
                 self.sent.append((float(event.get("t", 0.0)), int(event.get("tok", 0))))
             elif kind in ("paid", "failed"):
+                if event["a"] in self.resolved:
+                    continue
+                self.resolved.add(event["a"])
                 self.open.pop(event["a"], None)
                 self.paid += float(event.get("usd", 0.0))
+                mode = event.get("m", "sync")
+                self.by_mode[mode] = self.by_mode.get(mode, 0.0) + float(event.get("usd", 0.0))
                 if "tok" in event and event["a"] in self.index:  # the usage reported replaces the reservation
                     i = self.index[event["a"]]
                     self.sent[i] = (self.sent[i][0], int(event["tok"]))
             elif kind == "carried":
                 self.paid += float(event["usd"])
-        return Spend(self.paid, sum(self.open.values()), len(self.sent), tuple(self.sent))
+                self.by_mode["sync"] = self.by_mode.get("sync", 0.0) + float(event["usd"])
+        return Spend(self.paid, sum(self.open.values()), len(self.sent), tuple(self.sent), dict(self.by_mode), dict(self.open))
 
 
 def read_spend(path: str | Path) -> Spend:
