@@ -32,12 +32,14 @@ def _fail(exc: InputError) -> None:
     raise typer.Exit(INPUT_ERROR_EXIT)
 
 
-def _load(study_file: Path, out: Optional[Path], address: Optional[str], cache_dir: Optional[Path] = None):
+def _load(study_file: Path, out: Optional[Path], address: Optional[str], cache_dir: Optional[Path] = None, wait: bool = True):
     from vlm_decade.studies import load_study
 
     study = load_study(study_file, output=out)
     if address:
         study = study.model_copy(update={"runtime": study.runtime.model_copy(update={"address": address})})
+    if not wait:
+        study = study.model_copy(update={"providers": study.providers.model_copy(update={"batch_wait": False})})
     return _with_cache_dir(study, cache_dir)
 
 
@@ -54,13 +56,16 @@ CACHE_DIR_HELP = "API response cache shared across runs (default: the study's pr
 def _run(study) -> None:
     """Run a study of either kind; an API stage that stopped (a budget reached, a provider
     refusing) says why."""
-    from vlm_decade.models.api.session import APIStopped
+    from vlm_decade.models.api.session import APIStopped, BatchesPending
     from vlm_decade.studies import pipeline_of
 
     try:
         pipeline_of(study).run(study)
     except InputError as exc:
         _fail(exc)
+    except BatchesPending as exc:  # submitted, not finished: the stages after wait for a later run
+        err.print(f"[yellow]waiting for batches:[/yellow] {exc}; the stages that need them did not start", highlight=False)
+        return
     except APIStopped as exc:
         err.print(f"[bold red]stopped:[/bold red] {exc}", highlight=False)
         _say_unfinished(study.output)
@@ -112,10 +117,11 @@ def run(
     out: Optional[Path] = typer.Option(None, "--out", help="Run folder (default: the study's `output`)."),
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to join (default: RAY_ADDRESS, else a local Ray)."),
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help=CACHE_DIR_HELP),
+    wait: bool = typer.Option(True, "--wait/--no-wait", help="Batch mode: wait for the batches, or submit them and exit (a later run collects)."),
 ) -> None:
     """Run a study; re-running resumes and skips every unchanged stage."""
     try:
-        study = _load(study_file, out, address, cache_dir)
+        study = _load(study_file, out, address, cache_dir, wait)
     except InputError as exc:
         _fail(exc)
     _run(study)
@@ -181,6 +187,35 @@ def report(run_dir: Path = typer.Argument(..., help="A run folder.")) -> None:
         err.print(f"[red]{run_dir}: tables missing: {', '.join(missing)}; run the study first[/red]")
         raise typer.Exit(INPUT_ERROR_EXIT)
     err.print(f"report: {run_dir / 'report.html'}")
+
+
+@app.command()
+def status(run_dir: Path = typer.Argument(..., help="A run folder.")) -> None:
+    """Where a run folder stands: its stages, and per API provider its batches, spend and rows."""
+    from vlm_decade.core.runfolder import RunFolder
+    from vlm_decade.models.api.batch import run_batches
+    from vlm_decade.models.backends import api_provider
+    from vlm_decade.stages.describe import response_states
+
+    folder = RunFolder(run_dir)
+    manifest = folder.manifest()
+    if "config" not in manifest:
+        _fail(InputError([Problem(str(run_dir / "manifest.json"), "no run here (manifest.json missing or empty)")]))
+    for name, record in manifest.get("stages", {}).items():
+        print(f"stage {name:<18} {record['state']}")
+    batches = run_batches(run_dir)
+    provider_of = {m["name"]: api_provider(m["backend"]) for m in manifest["config"].get("models", [])}
+    rows = response_states(folder)
+    for provider in sorted(set(manifest.get("spend_usd", {})) | set(batches)):
+        counts = ", ".join(f"{n} {state}" for state, n in sorted(batches.get(provider, {}).items())) or "none"
+        by_mode = ", ".join(f"{mode} ${usd:.4f}" for mode, usd in manifest.get("spend_by_mode_usd", {}).get(provider, {}).items())
+        unresolved = manifest.get("spend_unresolved_usd", {}).get(provider, 0.0)
+        print(f"{provider}: batches {counts}; spent ${manifest.get('spend_usd', {}).get(provider, 0.0):.4f}"
+              + (f" ({by_mode})" if by_mode else "") + (f", up to ${unresolved:.4f} more in flight or pending" if unresolved else ""))
+        for subject in sorted(s for s, p in provider_of.items() if p == provider and s in rows):
+            said = ", ".join(f"{n} {state}" for state, n in sorted(rows[subject].items()))
+            print(f"  responses {subject}: {rows[subject]['ok']} of {sum(rows[subject].values())} done ({said})")
+    _say_unfinished(run_dir)
 
 
 @app.command()

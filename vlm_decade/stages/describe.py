@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -53,13 +53,14 @@ RESPONSES_SCHEMA = pa.schema(
         ("cost_usd", pa.float64()),  # what the answer cost when it was bought (cached rows too)
         ("paid_usd", pa.float64()),  # what the run that wrote the row paid for it (0 from the cache)
         ("cached", pa.bool_()),  # the answer came from the API cache
+        ("mode", pa.string()),  # API rows: how the answer was bought, sync or batch
         ("model_version", pa.string()),
         ("cache_key", pa.string()),
     ]
 )
 RESPONSE_KEY = ("subject", "image_id", "variant", "prompt_id")
 ANSWER_FIELDS = ("text", "status", "error", "latency_s", "queued_s", "input_tokens", "output_tokens", "cost_usd", "paid_usd",
-                 "cached", "model_version")
+                 "cached", "mode", "model_version")
 IN_FLIGHT_PER_ACTOR = 2
 REMOTE_BATCH = 8  # stimuli one Ray task encodes and sends for an API model
 FLUSH_ROWS, FLUSH_S = 32, 2.0  # save API rows as a part this often
@@ -219,7 +220,7 @@ def response_row(job: Job, answer: dict) -> dict:
 def _local_answer(description: Description, latency_s: float) -> dict:
     return {"text": description.text, "status": description.status, "error": description.error, "latency_s": latency_s,
             "queued_s": None, "input_tokens": None, "output_tokens": None, "cost_usd": 0.0, "paid_usd": 0.0, "cached": False,
-            "model_version": description.model_version}
+            "mode": None, "model_version": description.model_version}
 
 
 def describe_batch(backend: Backend | None, jobs: list[Job], stimuli: list[Stimulus | str]) -> list[dict]:
@@ -251,18 +252,19 @@ class DescribeActor:
         return describe_batch(self.backend, jobs, stimuli)
 
 
-def ask_gateway(gateway, model_id: str, settings: dict, jobs: list[Job]) -> list[dict]:
+def ask_gateway(gateway, model_id: str, settings: dict, jobs: list[Job], batch: bool = False) -> list[dict]:
     """A Ray task: each job's stimulus as PNG, with its prompt, through the provider's gateway
     actor; one answer per job, in order. Image bytes go from here to the gateway, never through the
-    driver."""
+    driver. In batch mode the requests are only submitted: an answer not known at once is
+    {"status": "queued", "key"}, for `finish_queued`."""
     import ray
 
     from vlm_decade.models.api.providers import ChatRequest
 
-    refs = [
-        png if isinstance(png, str) else gateway.chat.remote(ChatRequest(model_id, job.prompt, png, settings))
-        for job, png in zip(jobs, load_png(jobs))
-    ]
+    def send(req: ChatRequest):
+        return gateway.submit.remote(req, True) if batch else gateway.chat.remote(req)  # batch: held until the caller flushes
+
+    refs = [png if isinstance(png, str) else send(ChatRequest(model_id, job.prompt, png, settings)) for job, png in zip(jobs, load_png(jobs))]
     answers = []
     for ref in refs:
         if isinstance(ref, str):
@@ -272,6 +274,17 @@ def ask_gateway(gateway, model_id: str, settings: dict, jobs: list[Job]) -> list
             answers.append(ray.get(ref))
         except Exception as exc:  # noqa: BLE001 - a lost call is an error row, tried again next run
             answers.append(failed_answer("error", f"{type(exc).__name__}: gateway call failed"))
+    return answers
+
+
+def finish_queued(ray, gateway, answers: list[dict]) -> list[dict]:
+    """Batch mode: the answers of the queued requests, once their batches are done (or `pending`,
+    when the run does not wait)."""
+    queued = [i for i, a in enumerate(answers) if a["status"] == "queued"]
+    if queued:
+        ray.get(gateway.flush.remote())
+        for i, answer in zip(queued, ray.get([gateway.result.remote(answers[i]["key"]) for i in queued])):
+            answers[i] = answer
     return answers
 
 
@@ -301,6 +314,21 @@ def collect_rows(folder: RunFolder, jobs: list[Job]) -> dict[tuple, dict]:
             if wanted.get(key) == row["cache_key"] and best.get(key, {}).get("status") != "ok":
                 best[key] = row
     return best
+
+
+def response_states(folder: RunFolder) -> dict[str, Counter]:
+    """Per subject, its responses by status so far (the table, and the parts of a stage still
+    running or stopped), the best row of each response counted once."""
+    old = conform(folder.read("responses")) if folder.has("responses") else RESPONSES_SCHEMA.empty_table()
+    best: dict[tuple, str] = {}
+    for table in (old, folder.read_parts("responses", RESPONSES_SCHEMA)):
+        for row in table.select(list(RESPONSE_KEY) + ["status"]).to_pylist():
+            if best.get(_key(row)) != "ok":
+                best[_key(row)] = row["status"]
+    out: dict[str, Counter] = defaultdict(Counter)
+    for key, status in best.items():
+        out[key[0]][status] += 1
+    return out
 
 
 # the stage --------------------------------------------------------------------------------------
@@ -357,25 +385,41 @@ def _describe_on_ray(study: StudyBase, model: ModelConfig, jobs: list[Job], run:
 
 
 def _describe_remote(study: StudyBase, model: ModelConfig, jobs: list[Job], run: StudyRun, advance) -> None:
-    """An API model: Ray tasks encode PNGs and send them to the provider's gateway actor, many at once."""
-    from vlm_decade.models.api.session import RemoteSession
+    """An API model: Ray tasks encode PNGs and send them to the provider's gateway actor, many at
+    once. In batch mode they only submit them; the answers are then collected as batches finish
+    (a run that does not wait stops here, with the rows it has, and a later run collects the rest)."""
+    from vlm_decade.models.api.session import RemoteSession, stop_if_pending
 
     ray = run.ray()
     cls = backend_class(model.backend)
     settings = cls.settings(model)
     tasks = max(1, 2 * getattr(study.providers, cls.provider).max_concurrency // REMOTE_BATCH)
     ask = ray.remote(ask_gateway).options(num_cpus=0)
-    skipped: list[str] = []
+    answers: list[dict] = []
     with RemoteSession(ray, study.providers, run.folder, cls.provider) as session:
         with run.folder.parts("responses", RESPONSES_SCHEMA, FLUSH_ROWS, FLUSH_S, on_save=session.record) as parts:
-            submit = lambda batch, _: ask.remote(session.actor, model.model_id, settings, batch)  # noqa: E731
+            submit = lambda batch, _: ask.remote(session.actor, model.model_id, settings, batch, session.batch)  # noqa: E731
+            queued: list[tuple[Job, str]] = []
             for done in bounded(ray, batches(jobs, REMOTE_BATCH), submit, tasks):
                 if done.error is not None:
                     parts.add(failed_batch(done.work, done.error))
-                else:
-                    skipped += [a["error"] for a in done.value if a["status"] == "skipped"]
-                    parts.add([response_row(j, a) for j, a in zip(done.work, done.value)])
-                advance(len(done.work))
+                    advance(len(done.work))
+                    continue
+                queued += [(j, a["key"]) for j, a in zip(done.work, done.value) if a["status"] == "queued"]
+                ready = [(j, a) for j, a in zip(done.work, done.value) if a["status"] != "queued"]
+                answers += [a for _, a in ready]
+                parts.add([response_row(j, a) for j, a in ready])
+                advance(len(ready))
+            if queued:
+                ray.get(session.actor.flush.remote())
+            collect = lambda item, _: session.actor.result.remote(item[1])  # noqa: E731
+            for done in bounded(ray, queued, collect, max(1, len(queued))):
+                answer = done.value if done.error is None else failed_answer("error", f"{type(done.error).__name__}: gateway call failed")
+                answers.append(answer)
+                parts.add([response_row(done.work[0], answer)])
+                advance(1)
+    skipped = [a["error"] for a in answers if a["status"] == "skipped"]
+    stop_if_pending(answers, f"responses of {model.name}")
     if skipped:
         # The stage ends `incomplete`; the stages after it run on the rows that exist and say so.
         run.reporter.say(f"     [yellow]{model.name}: {len(skipped)} requests not sent[/yellow]: {skipped[0]}; the stages "

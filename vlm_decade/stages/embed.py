@@ -199,7 +199,7 @@ def estimate(study: StudyBase, human_texts: list[str], n_answers: int, answer_to
         if not cls.remote:
             continue
         price = getattr(study.providers, cls.provider).price(cls.provider, enc.model_id)
-        line = Line(cls.provider, enc.name)
+        line = Line(cls.provider, enc.name, batchable=False)
         todo = [t for t in human if not cache.has("embed", embed_key(cls.provider, enc.model_id, t))]
         human_tokens = sum(map(text_tokens, todo))
         line.requests = -(-(len(todo) + n_answers) // enc.batch_size)

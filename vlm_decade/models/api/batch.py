@@ -250,8 +250,10 @@ class Batcher:
                 self.batch_of[key] = record["label"]
 
     # requests ---------------------------------------------------------------------------------
-    async def submit(self, req: ChatRequest) -> dict:
-        """The answer when it is known at once (cache, budget, price), else {"status": "queued"}."""
+    async def submit(self, req: ChatRequest, hold: bool = False) -> dict:
+        """The answer when it is known at once (cache, budget, price), else {"status": "queued"}.
+        `hold`: more requests are coming and the caller will `flush`, so no group is submitted
+        after a pause, only when it is full."""
         key = chat_key(self.gw.name, req)
         hit = self.gw.cache.get("chat", key)
         if hit is not None:
@@ -273,7 +275,7 @@ class Batcher:
             await self.gw._reserve(line.worst)
         except Exception as exc:  # noqa: BLE001 - a budget stop: the row is skipped
             return self._settle(key, self.gw.failed_answer(*self.gw._failed(exc)))
-        self._group(line)
+        self._group(line, hold)
         return {"status": "queued", "key": key}
 
     async def result(self, key: str) -> dict:
@@ -293,7 +295,7 @@ class Batcher:
         return answer
 
     # grouping and submitting ------------------------------------------------------------------
-    def _group(self, line: Line) -> None:
+    def _group(self, line: Line, hold: bool) -> None:
         size = len(json.dumps(line.payload))
         group = self.groups[line.model_id]
         if group and (len(group) >= self.max_requests or self.group_bytes[line.model_id] + size > self.max_bytes):
@@ -302,9 +304,10 @@ class Batcher:
             group = self.groups[line.model_id]
         group.append(line)
         self.group_bytes[line.model_id] += size
-        if self.timer is not None:
-            self.timer.cancel()
-        self.timer = asyncio.get_running_loop().call_later(LINGER_S, lambda: asyncio.ensure_future(self.flush()))
+        if not hold:
+            if self.timer is not None:
+                self.timer.cancel()
+            self.timer = asyncio.get_running_loop().call_later(LINGER_S, lambda: asyncio.ensure_future(self.flush()))
 
     async def flush(self) -> None:
         """Submit every group that has requests."""

@@ -246,9 +246,10 @@ class Gateway:
     def failed_answer(status: str, error: str) -> dict:
         return failed_answer(status, error)
 
-    async def submit(self, req: ChatRequest) -> dict:
-        """Batch mode: the answer at once (cache, budget, price), else {"status": "queued", "key"}."""
-        return await self.batch.submit(req)
+    async def submit(self, req: ChatRequest, hold: bool = False) -> dict:
+        """Batch mode: the answer at once (cache, budget, price), else {"status": "queued", "key"}
+        (`hold`: grouped until `flush` or a full batch)."""
+        return await self.batch.submit(req, hold)
 
     async def result(self, key: str) -> dict:
         """Batch mode: the answer to a queued request, when its batch is finished."""
@@ -346,8 +347,8 @@ class GatewayActor:
     async def chat(self, req: ChatRequest) -> dict:
         return await self.gateway.chat(req)
 
-    async def submit(self, req: ChatRequest) -> dict:
-        return await self.gateway.submit(req)
+    async def submit(self, req: ChatRequest, hold: bool = False) -> dict:
+        return await self.gateway.submit(req, hold)
 
     async def result(self, key: str) -> dict:
         return await self.gateway.result(key)

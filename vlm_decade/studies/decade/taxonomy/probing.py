@@ -16,7 +16,7 @@ from vlm_decade.core.dispatch import bounded
 from vlm_decade.core.runner import StudyRun
 from vlm_decade.models.api.gateway import failed_answer
 from vlm_decade.models.backends import backend_class
-from vlm_decade.stages.describe import REMOTE_BATCH, Job, ask_gateway, batches
+from vlm_decade.stages.describe import REMOTE_BATCH, Job, ask_gateway, batches, finish_queued
 from vlm_decade.studies.decade.config import StudyConfig
 from vlm_decade.studies.decade.taxonomy import probes
 
@@ -53,14 +53,18 @@ def _ask(run: StudyRun, session, model: ModelConfig, paths: dict[str, str], asks
     settings = backend_class(model.backend).settings(model)
     jobs = [Job(model.name, i, "full", "", q.text, paths[i], None, "") for i, q in asks]
     ask = ray.remote(ask_gateway).options(num_cpus=0)
-    submit = lambda chunk, _: ask.remote(session.actor, model.model_id, settings, [jobs[k] for k in chunk])  # noqa: E731
+    submit = lambda chunk, _: ask.remote(session.actor, model.model_id, settings, [jobs[k] for k in chunk], session.batch)  # noqa: E731
     answers: dict[int, dict] = {}
     for done in bounded(ray, batches(list(range(len(jobs))), REMOTE_BATCH), submit, tasks):
         if done.error is not None:  # a lost task: its probes failed, asked again next run
             answers.update({k: failed_answer("error", f"{type(done.error).__name__}: gateway call failed") for k in done.work})
         else:
             answers.update(zip(done.work, done.value))
-    return [answers[k] for k in range(len(jobs))]
+    from vlm_decade.models.api.session import stop_if_pending
+
+    found = finish_queued(ray, session.actor, [answers[k] for k in range(len(jobs))])
+    stop_if_pending(found, f"probes of {model.name}")
+    return found
 
 
 def run_probes(study: StudyConfig, first: dict[tuple[str, str], list[probes.Question]], run: StudyRun) -> pa.Table:
