@@ -332,7 +332,7 @@ def test_a_responses_table_written_before_the_new_columns_is_still_read(tmp_path
     folder = RunFolder(tmp_path)
     folder.write("responses", pa.Table.from_pylist([row], schema=old.schema))
     (kept,) = collect_rows(folder, [Job("gpt", "i1", "full", "p", "prompt", "x.png", None, "k")]).values()
-    assert kept == {**row, "queued_s": None, "paid_usd": None, "cached": None}
+    assert kept == {**row, "queued_s": None, "paid_usd": None, "cached": None, "mode": None}
 
 
 def test_the_next_gateway_of_a_run_folder_counts_the_last_window_against_its_rate_limit(tmp_path):
