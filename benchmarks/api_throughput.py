@@ -3,10 +3,17 @@
 The gateway (the same async Ray actor the describe stage uses) sends N chat requests at a limit of
 `--rpm` with the fake server answering in `--latency` seconds and failing 20% of attempts with 429
 (Retry-After 1 s), 5% with 500 and 2% by timing out. It reports the achieved rate as a share of the
-limit, the most requests the *server* saw in any 60 s window (never above the limit), and requests
-lost (never answered after retries; must be 0). The sequential baseline is a plain AsyncOpenAI
+limit, the most requests the *server* saw in any 60 s window (never above the limit), requests
+lost (never answered after retries; must be 0), and how long a refused request waited before the
+server saw it again: `median_wait_after_429_s` and its ratio to Retry-After (target <= 1.5; a retry
+goes ahead of requests not tried yet). The sequential baseline is a plain AsyncOpenAI
 client with its default retries, one request at a time, timed on `--sequential` requests and
-extrapolated to N (said so in the output). Prints JSON lines; the last one is the summary.
+extrapolated to N (said so in the output).
+
+The budget phase sends `--budget-requests` requests for each of two models of one provider
+(gpt-4o-mini and gpt-4o, all at once) through one gateway actor with `--budget` US$:
+`budget_overshoot` is what the server billed over the budget (must be <= 1.0; close to it, since
+only requests that could not fit are skipped). Prints JSON lines; the last one is the summary.
 
     .venv/bin/python benchmarks/api_throughput.py            # 2,000 requests at 600/min: ~3.5 min
     .venv/bin/python benchmarks/api_throughput.py --quick    # 300 requests: ~35 s
@@ -64,12 +71,45 @@ def sequential(url: str, requests: list[ChatRequest]) -> tuple[float, int]:
     return time.perf_counter() - start, lost
 
 
+def retry_waits(received) -> list[float]:
+    """For each 429 answer: seconds from it to the next arrival of the same payload."""
+    waits, refused = [], {}
+    for r in sorted(received, key=lambda r: r.time):
+        if r.payload_sha256 in refused:
+            waits.append(r.time - refused.pop(r.payload_sha256))
+        if r.outcome == "429":
+            refused[r.payload_sha256] = r.answered
+    return waits
+
+
+def budget_phase(ray, n: int, budget: float) -> dict:
+    """Two models of one provider share one gateway and one budget; how close to it, never past it."""
+    prices = ProviderConfig(rpm=1, tpm=1)
+    with FakeAPIServer(FaultConfig(latency_s=0.05, seed=3)) as server, tempfile.TemporaryDirectory() as cache:
+        cfg = ProviderConfig(rpm=60_000, tpm=10**9, max_concurrency=32, timeout_s=2.0, base_url=server.openai_url, budget_usd=budget)
+        actor = gateway_actor(ray, "openai", cfg, Secret("sk-bench"), Path(cache), "benchmark-budget")
+        image = png()
+        requests = [ChatRequest(m, f"budget prompt {m} {i}", image, OpenAIProvider.settings(m, {})) for i in range(n) for m in ("gpt-4o-mini", "gpt-4o")]
+        rows = ray.get([actor.chat.remote(r) for r in requests], timeout=3600)
+        ray.kill(actor)
+
+        def price(model):
+            p = prices.price("openai", model)
+            return p.input_per_mtok, p.output_per_mtok
+
+        billed = server.billed_usd(price)
+    status = {s: sum(r["status"] == s for r in rows) for s in ("ok", "skipped", "error")}
+    return {"budget_usd": budget, "billed_usd": round(billed, 6), "budget_overshoot": round(billed / budget, 4), "status": status}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--rpm", type=int, default=600)
     ap.add_argument("--latency", type=float, default=0.2)
     ap.add_argument("--sequential", type=int, default=100, help="requests the sequential client is timed on")
+    ap.add_argument("--budget", type=float, default=0.05, help="US$ the two models of the budget phase share")
+    ap.add_argument("--budget-requests", type=int, default=300, help="requests per model in the budget phase")
     ap.add_argument("--quick", action="store_true", help="300 requests, 40 sequential")
     args = ap.parse_args()
     if args.quick:
@@ -89,6 +129,7 @@ def main() -> None:
         ray.kill(actor)
         times = sorted(r.time for r in server.received())
         outcomes = {o: sum(r.outcome == o for r in server.received()) for o in ("ok", "429", "500", "timeout")}
+        waits = retry_waits(server.received())
     lost = sum(r["status"] != "ok" for r in rows)
     span = times[-1] - times[0] + 60 / args.rpm  # the last request's slot counts too
     achieved = len(times) / span * 60  # attempts per minute as the server saw them (retries use the limit too)
@@ -98,6 +139,9 @@ def main() -> None:
         seq_s, seq_lost = sequential(server.openai_url, requests[: args.sequential])
     seq_total = seq_s * args.requests / args.sequential
     print(json.dumps({"phase": "sequential", "timed_on": args.sequential, "seconds": round(seq_s, 1), "lost": seq_lost, "extrapolated_seconds": round(seq_total, 1)}))
+    budget = budget_phase(ray, args.budget_requests, args.budget)
+    print(json.dumps({"phase": "budget", **budget}))
+    wait = float(np.median(waits))
     print(
         json.dumps(
             {
@@ -111,6 +155,11 @@ def main() -> None:
                 "sequential_seconds_extrapolated": round(seq_total, 1),
                 "sequential_timed_on": args.sequential,
                 "speedup_vs_sequential": round(seq_total / elapsed, 2),
+                "median_wait_after_429_s": round(wait, 3),
+                "retry_after_s": 1.0,
+                "wait_over_retry_after": round(wait / 1.0, 3),
+                "max_wait_after_429_s": round(max(waits), 3),
+                "budget_overshoot": budget["budget_overshoot"],
                 "latency_s": args.latency,
                 "faults": {"429": 0.20, "500": 0.05, "timeout": 0.02},
             }

@@ -67,7 +67,8 @@ class _Commands(typer.Typer):
 app = _Commands(add_completion=False, no_args_is_help=True, help="Measure vision-language models against people.")
 
 
-def _load(study_file: Path, out: Optional[Path], address: Optional[str], cache_dir: Optional[Path] = None, writes: bool = False):
+def _load(study_file: Path, out: Optional[Path], address: Optional[str], cache_dir: Optional[Path] = None, writes: bool = False,
+          wait: bool = True):
     """The study, with the command line's overrides; `writes`: its run folder must be writable."""
     from vlm_decade.core.config import output_problems
     from vlm_decade.studies import load_study
@@ -79,6 +80,8 @@ def _load(study_file: Path, out: Optional[Path], address: Optional[str], cache_d
         problems = output_problems(study.output, "--out" if out is not None else "output")
         if problems:
             raise InputError(problems)
+    if not wait:
+        study = study.model_copy(update={"providers": study.providers.model_copy(update={"batch_wait": False})})
     return _with_cache_dir(study, cache_dir)
 
 
@@ -97,16 +100,48 @@ def _run(study) -> None:
     refusing) says why."""
     from vlm_decade.core.dispatch import Stalled
     from vlm_decade.core.runfolder import RunFolderBusy
-    from vlm_decade.models.api.session import APIStopped
+    from vlm_decade.models.api.session import APIStopped, BatchesPending
     from vlm_decade.studies import pipeline_of
 
     try:
         pipeline_of(study).run(study)
+    except BatchesPending as exc:  # submitted, not finished: the stages after wait for a later run
+        err.print(f"[yellow]waiting for batches:[/yellow] {exc}; the stages that need them did not start", highlight=False)
+        return
     except (APIStopped, RunFolderBusy, Stalled) as exc:
         err.print(f"[bold red]stopped:[/bold red] {exc}", highlight=False)
+        _say_unfinished(study.output)
         raise typer.Exit(1)
     except OSError as exc:  # the run folder is known here: a full disk says what it kept
         _exit(*os_failure(exc, Path(study.output)))
+    _say_unfinished(study.output)
+
+
+def _say_unfinished(run_dir: Path) -> None:
+    """The run's last lines: per table and model, the rows still not ok (error, skipped) and the
+    most common error, read from the run folder's tables (the next run retries just those)."""
+    from collections import Counter, defaultdict
+
+    import pyarrow.parquet as pq
+
+    lines = []
+    for path in sorted(Path(run_dir).glob("*.parquet")):
+        names = pq.read_schema(path).names
+        if "status" not in names:
+            continue
+        counts, errors = defaultdict(Counter), defaultdict(Counter)
+        for row in pq.read_table(path, columns=[c for c in ("subject", "status", "error") if c in names]).to_pylist():
+            if row["status"] != "ok":
+                who = row.get("subject") or "judge"
+                counts[who][row["status"]] += 1
+                errors[who][row.get("error") or ""] += 1
+        for who in sorted(counts):
+            said = ", ".join(f"{n} {status}" for status, n in sorted(counts[who].items()))
+            lines.append(f"  {path.stem} {who}: {said}; most common: {errors[who].most_common(1)[0][0]}")
+    if lines:
+        err.print("[yellow]rows not finished (the next run retries just these):[/yellow]", highlight=False)
+        for line in lines:
+            err.print(line, highlight=False, markup=False)
 
 
 def _checked(study_file: Path, cache_dir: Optional[Path] = None):
@@ -124,9 +159,10 @@ def run(
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to join (default: RAY_ADDRESS, else a local Ray)."),
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help=CACHE_DIR_HELP),
     rehash: bool = typer.Option(False, "--rehash", help="Read and hash every image again, instead of trusting the run folder's record of unchanged files."),
+    wait: bool = typer.Option(True, "--wait/--no-wait", help="Batch mode: wait for the batches, or submit them and exit (a later run collects)."),
 ) -> None:
     """Run a study; re-running resumes and skips every unchanged stage."""
-    study = _load(study_file, out, address, cache_dir, writes=True)
+    study = _load(study_file, out, address, cache_dir, writes=True, wait=wait)
     if rehash:
         study = study.model_copy(update={"runtime": study.runtime.model_copy(update={"rehash": True})})
     _run(study)
@@ -237,6 +273,35 @@ def view(
         serve(run_view, sock)
     except KeyboardInterrupt:
         pass
+
+
+@app.command()
+def status(run_dir: Path = typer.Argument(..., help="A run folder.")) -> None:
+    """Where a run folder stands: its stages, and per API provider its batches, spend and rows."""
+    from vlm_decade.core.runfolder import RunFolder
+    from vlm_decade.models.api.batch import run_batches
+    from vlm_decade.models.backends import api_provider
+    from vlm_decade.stages.describe import response_states
+
+    folder = RunFolder(run_dir)
+    manifest = folder.manifest()
+    if "config" not in manifest:
+        _fail(InputError([Problem(str(run_dir / "manifest.json"), "no run here (manifest.json missing or empty)")]))
+    for name, record in manifest.get("stages", {}).items():
+        print(f"stage {name:<18} {record['state']}")
+    batches = run_batches(run_dir)
+    provider_of = {m["name"]: api_provider(m["backend"]) for m in manifest["config"].get("models", [])}
+    rows = response_states(folder)
+    for provider in sorted(set(manifest.get("spend_usd", {})) | set(batches)):
+        counts = ", ".join(f"{n} {state}" for state, n in sorted(batches.get(provider, {}).items())) or "none"
+        by_mode = ", ".join(f"{mode} ${usd:.4f}" for mode, usd in manifest.get("spend_by_mode_usd", {}).get(provider, {}).items())
+        unresolved = manifest.get("spend_unresolved_usd", {}).get(provider, 0.0)
+        print(f"{provider}: batches {counts}; spent ${manifest.get('spend_usd', {}).get(provider, 0.0):.4f}"
+              + (f" ({by_mode})" if by_mode else "") + (f", up to ${unresolved:.4f} more in flight or pending" if unresolved else ""))
+        for subject in sorted(s for s, p in provider_of.items() if p == provider and s in rows):
+            said = ", ".join(f"{n} {state}" for state, n in sorted(rows[subject].items()))
+            print(f"  responses {subject}: {rows[subject]['ok']} of {sum(rows[subject].values())} done ({said})")
+    _say_unfinished(run_dir)
 
 
 @app.command()

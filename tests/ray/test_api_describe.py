@@ -16,6 +16,7 @@ import pyarrow as pa
 import pytest
 import yaml
 
+from vlm_decade.core.config import ProviderConfig
 from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.demo import materialize
 from vlm_decade.stages.describe import jobs_from, load_png, plan_jobs
@@ -107,6 +108,33 @@ def test_a_budget_stops_spending_and_a_higher_one_goes_on(server, tmp_path):
     assert max(sent.values()) == 1 and sum(sent.values()) == 80  # each request paid for once
 
 
+def test_one_budget_holds_for_every_model_of_a_provider(server, tmp_path):
+    # Two OpenAI models, each alone well within the budget and together not: one budget for both.
+    # A request may cost up to $0.00023-0.00025 and costs about $0.00003; each model's 64 cost ~$0.002.
+    path = study_file(tmp_path, server, budget=0.003)
+    raw = yaml.safe_load(path.read_text())
+    raw["models"] = [{"name": name, "backend": "openai", "model_id": "gpt-4o-mini", "era": "mllm", "variants": "all",
+                      "prompt": f"{name}: what happens here?"} for name in ("gpt-a", "gpt-b")]
+    path.write_text(yaml.safe_dump(raw))
+    study, images, table = describe(path, tmp_path / "run")
+    status = Counter((r["subject"], r["status"]) for r in table.to_pylist())
+    assert status[("gpt-a", "ok")] == 64 and status[("gpt-b", "skipped")] > 0
+    billed = server.billed_usd(price_table("openai"))
+    spend = RunFolder(tmp_path / "run").manifest()["spend_usd"]["openai"]
+    assert spend == pytest.approx(billed, abs=1e-6) and billed == pytest.approx(sum(r["paid_usd"] for r in table.to_pylist()), abs=1e-12)
+    assert 0.003 - 0.00025 < spend <= 0.003  # up to the last request that fits, never past it
+
+
+def price_table(provider: str):
+    """model -> (US$ per M input tokens, per M output tokens), as the study prices them."""
+
+    def price(model: str) -> tuple[float, float]:
+        p = ProviderConfig(rpm=1, tpm=1).price(provider, model)
+        return p.input_per_mtok, p.output_per_mtok
+
+    return price
+
+
 def _written_files(*roots: Path):
     for root in roots:
         for f in root.rglob("*"):
@@ -115,7 +143,7 @@ def _written_files(*roots: Path):
 
 
 def test_a_killed_run_resumed_sends_nothing_twice_and_writes_no_key(server, tmp_path):
-    server.faults.latency_s = 0.15
+    server.faults.latency_s = 0.3
     path = study_file(tmp_path, server, concurrency=2)
     out = tmp_path / "run"
     env = {**os.environ, "OPENAI_API_KEY": OPENAI_KEY, "GEMINI_API_KEY": GEMINI_KEY}
@@ -125,11 +153,18 @@ def test_a_killed_run_resumed_sends_nothing_twice_and_writes_no_key(server, tmp_
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and len(list(parts.glob("part-*.parquet"))) < 2:
         time.sleep(0.1)
+    while time.monotonic() < deadline and not any(r.answered is None for r in server.received()):
+        time.sleep(0.01)  # kill while the server is working on requests
     killed_at = time.time()
     proc.kill()  # SIGKILL: no cleanup in the driver
     proc.wait(timeout=30)
-    before = sum(server.counts().values())
-    assert 0 < before < 80 + 1, "the kill should land midway through describe"
+    time.sleep(2.0)  # answers on their way, and anything a surviving gateway would still send
+    before = server.received()
+    assert 0 < len(before) < 80 + 1, "the kill should land midway through describe"
+    # Nothing new leaves once the driver is gone (a request already on the wire arrives a moment later).
+    assert max(r.time for r in before) <= killed_at + 0.05, [round(r.time - killed_at, 3) for r in before if r.time > killed_at]
+    in_flight = [r for r in before if r.time < killed_at < r.answered]
+    assert in_flight, "the kill should land while requests are in flight"
 
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -150,7 +185,14 @@ def test_a_killed_run_resumed_sends_nothing_twice_and_writes_no_key(server, tmp_
     embeddings = RunFolder(out).read("embeddings")
     assert set(embeddings.column("dim").to_pylist()) == {3072} and server.counts()["openai.embeddings"] >= 1
     manifest = RunFolder(out).manifest()
-    assert manifest["spend_usd"]["openai"] > 0 and manifest["spend_usd"]["gemini"] > 0
+    # The spend is what was paid for the answers that reached the gateway, those that arrived after
+    # the driver died included; answers that reached no one are the unresolved attempts' at most.
+    for provider in ("openai", "gemini"):
+        price = price_table(provider)
+        delivered = server.billed_usd(price, delivered_only=True, provider=provider)
+        assert manifest["spend_usd"][provider] == pytest.approx(delivered, abs=1e-6)  # the manifest keeps 6 decimals
+        unresolved = manifest.get("spend_unresolved_usd", {}).get(provider, 0.0)
+        assert server.billed_usd(price, provider=provider) <= manifest["spend_usd"][provider] + unresolved + 1e-6
 
     key_bytes = [k.encode() for k in (OPENAI_KEY, GEMINI_KEY)]
     for f in _written_files(out, tmp_path / "cache"):

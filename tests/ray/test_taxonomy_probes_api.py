@@ -27,6 +27,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -38,8 +39,9 @@ from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.demo import materialize
 from vlm_decade.studies import load_study
 from vlm_decade.studies.decade.config import MLLM_PROMPT
+from vlm_decade.studies.decade.pipeline import check, estimate
 from vlm_decade.studies.decade.pipeline import run as run_study
-from vlm_decade.testing.fake_api import FakeAPIServer
+from vlm_decade.testing.fake_api import FakeAPIServer, FaultConfig
 
 pytestmark = pytest.mark.ray
 
@@ -230,3 +232,63 @@ def test_the_probe_path_labels_an_api_model_from_its_answers_and_reruns_for_free
     assert {state for _, state in log.states} == {"skip"}
     assert len(server.received()) == sent
     assert RunFolder(run.root).read("probes").to_pylist() == probes
+
+
+def _providers(path: Path, **update) -> None:
+    raw = yaml.safe_load(path.read_text())
+    raw["providers"]["openai"].update(update)
+    path.write_text(yaml.safe_dump(raw))
+
+
+def test_a_rerun_asks_again_exactly_the_probes_and_descriptions_that_failed(study_and_server):
+    path, server, unexpected = study_and_server
+    _providers(path, max_attempts=1)
+    server.faults = FaultConfig(rate_500=0.4, seed=1)
+    run = run_study(load_study(path), Reporter(quiet=True))
+    log_1 = server.received()
+    assert "error" in {p["status"] for p in run.read("probes").to_pylist()}
+    assert run.manifest()["stages"]["probes"]["state"] == "incomplete"
+
+    server.faults = FaultConfig()
+    run_study(load_study(path), Reporter(quiet=True))
+    log_2 = server.received()[len(log_1):]
+    answered = {r.payload_sha256 for r in log_1 if r.outcome == "ok"}
+    failed = {r.payload_sha256 for r in log_1} - answered
+    sent = Counter(r.payload_sha256 for r in log_2)
+    # Every request that failed is sent once more, nothing answered is sent again; the rest of the
+    # second run are questions the first could not ask yet (about a description it did not get).
+    assert failed <= set(sent) and max(sent.values()) == 1 and answered.isdisjoint(sent)
+    probes = run.read("probes").to_pylist()
+    assert {p["status"] for p in probes} == {"ok"} and unexpected == []
+    asked = sorted((p["image_id"], p["round"], p["kind"], p["object"], p["anchor"], p["question"], p["answer"]) for p in probes)
+    assert asked == sorted(PROBES)
+
+
+def test_a_tiny_budget_stops_spending_and_the_study_still_reaches_its_report(study_and_server):
+    # A description may cost up to $0.00023-0.00025 (its image's tiles and 300 output tokens) and
+    # costs about $0.00003: one or two fit in $0.00027, and no probe question after them.
+    path, server, _ = study_and_server
+    _providers(path, budget_usd=0.00027)
+    run = run_study(load_study(path), Reporter(quiet=True))
+    status = Counter(r["status"] for r in run.read("responses").to_pylist())
+    assert status["ok"] >= 1 and status["skipped"] >= 1
+    assert {p["status"] for p in run.read("probes").to_pylist()} <= {"skipped"}
+    manifest = run.manifest()
+    assert manifest["stages"]["responses"]["state"] == "incomplete"
+    billed = server.billed_usd(lambda model: (0.15, 0.60))  # gpt-4o-mini
+    assert manifest["spend_usd"]["openai"] == pytest.approx(billed, abs=1e-6) and billed <= 0.00027
+    assert (run.root / "report.html").exists()
+
+
+def test_the_estimate_bounds_every_request_the_study_sends_probes_included(study_and_server):
+    path, server, _ = study_and_server
+    study = load_study(path)
+    lines, notes = estimate(study, check(study))
+    probes = {line.what: line for line in lines}["probes gpt"]
+    # Gold objects (module docstring): astronaut 5, coffee 5, camera 4, clock 2; at most two
+    # questions each, and one per object a description of at most 300 tokens could mention.
+    assert (probes.requests, probes.usd_low) == (2 * (5 + 5 + 4 + 2) + 4 * 300, 0.0)
+    run_study(study, Reporter(quiet=True))
+    assert len(server.received()) <= sum(line.requests for line in lines)
+    billed = server.billed_usd(lambda model: (0.15, 0.60))  # gpt-4o-mini
+    assert billed <= sum(line.usd for line in lines)

@@ -46,10 +46,10 @@ def server():
         yield s
 
 
-def gateway(server, provider, tmp_path, window_s=60.0, **limits) -> Gateway:
+def gateway(server, provider, tmp_path, window_s=60.0, spend_log=None, driver_pid=None, **limits) -> Gateway:
     url = server.openai_url if provider == "openai" else server.gemini_url
     cfg = ProviderConfig(**{"rpm": 6000, "tpm": 10**7, "timeout_s": 2.0, "base_url": url, **limits})
-    return Gateway(provider, cfg, Secret(KEY), tmp_path / "cache", window_s=window_s)
+    return Gateway(provider, cfg, Secret(KEY), tmp_path / "cache", window_s=window_s, spend_log=spend_log, driver_pid=driver_pid)
 
 
 def chat(gw: Gateway, model: str, prompt: str, image: bytes, **options) -> dict:
@@ -168,3 +168,179 @@ def test_keys_are_scrubbed_from_messages():
     text = f"401 bad key {KEY} at https://x/v1beta/models/m:generate?key=AIzaSyABCDEFGHIJKLMNOPQRSTUVW"
     clean = scrub(text, secret)
     assert KEY not in clean and "AIza" not in clean and "?key=***" in clean
+
+
+# -- what the gateway promises (docs/api.md, "What is guaranteed") -------------------------------
+def price_of(provider: str):
+    cfg = ProviderConfig(rpm=1, tpm=1)
+
+    def price(model: str) -> tuple[float, float]:
+        p = cfg.price(provider, model)
+        return p.input_per_mtok, p.output_per_mtok
+
+    return price
+
+
+def many(gw: Gateway, model: str, prompts: list[str], image: bytes | None = None) -> list[dict]:
+    settings = (OpenAIProvider if gw.name == "openai" else GeminiProvider).settings(model, {})
+
+    async def go():
+        return await asyncio.gather(*[gw.chat(ChatRequest(model, p, image, settings)) for p in prompts])
+
+    return run(go())
+
+
+def worst_case(gw: Gateway, model: str, prompt: str, image: bytes | None) -> float:
+    from vlm_decade.models.api.providers import cost
+
+    req = ChatRequest(model, prompt, image, OpenAIProvider.settings(model, {}))
+    return cost(gw.cfg.price("openai", model), gw.provider.estimate_input(req), req.settings["max_output_tokens"])
+
+
+def test_a_budget_reserves_only_for_requests_in_flight_and_waits_before_it_skips(tmp_path):
+    # 64 requests wait for 4 slots. Reserving the worst case of every queued request would stop
+    # after a handful; reserving for the 4 in flight, and waiting for them before skipping, spends
+    # up to the last request that fits.
+    with FakeAPIServer(FaultConfig(latency_s=0.02)) as server:
+        # Each request may cost up to $0.00022 and costs about $0.000026: the whole run about $0.0017.
+        gw = gateway(server, "openai", tmp_path, max_concurrency=4, budget_usd=0.001)
+        image = png(20)
+        rows = many(gw, "gpt-4o-mini", [f"question {i:02d}" for i in range(64)], image)
+        billed = server.billed_usd(price_of("openai"))
+    ok = [r for r in rows if r["status"] == "ok"]
+    skipped = [r for r in rows if r["status"] == "skipped"]
+    assert ok and skipped and len(ok) + len(skipped) == 64
+    worst = worst_case(gw, "gpt-4o-mini", "question 00", image)
+    assert gw.spent <= 0.001 and gw.spent > 0.001 - worst  # skipped only when even one more would not fit
+    assert gw.spent == pytest.approx(billed, abs=1e-12) == pytest.approx(sum(r["paid_usd"] for r in ok), abs=1e-12)
+    assert f"spent ${gw.spent:.4f}" in skipped[-1]["error"]  # the message gives the real spend
+
+
+def test_the_budget_holds_across_models_and_runs_of_one_run_folder(tmp_path):
+    # Two models of one provider, then a rerun of the same run folder: one budget for all of it.
+    log = tmp_path / "run" / "api" / "openai.spend.jsonl"
+    # gpt-4o-mini answers cost about $0.00001 each; a gpt-4o request may cost up to $0.003.
+    with FakeAPIServer() as server:
+        first = gateway(server, "openai", tmp_path, spend_log=log, budget_usd=0.0035)
+        a = many(first, "gpt-4o-mini", [f"a{i}" for i in range(20)])
+        b = many(first, "gpt-4o", [f"b{i}" for i in range(20)])
+        rerun = gateway(server, "openai", tmp_path, spend_log=log, budget_usd=0.0035)
+        c = many(rerun, "gpt-4o", [f"c{i}" for i in range(20)])
+        billed = server.billed_usd(price_of("openai"))
+    from vlm_decade.models.api.spend import read_spend
+
+    assert {r["status"] for r in a} == {"ok"} and {r["status"] for r in b} == {"ok", "skipped"}
+    assert rerun.spent_before == pytest.approx(first.spent)
+    assert {r["status"] for r in c} == {"skipped"}  # the rerun starts where the first run stopped
+    assert billed <= 0.0035 and read_spend(log).paid == pytest.approx(billed, abs=1e-12)
+
+
+@pytest.mark.parametrize(
+    "provider,model,transport",
+    [("openai", "gpt-4o", "httpx"), ("gemini", "gemini-2.0-flash", "aiohttp"), ("gemini", "gemini-2.0-flash", "httpx")],
+)
+def test_a_dropped_connection_is_retried_by_the_gateway_alone(tmp_path, monkeypatch, provider, model, transport):
+    # google-genai re-sends once after a dropped connection on aiohttp unless told not to retry.
+    import google.genai._api_client as genai_client
+
+    assert genai_client.has_aiohttp  # the transport google-genai picks when it can
+    if transport == "httpx":
+        monkeypatch.setattr(genai_client, "has_aiohttp", False)
+    endpoint = "openai.chat" if provider == "openai" else "gemini.generate"
+    with FakeAPIServer(FaultConfig(first_drop=1)) as server:
+        # A timeout longer than a client's own re-send (1-10 s later) would take.
+        once = chat(gateway(server, provider, tmp_path, max_attempts=1, timeout_s=15), model, "p", png(21))
+        assert server.counts()[endpoint] == 1
+        twice = chat(gateway(server, provider, tmp_path, max_attempts=2, timeout_s=15), model, "q", png(21))
+        assert [r.outcome for r in server.received()] == ["dropped", "dropped", "ok"]
+    assert once["status"] == "error" and twice["status"] == "ok"
+
+
+def test_a_retry_leaves_as_soon_as_retry_after_and_the_limit_allow(tmp_path):
+    # 40 requests at 20 a (1.25 s) window, each refused once with Retry-After 1 s: a retry that
+    # queued behind the untried requests would wait for most of the backlog.
+    with FakeAPIServer(FaultConfig(first_429=1, retry_after_s=1.0)) as server:
+        gw = gateway(server, "openai", tmp_path, window_s=1.0, rpm=20, max_concurrency=40, max_attempts=3)
+        rows = many(gw, "gpt-4o-mini", [f"r{i}" for i in range(40)])
+        log = server.received()
+    assert {r["status"] for r in rows} == {"ok"}
+    waits = [retry_waits(log)[h] for h in retry_waits(log)]
+    assert len(waits) == 40 and min(waits) >= 1.0  # never sooner than Retry-After
+    assert float(np.median(waits)) / 1.0 <= 1.5
+
+
+def retry_waits(log) -> dict[str, float]:
+    """Per payload: from its 429 answer to its next arrival."""
+    refused, waits = {}, {}
+    for r in sorted(log, key=lambda r: r.time):
+        if r.outcome == "429":
+            refused[r.payload_sha256] = r.answered
+        elif r.payload_sha256 in refused and r.payload_sha256 not in waits:
+            waits[r.payload_sha256] = r.time - refused[r.payload_sha256]
+    return waits
+
+
+def test_queueing_is_recorded_apart_from_the_providers_latency_and_cached_rows_say_so(tmp_path):
+    with FakeAPIServer(FaultConfig(latency_s=0.15)) as server:
+        gw = gateway(server, "openai", tmp_path, window_s=1.0, rpm=4, max_concurrency=8)
+        rows = many(gw, "gpt-4o-mini", [f"q{i}" for i in range(8)])
+        again = many(gateway(server, "openai", tmp_path), "gpt-4o-mini", [f"q{i}" for i in range(8)])
+    assert all(0.15 <= r["latency_s"] < 0.6 for r in rows)  # the answering attempt alone
+    assert max(r["queued_s"] for r in rows) >= 1.0  # eight at four a (1.25 s) window: the last ones waited
+    assert not any(r["cached"] for r in rows) and all(r["paid_usd"] == r["cost_usd"] > 0 for r in rows)
+    assert all(r["cached"] and r["paid_usd"] == 0.0 for r in again)
+    assert [r["cost_usd"] for r in again] == [r["cost_usd"] for r in rows]  # the original cost, kept apart
+
+
+def test_nothing_new_is_sent_once_the_driver_is_gone(tmp_path):
+    import subprocess
+
+    driver = subprocess.Popen(["sleep", "60"])
+    with FakeAPIServer(FaultConfig(latency_s=0.05)) as server:
+        gw = gateway(server, "openai", tmp_path, driver_pid=driver.pid)
+        assert chat(gw, "gpt-4o-mini", "before", png(22))["status"] == "ok"
+        driver.kill()
+        driver.wait()
+        after = many(gw, "gpt-4o-mini", [f"after {i}" for i in range(5)])
+        assert server.counts()["openai.chat"] == 1
+    assert {r["status"] for r in after} == {"error"} and "driver has ended" in after[0]["error"]
+
+
+def test_the_estimate_prints_each_line_and_each_provider_as_a_range():
+    from vlm_decade.stages.estimate import Line, render
+    from vlm_decade.studies.decade.config import StudyConfig
+
+    study = StudyConfig.model_validate({"name": "s", "data": {"images": "i.csv", "image_dir": ".", "descriptions": "d.csv"},
+                                        "models": [{"name": "m", "backend": "imported", "model_id": "m", "era": "mllm"}]})
+    lines = [Line("openai", "gpt", 10, 2, 1000, 3000, usd=0.02, usd_low=0.005), Line("openai", "probes gpt", 50, 0, 9000, 15000, usd=0.2)]
+    text = render(study, lines)
+    assert text.splitlines()[2].split()[-3:] == ["0.0000", "0.2000", "0.1000"]  # at least, at most, in batch mode
+    assert "openai (sync mode): between $0.0050 and $0.2200 (sync at most $0.2200, batch at most $0.1100); budget $10\n" in text
+
+
+def test_a_responses_table_written_before_the_new_columns_is_still_read(tmp_path):
+    import pyarrow as pa
+
+    from vlm_decade.core.runfolder import RunFolder
+    from vlm_decade.stages.describe import RESPONSES_SCHEMA, Job, collect_rows
+
+    old_columns = ["subject", "image_id", "variant", "prompt_id", "text", "status", "error", "latency_s", "input_tokens",
+                   "output_tokens", "cost_usd", "model_version", "cache_key"]
+    old = pa.table({name: [None] for name in old_columns}, schema=pa.schema([RESPONSES_SCHEMA.field(n) for n in old_columns]))
+    row = {"subject": "gpt", "image_id": "i1", "variant": "full", "prompt_id": "p", "text": "a cat", "status": "ok", "error": "",
+           "latency_s": 1.5, "input_tokens": 10, "output_tokens": 3, "cost_usd": 0.001, "model_version": "v", "cache_key": "k"}
+    folder = RunFolder(tmp_path)
+    folder.write("responses", pa.Table.from_pylist([row], schema=old.schema))
+    (kept,) = collect_rows(folder, [Job("gpt", "i1", "full", "p", "prompt", "x.png", None, "k")]).values()
+    assert kept == {**row, "queued_s": None, "paid_usd": None, "cached": None, "mode": None}
+
+
+def test_the_next_gateway_of_a_run_folder_counts_the_last_window_against_its_rate_limit(tmp_path):
+    # One stage sends 5 requests at 5 a (1.25 s) window; the next stage's gateway starts at once:
+    # without the first one's starts it would send 5 more inside the same window.
+    log = tmp_path / "run" / "api" / "openai.spend.jsonl"
+    with FakeAPIServer() as server:
+        many(gateway(server, "openai", tmp_path, window_s=1.0, rpm=5, spend_log=log), "gpt-4o-mini", [f"a{i}" for i in range(5)])
+        many(gateway(server, "openai", tmp_path, window_s=1.0, rpm=5, spend_log=log), "gpt-4o-mini", [f"b{i}" for i in range(5)])
+        times = [r.time for r in server.received()]
+    assert len(times) == 10 and max_in_window(times, 1.0) <= 5

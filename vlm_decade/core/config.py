@@ -206,8 +206,10 @@ class ProviderConfig(Settings):
     """Limits for one API provider, held for the whole cluster by its gateway actor (docs/api.md).
 
     The defaults suit a first paid tier; raise them to your account's limits. `base_url` points the
-    official client elsewhere (a proxy, or the fake server in tests). `budget_usd` caps what one run
-    may spend with this provider: requests that could pass it are not sent (rows `skipped`).
+    official client elsewhere (a proxy, or the fake server in tests). `budget_usd` caps what the run
+    folder may spend with this provider, across its stages and reruns: requests that could pass it
+    are not sent (rows `skipped`). `mode: batch` sends chat requests through the provider's batch
+    interface instead, at half the price.
     """
 
     rpm: int = Field(ge=1, description="Requests per minute, for the whole cluster.")
@@ -216,8 +218,12 @@ class ProviderConfig(Settings):
     timeout_s: float = Field(60.0, gt=0, description="Seconds before a request is abandoned (and retried).")
     max_attempts: int = Field(8, ge=1, description="Attempts per request (429, 5xx and timeouts are retried).")
     base_url: str | None = Field(None, description="Send the official client elsewhere (a proxy).")
-    budget_usd: float | None = Field(10.0, ge=0, description="US$ this run may spend with the provider; none: no cap.")
+    budget_usd: float | None = Field(10.0, ge=0, description="US$ the run folder may spend with the provider; none: no cap.")
     prices: dict[str, Price] = Field(default_factory=dict, description="Prices by model id (prefix), over the built-in table.")
+    mode: Literal["sync", "batch"] = operational("sync", "sync: requests one by one; batch: the provider's batch interface, "
+                                                 "half the price, answers within a day (docs/api.md).")
+    batch_max_requests: int | None = operational(None, "Batch mode: requests per batch at most (default: the provider's limit).", ge=1)
+    batch_poll_s: float = operational(30.0, "Batch mode: seconds before a pending batch is looked at again (growing by half each time).", gt=0)
 
     def price(self, provider: str, model_id: str) -> Price | None:
         table = {k: Price(input_per_mtok=i, output_per_mtok=o) for k, (i, o) in DEFAULT_PRICES.get(provider, {}).items()}
@@ -230,6 +236,7 @@ class ProvidersConfig(Settings):
     """API providers and the response cache shared across runs (default: the user's cache folder)."""
 
     cache_dir: Path | None = Field(None, description="The API answer cache (also --cache-dir; default ~/.cache/vlm_decade/api).")
+    batch_wait: bool = operational(True, "Batch mode: wait for batches to finish (--wait); false: submit, and a later run collects (--no-wait).")
     openai: ProviderConfig = Field(ProviderConfig(rpm=500, tpm=30_000), description="OpenAI's limits, budget and prices.")
     gemini: ProviderConfig = Field(ProviderConfig(rpm=150, tpm=1_000_000), description="Gemini's limits, budget and prices.")
 

@@ -8,8 +8,9 @@ image bytes, mask geometry) is already done are never described again.
 
 API models (`remote` backends) do not sit in that actor pool: Ray tasks encode their stimuli as PNG
 bytes and send the requests to the provider's gateway actor (`vlm_decade.models.api`) with many in
-flight; finished rows are saved as parts every few seconds, and every answer paid for is in the
-API cache at once, so a killed run pays for nothing twice.
+flight; finished rows are saved as parts every few seconds, and every answer that reaches the
+gateway is in the API cache at once, so a killed run buys again at most the requests that were in
+flight when it died.
 
 What a study asks of its models (each model's prompts, the masked variants, the class lists of
 closed-world baselines) comes in a `Plan`; the study builds it.
@@ -20,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -47,16 +48,21 @@ RESPONSES_SCHEMA = pa.schema(
         ("text", pa.string()),
         ("status", pa.string()),
         ("error", pa.string()),
-        ("latency_s", pa.float64()),
+        ("latency_s", pa.float64()),  # the provider's (or the local model's) time to answer
+        ("queued_s", pa.float64()),  # API rows: time waiting for limits, slots and earlier attempts
         ("input_tokens", pa.int64()),
         ("output_tokens", pa.int64()),
-        ("cost_usd", pa.float64()),
+        ("cost_usd", pa.float64()),  # what the answer cost when it was bought (cached rows too)
+        ("paid_usd", pa.float64()),  # what the run that wrote the row paid for it (0 from the cache)
+        ("cached", pa.bool_()),  # the answer came from the API cache
+        ("mode", pa.string()),  # API rows: how the answer was bought, sync or batch
         ("model_version", pa.string()),
         ("cache_key", pa.string()),
     ]
 )
 RESPONSE_KEY = ("subject", "image_id", "variant", "prompt_id")
-ANSWER_FIELDS = ("text", "status", "error", "latency_s", "input_tokens", "output_tokens", "cost_usd", "model_version")
+ANSWER_FIELDS = ("text", "status", "error", "latency_s", "queued_s", "input_tokens", "output_tokens", "cost_usd", "paid_usd",
+                 "cached", "mode", "model_version")
 IN_FLIGHT_PER_ACTOR = 2
 REMOTE_BATCH = 8  # stimuli one Ray task encodes and sends for an API model
 FLUSH_ROWS, FLUSH_S = 32, 2.0  # save API rows as a part this often
@@ -245,7 +251,8 @@ def response_row(job: Job, answer: dict) -> dict:
 
 def _local_answer(description: Description, latency_s: float) -> dict:
     return {"text": description.text, "status": description.status, "error": description.error, "latency_s": latency_s,
-            "input_tokens": None, "output_tokens": None, "cost_usd": 0.0, "model_version": description.model_version}
+            "queued_s": None, "input_tokens": None, "output_tokens": None, "cost_usd": 0.0, "paid_usd": 0.0, "cached": False,
+            "mode": None, "model_version": description.model_version}
 
 
 def describe_batch(backend: Backend | None, jobs: list[Job], stimuli: list[Stimulus | str]) -> list[dict]:
@@ -280,18 +287,19 @@ class DescribeActor:
         return describe_batch(self.backend, jobs, stimuli)
 
 
-def ask_gateway(gateway, model_id: str, settings: dict, jobs: list[Job]) -> list[dict]:
+def ask_gateway(gateway, model_id: str, settings: dict, jobs: list[Job], batch: bool = False) -> list[dict]:
     """A Ray task: each job's stimulus as PNG, with its prompt, through the provider's gateway
     actor; one answer per job, in order. Image bytes go from here to the gateway, never through the
-    driver."""
+    driver. In batch mode the requests are only submitted: an answer not known at once is
+    {"status": "queued", "key"}, for `finish_queued`."""
     import ray
 
     from vlm_decade.models.api.providers import ChatRequest
 
-    refs = [
-        png if isinstance(png, str) else gateway.chat.remote(ChatRequest(model_id, job.prompt, png, settings))
-        for job, png in zip(jobs, load_png(jobs))
-    ]
+    def send(req: ChatRequest):
+        return gateway.submit.remote(req, True) if batch else gateway.chat.remote(req)  # batch: held until the caller flushes
+
+    refs = [png if isinstance(png, str) else send(ChatRequest(model_id, job.prompt, png, settings)) for job, png in zip(jobs, load_png(jobs))]
     answers = []
     for ref in refs:
         if isinstance(ref, str):
@@ -304,6 +312,17 @@ def ask_gateway(gateway, model_id: str, settings: dict, jobs: list[Job]) -> list
     return answers
 
 
+def finish_queued(ray, gateway, answers: list[dict]) -> list[dict]:
+    """Batch mode: the answers of the queued requests, once their batches are done (or `pending`,
+    when the run does not wait)."""
+    queued = [i for i, a in enumerate(answers) if a["status"] == "queued"]
+    if queued:
+        ray.get(gateway.flush.remote())
+        for i, answer in zip(queued, ray.get([gateway.result.remote(answers[i]["key"]) for i in queued])):
+            answers[i] = answer
+    return answers
+
+
 def batches(items: list, size: int) -> list[list]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
@@ -313,13 +332,19 @@ def _composite(table: pa.Table, *extra: str) -> pa.ChunkedArray:
     return pc.binary_join_element_wise(*(table.column(c) for c in (*RESPONSE_KEY, *extra)), "\x1f")
 
 
+def conform(table: pa.Table, schema: pa.Schema = RESPONSES_SCHEMA) -> pa.Table:
+    """`table` in `schema`: a table written before a column existed gets it as nulls."""
+    columns = [table.column(f.name).cast(f.type) if f.name in table.column_names else pa.nulls(table.num_rows, f.type) for f in schema]
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
 def collect_rows(folder: RunFolder, jobs: pa.Table) -> pa.Table:
     """For each current job, its best row so far from the previous table and the parts a crash or
     this run left (the first ok row; else the latest attempt), sorted by key; rows of other settings
     (another cache key) are dropped. Columnar, and the rows are copied once: the choice is made on
     row numbers."""
     old = folder.previous("responses")
-    sources = [RESPONSES_SCHEMA.empty_table() if old is None else old.cast(RESPONSES_SCHEMA), folder.read_parts("responses", RESPONSES_SCHEMA)]
+    sources = [RESPONSES_SCHEMA.empty_table() if old is None else conform(old), folder.read_parts("responses", RESPONSES_SCHEMA)]
     rows = pa.concat_tables(sources)
     current = pc.is_in(_composite(rows, "cache_key"), value_set=_composite(jobs, "cache_key").combine_chunks())
     at = pa.array(np.flatnonzero(current.to_numpy(zero_copy_only=False)), pa.int64())
@@ -337,6 +362,22 @@ def _done_keys(folder: RunFolder, jobs: pa.Table) -> pa.Array:
     """The composite keys of the jobs that already have an ok row."""
     done = collect_rows(folder, jobs)
     return _composite(done.filter(pc.equal(done.column("status"), "ok"))).combine_chunks()
+
+
+def response_states(folder: RunFolder) -> dict[str, Counter]:
+    """Per subject, its responses by status so far (the table, and the parts of a stage still
+    running or stopped), the best row of each response counted once (ok wins, else the latest)."""
+    old = conform(folder.read("responses")) if folder.has("responses") else RESPONSES_SCHEMA.empty_table()
+    rows = pa.concat_tables([old, folder.read_parts("responses", RESPONSES_SCHEMA)]).select([*RESPONSE_KEY, "status"])
+    ok = pc.equal(rows.column("status"), "ok")
+    order = pa.array(np.arange(rows.num_rows), pa.int64())
+    rows = rows.append_column("_ok", ok).append_column("_rank", pc.negate(order))
+    rows = rows.sort_by([*((c, "ascending") for c in RESPONSE_KEY), ("_ok", "descending"), ("_rank", "ascending")])
+    best = first_per_key(rows.append_column("_key", _composite(rows)), "_key")
+    out: dict[str, Counter] = defaultdict(Counter)
+    for r in best.group_by(["subject", "status"]).aggregate([("status", "count")]).to_pylist():
+        out[r["subject"]][r["status"]] = r["status_count"]
+    return out
 
 
 # the stage --------------------------------------------------------------------------------------
@@ -383,27 +424,45 @@ def _describe_on_ray(study: StudyBase, model: ModelConfig, jobs: pa.Table, plan:
 
 
 def _describe_remote(study: StudyBase, model: ModelConfig, jobs: list[Job], run: StudyRun, advance) -> None:
-    """An API model: Ray tasks encode PNGs and send them to the provider's gateway actor, many at once."""
-    from vlm_decade.models.api.session import RemoteSession
+    """An API model: Ray tasks encode PNGs and send them to the provider's gateway actor, many at
+    once. In batch mode they only submit them; the answers are then collected as batches finish
+    (a run that does not wait stops here, with the rows it has, and a later run collects the rest)."""
+    from vlm_decade.models.api.session import RemoteSession, stop_if_pending
 
     ray = run.ray()
     cls = backend_class(model.backend)
     settings = cls.settings(model)
     tasks = max(1, 2 * getattr(study.providers, cls.provider).max_concurrency // REMOTE_BATCH)
     ask = ray.remote(ask_gateway).options(num_cpus=0)
-    skipped: list[str] = []
+    answers: list[dict] = []
     with RemoteSession(ray, study.providers, run.folder, cls.provider) as session:
         with run.folder.parts("responses", RESPONSES_SCHEMA, FLUSH_ROWS, FLUSH_S, on_save=session.record) as parts:
-            submit = lambda batch, _: ask.remote(session.actor, model.model_id, settings, batch)  # noqa: E731
+            submit = lambda batch, _: ask.remote(session.actor, model.model_id, settings, batch, session.batch)  # noqa: E731
+            queued: list[tuple[Job, str]] = []
             for done in bounded(ray, batches(jobs, REMOTE_BATCH), submit, tasks):
                 if done.error is not None:
                     parts.add(failed_batch(done.work, done.error))
-                else:
-                    skipped += [a["error"] for a in done.value if a["status"] == "skipped"]
-                    parts.add([response_row(j, a) for j, a in zip(done.work, done.value)])
-                advance(len(done.work))
+                    advance(len(done.work))
+                    continue
+                queued += [(j, a["key"]) for j, a in zip(done.work, done.value) if a["status"] == "queued"]
+                ready = [(j, a) for j, a in zip(done.work, done.value) if a["status"] != "queued"]
+                answers += [a for _, a in ready]
+                parts.add([response_row(j, a) for j, a in ready])
+                advance(len(ready))
+            if queued:
+                ray.get(session.actor.flush.remote())
+            collect = lambda item, _: session.actor.result.remote(item[1])  # noqa: E731
+            for done in bounded(ray, queued, collect, max(1, len(queued))):
+                answer = done.value if done.error is None else failed_answer("error", f"{type(done.error).__name__}: gateway call failed")
+                answers.append(answer)
+                parts.add([response_row(done.work[0], answer)])
+                advance(1)
+    skipped = [a["error"] for a in answers if a["status"] == "skipped"]
+    stop_if_pending(answers, f"responses of {model.name}")
     if skipped:
-        run.reporter.say(f"     {model.name}: {len(skipped)} requests not sent: {skipped[0]}")
+        # The stage ends `incomplete`; the stages after it run on the rows that exist and say so.
+        run.reporter.say(f"     [yellow]{model.name}: {len(skipped)} requests not sent[/yellow]: {skipped[0]}; the stages "
+                         "after this one use the answers that exist, and the next run sends the rest")
 
 
 def stage(study: StudyBase, plan: Plan) -> Stage:
@@ -453,5 +512,6 @@ def estimate(study: StudyBase, plan: Plan, images: pa.Table, cache) -> tuple[lis
             line.input_tokens += n_in
             line.output_tokens += settings["max_output_tokens"]
             line.usd += cost(price, n_in, settings["max_output_tokens"]) if price else 0.0
+            line.usd_low += cost(price, n_in, 0) if price else 0.0
         lines.append(line)
     return lines, n_answers, answer_tokens

@@ -173,13 +173,19 @@ def _embed_local(study: StudyBase, cfg: EncoderConfig, todo: pa.Table, run: Stud
 
 
 def _embed_remote(study: StudyBase, cfg: EncoderConfig, keys: list[str], texts: dict[str, str], run: StudyRun, advance) -> None:
-    """Batches of texts through the provider's gateway; a failed or refused batch stops the stage
-    after the rest in flight are saved, and says why."""
+    """Batches of texts through the provider's gateway. A batch that fails after the gateway's
+    retries is left out and the others go on; a budget stop ends the sending. The embeddings table
+    has no error rows (every vector in it is whole): the texts left out make the stage stop after
+    the rest are saved, saying how many and why; the next run encodes exactly those."""
+    from collections import Counter
+
     from vlm_decade.models.api.session import APIStopped, BudgetReached, RemoteSession
 
     ray = run.ray()
     provider = encoder_class(cfg.backend).provider
-    stopped: list[dict] = []
+    failed: Counter = Counter()  # error -> texts
+    stopped: list[str] = []
+    encoded = 0
 
     def work():
         for i in range(0, len(keys), cfg.batch_size):
@@ -191,16 +197,22 @@ def _embed_remote(study: StudyBase, cfg: EncoderConfig, keys: list[str], texts: 
         submit = lambda batch, _: session.actor.embed.remote(cfg.model_id, [texts[k] for k in batch])  # noqa: E731
         for done in bounded(ray, work(), submit, REMOTE_IN_FLIGHT):
             if done.error is not None:
-                raise done.error
-            if done.value["status"] == "ok":
+                failed[f"{type(done.error).__name__}: gateway call failed"] += len(done.work)
+            elif done.value["status"] == "ok":
                 run.folder.append_part("embeddings", _rows(done.work, done.value["vectors"], cfg))
                 advance(len(done.work))
-                session.record()
+                encoded += len(done.work)
             else:
-                stopped.append(done.value)
-    if stopped:
-        kind = BudgetReached if any(a["status"] == "skipped" for a in stopped) else APIStopped
-        raise kind(f"encoder {cfg.name}: {stopped[0]['error']}; the vectors finished so far are kept")
+                failed[done.value["error"]] += len(done.work)
+                if done.value["status"] == "skipped":
+                    stopped.append(done.value["error"])
+            session.record()
+    if encoded < len(keys):
+        left = len(keys) - encoded  # failed, and (after a budget stop) never sent
+        common, _ = failed.most_common(1)[0]
+        kind = BudgetReached if stopped else APIStopped
+        raise kind(f"encoder {cfg.name}: {left} of {len(keys)} texts not encoded (most common: {common}); the vectors "
+                   "finished so far are kept, and the next run encodes just the rest")
 
 
 def _write_selected(folder: RunFolder, texts: pa.Table, encoders) -> Written:
@@ -264,12 +276,13 @@ def estimate(study: StudyBase, human_texts: list[str], n_answers: int, answer_to
         if not cls.remote:
             continue
         price = getattr(study.providers, cls.provider).price(cls.provider, enc.model_id)
-        line = Line(cls.provider, enc.name)
+        line = Line(cls.provider, enc.name, batchable=False)
         todo = [t for t in human if not cache.has("embed", embed_key(cls.provider, enc.model_id, t))]
-        tokens = sum(map(text_tokens, todo)) + answer_tokens
+        human_tokens = sum(map(text_tokens, todo))
         line.requests = -(-(len(todo) + n_answers) // enc.batch_size)
         line.cached = len(human) - len(todo)
-        line.input_tokens = tokens
-        line.usd = cost(price, tokens, 0) if price else 0.0
+        line.input_tokens = human_tokens + answer_tokens
+        line.usd = cost(price, line.input_tokens, 0) if price else 0.0
+        line.usd_low = cost(price, human_tokens, 0) if price else 0.0  # no answer to encode
         lines.append(line)
     return lines

@@ -4,7 +4,10 @@ Study B's judge); a study's pipeline puts the lines together and `render` prints
 
 Input tokens follow the providers' published counting rules (text at about 4 characters a token,
 images by tiles); output is counted at each model's `max_output_tokens` cap, so the dollars are an
-upper bound. A request the cache already answers is counted as cached and free.
+upper bound. A request the cache already answers is counted as cached and free. Each line is a range:
+`usd_low` is what its requests cost if every answer were empty (the requests certain to be sent,
+at their input tokens); for requests that depend on the answers (the taxonomy's probe questions, the
+LI judge) the low end is nothing and the high end an upper bound on how many there can be.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from vlm_decade.core.config import PRICES_AS_OF, StudyBase
+from vlm_decade.models.api.batch import BATCH_DISCOUNT
 from vlm_decade.models.api.cache import ResponseCache
 from vlm_decade.models.api.session import cache_dir
 
@@ -27,7 +31,14 @@ class Line:
     cached: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
-    usd: float = 0.0
+    usd: float = 0.0  # at most
+    usd_low: float = 0.0  # at least
+    batchable: bool = True  # chat requests can go through the batch interfaces; embeddings stay sync
+
+    @property
+    def usd_batch(self) -> float:
+        """At most, in batch mode (half the price where the requests can go in batches)."""
+        return self.usd * (BATCH_DISCOUNT if self.batchable else 1.0)
 
 
 def response_cache(study: StudyBase) -> ResponseCache:
@@ -38,17 +49,26 @@ def response_cache(study: StudyBase) -> ResponseCache:
 def render(study: StudyBase, lines: list[Line], notes: tuple[str, ...] = ()) -> str:
     if not lines:
         return "no API models, encoders or judge in this study: nothing to spend"
-    out = [f"{'provider':<8} {'model/encoder':<24} {'requests':>9} {'cached':>7} {'tokens in':>11} {'tokens out*':>12} {'US$ at most':>12}"]
-    totals: dict[str, float] = defaultdict(float)
+    out = [f"{'provider':<8} {'model/encoder':<24} {'requests':>9} {'cached':>7} {'tokens in':>11} {'tokens out*':>12} "
+           f"{'US$ at least':>13} {'US$ at most':>12} {'batch mode**':>13}"]
+    totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
     for ln in lines:
-        out.append(f"{ln.provider:<8} {ln.what:<24} {ln.requests:>9} {ln.cached:>7} {ln.input_tokens:>11} {ln.output_tokens:>12} {ln.usd:>12.4f}")
-        totals[ln.provider] += ln.usd
-    for provider, usd in sorted(totals.items()):
-        budget = getattr(study.providers, provider).budget_usd
-        cap = "no budget cap" if budget is None else f"budget ${budget:g}" + (" (would stop the run)" if usd > budget else "")
-        out.append(f"{provider}: at most ${usd:.4f}; {cap}")
-    out.append("* output counted at each model's max_output_tokens; cached requests are free; embeddings of "
-               f"model answers counted at that cap too. Prices: the built-in table as of {PRICES_AS_OF} "
+        out.append(f"{ln.provider:<8} {ln.what:<24} {ln.requests:>9} {ln.cached:>7} {ln.input_tokens:>11} {ln.output_tokens:>12} "
+                   f"{ln.usd_low:>13.4f} {ln.usd:>12.4f} {ln.usd_batch:>13.4f}")
+        totals[ln.provider][0] += ln.usd_low
+        totals[ln.provider][1] += ln.usd
+        totals[ln.provider][2] += ln.usd_batch
+    for provider, (low, high, batch) in sorted(totals.items()):
+        cfg = getattr(study.providers, provider)
+        budget = cfg.budget_usd
+        spend = batch if cfg.mode == "batch" else high
+        cap = "no budget cap" if budget is None else f"budget ${budget:g}" + (" (would stop the run)" if spend > budget else "")
+        out.append(f"{provider} ({cfg.mode} mode): between ${low * (BATCH_DISCOUNT if cfg.mode == 'batch' else 1):.4f} and ${spend:.4f} "
+                   f"(sync at most ${high:.4f}, batch at most ${batch:.4f}); {cap}")
+    out.append("* output counted at each model's max_output_tokens (at least: none); cached requests are free; embeddings "
+               f"of model answers counted at that cap too. Prices: the built-in table as of {PRICES_AS_OF} "
                "and providers.<name>.prices")
+    out.append(f"** at most, with providers.<name>.mode: batch ({BATCH_DISCOUNT:.0%} of the price for chat requests; "
+               "embeddings are sent one batch request at a time as in sync mode)")
     out += notes
     return "\n".join(out)

@@ -1,13 +1,25 @@
-"""The gateway: one per provider, the only place that sends requests.
+"""The gateway: one per provider at a time, the only place that sends requests.
 
-It answers from the cache when it can; otherwise it checks the budget, waits for the rate limiter
-(requests and tokens per minute) and a concurrency slot, sends through the provider with a timeout,
-and retries with tenacity (exponential backoff with jitter, never sooner than Retry-After) what is
-worth retrying. What came back is priced, cached and returned as the fields of a `responses` row.
+It answers from the cache when it can. Otherwise the request takes one of `max_concurrency` slots
+and keeps it through all its attempts; before each attempt it reserves the attempt's worst-case
+cost against the budget, waits for the rate limiter (a retry goes ahead of requests not tried yet),
+writes `sent` to the spend log and sends through the provider with a timeout. An answer is priced,
+written to the spend log and the cache at once, and returned as the fields of a `responses` row;
+what failed is retried with tenacity (never sooner than Retry-After, else exponential backoff with
+jitter) when it is worth retrying.
+
+The budget covers the run folder: what the gateways before this one paid (its spend log: earlier
+stages, models and runs), what this gateway paid, and the reservations of the attempts in flight;
+the requests those gateways started in the last window count against this one's rate limits. A request whose worst case would pass it
+waits while attempts in flight may still release their reservations, and is skipped only when
+nothing is in flight and it still would not fit.
+
+When the driver that started the run is gone (killed), no new attempt leaves: only answers
+already on their way are still received and recorded.
 
 `Gateway` is plain asyncio, so the benchmark and tests can drive it directly; `GatewayActor` wraps
-it as an async Ray actor (`num_cpus=0`, pinned to the driver's node, where the cache folder is), and
-`gateway_actor` gets or creates the one named actor per provider and run.
+it as an async Ray actor (`num_cpus=0`, pinned to the driver's node, where the cache and run
+folders are), and `gateway_actor` gets or creates a named one.
 """
 
 from __future__ import annotations
@@ -15,8 +27,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import itertools
+import os
 import random
+import select
 import time
+import uuid
 from collections import Counter
 from pathlib import Path
 
@@ -24,34 +40,125 @@ import numpy as np
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
 from vlm_decade.core.config import ProviderConfig
+from vlm_decade.models.api.batch import Batcher
 from vlm_decade.models.api.cache import ResponseCache
 from vlm_decade.models.api.keys import Secret, scrub
 from vlm_decade.models.api.limits import RateLimiter
 from vlm_decade.models.api.providers import ChatRequest, chat_key, cost, embed_key, provider_class, text_tokens
+from vlm_decade.models.api.spend import SpendLog, read_spend
 
 ACTOR_CONCURRENCY = 10_000  # asyncio tasks an actor accepts; the provider's own cap is inside
 
 
+class BudgetStop(Exception):
+    """The next attempt would pass the budget and nothing in flight can make room."""
+
+
+class DriverGone(Exception):
+    """The run's driver process has ended: nothing new is sent."""
+
+
+class DriverWatch:
+    """Whether the process that started the run still lives, asked before every attempt. On Linux
+    a pidfd (readable once the process has ended, zombie or reaped); elsewhere a signal-0 probe."""
+
+    def __init__(self, pid: int | None):
+        self.pid, self.fd, self.gone = pid, None, False
+        if pid is not None and hasattr(os, "pidfd_open"):
+            try:
+                self.fd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                self.gone = True
+            except OSError:
+                self.fd = None  # not permitted here: fall back to the probe
+
+    def alive(self) -> bool:
+        if self.gone or self.pid is None:
+            return not self.gone
+        if self.fd is not None:
+            self.gone = bool(select.select([self.fd], [], [], 0)[0])
+        else:
+            try:
+                os.kill(self.pid, 0)
+            except ProcessLookupError:
+                self.gone = True
+            except PermissionError:
+                pass
+        return not self.gone
+
+
 class Gateway:
-    def __init__(self, provider: str, cfg: ProviderConfig, key: Secret, cache_dir: str | Path, window_s: float = 60.0):
-        """`window_s` is the limits' window: a minute, shorter only in tests."""
+    def __init__(self, provider: str, cfg: ProviderConfig, key: Secret, cache_dir: str | Path, window_s: float = 60.0,
+                 spend_log: str | Path | None = None, driver_pid: int | None = None, run_root: str | Path | None = None,
+                 batch_wait: bool = True):
+        """`window_s` is the limits' window: a minute, shorter only in tests. `spend_log` is the run
+        folder's log (none: this gateway's spend is all there is); `driver_pid` the process whose
+        end stops new requests. In batch mode (`cfg.mode`), `run_root` gets a copy of each batch's
+        record, and `batch_wait` false answers `pending` for a batch not finished."""
         self.name, self.cfg, self.key = provider, cfg, key
         self.provider = provider_class(provider)(cfg, key)
         self.limiter = RateLimiter(cfg.rpm, cfg.tpm, window_s)
         self.slots = asyncio.Semaphore(cfg.max_concurrency)
         self.cache = ResponseCache(cache_dir)
-        self.spent = 0.0  # US$ paid in this gateway's life
-        self.reserved = 0.0  # worst-case cost of requests in flight
+        self.log = SpendLog(spend_log) if spend_log is not None else None
+        before = read_spend(spend_log) if spend_log is not None else None
+        # Earlier gateways of this folder: what they paid, and their unanswered attempts at worst case.
+        self.spent_before = before.paid + before.unresolved if before else 0.0
+        self.open_before = dict(before.open) if before else {}  # those attempts, until one is collected here
+        if before:  # their requests of the last window count against this one's limits
+            now, wall = time.monotonic(), time.time()
+            self.limiter.preload([(now - (wall - t), min(n, cfg.tpm)) for t, n in before.sent if wall - t < self.limiter.window])
+        self.spent = 0.0  # US$ paid through this gateway
+        self.reserved = 0.0  # worst-case cost of the attempts in flight
+        self.in_flight = 0
+        self.released = asyncio.Event()  # replaced at each release; budget waiters wake on it
+        self.driver = DriverWatch(driver_pid)
         self.stats: Counter = Counter()
         self.backoff = wait_exponential_jitter(initial=0.5, max=8.0, jitter=0.5)
         self.jitter = random.Random(f"{provider}:{cache_dir}")  # seeded by the gateway's identity
+        gateway_id = uuid.uuid4().hex[:12]  # attempts of gateways of earlier runs keep their own ids
+        self.attempt_ids = (f"{gateway_id}-{n}" for n in itertools.count())
+        self.batch = Batcher(self, cache_dir, run_root, batch_wait) if cfg.mode == "batch" else None
 
     # budget -----------------------------------------------------------------------------------
-    def _budget_blocks(self, worst: float) -> str | None:
+    @property
+    def total_spent(self) -> float:
+        """What the run folder has spent with this provider, earlier runs included."""
+        return self.spent_before + self.spent
+
+    def _budget_message(self, worst: float) -> str:
+        return (f"budget ${self.cfg.budget_usd:g} for {self.name} reached (spent ${self.total_spent:.4f}; the next request "
+                f"may cost up to ${worst:.4f}); raise providers.{self.name}.budget_usd to go on")
+
+    async def _reserve(self, worst: float) -> None:
+        """Hold `worst` against the budget for one attempt; wait while attempts in flight may still
+        make room; `BudgetStop` when nothing is in flight and it does not fit."""
         budget = self.cfg.budget_usd
-        if budget is not None and self.spent + self.reserved + worst > budget:
-            return f"budget ${budget:g} for {self.name} reached (spent ${self.spent:.4f}); raise providers.{self.name}.budget_usd to go on"
-        return None
+        while budget is not None and self.total_spent + self.reserved + worst > budget:
+            if self.in_flight == 0:
+                raise BudgetStop(self._budget_message(worst))
+            await self.released.wait()
+        self.reserved += worst
+        self.in_flight += 1
+
+    def _settle_spend(self, attempt: str, worst: float, paid: float, reserved: bool) -> None:
+        """An attempt's cost is known: release its reservation (this gateway's), or the worst case an
+        earlier gateway left unresolved (a batch collected here)."""
+        if reserved:
+            return self._release(worst, paid)
+        self.spent_before -= self.open_before.pop(attempt, 0.0)
+        self.spent += paid
+        self.released.set()
+        self.released = asyncio.Event()
+
+    def _release(self, worst: float, paid: float) -> None:
+        self.reserved -= worst
+        self.in_flight -= 1
+        if self.in_flight == 0:
+            self.reserved = 0.0  # no float dust left behind
+        self.spent += paid
+        self.released.set()
+        self.released = asyncio.Event()
 
     def _price(self, model_id: str):
         price = self.cfg.price(self.name, model_id)
@@ -68,129 +175,186 @@ class Gateway:
             return after + self.jitter.random() * 0.25
         return self.backoff(state)
 
-    async def _send(self, call, est_tokens: int):
-        """One logical request: attempts until success, a failure not worth retrying, or max_attempts."""
-        retrying = AsyncRetrying(
-            retry=retry_if_exception(self.provider.retryable),
-            stop=stop_after_attempt(self.cfg.max_attempts),
-            wait=self._wait,
-            reraise=True,
-        )
-        async for attempt in retrying:
-            with attempt:
-                async with self.slots:
-                    entry = await self.limiter.acquire(est_tokens)
-                    self.stats["attempts"] += 1
-                    try:
-                        # A guard above the client's own timeout, for a connection that never closes.
-                        result = await asyncio.wait_for(call(), timeout=self.cfg.timeout_s + 5)
-                    except BaseException as exc:
-                        self.stats[f"failed:{type(exc).__name__}"] += 1
-                        raise
-                return entry, result
+    def _retryable(self, exc: BaseException) -> bool:
+        return not isinstance(exc, (BudgetStop, DriverGone)) and self.provider.retryable(exc)
+
+    async def _attempt(self, call, tokens: int, worst: float, price_of, urgent: bool):
+        """One attempt: budget, limiter, send. Its cost goes to the spend log the moment it is known."""
+        if not self.driver.alive():
+            raise DriverGone("the run's driver has ended; not sent")
+        await self._reserve(worst)
+        paid = 0.0
+        try:
+            entry = await self.limiter.acquire(tokens, urgent=urgent)
+            if not self.driver.alive():
+                raise DriverGone("the run's driver has ended; not sent")
+            attempt = next(self.attempt_ids)
+            if self.log:
+                self.log.write(a=attempt, e="sent", worst=worst, t=round(time.time(), 3), tok=tokens)
+            self.stats["attempts"] += 1
+            start = time.monotonic()
+            try:
+                # A guard above the client's own timeout, for a connection that never closes.
+                result = await asyncio.wait_for(call(), timeout=self.cfg.timeout_s + 5)
+            except BaseException as exc:
+                self.stats[f"failed:{type(exc).__name__}"] += 1
+                if self.log:
+                    self.log.write(a=attempt, e="failed")
+                raise
+            latency = time.monotonic() - start
+            paid, used = price_of(result)
+            if self.log:
+                self.log.write(a=attempt, e="paid", usd=paid, tok=used)
+            self.limiter.reconcile(entry, used)
+            return result, paid, latency
+        finally:
+            self._release(worst, paid)
+
+    async def _send(self, call, tokens: int, worst: float, price_of):
+        """One logical request, holding its concurrency slot through every attempt: (result, US$
+        paid, seconds queued, seconds the answering attempt took)."""
+        arrived = time.monotonic()
+        retrying = AsyncRetrying(retry=retry_if_exception(self._retryable), stop=stop_after_attempt(self.cfg.max_attempts),
+                                 wait=self._wait, reraise=True)
+        async with self.slots:
+            async for attempt in retrying:
+                with attempt:
+                    urgent = attempt.retry_state.attempt_number > 1
+                    result, paid, latency = await self._attempt(call, tokens, worst, price_of, urgent)
+        return result, paid, time.monotonic() - arrived - latency, latency
 
     def _error(self, exc: BaseException) -> str:
         first = (str(exc).splitlines() or [""])[0][:300]
         return scrub(f"{type(exc).__name__}: {first}", self.key)
 
+    def _failed(self, exc: BaseException) -> tuple[str, str]:
+        """(status, error) of a request that got no answer."""
+        if isinstance(exc, BudgetStop):
+            self.stats["skipped"] += 1
+            return "skipped", str(exc)
+        self.stats["errors"] += 1
+        return "error", str(exc) if isinstance(exc, DriverGone) else self._error(exc)
+
     # chat -------------------------------------------------------------------------------------
+    @staticmethod
+    def cached_answer(hit: dict) -> dict:
+        """The row of an answer the cache holds: as it was bought (its cost, the provider's latency
+        then, its mode); nothing paid now."""
+        return {"latency_s": 0.0, "mode": "sync", **hit, "status": "ok", "error": "", "queued_s": 0.0, "paid_usd": 0.0, "cached": True}
+
+    @staticmethod
+    def failed_answer(status: str, error: str) -> dict:
+        return failed_answer(status, error)
+
+    async def submit(self, req: ChatRequest, hold: bool = False) -> dict:
+        """Batch mode: the answer at once (cache, budget, price), else {"status": "queued", "key"}
+        (`hold`: grouped until `flush` or a full batch)."""
+        return await self.batch.submit(req, hold)
+
+    async def result(self, key: str) -> dict:
+        """Batch mode: the answer to a queued request, when its batch is finished."""
+        return await self.batch.result(key)
+
+    async def flush(self) -> None:
+        """Batch mode: submit the requests grouped so far now."""
+        await self.batch.flush()
+
     async def chat(self, req: ChatRequest) -> dict:
-        """The fields of one `responses` row: text, status (ok, error, skipped), error, latency_s,
-        input_tokens, output_tokens, cost_usd, model_version; plus `cached`."""
+        """The fields of one `responses` row: text, status (ok, error, skipped), error, latency_s
+        (the answering attempt), queued_s (the rest: limits, slots, earlier attempts and their
+        waits), input_tokens, output_tokens, cost_usd (what the answer cost when it was bought),
+        paid_usd (what this call paid: 0 from the cache), model_version, cached."""
+        if self.batch is not None:
+            return await self.batch.chat(req)
         key = chat_key(self.name, req)
         hit = self.cache.get("chat", key)
         if hit is not None:
             self.stats["cache_hits"] += 1
-            return {**hit, "status": "ok", "error": "", "cached": True}
+            return self.cached_answer(hit)
         try:
             price = self._price(req.model_id)
         except LookupError as exc:
             return failed_answer("error", str(exc))
         est_in = self.provider.estimate_input(req)
-        worst = cost(price, est_in, req.settings["max_output_tokens"])
-        blocked = self._budget_blocks(worst)
-        if blocked:
-            self.stats["skipped"] += 1
-            return failed_answer("skipped", blocked)
-        self.reserved += worst
-        start = time.perf_counter()
+        cap = req.settings["max_output_tokens"]
+
+        def price_of(reply):
+            return cost(price, reply.input_tokens, reply.output_tokens), reply.input_tokens + reply.output_tokens
+
         try:
-            entry, reply = await self._send(lambda: self.provider.chat(req), est_in + req.settings["max_output_tokens"])
+            reply, paid, queued, latency = await self._send(lambda: self.provider.chat(req), est_in + cap, cost(price, est_in, cap), price_of)
         except Exception as exc:  # noqa: BLE001 - recorded as the row's error, never raised
-            self.stats["errors"] += 1
-            return failed_answer("error", self._error(exc))
-        finally:
-            self.reserved -= worst
-        self.limiter.reconcile(entry, reply.input_tokens + reply.output_tokens)
-        paid = cost(price, reply.input_tokens, reply.output_tokens)
-        self.spent += paid
+            return failed_answer(*self._failed(exc))
         self.stats["requests"] += 1
-        row = {
-            "text": reply.text,
-            "latency_s": time.perf_counter() - start,
-            "input_tokens": reply.input_tokens,
-            "output_tokens": reply.output_tokens,
-            "cost_usd": paid,
-            "model_version": reply.model_version,
-        }
-        self.cache.put("chat", key, row)
-        return {**row, "status": "ok", "error": "", "cached": False}
+        entry = {"text": reply.text, "input_tokens": reply.input_tokens, "output_tokens": reply.output_tokens,
+                 "cost_usd": paid, "model_version": reply.model_version, "latency_s": latency, "mode": "sync"}
+        self.cache.put("chat", key, entry)
+        return {**entry, "status": "ok", "error": "", "queued_s": queued, "paid_usd": paid, "cached": False}
 
     # embeddings -------------------------------------------------------------------------------
     async def embed(self, model_id: str, texts: list[str]) -> dict:
-        """{"status": ok|error|skipped, "error", "vectors": (n, dim) float32 or None, "model_version"}.
-        Texts the cache holds are not sent; the rest go in one request."""
+        """{"status": ok|error|skipped, "error", "vectors": (n, dim) float32 or None, "model_version",
+        "paid_usd"}. Texts the cache holds are not sent; the rest go in one request."""
         keys = [embed_key(self.name, model_id, t) for t in texts]
         found = {k: self.cache.get("embed", k) for k in keys}
         missing = sorted({k: t for k, t in zip(keys, texts) if found[k] is None}.items())
         self.stats["cache_hits"] += len(texts) - len(missing)
+        paid = 0.0
         if missing:
             try:
                 price = self._price(model_id)
             except LookupError as exc:
-                return {"status": "error", "error": str(exc), "vectors": None, "model_version": ""}
+                return {"status": "error", "error": str(exc), "vectors": None, "model_version": "", "paid_usd": 0.0}
             est = sum(text_tokens(t) for _, t in missing)
-            worst = cost(price, est, 0)
-            blocked = self._budget_blocks(worst)
-            if blocked:
-                self.stats["skipped"] += 1
-                return {"status": "skipped", "error": blocked, "vectors": None, "model_version": ""}
-            self.reserved += worst
+
+            def price_of(answer):
+                return cost(price, answer[1], 0), answer[1]
+
             try:
-                entry, (vectors, used, version) = await self._send(lambda: self.provider.embed(model_id, [t for _, t in missing]), est)
-            except Exception as exc:  # noqa: BLE001 - reported to the stage, which stops and says so
-                self.stats["errors"] += 1
-                return {"status": "error", "error": self._error(exc), "vectors": None, "model_version": ""}
-            finally:
-                self.reserved -= worst
-            self.limiter.reconcile(entry, used)
-            paid = cost(price, used, 0)
-            self.spent += paid
+                (vectors, used, version), paid, _, _ = await self._send(
+                    lambda: self.provider.embed(model_id, [t for _, t in missing]), est, cost(price, est, 0), price_of)
+            except Exception as exc:  # noqa: BLE001 - reported to the stage
+                status, error = self._failed(exc)
+                return {"status": status, "error": error, "vectors": None, "model_version": "", "paid_usd": 0.0}
             self.stats["requests"] += 1
+            share = paid / len(missing)  # the request's cost, split over its texts
             for (k, _), v in zip(missing, vectors):
-                found[k] = {"vector": base64.b64encode(v.astype("<f4").tobytes()).decode(), "model_version": version}
+                found[k] = {"vector": base64.b64encode(v.astype("<f4").tobytes()).decode(), "model_version": version, "cost_usd": share}
                 self.cache.put("embed", k, found[k])
         vectors = np.stack([np.frombuffer(base64.b64decode(found[k]["vector"]), dtype="<f4") for k in keys])
-        return {"status": "ok", "error": "", "vectors": vectors, "model_version": found[keys[0]]["model_version"] if keys else ""}
+        version = found[keys[0]]["model_version"] if keys else ""
+        return {"status": "ok", "error": "", "vectors": vectors, "model_version": version, "paid_usd": paid}
 
     def report(self) -> dict:
-        return {"spent_usd": self.spent, **self.stats}
+        batches = {f"batch_{k}": v for k, v in self.batch.stats.items()} if self.batch else {}
+        return {"spent_usd": self.spent, "spent_before_usd": self.spent_before, **self.stats, **batches}
 
 
 def failed_answer(status: str, error: str) -> dict:
     """A chat answer with no text: `status` error (`error` says why) or skipped (a budget)."""
-    return {"text": "", "status": status, "error": error, "latency_s": 0.0, "input_tokens": None,
-            "output_tokens": None, "cost_usd": 0.0, "model_version": "", "cached": False}
+    return {"text": "", "status": status, "error": error, "latency_s": 0.0, "queued_s": 0.0, "input_tokens": None,
+            "output_tokens": None, "cost_usd": 0.0, "paid_usd": 0.0, "model_version": "", "cached": False, "mode": ""}
 
 
 class GatewayActor:
     """The gateway as an async Ray actor: many calls in flight, one limiter for the cluster."""
 
-    def __init__(self, provider: str, cfg: ProviderConfig, key: Secret, cache_dir: str):
-        self.gateway = Gateway(provider, cfg, key, cache_dir)
+    def __init__(self, provider: str, cfg: ProviderConfig, key: Secret, cache_dir: str, spend_log: str | None, driver_pid: int | None,
+                 run_root: str | None, batch_wait: bool):
+        self.gateway = Gateway(provider, cfg, key, cache_dir, spend_log=spend_log, driver_pid=driver_pid, run_root=run_root,
+                               batch_wait=batch_wait)
 
     async def chat(self, req: ChatRequest) -> dict:
         return await self.gateway.chat(req)
+
+    async def submit(self, req: ChatRequest, hold: bool = False) -> dict:
+        return await self.gateway.submit(req, hold)
+
+    async def result(self, key: str) -> dict:
+        return await self.gateway.result(key)
+
+    async def flush(self) -> None:
+        await self.gateway.flush()
 
     async def embed(self, model_id: str, texts: list[str]) -> dict:
         return await self.gateway.embed(model_id, texts)
@@ -199,12 +363,13 @@ class GatewayActor:
         return self.gateway.report()
 
 
-def gateway_actor(ray, provider: str, cfg: ProviderConfig, key: Secret, cache_dir: Path, run_id: str):
-    """The run's one gateway actor for `provider`, created on this (the driver's) node if it is not
-    there yet; stages of the same run share it (and its limits)."""
+def gateway_actor(ray, provider: str, cfg: ProviderConfig, key: Secret, cache_dir: Path, run_id: str,
+                  spend_log: Path | None = None, driver_pid: int | None = None, run_root: Path | None = None, batch_wait: bool = True):
+    """The gateway actor named `run_id` for `provider`, created on this (the driver's) node if it is
+    not there yet: everything sent under that name shares its limits and budget."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    name = f"vlm_decade-api-{provider}-{hashlib.sha256(run_id.encode()).hexdigest()[:12]}"
+    name = f"vlm_decade-api-{provider}-{hashlib.sha256(run_id.encode()).hexdigest()[:16]}"
     return (
         ray.remote(GatewayActor)
         .options(
@@ -214,5 +379,6 @@ def gateway_actor(ray, provider: str, cfg: ProviderConfig, key: Secret, cache_di
             max_concurrency=ACTOR_CONCURRENCY,
             scheduling_strategy=NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False),
         )
-        .remote(provider, cfg, key, str(cache_dir))
+        .remote(provider, cfg, key, str(cache_dir), None if spend_log is None else str(spend_log), driver_pid,
+                None if run_root is None else str(run_root), batch_wait)
     )

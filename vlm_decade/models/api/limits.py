@@ -9,11 +9,17 @@ never counts more than the limit either.
 Tokens are reserved before a request at an estimate (input plus the output cap) and the entry is
 corrected to the usage the provider reports afterwards, so a run of short answers is not held to
 its worst case for long.
+
+Waiters are served by priority, then first come first served: a retry (`urgent`) goes ahead of
+every request not tried yet, so it leaves as soon as its Retry-After and the limits allow instead of
+queueing behind the whole backlog.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import time
 from collections import deque
 
@@ -26,7 +32,9 @@ class RateLimiter:
         self.starts: deque[float] = deque()
         self.spent: deque[list] = deque()  # [start time, tokens], corrected by `reconcile`
         self.next_start = 0.0
-        self.lock = asyncio.Lock()
+        self.queue: list[tuple[int, int]] = []  # (0 urgent | 1 first attempt, arrival number): a heap
+        self.order = itertools.count()
+        self.changed = asyncio.Condition()
 
     def _prune(self, now: float) -> None:
         while self.starts and self.starts[0] <= now - self.window:
@@ -47,22 +55,48 @@ class RateLimiter:
                     break
         return wait
 
-    async def acquire(self, tokens: int) -> list:
-        """Wait for a slot; return the token entry to `reconcile`. Waiters go first come, first served."""
+    async def acquire(self, tokens: int, urgent: bool = False) -> list:
+        """Wait for a slot; return the token entry to `reconcile`. The head of the queue (urgent
+        first, then by arrival) waits for the limits; the others wait for their turn."""
         tokens = min(tokens, self.tpm)  # one request larger than the limit still gets its turn
-        async with self.lock:
-            while True:
-                now = time.monotonic()
-                self._prune(now)
-                wait = self._wait(now, tokens)
-                if wait <= 0:
-                    break
-                await asyncio.sleep(wait)
+        ticket = (0 if urgent else 1, next(self.order))
+        async with self.changed:
+            heapq.heappush(self.queue, ticket)
+            self.changed.notify_all()  # an urgent arrival takes the head from a sleeping waiter
+            try:
+                while True:
+                    if self.queue[0] != ticket:
+                        await self.changed.wait()
+                        continue
+                    now = time.monotonic()
+                    self._prune(now)
+                    wait = self._wait(now, tokens)
+                    if wait <= 0:
+                        break
+                    try:
+                        await asyncio.wait_for(self.changed.wait(), wait)
+                    except asyncio.TimeoutError:
+                        pass
+            except BaseException:  # cancelled: leave the queue to the others
+                self.queue.remove(ticket)
+                heapq.heapify(self.queue)
+                self.changed.notify_all()
+                raise
+            heapq.heappop(self.queue)
             self.starts.append(now)
             self.next_start = now + self.interval
             entry = [now, tokens]
             self.spent.append(entry)
+            self.changed.notify_all()
             return entry
+
+    def preload(self, started: list[tuple[float, int]]) -> None:
+        """Count requests that started before this limiter did (`time.monotonic()` times, tokens):
+        the previous gateway's last window, so a new one does not start with a full allowance."""
+        for start, tokens in sorted(started):
+            self.starts.append(start)
+            self.spent.append([start, tokens])
+            self.next_start = max(self.next_start, start + self.interval)
 
     @staticmethod
     def reconcile(entry: list, tokens: int) -> None:

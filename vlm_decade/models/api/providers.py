@@ -1,8 +1,9 @@
 """Providers: build one request with the official client, parse one answer. Nothing else.
 
 Retries, limits, concurrency, caching and costs belong to the gateway; the clients' own retries are
-switched off (`max_retries=0` for openai; no `retry_options` for google-genai) so that exactly one
-layer decides when to try again. `retryable` and `retry_after` tell the gateway what a failure was.
+switched off so that exactly one layer decides when to try again: `max_retries=0` for openai (its
+httpx transport makes no retries of its own), and `HttpRetryOptions(attempts=1)` for google-genai,
+which otherwise re-sends a request after a dropped connection on its aiohttp transport. `retryable` and `retry_after` tell the gateway what a failure was.
 """
 
 from __future__ import annotations
@@ -97,6 +98,10 @@ class Provider:
 
     @classmethod
     def image_tokens(cls, png: bytes, settings: dict) -> int:
+        return cls.image_tokens_of_size(*png_size(png), settings)
+
+    @classmethod
+    def image_tokens_of_size(cls, width: int, height: int, settings: dict) -> int:
         raise NotImplementedError
 
     async def chat(self, req: ChatRequest) -> Reply:
@@ -131,9 +136,10 @@ class Provider:
 
 
 def _transport(exc: BaseException) -> bool:
-    """httpx / httpx2 / openai connection failures, without importing any of them here."""
+    """httpx / httpx2 / openai / aiohttp connection failures, without importing any of them here."""
     names = {c.__name__ for c in type(exc).__mro__}
-    return bool(names & {"TransportError", "TimeoutException", "APIConnectionError", "APITimeoutError", "NetworkError"})
+    return bool(names & {"TransportError", "TimeoutException", "APIConnectionError", "APITimeoutError", "NetworkError",
+                         "ClientConnectionError", "ClientPayloadError"})
 
 
 class OpenAIProvider(Provider):
@@ -163,32 +169,37 @@ class OpenAIProvider(Provider):
         return out
 
     @classmethod
-    def image_tokens(cls, png: bytes, settings: dict) -> int:
+    def image_tokens_of_size(cls, w: int, h: int, settings: dict) -> int:
         # OpenAI's published image rule: fit in 2048x2048, shortest side to 768, 170 per 512 tile + 85.
         if settings.get("detail") == "low":
             return 85
-        w, h = png_size(png)
         s = min(1.0, 2048 / max(w, h))
         w, h = w * s, h * s
         s = min(1.0, 768 / min(w, h))
         return 85 + 170 * math.ceil(w * s / 512) * math.ceil(h * s / 512)
 
-    async def chat(self, req: ChatRequest) -> Reply:
+    @staticmethod
+    def chat_body(req: ChatRequest) -> dict:
+        """The request body, as sent (sync) or as a batch line's `body`."""
         s = req.settings
         content = [{"type": "text", "text": req.prompt}]
         if req.image_png is not None:
             url = "data:image/png;base64," + base64.b64encode(req.image_png).decode()
             content.append({"type": "image_url", "image_url": {"url": url, "detail": s["detail"]}})
-        kwargs = {"max_completion_tokens": s["max_output_tokens"]}
+        body = {"model": req.model_id, "messages": [{"role": "user", "content": content}], "max_completion_tokens": s["max_output_tokens"]}
         if "temperature" in s:
-            kwargs["temperature"] = s["temperature"]
+            body["temperature"] = s["temperature"]
         if "reasoning_effort" in s:
-            kwargs["reasoning_effort"] = s["reasoning_effort"]
-        r = await self.client.chat.completions.create(
-            model=req.model_id,
-            messages=[{"role": "user", "content": content}],
-            **kwargs,
-        )
+            body["reasoning_effort"] = s["reasoning_effort"]
+        return body
+
+    @staticmethod
+    def reply_from(r) -> Reply:
+        """A chat completion (the client's object, or a batch line's body) as a `Reply`."""
+        if isinstance(r, dict):
+            from openai.types.chat import ChatCompletion
+
+            r = ChatCompletion.model_validate(r)
         usage = r.usage
         # completion_tokens already includes reasoning tokens, which are billed as output.
         return Reply(
@@ -197,6 +208,9 @@ class OpenAIProvider(Provider):
             usage.completion_tokens if usage else 0,
             r.model + (f"+{r.system_fingerprint}" if r.system_fingerprint else ""),
         )
+
+    async def chat(self, req: ChatRequest) -> Reply:
+        return self.reply_from(await self.client.chat.completions.create(**self.chat_body(req)))
 
     async def embed(self, model_id: str, texts: list[str]) -> tuple[np.ndarray, int, str]:
         # The client asks for base64 float32 and decodes it; 3,072 is the native width of -large.
@@ -214,10 +228,12 @@ class GeminiProvider(Provider):
         from google.genai import types
 
         self.types = types
-        http = types.HttpOptions(timeout=int(cfg.timeout_s * 1000))  # milliseconds; no retry_options
+        # Without retry_options the client still re-sends once, 1-10 s later, after a dropped
+        # connection on its aiohttp transport; one attempt, stated, is the only way to have none.
+        http = {"timeout": int(cfg.timeout_s * 1000), "retry_options": types.HttpRetryOptions(attempts=1)}  # timeout in ms
         if cfg.base_url:
-            http = types.HttpOptions(base_url=cfg.base_url, api_version="v1beta", timeout=int(cfg.timeout_s * 1000))
-        self.client = genai.Client(api_key=key.reveal(), http_options=http)
+            http.update(base_url=cfg.base_url, api_version="v1beta")
+        self.client = genai.Client(api_key=key.reveal(), http_options=types.HttpOptions(**http))
 
     @classmethod
     def settings(cls, model_id: str, options: dict) -> dict:
@@ -232,12 +248,12 @@ class GeminiProvider(Provider):
         return out
 
     @classmethod
-    def image_tokens(cls, png: bytes, settings: dict) -> int:
+    def image_tokens_of_size(cls, w: int, h: int, settings: dict) -> int:
         # Gemini's published rule: 258 tokens for an image up to 384 px a side, else per 768 px tile.
-        w, h = png_size(png)
         return 258 if max(w, h) <= 384 else 258 * math.ceil(w / 768) * math.ceil(h / 768)
 
-    async def chat(self, req: ChatRequest) -> Reply:
+    def request_parts(self, req: ChatRequest):
+        """(contents, config) of a request, as sent (sync) or inlined in a batch."""
         t, s = self.types, req.settings
         config = t.GenerateContentConfig(temperature=s["temperature"], max_output_tokens=s["max_output_tokens"])
         if "thinking_budget" in s:
@@ -245,10 +261,19 @@ class GeminiProvider(Provider):
         contents = [req.prompt]
         if req.image_png is not None:
             contents.insert(0, t.Part.from_bytes(data=req.image_png, mime_type="image/png"))
-        r = await self.client.aio.models.generate_content(model=req.model_id, contents=contents, config=config)
+        return contents, config
+
+    @staticmethod
+    def reply_from(r, model_id: str) -> Reply:
+        """A GenerateContentResponse (sync, or a batch's inlined response) as a `Reply`."""
         u = r.usage_metadata
         out = ((u.candidates_token_count or 0) + (u.thoughts_token_count or 0)) if u else 0
-        return Reply((r.text or "").strip(), (u.prompt_token_count or 0) if u else 0, out, r.model_version or req.model_id)
+        return Reply((r.text or "").strip(), (u.prompt_token_count or 0) if u else 0, out, r.model_version or model_id)
+
+    async def chat(self, req: ChatRequest) -> Reply:
+        contents, config = self.request_parts(req)
+        r = await self.client.aio.models.generate_content(model=req.model_id, contents=contents, config=config)
+        return self.reply_from(r, req.model_id)
 
     async def embed(self, model_id: str, texts: list[str]) -> tuple[np.ndarray, int, str]:
         r = await self.client.aio.models.embed_content(

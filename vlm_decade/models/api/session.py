@@ -1,7 +1,10 @@
-"""What the describe and embed stages share when they send work to a provider's gateway actor:
-getting the actor for this run, and recording the money spent in the manifest as it is spent."""
+"""What the API stages share when they send work to a provider's gateway actor: getting the run's
+actor, and copying the money spent from the run folder's spend log into the manifest."""
 
 from __future__ import annotations
+
+import os
+import uuid
 
 from vlm_decade.core.config import ProvidersConfig
 from vlm_decade.core.errors import InputError, Problem
@@ -9,6 +12,7 @@ from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.models.api.cache import default_cache_dir
 from vlm_decade.models.api.gateway import gateway_actor
 from vlm_decade.models.api.keys import api_key, key_hint
+from vlm_decade.models.api.spend import SpendLog, SpendTally, spend_log_path
 
 
 class APIStopped(Exception):
@@ -19,16 +23,43 @@ class BudgetReached(APIStopped):
     """A provider's budget stopped new requests; a later run with a higher budget goes on."""
 
 
+class BatchesPending(APIStopped):
+    """Requests wait in provider batches that are not finished (batch mode without waiting): the
+    stages that need their answers do not start; a later run collects them."""
+
+
+def stop_if_pending(answers, what: str) -> None:
+    """Raise `BatchesPending` when any answer is still in a batch."""
+    pending = [a["error"] for a in answers if a["status"] == "pending"]
+    if pending:
+        raise BatchesPending(f"{what}: {len(pending)} requests wait in batches ({pending[0]}); run again to collect them")
+
+
 def cache_dir(providers: ProvidersConfig):
     return providers.cache_dir or default_cache_dir()
 
 
-class RemoteSession:
-    """The run's gateway actor for one provider, used as a context manager by one stage.
+def start_spend_log(run: RunFolder, provider: str):
+    """The run folder's spend log for `provider`; a folder whose manifest recorded spend before the
+    log existed starts it with that amount, so the total carries over."""
+    path = spend_log_path(run.root, provider)
+    if not path.exists():
+        before = float(run.manifest().get("spend_usd", {}).get(provider, 0.0))
+        log = SpendLog(path)
+        if before:
+            log.write(e="carried", usd=before)
+        log.close()
+    return path
 
-    `spend_usd` in the manifest is the total for the run folder: what earlier runs recorded plus
-    what this gateway has paid, written at every `record` so a killed run leaves it nearly current
-    (the responses rows carry each request's own cost in any case).
+
+class RemoteSession:
+    """A gateway actor for one provider, used as a context manager by one stage (or one model of
+    it), and ended with it. What the gateways of a run folder share lives in its spend log: each new
+    one starts with the spend of those before it (models, encoders, probes, the judge, earlier
+    runs) against its budget, and their requests of the last minute against its rate limits.
+    `record` copies the log's totals into the manifest: `spend_usd` (paid) and
+    `spend_unresolved_usd` (the worst case of attempts sent whose answer was never recorded: in
+    flight now, or lost with a killed run).
     """
 
     def __init__(self, ray, providers: ProvidersConfig, run: RunFolder, provider: str):
@@ -36,15 +67,28 @@ class RemoteSession:
         if key is None:
             raise InputError([Problem("environment", f"{provider} models need an API key: set {key_hint(provider)}")])
         self.ray, self.run, self.provider = ray, run, provider
-        self.base = float(run.manifest().get("spend_usd", {}).get(provider, 0.0))
-        self.actor = gateway_actor(ray, provider, getattr(providers, provider), key, cache_dir(providers), str(run.root.resolve()))
+        log = start_spend_log(run, provider)
+        self.tally = SpendTally(log)
+        # A name of its own: a gateway being ended (`ray.kill` returns before it is gone) is never reused.
+        name = f"{run.root.resolve()}:{uuid.uuid4().hex}"
+        self.batch = getattr(providers, provider).mode == "batch"
+        self.actor = gateway_actor(ray, provider, getattr(providers, provider), key, cache_dir(providers), name,
+                                   spend_log=log.resolve(), driver_pid=os.getpid(), run_root=run.root.resolve(),
+                                   batch_wait=providers.batch_wait)
 
-    def record(self) -> dict:
-        report = self.ray.get(self.actor.report.remote(), timeout=60)
-        spend = dict(self.run.manifest().get("spend_usd", {}))
-        spend[self.provider] = round(self.base + report["spent_usd"], 6)
-        self.run.update_manifest(spend_usd=spend)
-        return report
+    def record(self) -> None:
+        spend = self.tally.read()
+        manifest = self.run.manifest()
+        paid = dict(manifest.get("spend_usd", {}), **{self.provider: round(spend.paid, 6)})
+        unresolved = {k: v for k, v in manifest.get("spend_unresolved_usd", {}).items() if k != self.provider}
+        if spend.unresolved > 0:
+            unresolved[self.provider] = round(spend.unresolved, 6)
+        by_mode = dict(manifest.get("spend_by_mode_usd", {}), **{self.provider: {m: round(v, 6) for m, v in sorted(spend.by_mode.items())}})
+        self.run.update_manifest(spend_usd=paid, spend_unresolved_usd=unresolved, spend_by_mode_usd=by_mode)
+
+    def report(self) -> dict:
+        """The gateway's counts (attempts, cache hits, failures by kind)."""
+        return self.ray.get(self.actor.report.remote(), timeout=60)
 
     def __enter__(self) -> "RemoteSession":
         return self

@@ -26,6 +26,7 @@ from vlm_decade.studies.decade.data import StudyData, load_study_data
 from vlm_decade.studies.decade.taxonomy import stages as taxonomy
 from vlm_decade.studies.decade.taxonomy.analysis import ERROR_TYPES
 from vlm_decade.studies.decade.taxonomy.hand import check_hand_labels
+from vlm_decade.studies.decade.taxonomy.probe_estimate import probe_lines
 
 
 def plan(study: StudyConfig) -> describe.Plan:
@@ -103,11 +104,10 @@ def estimate(study: StudyConfig, data: StudyData) -> tuple[list[Line], tuple[str
     lines: list[Line]
     lines, n_answers, answer_tokens = describe.estimate(study, plan(study), data.images, cache)
     lines += embed.estimate(study, data.references.column("text").to_pylist(), n_answers, answer_tokens, cache)
-    notes = ()
-    if study.taxonomy is not None:
-        notes = ("The error taxonomy's probe questions (one or two per object an API model's description leaves "
-                 "out or adds) are not counted: they depend on the descriptions; the budget caps them too.",)
-    return lines, notes
+    probes = probe_lines(study, data)
+    notes = ("Probe questions depend on the descriptions: from none to an upper bound (two per object of the gold "
+             "description, one per object a description could mention); see docs/api.md.",) if probes else ()
+    return lines + probes, notes
 
 
 def incomplete_models(study: StudyConfig, data: StudyData) -> list[str]:

@@ -212,12 +212,14 @@ def judge_remote(ray, study, folder, provider: str, model_id: str, settings: dic
     records the money spent. An answer the cache holds is not bought again, and a request the budget
     stops comes back `skipped`."""
     from vlm_decade.models.api.providers import ChatRequest
-    from vlm_decade.models.api.session import RemoteSession
+    from vlm_decade.models.api.session import RemoteSession, stop_if_pending
 
     if not prompts:
         return []  # no gateway actor for nothing
     unique = list(dict.fromkeys(prompts))
-    in_flight = 2 * getattr(study.providers, provider).max_concurrency
+    cfg = getattr(study.providers, provider)
+    # In batch mode every question is handed over at once: the gateway groups them into batches.
+    in_flight = len(unique) if cfg.mode == "batch" else 2 * cfg.max_concurrency
     answers: dict[str, JudgeAnswer] = {}
     with RemoteSession(ray, study.providers, folder, provider) as session, reporter.track("judge", len(unique)) as advance:
         submit = lambda prompt, _: session.actor.chat.remote(ChatRequest(model_id, prompt, settings=settings))  # noqa: E731
@@ -229,6 +231,7 @@ def judge_remote(ray, study, folder, provider: str, model_id: str, settings: dic
             if time.monotonic() - last_record >= RECORD_S:
                 session.record()
                 last_record = time.monotonic()
+    stop_if_pending([{"status": a.status, "error": a.error} for a in answers.values()], JUDGE_NAME)
     skipped = [a.error for a in answers.values() if a.status == "skipped"]
     if skipped:
         reporter.say(f"     {JUDGE_NAME}: {len(skipped)} requests not sent: {skipped[0]}")

@@ -112,9 +112,12 @@ def stage(study: OpenWorldStudyConfig) -> Stage:
     return Stage("judgements", ("labels", "responses"), study.judge.fingerprint(), compute)
 
 
-def estimate(study: OpenWorldStudyConfig, images: pa.Table, prompts: dict[str, tuple]) -> Line:
-    """The API judge: at most one text-only request per prediction (every model, image and prompt),
-    each prediction at its model's answer cap (LOCAL_ANSWER_TOKENS for local models)."""
+def estimate(study: OpenWorldStudyConfig, images: pa.Table, prompts: dict[str, tuple], labels: pa.Table | None = None) -> Line:
+    """An upper bound on the API judge's requests: one text-only request per prediction (every
+    model, image and prompt; the judge asks each distinct pair once, and a cached answer is free),
+    the prompt with the image's label (`labels`; without them a label counts 4 tokens) and the
+    prediction at its model's answer cap (local models: their `max_new_tokens`, else
+    LOCAL_ANSWER_TOKENS), each answer at the judge's cap. The low end is no request at all."""
     from vlm_decade.models.api.providers import cost, text_tokens
 
     judge, provider = study.judge, study.judge.backend
@@ -122,12 +125,14 @@ def estimate(study: OpenWorldStudyConfig, images: pa.Table, prompts: dict[str, t
     out_cap = judge_settings(judge)["max_output_tokens"]
     line = Line(provider, f"judge {judge.model_id}")
     template = text_tokens(judge_prompt("", ""))
+    label_of = dict(zip(labels.column("image_id").to_pylist(), labels.column("label").to_pylist())) if labels is not None else {}
+    label_tokens = sum(text_tokens(label_of[i]) if i in label_of else 4 for i in images.column("image_id").to_pylist())
     for model in study.models:
         cls = backend_class(model.backend)
-        answer = cls.settings(model)["max_output_tokens"] if cls.remote else LOCAL_ANSWER_TOKENS
+        answer = cls.settings(model)["max_output_tokens"] if cls.remote else int(model.options.get("max_new_tokens", LOCAL_ANSWER_TOKENS))
         n = images.num_rows * len(prompts[model.name])
         line.requests += n
-        line.input_tokens += n * (template + answer + 4)  # + the label
+        line.input_tokens += n * (template + answer) + len(prompts[model.name]) * label_tokens
         line.output_tokens += n * out_cap
     line.usd = cost(price, line.input_tokens, line.output_tokens) if price else 0.0
     return line

@@ -79,7 +79,7 @@ def estimate(study: OpenWorldStudyConfig, data: OpenWorldData) -> tuple[list[Lin
     steps = plan(study, data.classnames)
     lines, _, _ = describe.estimate(study, steps, data.images, response_cache(study))
     if study.judge is not None and study.judge.backend in ("openai", "gemini"):
-        lines.append(judging.estimate(study, data.images, steps.prompts))
+        lines.append(judging.estimate(study, data.images, steps.prompts, data.labels))
     return lines, ()
 
 

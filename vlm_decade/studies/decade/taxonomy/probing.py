@@ -5,7 +5,7 @@ An API model shows no boxes, so for each relevant object its description leaves 
 mentions that no independent source finds in the image, the same two questions at the place its
 description puts it. A verifier model, when the study has one, is first asked whether each such
 mentioned object is there at all. Questions go through the provider's gateway
-actor like any other request: the same cache (a re-run pays for nothing twice), limits and budget.
+actor like any other request: the same cache (a re-run buys only what was not answered), limits and budget.
 The `probes` table is the transcript, the evidence of every probe-based label.
 """
 
@@ -18,7 +18,7 @@ from vlm_decade.core.dispatch import bounded
 from vlm_decade.core.runner import StudyRun
 from vlm_decade.models.api.gateway import failed_answer
 from vlm_decade.models.backends import backend_class
-from vlm_decade.stages.describe import REMOTE_BATCH, Job, ask_gateway, batches
+from vlm_decade.stages.describe import REMOTE_BATCH, Job, ask_gateway, batches, finish_queued
 from vlm_decade.studies.decade.config import StudyConfig
 from vlm_decade.studies.decade.taxonomy import probes
 
@@ -57,14 +57,18 @@ def _ask(run: StudyRun, session, model: ModelConfig, paths: dict[str, str], asks
     settings = backend_class(model.backend).settings(model)
     jobs = [Job(model.name, i, "full", "", q.text, paths[i], None, "") for i, q in asks]
     ask = ray.remote(ask_gateway).options(num_cpus=0)
-    submit = lambda chunk, _: ask.remote(session.actor, model.model_id, settings, [jobs[k] for k in chunk])  # noqa: E731
+    submit = lambda chunk, _: ask.remote(session.actor, model.model_id, settings, [jobs[k] for k in chunk], session.batch)  # noqa: E731
     answers: dict[int, dict] = {}
     for done in bounded(ray, batches(list(range(len(jobs))), REMOTE_BATCH), submit, tasks):
         if done.error is not None:  # a lost task: its probes failed, asked again next run
             answers.update({k: failed_answer("error", f"{type(done.error).__name__}: gateway call failed") for k in done.work})
         else:
             answers.update(zip(done.work, done.value))
-    return [answers[k] for k in range(len(jobs))]
+    from vlm_decade.models.api.session import stop_if_pending
+
+    found = finish_queued(ray, session.actor, [answers[k] for k in range(len(jobs))])
+    stop_if_pending(found, f"probes of {model.name}")
+    return found
 
 
 def run_probes(study: StudyConfig, run: StudyRun, verifier_asks: dict[str, list[probes.Question]], first_questions) -> pa.Table:

@@ -1,0 +1,166 @@
+"""Batch mode through the gateway with the real clients against the fake server's batch protocols
+(OpenAI Files + Batches, Gemini batch mode): the same answers as sync mode at half the price, the
+same cache, failed lines and expired batches resubmitted alone, and pending batches collected by a
+later gateway instead of being submitted again."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from vlm_decade.core.config import ProviderConfig
+from vlm_decade.models.api.batch import BATCH_DISCOUNT
+from vlm_decade.models.api.gateway import Gateway
+from vlm_decade.models.api.keys import Secret
+from vlm_decade.models.api.providers import ChatRequest, GeminiProvider, OpenAIProvider
+from vlm_decade.models.api.spend import read_spend
+from vlm_decade.testing.fake_api import FakeAPIServer, FaultConfig, chat_text
+
+MODELS = {"openai": "gpt-4o-mini", "gemini": "gemini-2.0-flash"}
+
+
+def png(seed: int) -> bytes:
+    rgb = np.random.default_rng(seed).integers(0, 255, (32, 40, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(rgb).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+@pytest.fixture(autouse=True)
+def loop():
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    yield loop
+    loop.close()
+
+
+def run(coro):
+    return asyncio.get_event_loop().run_until_complete(coro)
+
+
+def gateway(server, provider, root, mode="batch", wait=True, cache=None, **limits) -> Gateway:
+    """A gateway for the run folder `root/run` with the cache folder `root/cache` (or `cache`)."""
+    url = server.openai_url if provider == "openai" else server.gemini_url
+    cfg = ProviderConfig(**{"rpm": 6000, "tpm": 10**8, "timeout_s": 5.0, "base_url": url, "mode": mode, "batch_poll_s": 0.1, **limits})
+    return Gateway(provider, cfg, Secret("sk-test-batch0123456789"), cache or root / "cache",
+                   spend_log=root / "run" / "api" / f"{provider}.spend.jsonl", run_root=root / "run", batch_wait=wait)
+
+
+def requests(provider: str, n: int, tag: str = "q") -> list[ChatRequest]:
+    cls = OpenAIProvider if provider == "openai" else GeminiProvider
+    model = MODELS[provider]
+    return [ChatRequest(model, f"{tag} {i}", png(i), cls.settings(model, {})) for i in range(n)]
+
+
+def ask(gw: Gateway, reqs: list[ChatRequest]) -> list[dict]:
+    async def go():
+        return await asyncio.gather(*[gw.chat(r) for r in reqs])
+
+    return run(go())
+
+
+def price(provider: str):
+    def of(model: str):
+        p = ProviderConfig(rpm=1, tpm=1).price(provider, model)
+        return p.input_per_mtok, p.output_per_mtok
+
+    return of
+
+
+@pytest.mark.parametrize("provider", ["openai", "gemini"])
+def test_batch_answers_are_the_sync_answers_at_half_the_price_and_share_the_cache(tmp_path, provider):
+    reqs = requests(provider, 6)
+    with FakeAPIServer(FaultConfig(batch_delay_s=0.2)) as server:
+        batch = ask(gateway(server, provider, tmp_path / "b"), reqs)
+        sync = ask(gateway(server, provider, tmp_path / "s", mode="sync"), reqs)
+        lines = server.batch_lines()
+        assert server.counts()[f"{provider}.batches.create"] == 1 and len(lines) == 6  # one batch, one line each
+        # Bought in batch, a sync run of the same cache answers from it, and the reverse.
+        again_sync = ask(gateway(server, provider, tmp_path / "b", mode="sync"), reqs)
+        again_batch = ask(gateway(server, provider, tmp_path / "s"), reqs)
+        assert len(server.batch_lines()) == 6 and server.counts()[f"{provider}.batches.create"] == 1
+        billed = server.billed_usd(price(provider), provider=provider)
+    assert [r["text"] for r in batch] == [chat_text(r.prompt, [r.image_png]) for r in reqs] == [r["text"] for r in sync]
+    assert [(r["input_tokens"], r["output_tokens"]) for r in batch] == [(r["input_tokens"], r["output_tokens"]) for r in sync]
+    assert [r["cost_usd"] for r in batch] == pytest.approx([BATCH_DISCOUNT * r["cost_usd"] for r in sync])
+    assert {r["mode"] for r in batch} == {"batch"} and {r["mode"] for r in sync} == {"sync"}
+    assert all(r["cached"] for r in again_sync + again_batch)
+    assert [r["mode"] for r in again_sync] == ["batch"] * 6 and [r["mode"] for r in again_batch] == ["sync"] * 6
+    spent = read_spend(tmp_path / "b" / "run" / "api" / f"{provider}.spend.jsonl")
+    assert spent.paid == pytest.approx(sum(r["cost_usd"] for r in batch)) and spent.unresolved == 0
+    assert billed == pytest.approx(sum(r["cost_usd"] for r in batch + sync))
+
+
+def test_failed_lines_are_error_rows_and_a_later_run_resubmits_only_them(tmp_path):
+    reqs = requests("openai", 12)
+    with FakeAPIServer(FaultConfig(batch_delay_s=0.1, batch_line_fail_rate=0.4, seed=5)) as server:
+        first = ask(gateway(server, "openai", tmp_path), reqs)
+        failed = {r.prompt for r, a in zip(reqs, first) if a["status"] == "error"}
+        assert failed and len(failed) < 12 and all("batch line 500" in a["error"] for a in first if a["status"] == "error")
+        server.faults = FaultConfig(batch_delay_s=0.1)
+        second = ask(gateway(server, "openai", tmp_path), reqs)
+        lines = server.batch_lines()
+    assert {r["status"] for r in second} == {"ok"}
+    assert len(lines) == 12 + len(failed) and server.counts()["openai.batches.create"] == 2
+    resent = [r.key for r in lines[12:]]
+    keys_failed = {r.key for r in lines[:12] if r.outcome != "ok"}
+    assert set(resent) == keys_failed  # the second batch holds the failed lines and nothing else
+
+
+@pytest.mark.parametrize("provider", ["openai", "gemini"])
+def test_an_expired_batch_resubmits_only_what_it_did_not_reach(tmp_path, provider):
+    reqs = requests(provider, 8)
+    with FakeAPIServer(FaultConfig(batch_delay_s=0.1, batch_expire_first=1)) as server:
+        rows = ask(gateway(server, provider, tmp_path), reqs)
+        lines = server.batch_lines()
+        batches = server.counts()[f"{provider}.batches.create"]
+    assert {r["status"] for r in rows} == {"ok"} and batches == 2
+    first = [r for r in lines if r.batch == lines[0].batch]
+    second = [r for r in lines if r.batch != lines[0].batch]
+    assert len(first) == 4 and len(second) == 4 and {r.key for r in first}.isdisjoint(r.key for r in second)
+
+
+@pytest.mark.parametrize("provider", ["openai", "gemini"])
+def test_a_later_gateway_collects_pending_batches_instead_of_submitting_again(tmp_path, provider):
+    reqs = requests(provider, 5)
+    with FakeAPIServer(FaultConfig(batch_delay_s=1.0)) as server:
+        first = ask(gateway(server, provider, tmp_path, wait=False), reqs)
+        assert {r["status"] for r in first} == {"pending"} and "a later run collects it" in first[0]["error"]
+        log = tmp_path / "run" / "api" / f"{provider}.spend.jsonl"
+        assert read_spend(log).unresolved > 0  # sent, not yet paid: counted at worst against the budget
+        rows = ask(gateway(server, provider, tmp_path), reqs)  # the same run folder, again
+        assert server.counts()[f"{provider}.batches.create"] == 1 and len(server.batch_lines()) == 5
+        elsewhere = ask(gateway(server, provider, tmp_path / "other", cache=tmp_path / "cache"), reqs)  # another run folder
+        assert server.counts()[f"{provider}.batches.create"] == 1 and all(r["cached"] for r in elsewhere)
+    assert {r["status"] for r in rows} == {"ok"} and [r["text"] for r in rows] == [chat_text(r.prompt, [r.image_png]) for r in reqs]
+    spend = read_spend(log)
+    assert spend.unresolved == 0 and spend.paid == pytest.approx(sum(r["cost_usd"] for r in rows))
+
+
+def test_pending_batches_are_picked_up_by_a_run_folder_elsewhere_that_shares_the_cache(tmp_path):
+    reqs = requests("openai", 4)
+    with FakeAPIServer(FaultConfig(batch_delay_s=1.0)) as server:
+        ask(gateway(server, "openai", tmp_path / "a", cache=tmp_path / "cache", wait=False), reqs)
+        rows = ask(gateway(server, "openai", tmp_path / "b", cache=tmp_path / "cache"), reqs)
+        assert server.counts()["openai.batches.create"] == 1 and len(server.batch_lines()) == 4
+    assert {r["status"] for r in rows} == {"ok"}
+
+
+def test_a_submission_cut_off_before_its_id_was_recorded_is_found_by_its_label(tmp_path):
+    reqs = requests("openai", 3)
+    with FakeAPIServer(FaultConfig(batch_delay_s=0.1)) as server:
+        gw = gateway(server, "openai", tmp_path, wait=False)
+        saved = gw.batch.records.save
+
+        def forget_the_id(record):  # the process dies right after the provider accepted the batch
+            saved({**record, "id": None, "state": "creating"} if record["state"] == "submitted" else record)
+
+        gw.batch.records.save = forget_the_id
+        ask(gw, reqs)
+        rows = ask(gateway(server, "openai", tmp_path), reqs)
+        assert server.counts()["openai.batches.create"] == 1 and server.counts()["openai.batches.list"] == 1
+    assert {r["status"] for r in rows} == {"ok"}

@@ -1,0 +1,462 @@
+"""Batch mode (`providers.<name>.mode: batch`): the same requests at about half price, sent in
+groups through the providers' batch interfaces and collected when they are done.
+
+- OpenAI: a JSONL file of requests uploaded through the Files API and run by the Batch API within
+  its 24 h window; at most 50,000 requests and 200 MB per file, one model per file
+  (platform.openai.com/docs/guides/batch).
+- Gemini: batch mode of the Gemini API through google-genai, with inline requests, which must stay
+  under 20 MB per batch (ai.google.dev/gemini-api/docs/batch-mode); one model per batch.
+
+Both bill batch requests at 50% of the standard price (`BATCH_DISCOUNT`, as both providers state
+it, checked on the date of `PRICES_AS_OF`).
+
+Every request keeps its cache key (the same as in sync mode) as its `custom_id` (Gemini: the
+request's metadata `key`), so an answer bought in batch is a cache hit for a later sync run and the
+reverse. The `Batcher` groups the requests a gateway is given per model, writes each group to disk
+(`<cache_dir>/batches/<provider>/<label>.jsonl`) and records it (`<label>.json`, and a copy in the
+run folder's `api/batches/<provider>/`) before it is submitted, with a fresh label that goes with
+the batch to the provider; then it records the batch's id. A gateway started later, by a rerun
+or on another machine that shares the cache folder, finds the batches that are still pending and
+collects them instead of submitting their requests again (a batch whose submission was cut off
+before its id was recorded is found by its label among the provider's batches). Finished batches
+are downloaded, each line matched to its request by its custom id, priced at the batch price,
+written to the cache and the spend log at once, and handed back as rows; a line that failed
+becomes an error row that a later run retries; the lines an expired or cancelled batch did not
+reach are submitted again (read back from disk), and nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from vlm_decade.core.runfolder import atomic_write_bytes
+from vlm_decade.models.api.providers import ChatRequest, Reply, chat_key, cost
+
+BATCH_DISCOUNT = 0.5  # both providers bill batch requests at half the standard price
+LINGER_S = 2.0  # a group is submitted once no request has joined it for this long (or when full)
+MAX_POLL_S = 600.0
+
+
+@dataclass(frozen=True)
+class Limits:
+    requests: int
+    bytes: int
+
+
+LIMITS = {"openai": Limits(50_000, 200 * 2**20), "gemini": Limits(50_000, 20 * 2**20)}
+FINISHED = {"completed", "expired", "cancelled", "failed"}
+
+
+@dataclass
+class Line:
+    """One request of a batch, as written to disk: its key, model, worst-case cost (at the batch
+    price), tokens for the limits, and the provider's payload."""
+
+    key: str
+    model_id: str
+    worst: float
+    tokens: int
+    payload: dict
+
+    def dump(self) -> bytes:
+        return (json.dumps({"key": self.key, "model_id": self.model_id, "worst": self.worst, "tokens": self.tokens,
+                            "payload": self.payload}, separators=(",", ":")) + "\n").encode()
+
+    @staticmethod
+    def load(raw: bytes) -> "Line":
+        d = json.loads(raw)
+        return Line(d["key"], d["model_id"], d["worst"], d["tokens"], d["payload"])
+
+
+# the providers' batch interfaces ---------------------------------------------------------------
+class OpenAIBatches:
+    def __init__(self, provider):
+        self.provider, self.client = provider, provider.client
+
+    def payload(self, key: str, req: ChatRequest) -> dict:
+        return {"custom_id": key, "method": "POST", "url": "/v1/chat/completions", "body": self.provider.chat_body(req)}
+
+    async def submit(self, model_id: str, lines: list[Line], label: str) -> str:
+        data = b"".join((json.dumps(line.payload, separators=(",", ":")) + "\n").encode() for line in lines)
+        upload = await self.client.files.create(file=(f"{label}.jsonl", data), purpose="batch")
+        batch = await self.client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions",
+                                                 completion_window="24h", metadata={"vlm_decade": label})
+        return batch.id
+
+    async def find(self, label: str) -> str | None:
+        async for batch in self.client.batches.list(limit=100):
+            if (batch.metadata or {}).get("vlm_decade") == label:
+                return batch.id
+        return None
+
+    async def state(self, batch_id: str):
+        batch = await self.client.batches.retrieve(batch_id)
+        status = batch.status
+        return ("pending" if status not in FINISHED else status), batch
+
+    async def results(self, batch) -> dict[str, Reply | str]:
+        out: dict[str, Reply | str] = {}
+        for file_id in (batch.output_file_id, batch.error_file_id):
+            if not file_id:
+                continue
+            content = await self.client.files.content(file_id)
+            for raw in content.content.splitlines():
+                if not raw.strip():
+                    continue
+                line = json.loads(raw)
+                response = line.get("response") or {}
+                if (line.get("error") or {}).get("code") in ("batch_expired", "batch_cancelled"):
+                    continue  # not reached: submitted again, as a request the batch did not answer
+                if response.get("status_code") == 200:
+                    out[line["custom_id"]] = self.provider.reply_from(response["body"])
+                else:
+                    error = line.get("error") or (response.get("body") or {}).get("error") or {}
+                    out[line["custom_id"]] = f"batch line {response.get('status_code', error.get('code', ''))}: {error.get('message', 'failed')}"
+        return out
+
+
+class GeminiBatches:
+    def __init__(self, provider):
+        self.provider, self.client, self.types = provider, provider.client, provider.types
+
+    def payload(self, key: str, req: ChatRequest) -> dict:
+        contents, config = self.provider.request_parts(req)
+        inlined = self.types.InlinedRequest(contents=contents, config=config, metadata={"key": key})
+        return inlined.model_dump(mode="json", exclude_none=True)
+
+    async def submit(self, model_id: str, lines: list[Line], label: str) -> str:
+        requests = [self.types.InlinedRequest.model_validate(line.payload) for line in lines]
+        batch = await self.client.aio.batches.create(model=model_id, src=requests, config={"display_name": label})
+        return batch.name
+
+    async def find(self, label: str) -> str | None:
+        pager = await self.client.aio.batches.list(config={"page_size": 100})
+        async for batch in pager:
+            if batch.display_name == label:
+                return batch.name
+        return None
+
+    async def state(self, batch_id: str):
+        batch = await self.client.aio.batches.get(name=batch_id)
+        name = getattr(batch.state, "value", str(batch.state))
+        status = {"JOB_STATE_SUCCEEDED": "completed", "JOB_STATE_EXPIRED": "expired", "JOB_STATE_CANCELLED": "cancelled",
+                  "JOB_STATE_FAILED": "failed"}.get(name, "pending")
+        return status, batch
+
+    async def results(self, batch) -> dict[str, Reply | str]:
+        out: dict[str, Reply | str] = {}
+        for item in (batch.dest.inlined_responses if batch.dest and batch.dest.inlined_responses else []):
+            key = (item.metadata or {}).get("key")
+            if key is None:
+                continue
+            if item.error is not None or item.response is None:
+                error = item.error
+                out[key] = f"batch line {getattr(error, 'code', '')}: {getattr(error, 'message', 'failed')}"
+            else:
+                out[key] = self.provider.reply_from(item.response, batch.model or "")
+        return out
+
+
+def batches_for(provider):
+    return {"openai": OpenAIBatches, "gemini": GeminiBatches}[provider.name](provider)
+
+
+# where batches are recorded --------------------------------------------------------------------
+class BatchRecords:
+    """A provider's batches: `<label>.json` (what the batch is and where it stands) beside
+    `<label>.jsonl` (its requests) in the cache folder, shared by runs and machines, and a copy of
+    the record in the run folder (for `vlm-decade status`). Every file is written whole."""
+
+    def __init__(self, cache_root: str | Path, provider: str, run_root: str | Path | None):
+        self.folder = Path(cache_root) / "batches" / provider
+        self.run_folder = Path(run_root) / "api" / "batches" / provider if run_root else None
+
+    def save(self, record: dict) -> None:
+        data = json.dumps(record, sort_keys=True).encode()
+        atomic_write_bytes(self.folder / f"{record['label']}.json", data)
+        if self.run_folder is not None:
+            atomic_write_bytes(self.run_folder / f"{record['label']}.json", data)
+
+    def write_lines(self, label: str, lines: list[Line]) -> None:
+        atomic_write_bytes(self.folder / f"{label}.jsonl", b"".join(line.dump() for line in lines))
+
+    def lines(self, label: str) -> dict[str, Line]:
+        path = self.folder / f"{label}.jsonl"
+        if not path.exists():
+            return {}
+        return {line.key: line for line in map(Line.load, path.read_bytes().splitlines())}
+
+    def drop_lines(self, label: str) -> None:
+        (self.folder / f"{label}.jsonl").unlink(missing_ok=True)
+
+    def open_records(self) -> list[dict]:
+        out = []
+        for path in sorted(self.folder.glob("*.json")):
+            try:
+                record = json.loads(path.read_bytes())
+            except ValueError:
+                continue
+            if record.get("state") in ("creating", "submitted"):
+                out.append(record)
+        return out
+
+
+def run_batches(run_root: str | Path) -> dict[str, Counter]:
+    """Per provider, the batches recorded in a run folder by state (for `vlm-decade status`)."""
+    out: dict[str, Counter] = defaultdict(Counter)
+    for path in sorted((Path(run_root) / "api" / "batches").glob("*/*.json")):
+        record = json.loads(path.read_bytes())
+        out[path.parent.name]["pending" if record["state"] in ("creating", "submitted") else record["state"]] += 1
+    return out
+
+
+# the batcher -----------------------------------------------------------------------------------
+class Batcher:
+    """Batch mode for one gateway: `submit` a request (an answer at once when the cache has it,
+    else it joins a group), `result` waits for its answer; `flush` submits what is grouped.
+
+    With `wait` false, a request whose batch is not finished yet gets a `pending` answer instead of
+    a wait: the run can end and a later run collects the batch.
+    """
+
+    def __init__(self, gateway, cache_root: str | Path, run_root: str | Path | None, wait: bool = True):
+        self.gw = gateway
+        self.api = batches_for(gateway.provider)
+        self.records = BatchRecords(cache_root, gateway.name, run_root)
+        self.wait = wait
+        cfg = gateway.cfg
+        limits = LIMITS[gateway.name]
+        self.max_requests = min(cfg.batch_max_requests or limits.requests, limits.requests)
+        self.max_bytes = limits.bytes
+        self.poll_s = cfg.batch_poll_s
+        self.groups: dict[str, list[Line]] = defaultdict(list)  # model -> lines not submitted yet
+        self.group_bytes: Counter = Counter()
+        self.futures: dict[str, asyncio.Future] = {}
+        self.tries: Counter = Counter()  # submissions per key by this gateway
+        self.batch_of: dict[str, str] = {}  # key -> label of the batch it is in
+        self.open: dict[str, dict] = {}  # label -> record, for batches not collected yet
+        self.pollers: dict[str, asyncio.Task] = {}
+        self.timer: asyncio.TimerHandle | None = None
+        self.stats: Counter = Counter()
+        for record in self.records.open_records():  # batches earlier runs left pending
+            self.open[record["label"]] = record
+            for key in record["keys"]:
+                self.batch_of[key] = record["label"]
+
+    # requests ---------------------------------------------------------------------------------
+    async def submit(self, req: ChatRequest, hold: bool = False) -> dict:
+        """The answer when it is known at once (cache, budget, price), else {"status": "queued"}.
+        `hold`: more requests are coming and the caller will `flush`, so no group is submitted
+        after a pause, only when it is full."""
+        key = chat_key(self.gw.name, req)
+        hit = self.gw.cache.get("chat", key)
+        if hit is not None:
+            return self.gw.cached_answer(hit)
+        if key in self.futures and not self.futures[key].done():
+            return {"status": "queued", "key": key}
+        self.futures[key] = asyncio.get_running_loop().create_future()
+        if key in self.batch_of:  # an earlier run submitted it: collect, do not submit again
+            self._poll(self.batch_of[key])
+            return {"status": "queued", "key": key}
+        try:
+            price = self.gw._price(req.model_id)
+        except LookupError as exc:
+            return self._settle(key, self.gw.failed_answer("error", str(exc)))
+        est_in = self.gw.provider.estimate_input(req)
+        cap = req.settings["max_output_tokens"]
+        line = Line(key, req.model_id, BATCH_DISCOUNT * cost(price, est_in, cap), est_in + cap, self.api.payload(key, req))
+        try:
+            await self.gw._reserve(line.worst)
+        except Exception as exc:  # noqa: BLE001 - a budget stop: the row is skipped
+            return self._settle(key, self.gw.failed_answer(*self.gw._failed(exc)))
+        self._group(line, hold)
+        return {"status": "queued", "key": key}
+
+    async def result(self, key: str) -> dict:
+        future = self.futures.get(key)
+        if future is None:
+            return self.gw.failed_answer("error", "no such request in this gateway")
+        return await asyncio.shield(future)
+
+    async def chat(self, req: ChatRequest) -> dict:
+        first = await self.submit(req)
+        return first if first["status"] != "queued" else await self.result(first["key"])
+
+    def _settle(self, key: str, answer: dict) -> dict:
+        future = self.futures.get(key)
+        if future is not None and not future.done():
+            future.set_result(answer)
+        return answer
+
+    # grouping and submitting ------------------------------------------------------------------
+    def _group(self, line: Line, hold: bool) -> None:
+        size = len(json.dumps(line.payload))
+        group = self.groups[line.model_id]
+        if group and (len(group) >= self.max_requests or self.group_bytes[line.model_id] + size > self.max_bytes):
+            full, self.groups[line.model_id], self.group_bytes[line.model_id] = group, [], 0
+            asyncio.get_running_loop().create_task(self._submit(line.model_id, full))
+            group = self.groups[line.model_id]
+        group.append(line)
+        self.group_bytes[line.model_id] += size
+        if not hold:
+            if self.timer is not None:
+                self.timer.cancel()
+            self.timer = asyncio.get_running_loop().call_later(LINGER_S, lambda: asyncio.ensure_future(self.flush()))
+
+    async def flush(self) -> None:
+        """Submit every group that has requests."""
+        await asyncio.gather(*[self._submit(model) for model in list(self.groups) if self.groups[model]])
+
+    async def _submit(self, model_id: str, lines: list[Line] | None = None) -> None:
+        if lines is None:
+            lines, self.groups[model_id], self.group_bytes[model_id] = self.groups[model_id], [], 0
+        if not lines:
+            return
+        label = f"vlm_decade-{uuid.uuid4().hex}"
+        record = {"label": label, "provider": self.gw.name, "model_id": model_id, "id": None, "state": "creating",
+                  "created": time.time(), "keys": [line.key for line in lines]}
+        self.records.write_lines(label, lines)
+        self.records.save(record)  # before the provider hears of it: a cut-off submission is found by its label
+        try:
+            record["id"] = await self.api.submit(model_id, lines, label)
+        except Exception as exc:  # noqa: BLE001 - the requests are error rows, retried by a later run
+            record["state"] = "refused"
+            self.records.save(record)
+            self.records.drop_lines(label)
+            error = self.gw._error(exc)
+            for line in lines:
+                self.gw._release(line.worst, 0.0)
+                self._settle(line.key, self.gw.failed_answer("error", f"batch not accepted: {error}"))
+            return
+        record["state"] = "submitted"
+        self.records.save(record)
+        self.stats["batches"] += 1
+        self.stats["lines"] += len(lines)
+        for line in lines:
+            self.tries[line.key] += 1
+            self.batch_of[line.key] = label
+            if self.gw.log:
+                self.gw.log.write(a=f"{record['id']}:{line.key}", e="sent", worst=line.worst, t=round(time.time(), 3), tok=line.tokens, m="batch")
+        self.open[label] = record
+        self._poll(label, reserved=True)
+
+    # collecting -------------------------------------------------------------------------------
+    def _poll(self, label: str, reserved: bool = False) -> None:
+        if label not in self.pollers or self.pollers[label].done():
+            self.pollers[label] = asyncio.get_running_loop().create_task(self._collect(label, reserved))
+
+    async def _collect(self, label: str, reserved: bool) -> None:
+        """Poll one batch with backoff until it is finished, then hand out its answers."""
+        record = self.open[label]
+        delay = self.poll_s
+        try:
+            if record["id"] is None:  # cut off between submitting and recording: look for it
+                record["id"] = await self.api.find(label)
+                if record["id"] is None:
+                    return await self._lost(label)
+                record["state"] = "submitted"
+                self.records.save(record)
+            while True:
+                status, batch = await self.api.state(record["id"])
+                if status in FINISHED:
+                    break
+                if not self.wait or not self.gw.driver.alive():
+                    return self._pending(label, reserved)
+                await asyncio.sleep(delay)
+                delay = min(delay * 1.5, MAX_POLL_S)
+            results = await self.api.results(batch)
+        except Exception as exc:  # noqa: BLE001 - this batch's requests wait for a later run
+            self.stats["poll_errors"] += 1
+            return self._pending(label, reserved, f"could not reach the batch: {self.gw._error(exc)}")
+        await self._finish(label, status, results, reserved)
+
+    def _pending(self, label: str, reserved: bool, why: str = "") -> None:
+        """The batch is not finished and this run will not wait: its requests answer `pending`. What
+        they may cost stays in the spend log as unresolved (the next gateway counts it); here it
+        leaves the reservations for the budget's total, so no request waits on it."""
+        record = self.open[label]
+        if reserved:
+            lines = self.records.lines(label)
+            for key in record["keys"]:
+                worst = lines[key].worst if key in lines else 0.0
+                self.gw._release(worst, 0.0)
+                self.gw.spent_before += worst
+                self.gw.open_before[f"{record['id']}:{key}"] = worst
+        note = why or f"in {self.gw.name} batch {record['id']} (submitted {time.strftime('%Y-%m-%d %H:%M', time.gmtime(record['created']))} UTC)"
+        for key in record["keys"]:
+            self._settle(key, self.gw.failed_answer("pending", f"{note}; a later run collects it"))
+
+    async def _lost(self, label: str) -> None:
+        """A submission cut off before the provider had it: its requests are submitted again."""
+        record = self.open.pop(label)
+        record["state"] = "lost"
+        self.records.save(record)
+        lines = self.records.lines(label)
+        self.records.drop_lines(label)
+        await self._again(list(lines.values()), reserve=True)
+
+    async def _finish(self, label: str, status: str, results: dict, reserved: bool) -> None:
+        record = self.open.pop(label)
+        lines = self.records.lines(label)
+        missing = []
+        for key in record["keys"]:
+            attempt = f"{record['id']}:{key}"
+            worst = lines[key].worst if key in lines else 0.0
+            answer = results.get(key)
+            paid = 0.0
+            if isinstance(answer, Reply):
+                price = self.gw._price(record["model_id"])
+                paid = BATCH_DISCOUNT * cost(price, answer.input_tokens, answer.output_tokens)
+                entry = {"text": answer.text, "input_tokens": answer.input_tokens, "output_tokens": answer.output_tokens,
+                         "cost_usd": paid, "model_version": answer.model_version, "latency_s": None, "mode": "batch"}
+                if self.gw.log:
+                    self.gw.log.write(a=attempt, e="paid", usd=paid, tok=answer.input_tokens + answer.output_tokens, m="batch")
+                self.gw.cache.put("chat", key, entry)
+                row = {**entry, "status": "ok", "error": "", "queued_s": None, "paid_usd": paid, "cached": False}
+            else:
+                if self.gw.log:
+                    self.gw.log.write(a=attempt, e="failed", m="batch")
+                row = self.gw.failed_answer("error", answer) if isinstance(answer, str) else None
+            self.gw._settle_spend(attempt, worst, paid, reserved)
+            self.batch_of.pop(key, None)
+            if row is not None:
+                self._settle(key, row)
+            elif key in lines:
+                missing.append(lines[key])
+            else:
+                self._settle(key, self.gw.failed_answer("error", f"{self.gw.name} batch {record['id']} {status} before this request"))
+        record.update(state=status, finished=time.time(), answered=sum(isinstance(r, Reply) for r in results.values()))
+        self.records.save(record)
+        self.records.drop_lines(label)
+        self.stats[f"batches_{status}"] += 1
+        await self._again(missing, reserve=True)
+
+    async def _again(self, lines: list[Line], reserve: bool) -> None:
+        """Submit again the requests a batch did not reach (expired, cancelled, lost), up to the
+        provider's `max_attempts` submissions each."""
+        again = []
+        for line in lines:
+            if self.tries[line.key] >= self.gw.cfg.max_attempts:
+                self._settle(line.key, self.gw.failed_answer("error", f"not answered in {self.tries[line.key]} batches; a later run tries again"))
+                continue
+            if line.key not in self.futures:
+                self.futures[line.key] = asyncio.get_running_loop().create_future()
+            try:
+                if reserve:
+                    await self.gw._reserve(line.worst)
+            except Exception as exc:  # noqa: BLE001 - a budget stop: skipped
+                self._settle(line.key, self.gw.failed_answer(*self.gw._failed(exc)))
+                continue
+            again.append(line)
+        by_model = defaultdict(list)
+        for line in again:
+            by_model[line.model_id].append(line)
+        for model_id, group in by_model.items():
+            for i in range(0, len(group), self.max_requests):
+                await self._submit(model_id, group[i : i + self.max_requests])

@@ -1,0 +1,195 @@
+"""The fake server's batch interfaces: OpenAI's Files + Batches and Gemini's batch mode.
+
+    POST /v1/files                                   upload a JSONL of requests (multipart, purpose batch)
+    GET  /v1/files/{id}/content                      download a file (input, output or errors)
+    POST /v1/batches                                 create: input_file_id, endpoint, completion_window, metadata
+    GET  /v1/batches/{id}  | /v1/batches             retrieve | list
+    POST /v1/batches/{id}/cancel                     cancel
+    POST /v1beta/models/{model}:batchGenerateContent Gemini: create with inline requests (and displayName)
+    GET  /v1beta/batches/{id}  | /v1beta/batches     get (inline responses when done) | list
+    POST /v1beta/batches/{id}:cancel                 cancel
+
+A batch is worked through `batch_delay_s` after it was created, the first time it is looked at
+from then on: every line is answered as the synchronous endpoint would answer it (the same text and
+usage), or fails at `batch_line_fail_rate` (seeded by the line and how often it came before); the
+first `batch_expire_first` batches expire instead, with only the first half of their lines done.
+Every line is logged as a `Received` with endpoint `<provider>.batch_line` and `mode` batch, so the
+server's `billed_usd` bills it (at the batch discount) and a test can count lines sent twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+DONE_OPENAI = {"completed", "expired", "cancelled", "failed"}
+GEMINI_STATE = {"pending": "BATCH_STATE_PENDING", "running": "BATCH_STATE_RUNNING", "completed": "BATCH_STATE_SUCCEEDED",
+                "expired": "BATCH_STATE_EXPIRED", "cancelled": "BATCH_STATE_CANCELLED"}
+
+
+@dataclass
+class FakeBatch:
+    id: str
+    provider: str
+    created: float
+    lines: list[tuple[str, dict]]  # (custom id or key, request body)
+    model: str = ""  # Gemini: the model of the create call
+    label: str = ""  # OpenAI metadata / Gemini displayName
+    metadata: dict = field(default_factory=dict)
+    input_file_id: str = ""
+    status: str = "in_progress"  # in_progress, completed, expired, cancelled
+    results: list[tuple[str, dict | None, dict | None]] = field(default_factory=list)  # (id, answer body, error)
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+
+
+class BatchStore:
+    """The server's files and batches; `fake` answers the lines and logs them."""
+
+    def __init__(self, fake):
+        self.fake = fake
+        self.lock = threading.Lock()
+        self.files: dict[str, bytes] = {}
+        self.batches: dict[str, FakeBatch] = {}
+        self.ids = itertools.count(1)
+        self.created = 0
+
+    def _id(self, prefix: str) -> str:
+        return f"{prefix}{next(self.ids):06d}"
+
+    # OpenAI -------------------------------------------------------------------------------------
+    def upload(self, data: bytes, filename: str) -> dict:
+        with self.lock:
+            file_id = self._id("file-")
+            self.files[file_id] = data
+        return {"id": file_id, "object": "file", "bytes": len(data), "created_at": int(time.time()), "filename": filename,
+                "purpose": "batch", "status": "processed"}
+
+    def create_openai(self, body: dict) -> dict:
+        data = self.files[body["input_file_id"]]
+        lines = []
+        for raw in data.splitlines():
+            if raw.strip():
+                line = json.loads(raw)
+                lines.append((line["custom_id"], line["body"]))
+        batch = self._new("openai", lines, label=(body.get("metadata") or {}).get("vlm_decade", ""), metadata=body.get("metadata") or {})
+        batch.input_file_id = body["input_file_id"]
+        return self.openai_view(batch)
+
+    def openai_view(self, batch: FakeBatch) -> dict:
+        self._work(batch)
+        done = [r for r in batch.results if r[1] is not None]
+        return {
+            "id": batch.id, "object": "batch", "endpoint": "/v1/chat/completions", "errors": None,
+            "input_file_id": batch.input_file_id, "completion_window": "24h", "status": batch.status,
+            "output_file_id": batch.output_file_id, "error_file_id": batch.error_file_id,
+            "created_at": int(batch.created), "metadata": batch.metadata,
+            "request_counts": {"total": len(batch.lines), "completed": len(done), "failed": len(batch.results) - len(done)},
+        }
+
+    # Gemini -------------------------------------------------------------------------------------
+    def create_gemini(self, model: str, body: dict) -> dict:
+        spec = body["batch"]
+        requests = spec["inputConfig"]["requests"]["requests"]
+        lines = [((r.get("metadata") or {}).get("key", str(i)), r["request"]) for i, r in enumerate(requests)]
+        batch = self._new("gemini", lines, model=model, label=spec.get("displayName", ""))
+        return self.gemini_view(batch)
+
+    def gemini_view(self, batch: FakeBatch) -> dict:
+        self._work(batch)
+        status = "pending" if batch.status == "in_progress" else batch.status
+        meta = {"@type": "type.googleapis.com/google.ai.generativelanguage.v1main.GenerateContentBatch", "name": batch.id,
+                "displayName": batch.label, "model": f"models/{batch.model}", "state": GEMINI_STATE[status],
+                "createTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(batch.created))}
+        if batch.results:
+            inlined = []
+            for key, answer, error in batch.results:
+                item = {"metadata": {"key": key}}
+                item.update({"response": answer} if answer is not None else {"error": error})
+                inlined.append(item)
+            meta["output"] = {"inlinedResponses": {"inlinedResponses": inlined}}
+        return {"name": batch.id, "metadata": meta, "done": batch.status != "in_progress"}
+
+    # both ---------------------------------------------------------------------------------------
+    def get(self, batch_id: str) -> FakeBatch | None:
+        return self.batches.get(batch_id)
+
+    def cancel(self, batch_id: str) -> FakeBatch:
+        batch = self.batches[batch_id]
+        self._work(batch)
+        with self.lock:
+            if batch.status == "in_progress":
+                batch.status = "cancelled"
+        return batch
+
+    def _new(self, provider: str, lines: list, model: str = "", label: str = "", metadata: dict | None = None) -> FakeBatch:
+        with self.lock:
+            batch_id = self._id("batch_") if provider == "openai" else f"batches/{self._id('b')}"
+            batch = FakeBatch(batch_id, provider, time.time(), lines, model=model, label=label, metadata=metadata or {})
+            batch.expire = self.created < self.fake.faults.batch_expire_first
+            self.created += 1
+            self.batches[batch_id] = batch
+        return batch
+
+    def _work(self, batch: FakeBatch) -> None:
+        """Answer the batch's lines once its time has come (or half of them, for one that expires)."""
+        with self.lock:
+            if batch.status != "in_progress" or time.time() < batch.created + self.fake.faults.batch_delay_s:
+                return
+            expire = getattr(batch, "expire", False)
+            todo = batch.lines[: math.ceil(len(batch.lines) / 2)] if expire else batch.lines
+            batch.results = [self._answer(batch, key, body) for key, body in todo]
+            batch.status = "expired" if expire else "completed"
+            if batch.provider == "openai":
+                self._openai_files(batch)
+
+    def _answer(self, batch: FakeBatch, key: str, body: dict) -> tuple[str, dict | None, dict | None]:
+        from vlm_decade.testing.fake_api import Received, gemini_answer, openai_chat_answer, usage_of
+
+        fake = self.fake
+        digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+        with fake.lock:
+            seen = fake._seen[("batch", digest)]
+            fake._seen[("batch", digest)] += 1
+        failed = np.random.default_rng([fake.faults.seed, int(digest[:15], 16), seen + 1]).random() < fake.faults.batch_line_fail_rate
+        endpoint = f"{batch.provider}.batch_line"
+        record = Received(time.time(), endpoint, digest, "500" if failed else "ok", mode="batch", key=key, batch=batch.id,
+                          answered=time.time(), delivered=not failed)
+        if failed:
+            error = {"code": 500, "message": "internal error", "status": "INTERNAL", "type": "server_error"}
+            answer = None
+        elif batch.provider == "openai":
+            answer, error = openai_chat_answer(fake, body), None
+            record.model, record.input_tokens, record.output_tokens = usage_of("openai.chat", answer, body, "")
+        else:
+            answer, error = gemini_answer(fake, body, batch.model), None
+            record.model, record.input_tokens, record.output_tokens = usage_of("gemini.generate", answer, body, batch.model)
+        with fake.lock:
+            fake.log.append(record)
+        return key, answer, error
+
+    def _openai_files(self, batch: FakeBatch) -> None:
+        out, err = [], []
+        for i, (key, answer, error) in enumerate(batch.results):
+            line = {"id": f"batch_req_{batch.id}_{i}", "custom_id": key, "error": None}
+            if answer is not None:
+                out.append({**line, "response": {"status_code": 200, "request_id": f"req_{i}", "body": answer}})
+            else:
+                err.append({**line, "response": {"status_code": 500, "request_id": f"req_{i}", "body": {"error": error}}})
+        done = {k for k, _, _ in batch.results}
+        for key, _ in batch.lines:  # what an expired batch did not reach
+            if key not in done:
+                err.append({"id": f"batch_req_{batch.id}_x", "custom_id": key, "response": None,
+                            "error": {"code": "batch_expired", "message": "This request could not be executed before the completion window expired."}})
+        for lines, attr in ((out, "output_file_id"), (err, "error_file_id")):
+            if lines:
+                file_id = self._id("file-")
+                self.files[file_id] = "".join(json.dumps(x) + "\n" for x in lines).encode()
+                setattr(batch, attr, file_id)
