@@ -322,7 +322,7 @@ def test_a_responses_table_written_before_the_new_columns_is_still_read(tmp_path
     import pyarrow as pa
 
     from vlm_decade.core.runfolder import RunFolder
-    from vlm_decade.stages.describe import RESPONSES_SCHEMA, Job, collect_rows
+    from vlm_decade.stages.describe import RESPONSES_SCHEMA, collect_rows
 
     old_columns = ["subject", "image_id", "variant", "prompt_id", "text", "status", "error", "latency_s", "input_tokens",
                    "output_tokens", "cost_usd", "model_version", "cache_key"]
@@ -330,8 +330,10 @@ def test_a_responses_table_written_before_the_new_columns_is_still_read(tmp_path
     row = {"subject": "gpt", "image_id": "i1", "variant": "full", "prompt_id": "p", "text": "a cat", "status": "ok", "error": "",
            "latency_s": 1.5, "input_tokens": 10, "output_tokens": 3, "cost_usd": 0.001, "model_version": "v", "cache_key": "k"}
     folder = RunFolder(tmp_path)
-    folder.write("responses", pa.Table.from_pylist([row], schema=old.schema))
-    (kept,) = collect_rows(folder, [Job("gpt", "i1", "full", "p", "prompt", "x.png", None, "k")]).values()
+    fingerprint, record = folder.write("responses", pa.Table.from_pylist([row], schema=old.schema))
+    folder.save_manifest({"tables": {"responses": fingerprint}, "files": {"responses": record}})
+    jobs = pa.table({"subject": ["gpt"], "image_id": ["i1"], "variant": ["full"], "prompt_id": ["p"], "cache_key": ["k"]})
+    (kept,) = collect_rows(folder, jobs).to_pylist()
     assert kept == {**row, "queued_s": None, "paid_usd": None, "cached": None, "mode": None}
 
 
