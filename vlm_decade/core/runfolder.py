@@ -51,19 +51,27 @@ def _file_mode() -> int:
 FILE_MODE = _file_mode()
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
+@contextmanager
+def atomic_file(path: Path):
+    """A file to write `path` through: a temporary file in the same folder, synced and renamed into
+    place when the block ends, removed if it fails, so `path` is the old file or the new one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.fchmod(fd, FILE_MODE)
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+            yield fh
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    with atomic_file(path) as fh:
+        fh.write(data)
 
 
 def file_sha256(path: Path) -> str:
@@ -208,29 +216,19 @@ class RunFolder:
         row group at a time: keep them small for wide rows). Returns the fingerprint, the file
         record and the row count."""
         path = self.table_path(name)
-        path.parent.mkdir(parents=True, exist_ok=True)
         fingerprint = Fingerprinter(schema)
         rows = 0
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            os.fchmod(fd, FILE_MODE)
-            with os.fdopen(fd, "wb") as fh:
-                # Non-compliant list names keep Arrow's own ("item"), so a table reads back exactly
-                # as written and its fingerprint can be checked from the file alone.
-                with pq.ParquetWriter(fh, schema, compression="zstd", use_compliant_nested_type=False) as writer:
-                    for batch in batches:
-                        for piece in pa.Table.from_batches([batch]).to_batches(max_chunksize=row_group_rows):
-                            fingerprint.add(piece)
-                            writer.write_batch(piece, row_group_size=row_group_rows)
-                            rows += piece.num_rows
-                    digest = fingerprint.hexdigest()
-                    writer.add_key_value_metadata({FINGERPRINT_KEY: digest.encode()})
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with atomic_file(path) as fh:
+            # Non-compliant list names keep Arrow's own ("item"), so a table reads back exactly as
+            # written and its fingerprint can be checked from the file alone.
+            with pq.ParquetWriter(fh, schema, compression="zstd", use_compliant_nested_type=False) as writer:
+                for batch in batches:
+                    for piece in pa.Table.from_batches([batch]).to_batches(max_chunksize=row_group_rows):
+                        fingerprint.add(piece)
+                        writer.write_batch(piece, row_group_size=row_group_rows)
+                        rows += piece.num_rows
+                digest = fingerprint.hexdigest()
+                writer.add_key_value_metadata({FINGERPRINT_KEY: digest.encode()})
         return digest, {"sha256": file_sha256(path), "bytes": path.stat().st_size}, rows
 
     def batches(self, name: str, columns: list[str] | None = None, batch_size: int = ROW_GROUP_ROWS):
