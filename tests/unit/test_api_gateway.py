@@ -136,19 +136,42 @@ def test_requests_per_window_never_exceed_the_limit(server, tmp_path):
     assert times[-1] - times[0] >= 3.0  # 16 requests at 5 a window take three windows at least
 
 
-def test_token_limit_holds_with_reconciled_usage():
+class FakeClock:
+    """The limiter's time, moved by hand: a wait of w seconds moves it by w at once, so limits are
+    checked on the clock's own arithmetic, not on how fast this machine is."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    async def wait_for(self, waiter, timeout):
+        waiter.close()  # never awaited: the time passes at once
+        self.now += timeout
+        raise asyncio.TimeoutError
+
+
+def test_token_limit_holds_with_reconciled_usage(monkeypatch):
+    from vlm_decade.models.api import limits
+
+    clock = FakeClock()
+    monkeypatch.setattr(limits.time, "monotonic", clock.monotonic)
+    monkeypatch.setattr(limits.asyncio, "wait_for", clock.wait_for)
+
     async def limited():
         limiter = RateLimiter(rpm=1000, tpm=100, window_s=0.25)  # widened to 0.5 s
         first = await limiter.acquire(80)
         limiter.reconcile(first, 10)  # the answer was short: most of the reservation comes back
-        t = asyncio.get_running_loop().time()
+        start = clock.now
         await limiter.acquire(80)
-        fast = asyncio.get_running_loop().time() - t
-        await limiter.acquire(80)  # 10 + 80 + 80 > 100: waits for the window
-        return fast, asyncio.get_running_loop().time() - t
+        fast = clock.now - start
+        await limiter.acquire(80)  # 10 + 80 + 80 > 100, and 80 + 80 too: waits for the second to leave the window
+        return fast, clock.now - start
 
     fast, slow = run(limited())
-    assert fast < 0.1 and slow >= 0.4
+    assert fast == pytest.approx(0.5 / 1000)  # only the even pacing: window / rpm
+    assert slow == pytest.approx(fast + 0.5)  # the second reservation leaves the 0.5 s window
 
 
 def test_budget_stops_new_requests_before_it_is_passed(server, tmp_path):
