@@ -103,6 +103,14 @@ def test_retry_after_is_honoured(tmp_path):
     assert times[1] - times[0] >= 1.6  # never sooner than Retry-After (the backoff alone waits at most 1 s)
 
 
+@pytest.mark.parametrize("provider, model", [("openai", "gpt-4o"), ("gemini", "gemini-2.0-flash")])
+def test_408_and_409_are_retried(tmp_path, provider, model):
+    with FakeAPIServer(FaultConfig(first_status=(408, 409))) as server:
+        row = chat(gateway(server, provider, tmp_path), model, "p", png(6))
+        outcomes = [r.outcome for r in server.received()]
+    assert row["status"] == "ok" and outcomes == ["408", "409", "ok"]
+
+
 def test_a_400_is_not_retried_and_becomes_an_error_row(tmp_path):
     with FakeAPIServer(FaultConfig(rate_400=1.0)) as server:
         row = chat(gateway(server, "gemini", tmp_path), "gemini-2.0-flash", "p", png(5))

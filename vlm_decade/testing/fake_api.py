@@ -63,6 +63,7 @@ class FaultConfig:
     rate_400: float = 0.0
     first_429: int = 0  # the first n attempts of every distinct payload answer 429, whatever the rates
     first_drop: int = 0  # the first n attempts of every distinct payload: the connection is closed, no answer
+    first_status: tuple[int, ...] = ()  # the first attempts of every distinct payload answer these statuses, in order (e.g. 408, 409)
     only_if: str = ""  # faults strike only requests whose body holds this text (e.g. the judge's prompt)
     batch_delay_s: float = 0.5  # a batch is worked through this long after it was created
     batch_line_fail_rate: float = 0.0  # lines of a batch that fail (500), per line
@@ -214,6 +215,8 @@ class FakeAPIServer:
             return "dropped"
         if attempt < f.first_drop + f.first_429:
             return "429"
+        if attempt < f.first_drop + f.first_429 + len(f.first_status):
+            return str(f.first_status[attempt - f.first_drop - f.first_429])
         fixed = np.random.default_rng([f.seed, int(digest[:15], 16)])
         if fixed.random() < f.rate_400:
             return "400"
@@ -282,8 +285,8 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(429, _error(429, "rate limited"), {"Retry-After": f"{fake.faults.retry_after_s:g}"})
         if outcome == "500":
             return self._send(500, _error(500, "internal error"))
-        if outcome == "400":
-            return self._send(400, _error(400, "invalid request"))
+        if outcome.isdigit():  # 400, or a status of `first_status`
+            return self._send(int(outcome), _error(int(outcome), "invalid request" if outcome == "400" else "try again"))
         try:
             payload = answer(json.loads(body))
         except (KeyError, ValueError, TypeError) as exc:
