@@ -233,8 +233,9 @@ class RunFolder:
 
     def batches(self, name: str, columns: list[str] | None = None, batch_size: int = ROW_GROUP_ROWS):
         """Table `name` as record batches, in order, a row group at a time (for tables too big to read whole)."""
-        source = pq.ParquetFile(self.table_path(name))
-        yield from source.iter_batches(batch_size=batch_size, columns=columns, use_threads=False)  # no read-ahead: one row group at a time
+        # No pre-buffering (it would cache the whole file) and no read-ahead: one row group at a time.
+        source = pq.ParquetFile(self.table_path(name), pre_buffer=False)
+        yield from source.iter_batches(batch_size=batch_size, columns=columns, use_threads=False)
 
     def verified(self, name: str, record: dict | None) -> str | None:
         """None when table `name` is there and its file hashes as its `files` record says; else what
