@@ -190,8 +190,10 @@ def test_a_killed_run_resumed_sends_nothing_twice_and_writes_no_key(server, tmp_
     for provider in ("openai", "gemini"):
         price = price_table(provider)
         delivered = server.billed_usd(price, delivered_only=True, provider=provider)
-        assert manifest["spend_usd"][provider] == pytest.approx(delivered, abs=1e-6)  # the manifest keeps 6 decimals
         unresolved = manifest.get("spend_unresolved_usd", {}).get(provider, 0.0)
+        # An answer the server delivered at the very moment the gateway died may not have been
+        # logged as paid: then its attempt is among the unresolved ones, whose worst case covers it.
+        assert delivered - unresolved - 1e-6 <= manifest["spend_usd"][provider] <= delivered + 1e-6  # the manifest keeps 6 decimals
         assert server.billed_usd(price, provider=provider) <= manifest["spend_usd"][provider] + unresolved + 1e-6
 
     key_bytes = [k.encode() for k in (OPENAI_KEY, GEMINI_KEY)]

@@ -260,7 +260,7 @@ def test_a_rerun_asks_again_exactly_the_probes_and_descriptions_that_failed(stud
     assert failed <= set(sent) and max(sent.values()) == 1 and answered.isdisjoint(sent)
     probes = run.read("probes").to_pylist()
     assert {p["status"] for p in probes} == {"ok"} and unexpected == []
-    asked = sorted((p["image_id"], p["round"], p["kind"], p["object"], p["anchor"], p["question"], p["answer"]) for p in probes)
+    asked = sorted((p["subject"], p["image_id"], p["round"], p["kind"], p["object"], p["anchor"], p["question"], p["answer"]) for p in probes)
     assert asked == sorted(PROBES)
 
 
