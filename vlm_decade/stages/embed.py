@@ -218,7 +218,8 @@ def _embed_remote(study: StudyBase, cfg: EncoderConfig, keys: list[str], texts: 
 def _write_selected(folder: RunFolder, texts: pa.Table, encoders) -> Written:
     """Write the vectors the current texts and encoders need, one row each, sorted by (encoder,
     text), without holding them all: the reusable rows are spread over buckets by encoder and the
-    key's first hex digit (spill files beside the tables), then each bucket is sorted and written."""
+    key's first two hex digits (256 spill files beside the tables: a bucket is 1/256 of an
+    encoder's vectors), then each bucket is sorted and written."""
     name_of = {encoder_key(cfg): cfg.name for cfg in encoders}
     order = {name: i for i, name in enumerate(sorted(set(name_of.values())))}
     wanted = texts.column("text_sha256")
@@ -234,8 +235,8 @@ def _write_selected(folder: RunFolder, texts: pa.Table, encoders) -> Written:
                 continue
             names = [name_of[k] for k in table.column("encoder_key").to_pylist()]
             table = table.set_column(1, "encoder", pa.array(names, pa.string()))
-            digit = pc.utf8_slice_codeunits(table.column("text_sha256"), 0, 1).to_pylist()
-            buckets = np.array([order[n] * 16 + int(d, 16) for n, d in zip(names, digit)])
+            digits = pc.utf8_slice_codeunits(table.column("text_sha256"), 0, 2).to_pylist()
+            buckets = np.array([order[n] * 256 + int(d, 16) for n, d in zip(names, digits)])
             for bucket in np.unique(buckets):
                 if bucket not in writers:
                     writers[bucket] = pa.ipc.new_stream(str(spill / f"{bucket:06d}.arrow"), EMBEDDINGS_SCHEMA)
