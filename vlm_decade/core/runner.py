@@ -14,6 +14,7 @@ Ray, started the first time a stage needs it).
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import platform
@@ -32,6 +33,17 @@ from vlm_decade.core.runfolder import RunFolder, table_fingerprint
 from vlm_decade.core.runtime import LazyRay
 
 REPORTED_PACKAGES = ("vlm-decade", "ray", "torch", "transformers", "sentence-transformers", "numpy", "scipy", "pyarrow")
+
+
+def release_memory() -> None:
+    """Give the memory a stage (or the input checks) freed back to the system, so the driver's
+    footprint is what it holds, not its high-water mark: Arrow's pool keeps freed blocks, and glibc
+    keeps a freed heap until trimmed."""
+    pa.default_memory_pool().release_unused()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        pass
 
 
 def now() -> str:
@@ -157,7 +169,7 @@ class StudyRun:
             **({"unfinished": unfinished} if unfinished else {}),
         }
         self.folder.save_manifest(manifest)
-        pa.default_memory_pool().release_unused()  # a stage's working memory goes back to the system
+        release_memory()
         said = ", ".join([f"{rows[n]} {n}" for n in stage.tables] + list(stage.files))
         self.reporter.stage(stage.name, "done", f"{said} in {time.monotonic() - start:.1f}s")
         for name, counts in unfinished.items():
@@ -193,6 +205,7 @@ def open_run(study: StudyBase, reporter: Reporter | None, summary: str, **manife
     """Begin a run: the run folder, with the manifest's record of this run (the config and its
     hash, package versions, the start); `manifest` adds what the study kind records."""
     reporter = reporter or Reporter()
+    release_memory()  # what checking the input freed
     folder = RunFolder(study.output, say=reporter.say)
     lock = folder.lock()
     lock.__enter__()  # RunFolderBusy when another run holds the folder; released by StudyRun.__exit__
