@@ -271,7 +271,7 @@ def test_an_unreadable_image(study, monkeypatch):
     # Permission denied, as a user's file would be (chmod 0 cannot show it: the tests run as root).
     import builtins
 
-    from vlm_decade.stages import images
+    from vlm_decade.core import storage
 
     real = builtins.open
 
@@ -280,7 +280,7 @@ def test_an_unreadable_image(study, monkeypatch):
             raise PermissionError(13, "Permission denied", str(path))
         return real(path, *args, **kwargs)
 
-    monkeypatch.setattr(images, "open", denied, raising=False)
+    monkeypatch.setattr(storage, "open", denied, raising=False)
     p = only(study.problems(), field="file")
     assert p.row == 2 and "cannot read" in p.message and "Permission denied" in p.message
 

@@ -14,16 +14,35 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, WithJsonSchema, field_validator, model_validator
 
 from vlm_decade.core.errors import InputError, Problem
+from vlm_decade.core.storage import is_uri, uri_problem
 from vlm_decade.core.tables import regular_file_problem
 
 OPERATIONAL = {"affects_results": False}
+
+
+def _folder_location(value: Any) -> Path | str:
+    if isinstance(value, Path):
+        return value
+    if not isinstance(value, str):
+        raise ValueError("must be a path or an s3:// or gs:// URI (text)")
+    if is_uri(value):
+        problem = uri_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+    return Path(value)
+
+
+# A folder on a local or shared disk (a Path), or in object storage (the URI as text).
+FolderLocation = Annotated[Path | str, PlainValidator(_folder_location), WithJsonSchema({"type": "string"})]
 
 
 def operational(default: Any, description: str, **constraints: Any) -> Any:
@@ -263,9 +282,9 @@ class StudyBase(Settings):
 
 
 def resolve_path(value: Any, base: Path) -> Any:
-    """A path relative to `base` made absolute; anything that is no path text (a number, a list) is
-    left as it is, for the field's own check to name."""
-    if not isinstance(value, str) or Path(value).is_absolute():
+    """A path relative to `base` made absolute; a URI, and anything that is no path text (a number, a
+    list), is left as it is, for the field's own check to name."""
+    if not isinstance(value, str) or is_uri(value) or Path(value).is_absolute():
         return value
     return str(base / value)
 
@@ -312,6 +331,10 @@ def read_study_file(path: str | Path) -> dict:
 def output_problems(output: Path, field: str = "output") -> list[Problem]:
     """Why the run folder `output` cannot be written (it is a file, under a file, or in a folder
     this user may not write), found before any work; [] when it can."""
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:/", str(output)):  # a URI, even once Path has folded its "//"
+        uri = re.sub(r"^([^:/]+):/(?!/)", r"\1://", str(output))
+        return [Problem(uri, "a run folder on object storage is not supported: write it to a local or shared disk "
+                             "and copy it from there (docs/cluster.md)", field=field)]
     output = Path(output)
     if "\0" in str(output):
         return [Problem(str(output).replace("\0", "\\0"), "a path cannot hold a NUL byte", field=field)]
@@ -350,6 +373,8 @@ def _type_text(annotation: Any) -> str:
         return " or ".join(_type_text(a) for a in args if a is not type(None)) + " or none"
     if isinstance(annotation, type) and issubclass(annotation, Settings):
         return "section"
+    if set(args) == {Path, str}:
+        return "path or URI"
     return {Path: "path", str: "text", int: "integer", float: "number", bool: "true/false"}.get(annotation, str(annotation))
 
 

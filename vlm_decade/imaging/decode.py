@@ -20,13 +20,14 @@ for the image's row. Multi-frame files (animated GIF, multi-page TIFF) give thei
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from vlm_decade.core.tables import regular_file_problem
+from vlm_decade.core import storage
 
 SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I;16N")
 
@@ -36,11 +37,18 @@ class ImageDecodeError(ValueError):
 
 
 def load_rgb(path: str | Path) -> tuple[np.ndarray, str]:
-    """(H x W x 3 uint8 RGB pixels, upright by the EXIF orientation; the file's own Pillow mode)."""
-    problem = regular_file_problem(path)
+    """(H x W x 3 uint8 RGB pixels, upright by the EXIF orientation; the file's own Pillow mode) of a
+    local file or an object-storage URI (`vlm_decade.core.storage`)."""
+    problem = storage.file_problem(path)
     if problem is not None:
         raise ImageDecodeError(f"image file {problem}: {path}")
-    return decode_rgb(path, path)
+    if not storage.is_uri(path):
+        return decode_rgb(path, path)
+    try:
+        data = storage.read_bytes(path)
+    except OSError as exc:
+        raise ImageDecodeError(f"cannot read image file {path}: {exc}") from None
+    return decode_rgb(io.BytesIO(data), path)
 
 
 def decode_rgb(source: str | Path | BinaryIO, path: str | Path) -> tuple[np.ndarray, str]:

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 
 from PIL import Image, UnidentifiedImageError
 
+from vlm_decade.core import storage
+
 SAMPLE_SIZE = 8  # worst and best rows per model
 THUMB_PX = 96
 VIEW_NOTE = ("Per-image content on this page is a sample: each model's {n} worst and {n} best images (every image "
@@ -38,7 +40,7 @@ def extremes(rows: Sequence[dict], key: str, n: int | None = None) -> tuple[list
 def thumbnail_uri(path: str, px: int = THUMB_PX) -> str | None:
     """The image as a small JPEG data URI, or None when the file cannot be read."""
     try:
-        with Image.open(path) as im:
+        with storage.open_file(path) as fh, Image.open(fh) as im:
             im = im.convert("RGB")
             im.thumbnail((px, px))
     except (OSError, UnidentifiedImageError, ValueError):

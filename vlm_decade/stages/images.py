@@ -10,13 +10,15 @@ Reading and hashing every image again on every run would cost minutes at a milli
 check found is kept in the run folder (`ImageCache`, `.cache/images.parquet`) under the file's path,
 size and modification time: a later check reuses it while those three are unchanged, and reads the
 file again otherwise (or always, with `runtime.rehash`).
+
+`image_dir` may be a local folder or an object-storage URI (`vlm_decade.core.storage`); the `path`
+column then holds each image's URI, which the workers read directly.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
-import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +28,8 @@ import pyarrow.parquet as pq
 
 from vlm_decade.core.errors import Problems
 from vlm_decade.core.runfolder import atomic_write_bytes
-from vlm_decade.core.tables import Table, cell_present, cell_text, regular_file_problem
+from vlm_decade.core import storage
+from vlm_decade.core.tables import Table, cell_present, cell_text
 from vlm_decade.imaging.decode import ImageDecodeError, decode_rgb
 
 IMAGE_COLUMNS = ("image_id", "dataset", "file")
@@ -83,10 +86,9 @@ class ImageCache:
     def inspect(self, path: str) -> tuple[str, int, int, str] | str:
         """`_inspect_image`'s answer, from the cache while the file's size and time are unchanged."""
         try:
-            stat = os.stat(path)
-        except OSError:
+            key = (path, *storage.stat(path))
+        except (OSError, ValueError):
             return _inspect_image(path)  # says what is wrong with the path
-        key = (path, stat.st_size, stat.st_mtime_ns)
         result = self.known.get(key) or _inspect_image(path)
         if not isinstance(result, str):
             self.found[key] = result
@@ -106,7 +108,7 @@ def declared_ids(table: Table) -> set[str]:
     return {image_id for row in table.rows if (image_id := cell_text(row, "image_id"))}
 
 
-def check_images(table: Table, image_dir: Path, problems: Problems, cache: ImageCache | None = None) -> dict[str, CheckedImage]:
+def check_images(table: Table, image_dir: str | Path, problems: Problems, cache: ImageCache | None = None) -> dict[str, CheckedImage]:
     images: dict[str, CheckedImage] = {}
     for row in table.rows:
         if not cell_present(row, table, IMAGE_COLUMNS, problems):
@@ -120,13 +122,13 @@ def check_images(table: Table, image_dir: Path, problems: Problems, cache: Image
                 field="image_id",
             )
             continue
-        path = os.path.abspath(image_dir / cell_text(row, "file"))
+        path = storage.join(image_dir, cell_text(row, "file"))
         images[image_id] = CheckedImage(row.number, cell_text(row, "dataset"), path)
     if not table.rows:
         problems.add(table.file, "has no images")
-    if not image_dir.is_dir():
+    if not storage.is_folder(image_dir):
         # One problem for the folder, not one per image.
-        problems.add(image_dir, "image folder not found", field="data.image_dir")
+        problems.add(str(image_dir), "image folder not found", field="data.image_dir")
         return images
     # Reading and hashing release the GIL, and so does Pillow's decoder: threads keep thousands cheap.
     with ThreadPoolExecutor() as pool:
@@ -141,14 +143,13 @@ def check_images(table: Table, image_dir: Path, problems: Problems, cache: Image
 
 def _inspect_image(path: str) -> tuple[str, int, int, str] | str:
     """(sha256 of the bytes, upright width, height, mode) from one read and one full decode, or what is wrong."""
-    problem = regular_file_problem(path)
+    problem = storage.file_problem(path)
     if problem is not None:
         return f"image file {problem}: {path}"
     try:
-        with open(path, "rb") as fh:
-            data = fh.read()
+        data = storage.read_bytes(path)
     except OSError as exc:
-        return f"cannot read image file {path}: {exc.strerror or exc}"
+        return f"cannot read image file {path}: {getattr(exc, 'strerror', None) or exc}"
     try:
         rgb, mode = decode_rgb(io.BytesIO(data), path)
     except ImageDecodeError as exc:

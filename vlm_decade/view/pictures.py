@@ -13,10 +13,10 @@ import html
 import io
 import json
 import math
-from pathlib import Path
 
 from PIL import Image, UnidentifiedImageError
 
+from vlm_decade.core import storage
 from vlm_decade.core.runfolder import atomic_write_bytes
 from vlm_decade.view.runs import CACHE, RunView
 
@@ -67,7 +67,7 @@ def _cached(view: RunView, name: str, make) -> bytes:
 
 def _open_rgb(image: dict) -> Image.Image:
     try:
-        with Image.open(image["path"]) as im:
+        with storage.open_file(image["path"]) as fh, Image.open(fh) as im:
             return im.convert("RGB")
     except (OSError, UnidentifiedImageError, ValueError) as exc:
         raise Missing(f"{image['path']}: {exc.strerror if isinstance(exc, OSError) and exc.strerror else exc}") from None
@@ -149,4 +149,4 @@ def heatmap(view: RunView, image: dict) -> bytes | None:
 
 
 def exists(image: dict) -> bool:
-    return Path(image["path"]).is_file()
+    return storage.file_problem(image["path"]) is None

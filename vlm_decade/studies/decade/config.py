@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from vlm_decade.core.config import EncoderConfig, MetricConfig, ModelConfig, Settings, StudyBase, operational, repeated
+from vlm_decade.core.config import EncoderConfig, FolderLocation, MetricConfig, ModelConfig, Settings, StudyBase, operational, repeated
 from vlm_decade.imaging.masks import MaskConfig
 from vlm_decade.studies.decade.taxonomy.probes import ProbeTemplates as Templates
 
@@ -22,7 +22,7 @@ class DataConfig(Settings):
     """Study A's input tables (docs/data-format.md)."""
 
     images: Path = Field(description="image_id, dataset, file.")
-    image_dir: Path = Field(description="The folder that `file` is relative to.")
+    image_dir: FolderLocation = Field(description="The folder that `file` is relative to: a path, or an s3:// or gs:// URI (docs/cluster.md).")
     descriptions: Path = Field(description="description_id, image_id, worker_id, condition, text.")
     votes: Path | None = Field(None, description="Ranking votes: image_id, rater_id, trial, shown, chosen; none: a consensus gold standard.")
     ratings: Path | None = Field(None, description="Human ratings of model-vs-gold similarity (rater_id, subject, image_id, rating), to validate the metrics (docs/metrics.md).")

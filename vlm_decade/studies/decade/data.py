@@ -64,7 +64,7 @@ def load_study_data(data: DataConfig, ranking: RankingConfig, masks: MaskConfig,
 
     images = descriptions = known = None
     if images_t is not None:
-        images = check_images(images_t, Path(data.image_dir), problems, cache)
+        images = check_images(images_t, data.image_dir, problems, cache)
         # References are checked against every id the table names, so one bad images row is one
         # problem, not one more for each description and vote of its image.
         known = declared_ids(images_t)

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from vlm_decade.core.config import EncoderConfig, Settings, StudyBase, operational, repeated
+from vlm_decade.core.config import EncoderConfig, FolderLocation, Settings, StudyBase, operational, repeated
 
 OPEN_WORLD_PROMPT = "What type of object is in this image?"
 
@@ -17,7 +17,7 @@ class OpenWorldDataConfig(Settings):
     """Study B's input tables (docs/openworld-data.md)."""
 
     labels: Path = Field(description="image_id, dataset, file, label, granularity.")
-    image_dir: Path = Field(description="The folder that `file` is relative to.")
+    image_dir: FolderLocation = Field(description="The folder that `file` is relative to: a path, or an s3:// or gs:// URI (docs/cluster.md).")
     classnames: Path = Field(description="dataset, class_name: each dataset's class list (for the closed-world baselines).")
 
 

@@ -43,7 +43,7 @@ class OpenWorldData:
     granularity: dict[str, str]  # dataset -> one of GRANULARITIES
 
 
-def load_openworld_data(labels: Path, image_dir: Path, classnames: Path, cache: ImageCache | None = None) -> OpenWorldData:
+def load_openworld_data(labels: Path, image_dir: str | Path, classnames: Path, cache: ImageCache | None = None) -> OpenWorldData:
     """Read and check Study B's input; every problem is raised together as one InputError."""
     problems = Problems()
     labels_t = read_table(Path(labels), LABEL_COLUMNS, problems)
@@ -54,7 +54,7 @@ def load_openworld_data(labels: Path, image_dir: Path, classnames: Path, cache: 
     known = None
     granularity: dict[str, str] = {}
     if labels_t is not None:
-        images = check_images(labels_t, Path(image_dir), problems, cache)
+        images = check_images(labels_t, image_dir, problems, cache)
         known = declared_ids(labels_t)
         granularity = _check_labels(labels_t, problems)
         if class_lists is not None:

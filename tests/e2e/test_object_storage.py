@@ -1,0 +1,159 @@
+"""Images in object storage: a study whose `data.image_dir` is an s3:// URI reads every image from the
+bucket (the checks in the driver, the describe loaders in Ray's workers) and gives the tables a local
+folder gives. The bucket is a real S3 API, moto's server, on 127.0.0.1."""
+
+import shutil
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from vlm_decade.core import storage
+from vlm_decade.core.errors import InputError, Problems
+from vlm_decade.core.tables import read_table
+from vlm_decade.stages.images import IMAGE_COLUMNS, ImageCache, check_images
+
+from .conftest import vlm_decade
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "study_a"
+BUCKET = "study-inputs"
+FOLDER = f"s3://{BUCKET}/example"
+
+
+@pytest.fixture(scope="module")
+def s3_server():
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def bucket(s3_server, monkeypatch):
+    """The example's images under s3://study-inputs/example/images/, credentials and endpoint in the
+    environment as the SDK reads them (no instance-metadata lookups: nothing leaves the machine)."""
+    import boto3
+
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_EC2_METADATA_DISABLED": "true", "AWS_ENDPOINT_URL": s3_server}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    storage._store.cache_clear()  # a client made for another server's address
+    client = boto3.client("s3", endpoint_url=s3_server)
+    client.create_bucket(Bucket=BUCKET)
+    for image in sorted((EXAMPLE / "images").iterdir()):
+        client.put_object(Bucket=BUCKET, Key=f"example/images/{image.name}", Body=image.read_bytes())
+    yield client
+    for item in client.list_objects_v2(Bucket=BUCKET).get("Contents", []):
+        client.delete_object(Bucket=BUCKET, Key=item["Key"])
+    client.delete_bucket(Bucket=BUCKET)
+    storage._store.cache_clear()
+
+
+def test_objects_are_read_like_files(bucket):
+    uri = storage.join(FOLDER, "images/../images/coco_1.png")
+    assert uri == f"{FOLDER}/images/coco_1.png"
+    local = EXAMPLE / "images" / "coco_1.png"
+    assert storage.read_bytes(uri) == local.read_bytes()
+    assert storage.stat(uri)[0] == local.stat().st_size
+    assert storage.file_problem(uri) is None
+    assert storage.file_problem(f"{FOLDER}/images/nothing.png") == "not found"
+    assert storage.file_problem(f"{FOLDER}/images") == "is a folder, not a file"
+    assert storage.is_folder(FOLDER) and storage.is_folder(f"s3://{BUCKET}")
+    assert not storage.is_folder(f"{FOLDER}/elsewhere") and not storage.is_folder("s3://no-such-bucket/x")
+    with pytest.raises(OSError):
+        storage.stat(f"{FOLDER}/images/nothing.png")
+
+
+def _checked(image_dir, cache=None):
+    problems = Problems()
+    table = read_table(EXAMPLE / "images.csv", IMAGE_COLUMNS, problems)
+    images = check_images(table, image_dir, problems, cache)
+    return images, problems
+
+
+def test_images_in_a_bucket_check_as_the_same_files_do(bucket, monkeypatch):
+    local, problems = _checked(EXAMPLE)
+    assert not problems.items
+    cache = ImageCache()
+    remote, problems = _checked(FOLDER, cache)
+    assert not problems.items
+    assert [im.path for im in remote.values()] == [f"{FOLDER}/images/{i}.png" for i in ("coco_1", "coco_2", "csb_1")]
+    as_found = lambda images: {k: (im.sha256, im.width, im.height, im.mode) for k, im in images.items()}  # noqa: E731
+    assert as_found(remote) == as_found(local)
+
+    # A later check reads no object whose size and time are unchanged; a replaced object is read again.
+    reads = []
+    real = storage.read_bytes
+    monkeypatch.setattr(storage, "read_bytes", lambda location: reads.append(location) or real(location))
+    again, _ = _checked(FOLDER, ImageCache(cache.found))
+    assert reads == [] and as_found(again) == as_found(local)
+    bucket.put_object(Bucket=BUCKET, Key="example/images/coco_2.png", Body=(EXAMPLE / "images" / "coco_1.png").read_bytes())
+    changed, _ = _checked(FOLDER, ImageCache(cache.found))
+    assert reads == [f"{FOLDER}/images/coco_2.png"]
+    assert changed["coco_2"].sha256 == local["coco_1"].sha256
+
+
+def test_a_missing_object_is_named_by_its_row(bucket):
+    bucket.delete_object(Bucket=BUCKET, Key="example/images/coco_2.png")
+    _, problems = _checked(FOLDER)
+    [problem] = problems.items
+    assert (problem.row, problem.field) == (3, "file")
+    assert problem.message == f"image file not found: {FOLDER}/images/coco_2.png"
+    _, problems = _checked(f"s3://{BUCKET}/nowhere")
+    assert [(p.field, p.message) for p in problems.items] == [("data.image_dir", "image folder not found")]
+
+
+def _study(folder: Path, image_dir: str) -> Path:
+    shutil.copytree(EXAMPLE, folder, ignore=shutil.ignore_patterns("images"))
+    study = yaml.safe_load((folder / "study.yaml").read_text())
+    study["data"]["image_dir"] = image_dir
+    (folder / "study.yaml").write_text(yaml.safe_dump(study))
+    return folder / "study.yaml"
+
+
+def test_a_study_reads_its_images_from_the_bucket(bucket, tmp_path):
+    """The same study with its images in the bucket and on disk: equal tables but the images' paths."""
+    local = vlm_decade("run", str(EXAMPLE / "study.yaml"), "--out", str(tmp_path / "local"))
+    assert local.returncode == 0, local.stderr[-3000:]
+    study = _study(tmp_path / "remote-study", FOLDER)
+    remote = vlm_decade("run", str(study), "--out", str(tmp_path / "remote"))
+    assert remote.returncode == 0, remote.stderr[-3000:]
+    images = pq.read_table(tmp_path / "remote" / "images.parquet")
+    assert images.column("path").to_pylist() == [f"{FOLDER}/images/{i}.png" for i in ("coco_1", "coco_2", "csb_1")]
+    assert images.drop_columns(["path"]).equals(pq.read_table(tmp_path / "local" / "images.parquet").drop_columns(["path"]))
+    for name, volatile in (("responses", ["latency_s"]), ("embeddings", []), ("scores", []), ("stats", [])):
+        tables = [pq.read_table(tmp_path / run / f"{name}.parquet").drop_columns(volatile) for run in ("local", "remote")]
+        assert tables[0].equals(tables[1]), name
+    page = (tmp_path / "remote" / "report.html").read_text()
+    assert "data:image/jpeg;base64," in page and "(image file missing)" not in page  # thumbnails from the bucket
+
+    again = vlm_decade("run", str(study), "--out", str(tmp_path / "remote"))
+    assert again.returncode == 0 and "run " not in again.stderr.replace("run folder", ""), again.stderr[-2000:]
+
+
+def test_an_unsupported_scheme_or_a_run_folder_in_a_bucket_is_refused(tmp_path):
+    study = _study(tmp_path / "study", "https://example.org/images")
+    done = vlm_decade("validate", str(study))
+    assert done.returncode == 2
+    assert "data.image_dir" in done.stderr and "'https://' is not supported" in done.stderr
+
+    study = _study(tmp_path / "other", FOLDER)
+    done = vlm_decade("run", str(study), "--out", "s3://bucket/runs/a", cwd=tmp_path)
+    assert done.returncode == 2
+    assert "s3://bucket/runs/a" in done.stderr and "object storage is not supported" in done.stderr
+    assert not (tmp_path / "s3:").exists()
+
+
+def test_a_uri_without_a_bucket_is_named_with_its_field(tmp_path):
+    from vlm_decade.studies import load_study
+
+    study = _study(tmp_path / "study", "s3:///images")
+    with pytest.raises(InputError) as info:
+        load_study(study)
+    [problem] = info.value.problems
+    assert problem.field == "data.image_dir" and "names no bucket" in problem.message
