@@ -67,7 +67,7 @@ class _Commands(typer.Typer):
 app = _Commands(add_completion=False, no_args_is_help=True, help="Measure vision-language models against people.")
 
 
-def _load(study_file: Path, out: Optional[Path], address: Optional[str], cache_dir: Optional[Path] = None, writes: bool = False,
+def _load(study_file: Path, out: Optional[str], address: Optional[str], cache_dir: Optional[Path] = None, writes: bool = False,
           wait: bool = True):
     """The study, with the command line's overrides; `writes`: its run folder must be writable."""
     from vlm_decade.core.config import output_problems
@@ -155,7 +155,7 @@ def _checked(study_file: Path, cache_dir: Optional[Path] = None):
 @app.command()
 def run(
     study_file: Path = typer.Argument(..., help="The study's YAML file."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Run folder (default: the study's `output`)."),
+    out: Optional[str] = typer.Option(None, "--out", help="Run folder, a path or an s3:// or gs:// URI (default: the study's `output`)."),
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to join (default: RAY_ADDRESS, else a local Ray)."),
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help=CACHE_DIR_HELP),
     rehash: bool = typer.Option(False, "--rehash", help="Read and hash every image again, instead of trusting the run folder's record of unchanged files."),
@@ -200,16 +200,20 @@ def validate(
 
 @app.command()
 def demo(
-    out: Path = typer.Option(Path("runs/demo"), "--out", help="Run folder."),
+    out: str = typer.Option("runs/demo", "--out", help="Run folder (a local path)."),
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help=CACHE_DIR_HELP),
 ) -> None:
     """Run both bundled offline demo studies: Study A into OUT/decade, Study B into OUT/openworld."""
     from vlm_decade.core.config import output_problems
+    from vlm_decade.core.storage import is_uri
     from vlm_decade.demo import demo_studies, drop_unkeyed
 
+    if is_uri(out):
+        raise InputError([Problem(out, "the demo writes its inputs and runs to a local folder: give a path", field="--out")])
     problems = output_problems(out, "--out")
     if problems:
         raise InputError(problems)
+    out = Path(out)
     # The demo runs offline: API models whose key is missing are left out, and it says so.
     studies = [drop_unkeyed(_with_cache_dir(s, cache_dir)) for s in demo_studies(out)]
     for study, notes in studies:
@@ -218,15 +222,33 @@ def demo(
         _run(study)
 
 
+def _run_dir(text: str) -> Path:
+    """A run folder named on the command line; one in a bucket is first brought into its local
+    working copy (`core.storage`)."""
+    from vlm_decade.core.storage import Mirror, is_uri, uri_problem, working_copy
+
+    if not is_uri(text):
+        return Path(text)
+    problem = uri_problem(text)
+    if problem is not None:
+        raise InputError([Problem(text, problem, field="RUN_DIR")])
+    folder = working_copy(text)
+    Mirror(folder).pull()
+    return folder
+
+
+RUN_DIR_HELP = "A run folder: a path, or the s3:// or gs:// URI a run wrote to."
+
+
 @app.command()
-def report(run_dir: Path = typer.Argument(..., help="A run folder.")) -> None:
+def report(run_dir: str = typer.Argument(..., help=RUN_DIR_HELP)) -> None:
     """Write report.html again from a run folder's tables."""
     from pydantic import ValidationError
 
     from vlm_decade.core.runfolder import RunFolder
     from vlm_decade.studies import config_problems, pipeline_of, study_from_dict
 
-    folder = RunFolder(run_dir)
+    folder = RunFolder(_run_dir(run_dir))
     where = str(folder.manifest_path)
     try:
         manifest = folder.manifest()
@@ -244,12 +266,14 @@ def report(run_dir: Path = typer.Argument(..., help="A run folder.")) -> None:
     if missing:
         err.print(f"[red]{run_dir}: tables missing: {', '.join(missing)}; run the study first[/red]")
         raise typer.Exit(INPUT_EXIT)
-    err.print(f"report: {run_dir / 'report.html'}")
+    if folder.mirror is not None:
+        folder.mirror.push()
+    err.print(f"report: {folder.location}/report.html")
 
 
 @app.command()
 def view(
-    run_dir: Path = typer.Argument(..., help="A run folder (Study A or B)."),
+    run_dir: str = typer.Argument(..., help=RUN_DIR_HELP),
     port: int = typer.Option(8765, "--port", help="Port to listen on (0: any free port).", min=0, max=65535),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on; only this machine by default."),
 ) -> None:
@@ -258,7 +282,7 @@ def view(
     from vlm_decade.view.runs import open_run
 
     try:
-        run_view = open_run(run_dir)
+        run_view = open_run(_run_dir(run_dir))
     except InputError as exc:
         _fail(exc)
     try:
@@ -276,13 +300,14 @@ def view(
 
 
 @app.command()
-def status(run_dir: Path = typer.Argument(..., help="A run folder.")) -> None:
+def status(run_dir: str = typer.Argument(..., help=RUN_DIR_HELP)) -> None:
     """Where a run folder stands: its stages, and per API provider its batches, spend and rows."""
     from vlm_decade.core.runfolder import RunFolder
     from vlm_decade.models.api.batch import run_batches
     from vlm_decade.models.backends import api_provider
     from vlm_decade.stages.describe import response_states
 
+    run_dir = _run_dir(run_dir)
     folder = RunFolder(run_dir)
     manifest = folder.manifest()
     if "config" not in manifest:

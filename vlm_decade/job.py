@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from vlm_decade.core.errors import ENVIRONMENT_EXIT, INPUT_EXIT, InputError, Problem, os_failure
+from vlm_decade.core.storage import Mirror, is_uri
 
 SCRIPTS = {"decade": "jobs/decade_study.py", "openworld": "jobs/openworld_study.py"}
 
@@ -35,8 +36,10 @@ def _study(kind: str, args):
     if args.out is not None and (problems := output_problems(args.out, "--out")):
         raise InputError(problems)
     if args.demo:
+        if args.out is not None and is_uri(args.out):
+            raise InputError([Problem(args.out, "the demo writes its inputs and run to a local folder: give a path", field="--out")])
         demo = decade_demo if kind == "decade" else openworld_demo
-        out = args.out or Path("runs/demo") / kind
+        out = Path(args.out) if args.out is not None else Path("runs/demo") / kind
         _refuse_job_package(out)  # before the demo lays out its inputs there
         return demo(out)
     study = load_study(args.config, output=args.out)
@@ -46,6 +49,13 @@ def _study(kind: str, args):
         raise InputError(problems)
     _refuse_job_package(Path(study.output))
     return study
+
+
+def _where(output: Path) -> str:
+    """Where the run folder is, as the user will look for it."""
+    mirror = Mirror.of(Path(output))
+    local = f"{Path(output).resolve()} on {socket.gethostname()}"
+    return local if mirror is None else f"{mirror.uri} (working copy {local})"
 
 
 def _refuse_job_package(out: Path) -> None:
@@ -67,12 +77,12 @@ def main(kind: str, description: str, argv: list[str] | None = None) -> int:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--config", type=Path, help="the study's YAML file")
     source.add_argument("--demo", action="store_true", help="run this study's bundled offline demo")
-    parser.add_argument("--out", type=Path, help=f"run folder (default: the study's `output`, or runs/demo/{kind})")
+    parser.add_argument("--out", help=f"run folder, a path or an s3:// or gs:// URI (default: the study's `output`, or runs/demo/{kind})")
     args = parser.parse_args(argv)
     study = None
     try:
         study = _study(kind, args)
-        print(f"run folder: {Path(study.output).resolve()} on {socket.gethostname()}", flush=True)
+        print(f"run folder: {_where(study.output)}", flush=True)
         pipeline_of(study).run(study)
     except InputError as exc:
         exc = exc.located(args.config) if args.config is not None else exc

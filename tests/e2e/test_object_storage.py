@@ -1,8 +1,15 @@
-"""Images in object storage: a study whose `data.image_dir` is an s3:// URI reads every image from the
-bucket (the checks in the driver, the describe loaders in Ray's workers) and gives the tables a local
-folder gives. The bucket is a real S3 API, moto's server, on 127.0.0.1."""
+"""Object storage, against a real S3 API (moto's server on 127.0.0.1):
+- images: a study whose `data.image_dir` is an s3:// URI reads every image from the bucket (the
+  checks in the driver, the describe loaders in Ray's workers) and gives the tables a local folder
+  gives;
+- run folders: `--out s3://...` keeps the run folder in the bucket through a local working copy
+  (`storage.Mirror`), and a run killed midway resumes from the bucket alone."""
 
+import os
 import shutil
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -14,7 +21,7 @@ from vlm_decade.core.errors import InputError, Problems
 from vlm_decade.core.tables import read_table
 from vlm_decade.stages.images import IMAGE_COLUMNS, ImageCache, check_images
 
-from .conftest import vlm_decade
+from .conftest import BIN, cli_env, vlm_decade
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "study_a"
 BUCKET = "study-inputs"
@@ -136,17 +143,18 @@ def test_a_study_reads_its_images_from_the_bucket(bucket, tmp_path):
     assert again.returncode == 0 and "run " not in again.stderr.replace("run folder", ""), again.stderr[-2000:]
 
 
-def test_an_unsupported_scheme_or_a_run_folder_in_a_bucket_is_refused(tmp_path):
+def test_an_unsupported_scheme_is_refused(tmp_path):
     study = _study(tmp_path / "study", "https://example.org/images")
     done = vlm_decade("validate", str(study))
     assert done.returncode == 2
     assert "data.image_dir" in done.stderr and "'https://' is not supported" in done.stderr
 
-    study = _study(tmp_path / "other", FOLDER)
-    done = vlm_decade("run", str(study), "--out", "s3://bucket/runs/a", cwd=tmp_path)
-    assert done.returncode == 2
-    assert "s3://bucket/runs/a" in done.stderr and "object storage is not supported" in done.stderr
-    assert not (tmp_path / "s3:").exists()
+    study = _study(tmp_path / "other", str(EXAMPLE))
+    done = vlm_decade("run", str(study), "--out", "ftp://host/runs/a", cwd=tmp_path)
+    assert done.returncode == 2 and "'ftp://' is not supported" in done.stderr, done.stderr
+    done = vlm_decade("demo", "--out", "s3://bucket/demo", cwd=tmp_path)
+    assert done.returncode == 2 and "the demo writes its inputs and runs to a local folder" in done.stderr, done.stderr
+    assert not (tmp_path / "s3:").exists() and not (tmp_path / "ftp:").exists()
 
 
 def test_a_uri_without_a_bucket_is_named_with_its_field(tmp_path):
@@ -157,3 +165,112 @@ def test_a_uri_without_a_bucket_is_named_with_its_field(tmp_path):
         load_study(study)
     [problem] = info.value.problems
     assert problem.field == "data.image_dir" and "names no bucket" in problem.message
+
+
+class _Recording:
+    """A store that notes the keys it writes, in order."""
+
+    def __init__(self, store):
+        self.store, self.written = store, []
+
+    def open_output_stream(self, key, *args, **kwargs):
+        self.written.append(key)
+        return self.store.open_output_stream(key, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*")
+            if p.is_file() and not storage.LOCAL_ONLY.search(p.relative_to(root).as_posix())}
+
+
+def test_a_mirror_keeps_a_working_copy_and_the_bucket_in_step(bucket, tmp_path, monkeypatch):
+    uri = f"s3://{BUCKET}/runs/one"
+    monkeypatch.setenv("VLM_DECADE_WORKING_COPIES", str(tmp_path / "machine-a"))
+    a = storage.working_copy(uri)
+    for rel, content in {"manifest.json": b"{}", "scores.parquet": b"s" * 10, ".parts/responses/part-1.parquet": b"p",
+                         "api/openai.spend.jsonl": b"line 1\n", ".lock": b"pid 1", ".spill/embeddings/000001.arrow": b"x",
+                         ".view/thumb.jpg": b"j", ".scores.parquet.abc.tmp": b"half"}.items():
+        (a / rel).parent.mkdir(parents=True, exist_ok=True)
+        (a / rel).write_bytes(content)
+    mirror = storage.Mirror(a)
+    mirror.store = _Recording(mirror.store)
+    assert mirror.push() == 4
+    prefix = f"{BUCKET}/runs/one/"
+    assert sorted(mirror.store.written) == sorted(prefix + r for r in ("manifest.json", "scores.parquet", ".parts/responses/part-1.parquet", "api/openai.spend.jsonl"))
+    assert mirror.store.written[-1] == prefix + "manifest.json"  # it names the others: it goes last
+    assert storage.Mirror(a).push() == 0  # nothing changed since
+
+    # Another machine's working copy of the same URI starts from the bucket.
+    monkeypatch.setenv("VLM_DECADE_WORKING_COPIES", str(tmp_path / "machine-b"))
+    b = storage.working_copy(uri)
+    assert b != a and storage.Mirror(b).pull() == 4
+    assert _files(b) == _files(a)
+
+    # Each side's changes win where the other side did not change: b rewrites a table and folds the
+    # part away; a's spend log grew meanwhile (a killed run's last lines, say).
+    (b / "scores.parquet").write_bytes(b"t" * 12)
+    (b / ".parts/responses/part-1.parquet").unlink()
+    storage.Mirror(b).push()
+    assert "runs/one/.parts/responses/part-1.parquet" not in {o["Key"] for o in bucket.list_objects_v2(Bucket=BUCKET)["Contents"]}
+    with open(a / "api/openai.spend.jsonl", "ab") as fh:
+        fh.write(b"line 2\n")
+    storage.Mirror(a).pull()
+    assert (a / "scores.parquet").read_bytes() == b"t" * 12
+    assert not (a / ".parts/responses/part-1.parquet").exists()
+    assert (a / "api/openai.spend.jsonl").read_bytes() == b"line 1\nline 2\n"
+    storage.Mirror(a).push()
+    storage.Mirror(b).pull()
+    assert _files(b) == _files(a)
+
+
+def _bucket_table(client, key: str):
+    import io
+
+    return pq.read_table(io.BytesIO(client.get_object(Bucket=BUCKET, Key=key)["Body"].read()))
+
+
+def test_a_run_folder_in_a_bucket_survives_a_kill_and_the_loss_of_its_working_copy(bucket, tmp_path, monkeypatch):
+    """Killed right after the first part of its responses reached the bucket, the run's working copy
+    then lost with its machine: a second run resumes from the bucket alone, keeps the part's rows,
+    and leaves in the bucket the tables a local run writes."""
+    monkeypatch.setenv("VLM_DECADE_WORKING_COPIES", str(tmp_path / "copies"))
+    study = str(EXAMPLE / "study.yaml")
+    uri = f"s3://{BUCKET}/runs/example"
+    local = vlm_decade("run", study, "--out", str(tmp_path / "local"))
+    assert local.returncode == 0, local.stderr[-3000:]
+
+    paused = tmp_path / "paused"
+    proc = subprocess.Popen([str(BIN / "vlm-decade"), "run", study, "--out", uri],
+                            env={**cli_env(), "VLM_DECADE_PAUSE_AFTER_PART": f"responses:{paused}"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 600
+    while not paused.exists():
+        assert proc.poll() is None, "the run ended without saving a part of its responses"
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    keys = {o["Key"] for o in bucket.list_objects_v2(Bucket=BUCKET, Prefix="runs/example/")["Contents"]}
+    assert any(k.startswith("runs/example/.parts/responses/part-") for k in keys)
+    assert "runs/example/responses.parquet" not in keys and "runs/example/images.parquet" in keys
+    shutil.rmtree(tmp_path / "copies")
+
+    resumed = vlm_decade("run", study, "--out", uri)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    said = " ".join(resumed.stderr.split())
+    assert "already done, kept" in said and f"report: {uri}/report.html" in said
+    # (pyarrow keeps an emptied folder as an empty "folder/" object: no file)
+    keys = {o["Key"] for o in bucket.list_objects_v2(Bucket=BUCKET, Prefix="runs/example/")["Contents"] if not o["Key"].endswith("/")}
+    assert not [k for k in keys if "/.parts/" in k or "/.spill/" in k or k.endswith((".lock", ".tmp", ".mirror.json"))]
+    assert "runs/example/report.html" in keys
+    for name, volatile in (("responses", ["latency_s"]), ("embeddings", []), ("scores", []), ("stats", [])):
+        remote = _bucket_table(bucket, f"runs/example/{name}.parquet").drop_columns(volatile)
+        assert remote.equals(pq.read_table(tmp_path / "local" / f"{name}.parquet").drop_columns(volatile)), name
+
+    shutil.rmtree(tmp_path / "copies")  # another machine asks where the run stands
+    status = vlm_decade("status", uri)
+    assert status.returncode == 0, status.stderr[-2000:]
+    assert "stage responses" in status.stdout and "running" not in status.stdout

@@ -328,13 +328,14 @@ def read_study_file(path: str | Path) -> dict:
     return raw
 
 
-def output_problems(output: Path, field: str = "output") -> list[Problem]:
+def output_problems(output: str | Path, field: str = "output") -> list[Problem]:
     """Why the run folder `output` cannot be written (it is a file, under a file, or in a folder
-    this user may not write), found before any work; [] when it can."""
-    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:/", str(output)):  # a URI, even once Path has folded its "//"
-        uri = re.sub(r"^([^:/]+):/(?!/)", r"\1://", str(output))
-        return [Problem(uri, "a run folder on object storage is not supported: write it to a local or shared disk "
-                             "and copy it from there (docs/cluster.md)", field=field)]
+    this user may not write; a URI of a store not supported), found before any work; [] when it can."""
+    if is_uri(str(output)):  # a run folder in a bucket, worked on in a local copy (core.storage)
+        problem = uri_problem(str(output))
+        return [] if problem is None else [Problem(str(output), problem, field=field)]
+    if re.match(r"^(s3|gs):/[^/]", str(output)):  # a URI whose "//" a path type has folded
+        return [Problem(str(output), "looks like a URI with one slash: write s3://bucket/... or gs://bucket/...", field=field)]
     output = Path(output)
     if "\0" in str(output):
         return [Problem(str(output).replace("\0", "\\0"), "a path cannot hold a NUL byte", field=field)]

@@ -13,6 +13,9 @@ trusted because it exists:
 - a manifest that cannot be read is set aside under another name and rebuilt from what verifies.
 One run at a time: `lock()` holds an exclusive lock on the folder (a lock file that names the pid
 and host; the operating system releases it when that process dies, however it dies).
+A run folder in object storage is this folder as its local working copy, kept in step with the
+bucket by a `storage.Mirror`: pulled when a run takes the lock, each part pushed as it is saved,
+everything else with each manifest save (the manifest last) and when the lock is released.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from typing import Any, Callable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from vlm_decade.core.storage import Mirror
 
 FINGERPRINT_KEY = b"vlm_decade.fingerprint"
 PART = re.compile(r"^part-(\d{20})-([0-9a-f]{16})\.parquet$")
@@ -183,6 +188,8 @@ class RunFolder:
         self.root = Path(root)
         self.say = say if say is not None else (lambda message: None)
         self.repairs = False  # set while a run holds the folder: only then is a damaged manifest rebuilt
+        self.mirror = Mirror.of(self.root)  # None unless this is the working copy of a folder in a bucket
+        self.location = self.mirror.uri if self.mirror is not None else str(self.root)  # what the user named
 
     def file(self, *parts: str) -> Path:
         """A path inside the run folder (for the report's files); ValueError for one that would
@@ -284,6 +291,8 @@ class RunFolder:
             # the hash of their bytes, so a damaged part is told from a whole one.
             part = f"part-{time.time_ns():020d}-{hashlib.sha256(data).hexdigest()[:16]}.parquet"
             atomic_write_bytes(self._parts_dir(name) / part, data)
+            if self.mirror is not None:
+                self.mirror.push([self._parts_dir(name) / part])
             _pause_for_a_kill(name)
 
     def iter_parts(self, name: str, schema: pa.Schema, columns: list[str] | None = None):
@@ -351,6 +360,8 @@ class RunFolder:
 
     def save_manifest(self, manifest: dict[str, Any]) -> None:
         atomic_write_bytes(self.manifest_path, (json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n").encode())
+        if self.mirror is not None and self.repairs:
+            self.mirror.push()
 
     def update_manifest(self, **fields: Any) -> dict[str, Any]:
         manifest = self.manifest()
@@ -379,8 +390,16 @@ class RunFolder:
             me = f"pid {os.getpid()} on {socket.gethostname()}"
             os.ftruncate(fd, 0)
             os.pwrite(fd, me.encode(), 0)
+            if self.mirror is not None:
+                pulled = self.mirror.pull()
+                if pulled:
+                    self.say(f"{self.location}: {pulled} files brought into the working copy {self.root}")
             self.repairs = True
-            yield
+            try:
+                yield
+            finally:
+                if self.mirror is not None:
+                    self.mirror.push()  # what the run wrote since its last manifest save, however it ended
             os.ftruncate(fd, 0)
         finally:
             self.repairs = False

@@ -185,7 +185,7 @@ class StudyRun:
             self.ray.close()
             if exc_type is None:
                 self.folder.update_manifest(finished=now())
-                self.reporter.say(f"report: {self.folder.root / 'report.html'}")
+                self.reporter.say(f"report: {self.folder.location}/report.html")
         finally:
             if self._lock is not None:
                 self._lock.__exit__(None, None, None)
@@ -220,5 +220,5 @@ def open_run(study: StudyBase, reporter: Reporter | None, summary: str, **manife
         spend_usd=folder.manifest().get("spend_usd", {}),  # the run folder's total across resumed runs
         **manifest,
     )
-    reporter.say(f"[bold]{study.name}[/bold]{summary} -> {folder.root}")
+    reporter.say(f"[bold]{study.name}[/bold]{summary} -> {folder.location}")
     return StudyRun(folder, reporter, LazyRay(study.runtime), lock)

@@ -1,18 +1,29 @@
-"""Where images are read from: a local path, or an object-storage URI (`s3://bucket/key`,
-`gs://bucket/key`) read through pyarrow.fs, so the workers of a cluster need no shared disk.
+"""Object storage: images read from `s3://` or `gs://` URIs, and run folders kept in a bucket.
 
-Each store's SDK finds credentials, region and endpoint in the environment as it always does
-(`AWS_ACCESS_KEY_ID`, `AWS_ENDPOINT_URL`, `AWS_EC2_METADATA_DISABLED`, `GOOGLE_APPLICATION_CREDENTIALS`,
-...); nothing is stored in the run folder. A location is text: a URI as given, a local path made
-absolute. The run folder itself stays on a local or shared disk (docs/cluster.md).
+Images: a location is a local path or a URI (`s3://bucket/key`), read through pyarrow.fs, so the
+workers of a cluster need no shared disk. Each store's SDK finds credentials, region and endpoint in
+the environment as it always does (`AWS_ACCESS_KEY_ID`, `AWS_ENDPOINT_URL`, `AWS_EC2_METADATA_DISABLED`,
+`GOOGLE_APPLICATION_CREDENTIALS`, ...); nothing of them is stored.
+
+Run folders: an object store cannot rename, append or lock, which is what the run folder's guarantees
+rest on. So a run folder at a URI is worked on in a local working copy (`working_copy`) that a
+`Mirror` keeps in step with the bucket: each part of an incremental stage is uploaded as soon as it
+is saved, and every manifest save uploads whatever else changed, the manifest last, so the manifest
+in the bucket only ever names objects already there; an object is written whole or not at all. A run
+on another machine (or after the working copy is lost) first downloads what the bucket holds and
+resumes from it, verifying every table and part as a local run does (docs/cluster.md).
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
 import os
 import posixpath
 import re
+import shutil
+import tempfile
 from functools import lru_cache
 from pathlib import Path
 from typing import BinaryIO
@@ -123,3 +134,122 @@ def open_file(location: str | Path) -> BinaryIO:
     if not is_uri(location):
         return open(location, "rb")
     return io.BytesIO(read_bytes(location))
+
+
+# The working copy's own files, never copied: the lock, temporary files, the embed stage's spill,
+# the viewer's picture cache, and the mirror's record.
+MIRROR_FILE = ".mirror.json"
+LOCAL_ONLY = re.compile(r"^(\.lock|\.mirror\.json)$|(^|/)\.[^/]*\.tmp$|^\.(spill|view)/")
+MANIFEST = "manifest.json"
+
+
+def working_copy(uri: str) -> Path:
+    """The local working copy of the run folder at `uri`: under $VLM_DECADE_WORKING_COPIES (default
+    ~/.cache/vlm_decade/runs), named by the URI's hash, made and tied to the URI on first use."""
+    base = os.environ.get("VLM_DECADE_WORKING_COPIES") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vlm_decade" / "runs"
+    folder = Path(base) / hashlib.sha256(uri.encode()).hexdigest()[:16]
+    record = folder / MIRROR_FILE
+    if not record.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        _write_json(record, {"uri": uri, "synced": {}})
+    return folder
+
+
+def _write_json(path: Path, value) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as fh:
+        json.dump(value, fh)
+    os.replace(tmp, path)
+
+
+def _local_state(path: Path) -> list[int] | None:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return [st.st_size, st.st_mtime_ns]
+
+
+class Mirror:
+    """Keeps a working copy (`root`) and its run folder in object storage in step. `synced` records,
+    per file, its local (size, mtime) and the object's (size, mtime) when the two were last equal, so
+    either side's changes since are told apart from the other's."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        record = json.loads((self.root / MIRROR_FILE).read_text())
+        self.uri: str = record["uri"]
+        self.synced: dict[str, dict[str, list[int]]] = record["synced"]
+        self.store, self.prefix = _object(self.uri)
+
+    @classmethod
+    def of(cls, root: Path) -> "Mirror | None":
+        """The mirror of a working copy, or None for a plain run folder."""
+        return cls(root) if (Path(root) / MIRROR_FILE).exists() else None
+
+    def _key(self, rel: str) -> str:
+        return f"{self.prefix}/{rel}"
+
+    def _objects(self) -> dict[str, list[int]]:
+        found = self.store.get_file_info(fs.FileSelector(self.prefix, recursive=True, allow_not_found=True))
+        start = len(self.prefix) + 1
+        return {i.path[start:]: [i.size, i.mtime_ns or 0] for i in found if i.type == fs.FileType.File}
+
+    def _save(self) -> None:
+        _write_json(self.root / MIRROR_FILE, {"uri": self.uri, "synced": self.synced})
+
+    def pull(self) -> int:
+        """Bring the working copy up to the bucket: download each object changed there since the
+        two last agreed (every object, the first time), and remove local files whose objects were
+        deleted there (parts folded into a table by another machine's run). Returns the count."""
+        objects = self._objects()
+        changed = 0
+        for rel, remote in sorted(objects.items()):
+            if LOCAL_ONLY.search(rel):
+                continue
+            local = self.root / rel
+            if self.synced.get(rel, {}).get("remote") == remote and local.exists():
+                continue  # unchanged there since the last sync; the local file is as new or newer
+            local.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=local.parent, prefix=f".{local.name}.", suffix=".tmp")
+            try:
+                with os.fdopen(fd, "wb") as out, self.store.open_input_stream(self._key(rel)) as source:
+                    shutil.copyfileobj(source, out, 8 << 20)
+                os.replace(tmp, local)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+            self.synced[rel] = {"local": _local_state(local), "remote": remote}
+            changed += 1
+        for rel in [r for r in self.synced if r not in objects]:
+            local = self.root / rel
+            if _local_state(local) == self.synced[rel]["local"]:  # not changed here since: deleted there
+                local.unlink(missing_ok=True)
+                changed += 1
+            del self.synced[rel]
+        self._save()
+        return changed
+
+    def push(self, paths: list[Path] | None = None) -> int:
+        """Upload what changed in the working copy since the last sync: `paths` only, or every file,
+        the manifest last, after which objects whose files are gone here are deleted. Returns the
+        count of objects written."""
+        if paths is None:
+            rels = [p.relative_to(self.root).as_posix() for p in self.root.rglob("*") if p.is_file()]
+        else:
+            rels = [Path(p).relative_to(self.root).as_posix() for p in paths]
+        todo = [r for r in rels if not LOCAL_ONLY.search(r) and _local_state(self.root / r) != self.synced.get(r, {}).get("local")]
+        todo.sort(key=lambda rel: rel == MANIFEST)  # the manifest names files: they go first
+        for rel in todo:
+            local = self.root / rel
+            state = _local_state(local)
+            with open(local, "rb") as source, self.store.open_output_stream(self._key(rel)) as out:
+                shutil.copyfileobj(source, out, 8 << 20)
+            info = self.store.get_file_info(self._key(rel))
+            self.synced[rel] = {"local": state, "remote": [info.size, info.mtime_ns or 0]}
+        if paths is None:
+            for rel in [r for r in self.synced if not (self.root / r).exists()]:
+                self.store.delete_file(self._key(rel))
+                del self.synced[rel]
+        self._save()
+        return len(todo)

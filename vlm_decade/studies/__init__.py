@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from vlm_decade.core.config import read_study_file, resolve_entry_paths, resolve_path
 from vlm_decade.core.errors import InputError, Problem
+from vlm_decade.core.storage import is_uri, uri_problem, working_copy
 from vlm_decade.studies.decade.config import StudyConfig
 from vlm_decade.studies.openworld.config import OpenWorldStudyConfig
 
@@ -70,6 +71,11 @@ def load_study(path: str | Path, output: str | Path | None = None) -> AnyStudy:
         raw["output"] = str(output)
     elif raw.get("output") is not None:
         raw["output"] = resolve_path(raw["output"], Path.cwd())
+    if isinstance(raw.get("output"), str) and is_uri(raw["output"]):  # a run folder in a bucket: its local working copy
+        problem = uri_problem(raw["output"])
+        if problem is not None:
+            raise InputError([Problem(str(path) if output is None else "--out", f"{raw['output']}: {problem}", field="output" if output is None else "--out")])
+        raw["output"] = str(working_copy(raw["output"]))
     try:
         return study_from_dict(raw)
     except ValidationError as exc:
