@@ -274,3 +274,22 @@ def test_a_run_folder_in_a_bucket_survives_a_kill_and_the_loss_of_its_working_co
     status = vlm_decade("status", uri)
     assert status.returncode == 0, status.stderr[-2000:]
     assert "stage responses" in status.stdout and "running" not in status.stdout
+
+
+def test_a_store_that_does_not_answer_is_said_with_its_uri(tmp_path, monkeypatch):
+    """Exit status 1 (the environment, not the input) with the URI, for images and for a run folder;
+    never "not found"."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed = sock.getsockname()[1]  # nothing listens there once the socket is closed
+    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+                       "AWS_EC2_METADATA_DISABLED": "true", "AWS_ENDPOINT_URL": f"http://127.0.0.1:{closed}",
+                       "VLM_DECADE_WORKING_COPIES": str(tmp_path / "copies")}.items():
+        monkeypatch.setenv(key, value)
+    done = vlm_decade("validate", str(_study(tmp_path / "study", FOLDER)))
+    assert done.returncode == 1 and f"{FOLDER}: could not look into the bucket" in " ".join(done.stderr.split()), done.stderr
+    done = vlm_decade("run", str(EXAMPLE / "study.yaml"), "--out", f"s3://{BUCKET}/runs/x")
+    said = " ".join(done.stderr.split())
+    assert done.returncode == 1 and f"s3://{BUCKET}/runs/x: could not bring the run folder into its working copy" in said, done.stderr

@@ -91,9 +91,16 @@ _PATH_ERRORS = {
 _FULL = {errno.ENOSPC, errno.EDQUOT}
 
 
+class StoreError(OSError):
+    """An object store (a bucket holding images or a run folder) could not be read or written; the
+    message names the URI and what was being done."""
+
+
 def os_failure(exc: OSError, folder: Path | None = None) -> tuple[int, str]:
     """(exit status, message) for an OSError that ended a command; `folder`: the run folder it was
     writing, if known. A full disk says which folder, how much space is left and what was kept."""
+    if isinstance(exc, StoreError):
+        return ENVIRONMENT_EXIT, f"{exc}. What was done is kept; run the same command again once the store answers."
     target = exc.filename if exc.filename is not None else folder
     if exc.errno in _FULL or "No space left on device" in str(exc):
         where = Path(folder if folder is not None else Path(str(target)).parent) if target is not None else None

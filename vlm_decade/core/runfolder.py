@@ -390,17 +390,21 @@ class RunFolder:
             me = f"pid {os.getpid()} on {socket.gethostname()}"
             os.ftruncate(fd, 0)
             os.pwrite(fd, me.encode(), 0)
-            if self.mirror is not None:
-                pulled = self.mirror.pull()
-                if pulled:
-                    self.say(f"{self.location}: {pulled} files brought into the working copy {self.root}")
-            self.repairs = True
+            pulled = False
             try:
+                if self.mirror is not None:
+                    count = self.mirror.pull()
+                    pulled = True
+                    if count:
+                        self.say(f"{self.location}: {count} files brought into the working copy {self.root}")
+                self.repairs = True
                 yield
             finally:
-                if self.mirror is not None:
-                    self.mirror.push()  # what the run wrote since its last manifest save, however it ended
-            os.ftruncate(fd, 0)
+                try:
+                    if pulled:
+                        self.mirror.push()  # what the run wrote since its last manifest save, however it ended
+                finally:
+                    os.ftruncate(fd, 0)
         finally:
             self.repairs = False
             os.close(fd)  # closing releases the lock

@@ -30,6 +30,7 @@ from typing import BinaryIO
 
 from pyarrow import fs
 
+from vlm_decade.core.errors import StoreError
 from vlm_decade.core.tables import regular_file_problem
 
 SCHEMES = ("s3", "gs")
@@ -97,15 +98,16 @@ def file_problem(location: str | Path) -> str | None:
 
 
 def is_folder(location: str | Path) -> bool:
-    """Whether `location` is a folder (under a URI: a bucket, or a prefix that holds objects)."""
+    """Whether `location` is a folder (under a URI: a bucket, or a prefix that holds objects);
+    StoreError when the store cannot be asked."""
     if not is_uri(location):
         return Path(location).is_dir()
     if uri_problem(str(location)) is not None:
         return False
     try:
         return _info(str(location)).type == fs.FileType.Directory
-    except OSError:
-        return False
+    except OSError as exc:  # the store did not answer: not the user's input, so not "not found"
+        raise StoreError(f"{location}: could not look into the bucket: {exc}") from None
 
 
 def stat(location: str | Path) -> tuple[int, int]:
@@ -202,6 +204,23 @@ class Mirror:
         """Bring the working copy up to the bucket: download each object changed there since the
         two last agreed (every object, the first time), and remove local files whose objects were
         deleted there (parts folded into a table by another machine's run). Returns the count."""
+        try:
+            return self._pull()
+        except StoreError:
+            raise
+        except OSError as exc:
+            raise StoreError(f"{self.uri}: could not bring the run folder into its working copy {self.root}: {exc}") from None
+
+    def push(self, paths: list[Path] | None = None) -> int:
+        """Upload what changed in the working copy since the last sync: `paths` only, or every file,
+        the manifest last, after which objects whose files are gone here are deleted. Returns the
+        count of objects written."""
+        try:
+            return self._push(paths)
+        except OSError as exc:
+            raise StoreError(f"{self.uri}: could not save the working copy {self.root} there: {exc}") from None
+
+    def _pull(self) -> int:
         objects = self._objects()
         changed = 0
         for rel, remote in sorted(objects.items()):
@@ -230,10 +249,7 @@ class Mirror:
         self._save()
         return changed
 
-    def push(self, paths: list[Path] | None = None) -> int:
-        """Upload what changed in the working copy since the last sync: `paths` only, or every file,
-        the manifest last, after which objects whose files are gone here are deleted. Returns the
-        count of objects written."""
+    def _push(self, paths: list[Path] | None) -> int:
         if paths is None:
             rels = [p.relative_to(self.root).as_posix() for p in self.root.rglob("*") if p.is_file()]
         else:
