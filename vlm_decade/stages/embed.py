@@ -158,6 +158,9 @@ def _embed_local(study: StudyBase, cfg: EncoderConfig, todo: pa.Table, run: Stud
     """Batches of texts through encoder actors (as many as the cluster's CPUs or GPUs allow), the
     finished vectors saved as parts every few thousand rows."""
     ray, rt = run.ray(), study.runtime
+    # Batches of texts of about one length, as SentenceTransformer.encode makes them: a batch is
+    # padded to its longest text, so mixed lengths waste most of the work on padding.
+    todo = todo.take(pc.sort_indices(pc.utf8_length(todo.column("text"))))
     n_batches = -(-todo.num_rows // TEXT_BATCH)
     actor_cls = ray.remote(EncodeActor).options(num_cpus=rt.cpus_per_actor, num_gpus=rt.gpus_per_actor)
     batches = (todo.slice(i, TEXT_BATCH) for i in range(0, todo.num_rows, TEXT_BATCH))
