@@ -21,6 +21,8 @@ from vlm_decade.core.errors import InputError, Problems
 from vlm_decade.core.tables import read_table
 from vlm_decade.stages.images import IMAGE_COLUMNS, ImageCache, check_images
 
+from tests import required
+
 from .conftest import BIN, cli_env, vlm_decade
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "study_a"
@@ -30,7 +32,7 @@ FOLDER = f"s3://{BUCKET}/example"
 
 @pytest.fixture(scope="module")
 def s3_server():
-    from moto.server import ThreadedMotoServer
+    ThreadedMotoServer = required.module("moto.server", "moto").ThreadedMotoServer
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
@@ -43,8 +45,7 @@ def s3_server():
 def bucket(s3_server, monkeypatch):
     """The example's images under s3://study-inputs/example/images/, credentials and endpoint in the
     environment as the SDK reads them (no instance-metadata lookups: nothing leaves the machine)."""
-    import boto3
-
+    boto3 = required.module("boto3", "moto")
     env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
            "AWS_EC2_METADATA_DISABLED": "true", "AWS_ENDPOINT_URL": s3_server}
     for key, value in env.items():
