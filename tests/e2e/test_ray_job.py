@@ -76,6 +76,7 @@ def test_ray_job_submit_runs_the_demo(ray_head, tmp_path):
     )
     from ray.job_submission import JobStatus, JobSubmissionClient
 
+    assert submit.returncode == 0, submit.stdout[-3000:] + submit.stderr[-3000:]
     status = JobSubmissionClient(address).get_job_status("vlm-decade-e2e")
     assert status == JobStatus.SUCCEEDED, submit.stdout[-4000:] + submit.stderr[-2000:]
     assert f"run folder: {out.resolve()}" in submit.stdout  # the job says where its results are

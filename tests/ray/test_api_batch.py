@@ -110,3 +110,59 @@ def test_a_run_that_does_not_wait_submits_exits_and_a_later_run_collects(tmp_pat
         assert "openai: batches 1 completed" in status.stdout and "responses gpt: 64 of 64 done (64 ok)" in status.stdout
     table = pq.read_table(out / "responses.parquet")
     assert set(table.column("mode").to_pylist()) == {"batch"}
+
+
+def test_a_model_may_choose_its_own_mode(tmp_path, keys):
+    """OpenAI in sync mode with gpt alone in batch mode, Gemini in batch mode with gem alone in sync:
+    each model's answers are bought as it chose, and the tables are those of an all-sync run."""
+    with FakeAPIServer(FaultConfig(batch_delay_s=0.3)) as server:
+        _, _, sync = describe(study_file(tmp_path / "sync", server), tmp_path / "sync" / "run")
+        path = study_file(tmp_path / "mixed", server)
+        raw = yaml.safe_load(path.read_text())
+        raw["providers"]["openai"].update(batch_poll_s=0.2)
+        raw["providers"]["gemini"].update(mode="batch", batch_poll_s=0.2)
+        modes = {"gpt": "batch", "gem": "sync"}
+        for model in raw["models"]:
+            model["mode"] = modes[model["name"]]
+        path.write_text(yaml.safe_dump(raw))
+        chats_before = server.counts()["openai.chat"]
+        _, _, mixed = describe(path, tmp_path / "mixed" / "run")
+        counts = server.counts()
+    assert counts["openai.batches.create"] == 1 and counts["gemini.batches.create"] == 0
+    assert counts["openai.chat"] == chats_before  # gpt: no request one by one
+    assert len(server.batch_lines()) == 64  # gpt's 16 images x 4 variants, each once
+    by_subject = {s: set() for s in modes}
+    for row in mixed.select(["subject", "mode"]).to_pylist():
+        by_subject[row["subject"]].add(row["mode"])
+    assert by_subject == {"gpt": {"batch"}, "gem": {"sync"}}
+    assert mixed.drop_columns(list(VOLATILE)).equals(sync.drop_columns(list(VOLATILE)))
+
+
+def test_requests_left_in_a_pending_batch_are_collected_in_sync_mode_not_bought_again(tmp_path, keys):
+    """Submitted in batch mode by a run that did not wait; the study then switched to sync mode: the
+    next run collects the batch instead of sending its requests one by one."""
+    env = {**os.environ, "COLUMNS": "400"}
+    with FakeAPIServer(FaultConfig(batch_delay_s=2.0)) as server:
+        path = study_file(tmp_path, server)
+        batch_mode(path)
+        out = tmp_path / "run"
+        cmd = [sys.executable, "-m", "vlm_decade", "run", str(path), "--out", str(out)]
+        first = subprocess.run(cmd + ["--no-wait"], env=env, capture_output=True, text=True, timeout=300)
+        assert first.returncode == 0 and "requests wait in batches" in first.stderr, first.stderr
+        raw = yaml.safe_load(path.read_text())
+        for provider in ("openai", "gemini"):
+            raw["providers"][provider]["mode"] = "sync"
+        path.write_text(yaml.safe_dump(raw))
+        chats = server.counts()["openai.chat"], server.counts()["gemini.generate"]
+        second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        assert second.returncode == 0, second.stderr
+        # gpt's requests, all in the pending batch, are collected from it; gem never reached a batch
+        # (the first run stopped at gpt's), so its 16 requests go one by one, as the study now says.
+        assert (server.counts()["openai.chat"], server.counts()["gemini.generate"]) == (chats[0], chats[1] + 16)
+        assert server.counts()["openai.batches.create"] == 1 and server.counts()["gemini.batches.create"] == 0
+        lines = server.batch_lines()
+        assert len(lines) == 64 and max(Counter(r.key for r in lines).values()) == 1
+    responses = pq.read_table(out / "responses.parquet")
+    assert set(responses.column("status").to_pylist()) == {"ok"}
+    modes = {(r["subject"], r["mode"]) for r in responses.select(["subject", "mode"]).to_pylist()}
+    assert modes == {("gpt", "batch"), ("gem", "sync")}

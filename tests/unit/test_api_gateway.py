@@ -346,7 +346,11 @@ def test_the_estimate_prints_each_line_and_each_provider_as_a_range():
     lines = [Line("openai", "gpt", 10, 2, 1000, 3000, usd=0.02, usd_low=0.005), Line("openai", "probes gpt", 50, 0, 9000, 15000, usd=0.2)]
     text = render(study, lines)
     assert text.splitlines()[2].split()[-3:] == ["0.0000", "0.2000", "0.1000"]  # at least, at most, in batch mode
-    assert "openai (sync mode): between $0.0050 and $0.2200 (sync at most $0.2200, batch at most $0.1100); budget $10\n" in text
+    assert "openai (sync mode): between $0.0050 and $0.2200 (all sync at most $0.2200, all batch at most $0.1100); budget $10\n" in text
+    # The probes alone in batch mode: their half-price share and the rest at the full price.
+    lines[1].mode = "batch"
+    text = render(study, lines)
+    assert "openai (sync mode, probes gpt: batch): between $0.0050 and $0.1200 (all sync at most $0.2200, all batch at most $0.1100)" in text
 
 
 def test_a_responses_table_written_before_the_new_columns_is_still_read(tmp_path):

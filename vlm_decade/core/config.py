@@ -109,6 +109,7 @@ class ModelConfig(Settings):
     batch_size: int = operational(8, "Stimuli per batch in the model's actor.", ge=1)
     path: Path | None = Field(None, description="A local folder with the weights (default: a packaged copy, then the hub).")
     options: dict[str, Any] = Field(default_factory=dict, description="Backend options (docs/models.md), e.g. temperature, max_output_tokens, file.")
+    mode: Literal["sync", "batch"] | None = operational(None, "API models: sync or batch for this model alone (none: its provider's `mode`; docs/api.md).")
 
     @field_validator("name")
     @classmethod

@@ -114,6 +114,8 @@ def check_models(study: StudyBase, image_ids: set[str] | None, variants: list[st
         if image_ids is not None or not cls.needs_images:
             problems += cls.check(model, image_ids or set(), variants)
         provider = api_provider(model.backend)
+        if model.mode is not None and not provider:
+            problems.append(Problem("study file", f"`mode` is for API models; {model.backend} runs here", field=f"models.{i}.mode"))
         if provider and getattr(study.providers, provider).price(provider, model.model_id) is None:
             problems.append(Problem("study file", f"no price for {provider} model '{model.model_id}'; add one under "
                                     f"providers.{provider}.prices", field=f"models.{i}.model_id"))
@@ -297,7 +299,7 @@ def ask_gateway(gateway, model_id: str, settings: dict, jobs: list[Job], batch: 
     from vlm_decade.models.api.providers import ChatRequest
 
     def send(req: ChatRequest):
-        return gateway.submit.remote(req, True) if batch else gateway.chat.remote(req)  # batch: held until the caller flushes
+        return gateway.submit.remote(req, True) if batch else gateway.chat.remote(req, False)  # batch: held until the caller flushes
 
     refs = [png if isinstance(png, str) else send(ChatRequest(model_id, job.prompt, png, settings)) for job, png in zip(jobs, load_png(jobs))]
     answers = []
@@ -437,7 +439,7 @@ def _describe_remote(study: StudyBase, model: ModelConfig, jobs: list[Job], run:
     answers: list[dict] = []
     with RemoteSession(ray, study.providers, run.folder, cls.provider) as session:
         with run.folder.parts("responses", RESPONSES_SCHEMA, FLUSH_ROWS, FLUSH_S, on_save=session.record) as parts:
-            submit = lambda batch, _: ask.remote(session.actor, model.model_id, settings, batch, session.batch)  # noqa: E731
+            submit = lambda batch, _: ask.remote(session.actor, model.model_id, settings, batch, session.batch_for(model.mode))  # noqa: E731
             queued: list[tuple[Job, str]] = []
             for done in bounded(ray, batches(jobs, REMOTE_BATCH), submit, tasks):
                 if done.error is not None:
@@ -498,7 +500,7 @@ def estimate(study: StudyBase, plan: Plan, images: pa.Table, cache) -> tuple[lis
         cls = backend_class(model.backend)
         provider, settings = cls.provider, cls.settings(model)
         price = getattr(study.providers, provider).price(provider, model.model_id)
-        line = Line(provider, name)
+        line = Line(provider, name, mode=model.mode)
         for job, png in zip(model_jobs, load_png(model_jobs)):
             if isinstance(png, str):
                 continue  # an unreadable image is an error row, never a request

@@ -34,11 +34,17 @@ class Line:
     usd: float = 0.0  # at most
     usd_low: float = 0.0  # at least
     batchable: bool = True  # chat requests can go through the batch interfaces; embeddings stay sync
+    mode: str | None = None  # the model's or judge's own `mode` (none: the provider's)
 
     @property
     def usd_batch(self) -> float:
         """At most, in batch mode (half the price where the requests can go in batches)."""
         return self.usd * (BATCH_DISCOUNT if self.batchable else 1.0)
+
+    def planned(self, provider_mode: str) -> tuple[float, float]:
+        """(at least, at most) in the mode these requests will be sent in."""
+        discount = BATCH_DISCOUNT if self.batchable and (self.mode or provider_mode) == "batch" else 1.0
+        return self.usd_low * discount, self.usd * discount
 
 
 def response_cache(study: StudyBase) -> ResponseCache:
@@ -51,24 +57,27 @@ def render(study: StudyBase, lines: list[Line], notes: tuple[str, ...] = ()) -> 
         return "no API models, encoders or judge in this study: nothing to spend"
     out = [f"{'provider':<8} {'model/encoder':<24} {'requests':>9} {'cached':>7} {'tokens in':>11} {'tokens out*':>12} "
            f"{'US$ at least':>13} {'US$ at most':>12} {'batch mode**':>13}"]
-    totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+    totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0, 0.0])
+    own_modes: dict[str, list[str]] = defaultdict(list)
     for ln in lines:
         out.append(f"{ln.provider:<8} {ln.what:<24} {ln.requests:>9} {ln.cached:>7} {ln.input_tokens:>11} {ln.output_tokens:>12} "
                    f"{ln.usd_low:>13.4f} {ln.usd:>12.4f} {ln.usd_batch:>13.4f}")
-        totals[ln.provider][0] += ln.usd_low
-        totals[ln.provider][1] += ln.usd
-        totals[ln.provider][2] += ln.usd_batch
-    for provider, (low, high, batch) in sorted(totals.items()):
+        low, high = ln.planned(getattr(study.providers, ln.provider).mode)
+        for i, value in enumerate((ln.usd, ln.usd_batch, low, high)):
+            totals[ln.provider][i + 1] += value
+        if ln.mode is not None:
+            own_modes[ln.provider].append(f"{ln.what}: {ln.mode}")
+    for provider, (_, high, batch, low, spend) in sorted(totals.items()):
         cfg = getattr(study.providers, provider)
         budget = cfg.budget_usd
-        spend = batch if cfg.mode == "batch" else high
         cap = "no budget cap" if budget is None else f"budget ${budget:g}" + (" (would stop the run)" if spend > budget else "")
-        out.append(f"{provider} ({cfg.mode} mode): between ${low * (BATCH_DISCOUNT if cfg.mode == 'batch' else 1):.4f} and ${spend:.4f} "
-                   f"(sync at most ${high:.4f}, batch at most ${batch:.4f}); {cap}")
+        modes = ", ".join([f"{cfg.mode} mode", *own_modes[provider]])
+        out.append(f"{provider} ({modes}): between ${low:.4f} and ${spend:.4f} "
+                   f"(all sync at most ${high:.4f}, all batch at most ${batch:.4f}); {cap}")
     out.append("* output counted at each model's max_output_tokens (at least: none); cached requests are free; embeddings "
                f"of model answers counted at that cap too. Prices: the built-in table as of {PRICES_AS_OF} "
                "and providers.<name>.prices")
-    out.append(f"** at most, with providers.<name>.mode: batch ({BATCH_DISCOUNT:.0%} of the price for chat requests; "
+    out.append(f"** at most, in batch mode (providers.<name>.mode, or a model's or the judge's own `mode`: {BATCH_DISCOUNT:.0%} of the price for chat requests; "
                "embeddings are sent one batch request at a time as in sync mode)")
     out += notes
     return "\n".join(out)

@@ -118,7 +118,9 @@ class Gateway:
         self.jitter = random.Random(f"{provider}:{cache_dir}")  # seeded by the gateway's identity
         gateway_id = uuid.uuid4().hex[:12]  # attempts of gateways of earlier runs keep their own ids
         self.attempt_ids = (f"{gateway_id}-{n}" for n in itertools.count())
-        self.batch = Batcher(self, cache_dir, run_root, batch_wait) if cfg.mode == "batch" else None
+        # Every gateway can batch: a model may choose batch mode alone, and a request that an earlier
+        # run left in a pending batch is collected from it, whatever the mode now.
+        self.batch = Batcher(self, cache_dir, run_root, batch_wait)
 
     # budget -----------------------------------------------------------------------------------
     @property
@@ -259,14 +261,16 @@ class Gateway:
         """Batch mode: submit the requests grouped so far now."""
         await self.batch.flush()
 
-    async def chat(self, req: ChatRequest) -> dict:
+    async def chat(self, req: ChatRequest, batch: bool | None = None) -> dict:
         """The fields of one `responses` row: text, status (ok, error, skipped), error, latency_s
         (the answering attempt), queued_s (the rest: limits, slots, earlier attempts and their
         waits), input_tokens, output_tokens, cost_usd (what the answer cost when it was bought),
-        paid_usd (what this call paid: 0 from the cache), model_version, cached."""
-        if self.batch is not None:
-            return await self.batch.chat(req)
+        paid_usd (what this call paid: 0 from the cache), model_version, cached. `batch`: through
+        the batch interface (none: as the provider's `mode` says). A request an earlier run left in
+        a pending batch is collected from that batch in either mode, never bought again."""
         key = chat_key(self.name, req)
+        if (self.cfg.mode == "batch" if batch is None else batch) or key in self.batch.batch_of:
+            return await self.batch.chat(req)
         hit = self.cache.get("chat", key)
         if hit is not None:
             self.stats["cache_hits"] += 1
@@ -326,7 +330,7 @@ class Gateway:
         return {"status": "ok", "error": "", "vectors": vectors, "model_version": version, "paid_usd": paid}
 
     def report(self) -> dict:
-        batches = {f"batch_{k}": v for k, v in self.batch.stats.items()} if self.batch else {}
+        batches = {f"batch_{k}": v for k, v in self.batch.stats.items()}
         return {"spent_usd": self.spent, "spent_before_usd": self.spent_before, **self.stats, **batches}
 
 
@@ -344,8 +348,8 @@ class GatewayActor:
         self.gateway = Gateway(provider, cfg, key, cache_dir, spend_log=spend_log, driver_pid=driver_pid, run_root=run_root,
                                batch_wait=batch_wait)
 
-    async def chat(self, req: ChatRequest) -> dict:
-        return await self.gateway.chat(req)
+    async def chat(self, req: ChatRequest, batch: bool | None = None) -> dict:
+        return await self.gateway.chat(req, batch)
 
     async def submit(self, req: ChatRequest, hold: bool = False) -> dict:
         return await self.gateway.submit(req, hold)

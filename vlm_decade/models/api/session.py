@@ -71,10 +71,15 @@ class RemoteSession:
         self.tally = SpendTally(log)
         # A name of its own: a gateway being ended (`ray.kill` returns before it is gone) is never reused.
         name = f"{run.root.resolve()}:{uuid.uuid4().hex}"
-        self.batch = getattr(providers, provider).mode == "batch"
+        self.mode = getattr(providers, provider).mode
         self.actor = gateway_actor(ray, provider, getattr(providers, provider), key, cache_dir(providers), name,
                                    spend_log=log.resolve(), driver_pid=os.getpid(), run_root=run.root.resolve(),
                                    batch_wait=providers.batch_wait)
+
+    def batch_for(self, mode: str | None) -> bool:
+        """Whether a model, judge or probe with this `mode` of its own (none: the provider's) sends
+        through the provider's batch interface."""
+        return (mode or self.mode) == "batch"
 
     def record(self) -> None:
         spend = self.tally.read()

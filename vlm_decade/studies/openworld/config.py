@@ -37,6 +37,13 @@ class JudgeConfig(Settings):
     path: Path | None = Field(None, description="A local folder with the weights.")
     options: dict[str, Any] = Field(default_factory=dict, description="Judge options (docs/openworld-metrics.md).")
     batch_size: int = operational(16, "Prompts per batch of a local judge.", ge=1)
+    mode: Literal["sync", "batch"] | None = operational(None, "An API judge: sync or batch (none: its provider's `mode`; docs/api.md).")
+
+    @model_validator(mode="after")
+    def _mode_for_api_judges(self) -> "JudgeConfig":
+        if self.mode is not None and self.backend == "hf-judge":
+            raise ValueError("`mode` is for an API judge (openai, gemini); hf-judge runs here")
+        return self
 
 
 class OpenWorldMetricsConfig(Settings):

@@ -205,7 +205,7 @@ def _from_row(row: dict) -> JudgeAnswer:
 
 
 def judge_remote(ray, study, folder, provider: str, model_id: str, settings: dict, prompts: list[str],
-                 reporter: Reporter) -> list[JudgeAnswer]:
+                 reporter: Reporter, mode: str | None = None) -> list[JudgeAnswer]:
     """Answers from an API model: each distinct prompt is one text-only request to the run's gateway
     actor for `provider`, with up to twice the provider's `max_concurrency` requests in flight.
     `study` is any study config (its `providers` are used) and `folder` the run folder whose manifest
@@ -218,11 +218,12 @@ def judge_remote(ray, study, folder, provider: str, model_id: str, settings: dic
         return []  # no gateway actor for nothing
     unique = list(dict.fromkeys(prompts))
     cfg = getattr(study.providers, provider)
+    batch = (mode or cfg.mode) == "batch"
     # In batch mode every question is handed over at once: the gateway groups them into batches.
-    in_flight = len(unique) if cfg.mode == "batch" else 2 * cfg.max_concurrency
+    in_flight = len(unique) if batch else 2 * cfg.max_concurrency
     answers: dict[str, JudgeAnswer] = {}
     with RemoteSession(ray, study.providers, folder, provider) as session, reporter.track("judge", len(unique)) as advance:
-        submit = lambda prompt, _: session.actor.chat.remote(ChatRequest(model_id, prompt, settings=settings))  # noqa: E731
+        submit = lambda prompt, _: session.actor.chat.remote(ChatRequest(model_id, prompt, settings=settings), batch)  # noqa: E731
         last_record = time.monotonic()
         for done in bounded(ray, unique, submit, in_flight):
             # a lost call is an error answer, asked again next run
@@ -246,4 +247,5 @@ class RemoteJudge:
         self.settings = judge_settings(config)
 
     def judge(self, prompts: list[str]) -> list[JudgeAnswer]:
-        return judge_remote(self.ray, self.study, self.folder, self.config.backend, self.config.model_id, self.settings, prompts, self.reporter)
+        return judge_remote(self.ray, self.study, self.folder, self.config.backend, self.config.model_id, self.settings, prompts, self.reporter,
+                            self.config.mode)
