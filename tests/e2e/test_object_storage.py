@@ -276,6 +276,12 @@ def test_a_run_folder_in_a_bucket_survives_a_kill_and_the_loss_of_its_working_co
     assert status.returncode == 0, status.stderr[-2000:]
     assert "stage responses" in status.stdout and "running" not in status.stdout
 
+    bucket.delete_object(Bucket=BUCKET, Key="runs/example/report.html")
+    redrawn = vlm_decade("report", uri)  # from the working copy `status` left, and back to the bucket
+    assert redrawn.returncode == 0 and f"report: {uri}/report.html" in " ".join(redrawn.stderr.split()), redrawn.stderr[-2000:]
+    page = bucket.get_object(Bucket=BUCKET, Key="runs/example/report.html")["Body"].read()
+    assert page == (storage.working_copy(uri) / "report.html").read_bytes() and b"</html>" in page
+
 
 def test_a_store_that_does_not_answer_is_said_with_its_uri(tmp_path, monkeypatch):
     """Exit status 1 (the environment, not the input) with the URI, for images and for a run folder;
