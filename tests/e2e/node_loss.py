@@ -4,8 +4,8 @@ run by tests/e2e/test_node_loss.py in its own process (one Ray per process).
 A head with no CPU (the driver) and two one-CPU worker nodes. The demo's `ssd-template` model is
 described, and the demo's texts embedded with the packaged MiniLM, first uninterrupted, then with the
 worker node that holds the stage's actor removed (its raylet killed) once some but not all batches
-are done. Writes both runs' tables under OUT and prints JSON: how many batches were done at each
-kill and how many there were.
+are done. Writes both runs' tables under OUT and, as JSON, how many batches were done at each
+kill and how many there were, to OUT/results.json.
 """
 
 from __future__ import annotations
@@ -34,11 +34,13 @@ from vlm_decade.studies.decade.pipeline import check, plan  # noqa: E402
 
 
 class Progress(Reporter):
-    """Counts finished items and wakes the killer once `after` are done."""
+    """Counts finished items; once `after` are done, wakes the killer and holds the stage's driver
+    loop until the node is gone (`killed`), so the kill lands mid-stage however fast the machine."""
 
     def __init__(self, after: int):
         super().__init__(quiet=True)
-        self.done, self.total, self.after, self.reached = 0, 0, after, threading.Event()
+        self.done, self.total, self.after = 0, 0, after
+        self.reached, self.killed = threading.Event(), threading.Event()
 
     def track(self, description, total):
         from contextlib import contextmanager
@@ -49,8 +51,9 @@ class Progress(Reporter):
 
             def advance(n=1):
                 self.done += n
-                if self.done >= self.after:
+                if self.done >= self.after and not self.killed.is_set():
                     self.reached.set()
+                    self.killed.wait(timeout=600)
 
             yield advance
 
@@ -72,12 +75,12 @@ def busy_worker(cluster, ray):
 def run_stage(study, out: Path, stage: str, cluster=None, kill_after: int = 0) -> dict:
     """One stage in a fresh run folder, removing the busy worker after `kill_after` items."""
     data = check(study)
-    reporter = Progress(kill_after or 10**9)
-    run = StudyRun(RunFolder(out), reporter, LazyRay(study.runtime))
+    run = StudyRun(RunFolder(out), Reporter(quiet=True), LazyRay(study.runtime))
     run.run_stage(given("images", data.images))
     run.run_stage(given("references", data.references))
     if stage == "embed":
         run.run_stage(describe.stage(study, plan(study)))
+    reporter = run.reporter = Progress(kill_after or 10**9)  # counts the stage under test alone
     target = describe.stage(study, plan(study)) if stage == "describe" else embed.stage(study)
     failures: list[BaseException] = []
 
@@ -96,6 +99,7 @@ def run_stage(study, out: Path, stage: str, cluster=None, kill_after: int = 0) -
         at_kill = reporter.done
         cluster.remove_node(node, allow_graceful=False)
         cluster.add_node(num_cpus=1)  # a replacement joins, as an autoscaler's would
+        reporter.killed.set()
     worker.join(timeout=900)
     assert not worker.is_alive(), f"{stage} did not finish after the node loss"
     assert not failures, f"{stage} failed: {failures[0]!r}"
@@ -122,7 +126,7 @@ def main(out: Path) -> None:
     for stage in ("describe", "embed"):
         results.append(run_stage(study, out / f"{stage}-uninterrupted", stage))
         results.append(run_stage(study, out / f"{stage}-killed", stage, cluster, kill_after=8 if stage == "describe" else 48))
-    print(json.dumps(results))
+    (out / "results.json").write_text(json.dumps(results))  # not stdout: Ray may print there as it exits
 
 
 if __name__ == "__main__":

@@ -67,20 +67,29 @@ class LostActor(Exception):
 
 
 class PoolRay(FakeRay):
-    """Actors are ints; calls to actor 0 fail as lost (its node died) until it is killed."""
+    """Actors are ints; `dead` ones die as they start (their node lost); `unplaced` ones never start
+    (no room), so neither they nor calls sent to them ever finish."""
 
-    def __init__(self, dead=(0,)):
+    def __init__(self, dead=(0,), unplaced=()):
         super().__init__({})
-        self.dead, self.killed, self.made = set(dead), [], 0
+        self.dead, self.unplaced, self.killed, self.made = set(dead), set(unplaced), [], 0
 
     def make(self):
         self.made += 1
         return self.made - 1
 
+    def ready(self, actor):
+        return ("ready", actor, actor)
+
     def call(self, actor, item):
+        assert actor not in self.unplaced, "work sent to an actor that is not up"
         ref = ("ref", item, actor)
         self.in_flight.add(ref)
         return ref
+
+    def wait(self, refs, num_returns, timeout=None):
+        movable = [r for r in refs if r[2] not in self.unplaced]
+        return super().wait(movable, num_returns, timeout) if movable else ([], refs)
 
     def get(self, ref):
         from ray.exceptions import ActorDiedError
@@ -88,7 +97,7 @@ class PoolRay(FakeRay):
         self.in_flight.discard(ref)
         if ref[2] in self.dead:
             raise ActorDiedError()
-        return (ref[1], ref[2])
+        return None if ref[0] == "ready" else (ref[1], ref[2])
 
     def kill(self, actor):
         self.killed.append(actor)
@@ -98,7 +107,7 @@ def test_a_lost_actor_leaves_the_pool_and_the_others_take_its_work():
     from vlm_decade.core.dispatch import pool_map
 
     ray = PoolRay(dead=(0,))
-    done = list(pool_map(ray, ray.make, 2, range(8), ray.call, in_flight_per_actor=2))
+    done = list(pool_map(ray, ray.make, 2, range(8), ray.call, in_flight_per_actor=2, ready=ray.ready))
     assert sorted(d.work for d in done) == list(range(8)) and all(d.error is None for d in done)
     assert {d.value[1] for d in done} == {1}  # all by the survivor
     assert ray.killed.count(0) == 1 and ray.made == 2
@@ -108,9 +117,23 @@ def test_when_every_actor_is_lost_a_new_one_is_made_and_losses_are_capped():
     from vlm_decade.core.dispatch import pool_map
 
     ray = PoolRay(dead=(0,))
-    done = list(pool_map(ray, ray.make, 1, range(3), ray.call))
+    done = list(pool_map(ray, ray.make, 1, range(3), ray.call, ready=ray.ready))
     assert ray.made == 2 and all(d.error is None and d.value[1] == 1 for d in done)
     ray = PoolRay(dead=range(100))  # no actor ever lives: after max_lost, the work comes back failed
-    done = list(pool_map(ray, ray.make, 1, range(5), ray.call, max_lost=2))
+    done = list(pool_map(ray, ray.make, 1, range(5), ray.call, max_lost=2, ready=ray.ready))
     assert sorted(d.work for d in done) == list(range(5)) and all(d.error is not None for d in done)
     assert ray.made == 3
+
+
+def test_an_actor_that_never_starts_holds_no_work():
+    """Three actors asked for, room for two (the cluster still counted a node that was gone): the two
+    do all the work and the third, never up, is killed at the end; nothing stalls."""
+    from vlm_decade.core.dispatch import pool_map
+
+    ray = PoolRay(dead=(), unplaced=(2,))
+    done = list(pool_map(ray, ray.make, 3, range(10), ray.call, stall_timeout_s=5, ready=ray.ready))
+    assert sorted(d.work for d in done) == list(range(10)) and all(d.error is None for d in done)
+    assert 2 not in {d.value[1] for d in done} and sorted(ray.killed) == [0, 1, 2]
+    ray = PoolRay(dead=(), unplaced=(0,))  # the only actor never starts: said, not hung
+    with pytest.raises(Stalled):
+        list(pool_map(ray, ray.make, 1, range(3), ray.call, stall_timeout_s=5, ready=ray.ready))

@@ -81,57 +81,80 @@ def bounded(ray, work: Iterable[W], submit: Callable[[W, int], Any], limit: int,
 
 def pool_map(ray, make_actor: Callable[[], Any], n_actors: int, work: Iterable[W], call: Callable[[Any, W], Any], *,
              in_flight_per_actor: int = 2, max_lost: int = 3, stall_timeout_s: float | None = None, what: str = "work",
-             needs: dict[str, float] | None = None) -> Iterator[Finished[W]]:
+             needs: dict[str, float] | None = None, ready: Callable[[Any], Any] = lambda actor: actor.__ray_ready__.remote()
+             ) -> Iterator[Finished[W]]:
     """`bounded` over a pool of `n_actors` actors made by `make_actor`, that survives losing them.
 
-    A call whose actor died (its process or its node lost) is not an outcome: its work goes back to
-    the queue and the actor leaves the pool, so the others take it over; when none is left, a new
-    actor is made (it waits for room on the cluster, within the stall timeout). After `max_lost`
-    actors are lost (an actor that cannot even start, say), the rest of the work is handed back
-    failed with the last loss, to become error rows that a later run tries again. Other failures are
-    handed back as usual. The actors are killed when the work is done.
+    Work goes only to actors that have started (`ready`: a call that returns once the actor is up),
+    so an actor that never finds room (the cluster counts a node that is gone, say) holds no work
+    while the others finish it. A call whose actor died (its process or its node lost) is not an
+    outcome: its work goes back to the queue and the actor leaves the pool, so the others take it
+    over; when none is left, a new actor is made (it waits for room on the cluster, within the stall
+    timeout). After `max_lost` actors are lost (an actor that cannot even start, say), the rest of
+    the work is handed back failed with the last loss, to become error rows that a later run tries
+    again. Other failures are handed back as usual. The actors are killed when the work is done.
     """
     from ray.exceptions import RayActorError
 
     actors = {i: make_actor() for i in range(n_actors)}
-    load = {i: 0 for i in actors}
+    starting = {ready(actors[i]): i for i in actors}  # actors not known to be up yet
+    load: dict[int, int] = {}  # calls in flight, per actor that is up
     queue = iter(work)
     retry: list[W] = []
     pending: dict[Any, tuple[W, int]] = {}
-    made, lost, last_loss = n_actors, 0, None
+    made, lost, last_loss, exhausted = n_actors, 0, None, False
+
+    def lose(slot: int, exc: BaseException) -> None:
+        nonlocal lost, last_loss
+        if slot in actors:
+            ray.kill(actors.pop(slot))
+            load.pop(slot, None)
+            lost += 1
+        last_loss = exc
 
     def fill() -> None:
-        nonlocal made
+        nonlocal made, exhausted
         while lost <= max_lost:
             if not actors:
-                actors[made], load[made] = make_actor(), 0
+                actors[made] = make_actor()
+                starting[ready(actors[made])] = made
                 made += 1
-            slot = min(actors, key=lambda i: load[i])
+            if not load:
+                return  # no actor is up yet
+            slot = min(load, key=lambda i: load[i])
             if load[slot] >= in_flight_per_actor:
                 return
             item = retry.pop() if retry else next(queue, _END)
             if item is _END:
+                exhausted = True
                 return
             pending[call(actors[slot], item)] = (item, slot)
             load[slot] += 1
 
     try:
         fill()
-        while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1, timeout=stall_timeout_s)
-            if not ready:
+        while pending or (starting and lost <= max_lost and (retry or not exhausted)):
+            ready_refs, _ = ray.wait([*pending, *starting], num_returns=1, timeout=stall_timeout_s)
+            if not ready_refs:
                 raise stalled(ray, what, needs or {}, stall_timeout_s)
-            item, slot = pending.pop(ready[0])
+            ref = ready_refs[0]
+            if ref in starting:
+                slot = starting.pop(ref)
+                try:
+                    ray.get(ref)
+                    if slot in actors:
+                        load[slot] = 0
+                except RayActorError as exc:  # it died starting
+                    lose(slot, exc)
+                fill()
+                continue
+            item, slot = pending.pop(ref)
             if slot in load:
                 load[slot] -= 1
             try:
-                done = Finished(item, ray.get(ready[0]))
+                done = Finished(item, ray.get(ref))
             except RayActorError as exc:
-                if slot in actors:
-                    ray.kill(actors.pop(slot))
-                    load.pop(slot)
-                    lost += 1
-                last_loss = exc
+                lose(slot, exc)
                 if lost <= max_lost:
                     retry.append(item)
                     fill()
