@@ -7,9 +7,11 @@ with half its lines done and fails `--fail` of the lines. The gateway submits wh
 did not reach again at once; a second gateway (a rerun) submits the failed lines again. Then the
 same requests go through a gateway in sync mode against a fresh fake server. Prints JSON lines; the
 last is the summary: requests, batches, lines_submitted, duplicate_lines (lines answered ok more
-than once: must be 0), cost_sync_usd and cost_batch_usd as the fake server billed them, cost_ratio.
+than once: must be 0), cost_sync_usd and cost_batch_usd as the fake server billed them, cost_ratio,
+and the same figures under `embeddings` for `--texts` texts embedded (text-embedding-3-large) the
+way the embed stage does it (queue every text, then collect chunks of 64), with the same faults.
 
-    .venv/bin/python benchmarks/api_batch.py              # 5,000 requests: about a minute
+    .venv/bin/python benchmarks/api_batch.py              # 5,000 requests and 5,000 texts: about two minutes
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from vlm_decade.models.api.providers import ChatRequest, OpenAIProvider  # noqa:
 from vlm_decade.testing.fake_api import FakeAPIServer, FaultConfig  # noqa: E402
 
 MODEL = "gpt-4o-mini"
+ENCODER = "text-embedding-3-large"
+CHUNK = 64  # texts per embed call, as an encoder's batch_size
 
 
 def png(seed: int) -> bytes:
@@ -87,31 +91,67 @@ async def phases(requests: list[ChatRequest], args) -> dict:
     return out
 
 
+async def embed_phases(texts: list[str], args) -> dict:
+    """The texts in batch mode (first run and rerun), then in sync mode on a fresh server."""
+    chunks = [texts[i : i + CHUNK] for i in range(0, len(texts), CHUNK)]
+
+    async def embed(gw: Gateway) -> list[dict]:
+        if gw.cfg.mode == "batch":
+            for chunk in chunks:
+                await gw.submit_embeds(ENCODER, chunk)
+            await gw.flush()
+        return await asyncio.gather(*[gw.embed(ENCODER, chunk) for chunk in chunks])
+
+    out: dict = {}
+    with tempfile.TemporaryDirectory() as tmp, FakeAPIServer(FaultConfig(batch_delay_s=0.5, batch_expire_first=1, batch_line_fail_rate=args.fail, seed=2)) as server:
+        await embed(gateway(server, Path(tmp), "batch", args.per_batch))
+        server.faults = FaultConfig(batch_delay_s=0.5)
+        again = await embed(gateway(server, Path(tmp), "batch", args.per_batch))
+        lines = server.batch_lines()
+        out.update(submitted=sum(len(b.lines) for b in server.batches.batches.values()), lines=len(lines),
+                   answered=Counter(r.key for r in lines if r.outcome == "ok"), batches=server.counts()["openai.batches.create"],
+                   cost_batch=server.billed_usd(price))
+    with tempfile.TemporaryDirectory() as tmp, FakeAPIServer() as server:
+        sync = await embed(gateway(server, Path(tmp), "sync", args.per_batch))
+        out["cost_sync"] = server.billed_usd(price)
+    out["identical"] = all(all(a["ok"]) and np.array_equal(a["vectors"], b["vectors"]) for a, b in zip(again, sync))
+    return out
+
+
+def summary(n: int, out: dict) -> dict:
+    return {
+        "requests": n,
+        "batches": out["batches"],
+        "lines_submitted": out["submitted"],
+        "lines_resubmitted": out["submitted"] - n,
+        "lines_answered": out["lines"],
+        "duplicate_lines": sum(k > 1 for k in out["answered"].values()),
+        "answers_identical_to_sync": out["identical"],
+        "cost_sync_usd": round(out["cost_sync"], 6),
+        "cost_batch_usd": round(out["cost_batch"], 6),
+        "cost_ratio": round(out["cost_batch"] / out["cost_sync"], 4),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=5000)
     ap.add_argument("--per-batch", type=int, default=1000)
+    ap.add_argument("--texts", type=int, default=5000, help="texts to embed")
     ap.add_argument("--fail", type=float, default=0.02, help="share of batch lines that fail")
     args = ap.parse_args()
     images = [png(i % 50) for i in range(50)]
     settings = OpenAIProvider.settings(MODEL, {})
     requests = [ChatRequest(MODEL, f"batch benchmark question {i}", images[i % 50], settings) for i in range(args.requests)]
 
-    out = asyncio.run(phases(requests, args))
-    print(json.dumps({
-        "requests": args.requests,
-        "batches": out["batches"],
-        "lines_submitted": out["submitted"],
-        "lines_resubmitted": out["submitted"] - args.requests,
-        "lines_answered": out["lines"],
-        "duplicate_lines": sum(n > 1 for n in out["answered"].values()),
-        "answers_identical_to_sync": out["identical"],
-        "cost_sync_usd": round(out["cost_sync"], 6),
-        "cost_batch_usd": round(out["cost_batch"], 6),
-        "cost_ratio": round(out["cost_batch"] / out["cost_sync"], 4),
-        "batch_seconds": round(out["batch_s"], 1),
-        "faults": {"expired_batches": 1, "line_fail_rate": args.fail},
-    }))
+    texts = [f"a benchmark description number {i} of a photo" for i in range(args.texts)]
+
+    async def both():  # one event loop: the clients' connections belong to it
+        return await phases(requests, args), await embed_phases(texts, args)
+
+    out, embedded = asyncio.run(both())
+    print(json.dumps({**summary(args.requests, out), "batch_seconds": round(out["batch_s"], 1),
+                      "faults": {"expired_batches": 1, "line_fail_rate": args.fail}, "embeddings": summary(args.texts, embedded)}))
 
 
 if __name__ == "__main__":

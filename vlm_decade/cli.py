@@ -318,7 +318,7 @@ def status(run_dir: str = typer.Argument(..., help=RUN_DIR_HELP)) -> None:
     provider_of = {m["name"]: api_provider(m["backend"]) for m in manifest["config"].get("models", [])}
     rows = response_states(folder)
     for provider in sorted(set(manifest.get("spend_usd", {})) | set(batches)):
-        counts = ", ".join(f"{n} {state}" for state, n in sorted(batches.get(provider, {}).items())) or "none"
+        counts = ", ".join(_batch_counts(kind, tally) for kind, tally in sorted(batches.get(provider, {}).items())) or "none"
         by_mode = ", ".join(f"{mode} ${usd:.4f}" for mode, usd in manifest.get("spend_by_mode_usd", {}).get(provider, {}).items())
         unresolved = manifest.get("spend_unresolved_usd", {}).get(provider, 0.0)
         print(f"{provider}: batches {counts}; spent ${manifest.get('spend_usd', {}).get(provider, 0.0):.4f}"
@@ -327,6 +327,13 @@ def status(run_dir: str = typer.Argument(..., help=RUN_DIR_HELP)) -> None:
             said = ", ".join(f"{n} {state}" for state, n in sorted(rows[subject].items()))
             print(f"  responses {subject}: {rows[subject]['ok']} of {sum(rows[subject].values())} done ({said})")
     _say_unfinished(run_dir)
+
+
+def _batch_counts(kind: str, tally) -> str:
+    """'2 completed, 1 pending (chat, 40 requests waiting)': one kind of a provider's batches."""
+    states = ", ".join(f"{n} {state}" for state, n in sorted(tally.items()) if state != "waiting")
+    waiting = f", {tally['waiting']} requests waiting" if tally["waiting"] else ""
+    return f"{states} ({'embeddings' if kind == 'embed' else kind}{waiting})"
 
 
 @app.command()

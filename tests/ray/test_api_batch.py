@@ -1,7 +1,8 @@
 """Batch mode in the pipeline, the real clients against the fake server's batch protocols: the same
-tables as sync mode; a run killed while its batches are pending, started again, submits no line
-twice; a run that does not wait submits, exits and leaves the later stages for the run that
-collects; a finished study run again sends nothing."""
+tables as sync mode (answers and vectors); a run killed while its chat batches are pending, and
+again while its embedding batch is, started again, submits no line twice; a run that does not wait
+submits, exits and leaves the later stages for the run that collects; a finished study run again
+sends nothing."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from .test_api_describe import GEMINI_KEY, OPENAI_KEY, describe, study_file
 
 pytestmark = pytest.mark.ray
 VOLATILE = ("latency_s", "queued_s", "cost_usd", "paid_usd", "cached", "mode")
+EMBEDDINGS = "/v1/embeddings"  # the endpoint of the fake server's embedding batches (both providers)
 
 
 def batch_mode(path: Path, poll_s: float = 0.2) -> None:
@@ -38,42 +40,79 @@ def keys(monkeypatch):
     monkeypatch.setenv("GEMINI_API_KEY", GEMINI_KEY)
 
 
-def test_batch_mode_gives_the_tables_of_sync_mode(tmp_path, keys):
+def batches_created(server: FakeAPIServer, provider: str, embeddings: bool = False) -> int:
+    """Batches the server was given by `provider`: of chat requests, or of texts to embed."""
+    return sum(b.provider == provider and (b.endpoint == EMBEDDINGS) == embeddings for b in server.batches.batches.values())
+
+
+def lines_of(server: FakeAPIServer, embeddings: bool) -> list:
+    """The lines worked through of chat batches, or of embedding batches."""
+    kinds = {b.id: b.endpoint == EMBEDDINGS for b in server.batches.batches.values()}
+    return [r for r in server.batch_lines() if kinds[r.batch] == embeddings]
+
+
+def cli(*args, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "COLUMNS": "400"}
+    return subprocess.run([sys.executable, "-m", "vlm_decade", *map(str, args)], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_a_study_in_batch_mode_gives_the_tables_of_sync_mode(tmp_path, keys):
+    """The whole study, answers and GPT-SI vectors bought in batches: every table as in sync mode
+    but for the mode and cost columns."""
     with FakeAPIServer(FaultConfig(batch_delay_s=0.3)) as server:
-        _, _, sync = describe(study_file(tmp_path / "sync", server), tmp_path / "sync" / "run")
+        sync_run = cli("run", study_file(tmp_path / "sync", server), "--out", tmp_path / "sync" / "run")
+        assert sync_run.returncode == 0, sync_run.stderr
         path = study_file(tmp_path / "batch", server)
         batch_mode(path)
-        _, _, batch = describe(path, tmp_path / "batch" / "run")
-        counts = server.counts()
-    assert counts["openai.batches.create"] == 1 and counts["gemini.batches.create"] == 1  # one model each: one batch each
-    assert batch.drop_columns(list(VOLATILE)).equals(sync.drop_columns(list(VOLATILE)))
-    assert set(batch.column("mode").to_pylist()) == {"batch"} and set(sync.column("mode").to_pylist()) == {"sync"}
-    assert batch.column("cost_usd").to_pylist() == pytest.approx([c / 2 for c in sync.column("cost_usd").to_pylist()])
-    manifest = RunFolder(tmp_path / "batch" / "run").manifest()
-    assert manifest["spend_by_mode_usd"]["openai"] == {"batch": pytest.approx(manifest["spend_usd"]["openai"], abs=1e-6)}
+        batch_run = cli("run", path, "--out", tmp_path / "batch" / "run")
+        assert batch_run.returncode == 0, batch_run.stderr
+        created = {(p, e): batches_created(server, p, e) for p in ("openai", "gemini") for e in (False, True)}
+        embedded = lines_of(server, embeddings=True)
+    # one batch per model, and one of GPT-SI's texts to embed
+    assert created == {("openai", False): 1, ("gemini", False): 1, ("openai", True): 1, ("gemini", True): 0}
+    sync, batch = RunFolder(tmp_path / "sync" / "run"), RunFolder(tmp_path / "batch" / "run")
+    responses = batch.read("responses")
+    assert responses.drop_columns(list(VOLATILE)).equals(sync.read("responses").drop_columns(list(VOLATILE)))
+    assert set(responses.column("mode").to_pylist()) == {"batch"}
+    assert responses.column("cost_usd").to_pylist() == pytest.approx([c / 2 for c in sync.read("responses").column("cost_usd").to_pylist()])
+    for name in ("embeddings", "scores", "stats"):
+        assert batch.read(name).equals(sync.read(name)), name
+    assert len(embedded) == batch.read("embeddings").num_rows and max(Counter(r.key for r in embedded).values()) == 1
+    spend = batch.manifest()["spend_by_mode_usd"]["openai"]
+    assert spend == {"batch": pytest.approx(batch.manifest()["spend_usd"]["openai"], abs=1e-6)}
+    assert spend["batch"] == pytest.approx(sync.manifest()["spend_usd"]["openai"] / 2, rel=1e-4)
 
 
 def test_a_killed_run_collects_its_pending_batches_and_submits_no_line_twice(tmp_path, keys):
     env = {**os.environ, "COLUMNS": "400"}
+
+    def run_until(cmd, created) -> None:
+        """Start the run and SIGKILL it as soon as `created()` holds (a batch submitted, not done)."""
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and not created() and proc.poll() is None:
+            time.sleep(0.05)
+        proc.kill()
+        proc.wait(timeout=30)
+
     with FakeAPIServer(FaultConfig(batch_delay_s=4.0)) as server:
         path = study_file(tmp_path, server)
         batch_mode(path)
         out = tmp_path / "run"
         cmd = [sys.executable, "-m", "vlm_decade", "run", str(path), "--out", str(out)]
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not server.counts()["openai.batches.create"]:
-            time.sleep(0.05)
-        proc.kill()  # SIGKILL while the first batch is pending
-        proc.wait(timeout=30)
-        created = server.counts()["openai.batches.create"]
-        assert created == 1 and not server.batch_lines()
+        run_until(cmd, lambda: batches_created(server, "openai"))  # killed while gpt's batch is pending
+        assert batches_created(server, "openai") == 1 and not server.batch_lines()
+
+        server.faults = FaultConfig(batch_delay_s=1.0)
+        run_until(cmd, lambda: batches_created(server, "openai", embeddings=True))  # ... and while GPT-SI's is
+        assert batches_created(server, "openai", embeddings=True) == 1 and not lines_of(server, embeddings=True)
 
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr
-        lines = server.batch_lines()
-        assert server.counts()["openai.batches.create"] == 1  # picked up, not submitted again
-        assert max(Counter(r.key for r in lines).values()) == 1 and len(lines) == 80
+        chats, texts = lines_of(server, embeddings=False), lines_of(server, embeddings=True)
+        assert (batches_created(server, "openai"), batches_created(server, "openai", embeddings=True)) == (1, 1)  # picked up, not submitted again
+        assert len(chats) == 80 and max(Counter(r.key for r in chats + texts).values()) == 1
+        assert len(texts) == RunFolder(out).read("embeddings").num_rows
         responses = RunFolder(out).read("responses")
         assert set(responses.column("status").to_pylist()) == {"ok"}
 
@@ -97,17 +136,17 @@ def test_a_run_that_does_not_wait_submits_exits_and_a_later_run_collects(tmp_pat
 
         status = subprocess.run([sys.executable, "-m", "vlm_decade", "status", str(out)], env=env, capture_output=True, text=True, timeout=120)
         assert status.returncode == 0, status.stderr
-        assert "openai: batches 1 pending" in status.stdout and "responses gpt: 0 of 64 done (64 pending)" in status.stdout
+        assert "openai: batches 1 pending (chat, 64 requests waiting);" in status.stdout and "responses gpt: 0 of 64 done (64 pending)" in status.stdout
 
         time.sleep(3.0)
         second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
         assert second.returncode == 0, second.stderr
-        assert server.counts()["openai.batches.create"] == 1 and server.counts()["gemini.batches.create"] == 1
-        lines = server.batch_lines()
+        assert batches_created(server, "openai") == 1 and batches_created(server, "gemini") == 1
+        lines = lines_of(server, embeddings=False)
         assert len(lines) == 80 and max(Counter(r.key for r in lines).values()) == 1
         assert RunFolder(out).manifest()["stages"]["report"]["state"] == "done"
         status = subprocess.run([sys.executable, "-m", "vlm_decade", "status", str(out)], env=env, capture_output=True, text=True, timeout=120)
-        assert "openai: batches 1 completed" in status.stdout and "responses gpt: 64 of 64 done (64 ok)" in status.stdout
+        assert "openai: batches 1 completed (chat), 1 completed (embeddings);" in status.stdout and "responses gpt: 64 of 64 done (64 ok)" in status.stdout
     table = pq.read_table(out / "responses.parquet")
     assert set(table.column("mode").to_pylist()) == {"batch"}
 

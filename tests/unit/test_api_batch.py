@@ -164,3 +164,84 @@ def test_a_submission_cut_off_before_its_id_was_recorded_is_found_by_its_label(t
         rows = ask(gateway(server, "openai", tmp_path), reqs)
         assert server.counts()["openai.batches.create"] == 1 and server.counts()["openai.batches.list"] == 1
     assert {r["status"] for r in rows} == {"ok"}
+
+
+# embeddings ------------------------------------------------------------------------------------
+EMBED_MODELS = {"openai": "text-embedding-3-large", "gemini": "gemini-embedding-001"}
+
+
+def texts(n: int, tag: str = "a photo of") -> list[str]:
+    return [f"{tag} thing {i}" for i in range(n)]
+
+
+def embed(gw: Gateway, provider: str, chunks: list[list[str]], batch: bool | None = None) -> list[dict]:
+    """The embed stage's two steps: queue every text, then collect each chunk's vectors."""
+    async def go():
+        if batch is not False and (batch or gw.cfg.mode == "batch"):
+            for chunk in chunks:
+                await gw.submit_embeds(EMBED_MODELS[provider], chunk)
+            await gw.flush()
+        return await asyncio.gather(*[gw.embed(EMBED_MODELS[provider], chunk, batch) for chunk in chunks])
+
+    return run(go())
+
+
+@pytest.mark.parametrize("provider", ["openai", "gemini"])
+def test_batch_vectors_are_the_sync_vectors_at_half_the_price_and_share_the_cache(tmp_path, provider):
+    chunks = [texts(5), texts(4, "a drawing of")]
+    with FakeAPIServer(FaultConfig(batch_delay_s=0.2)) as server:
+        batch = embed(gateway(server, provider, tmp_path / "b"), provider, chunks)
+        sync = embed(gateway(server, provider, tmp_path / "s", mode="sync"), provider, chunks)
+        lines = server.batch_lines()
+        assert server.counts()[f"{provider}.batches.create"] == 1 and len(lines) == 9  # one embedding batch, a line a text
+        assert sorted(r.endpoint for r in lines) == [f"{provider}.batch_line"] * 9
+        again = embed(gateway(server, provider, tmp_path / "b", mode="sync"), provider, chunks)  # bought in batch: cached
+        assert len(server.batch_lines()) == 9 and sum(server.counts()[e] for e in ("openai.embeddings", "gemini.embed")) == 2
+    for b, s, a in zip(batch, sync, again):
+        assert all(b["ok"]) and not b["failures"] and a["paid_usd"] == 0.0
+        np.testing.assert_array_equal(b["vectors"], s["vectors"])
+        np.testing.assert_array_equal(a["vectors"], s["vectors"])
+    assert sum(b["paid_usd"] for b in batch) == pytest.approx(BATCH_DISCOUNT * sum(s["paid_usd"] for s in sync))
+    spent = read_spend(tmp_path / "b" / "run" / "api" / f"{provider}.spend.jsonl")
+    assert spent.paid == pytest.approx(sum(b["paid_usd"] for b in batch)) and spent.by_mode == {"batch": pytest.approx(spent.paid)}
+
+
+def test_a_failed_embedding_line_fails_its_text_alone_and_a_later_run_resubmits_only_it(tmp_path):
+    chunk = texts(12)
+    with FakeAPIServer(FaultConfig(batch_delay_s=0.1, batch_line_fail_rate=0.4, seed=3)) as server:
+        first = embed(gateway(server, "openai", tmp_path), "openai", [chunk])[0]
+        n_failed = len(first["failures"])
+        assert 0 < n_failed < 12 and first["vectors"].shape == (12 - n_failed, 3072)
+        assert {status for status, _ in first["failures"]} == {"error"} and "batch line 500" in first["failures"][0][1]
+        server.faults = FaultConfig(batch_delay_s=0.1)
+        second = embed(gateway(server, "openai", tmp_path), "openai", [chunk])[0]
+        lines = server.batch_lines()
+    assert all(second["ok"]) and len(lines) == 12 + n_failed
+    assert {r.key for r in lines[12:]} == {r.key for r in lines[:12] if r.outcome != "ok"}
+    ok = [i for i, good in enumerate(first["ok"]) if good]
+    np.testing.assert_array_equal(first["vectors"], second["vectors"][ok])
+
+
+@pytest.mark.parametrize("provider", ["openai", "gemini"])
+def test_an_expired_embedding_batch_resubmits_only_the_texts_it_did_not_reach(tmp_path, provider):
+    """Gemini answers an embedding batch in the order of its requests: the vectors of the half it
+    reached must land on their own texts."""
+    chunk = texts(8)
+    with FakeAPIServer(FaultConfig(batch_delay_s=0.1, batch_expire_first=1)) as server:
+        out = embed(gateway(server, provider, tmp_path), provider, [chunk])[0]
+        sync = embed(gateway(server, provider, tmp_path / "sync", mode="sync"), provider, [chunk])[0]
+        lines = server.batch_lines()
+    first = [r for r in lines if r.batch == lines[0].batch]
+    assert all(out["ok"]) and len(first) == 4 and len(lines) == 8
+    np.testing.assert_array_equal(out["vectors"], sync["vectors"])
+
+
+def test_texts_left_in_a_pending_embedding_batch_are_collected_in_sync_mode(tmp_path):
+    chunk = texts(6)
+    with FakeAPIServer(FaultConfig(batch_delay_s=1.0)) as server:
+        first = embed(gateway(server, "gemini", tmp_path, wait=False), "gemini", [chunk])[0]
+        assert first["vectors"] is None and {s for s, _ in first["failures"]} == {"pending"}
+        rows = embed(gateway(server, "gemini", tmp_path, mode="sync"), "gemini", [chunk + ["one more text"]])[0]
+        assert server.counts()["gemini.batches.create"] == 1 and len(server.batch_lines()) == 6
+        assert server.counts()["gemini.embed"] == 1  # only the new text is sent one by one
+    assert all(rows["ok"]) and rows["vectors"].shape == (7, 3072)

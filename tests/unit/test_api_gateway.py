@@ -86,7 +86,7 @@ def test_a_cached_answer_is_not_bought_again(server, tmp_path):
 def test_embeddings_are_3072_unit_vectors_and_cached(server, tmp_path, provider, model):
     gw = gateway(server, provider, tmp_path)
     out = run(gw.embed(model, ["a cat on a mat", "a dog"]))
-    assert out["status"] == "ok" and out["vectors"].shape == (2, 3072)
+    assert out["ok"] == [True, True] and not out["failures"] and out["vectors"].shape == (2, 3072)
     np.testing.assert_allclose(np.linalg.norm(out["vectors"], axis=1), 1.0, rtol=1e-5)
     expected = fake_vector("a dog", 3072, unit=True)
     np.testing.assert_allclose(out["vectors"][1], expected / np.linalg.norm(expected), rtol=1e-5, atol=1e-6)
@@ -351,6 +351,24 @@ def test_the_estimate_prints_each_line_and_each_provider_as_a_range():
     lines[1].mode = "batch"
     text = render(study, lines)
     assert "openai (sync mode, probes gpt: batch): between $0.0050 and $0.1200 (all sync at most $0.2200, all batch at most $0.1100)" in text
+
+
+@pytest.mark.parametrize("mode, requests", [("sync", 2), ("batch", 128)])
+def test_an_api_encoder_is_estimated_in_its_own_mode(tmp_path, mode, requests):
+    """Sync mode sends `batch_size` texts a request; batch mode a line a text, at half the price."""
+    from vlm_decade.models.api.cache import ResponseCache
+    from vlm_decade.stages import embed
+    from vlm_decade.studies.decade.config import StudyConfig
+
+    study = StudyConfig.model_validate({
+        "name": "s", "data": {"images": "i.csv", "image_dir": ".", "descriptions": "d.csv"},
+        "models": [{"name": "m", "backend": "imported", "model_id": "m", "era": "mllm"}],
+        "encoders": [{"name": "GPT-SI", "backend": "openai-embedding", "model_id": "text-embedding-3-large", "batch_size": 64, "mode": mode}]})
+    (line,) = embed.estimate(study, [f"human text {i:03d}" for i in range(100)], 28, 28 * 300, ResponseCache(tmp_path))
+    price = study.providers.openai.price("openai", "text-embedding-3-large")
+    tokens = 100 * 4 + 28 * 300  # "human text 000" is 14 characters: 4 tokens
+    assert (line.requests, line.input_tokens) == (requests, tokens) and line.usd == pytest.approx(tokens * price.input_per_mtok / 1e6)
+    assert line.planned("sync") == pytest.approx((line.usd_low, line.usd) if mode == "sync" else (line.usd_low / 2, line.usd / 2))
 
 
 def test_a_responses_table_written_before_the_new_columns_is_still_read(tmp_path):

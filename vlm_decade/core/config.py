@@ -130,6 +130,7 @@ class EncoderConfig(Settings):
     model_id: str = Field(MINILM, description="The encoder's hub or API model id.")
     path: Path | None = Field(None, description="A local folder with the weights (default: a packaged copy, then the hub).")
     batch_size: int = operational(64, "Texts per batch.", ge=1)
+    mode: Literal["sync", "batch"] | None = operational(None, "API encoders: sync or batch for this encoder alone (none: its provider's `mode`; docs/api.md).")
 
 
 class MetricConfig(Settings):
@@ -228,8 +229,8 @@ class ProviderConfig(Settings):
     The defaults suit a first paid tier; raise them to your account's limits. `base_url` points the
     official client elsewhere (a proxy, or the fake server in tests). `budget_usd` caps what the run
     folder may spend with this provider, across its stages and reruns: requests that could pass it
-    are not sent (rows `skipped`). `mode: batch` sends chat requests through the provider's batch
-    interface instead, at half the price.
+    are not sent (rows `skipped`). `mode: batch` sends chat requests and texts to embed through the
+    provider's batch interface instead, at half the price.
     """
 
     rpm: int = Field(ge=1, description="Requests per minute, for the whole cluster.")

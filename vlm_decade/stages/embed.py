@@ -176,17 +176,20 @@ def _embed_local(study: StudyBase, cfg: EncoderConfig, todo: pa.Table, run: Stud
 
 
 def _embed_remote(study: StudyBase, cfg: EncoderConfig, keys: list[str], texts: dict[str, str], run: StudyRun, advance) -> None:
-    """Batches of texts through the provider's gateway. A batch that fails after the gateway's
-    retries is left out and the others go on; a budget stop ends the sending. The embeddings table
-    has no error rows (every vector in it is whole): the texts left out make the stage stop after
-    the rest are saved, saying how many and why; the next run encodes exactly those."""
+    """Batches of texts through the provider's gateway. In batch mode (the encoder's or its
+    provider's `mode`) every text is first queued for the provider's batch interface, then the
+    vectors are collected as batches finish. A text that fails (after the gateway's retries, or as
+    a failed batch line) is left out and the others go on; a budget stop ends the sending. The
+    embeddings table has no error rows (every vector in it is whole): the texts left out make the
+    stage stop after the rest are saved, saying how many and why (or, for texts still in pending
+    batches, that a later run collects them); the next run encodes exactly those."""
     from collections import Counter
 
-    from vlm_decade.models.api.session import APIStopped, BudgetReached, RemoteSession
+    from vlm_decade.models.api.session import APIStopped, BatchesPending, BudgetReached, RemoteSession
 
     ray = run.ray()
     provider = encoder_class(cfg.backend).provider
-    failed: Counter = Counter()  # error -> texts
+    failed: Counter = Counter()  # (status, error) -> texts
     stopped: list[str] = []
     encoded = 0
 
@@ -197,22 +200,37 @@ def _embed_remote(study: StudyBase, cfg: EncoderConfig, keys: list[str], texts: 
             yield keys[i : i + cfg.batch_size]
 
     with RemoteSession(ray, study.providers, run.folder, provider) as session:
-        submit = lambda batch, _: session.actor.embed.remote(cfg.model_id, [texts[k] for k in batch])  # noqa: E731
-        for done in bounded(ray, work(), submit, REMOTE_IN_FLIGHT):
+        batch = session.batch_for(cfg.mode)
+        text_of = lambda chunk: [texts[k] for k in chunk]  # noqa: E731
+        if batch:
+            queue = lambda chunk, _: session.actor.submit_embeds.remote(cfg.model_id, text_of(chunk))  # noqa: E731
+            for _ in bounded(ray, work(), queue, REMOTE_IN_FLIGHT):
+                pass  # what could not be queued is answered as failed below
+            ray.get(session.actor.flush.remote())
+        submit = lambda chunk, _: session.actor.embed.remote(cfg.model_id, text_of(chunk), batch)  # noqa: E731
+        # In batch mode every chunk waits on its batches at once; in sync mode a few requests go at a time.
+        in_flight = max(1, -(-len(keys) // cfg.batch_size)) if batch else REMOTE_IN_FLIGHT
+        for done in bounded(ray, work(), submit, in_flight):
             if done.error is not None:
-                failed[f"{type(done.error).__name__}: gateway call failed"] += len(done.work)
-            elif done.value["status"] == "ok":
-                run.folder.append_part("embeddings", _rows(done.work, done.value["vectors"], cfg))
-                advance(len(done.work))
-                encoded += len(done.work)
-            else:
-                failed[done.value["error"]] += len(done.work)
-                if done.value["status"] == "skipped":
-                    stopped.append(done.value["error"])
+                failed[("error", f"{type(done.error).__name__}: gateway call failed")] += len(done.work)
+                continue
+            value = done.value
+            if value["vectors"] is not None:
+                run.folder.append_part("embeddings", _rows([k for k, ok in zip(done.work, value["ok"]) if ok], value["vectors"], cfg))
+                advance(len(value["vectors"]))
+                encoded += len(value["vectors"])
+            for status, error in value["failures"]:
+                failed[(status, error)] += 1
+                if status == "skipped" and not stopped:
+                    stopped.append(error)
             session.record()
     if encoded < len(keys):
-        left = len(keys) - encoded  # failed, and (after a budget stop) never sent
-        common, _ = failed.most_common(1)[0]
+        left = len(keys) - encoded  # failed, waiting in batches, and (after a budget stop) never sent
+        pending = sum(n for (status, _), n in failed.items() if status == "pending")
+        if pending == left:
+            first = next(error for status, error in failed if status == "pending")
+            raise BatchesPending(f"encoder {cfg.name}: {pending} texts wait in batches ({first}); run again to collect them")
+        (_, common), _ = max(((k, n) for k, n in failed.items() if k[0] != "pending"), key=lambda kn: kn[1])
         kind = BudgetReached if stopped else APIStopped
         raise kind(f"encoder {cfg.name}: {left} of {len(keys)} texts not encoded (most common: {common}); the vectors "
                    "finished so far are kept, and the next run encodes just the rest")
@@ -279,11 +297,13 @@ def estimate(study: StudyBase, human_texts: list[str], n_answers: int, answer_to
         cls = encoder_class(enc.backend)
         if not cls.remote:
             continue
-        price = getattr(study.providers, cls.provider).price(cls.provider, enc.model_id)
-        line = Line(cls.provider, enc.name, batchable=False)
+        provider = getattr(study.providers, cls.provider)
+        price = provider.price(cls.provider, enc.model_id)
+        line = Line(cls.provider, enc.name, mode=enc.mode)
         todo = [t for t in human if not cache.has("embed", embed_key(cls.provider, enc.model_id, t))]
         human_tokens = sum(map(text_tokens, todo))
-        line.requests = -(-(len(todo) + n_answers) // enc.batch_size)
+        per_request = 1 if (enc.mode or provider.mode) == "batch" else enc.batch_size  # a batch line is one text
+        line.requests = -(-(len(todo) + n_answers) // per_request)
         line.cached = len(human) - len(todo)
         line.input_tokens = human_tokens + answer_tokens
         line.usd = cost(price, line.input_tokens, 0) if price else 0.0

@@ -33,17 +33,16 @@ class Line:
     output_tokens: int = 0
     usd: float = 0.0  # at most
     usd_low: float = 0.0  # at least
-    batchable: bool = True  # chat requests can go through the batch interfaces; embeddings stay sync
-    mode: str | None = None  # the model's or judge's own `mode` (none: the provider's)
+    mode: str | None = None  # the model's, encoder's or judge's own `mode` (none: the provider's)
 
     @property
     def usd_batch(self) -> float:
-        """At most, in batch mode (half the price where the requests can go in batches)."""
-        return self.usd * (BATCH_DISCOUNT if self.batchable else 1.0)
+        """At most, in batch mode."""
+        return self.usd * BATCH_DISCOUNT
 
     def planned(self, provider_mode: str) -> tuple[float, float]:
         """(at least, at most) in the mode these requests will be sent in."""
-        discount = BATCH_DISCOUNT if self.batchable and (self.mode or provider_mode) == "batch" else 1.0
+        discount = BATCH_DISCOUNT if (self.mode or provider_mode) == "batch" else 1.0
         return self.usd_low * discount, self.usd * discount
 
 
@@ -77,7 +76,7 @@ def render(study: StudyBase, lines: list[Line], notes: tuple[str, ...] = ()) -> 
     out.append("* output counted at each model's max_output_tokens (at least: none); cached requests are free; embeddings "
                f"of model answers counted at that cap too. Prices: the built-in table as of {PRICES_AS_OF} "
                "and providers.<name>.prices")
-    out.append(f"** at most, in batch mode (providers.<name>.mode, or a model's or the judge's own `mode`: {BATCH_DISCOUNT:.0%} of the price for chat requests; "
-               "embeddings are sent one batch request at a time as in sync mode)")
+    out.append(f"** at most, in batch mode (providers.<name>.mode, or a model's, encoder's or the judge's own `mode`): "
+               f"{BATCH_DISCOUNT:.0%} of the price; in batch mode each text to embed is a request of its own")
     out += notes
     return "\n".join(out)

@@ -43,7 +43,7 @@ import numpy as np
 
 from vlm_decade.testing.fake_batch import BatchStore
 
-_GEMINI = re.compile(r"^/v1beta/models/(?P<model>[^:/]+):(?P<method>generateContent|batchEmbedContents|embedContent|batchGenerateContent)$")
+_GEMINI = re.compile(r"^/v1beta/models/(?P<model>[^:/]+):(?P<method>generateContent|batchEmbedContents|embedContent|batchGenerateContent|asyncBatchEmbedContent)$")
 _OPENAI_BATCH = re.compile(r"^/v1/batches/(?P<id>[^/]+?)(?P<cancel>/cancel)?$")
 _GEMINI_BATCH = re.compile(r"^/v1beta/batches/(?P<id>[^/:]+?)(?P<cancel>:cancel)?$")
 REASONING_PREFIXES = ("o1", "o3", "o4", "gpt-5")
@@ -333,6 +333,8 @@ class _Handler(BaseHTTPRequestHandler):
         gemini = _GEMINI.match(path)
         if method == "POST" and gemini and gemini["method"] == "batchGenerateContent":
             return self._control("gemini.batches.create", lambda: (200, store.create_gemini(gemini["model"], json.loads(body))))
+        if method == "POST" and gemini and gemini["method"] == "asyncBatchEmbedContent":
+            return self._control("gemini.batches.create", lambda: (200, store.create_gemini_embed(gemini["model"], json.loads(body))))
         if route == ("GET", "/v1beta/batches"):
             return self._control("gemini.batches.list", lambda: (200, {"operations": [
                 store.gemini_view(b) for b in reversed(list(store.batches.values())) if b.provider == "gemini"]}))

@@ -6,12 +6,14 @@
     GET  /v1/batches/{id}  | /v1/batches             retrieve | list
     POST /v1/batches/{id}/cancel                     cancel
     POST /v1beta/models/{model}:batchGenerateContent Gemini: create with inline requests (and displayName)
+    POST /v1beta/models/{model}:asyncBatchEmbedContent Gemini: create an embedding batch (inline texts)
     GET  /v1beta/batches/{id}  | /v1beta/batches     get (inline responses when done) | list
     POST /v1beta/batches/{id}:cancel                 cancel
 
 A batch is worked through `batch_delay_s` after it was created, the first time it is looked at
 from then on: every line is answered as the synchronous endpoint would answer it (the same text and
-usage), or fails at `batch_line_fail_rate` (seeded by the line and how often it came before); the
+usage; OpenAI batches of the `/v1/embeddings` endpoint and Gemini embedding batches answer vectors,
+the latter in the order of the requests and without keys), or fails at `batch_line_fail_rate` (seeded by the line and how often it came before); the
 first `batch_expire_first` batches expire instead, with only the first half of their lines done.
 Every line is logged as a `Received` with endpoint `<provider>.batch_line` and `mode` batch, so the
 server's `billed_usd` bills it (at the batch discount) and a test can count lines sent twice.
@@ -41,6 +43,7 @@ class FakeBatch:
     created: float
     lines: list[tuple[str, dict]]  # (custom id or key, request body)
     model: str = ""  # Gemini: the model of the create call
+    endpoint: str = "/v1/chat/completions"  # OpenAI: the batch's endpoint; Gemini embedding batches: /v1/embeddings
     label: str = ""  # OpenAI metadata / Gemini displayName
     metadata: dict = field(default_factory=dict)
     input_file_id: str = ""
@@ -80,14 +83,14 @@ class BatchStore:
                 line = json.loads(raw)
                 lines.append((line["custom_id"], line["body"]))
         batch = self._new("openai", lines, label=(body.get("metadata") or {}).get("vlm_decade", ""), metadata=body.get("metadata") or {})
-        batch.input_file_id = body["input_file_id"]
+        batch.input_file_id, batch.endpoint = body["input_file_id"], body["endpoint"]
         return self.openai_view(batch)
 
     def openai_view(self, batch: FakeBatch) -> dict:
         self._work(batch)
         done = [r for r in batch.results if r[1] is not None]
         return {
-            "id": batch.id, "object": "batch", "endpoint": "/v1/chat/completions", "errors": None,
+            "id": batch.id, "object": "batch", "endpoint": batch.endpoint, "errors": None,
             "input_file_id": batch.input_file_id, "completion_window": "24h", "status": batch.status,
             "output_file_id": batch.output_file_id, "error_file_id": batch.error_file_id,
             "created_at": int(batch.created), "metadata": batch.metadata,
@@ -102,6 +105,14 @@ class BatchStore:
         batch = self._new("gemini", lines, model=model, label=spec.get("displayName", ""))
         return self.gemini_view(batch)
 
+    def create_gemini_embed(self, model: str, body: dict) -> dict:
+        spec = body["batch"]
+        requests = spec["inputConfig"]["requests"]["requests"]
+        lines = [(str(i), {**r["request"], **{k: v for k, v in r.items() if k != "request"}}) for i, r in enumerate(requests)]
+        batch = self._new("gemini", lines, model=model, label=spec.get("displayName", ""))
+        batch.endpoint = "/v1/embeddings"
+        return self.gemini_view(batch)
+
     def gemini_view(self, batch: FakeBatch) -> dict:
         self._work(batch)
         status = "pending" if batch.status == "in_progress" else batch.status
@@ -110,8 +121,9 @@ class BatchStore:
                 "createTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(batch.created))}
         if batch.results:
             inlined = []
+            embeddings = batch.endpoint == "/v1/embeddings"
             for key, answer, error in batch.results:
-                item = {"metadata": {"key": key}}
+                item = {} if embeddings else {"metadata": {"key": key}}  # embedding answers come in request order, keyless
                 item.update({"response": answer} if answer is not None else {"error": error})
                 inlined.append(item)
             meta["output"] = {"inlinedResponses": {"inlinedResponses": inlined}}
@@ -151,7 +163,7 @@ class BatchStore:
                 self._openai_files(batch)
 
     def _answer(self, batch: FakeBatch, key: str, body: dict) -> tuple[str, dict | None, dict | None]:
-        from vlm_decade.testing.fake_api import Received, gemini_answer, openai_chat_answer, usage_of
+        from vlm_decade.testing.fake_api import Received, gemini_answer, gemini_embed_answer, openai_chat_answer, openai_embed_answer, usage_of
 
         fake = self.fake
         digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
@@ -165,9 +177,15 @@ class BatchStore:
         if failed:
             error = {"code": 500, "message": "internal error", "status": "INTERNAL", "type": "server_error"}
             answer = None
+        elif batch.provider == "openai" and batch.endpoint == "/v1/embeddings":
+            answer, error = openai_embed_answer(body), None
+            record.model, record.input_tokens, record.output_tokens = usage_of("openai.embeddings", answer, body, "")
         elif batch.provider == "openai":
             answer, error = openai_chat_answer(fake, body), None
             record.model, record.input_tokens, record.output_tokens = usage_of("openai.chat", answer, body, "")
+        elif batch.endpoint == "/v1/embeddings":
+            answer, error = gemini_embed_answer(body, "embedContent"), None
+            record.model, record.input_tokens, record.output_tokens = usage_of("gemini.embed", answer, body, batch.model)
         else:
             answer, error = gemini_answer(fake, body, batch.model), None
             record.model, record.input_tokens, record.output_tokens = usage_of("gemini.generate", answer, body, batch.model)

@@ -2,17 +2,24 @@
 groups through the providers' batch interfaces and collected when they are done.
 
 - OpenAI: a JSONL file of requests uploaded through the Files API and run by the Batch API within
-  its 24 h window; at most 50,000 requests and 200 MB per file, one model per file
+  its 24 h window; at most 50,000 requests and 200 MB per file, one model and one endpoint
+  (chat completions or embeddings) per file, and at most 50,000 embedding inputs per batch
   (platform.openai.com/docs/guides/batch).
 - Gemini: batch mode of the Gemini API through google-genai, with inline requests, which must stay
-  under 20 MB per batch (ai.google.dev/gemini-api/docs/batch-mode); one model per batch.
+  under 20 MB per batch (ai.google.dev/gemini-api/docs/batch-mode); one model per batch; texts to
+  embed go in embedding batches (`batches.create_embeddings`), whose answers come back in the order
+  of the requests (they carry no key of their own).
+
+A batch holds chat requests or texts to embed, never both. Embedding batches hold at most
+`EMBED_LINES` texts (our bound, under both providers' limits): their answers are downloaded whole,
+and 10,000 vectors of 3,072 floats are 120 MB.
 
 Both bill batch requests at 50% of the standard price (`BATCH_DISCOUNT`, as both providers state
 it, checked on the date of `PRICES_AS_OF`).
 
 Every request keeps its cache key (the same as in sync mode) as its `custom_id` (Gemini: the
-request's metadata `key`), so an answer bought in batch is a cache hit for a later sync run and the
-reverse. The `Batcher` groups the requests a gateway is given per model, writes each group to disk
+request's metadata `key`, or its place in an embedding batch), so an answer bought in batch is a cache hit for a later sync run and the
+reverse. The `Batcher` groups the requests a gateway is given per kind and model, writes each group to disk
 (`<cache_dir>/batches/<provider>/<label>.jsonl`) and records it (`<label>.json`, and a copy in the
 run folder's `api/batches/<provider>/`) before it is submitted, with a fresh label that goes with
 the batch to the provider; then it records the batch's id. A gateway started later, by a rerun
@@ -28,15 +35,19 @@ reach are submitted again (read back from disk), and nothing else.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import time
 import uuid
+import warnings
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from vlm_decade.core.runfolder import atomic_write_bytes
-from vlm_decade.models.api.providers import ChatRequest, Reply, chat_key, cost
+from vlm_decade.models.api.providers import EMBED_DIM, ChatRequest, GeminiProvider, Reply, chat_key, cost, embed_key, text_tokens
 
 BATCH_DISCOUNT = 0.5  # both providers bill batch requests at half the standard price
 LINGER_S = 2.0  # a group is submitted once no request has joined it for this long (or when full)
@@ -50,28 +61,40 @@ class Limits:
 
 
 LIMITS = {"openai": Limits(50_000, 200 * 2**20), "gemini": Limits(50_000, 20 * 2**20)}
+EMBED_LINES = 10_000
 FINISHED = {"completed", "expired", "cancelled", "failed"}
 
 
 @dataclass
 class Line:
     """One request of a batch, as written to disk: its key, model, worst-case cost (at the batch
-    price), tokens for the limits, and the provider's payload."""
+    price), tokens for the limits and the bill, the provider's payload, and its kind (chat or
+    embed)."""
 
     key: str
     model_id: str
     worst: float
     tokens: int
     payload: dict
+    kind: str = "chat"
 
     def dump(self) -> bytes:
         return (json.dumps({"key": self.key, "model_id": self.model_id, "worst": self.worst, "tokens": self.tokens,
-                            "payload": self.payload}, separators=(",", ":")) + "\n").encode()
+                            "payload": self.payload, "kind": self.kind}, separators=(",", ":")) + "\n").encode()
 
     @staticmethod
     def load(raw: bytes) -> "Line":
         d = json.loads(raw)
-        return Line(d["key"], d["model_id"], d["worst"], d["tokens"], d["payload"])
+        return Line(d["key"], d["model_id"], d["worst"], d["tokens"], d["payload"], d.get("kind", "chat"))
+
+
+@dataclass(frozen=True)
+class Embedding:
+    """One text's vector from an embedding batch; `tokens` None when the provider reports none."""
+
+    vector: np.ndarray
+    tokens: int | None
+    model_version: str
 
 
 # the providers' batch interfaces ---------------------------------------------------------------
@@ -79,13 +102,19 @@ class OpenAIBatches:
     def __init__(self, provider):
         self.provider, self.client = provider, provider.client
 
-    def payload(self, key: str, req: ChatRequest) -> dict:
-        return {"custom_id": key, "method": "POST", "url": "/v1/chat/completions", "body": self.provider.chat_body(req)}
+    ENDPOINT = {"chat": "/v1/chat/completions", "embed": "/v1/embeddings"}
 
-    async def submit(self, model_id: str, lines: list[Line], label: str) -> str:
+    def payload(self, key: str, req: ChatRequest) -> dict:
+        return {"custom_id": key, "method": "POST", "url": self.ENDPOINT["chat"], "body": self.provider.chat_body(req)}
+
+    def embed_payload(self, key: str, model_id: str, text: str) -> dict:
+        body = {"model": model_id, "input": [text], "dimensions": EMBED_DIM, "encoding_format": "base64"}
+        return {"custom_id": key, "method": "POST", "url": self.ENDPOINT["embed"], "body": body}
+
+    async def submit(self, kind: str, model_id: str, lines: list[Line], label: str) -> str:
         data = b"".join((json.dumps(line.payload, separators=(",", ":")) + "\n").encode() for line in lines)
         upload = await self.client.files.create(file=(f"{label}.jsonl", data), purpose="batch")
-        batch = await self.client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions",
+        batch = await self.client.batches.create(input_file_id=upload.id, endpoint=self.ENDPOINT[kind],
                                                  completion_window="24h", metadata={"vlm_decade": label})
         return batch.id
 
@@ -100,8 +129,9 @@ class OpenAIBatches:
         status = batch.status
         return ("pending" if status not in FINISHED else status), batch
 
-    async def results(self, batch) -> dict[str, Reply | str]:
-        out: dict[str, Reply | str] = {}
+    async def results(self, batch, record: dict) -> dict[str, Reply | Embedding | str]:
+        out: dict[str, Reply | Embedding | str] = {}
+        embed = record.get("kind") == "embed"
         for file_id in (batch.output_file_id, batch.error_file_id):
             if not file_id:
                 continue
@@ -114,11 +144,19 @@ class OpenAIBatches:
                 if (line.get("error") or {}).get("code") in ("batch_expired", "batch_cancelled"):
                     continue  # not reached: submitted again, as a request the batch did not answer
                 if response.get("status_code") == 200:
-                    out[line["custom_id"]] = self.provider.reply_from(response["body"])
+                    body = response["body"]
+                    out[line["custom_id"]] = self._embedding(body) if embed else self.provider.reply_from(body)
                 else:
                     error = line.get("error") or (response.get("body") or {}).get("error") or {}
                     out[line["custom_id"]] = f"batch line {response.get('status_code', error.get('code', ''))}: {error.get('message', 'failed')}"
         return out
+
+    @staticmethod
+    def _embedding(body: dict) -> Embedding:
+        """An embeddings response with one input, as the sync client would decode it."""
+        value = body["data"][0]["embedding"]
+        vector = np.frombuffer(base64.b64decode(value), dtype="<f4") if isinstance(value, str) else np.asarray(value, np.float32)
+        return Embedding(vector.astype(np.float32), (body.get("usage") or {}).get("prompt_tokens"), body.get("model", ""))
 
 
 class GeminiBatches:
@@ -130,7 +168,17 @@ class GeminiBatches:
         inlined = self.types.InlinedRequest(contents=contents, config=config, metadata={"key": key})
         return inlined.model_dump(mode="json", exclude_none=True)
 
-    async def submit(self, model_id: str, lines: list[Line], label: str) -> str:
+    def embed_payload(self, key: str, model_id: str, text: str) -> dict:
+        return {"text": text}
+
+    async def submit(self, kind: str, model_id: str, lines: list[Line], label: str) -> str:
+        if kind == "embed":
+            src = {"inlined_requests": {"contents": [line.payload["text"] for line in lines],
+                                        "config": {"output_dimensionality": EMBED_DIM}}}
+            with warnings.catch_warnings():  # google-genai marks batch embeddings experimental
+                warnings.simplefilter("ignore")
+                batch = await self.client.aio.batches.create_embeddings(model=model_id, src=src, config={"display_name": label})
+            return batch.name
         requests = [self.types.InlinedRequest.model_validate(line.payload) for line in lines]
         batch = await self.client.aio.batches.create(model=model_id, src=requests, config={"display_name": label})
         return batch.name
@@ -149,8 +197,10 @@ class GeminiBatches:
                   "JOB_STATE_FAILED": "failed"}.get(name, "pending")
         return status, batch
 
-    async def results(self, batch) -> dict[str, Reply | str]:
-        out: dict[str, Reply | str] = {}
+    async def results(self, batch, record: dict) -> dict[str, Reply | Embedding | str]:
+        if record.get("kind") == "embed":
+            return self._embeddings(batch, record["keys"])
+        out: dict[str, Reply | Embedding | str] = {}
         for item in (batch.dest.inlined_responses if batch.dest and batch.dest.inlined_responses else []):
             key = (item.metadata or {}).get("key")
             if key is None:
@@ -160,6 +210,22 @@ class GeminiBatches:
                 out[key] = f"batch line {getattr(error, 'code', '')}: {getattr(error, 'message', 'failed')}"
             else:
                 out[key] = self.provider.reply_from(item.response, batch.model or "")
+        return out
+
+    @staticmethod
+    def _embeddings(batch, keys: list[str]) -> dict[str, Embedding | str]:
+        """An embedding batch's answers, in the order of its requests, made unit-length as in sync mode."""
+        out: dict[str, Embedding | str] = {}
+        items = batch.dest.inlined_embed_content_responses if batch.dest and batch.dest.inlined_embed_content_responses else []
+        for key, item in zip(keys, items):
+            item = item if isinstance(item, dict) else item.model_dump(by_alias=False)
+            response, error = item.get("response"), item.get("error")
+            if error or not response:
+                error = error or {}
+                out[key] = f"batch line {error.get('code', '')}: {error.get('message', 'failed')}"
+                continue
+            vector = GeminiProvider.unit_rows([response["embedding"]["values"]])[0]
+            out[key] = Embedding(vector, response.get("token_count") or response.get("tokenCount"), (batch.model or "").removeprefix("models/"))
         return out
 
 
@@ -207,12 +273,17 @@ class BatchRecords:
         return out
 
 
-def run_batches(run_root: str | Path) -> dict[str, Counter]:
-    """Per provider, the batches recorded in a run folder by state (for `vlm-decade status`)."""
-    out: dict[str, Counter] = defaultdict(Counter)
+def run_batches(run_root: str | Path) -> dict[str, dict[str, Counter]]:
+    """Per provider and kind (chat, embed), the batches recorded in a run folder by state, and in
+    `waiting` the requests of those still pending (for `vlm-decade status`)."""
+    out: dict[str, dict[str, Counter]] = defaultdict(lambda: defaultdict(Counter))
     for path in sorted((Path(run_root) / "api" / "batches").glob("*/*.json")):
         record = json.loads(path.read_bytes())
-        out[path.parent.name]["pending" if record["state"] in ("creating", "submitted") else record["state"]] += 1
+        tally = out[path.parent.name][record.get("kind", "chat")]
+        state = "pending" if record["state"] in ("creating", "submitted") else record["state"]
+        tally[state] += 1
+        if state == "pending":
+            tally["waiting"] += len(record["keys"])
     return out
 
 
@@ -235,7 +306,7 @@ class Batcher:
         self.max_requests = min(cfg.batch_max_requests or limits.requests, limits.requests)
         self.max_bytes = limits.bytes
         self.poll_s = cfg.batch_poll_s
-        self.groups: dict[str, list[Line]] = defaultdict(list)  # model -> lines not submitted yet
+        self.groups: dict[tuple[str, str], list[Line]] = defaultdict(list)  # (kind, model) -> lines not submitted yet
         self.group_bytes: Counter = Counter()
         self.futures: dict[str, asyncio.Future] = {}
         self.tries: Counter = Counter()  # submissions per key by this gateway
@@ -258,19 +329,54 @@ class Batcher:
         hit = self.gw.cache.get("chat", key)
         if hit is not None:
             return self.gw.cached_answer(hit)
+
+        def line(price) -> Line:
+            est_in = self.gw.provider.estimate_input(req)
+            cap = req.settings["max_output_tokens"]
+            return Line(key, req.model_id, BATCH_DISCOUNT * cost(price, est_in, cap), est_in + cap, self.api.payload(key, req))
+
+        return await self._queue(key, req.model_id, line, hold)
+
+    async def submit_embed(self, model_id: str, text: str, hold: bool = False) -> dict:
+        """One text to embed: {"status": "ok", "entry"} (its cache entry) when the cache has it, a
+        failed answer when it cannot be sent, else {"status": "queued"}; `hold` as for `submit`."""
+        key = embed_key(self.gw.name, model_id, text)
+        hit = self.gw.cache.get("embed", key)
+        if hit is not None:
+            return {"status": "ok", "error": "", "entry": hit, "paid_usd": 0.0}
+
+        def line(price) -> Line:
+            tokens = text_tokens(text)
+            return Line(key, model_id, BATCH_DISCOUNT * cost(price, tokens, 0), tokens, self.api.embed_payload(key, model_id, text), "embed")
+
+        return await self._queue(key, model_id, line, hold)
+
+    async def embed(self, model_id: str, text: str) -> dict:
+        """The answer for one text: from the cache, or from its batch once finished (submitted now
+        unless this gateway has it already). The answer is let go once given: a vector is large."""
+        key = embed_key(self.gw.name, model_id, text)
+        if key not in self.futures:
+            first = await self.submit_embed(model_id, text)
+            if first["status"] != "queued":
+                self.futures.pop(key, None)
+                return first
+        answer = await self.result(key)
+        self.futures.pop(key, None)
+        return answer
+
+    async def _queue(self, key: str, model_id: str, make_line, hold: bool) -> dict:
+        """Add a request to its group, unless it is waiting already (in this gateway's groups, or in
+        a batch an earlier run submitted: collected from there, never submitted again)."""
         if key in self.futures and not self.futures[key].done():
             return {"status": "queued", "key": key}
         self.futures[key] = asyncio.get_running_loop().create_future()
-        if key in self.batch_of:  # an earlier run submitted it: collect, do not submit again
+        if key in self.batch_of:
             self._poll(self.batch_of[key])
             return {"status": "queued", "key": key}
         try:
-            price = self.gw._price(req.model_id)
+            line = make_line(self.gw._price(model_id))
         except LookupError as exc:
             return self._settle(key, self.gw.failed_answer("error", str(exc)))
-        est_in = self.gw.provider.estimate_input(req)
-        cap = req.settings["max_output_tokens"]
-        line = Line(key, req.model_id, BATCH_DISCOUNT * cost(price, est_in, cap), est_in + cap, self.api.payload(key, req))
         try:
             await self.gw._reserve(line.worst)
         except Exception as exc:  # noqa: BLE001 - a budget stop: the row is skipped
@@ -295,15 +401,19 @@ class Batcher:
         return answer
 
     # grouping and submitting ------------------------------------------------------------------
+    def _max_lines(self, kind: str) -> int:
+        return min(self.max_requests, EMBED_LINES) if kind == "embed" else self.max_requests
+
     def _group(self, line: Line, hold: bool) -> None:
         size = len(json.dumps(line.payload))
-        group = self.groups[line.model_id]
-        if group and (len(group) >= self.max_requests or self.group_bytes[line.model_id] + size > self.max_bytes):
-            full, self.groups[line.model_id], self.group_bytes[line.model_id] = group, [], 0
-            asyncio.get_running_loop().create_task(self._submit(line.model_id, full))
-            group = self.groups[line.model_id]
+        name = (line.kind, line.model_id)
+        group = self.groups[name]
+        if group and (len(group) >= self._max_lines(line.kind) or self.group_bytes[name] + size > self.max_bytes):
+            full, self.groups[name], self.group_bytes[name] = group, [], 0
+            asyncio.get_running_loop().create_task(self._submit(name, full))
+            group = self.groups[name]
         group.append(line)
-        self.group_bytes[line.model_id] += size
+        self.group_bytes[name] += size
         if not hold:
             if self.timer is not None:
                 self.timer.cancel()
@@ -311,20 +421,22 @@ class Batcher:
 
     async def flush(self) -> None:
         """Submit every group that has requests."""
-        await asyncio.gather(*[self._submit(model) for model in list(self.groups) if self.groups[model]])
+        await asyncio.gather(*[self._submit(name) for name in list(self.groups) if self.groups[name]])
 
-    async def _submit(self, model_id: str, lines: list[Line] | None = None) -> None:
+    async def _submit(self, name: tuple[str, str], lines: list[Line] | None = None) -> None:
+        """Submit one group of requests of one kind and model as a batch."""
         if lines is None:
-            lines, self.groups[model_id], self.group_bytes[model_id] = self.groups[model_id], [], 0
+            lines, self.groups[name], self.group_bytes[name] = self.groups[name], [], 0
         if not lines:
             return
+        kind, model_id = name
         label = f"vlm_decade-{uuid.uuid4().hex}"
-        record = {"label": label, "provider": self.gw.name, "model_id": model_id, "id": None, "state": "creating",
+        record = {"label": label, "provider": self.gw.name, "kind": kind, "model_id": model_id, "id": None, "state": "creating",
                   "created": time.time(), "keys": [line.key for line in lines]}
         self.records.write_lines(label, lines)
         self.records.save(record)  # before the provider hears of it: a cut-off submission is found by its label
         try:
-            record["id"] = await self.api.submit(model_id, lines, label)
+            record["id"] = await self.api.submit(kind, model_id, lines, label)
         except Exception as exc:  # noqa: BLE001 - the requests are error rows, retried by a later run
             record["state"] = "refused"
             self.records.save(record)
@@ -370,7 +482,7 @@ class Batcher:
                     return self._pending(label, reserved)
                 await asyncio.sleep(delay)
                 delay = min(delay * 1.5, MAX_POLL_S)
-            results = await self.api.results(batch)
+            results = await self.api.results(batch, record)
         except Exception as exc:  # noqa: BLE001 - this batch's requests wait for a later run
             self.stats["poll_errors"] += 1
             return self._pending(label, reserved, f"could not reach the batch: {self.gw._error(exc)}")
@@ -410,7 +522,16 @@ class Batcher:
             worst = lines[key].worst if key in lines else 0.0
             answer = results.get(key)
             paid = 0.0
-            if isinstance(answer, Reply):
+            if isinstance(answer, Embedding):
+                tokens = answer.tokens or (lines[key].tokens if key in lines else 0)  # Gemini reports none: estimated, as in sync mode
+                paid = BATCH_DISCOUNT * cost(self.gw._price(record["model_id"]), tokens, 0)
+                entry = {"vector": base64.b64encode(answer.vector.astype("<f4").tobytes()).decode(), "model_version": answer.model_version,
+                         "cost_usd": paid, "mode": "batch"}
+                if self.gw.log:
+                    self.gw.log.write(a=attempt, e="paid", usd=paid, tok=tokens, m="batch")
+                self.gw.cache.put("embed", key, entry)
+                row = {"status": "ok", "error": "", "entry": entry, "paid_usd": paid}
+            elif isinstance(answer, Reply):
                 price = self.gw._price(record["model_id"])
                 paid = BATCH_DISCOUNT * cost(price, answer.input_tokens, answer.output_tokens)
                 entry = {"text": answer.text, "input_tokens": answer.input_tokens, "output_tokens": answer.output_tokens,
@@ -431,7 +552,7 @@ class Batcher:
                 missing.append(lines[key])
             else:
                 self._settle(key, self.gw.failed_answer("error", f"{self.gw.name} batch {record['id']} {status} before this request"))
-        record.update(state=status, finished=time.time(), answered=sum(isinstance(r, Reply) for r in results.values()))
+        record.update(state=status, finished=time.time(), answered=sum(not isinstance(r, str) for r in results.values()))
         self.records.save(record)
         self.records.drop_lines(label)
         self.stats[f"batches_{status}"] += 1
@@ -454,9 +575,10 @@ class Batcher:
                 self._settle(line.key, self.gw.failed_answer(*self.gw._failed(exc)))
                 continue
             again.append(line)
-        by_model = defaultdict(list)
+        by_name = defaultdict(list)
         for line in again:
-            by_model[line.model_id].append(line)
-        for model_id, group in by_model.items():
-            for i in range(0, len(group), self.max_requests):
-                await self._submit(model_id, group[i : i + self.max_requests])
+            by_name[(line.kind, line.model_id)].append(line)
+        for name, group in by_name.items():
+            size = self._max_lines(name[0])
+            for i in range(0, len(group), size):
+                await self._submit(name, group[i : i + size])

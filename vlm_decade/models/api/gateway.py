@@ -296,38 +296,70 @@ class Gateway:
         return {**entry, "status": "ok", "error": "", "queued_s": queued, "paid_usd": paid, "cached": False}
 
     # embeddings -------------------------------------------------------------------------------
-    async def embed(self, model_id: str, texts: list[str]) -> dict:
-        """{"status": ok|error|skipped, "error", "vectors": (n, dim) float32 or None, "model_version",
-        "paid_usd"}. Texts the cache holds are not sent; the rest go in one request."""
+    async def submit_embeds(self, model_id: str, texts: list[str]) -> None:
+        """Batch mode: queue the texts the cache lacks, held until `flush` (or a full batch); `embed`
+        then collects them."""
+        for text in texts:
+            await self.batch.submit_embed(model_id, text, hold=True)
+
+    async def embed(self, model_id: str, texts: list[str], batch: bool | None = None) -> dict:
+        """{"ok": one bool per text, "vectors": (texts ok, dim) float32 or None, "failures": (status,
+        error) per text not ok (status error, skipped or pending), "model_version", "paid_usd"}.
+        Texts the cache holds are not sent; in sync mode the rest go in one request; with `batch`
+        (none: as the provider's `mode` says) each goes through the batch interface, and one failed
+        line fails only its text. A text an earlier run left in a pending batch is collected from
+        that batch in either mode."""
         keys = [embed_key(self.name, model_id, t) for t in texts]
         found = {k: self.cache.get("embed", k) for k in keys}
-        missing = sorted({k: t for k, t in zip(keys, texts) if found[k] is None}.items())
-        self.stats["cache_hits"] += len(texts) - len(missing)
+        batch = self.cfg.mode == "batch" if batch is None else batch
+        todo = {k: t for k, t in zip(keys, texts) if found[k] is None}
+        in_batches = {k: t for k, t in todo.items() if batch or k in self.batch.batch_of}
+        missing = sorted((k, t) for k, t in todo.items() if k not in in_batches)
+        self.stats["cache_hits"] += len(texts) - len(todo)
+        failed: dict[str, tuple[str, str]] = {}
         paid = 0.0
+        if in_batches:
+            answers = await asyncio.gather(*[self.batch.embed(model_id, t) for t in in_batches.values()])
+            for k, answer in zip(in_batches, answers):
+                if answer["status"] == "ok":
+                    found[k] = answer["entry"]
+                    paid += answer["paid_usd"]
+                else:
+                    failed[k] = (answer["status"], answer["error"])
         if missing:
-            try:
-                price = self._price(model_id)
-            except LookupError as exc:
-                return {"status": "error", "error": str(exc), "vectors": None, "model_version": "", "paid_usd": 0.0}
-            est = sum(text_tokens(t) for _, t in missing)
-
-            def price_of(answer):
-                return cost(price, answer[1], 0), answer[1]
-
-            try:
-                (vectors, used, version), paid, _, _ = await self._send(
-                    lambda: self.provider.embed(model_id, [t for _, t in missing]), est, cost(price, est, 0), price_of)
-            except Exception as exc:  # noqa: BLE001 - reported to the stage
-                status, error = self._failed(exc)
-                return {"status": status, "error": error, "vectors": None, "model_version": "", "paid_usd": 0.0}
-            self.stats["requests"] += 1
-            share = paid / len(missing)  # the request's cost, split over its texts
-            for (k, _), v in zip(missing, vectors):
-                found[k] = {"vector": base64.b64encode(v.astype("<f4").tobytes()).decode(), "model_version": version, "cost_usd": share}
+            vectors, version, sent_paid, failure = await self._embed_sync(model_id, [t for _, t in missing])
+            paid += sent_paid
+            for i, (k, _) in enumerate(missing):
+                if failure is not None:
+                    failed[k] = failure
+                    continue
+                found[k] = {"vector": base64.b64encode(vectors[i].astype("<f4").tobytes()).decode(), "model_version": version,
+                            "cost_usd": sent_paid / len(missing), "mode": "sync"}  # the request's cost, split over its texts
                 self.cache.put("embed", k, found[k])
-        vectors = np.stack([np.frombuffer(base64.b64decode(found[k]["vector"]), dtype="<f4") for k in keys])
-        version = found[keys[0]]["model_version"] if keys else ""
-        return {"status": "ok", "error": "", "vectors": vectors, "model_version": version, "paid_usd": paid}
+        ok = [k not in failed for k in keys]
+        done = [k for k in keys if k not in failed]
+        vectors = np.stack([np.frombuffer(base64.b64decode(found[k]["vector"]), dtype="<f4") for k in done]) if done else None
+        return {"ok": ok, "vectors": vectors, "failures": [failed[k] for k in keys if k in failed],
+                "model_version": found[done[0]]["model_version"] if done else "", "paid_usd": paid}
+
+    async def _embed_sync(self, model_id: str, texts: list[str]):
+        """One embeddings request: (vectors, model version, US$ paid, None), or (None, "", 0, (status,
+        error)) when it failed."""
+        try:
+            price = self._price(model_id)
+        except LookupError as exc:
+            return None, "", 0.0, ("error", str(exc))
+        est = sum(map(text_tokens, texts))
+
+        def price_of(answer):
+            return cost(price, answer[1], 0), answer[1]
+
+        try:
+            (vectors, _, version), paid, _, _ = await self._send(lambda: self.provider.embed(model_id, texts), est, cost(price, est, 0), price_of)
+        except Exception as exc:  # noqa: BLE001 - reported to the stage
+            return None, "", 0.0, self._failed(exc)
+        self.stats["requests"] += 1
+        return vectors, version, paid, None
 
     def report(self) -> dict:
         batches = {f"batch_{k}": v for k, v in self.batch.stats.items()}
@@ -360,8 +392,11 @@ class GatewayActor:
     async def flush(self) -> None:
         await self.gateway.flush()
 
-    async def embed(self, model_id: str, texts: list[str]) -> dict:
-        return await self.gateway.embed(model_id, texts)
+    async def submit_embeds(self, model_id: str, texts: list[str]) -> None:
+        await self.gateway.submit_embeds(model_id, texts)
+
+    async def embed(self, model_id: str, texts: list[str], batch: bool | None = None) -> dict:
+        return await self.gateway.embed(model_id, texts, batch)
 
     async def report(self) -> dict:
         return self.gateway.report()

@@ -279,10 +279,14 @@ class GeminiProvider(Provider):
         r = await self.client.aio.models.embed_content(
             model=model_id, contents=texts, config=self.types.EmbedContentConfig(output_dimensionality=EMBED_DIM)
         )
-        vectors = np.asarray([e.values for e in r.embeddings], dtype=np.float32)
-        # The API returns unnormalised vectors below its native width; normalise always.
-        vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-        return vectors, sum(map(text_tokens, texts)), model_id  # no usage reported for embeddings
+        return self.unit_rows([e.values for e in r.embeddings]), sum(map(text_tokens, texts)), model_id  # no usage reported for embeddings
+
+    @staticmethod
+    def unit_rows(values) -> np.ndarray:
+        """Vectors as the API returns them, made unit-length: it returns them unnormalised below
+        its native width, so they are normalised always (row by row, the same in batch mode)."""
+        vectors = np.asarray(values, dtype=np.float32)
+        return vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
 
 
 def provider_class(name: str) -> type[Provider]:
