@@ -329,6 +329,37 @@ def status(run_dir: str = typer.Argument(..., help=RUN_DIR_HELP)) -> None:
     _say_unfinished(run_dir)
 
 
+@app.command()
+def cancel(
+    run_dir: str = typer.Argument(..., help=RUN_DIR_HELP),
+    provider: Optional[str] = typer.Option(None, "--provider", help="openai or gemini (default: both)."),
+) -> None:
+    """Cancel the run folder's pending batches. What they answered before the provider stopped them
+    is kept (cache, spend); the rest is sent by the next run, in the mode its study then says."""
+    from vlm_decade.core.config import ProvidersConfig
+    from vlm_decade.core.runfolder import RunFolder, RunFolderBusy
+    from vlm_decade.models.api.session import cancel_batches
+
+    if provider not in (None, "openai", "gemini"):
+        raise InputError([Problem("command line", f"unknown provider '{provider}'; known: openai, gemini", field="--provider")])
+    folder = RunFolder(_run_dir(run_dir))
+    manifest = folder.manifest()
+    if "config" not in manifest:
+        _fail(InputError([Problem(str(folder.root / "manifest.json"), "no run here (manifest.json missing or empty)")]))
+    providers = ProvidersConfig.model_validate(manifest["config"].get("providers", {}))
+    try:
+        with folder.lock():  # no run may collect (and resubmit) the batches while they are cancelled
+            for name in [provider] if provider else ["openai", "gemini"]:
+                done = cancel_batches(providers, folder, name)
+                if done is None:
+                    print(f"{name}: no batch pending")
+                    continue
+                print(f"{name}: {done['batches']} batches cancelled; {done['answered']} answers kept, {done['dropped']} requests "
+                      "left for the next run" + (f"; {done['unknown']} batches not found in the cache folder" if done["unknown"] else ""))
+    except RunFolderBusy as exc:
+        _exit(1, str(exc))
+
+
 def _batch_counts(kind: str, tally) -> str:
     """'2 completed, 1 pending (chat, 40 requests waiting)': one kind of a provider's batches."""
     states = ", ".join(f"{n} {state}" for state, n in sorted(tally.items()) if state != "waiting")

@@ -205,3 +205,30 @@ def test_requests_left_in_a_pending_batch_are_collected_in_sync_mode_not_bought_
     assert set(responses.column("status").to_pylist()) == {"ok"}
     modes = {(r["subject"], r["mode"]) for r in responses.select(["subject", "mode"]).to_pylist()}
     assert modes == {("gpt", "batch"), ("gem", "sync")}
+
+
+def test_cancel_keeps_what_a_pending_batch_answered_and_the_next_run_sends_the_rest(tmp_path, keys):
+    """`vlm-decade cancel RUN_DIR` while gpt's batch is pending; the study then switches to sync
+    mode: the next run takes what the batch answered from the cache and sends only the rest."""
+    with FakeAPIServer(FaultConfig(batch_delay_s=60.0)) as server:
+        path = study_file(tmp_path, server)
+        batch_mode(path)
+        out = tmp_path / "run"
+        first = cli("run", path, "--out", out, "--no-wait")
+        assert first.returncode == 0 and "requests wait in batches" in first.stderr, first.stderr
+        cancelled = cli("cancel", out)
+        assert cancelled.returncode == 0, cancelled.stderr
+        answered = len(server.batch_lines())
+        assert f"openai: 1 batches cancelled; {answered} answers kept, {64 - answered} requests left for the next run" in cancelled.stdout
+        assert "gemini: no batch pending" in cancelled.stdout and answered < 64
+        assert "1 cancelled (chat)" in cli("status", out).stdout
+        raw = yaml.safe_load(path.read_text())
+        for provider in ("openai", "gemini"):
+            raw["providers"][provider]["mode"] = "sync"
+        path.write_text(yaml.safe_dump(raw))
+        second = cli("run", path, "--out", out)
+        assert second.returncode == 0, second.stderr
+        assert server.counts()["openai.chat"] == 64 - answered and len(server.batch_lines()) == answered
+        assert cli("cancel", out).stdout.splitlines() == ["openai: no batch pending", "gemini: no batch pending"]
+    responses = RunFolder(out).read("responses")
+    assert set(responses.column("status").to_pylist()) == {"ok"}

@@ -245,3 +245,32 @@ def test_texts_left_in_a_pending_embedding_batch_are_collected_in_sync_mode(tmp_
         assert server.counts()["gemini.batches.create"] == 1 and len(server.batch_lines()) == 6
         assert server.counts()["gemini.embed"] == 1  # only the new text is sent one by one
     assert all(rows["ok"]) and rows["vectors"].shape == (7, 3072)
+
+
+# cancelling ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("provider", ["openai", "gemini"])
+def test_a_cancelled_batch_keeps_what_it_answered_and_leaves_the_rest_to_a_later_run(tmp_path, provider):
+    """Cancelled halfway through its time, a batch has about half its lines answered: those are
+    cached and paid; the rest is resubmitted by no one, and a later gateway in sync mode sends
+    exactly those."""
+    import time
+
+    from vlm_decade.models.api.batch import run_batch_labels
+
+    reqs = requests(provider, 10)
+    with FakeAPIServer(FaultConfig(batch_delay_s=4.0)) as server:
+        first = ask(gateway(server, provider, tmp_path, wait=False), reqs)
+        assert {r["status"] for r in first} == {"pending"}
+        time.sleep(2.0)
+        labels = run_batch_labels(tmp_path / "run", provider)
+        done = run(gateway(server, provider, tmp_path).batch.cancel(labels))
+        answered = {r.key for r in server.batch_lines()}
+        assert done == {"batches": 1, "answered": len(answered), "dropped": 10 - len(answered), "unknown": 0} and 0 < len(answered) < 10
+        assert run_batch_labels(tmp_path / "run", provider) == []  # nothing pending: no run collects it again
+        later = ask(gateway(server, provider, tmp_path, mode="sync"), reqs)
+        sent_one_by_one = server.counts()["openai.chat" if provider == "openai" else "gemini.generate"]
+        assert server.counts()[f"{provider}.batches.create"] == 1 and len(server.batch_lines()) == len(answered)
+    assert sent_one_by_one == 10 - len(answered) and {r["status"] for r in later} == {"ok"}
+    assert sorted(r["mode"] for r in later) == sorted(["batch"] * len(answered) + ["sync"] * (10 - len(answered)))
+    spend = read_spend(tmp_path / "run" / "api" / f"{provider}.spend.jsonl")
+    assert spend.unresolved == 0 and spend.by_mode["batch"] == pytest.approx(sum(r["cost_usd"] for r in later if r["mode"] == "batch"))

@@ -14,7 +14,8 @@ A batch is worked through `batch_delay_s` after it was created, the first time i
 from then on: every line is answered as the synchronous endpoint would answer it (the same text and
 usage; OpenAI batches of the `/v1/embeddings` endpoint and Gemini embedding batches answer vectors,
 the latter in the order of the requests and without keys), or fails at `batch_line_fail_rate` (seeded by the line and how often it came before); the
-first `batch_expire_first` batches expire instead, with only the first half of their lines done.
+first `batch_expire_first` batches expire instead, with only the first half of their lines done; a
+batch cancelled before its time has the share of its lines its time so far reached done.
 Every line is logged as a `Received` with endpoint `<provider>.batch_line` and `mode` batch, so the
 server's `billed_usd` bills it (at the batch discount) and a test can count lines sent twice.
 """
@@ -134,11 +135,18 @@ class BatchStore:
         return self.batches.get(batch_id)
 
     def cancel(self, batch_id: str) -> FakeBatch:
+        """Stop a batch: the share of its lines that its time so far reached are answered (a batch
+        cancelled halfway through `batch_delay_s` has its first half done), the rest never."""
         batch = self.batches[batch_id]
         self._work(batch)
         with self.lock:
             if batch.status == "in_progress":
+                elapsed = (time.time() - batch.created) / max(self.fake.faults.batch_delay_s, 1e-9)
+                reached = batch.lines[: math.floor(len(batch.lines) * min(1.0, elapsed))]
+                batch.results = [self._answer(batch, key, body) for key, body in reached]
                 batch.status = "cancelled"
+                if batch.provider == "openai":
+                    self._openai_files(batch)
         return batch
 
     def _new(self, provider: str, lines: list, model: str = "", label: str = "", metadata: dict | None = None) -> FakeBatch:
@@ -202,10 +210,12 @@ class BatchStore:
             else:
                 err.append({**line, "response": {"status_code": 500, "request_id": f"req_{i}", "body": {"error": error}}})
         done = {k for k, _, _ in batch.results}
-        for key, _ in batch.lines:  # what an expired batch did not reach
+        for key, _ in batch.lines:  # what an expired or cancelled batch did not reach
             if key not in done:
                 err.append({"id": f"batch_req_{batch.id}_x", "custom_id": key, "response": None,
-                            "error": {"code": "batch_expired", "message": "This request could not be executed before the completion window expired."}})
+                            "error": {"code": "batch_cancelled", "message": "This request was not executed: the batch was cancelled."}
+                            if batch.status == "cancelled" else
+                            {"code": "batch_expired", "message": "This request could not be executed before the completion window expired."}})
         for lines, attr in ((out, "output_file_id"), (err, "error_file_id")):
             if lines:
                 file_id = self._id("file-")

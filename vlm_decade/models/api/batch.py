@@ -28,8 +28,10 @@ collects them instead of submitting their requests again (a batch whose submissi
 before its id was recorded is found by its label among the provider's batches). Finished batches
 are downloaded, each line matched to its request by its custom id, priced at the batch price,
 written to the cache and the spend log at once, and handed back as rows; a line that failed
-becomes an error row that a later run retries; the lines an expired or cancelled batch did not
-reach are submitted again (read back from disk), and nothing else.
+becomes an error row that a later run retries; the lines an expired batch (or one cancelled
+elsewhere) did not reach are submitted again (read back from disk), and nothing else. `cancel`
+(`vlm-decade cancel`) stops batches on purpose: it keeps what they answered and submits nothing
+again.
 """
 
 from __future__ import annotations
@@ -124,6 +126,9 @@ class OpenAIBatches:
                 return batch.id
         return None
 
+    async def cancel(self, batch_id: str) -> None:
+        await self.client.batches.cancel(batch_id)
+
     async def state(self, batch_id: str):
         batch = await self.client.batches.retrieve(batch_id)
         status = batch.status
@@ -189,6 +194,9 @@ class GeminiBatches:
             if batch.display_name == label:
                 return batch.name
         return None
+
+    async def cancel(self, batch_id: str) -> None:
+        await self.client.aio.batches.cancel(name=batch_id)
 
     async def state(self, batch_id: str):
         batch = await self.client.aio.batches.get(name=batch_id)
@@ -287,6 +295,16 @@ def run_batches(run_root: str | Path) -> dict[str, dict[str, Counter]]:
     return out
 
 
+def run_batch_labels(run_root: str | Path, provider: str) -> list[str]:
+    """The labels of the batches a run folder has pending with `provider`."""
+    out = []
+    for path in sorted((Path(run_root) / "api" / "batches" / provider).glob("*.json")):
+        record = json.loads(path.read_bytes())
+        if record["state"] in ("creating", "submitted"):
+            out.append(record["label"])
+    return out
+
+
 # the batcher -----------------------------------------------------------------------------------
 class Batcher:
     """Batch mode for one gateway: `submit` a request (an answer at once when the cache has it,
@@ -301,6 +319,7 @@ class Batcher:
         self.api = batches_for(gateway.provider)
         self.records = BatchRecords(cache_root, gateway.name, run_root)
         self.wait = wait
+        self.resubmit = True  # what a finished batch did not reach is submitted again (not after `cancel`)
         cfg = gateway.cfg
         limits = LIMITS[gateway.name]
         self.max_requests = min(cfg.batch_max_requests or limits.requests, limits.requests)
@@ -458,6 +477,32 @@ class Batcher:
         self.open[label] = record
         self._poll(label, reserved=True)
 
+    async def cancel(self, labels: list[str]) -> dict:
+        """Cancel these pending batches (by label) and collect what they answered before the
+        provider stopped them: those answers go to the cache and the spend log; the requests they
+        did not reach are dropped from the records, submitted again by no one, so the next run sends
+        them in the mode its study then says. {"batches", "answered", "dropped", "unknown" (labels
+        this gateway's cache folder holds no pending record of)}."""
+        self.resubmit = False
+        unknown = [label for label in labels if label not in self.open]  # not in this cache folder, or collected already
+        labels = [label for label in labels if label in self.open]
+        before = Counter(self.stats)
+        for label in labels:
+            record = self.open[label]
+            if record["id"] is None:
+                record["id"] = await self.api.find(label)
+            if record["id"] is None:
+                continue
+            try:
+                await self.api.cancel(record["id"])
+            except Exception:  # noqa: BLE001 - finished already, or refused: collected as it stands
+                self.stats["cancel_refused"] += 1
+        for label in labels:
+            self._poll(label)
+        await asyncio.gather(*[self.pollers[label] for label in labels])
+        return {"batches": len(labels), "answered": self.stats["answered"] - before["answered"],
+                "dropped": self.stats["dropped"] - before["dropped"], "unknown": len(unknown)}
+
     # collecting -------------------------------------------------------------------------------
     def _poll(self, label: str, reserved: bool = False) -> None:
         if label not in self.pollers or self.pollers[label].done():
@@ -511,7 +556,12 @@ class Batcher:
         self.records.save(record)
         lines = self.records.lines(label)
         self.records.drop_lines(label)
-        await self._again(list(lines.values()), reserve=True)
+        if self.resubmit:
+            await self._again(list(lines.values()), reserve=True)
+            return
+        self.stats["dropped"] += len(lines)
+        for key in lines:
+            self._settle(key, self.gw.failed_answer("error", f"{self.gw.name} never received its batch; a later run sends it again"))
 
     async def _finish(self, label: str, status: str, results: dict, reserved: bool) -> None:
         record = self.open.pop(label)
@@ -556,7 +606,13 @@ class Batcher:
         self.records.save(record)
         self.records.drop_lines(label)
         self.stats[f"batches_{status}"] += 1
-        await self._again(missing, reserve=True)
+        self.stats["answered"] += record["answered"]
+        if self.resubmit:
+            await self._again(missing, reserve=True)
+            return
+        self.stats["dropped"] += len(missing)
+        for line in missing:
+            self._settle(line.key, self.gw.failed_answer("error", f"{self.gw.name} batch {record['id']} {status}; a later run sends it again"))
 
     async def _again(self, lines: list[Line], reserve: bool) -> None:
         """Submit again the requests a batch did not reach (expired, cancelled, lost), up to the

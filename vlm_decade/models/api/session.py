@@ -3,6 +3,7 @@ actor, and copying the money spent from the run folder's spend log into the mani
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
 
@@ -10,7 +11,8 @@ from vlm_decade.core.config import ProvidersConfig
 from vlm_decade.core.errors import InputError, Problem
 from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.models.api.cache import default_cache_dir
-from vlm_decade.models.api.gateway import gateway_actor
+from vlm_decade.models.api.batch import run_batch_labels
+from vlm_decade.models.api.gateway import Gateway, gateway_actor
 from vlm_decade.models.api.keys import api_key, key_hint
 from vlm_decade.models.api.spend import SpendLog, SpendTally, spend_log_path
 
@@ -52,6 +54,40 @@ def start_spend_log(run: RunFolder, provider: str):
     return path
 
 
+def record_spend(run: RunFolder, provider: str, tally: SpendTally) -> None:
+    """Copy the spend log's totals for `provider` into the manifest."""
+    spend = tally.read()
+    manifest = run.manifest()
+    paid = dict(manifest.get("spend_usd", {}), **{provider: round(spend.paid, 6)})
+    unresolved = {k: v for k, v in manifest.get("spend_unresolved_usd", {}).items() if k != provider}
+    if spend.unresolved > 0:
+        unresolved[provider] = round(spend.unresolved, 6)
+    by_mode = dict(manifest.get("spend_by_mode_usd", {}), **{provider: {m: round(v, 6) for m, v in sorted(spend.by_mode.items())}})
+    run.update_manifest(spend_usd=paid, spend_unresolved_usd=unresolved, spend_by_mode_usd=by_mode)
+
+
+def cancel_batches(providers: ProvidersConfig, run: RunFolder, provider: str) -> dict | None:
+    """Cancel the batches this run folder has pending with `provider`, through a gateway in this
+    process (the caller holds the folder's lock, so no run is collecting them now): what they
+    answered is kept (cache, spend log, manifest), the rest is left to the next run. None when
+    none is pending."""
+    labels = run_batch_labels(run.root, provider)
+    if not labels:
+        return None
+    key = api_key(provider)
+    if key is None:
+        raise InputError([Problem("environment", f"cancelling {provider} batches needs its API key: set {key_hint(provider)}")])
+    log = start_spend_log(run, provider)
+
+    async def cancel() -> dict:
+        gateway = Gateway(provider, getattr(providers, provider), key, cache_dir(providers), spend_log=log, run_root=run.root)
+        return await gateway.batch.cancel(labels)
+
+    done = asyncio.run(cancel())
+    record_spend(run, provider, SpendTally(log))
+    return done
+
+
 class RemoteSession:
     """A gateway actor for one provider, used as a context manager by one stage (or one model of
     it), and ended with it. What the gateways of a run folder share lives in its spend log: each new
@@ -82,14 +118,7 @@ class RemoteSession:
         return (mode or self.mode) == "batch"
 
     def record(self) -> None:
-        spend = self.tally.read()
-        manifest = self.run.manifest()
-        paid = dict(manifest.get("spend_usd", {}), **{self.provider: round(spend.paid, 6)})
-        unresolved = {k: v for k, v in manifest.get("spend_unresolved_usd", {}).items() if k != self.provider}
-        if spend.unresolved > 0:
-            unresolved[self.provider] = round(spend.unresolved, 6)
-        by_mode = dict(manifest.get("spend_by_mode_usd", {}), **{self.provider: {m: round(v, 6) for m, v in sorted(spend.by_mode.items())}})
-        self.run.update_manifest(spend_usd=paid, spend_unresolved_usd=unresolved, spend_by_mode_usd=by_mode)
+        record_spend(self.run, self.provider, self.tally)
 
     def report(self) -> dict:
         """The gateway's counts (attempts, cache hits, failures by kind)."""
