@@ -125,6 +125,23 @@ def test_an_expired_batch_resubmits_only_what_it_did_not_reach(tmp_path, provide
 
 
 @pytest.mark.parametrize("provider", ["openai", "gemini"])
+def test_a_batch_that_fails_validation_gives_error_rows_and_a_later_run_submits_it_again(tmp_path, provider):
+    """A failed batch ran no line and would fail again if resubmitted at once: its requests are
+    error rows saying why, and the next run sends them (here in a batch that succeeds)."""
+    reqs = requests(provider, 4)
+    with FakeAPIServer(FaultConfig(batch_delay_s=0.4, batch_fail_first=1)) as server:
+        first = ask(gateway(server, provider, tmp_path), reqs)
+        assert server.counts()[f"{provider}.batches.create"] == 1 and not server.batch_lines()
+        again = ask(gateway(server, provider, tmp_path), reqs)
+        assert server.counts()[f"{provider}.batches.create"] == 2 and len(server.batch_lines()) == 4
+    # google-genai passes on no reason for a failed Gemini batch
+    why = "failed (invalid_request: the input file failed validation)" if provider == "openai" else "failed (no reason given)"
+    assert {r["status"] for r in first} == {"error"} and f"{why}; a later run sends it again" in first[0]["error"]
+    assert {r["status"] for r in again} == {"ok"}
+    assert read_spend(tmp_path / "run" / "api" / f"{provider}.spend.jsonl").unresolved == 0
+
+
+@pytest.mark.parametrize("provider", ["openai", "gemini"])
 def test_a_later_gateway_collects_pending_batches_instead_of_submitting_again(tmp_path, provider):
     reqs = requests(provider, 5)
     with FakeAPIServer(FaultConfig(batch_delay_s=1.0)) as server:

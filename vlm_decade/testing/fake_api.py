@@ -68,6 +68,7 @@ class FaultConfig:
     batch_delay_s: float = 0.5  # a batch is worked through this long after it was created
     batch_line_fail_rate: float = 0.0  # lines of a batch that fail (500), per line
     batch_expire_first: int = 0  # the first n batches created expire with half their lines done
+    batch_fail_first: int = 0  # the first n batches created (after those that expire) fail validation: status failed, no line run
     seed: int = 0
 
 

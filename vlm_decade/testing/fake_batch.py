@@ -14,8 +14,10 @@ A batch is worked through `batch_delay_s` after it was created, the first time i
 from then on: every line is answered as the synchronous endpoint would answer it (the same text and
 usage; OpenAI batches of the `/v1/embeddings` endpoint and Gemini embedding batches answer vectors,
 the latter in the order of the requests and without keys), or fails at `batch_line_fail_rate` (seeded by the line and how often it came before); the
-first `batch_expire_first` batches expire instead, with only the first half of their lines done; a
-batch cancelled before its time has the share of its lines its time so far reached done.
+first `batch_expire_first` batches expire instead, with only the first half of their lines done, and
+the next `batch_fail_first` fail validation (status failed, no line run); a batch cancelled before
+its time has the share of its lines its time so far reached done. Until then a batch is
+`validating` for the first quarter of its time (Gemini: pending) and `in_progress` (running) after.
 Every line is logged as a `Received` with endpoint `<provider>.batch_line` and `mode` batch, so the
 server's `billed_usd` bills it (at the batch discount) and a test can count lines sent twice.
 """
@@ -32,9 +34,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-DONE_OPENAI = {"completed", "expired", "cancelled", "failed"}
-GEMINI_STATE = {"pending": "BATCH_STATE_PENDING", "running": "BATCH_STATE_RUNNING", "completed": "BATCH_STATE_SUCCEEDED",
-                "expired": "BATCH_STATE_EXPIRED", "cancelled": "BATCH_STATE_CANCELLED"}
+GEMINI_STATE = {"validating": "BATCH_STATE_PENDING", "in_progress": "BATCH_STATE_RUNNING", "completed": "BATCH_STATE_SUCCEEDED",
+                "expired": "BATCH_STATE_EXPIRED", "cancelled": "BATCH_STATE_CANCELLED", "failed": "BATCH_STATE_FAILED"}
+FAILED_VALIDATION = "the input file failed validation"
 
 
 @dataclass
@@ -48,7 +50,9 @@ class FakeBatch:
     label: str = ""  # OpenAI metadata / Gemini displayName
     metadata: dict = field(default_factory=dict)
     input_file_id: str = ""
-    status: str = "in_progress"  # in_progress, completed, expired, cancelled
+    status: str = "in_progress"  # in_progress, completed, expired, cancelled, failed
+    expire: bool = False  # expires with half its lines done
+    fail: bool = False  # fails validation
     results: list[tuple[str, dict | None, dict | None]] = field(default_factory=list)  # (id, answer body, error)
     output_file_id: str | None = None
     error_file_id: str | None = None
@@ -90,9 +94,10 @@ class BatchStore:
     def openai_view(self, batch: FakeBatch) -> dict:
         self._work(batch)
         done = [r for r in batch.results if r[1] is not None]
+        errors = {"object": "list", "data": [{"code": "invalid_request", "message": FAILED_VALIDATION, "line": None}]} if batch.status == "failed" else None
         return {
-            "id": batch.id, "object": "batch", "endpoint": batch.endpoint, "errors": None,
-            "input_file_id": batch.input_file_id, "completion_window": "24h", "status": batch.status,
+            "id": batch.id, "object": "batch", "endpoint": batch.endpoint, "errors": errors,
+            "input_file_id": batch.input_file_id, "completion_window": "24h", "status": self._status(batch),
             "output_file_id": batch.output_file_id, "error_file_id": batch.error_file_id,
             "created_at": int(batch.created), "metadata": batch.metadata,
             "request_counts": {"total": len(batch.lines), "completed": len(done), "failed": len(batch.results) - len(done)},
@@ -116,7 +121,7 @@ class BatchStore:
 
     def gemini_view(self, batch: FakeBatch) -> dict:
         self._work(batch)
-        status = "pending" if batch.status == "in_progress" else batch.status
+        status = self._status(batch)
         meta = {"@type": "type.googleapis.com/google.ai.generativelanguage.v1main.GenerateContentBatch", "name": batch.id,
                 "displayName": batch.label, "model": f"models/{batch.model}", "state": GEMINI_STATE[status],
                 "createTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(batch.created))}
@@ -128,9 +133,18 @@ class BatchStore:
                 item.update({"response": answer} if answer is not None else {"error": error})
                 inlined.append(item)
             meta["output"] = {"inlinedResponses": {"inlinedResponses": inlined}}
-        return {"name": batch.id, "metadata": meta, "done": batch.status != "in_progress"}
+        out = {"name": batch.id, "metadata": meta, "done": batch.status != "in_progress"}
+        if batch.status == "failed":
+            out["error"] = {"code": 3, "message": FAILED_VALIDATION}
+        return out
 
     # both ---------------------------------------------------------------------------------------
+    def _status(self, batch: FakeBatch) -> str:
+        if batch.status != "in_progress":
+            return batch.status
+        early = time.time() < batch.created + self.fake.faults.batch_delay_s / 4
+        return "validating" if early else "in_progress"
+
     def get(self, batch_id: str) -> FakeBatch | None:
         return self.batches.get(batch_id)
 
@@ -153,7 +167,9 @@ class BatchStore:
         with self.lock:
             batch_id = self._id("batch_") if provider == "openai" else f"batches/{self._id('b')}"
             batch = FakeBatch(batch_id, provider, time.time(), lines, model=model, label=label, metadata=metadata or {})
-            batch.expire = self.created < self.fake.faults.batch_expire_first
+            faults = self.fake.faults
+            batch.expire = self.created < faults.batch_expire_first
+            batch.fail = faults.batch_expire_first <= self.created < faults.batch_expire_first + faults.batch_fail_first
             self.created += 1
             self.batches[batch_id] = batch
         return batch
@@ -163,7 +179,10 @@ class BatchStore:
         with self.lock:
             if batch.status != "in_progress" or time.time() < batch.created + self.fake.faults.batch_delay_s:
                 return
-            expire = getattr(batch, "expire", False)
+            if batch.fail:
+                batch.status = "failed"
+                return
+            expire = batch.expire
             todo = batch.lines[: math.ceil(len(batch.lines) / 2)] if expire else batch.lines
             batch.results = [self._answer(batch, key, body) for key, body in todo]
             batch.status = "expired" if expire else "completed"

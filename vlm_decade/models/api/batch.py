@@ -129,6 +129,12 @@ class OpenAIBatches:
     async def cancel(self, batch_id: str) -> None:
         await self.client.batches.cancel(batch_id)
 
+    @staticmethod
+    def failure(batch) -> str:
+        """Why a failed batch failed (its input did not validate, say)."""
+        errors = (batch.errors.data if batch.errors else None) or []
+        return "; ".join(f"{e.code}: {e.message}" for e in errors[:3]) or "no reason given"
+
     async def state(self, batch_id: str):
         batch = await self.client.batches.retrieve(batch_id)
         status = batch.status
@@ -197,6 +203,10 @@ class GeminiBatches:
 
     async def cancel(self, batch_id: str) -> None:
         await self.client.aio.batches.cancel(name=batch_id)
+
+    @staticmethod
+    def failure(batch) -> str:
+        return "no reason given"  # google-genai does not pass on the Gemini API's reason for a failed batch
 
     async def state(self, batch_id: str):
         batch = await self.client.aio.batches.get(name=batch_id)
@@ -528,10 +538,11 @@ class Batcher:
                 await asyncio.sleep(delay)
                 delay = min(delay * 1.5, MAX_POLL_S)
             results = await self.api.results(batch, record)
+            why = f"failed ({self.api.failure(batch)})" if status == "failed" else status
         except Exception as exc:  # noqa: BLE001 - this batch's requests wait for a later run
             self.stats["poll_errors"] += 1
             return self._pending(label, reserved, f"could not reach the batch: {self.gw._error(exc)}")
-        await self._finish(label, status, results, reserved)
+        await self._finish(label, status, results, reserved, why)
 
     def _pending(self, label: str, reserved: bool, why: str = "") -> None:
         """The batch is not finished and this run will not wait: its requests answer `pending`. What
@@ -563,7 +574,10 @@ class Batcher:
         for key in lines:
             self._settle(key, self.gw.failed_answer("error", f"{self.gw.name} never received its batch; a later run sends it again"))
 
-    async def _finish(self, label: str, status: str, results: dict, reserved: bool) -> None:
+    async def _finish(self, label: str, status: str, results: dict, reserved: bool, why: str) -> None:
+        """Hand out a finished batch's answers. The requests it did not reach are submitted again
+        (expired, or cancelled elsewhere), except after `cancel` and when the batch failed as a
+        whole (its input would fail again): then they are error rows that a later run sends again."""
         record = self.open.pop(label)
         lines = self.records.lines(label)
         missing = []
@@ -607,12 +621,12 @@ class Batcher:
         self.records.drop_lines(label)
         self.stats[f"batches_{status}"] += 1
         self.stats["answered"] += record["answered"]
-        if self.resubmit:
+        if self.resubmit and status != "failed":
             await self._again(missing, reserve=True)
             return
         self.stats["dropped"] += len(missing)
         for line in missing:
-            self._settle(line.key, self.gw.failed_answer("error", f"{self.gw.name} batch {record['id']} {status}; a later run sends it again"))
+            self._settle(line.key, self.gw.failed_answer("error", f"{self.gw.name} batch {record['id']} {why}; a later run sends it again"))
 
     async def _again(self, lines: list[Line], reserve: bool) -> None:
         """Submit again the requests a batch did not reach (expired, cancelled, lost), up to the
