@@ -291,3 +291,22 @@ def test_a_cancelled_batch_keeps_what_it_answered_and_leaves_the_rest_to_a_later
     assert sorted(r["mode"] for r in later) == sorted(["batch"] * len(answered) + ["sync"] * (10 - len(answered)))
     spend = read_spend(tmp_path / "run" / "api" / f"{provider}.spend.jsonl")
     assert spend.unresolved == 0 and spend.by_mode["batch"] == pytest.approx(sum(r["cost_usd"] for r in later if r["mode"] == "batch"))
+
+
+def test_a_gemini_batch_too_large_to_inline_goes_as_an_uploaded_file(tmp_path, monkeypatch):
+    """Over the inline limit (made small here) the requests go as a JSONL file through the Files
+    API, and the answers come back as a file: the same answers as sync mode, an expired file batch
+    resubmitting only what it did not reach."""
+    from vlm_decade.models.api import batch as batch_module
+
+    monkeypatch.setattr(batch_module, "GEMINI_INLINE_BYTES", 2_000)  # a request with its PNG is about 4 KB
+    reqs = requests("gemini", 6)
+    with FakeAPIServer(FaultConfig(batch_delay_s=0.2, batch_expire_first=1)) as server:
+        rows = ask(gateway(server, "gemini", tmp_path), reqs)
+        sync = ask(gateway(server, "gemini", tmp_path / "sync", mode="sync"), reqs)
+        counts, lines = server.counts(), server.batch_lines()
+    assert counts["gemini.files.upload"] == 2 and counts["gemini.files.download"] == 2 and counts["gemini.batches.create"] == 2
+    assert len(lines) == 6 and len({r.key for r in lines}) == 6  # three reached before the expiry, three in the second batch
+    assert [r["text"] for r in rows] == [r["text"] for r in sync] == [chat_text(r.prompt, [r.image_png]) for r in reqs]
+    assert [(r["input_tokens"], r["output_tokens"]) for r in rows] == [(r["input_tokens"], r["output_tokens"]) for r in sync]
+    assert [r["cost_usd"] for r in rows] == pytest.approx([BATCH_DISCOUNT * r["cost_usd"] for r in sync])

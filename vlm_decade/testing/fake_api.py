@@ -319,6 +319,24 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 self._send_raw(200, store.files[file_id], content_type="application/octet-stream")
             return True
+        if route == ("POST", "/upload/v1beta/files") and self.headers.get("X-Goog-Upload-Command") == "start":
+            self._log_control("gemini.files.upload")
+            url = f"http://127.0.0.1:{self.server.server_address[1]}/upload-session/{store.upload_start()}"
+            self._send(200, {}, {"x-goog-upload-url": url, "x-goog-upload-status": "active"})
+            return True
+        if method == "POST" and path.startswith("/upload-session/"):
+            final = "finalize" in (self.headers.get("X-Goog-Upload-Command") or "")
+            done = store.upload_chunk(path.rsplit("/", 1)[1], body, final)
+            self._send(200, done or {}, {"x-goog-upload-status": "final" if final else "active"})
+            return True
+        if method == "GET" and path.startswith("/v1beta/files/") and path.endswith(":download"):
+            name = path[len("/v1beta/"):-len(":download")]
+            self._log_control("gemini.files.download")
+            if name not in store.files:
+                self._send(404, _error(400, f"no file {name}"))
+            else:
+                self._send_raw(200, store.files[name], content_type="application/octet-stream")
+            return True
         if route == ("POST", "/v1/batches"):
             return self._control("openai.batches.create", lambda: (200, store.create_openai(json.loads(body))))
         if route == ("GET", "/v1/batches"):
@@ -460,8 +478,8 @@ def gemini_answer(fake, p: dict, model: str) -> dict:
         for part in content["parts"]:
             if "text" in part:
                 prompt.append(part["text"])
-            elif "inlineData" in part:
-                inline = part["inlineData"]
+            elif "inlineData" in part or "inline_data" in part:  # proto JSON takes either spelling
+                inline = part.get("inlineData") or part["inline_data"]
                 if inline.get("mimeType", inline.get("mime_type")) != "image/png":
                     raise ValueError("expected image/png")
                 images.append(base64.urlsafe_b64decode(inline["data"]))

@@ -5,7 +5,9 @@
     POST /v1/batches                                 create: input_file_id, endpoint, completion_window, metadata
     GET  /v1/batches/{id}  | /v1/batches             retrieve | list
     POST /v1/batches/{id}/cancel                     cancel
-    POST /v1beta/models/{model}:batchGenerateContent Gemini: create with inline requests (and displayName)
+    POST /v1beta/models/{model}:batchGenerateContent Gemini: create with inline requests or an uploaded file
+    POST /upload/v1beta/files, then /upload-session/{id}   Gemini: a resumable upload (start; upload, finalize)
+    GET  /v1beta/files/{id}:download                 Gemini: download a file (a file batch's results)
     POST /v1beta/models/{model}:asyncBatchEmbedContent Gemini: create an embedding batch (inline texts)
     GET  /v1beta/batches/{id}  | /v1beta/batches     get (inline responses when done) | list
     POST /v1beta/batches/{id}:cancel                 cancel
@@ -49,7 +51,7 @@ class FakeBatch:
     endpoint: str = "/v1/chat/completions"  # OpenAI: the batch's endpoint; Gemini embedding batches: /v1/embeddings
     label: str = ""  # OpenAI metadata / Gemini displayName
     metadata: dict = field(default_factory=dict)
-    input_file_id: str = ""
+    input_file_id: str = ""  # OpenAI: the input file; Gemini: set when the requests came in a file
     status: str = "in_progress"  # in_progress, completed, expired, cancelled, failed
     expire: bool = False  # expires with half its lines done
     fail: bool = False  # fails validation
@@ -65,6 +67,7 @@ class BatchStore:
         self.fake = fake
         self.lock = threading.Lock()
         self.files: dict[str, bytes] = {}
+        self.uploads: dict[str, bytearray] = {}  # Gemini resumable upload sessions
         self.batches: dict[str, FakeBatch] = {}
         self.ids = itertools.count(1)
         self.created = 0
@@ -104,11 +107,33 @@ class BatchStore:
         }
 
     # Gemini -------------------------------------------------------------------------------------
+    def upload_start(self) -> str:
+        with self.lock:
+            session = self._id("upload-")
+            self.uploads[session] = bytearray()
+        return session
+
+    def upload_chunk(self, session: str, data: bytes, final: bool) -> dict | None:
+        """Add a chunk to an upload; the file's resource once the upload is finalized."""
+        with self.lock:
+            self.uploads[session] += data
+            if not final:
+                return None
+            name = f"files/{self._id('f')}"
+            self.files[name] = bytes(self.uploads.pop(session))
+        return {"file": {"name": name, "mimeType": "application/jsonl", "sizeBytes": str(len(self.files[name])), "state": "ACTIVE"}}
+
     def create_gemini(self, model: str, body: dict) -> dict:
         spec = body["batch"]
-        requests = spec["inputConfig"]["requests"]["requests"]
-        lines = [((r.get("metadata") or {}).get("key", str(i)), r["request"]) for i, r in enumerate(requests)]
+        source = spec["inputConfig"]
+        if "fileName" in source:  # a JSONL of {"key", "request"} lines
+            rows = [json.loads(raw) for raw in self.files[source["fileName"]].splitlines() if raw.strip()]
+            lines = [(row["key"], row["request"]) for row in rows]
+        else:
+            requests = source["requests"]["requests"]
+            lines = [((r.get("metadata") or {}).get("key", str(i)), r["request"]) for i, r in enumerate(requests)]
         batch = self._new("gemini", lines, model=model, label=spec.get("displayName", ""))
+        batch.input_file_id = source.get("fileName", "")
         return self.gemini_view(batch)
 
     def create_gemini_embed(self, model: str, body: dict) -> dict:
@@ -125,7 +150,9 @@ class BatchStore:
         meta = {"@type": "type.googleapis.com/google.ai.generativelanguage.v1main.GenerateContentBatch", "name": batch.id,
                 "displayName": batch.label, "model": f"models/{batch.model}", "state": GEMINI_STATE[status],
                 "createTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(batch.created))}
-        if batch.results:
+        if batch.output_file_id:
+            meta["output"] = {"responsesFile": batch.output_file_id}
+        elif batch.results:
             inlined = []
             embeddings = batch.endpoint == "/v1/embeddings"
             for key, answer, error in batch.results:
@@ -159,8 +186,7 @@ class BatchStore:
                 reached = batch.lines[: math.floor(len(batch.lines) * min(1.0, elapsed))]
                 batch.results = [self._answer(batch, key, body) for key, body in reached]
                 batch.status = "cancelled"
-                if batch.provider == "openai":
-                    self._openai_files(batch)
+                self._result_files(batch)
         return batch
 
     def _new(self, provider: str, lines: list, model: str = "", label: str = "", metadata: dict | None = None) -> FakeBatch:
@@ -186,8 +212,7 @@ class BatchStore:
             todo = batch.lines[: math.ceil(len(batch.lines) / 2)] if expire else batch.lines
             batch.results = [self._answer(batch, key, body) for key, body in todo]
             batch.status = "expired" if expire else "completed"
-            if batch.provider == "openai":
-                self._openai_files(batch)
+            self._result_files(batch)
 
     def _answer(self, batch: FakeBatch, key: str, body: dict) -> tuple[str, dict | None, dict | None]:
         from vlm_decade.testing.fake_api import Received, gemini_answer, gemini_embed_answer, openai_chat_answer, openai_embed_answer, usage_of
@@ -219,6 +244,18 @@ class BatchStore:
         with fake.lock:
             fake.log.append(record)
         return key, answer, error
+
+    def _result_files(self, batch: FakeBatch) -> None:
+        if batch.provider == "openai":
+            self._openai_files(batch)
+        elif batch.input_file_id:
+            self._gemini_file(batch)
+
+    def _gemini_file(self, batch: FakeBatch) -> None:
+        """A file batch's results: a JSONL of {"key", "response"} or {"key", "error"} lines."""
+        lines = [{"key": key, **({"response": answer} if answer is not None else {"error": error})} for key, answer, error in batch.results]
+        batch.output_file_id = f"files/{self._id('out')}"
+        self.files[batch.output_file_id] = "".join(json.dumps(x) + "\n" for x in lines).encode()
 
     def _openai_files(self, batch: FakeBatch) -> None:
         out, err = [], []

@@ -5,10 +5,12 @@ groups through the providers' batch interfaces and collected when they are done.
   its 24 h window; at most 50,000 requests and 200 MB per file, one model and one endpoint
   (chat completions or embeddings) per file, and at most 50,000 embedding inputs per batch
   (platform.openai.com/docs/guides/batch).
-- Gemini: batch mode of the Gemini API through google-genai, with inline requests, which must stay
-  under 20 MB per batch (ai.google.dev/gemini-api/docs/batch-mode); one model per batch; texts to
-  embed go in embedding batches (`batches.create_embeddings`), whose answers come back in the order
-  of the requests (they carry no key of their own).
+- Gemini: batch mode of the Gemini API through google-genai (ai.google.dev/gemini-api/docs/batch-mode),
+  one model per batch: inline requests up to 20 MB a batch, and larger batches as a JSONL file
+  uploaded through the Files API (up to 2 GB; held here to 200 MB, as OpenAI's, since a batch's
+  requests and answers are held in memory), whose answers come back as a file too; texts to
+  embed go in inline embedding batches (`batches.create_embeddings`), whose answers come back in
+  the order of the requests (they carry no key of their own).
 
 A batch holds chat requests or texts to embed, never both. Embedding batches hold at most
 `EMBED_LINES` texts (our bound, under both providers' limits): their answers are downloaded whole,
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import io
 import json
 import time
 import uuid
@@ -62,7 +65,8 @@ class Limits:
     bytes: int
 
 
-LIMITS = {"openai": Limits(50_000, 200 * 2**20), "gemini": Limits(50_000, 20 * 2**20)}
+LIMITS = {"openai": Limits(50_000, 200 * 2**20), "gemini": Limits(50_000, 200 * 2**20)}
+GEMINI_INLINE_BYTES = 20 * 2**20  # larger Gemini chat batches go as an uploaded file
 EMBED_LINES = 10_000
 FINISHED = {"completed", "expired", "cancelled", "failed"}
 
@@ -190,9 +194,22 @@ class GeminiBatches:
                 warnings.simplefilter("ignore")
                 batch = await self.client.aio.batches.create_embeddings(model=model_id, src=src, config={"display_name": label})
             return batch.name
-        requests = [self.types.InlinedRequest.model_validate(line.payload) for line in lines]
-        batch = await self.client.aio.batches.create(model=model_id, src=requests, config={"display_name": label})
+        if sum(len(json.dumps(line.payload)) for line in lines) <= GEMINI_INLINE_BYTES:
+            src = [self.types.InlinedRequest.model_validate(line.payload) for line in lines]
+        else:  # too large to inline: a JSONL file of {"key", "request"} lines, uploaded through the Files API
+            upload = await self.client.aio.files.upload(file=io.BytesIO(self.file_lines(lines)),
+                                                        config={"mime_type": "jsonl", "display_name": label})
+            src = upload.name
+        batch = await self.client.aio.batches.create(model=model_id, src=src, config={"display_name": label})
         return batch.name
+
+    @staticmethod
+    def file_lines(lines: list[Line]) -> bytes:
+        """A batch's input file: each request as the REST API takes it (proto JSON, which accepts the
+        snake_case field names and base64 bytes of the inline payload), under its key."""
+        rows = ({"key": line.key, "request": {"contents": line.payload["contents"], "generation_config": line.payload["config"]}}
+                for line in lines)
+        return b"".join((json.dumps(row, separators=(",", ":")) + "\n").encode() for row in rows)
 
     async def find(self, label: str) -> str | None:
         pager = await self.client.aio.batches.list(config={"page_size": 100})
@@ -218,6 +235,8 @@ class GeminiBatches:
     async def results(self, batch, record: dict) -> dict[str, Reply | Embedding | str]:
         if record.get("kind") == "embed":
             return self._embeddings(batch, record["keys"])
+        if batch.dest and batch.dest.file_name:
+            return self._file_results(await self.client.aio.files.download(file=batch.dest.file_name), batch.model or "")
         out: dict[str, Reply | Embedding | str] = {}
         for item in (batch.dest.inlined_responses if batch.dest and batch.dest.inlined_responses else []):
             key = (item.metadata or {}).get("key")
@@ -228,6 +247,21 @@ class GeminiBatches:
                 out[key] = f"batch line {getattr(error, 'code', '')}: {getattr(error, 'message', 'failed')}"
             else:
                 out[key] = self.provider.reply_from(item.response, batch.model or "")
+        return out
+
+    def _file_results(self, data: bytes, model: str) -> dict[str, Reply | str]:
+        """A file batch's results: a JSONL of {"key", "response"} (a GenerateContentResponse in
+        REST JSON) or {"key", "error"} lines."""
+        out: dict[str, Reply | str] = {}
+        for raw in data.splitlines():
+            if not raw.strip():
+                continue
+            row = json.loads(raw)
+            if row.get("response") is not None:
+                out[row["key"]] = self.provider.reply_from(self.types.GenerateContentResponse.model_validate(row["response"]), model)
+            else:
+                error = row.get("error") or row.get("status") or {}
+                out[row["key"]] = f"batch line {error.get('code', '')}: {error.get('message', 'failed')}"
         return out
 
     @staticmethod
@@ -433,11 +467,15 @@ class Batcher:
     def _max_lines(self, kind: str) -> int:
         return min(self.max_requests, EMBED_LINES) if kind == "embed" else self.max_requests
 
+    def _max_bytes(self, kind: str) -> int:
+        # Gemini's embedding batches are sent inline only
+        return min(self.max_bytes, GEMINI_INLINE_BYTES) if kind == "embed" and self.gw.name == "gemini" else self.max_bytes
+
     def _group(self, line: Line, hold: bool) -> None:
         size = len(json.dumps(line.payload))
         name = (line.kind, line.model_id)
         group = self.groups[name]
-        if group and (len(group) >= self._max_lines(line.kind) or self.group_bytes[name] + size > self.max_bytes):
+        if group and (len(group) >= self._max_lines(line.kind) or self.group_bytes[name] + size > self._max_bytes(line.kind)):
             full, self.groups[name], self.group_bytes[name] = group, [], 0
             asyncio.get_running_loop().create_task(self._submit(name, full))
             group = self.groups[name]

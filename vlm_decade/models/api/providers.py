@@ -253,15 +253,16 @@ class GeminiProvider(Provider):
         return 258 if max(w, h) <= 384 else 258 * math.ceil(w / 768) * math.ceil(h / 768)
 
     def request_parts(self, req: ChatRequest):
-        """(contents, config) of a request, as sent (sync) or inlined in a batch."""
+        """(contents, config) of a request, as sent (sync) or in a batch: one user turn, the image
+        (if any) before the prompt, spelled out as the REST API takes it (a batch's input file)."""
         t, s = self.types, req.settings
         config = t.GenerateContentConfig(temperature=s["temperature"], max_output_tokens=s["max_output_tokens"])
         if "thinking_budget" in s:
             config.thinking_config = t.ThinkingConfig(thinking_budget=s["thinking_budget"])
-        contents = [req.prompt]
+        parts = [t.Part.from_text(text=req.prompt)]
         if req.image_png is not None:
-            contents.insert(0, t.Part.from_bytes(data=req.image_png, mime_type="image/png"))
-        return contents, config
+            parts.insert(0, t.Part.from_bytes(data=req.image_png, mime_type="image/png"))
+        return [t.Content(role="user", parts=parts)], config
 
     @staticmethod
     def reply_from(r, model_id: str) -> Reply:
