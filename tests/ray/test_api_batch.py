@@ -51,9 +51,18 @@ def lines_of(server: FakeAPIServer, embeddings: bool) -> list:
     return [r for r in server.batch_lines() if kinds[r.batch] == embeddings]
 
 
+def environment() -> dict:
+    """This process's environment (the `keys` fixture's keys), wide enough that no message wraps."""
+    return {**os.environ, "COLUMNS": "400"}
+
+
+def command(*args) -> list[str]:
+    return [sys.executable, "-m", "vlm_decade", *map(str, args)]
+
+
 def cli(*args, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "COLUMNS": "400"}
-    return subprocess.run([sys.executable, "-m", "vlm_decade", *map(str, args)], env=env, capture_output=True, text=True, timeout=timeout)
+    """A `vlm-decade` command run to its end, its output kept."""
+    return subprocess.run(command(*args), env=environment(), capture_output=True, text=True, timeout=timeout)
 
 
 def test_a_study_in_batch_mode_gives_the_tables_of_sync_mode(tmp_path, keys):
@@ -75,7 +84,10 @@ def test_a_study_in_batch_mode_gives_the_tables_of_sync_mode(tmp_path, keys):
     assert responses.drop_columns(list(VOLATILE)).equals(sync.read("responses").drop_columns(list(VOLATILE)))
     assert set(responses.column("mode").to_pylist()) == {"batch"}
     assert responses.column("cost_usd").to_pylist() == pytest.approx([c / 2 for c in sync.read("responses").column("cost_usd").to_pylist()])
-    for name in ("embeddings", "scores", "stats"):
+    vectors = batch.read("embeddings")
+    assert vectors.drop_columns(["mode"]).equals(sync.read("embeddings").drop_columns(["mode"]))
+    assert set(vectors.column("mode").to_pylist()) == {"batch"} and set(sync.read("embeddings").column("mode").to_pylist()) == {"sync"}
+    for name in ("scores", "stats"):
         assert batch.read(name).equals(sync.read(name)), name
     assert len(embedded) == batch.read("embeddings").num_rows and max(Counter(r.key for r in embedded).values()) == 1
     spend = batch.manifest()["spend_by_mode_usd"]["openai"]
@@ -84,11 +96,9 @@ def test_a_study_in_batch_mode_gives_the_tables_of_sync_mode(tmp_path, keys):
 
 
 def test_a_killed_run_collects_its_pending_batches_and_submits_no_line_twice(tmp_path, keys):
-    env = {**os.environ, "COLUMNS": "400"}
-
     def run_until(cmd, created) -> None:
         """Start the run and SIGKILL it as soon as `created()` holds (a batch submitted, not done)."""
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(cmd, env=environment(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and not created() and proc.poll() is None:
             time.sleep(0.05)
@@ -99,7 +109,7 @@ def test_a_killed_run_collects_its_pending_batches_and_submits_no_line_twice(tmp
         path = study_file(tmp_path, server)
         batch_mode(path)
         out = tmp_path / "run"
-        cmd = [sys.executable, "-m", "vlm_decade", "run", str(path), "--out", str(out)]
+        cmd = command("run", path, "--out", out)
         run_until(cmd, lambda: batches_created(server, "openai"))  # killed while gpt's batch is pending
         assert batches_created(server, "openai") == 1 and not server.batch_lines()
 
@@ -107,7 +117,7 @@ def test_a_killed_run_collects_its_pending_batches_and_submits_no_line_twice(tmp
         run_until(cmd, lambda: batches_created(server, "openai", embeddings=True))  # ... and while GPT-SI's is
         assert batches_created(server, "openai", embeddings=True) == 1 and not lines_of(server, embeddings=True)
 
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        done = cli("run", path, "--out", out)
         assert done.returncode == 0, done.stderr
         chats, texts = lines_of(server, embeddings=False), lines_of(server, embeddings=True)
         assert (batches_created(server, "openai"), batches_created(server, "openai", embeddings=True)) == (1, 1)  # picked up, not submitted again
@@ -117,35 +127,45 @@ def test_a_killed_run_collects_its_pending_batches_and_submits_no_line_twice(tmp
         assert set(responses.column("status").to_pylist()) == {"ok"}
 
         sent = len(server.received())
-        again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        again = cli("run", path, "--out", out)
         assert again.returncode == 0 and len(server.received()) == sent  # a finished study sends nothing
 
 
 def test_a_run_that_does_not_wait_submits_exits_and_a_later_run_collects(tmp_path, keys):
-    env = {**os.environ, "COLUMNS": "400"}
     with FakeAPIServer(FaultConfig(batch_delay_s=3.0)) as server:
         path = study_file(tmp_path, server)
         batch_mode(path)
         out = tmp_path / "run"
-        cmd = [sys.executable, "-m", "vlm_decade", "run", str(path), "--out", str(out)]
-        first = subprocess.run(cmd + ["--no-wait"], env=env, capture_output=True, text=True, timeout=300)
+        first = cli("run", path, "--out", out, "--no-wait")
         assert first.returncode == 0, first.stderr
         assert "waiting for batches: responses of gpt: 64 requests wait in batches" in first.stderr
         stages = RunFolder(out).manifest()["stages"]
         assert stages["responses"]["state"] == "running" and "embeddings" not in stages  # the later stages did not start
 
-        status = subprocess.run([sys.executable, "-m", "vlm_decade", "status", str(out)], env=env, capture_output=True, text=True, timeout=120)
+        status = cli("status", out)
         assert status.returncode == 0, status.stderr
         assert "openai: batches 1 pending (chat, 64 requests waiting);" in status.stdout and "responses gpt: 0 of 64 done (64 pending)" in status.stdout
 
+        # Each run that does not wait collects what is done and submits the next stage's batch: gem's
+        # descriptions, then GPT-SI's texts to embed; the last run waits and finishes the study.
+        for waiting_for in ("responses of gem: 16 requests wait in batches", "encoder GPT-SI: "):
+            time.sleep(3.0)
+            later = cli("run", path, "--out", out, "--no-wait")
+            assert later.returncode == 0 and f"waiting for batches: {waiting_for}" in later.stderr, later.stderr
+        texts = RunFolder(out).manifest()["stages"]
+        assert texts["embeddings"]["state"] == "running" and "scores" not in texts
+        waiting = sum(len(b.lines) for b in server.batches.batches.values() if b.endpoint == EMBEDDINGS)
+        assert f"1 pending (embeddings, {waiting} requests waiting)" in cli("status", out).stdout
+
         time.sleep(3.0)
-        second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-        assert second.returncode == 0, second.stderr
+        last = cli("run", path, "--out", out)
+        assert last.returncode == 0, last.stderr
         assert batches_created(server, "openai") == 1 and batches_created(server, "gemini") == 1
         lines = lines_of(server, embeddings=False)
         assert len(lines) == 80 and max(Counter(r.key for r in lines).values()) == 1
+        assert len(lines_of(server, embeddings=True)) == waiting == RunFolder(out).read("embeddings").num_rows
         assert RunFolder(out).manifest()["stages"]["report"]["state"] == "done"
-        status = subprocess.run([sys.executable, "-m", "vlm_decade", "status", str(out)], env=env, capture_output=True, text=True, timeout=120)
+        status = cli("status", out)
         assert "openai: batches 1 completed (chat), 1 completed (embeddings);" in status.stdout and "responses gpt: 64 of 64 done (64 ok)" in status.stdout
     table = pq.read_table(out / "responses.parquet")
     assert set(table.column("mode").to_pylist()) == {"batch"}
@@ -180,20 +200,18 @@ def test_a_model_may_choose_its_own_mode(tmp_path, keys):
 def test_requests_left_in_a_pending_batch_are_collected_in_sync_mode_not_bought_again(tmp_path, keys):
     """Submitted in batch mode by a run that did not wait; the study then switched to sync mode: the
     next run collects the batch instead of sending its requests one by one."""
-    env = {**os.environ, "COLUMNS": "400"}
     with FakeAPIServer(FaultConfig(batch_delay_s=2.0)) as server:
         path = study_file(tmp_path, server)
         batch_mode(path)
         out = tmp_path / "run"
-        cmd = [sys.executable, "-m", "vlm_decade", "run", str(path), "--out", str(out)]
-        first = subprocess.run(cmd + ["--no-wait"], env=env, capture_output=True, text=True, timeout=300)
+        first = cli("run", path, "--out", out, "--no-wait")
         assert first.returncode == 0 and "requests wait in batches" in first.stderr, first.stderr
         raw = yaml.safe_load(path.read_text())
         for provider in ("openai", "gemini"):
             raw["providers"][provider]["mode"] = "sync"
         path.write_text(yaml.safe_dump(raw))
         chats = server.counts()["openai.chat"], server.counts()["gemini.generate"]
-        second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        second = cli("run", path, "--out", out)
         assert second.returncode == 0, second.stderr
         # gpt's requests, all in the pending batch, are collected from it; gem never reached a batch
         # (the first run stopped at gpt's), so its 16 requests go one by one, as the study now says.

@@ -34,6 +34,9 @@ EMBEDDINGS_SCHEMA = pa.schema(
         ("dim", pa.int32()),
         # Variable-length so encoders of different widths share one table; `dim` says the width.
         ("vector", pa.list_(pa.float32())),
+        # An API encoder's vector: sync or batch, the mode that bought it (a cached one: the mode of
+        # its purchase); null for a local encoder, and in tables written before the column existed.
+        ("mode", pa.string()),
     ]
 )
 TEXT_BATCH = 128
@@ -90,7 +93,7 @@ class EncodeActor:
         return self.encoder.encode(texts)
 
 
-def _rows(keys, vectors: np.ndarray, cfg: EncoderConfig) -> pa.Table:
+def _rows(keys, vectors: np.ndarray, cfg: EncoderConfig, modes: list[str] | None = None) -> pa.Table:
     vectors = np.ascontiguousarray(vectors, dtype=np.float32)
     n, dim = vectors.shape
     column = pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), dim).cast(pa.list_(pa.float32()))
@@ -101,6 +104,7 @@ def _rows(keys, vectors: np.ndarray, cfg: EncoderConfig) -> pa.Table:
             "encoder_key": pa.array([encoder_key(cfg)] * n, pa.string()),
             "dim": pa.array([dim] * n, pa.int32()),
             "vector": column,
+            "mode": pa.array(modes if modes is not None else [None] * n, pa.string()),
         },
         schema=EMBEDDINGS_SCHEMA,
     )
@@ -108,12 +112,19 @@ def _rows(keys, vectors: np.ndarray, cfg: EncoderConfig) -> pa.Table:
 
 def _sources(folder: RunFolder, columns: list[str] | None = None):
     """The vectors this run may reuse, a table at a time (never all at once): the previous table
-    (if it verifies) and the parts a killed run or this one saved."""
+    (if it verifies) and the parts a killed run or this one saved; written before the `mode`
+    column existed, they get it empty."""
+
+    def whole(table: pa.Table) -> pa.Table:
+        if columns is None and "mode" not in table.column_names:
+            table = table.append_column("mode", pa.nulls(table.num_rows, pa.string()))
+        return table.cast(pa.schema([EMBEDDINGS_SCHEMA.field(c) for c in table.column_names]))
+
     if folder.trusted("embeddings"):
         for batch in folder.batches("embeddings", columns=columns, batch_size=VECTOR_BATCH):
-            table = pa.Table.from_batches([batch])
-            yield table.cast(pa.schema([EMBEDDINGS_SCHEMA.field(c) for c in table.column_names]))
-    yield from folder.iter_parts("embeddings", EMBEDDINGS_SCHEMA, columns)
+            yield whole(pa.Table.from_batches([batch]))
+    for table in folder.iter_parts("embeddings", EMBEDDINGS_SCHEMA, columns):
+        yield whole(table)
 
 
 def _encoded(folder: RunFolder, keys: list[str]) -> pa.Table:
@@ -216,7 +227,8 @@ def _embed_remote(study: StudyBase, cfg: EncoderConfig, keys: list[str], texts: 
                 continue
             value = done.value
             if value["vectors"] is not None:
-                run.folder.append_part("embeddings", _rows([k for k, ok in zip(done.work, value["ok"]) if ok], value["vectors"], cfg))
+                keys_ok = [k for k, ok in zip(done.work, value["ok"]) if ok]
+                run.folder.append_part("embeddings", _rows(keys_ok, value["vectors"], cfg, value["modes"]))
                 advance(len(value["vectors"]))
                 encoded += len(value["vectors"])
             for status, error in value["failures"]:

@@ -312,13 +312,7 @@ class _Handler(BaseHTTPRequestHandler):
             data, filename = _multipart_file(self.headers.get("Content-Type", ""), body)
             return self._control("openai.files.create", lambda: (200, store.upload(data, filename)))
         if method == "GET" and path.startswith("/v1/files/") and path.endswith("/content"):
-            file_id = path[len("/v1/files/"):-len("/content")]
-            self._log_control("openai.files.content")
-            if file_id not in store.files:
-                self._send(404, _error(400, f"no file {file_id}"))
-            else:
-                self._send_raw(200, store.files[file_id], content_type="application/octet-stream")
-            return True
+            return self._file("openai.files.content", path[len("/v1/files/"):-len("/content")])
         if route == ("POST", "/upload/v1beta/files") and self.headers.get("X-Goog-Upload-Command") == "start":
             self._log_control("gemini.files.upload")
             url = f"http://127.0.0.1:{self.server.server_address[1]}/upload-session/{store.upload_start()}"
@@ -330,13 +324,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, done or {}, {"x-goog-upload-status": "final" if final else "active"})
             return True
         if method == "GET" and path.startswith("/v1beta/files/") and path.endswith(":download"):
-            name = path[len("/v1beta/"):-len(":download")]
-            self._log_control("gemini.files.download")
-            if name not in store.files:
-                self._send(404, _error(400, f"no file {name}"))
-            else:
-                self._send_raw(200, store.files[name], content_type="application/octet-stream")
-            return True
+            return self._file("gemini.files.download", path[len("/v1beta/"):-len(":download")])
         if route == ("POST", "/v1/batches"):
             return self._control("openai.batches.create", lambda: (200, store.create_openai(json.loads(body))))
         if route == ("GET", "/v1/batches"):
@@ -368,6 +356,15 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(404, {"error": {"message": f"no route {path}"}})
             return True
         return False
+
+    def _file(self, endpoint: str, name: str) -> bool:
+        """Send a stored file's bytes (an OpenAI file's content, a Gemini download)."""
+        self._log_control(endpoint)
+        if name not in self.fake.batches.files:
+            self._send(404, _error(400, f"no file {name}"))
+        else:
+            self._send_raw(200, self.fake.batches.files[name], content_type="application/octet-stream")
+        return True
 
     def _log_control(self, endpoint: str) -> None:
         with self.fake.lock:

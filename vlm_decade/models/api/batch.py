@@ -20,8 +20,9 @@ Both bill batch requests at 50% of the standard price (`BATCH_DISCOUNT`, as both
 it, checked on the date of `PRICES_AS_OF`).
 
 Every request keeps its cache key (the same as in sync mode) as its `custom_id` (Gemini: the
-request's metadata `key`, or its place in an embedding batch), so an answer bought in batch is a cache hit for a later sync run and the
-reverse. The `Batcher` groups the requests a gateway is given per kind and model, writes each group to disk
+request's metadata `key`, its `key` in a file, or its place in an embedding batch), so an answer
+bought in batch is a cache hit for a later sync run and the reverse. The `Batcher` groups the
+requests a gateway is given per kind and model, writes each group to disk
 (`<cache_dir>/batches/<provider>/<label>.jsonl`) and records it (`<label>.json`, and a copy in the
 run folder's `api/batches/<provider>/`) before it is submitted, with a fresh label that goes with
 the batch to the provider; then it records the batch's id. A gateway started later, by a rerun

@@ -303,8 +303,9 @@ class Gateway:
             await self.batch.submit_embed(model_id, text, hold=True)
 
     async def embed(self, model_id: str, texts: list[str], batch: bool | None = None) -> dict:
-        """{"ok": one bool per text, "vectors": (texts ok, dim) float32 or None, "failures": (status,
-        error) per text not ok (status error, skipped or pending), "model_version", "paid_usd"}.
+        """{"ok": one bool per text, "vectors": (texts ok, dim) float32 or None, "modes" (sync or
+        batch) per text ok, "failures": (status, error) per text not ok (status error, skipped or
+        pending), "model_version", "paid_usd"}.
         Texts the cache holds are not sent; in sync mode the rest go in one request; with `batch`
         (none: as the provider's `mode` says) each goes through the batch interface, and one failed
         line fails only its text. A text an earlier run left in a pending batch is collected from
@@ -340,6 +341,7 @@ class Gateway:
         done = [k for k in keys if k not in failed]
         vectors = np.stack([np.frombuffer(base64.b64decode(found[k]["vector"]), dtype="<f4") for k in done]) if done else None
         return {"ok": ok, "vectors": vectors, "failures": [failed[k] for k in keys if k in failed],
+                "modes": [found[k].get("mode", "sync") for k in done],  # entries cached before modes existed were bought in sync
                 "model_version": found[done[0]]["model_version"] if done else "", "paid_usd": paid}
 
     async def _embed_sync(self, model_id: str, texts: list[str]):
