@@ -6,11 +6,9 @@ later gateway instead of being submitted again."""
 from __future__ import annotations
 
 import asyncio
-import io
 
 import numpy as np
 import pytest
-from PIL import Image
 
 from vlm_decade.core.config import ProviderConfig
 from vlm_decade.models.api.batch import BATCH_DISCOUNT
@@ -20,26 +18,9 @@ from vlm_decade.models.api.providers import ChatRequest, GeminiProvider, OpenAIP
 from vlm_decade.models.api.spend import read_spend
 from vlm_decade.testing.fake_api import FakeAPIServer, FaultConfig, chat_text
 
+from .api_clients import loop, png, run  # noqa: F401 - loop: the per-test event loop fixture
+
 MODELS = {"openai": "gpt-4o-mini", "gemini": "gemini-2.0-flash"}
-
-
-def png(seed: int) -> bytes:
-    rgb = np.random.default_rng(seed).integers(0, 255, (32, 40, 3), dtype=np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(rgb).save(buf, format="PNG")
-    return buf.getvalue()
-
-
-@pytest.fixture(autouse=True)
-def loop():
-    loop = asyncio.new_event_loop()
-    asyncio.set_event_loop(loop)
-    yield loop
-    loop.close()
-
-
-def run(coro):
-    return asyncio.get_event_loop().run_until_complete(coro)
 
 
 def gateway(server, provider, root, mode="batch", wait=True, cache=None, **limits) -> Gateway:
@@ -53,7 +34,7 @@ def gateway(server, provider, root, mode="batch", wait=True, cache=None, **limit
 def requests(provider: str, n: int, tag: str = "q") -> list[ChatRequest]:
     cls = OpenAIProvider if provider == "openai" else GeminiProvider
     model = MODELS[provider]
-    return [ChatRequest(model, f"{tag} {i}", png(i), cls.settings(model, {})) for i in range(n)]
+    return [ChatRequest(model, f"{tag} {i}", png(i, (32, 40)), cls.settings(model, {})) for i in range(n)]
 
 
 def ask(gw: Gateway, reqs: list[ChatRequest]) -> list[dict]:

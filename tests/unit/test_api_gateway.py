@@ -4,11 +4,9 @@ what arrives, retries, limits, budget, cache, and keys kept out of what is writt
 from __future__ import annotations
 
 import asyncio
-import io
 
 import numpy as np
 import pytest
-from PIL import Image
 
 from vlm_decade.core.config import ProviderConfig
 from vlm_decade.models.api.gateway import Gateway
@@ -17,27 +15,9 @@ from vlm_decade.models.api.limits import RateLimiter
 from vlm_decade.models.api.providers import ChatRequest, GeminiProvider, OpenAIProvider
 from vlm_decade.testing.fake_api import FakeAPIServer, FaultConfig, chat_text, fake_vector, max_in_window
 
+from .api_clients import loop, png, run  # noqa: F401 - loop: the per-test event loop fixture
+
 KEY = "sk-test-SECRETKEY0123456789"
-
-
-def png(seed: int, size=(48, 64)) -> bytes:
-    rgb = np.random.default_rng(seed).integers(0, 255, (*size, 3), dtype=np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(rgb).save(buf, format="PNG")
-    return buf.getvalue()
-
-
-@pytest.fixture(autouse=True)
-def loop():
-    """One event loop per test: a client's connection pool belongs to the loop that opened it."""
-    loop = asyncio.new_event_loop()
-    asyncio.set_event_loop(loop)
-    yield loop
-    loop.close()
-
-
-def run(coro):
-    return asyncio.get_event_loop().run_until_complete(coro)
 
 
 @pytest.fixture
