@@ -27,10 +27,11 @@ VOLATILE = ("latency_s", "queued_s", "cost_usd", "paid_usd", "cached", "mode")
 EMBEDDINGS = "/v1/embeddings"  # the endpoint of the fake server's embedding batches (both providers)
 
 
-def batch_mode(path: Path, poll_s: float = 0.2) -> None:
+def set_mode(path: Path, mode: str = "batch") -> None:
+    """Both providers of the study file in `mode`, polling batches every 0.2 s."""
     raw = yaml.safe_load(path.read_text())
     for provider in ("openai", "gemini"):
-        raw["providers"][provider].update(mode="batch", batch_poll_s=poll_s)
+        raw["providers"][provider].update(mode=mode, batch_poll_s=0.2)
     path.write_text(yaml.safe_dump(raw))
 
 
@@ -72,7 +73,7 @@ def test_a_study_in_batch_mode_gives_the_tables_of_sync_mode(tmp_path, keys):
         sync_run = cli("run", study_file(tmp_path / "sync", server), "--out", tmp_path / "sync" / "run")
         assert sync_run.returncode == 0, sync_run.stderr
         path = study_file(tmp_path / "batch", server)
-        batch_mode(path)
+        set_mode(path)
         batch_run = cli("run", path, "--out", tmp_path / "batch" / "run")
         assert batch_run.returncode == 0, batch_run.stderr
         created = {(p, e): batches_created(server, p, e) for p in ("openai", "gemini") for e in (False, True)}
@@ -107,7 +108,7 @@ def test_a_killed_run_collects_its_pending_batches_and_submits_no_line_twice(tmp
 
     with FakeAPIServer(FaultConfig(batch_delay_s=4.0)) as server:
         path = study_file(tmp_path, server)
-        batch_mode(path)
+        set_mode(path)
         out = tmp_path / "run"
         cmd = command("run", path, "--out", out)
         run_until(cmd, lambda: batches_created(server, "openai"))  # killed while gpt's batch is pending
@@ -134,7 +135,7 @@ def test_a_killed_run_collects_its_pending_batches_and_submits_no_line_twice(tmp
 def test_a_run_that_does_not_wait_submits_exits_and_a_later_run_collects(tmp_path, keys):
     with FakeAPIServer(FaultConfig(batch_delay_s=3.0)) as server:
         path = study_file(tmp_path, server)
-        batch_mode(path)
+        set_mode(path)
         out = tmp_path / "run"
         first = cli("run", path, "--out", out, "--no-wait")
         assert first.returncode == 0, first.stderr
@@ -202,14 +203,11 @@ def test_requests_left_in_a_pending_batch_are_collected_in_sync_mode_not_bought_
     next run collects the batch instead of sending its requests one by one."""
     with FakeAPIServer(FaultConfig(batch_delay_s=2.0)) as server:
         path = study_file(tmp_path, server)
-        batch_mode(path)
+        set_mode(path)
         out = tmp_path / "run"
         first = cli("run", path, "--out", out, "--no-wait")
         assert first.returncode == 0 and "requests wait in batches" in first.stderr, first.stderr
-        raw = yaml.safe_load(path.read_text())
-        for provider in ("openai", "gemini"):
-            raw["providers"][provider]["mode"] = "sync"
-        path.write_text(yaml.safe_dump(raw))
+        set_mode(path, "sync")
         chats = server.counts()["openai.chat"], server.counts()["gemini.generate"]
         second = cli("run", path, "--out", out)
         assert second.returncode == 0, second.stderr
@@ -230,7 +228,7 @@ def test_cancel_keeps_what_a_pending_batch_answered_and_the_next_run_sends_the_r
     mode: the next run takes what the batch answered from the cache and sends only the rest."""
     with FakeAPIServer(FaultConfig(batch_delay_s=60.0)) as server:
         path = study_file(tmp_path, server)
-        batch_mode(path)
+        set_mode(path)
         out = tmp_path / "run"
         first = cli("run", path, "--out", out, "--no-wait")
         assert first.returncode == 0 and "requests wait in batches" in first.stderr, first.stderr
@@ -240,10 +238,7 @@ def test_cancel_keeps_what_a_pending_batch_answered_and_the_next_run_sends_the_r
         assert f"openai: 1 batches cancelled; {answered} answers kept, {64 - answered} requests left for the next run" in cancelled.stdout
         assert "gemini: no batch pending" in cancelled.stdout and answered < 64
         assert "1 cancelled (chat)" in cli("status", out).stdout
-        raw = yaml.safe_load(path.read_text())
-        for provider in ("openai", "gemini"):
-            raw["providers"][provider]["mode"] = "sync"
-        path.write_text(yaml.safe_dump(raw))
+        set_mode(path, "sync")
         second = cli("run", path, "--out", out)
         assert second.returncode == 0, second.stderr
         assert server.counts()["openai.chat"] == 64 - answered and len(server.batch_lines()) == answered
