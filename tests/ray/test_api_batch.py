@@ -66,6 +66,17 @@ def cli(*args, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run(command(*args), env=environment(), capture_output=True, text=True, timeout=timeout)
 
 
+def submitted_without_waiting(tmp_path: Path, server: FakeAPIServer) -> tuple[Path, Path]:
+    """A study in batch mode run with `--no-wait`, which stops at gpt's pending batch: (study file,
+    run folder)."""
+    path = study_file(tmp_path, server)
+    set_mode(path)
+    out = tmp_path / "run"
+    first = cli("run", path, "--out", out, "--no-wait")
+    assert first.returncode == 0 and "requests wait in batches" in first.stderr, first.stderr
+    return path, out
+
+
 def test_a_study_in_batch_mode_gives_the_tables_of_sync_mode(tmp_path, keys):
     """The whole study, answers and GPT-SI vectors bought in batches: every table as in sync mode
     but for the mode and cost columns."""
@@ -202,11 +213,7 @@ def test_requests_left_in_a_pending_batch_are_collected_in_sync_mode_not_bought_
     """Submitted in batch mode by a run that did not wait; the study then switched to sync mode: the
     next run collects the batch instead of sending its requests one by one."""
     with FakeAPIServer(FaultConfig(batch_delay_s=2.0)) as server:
-        path = study_file(tmp_path, server)
-        set_mode(path)
-        out = tmp_path / "run"
-        first = cli("run", path, "--out", out, "--no-wait")
-        assert first.returncode == 0 and "requests wait in batches" in first.stderr, first.stderr
+        path, out = submitted_without_waiting(tmp_path, server)
         set_mode(path, "sync")
         chats = server.counts()["openai.chat"], server.counts()["gemini.generate"]
         second = cli("run", path, "--out", out)
@@ -227,11 +234,7 @@ def test_cancel_keeps_what_a_pending_batch_answered_and_the_next_run_sends_the_r
     """`vlm-decade cancel RUN_DIR` while gpt's batch is pending; the study then switches to sync
     mode: the next run takes what the batch answered from the cache and sends only the rest."""
     with FakeAPIServer(FaultConfig(batch_delay_s=60.0)) as server:
-        path = study_file(tmp_path, server)
-        set_mode(path)
-        out = tmp_path / "run"
-        first = cli("run", path, "--out", out, "--no-wait")
-        assert first.returncode == 0 and "requests wait in batches" in first.stderr, first.stderr
+        path, out = submitted_without_waiting(tmp_path, server)
         cancelled = cli("cancel", out)
         assert cancelled.returncode == 0, cancelled.stderr
         answered = len(server.batch_lines())

@@ -53,6 +53,7 @@ from pathlib import Path
 import numpy as np
 
 from vlm_decade.core.runfolder import atomic_write_bytes
+from vlm_decade.models.api.cache import vector_entry
 from vlm_decade.models.api.providers import EMBED_DIM, ChatRequest, GeminiProvider, Reply, chat_key, cost, embed_key, text_tokens
 
 BATCH_DISCOUNT = 0.5  # both providers bill batch requests at half the standard price
@@ -70,6 +71,7 @@ LIMITS = {"openai": Limits(50_000, 200 * 2**20), "gemini": Limits(50_000, 200 * 
 GEMINI_INLINE_BYTES = 20 * 2**20  # larger Gemini chat batches go as an uploaded file
 EMBED_LINES = 10_000
 FINISHED = {"completed", "expired", "cancelled", "failed"}
+OPEN = ("creating", "submitted")  # a recorded batch not collected yet (its id may not be recorded)
 
 
 @dataclass
@@ -321,7 +323,7 @@ class BatchRecords:
                 record = json.loads(path.read_bytes())
             except ValueError:
                 continue
-            if record.get("state") in ("creating", "submitted"):
+            if record.get("state") in OPEN:
                 out.append(record)
         return out
 
@@ -333,7 +335,7 @@ def run_batches(run_root: str | Path) -> dict[str, dict[str, Counter]]:
     for path in sorted((Path(run_root) / "api" / "batches").glob("*/*.json")):
         record = json.loads(path.read_bytes())
         tally = out[path.parent.name][record.get("kind", "chat")]
-        state = "pending" if record["state"] in ("creating", "submitted") else record["state"]
+        state = "pending" if record["state"] in OPEN else record["state"]
         tally[state] += 1
         if state == "pending":
             tally["waiting"] += len(record["keys"])
@@ -345,7 +347,7 @@ def run_batch_labels(run_root: str | Path, provider: str) -> list[str]:
     out = []
     for path in sorted((Path(run_root) / "api" / "batches" / provider).glob("*.json")):
         record = json.loads(path.read_bytes())
-        if record["state"] in ("creating", "submitted"):
+        if record["state"] in OPEN:
             out.append(record["label"])
     return out
 
@@ -628,8 +630,7 @@ class Batcher:
             if isinstance(answer, Embedding):
                 tokens = answer.tokens or (lines[key].tokens if key in lines else 0)  # Gemini reports none: estimated, as in sync mode
                 paid = BATCH_DISCOUNT * cost(self.gw._price(record["model_id"]), tokens, 0)
-                entry = {"vector": base64.b64encode(answer.vector.astype("<f4").tobytes()).decode(), "model_version": answer.model_version,
-                         "cost_usd": paid, "mode": "batch"}
+                entry = vector_entry(answer.vector, answer.model_version, paid, "batch")
                 if self.gw.log:
                     self.gw.log.write(a=attempt, e="paid", usd=paid, tok=tokens, m="batch")
                 self.gw.cache.put("embed", key, entry)

@@ -9,9 +9,12 @@ an answer is paid for once, whichever run or study asks again.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 from pathlib import Path
+
+import numpy as np
 
 from vlm_decade.core.runfolder import atomic_write_bytes
 
@@ -20,6 +23,16 @@ def default_cache_dir() -> Path:
     """`$XDG_CACHE_HOME/vlm_decade/api`, else `~/.cache/vlm_decade/api`."""
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "vlm_decade" / "api"
+
+
+def vector_entry(vector: np.ndarray, model_version: str, cost_usd: float, mode: str) -> dict:
+    """An embedding's cache entry: the vector as base64 little-endian float32, and how it was bought."""
+    return {"vector": base64.b64encode(vector.astype("<f4").tobytes()).decode(), "model_version": model_version,
+            "cost_usd": cost_usd, "mode": mode}
+
+
+def entry_vector(entry: dict) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(entry["vector"]), dtype="<f4")
 
 
 class ResponseCache:

@@ -25,7 +25,6 @@ folders are), and `gateway_actor` gets or creates a named one.
 from __future__ import annotations
 
 import asyncio
-import base64
 import hashlib
 import itertools
 import os
@@ -41,7 +40,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 
 from vlm_decade.core.config import ProviderConfig
 from vlm_decade.models.api.batch import Batcher
-from vlm_decade.models.api.cache import ResponseCache
+from vlm_decade.models.api.cache import ResponseCache, entry_vector, vector_entry
 from vlm_decade.models.api.keys import Secret, scrub
 from vlm_decade.models.api.limits import RateLimiter
 from vlm_decade.models.api.providers import ChatRequest, chat_key, cost, embed_key, provider_class, text_tokens
@@ -334,12 +333,11 @@ class Gateway:
                 if failure is not None:
                     failed[k] = failure
                     continue
-                found[k] = {"vector": base64.b64encode(vectors[i].astype("<f4").tobytes()).decode(), "model_version": version,
-                            "cost_usd": sent_paid / len(missing), "mode": "sync"}  # the request's cost, split over its texts
+                found[k] = vector_entry(vectors[i], version, sent_paid / len(missing), "sync")  # the request's cost, split over its texts
                 self.cache.put("embed", k, found[k])
         ok = [k not in failed for k in keys]
         done = [k for k in keys if k not in failed]
-        vectors = np.stack([np.frombuffer(base64.b64decode(found[k]["vector"]), dtype="<f4") for k in done]) if done else None
+        vectors = np.stack([entry_vector(found[k]) for k in done]) if done else None
         return {"ok": ok, "vectors": vectors, "failures": [failed[k] for k in keys if k in failed],
                 "modes": [found[k].get("mode", "sync") for k in done],  # entries cached before modes existed were bought in sync
                 "model_version": found[done[0]]["model_version"] if done else "", "paid_usd": paid}
