@@ -291,3 +291,20 @@ def test_a_gemini_batch_too_large_to_inline_goes_as_an_uploaded_file(tmp_path, m
     assert [r["text"] for r in rows] == [r["text"] for r in sync] == [chat_text(r.prompt, [r.image_png]) for r in reqs]
     assert [(r["input_tokens"], r["output_tokens"]) for r in rows] == [(r["input_tokens"], r["output_tokens"]) for r in sync]
     assert [r["cost_usd"] for r in rows] == pytest.approx([BATCH_DISCOUNT * r["cost_usd"] for r in sync])
+
+
+@pytest.mark.parametrize("damage", [b'{"label": "vlm_decade-ab", "state": "subm', b'{"label": "vlm_decade-ab"}'])
+def test_a_damaged_batch_record_in_the_run_folder_is_named_not_a_traceback(tmp_path, damage):
+    """`status` and `cancel` read the run folder's batch records: a truncated or incomplete one is
+    an input error that names the file."""
+    from vlm_decade.core.errors import InputError
+    from vlm_decade.models.api.batch import run_batch_labels, run_batches
+
+    record = tmp_path / "api" / "batches" / "openai" / "vlm_decade-ab.json"
+    record.parent.mkdir(parents=True)
+    record.write_bytes(damage)
+    for read in (lambda: run_batches(tmp_path), lambda: run_batch_labels(tmp_path, "openai")):
+        with pytest.raises(InputError) as caught:
+            read()
+        (problem,) = caught.value.problems
+        assert problem.file == str(record) and "damaged batch record" in problem.message

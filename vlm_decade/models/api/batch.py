@@ -52,6 +52,7 @@ from pathlib import Path
 
 import numpy as np
 
+from vlm_decade.core.errors import InputError, Problem
 from vlm_decade.core.runfolder import atomic_write_bytes
 from vlm_decade.models.api.cache import vector_entry
 from vlm_decade.models.api.providers import EMBED_DIM, ChatRequest, GeminiProvider, Reply, chat_key, cost, embed_key, text_tokens
@@ -328,13 +329,26 @@ class BatchRecords:
         return out
 
 
+def run_records(run_root: str | Path, provider: str = "*"):
+    """(provider, record) for each batch record a run folder keeps (`api/batches/<provider>/`). A
+    damaged one is an input error naming its file: the cache folder holds the original."""
+    for path in sorted((Path(run_root) / "api" / "batches").glob(f"{provider}/*.json")):
+        try:
+            record = json.loads(path.read_bytes())
+            if not isinstance(record, dict) or not {"label", "state", "keys"} <= record.keys():
+                raise ValueError("label, state or keys missing")
+        except ValueError as exc:
+            raise InputError([Problem(str(path), f"damaged batch record ({exc}); copy it back from the cache folder's "
+                                      f"batches/{path.parent.name}/{path.name}, or remove it")]) from None
+        yield path.parent.name, record
+
+
 def run_batches(run_root: str | Path) -> dict[str, dict[str, Counter]]:
     """Per provider and kind (chat, embed), the batches recorded in a run folder by state, and in
     `waiting` the requests of those still pending (for `vlm-decade status`)."""
     out: dict[str, dict[str, Counter]] = defaultdict(lambda: defaultdict(Counter))
-    for path in sorted((Path(run_root) / "api" / "batches").glob("*/*.json")):
-        record = json.loads(path.read_bytes())
-        tally = out[path.parent.name][record.get("kind", "chat")]
+    for provider, record in run_records(run_root):
+        tally = out[provider][record.get("kind", "chat")]
         state = "pending" if record["state"] in OPEN else record["state"]
         tally[state] += 1
         if state == "pending":
@@ -344,12 +358,7 @@ def run_batches(run_root: str | Path) -> dict[str, dict[str, Counter]]:
 
 def run_batch_labels(run_root: str | Path, provider: str) -> list[str]:
     """The labels of the batches a run folder has pending with `provider`."""
-    out = []
-    for path in sorted((Path(run_root) / "api" / "batches" / provider).glob("*.json")):
-        record = json.loads(path.read_bytes())
-        if record["state"] in OPEN:
-            out.append(record["label"])
-    return out
+    return [record["label"] for _, record in run_records(run_root, provider) if record["state"] in OPEN]
 
 
 # the batcher -----------------------------------------------------------------------------------
