@@ -13,7 +13,8 @@ from scipy import stats as scipy_stats
 from vlm_decade.stats import SCORES_SCHEMA, _core, _streams
 from vlm_decade.studies.openworld.metrics import ss_threshold_shares
 from vlm_decade.studies.openworld.scoring import PREDICTIONS_SCHEMA
-from vlm_decade.studies.openworld.statistics import analyse_groups, dataset_scores, group_members
+from vlm_decade.stats import mcnemar_exact
+from vlm_decade.studies.openworld.statistics import analyse_groups, dataset_scores, group_members, mcnemar_tests
 
 B, SEED = 1000, 11
 GRANULARITY = {"A": "prototypical", "Bd": "prototypical", "C": "fine-grained"}
@@ -133,3 +134,34 @@ def test_a_dataset_named_like_a_group_is_refused():
         "prototypical": ["y", "z"], "fine-grained": ["x"], "all": ["x", "y", "z"]}
     with pytest.raises(ValueError, match="rename"):
         group_members({"all": "prototypical"})
+
+
+@pytest.mark.parametrize("a_only, b_only", [(0, 0), (0, 1), (3, 0), (5, 5), (2, 9), (17, 4), (0, 40), (120, 95)])
+def test_mcnemar_exact_equals_statsmodels(a_only, b_only):
+    from statsmodels.stats.contingency_tables import mcnemar
+
+    reference = mcnemar([[7, a_only], [b_only, 3]], exact=True).pvalue  # concordant cells do not matter
+    assert mcnemar_exact([a_only], [b_only])[0] == pytest.approx(reference, rel=1e-12, abs=1e-15)
+
+
+def test_mcnemar_tests_pair_images_per_dataset_and_pool_groups():
+    # m vs n on TI under "default": A: (1,0), (1,1) -> m only 1; Bd: (0,1), (0,1), (0,0), (0,1) -> n only 3;
+    # C: (1,0), (0,0), (0,1) -> 1 and 1. Prototypical pools A and Bd: 1 and 3; all: 2 and 4.
+    table = mcnemar_tests(scores_of(VALUES), GRANULARITY, ["m", "n"], "default").to_pylist()
+    got = {r["dataset"]: (r["n_pairs"], r["a_only"], r["b_only"], r["p"]) for r in table}
+    assert got == {"A": (2, 1, 0, 1.0), "Bd": (4, 0, 3, 0.25), "C": (3, 1, 1, 1.0),
+                   "prototypical": (6, 1, 3, 0.625), "fine-grained": (3, 1, 1, 1.0), "all": (9, 2, 4, 0.6875)}
+    assert {r["metric"] for r in table} == {"TI"} and {(r["a"], r["b"]) for r in table} == {("m", "n")}
+    # BH over the family's six p-values (scipy's implementation as the reference)
+    q = scipy_stats.false_discovery_control([r["p"] for r in table])
+    assert [r["q"] for r in table] == pytest.approx(list(q))
+
+
+def test_mcnemar_tests_use_only_images_both_models_answered():
+    values = {("m", "A", "default", "TI"): [1.0, 1.0, 0.0], ("n", "A", "default", "TI"): [0.0, 0.0]}
+    rows = scores_of(values).to_pylist()
+    rows.append({"subject": "n", "image_id": "A2", "dataset": "A", "variant": "default", "metric": "TI", "value": None})
+    table = mcnemar_tests(pa.Table.from_pylist(rows, schema=SCORES_SCHEMA), {"A": "prototypical"}, ["m", "n"], "default")
+    first = table.to_pylist()[0]
+    assert (first["n_pairs"], first["a_only"], first["b_only"]) == (2, 2, 0)
+    assert first["p"] == pytest.approx(0.5)

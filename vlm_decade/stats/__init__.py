@@ -12,6 +12,7 @@ Files:
 - `_engine.py`   runs blocks of resamples (or Poisson image shards) in-process or as Ray tasks.
 - `_validate.py` argument checks, kept apart from the numerics.
 - `results.py`   frozen result records and the Arrow schemas of the input and output tables.
+- `exact.py`     exact tests without resampling: McNemar's test for paired binary outcomes.
 - `resampling.py` the public building blocks (resample counts, weighted correlations, named
                  generators) for analyses outside `analyse`.
 
@@ -24,6 +25,7 @@ from vlm_decade.stats._core import bh_qvalues, bootstrap_p, p_floor
 # (2: the standard two-sided p-value, min_images, unit weights) recomputes existing runs.
 METHOD_VERSION = 2
 from vlm_decade.stats._validate import StatsInputError
+from vlm_decade.stats.exact import discordant_counts, mcnemar_exact
 from vlm_decade.stats.analysis import analyse, bootstrap_study, correlation_ci, format_p, pivot
 from vlm_decade.stats.families import (
     ComparisonSpec,
@@ -48,6 +50,8 @@ __all__ = [
     "bh_qvalues",
     "bootstrap_p",
     "p_floor",
+    "mcnemar_exact",
+    "discordant_counts",
     "StatsInputError",
     "Term",
     "ComparisonSpec",

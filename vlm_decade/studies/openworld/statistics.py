@@ -9,6 +9,9 @@ mean of its datasets' resampled means, resample by resample; the group's CI, and
 difference and p, come from those combined distributions. `all` is the mean over every dataset. All
 series of one dataset share its resamples, so comparisons within a group are paired.
 
+Beside the bootstrap comparisons, `mcnemar_tests` gives McNemar's exact test of each pair of models
+on the binary metrics (TI, LI), over the images both answered (`paired_tests`).
+
 Metrics: TI, LI, SS, CS; SS's share of predictions at or above 0.5, ..., 0.9 and their average
 (`ss@0.5` ... `ss@avg`, as the authors' code reports SS: per prediction `ss_threshold_shares` of its
 own SS, so the group statistics are shares); and each outcome's rate (`outcome:<name>`).
@@ -26,7 +29,15 @@ import pyarrow.compute as pc
 
 from vlm_decade.core.runner import Stage, StudyRun
 from vlm_decade.models.backends import backend_class
-from vlm_decade.stats import COMPARISONS_SCHEMA, METHOD_VERSION, SCORES_SCHEMA, STATS_SCHEMA, bootstrap_study
+from vlm_decade.stats import (
+    COMPARISONS_SCHEMA,
+    METHOD_VERSION,
+    SCORES_SCHEMA,
+    STATS_SCHEMA,
+    bootstrap_study,
+    discordant_counts,
+    mcnemar_exact,
+)
 from vlm_decade.stats.resampling import bh_qvalues, bootstrap_p, percentile_ci
 from vlm_decade.studies.openworld.config import OpenWorldStudyConfig
 from vlm_decade.studies.openworld.metrics import ss_threshold_shares
@@ -34,8 +45,27 @@ from vlm_decade.studies.openworld.outcomes import OUTCOMES
 
 ALL = "all"
 GROUPS = ("prototypical", "fine-grained", "very fine-grained")
-# Part of the stage's settings: bump it when what is estimated or compared changes.
-STATS_FORMAT = 2
+# Part of the stage's settings: bump it when what is estimated or compared changes
+# (3: McNemar's exact tests of the binary metrics).
+STATS_FORMAT = 3
+BINARY_METRICS = ("TI", "LI")
+PAIRED_TESTS_SCHEMA = pa.schema(
+    [
+        ("family", pa.string()),
+        ("a", pa.string()),
+        ("b", pa.string()),
+        ("dataset", pa.string()),  # a dataset, a granularity group (its datasets' pairs pooled) or `all`
+        ("metric", pa.string()),
+        ("variant", pa.string()),  # the prompt
+        ("test", pa.string()),
+        ("n_pairs", pa.int64()),  # images both models have a value for
+        ("a_only", pa.int64()),  # pairs where a is right and b wrong
+        ("b_only", pa.int64()),
+        ("p", pa.float64()),
+        ("q", pa.float64()),  # BH within the family and metric
+        ("significant", pa.bool_()),
+    ]
+)
 
 
 def kinds(study: OpenWorldStudyConfig) -> dict[str, str]:
@@ -175,6 +205,41 @@ def _compare(family: str, specs: list, groups: dict, metric: str, confidence: fl
     return rows
 
 
+def mcnemar_tests(scores: pa.Table, granularity: dict[str, str], models: list[str], prompt: str,
+                  alpha: float = 0.05) -> pa.Table:
+    """McNemar's exact test of every pair of models on each binary metric under `prompt`: per dataset,
+    and per granularity group and `all` with the pairs of their datasets pooled; an image counts
+    when both models have a value for it. BH within the family and metric, as the bootstrap's
+    model-vs-model comparisons."""
+    members = group_members(granularity)
+    outcome: dict[tuple, dict[tuple[str, str], float]] = defaultdict(dict)
+    for r in scores.filter(pc.equal(scores.column("variant"), prompt)).to_pylist():
+        if r["metric"] in BINARY_METRICS and r["value"] is not None:
+            outcome[(r["subject"], r["metric"])][(r["dataset"], r["image_id"])] = r["value"]
+    rows = []
+    for metric in BINARY_METRICS:
+        for a, b in combinations(sorted(models), 2):
+            va, vb = outcome.get((a, metric), {}), outcome.get((b, metric), {})
+            units = {name: [name] for name in sorted(granularity)} | {g: ds for g, ds in members.items()}
+            for unit, datasets in units.items():
+                keys = sorted(k for k in va.keys() & vb.keys() if k[0] in datasets)
+                if not keys:
+                    continue
+                a_only, b_only = discordant_counts(np.array([va[k] for k in keys]), np.array([vb[k] for k in keys]))
+                rows.append({"family": "model-vs-model", "a": a, "b": b, "dataset": unit, "metric": metric, "variant": prompt,
+                             "test": "McNemar exact", "n_pairs": len(keys), "a_only": a_only, "b_only": b_only})
+    if rows:
+        p = mcnemar_exact([r["a_only"] for r in rows], [r["b_only"] for r in rows])
+        q = np.empty(len(rows))
+        for metric in BINARY_METRICS:
+            at = [i for i, r in enumerate(rows) if r["metric"] == metric]
+            if at:
+                q[at] = bh_qvalues(p[at])
+        for i, r in enumerate(rows):
+            r.update(p=float(p[i]), q=float(q[i]), significant=bool(q[i] <= alpha))
+    return pa.Table.from_pylist(rows, schema=PAIRED_TESTS_SCHEMA)
+
+
 def _nulls(rows: list[dict]) -> list[dict]:
     return [{k: None if isinstance(v, float) and np.isnan(v) else v for k, v in r.items()} for r in rows]
 
@@ -187,7 +252,8 @@ def stage(study: OpenWorldStudyConfig, granularity: dict[str, str]) -> Stage:
         s = study.statistics
         per_dataset = dataset_scores(run.table("scores"), run.table("predictions"))
         stats, comparisons = analyse_groups(per_dataset, granularity, kinds(study), prompts, s.n_resamples, s.seed, s.confidence, s.alpha)
-        return {"stats": stats, "comparisons": comparisons}
+        paired = mcnemar_tests(run.table("scores"), granularity, [m.name for m in study.models], prompts[0], s.alpha)
+        return {"stats": stats, "comparisons": comparisons, "paired_tests": paired}
 
     return Stage("stats", ("scores", "predictions"), [study.statistics.model_dump(), kinds(study), granularity, prompts, STATS_FORMAT,
-                                                      METHOD_VERSION], compute, outputs=("stats", "comparisons"))
+                                                      METHOD_VERSION], compute, outputs=("stats", "comparisons", "paired_tests"))
