@@ -56,3 +56,16 @@ def test_the_docs_show_the_price_table_as_the_code_has_it():
     text = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text(encoding="utf-8")
     found = re.search(r"<!-- prices -->\n(.*?)<!-- /prices -->", text, re.S)
     assert found and found.group(1) == price_table_markdown(BATCH_DISCOUNT), "docs/api.md's price table is out of date"
+
+
+def test_estimate_names_listed_prices_over_a_year_old_and_leaves_a_studys_own_alone():
+    from vlm_decade.core.config import stale_prices
+
+    providers = ProvidersConfig.model_validate({"gemini": {"rpm": 1, "tpm": 1, "prices": {"gemini-1.5-pro": {"input_per_mtok": 1}}}})
+    uses = [("openai", "gpt-4-turbo-2024-04-09"), ("openai", "gpt-4-turbo"), ("openai", "gpt-5.1"), ("gemini", "gemini-1.5-pro"),
+            ("gemini", "gemini-1.5-flash")]
+    # gpt-4-turbo read 2024-11-20 and gemini-1.5-flash 2024-10-01: over 365 days before 2026-03-21;
+    # gpt-5.1 read that day; gemini-1.5-pro priced by the study itself.
+    warned = stale_prices(uses, providers, dt.date(2026, 3, 21))
+    assert [w.split(":")[0] for w in warned] == ["gemini `gemini-1.5-flash`", "openai `gpt-4-turbo`"]
+    assert stale_prices([("openai", "gpt-4-turbo")], providers, dt.date(2025, 11, 20)) == []  # 365 days: not over

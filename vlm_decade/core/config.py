@@ -11,6 +11,7 @@ YAML and resolves paths relative to the file's folder, so everything downstream 
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 import os
@@ -249,6 +250,21 @@ DEFAULT_PRICES: dict[str, dict[str, ListedPrice]] = {
         "gemini-embedding-001": ListedPrice(0.15, 0.0, _READ_2025),
     },
 }
+
+
+def stale_prices(uses, providers: "ProvidersConfig", today: datetime.date, max_age_days: int = 365) -> list[str]:
+    """What `estimate` warns of: each (provider, model id) in `uses` priced by a built-in entry read
+    more than `max_age_days` before `today` (a study's own price is the user's to keep)."""
+    found = {}
+    for provider, model_id in uses:
+        own = getattr(providers, provider).prices
+        if any(model_id == k or model_id.startswith(k + "-") for k in own):
+            continue
+        listed = listed_price(provider, model_id)
+        if listed and (today - datetime.date.fromisoformat(listed[1].as_of)).days > max_age_days:
+            found[(provider, listed[0])] = listed[1].as_of
+    return [f"{provider} `{key}`: listed price read {as_of}, over a year ago; check the provider's page "
+            f"(providers.{provider}.prices overrides it)" for (provider, key), as_of in sorted(found.items())]
 
 
 def price_table_markdown(batch_discount: float) -> str:
