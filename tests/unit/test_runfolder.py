@@ -224,3 +224,39 @@ def test_a_table_written_in_pieces_carries_the_fingerprint_without_the_wall_cloc
     assert fingerprint == table_fingerprint(table.drop_columns(["latency_s", "queued_s"]))
     assert folder.read("responses").equals(table)  # the columns are kept in the table, only not hashed
     assert folder.self_verified("responses") == (fingerprint, record)
+
+
+def test_a_run_that_cannot_begin_releases_the_folder_at_once(tmp_path, monkeypatch):
+    """A working copy whose store fails while the run records itself (after the pull, under the
+    lock): the StoreError comes out of `open_run`, the lock is released then (not when the lock's
+    generator is collected, which printed "Exception ignored in: <generator RunFolder.lock>" and a
+    traceback after the message), and a later run can take the folder."""
+    import gc
+    import sys
+
+    from vlm_decade.core import storage
+    from vlm_decade.core.config import ModelConfig, StudyBase
+    from vlm_decade.core.errors import StoreError
+    from vlm_decade.core.runner import open_run
+
+    monkeypatch.setenv("VLM_DECADE_WORKING_COPIES", str(tmp_path))
+    copy = storage.working_copy("s3://bucket/run")
+    monkeypatch.setattr(storage.Mirror, "__init__", lambda self, root: setattr(self, "root", root) or setattr(self, "uri", "s3://bucket/run"))
+    monkeypatch.setattr(storage.Mirror, "check", lambda self: None)
+    monkeypatch.setattr(storage.Mirror, "pull", lambda self: 0)
+
+    def push(self, paths=None):
+        raise StoreError("s3://bucket/run: could not save the working copy there: the store went away")
+
+    monkeypatch.setattr(storage.Mirror, "push", push)
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    study = StudyBase(name="s", models=[ModelConfig(name="m", backend="imported", model_id="m")], output=copy)
+    with pytest.raises(StoreError, match="the store went away"):
+        open_run(study, Reporter(quiet=True), "")
+    gc.collect()
+    assert unraisable == []
+    assert (copy / ".lock").read_text() == ""  # released: the holder's name is cleared
+    monkeypatch.setattr(storage.Mirror, "push", lambda self, paths=None: 0)  # the store is back
+    with RunFolder(copy).lock():
+        pass
