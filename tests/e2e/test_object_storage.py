@@ -342,9 +342,10 @@ def test_a_store_started_again_empty_stops_the_run_and_once_back_is_given_the_wo
     server.start()
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
-    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-                       "AWS_EC2_METADATA_DISABLED": "true", "AWS_ENDPOINT_URL": endpoint,
-                       "VLM_DECADE_WORKING_COPIES": str(tmp_path / "copies")}.items():
+    environment = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                   "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true", "AWS_ENDPOINT_URL": endpoint,
+                   "VLM_DECADE_WORKING_COPIES": str(tmp_path / "copies")}
+    for key, value in environment.items():
         monkeypatch.setenv(key, value)
     uri = f"s3://{BUCKET}/runs/example"
     study = str(EXAMPLE / "study.yaml")
@@ -378,7 +379,8 @@ def test_a_store_started_again_empty_stops_the_run_and_once_back_is_given_the_wo
         keys = {o["Key"] for o in client.list_objects_v2(Bucket=BUCKET, Prefix="runs/example/")["Contents"]}
         assert {f"runs/example/{rel}" for rel in finished} <= keys  # the working copy, saved there again
         for name in ("responses", "scores", "stats"):
-            assert _bucket_table(client, f"runs/example/{name}.parquet").equals(pq.read_table(copy / f"{name}.parquet")), name
+            saved = _bucket_table(client, f"runs/example/{name}.parquet")
+            assert saved.equals(pq.read_table(copy / f"{name}.parquet")), name
     finally:
         _forget_everything(endpoint)
         server.stop()

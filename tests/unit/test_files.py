@@ -46,8 +46,13 @@ def test_the_content_is_synced_before_it_takes_the_name_and_the_folder_after(tmp
 
     def fsync(fd):
         target = os.readlink(f"/proc/self/fd/{fd}")
-        events.append(("fsync", os.path.basename(target) if target != str(tmp_path) else "folder",
-                       open(target, "rb").read() if os.path.isfile(target) else None))
+        events.append(
+            (
+                "fsync",
+                os.path.basename(target) if target != str(tmp_path) else "folder",
+                open(target, "rb").read() if os.path.isfile(target) else None,
+            )
+        )
         real_fsync(fd)
 
     def replace(src, dst):
@@ -59,7 +64,12 @@ def test_the_content_is_synced_before_it_takes_the_name_and_the_folder_after(tmp
     atomic_write_bytes(path, b"new content")
     monkeypatch.undo()
     [synced, renamed, folder] = events
-    assert synced[0] == "fsync" and synced[1].startswith(".t.bin.") and synced[1].endswith(".tmp") and synced[2] == b"new content"
+    assert (
+        synced[0] == "fsync"
+        and synced[1].startswith(".t.bin.")
+        and synced[1].endswith(".tmp")
+        and synced[2] == b"new content"
+    )
     assert renamed == ("replace", "t.bin", None) and folder == ("fsync", "folder", None)
     assert path.read_bytes() == b"new content" and reader.read() == b"old"
     reader.close()
@@ -71,6 +81,7 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypat
     path = tmp_path / "t.bin"
     path.write_bytes(b"old")
     if failure == "at fsync":
+
         def full(fd):
             raise OSError(28, "No space left on device")  # half the bytes are on disk when this fails
 

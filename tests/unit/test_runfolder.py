@@ -241,7 +241,10 @@ def test_a_run_that_cannot_begin_releases_the_folder_at_once(tmp_path, monkeypat
 
     monkeypatch.setenv("VLM_DECADE_WORKING_COPIES", str(tmp_path))
     copy = storage.working_copy("s3://bucket/run")
-    monkeypatch.setattr(storage.Mirror, "__init__", lambda self, root: setattr(self, "root", root) or setattr(self, "uri", "s3://bucket/run"))
+    def offline(self, root):  # a mirror that never reaches a store
+        self.root, self.uri = root, "s3://bucket/run"
+
+    monkeypatch.setattr(storage.Mirror, "__init__", offline)
     monkeypatch.setattr(storage.Mirror, "check", lambda self: None)
     monkeypatch.setattr(storage.Mirror, "pull", lambda self: 0)
 

@@ -81,7 +81,8 @@ class Fingerprinter:
     def __init__(self, schema: pa.Schema):
         self.columns = [name for name in schema.names if name not in WALL_CLOCK_COLUMNS]
         self.sink = _HashSink()
-        self.writer = pa.ipc.new_stream(pa.PythonFile(self.sink, mode="w"), pa.schema([schema.field(c) for c in self.columns]))
+        hashed = pa.schema([schema.field(c) for c in self.columns])
+        self.writer = pa.ipc.new_stream(pa.PythonFile(self.sink, mode="w"), hashed)
         self.pending: list[pa.RecordBatch] = []
         self.count = 0
 

@@ -214,10 +214,12 @@ class Mirror:
         try:
             found = self.store.get_file_info(bucket).type
         except OSError as exc:
-            raise StoreError(f"{self.uri}: could not bring the run folder into its working copy {self.root}: {exc}") from None
+            raise self._unreachable(exc) from None
         if found == fs.FileType.NotFound:
-            raise StoreError(f"{self.uri}: the store has no bucket '{bucket}' (it lost it, or was started again empty); "
-                             f"the working copy {self.root} is kept as it is, and is saved there once the bucket exists")
+            raise StoreError(
+                f"{self.uri}: the store has no bucket '{bucket}' (it lost it, or was started again empty); "
+                f"the working copy {self.root} is kept as it is, and is saved there once the bucket exists"
+            )
 
     def pull(self) -> int:
         """Bring the working copy up to the bucket: download each object changed there since the
@@ -231,7 +233,10 @@ class Mirror:
         except StoreError:
             raise
         except OSError as exc:
-            raise StoreError(f"{self.uri}: could not bring the run folder into its working copy {self.root}: {exc}") from None
+            raise self._unreachable(exc) from None
+
+    def _unreachable(self, exc: OSError) -> StoreError:
+        return StoreError(f"{self.uri}: could not bring the run folder into its working copy {self.root}: {exc}")
 
     def push(self, paths: list[Path] | None = None) -> int:
         """Upload what changed in the working copy since the last sync: `paths` only, or every file,

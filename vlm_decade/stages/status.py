@@ -22,7 +22,9 @@ def stage_order(manifest: dict) -> list[str]:
     a manifest written before that was recorded, in the order they started), then any others."""
     stages = manifest.get("stages", {})
     recorded = [name for name in manifest.get("pipeline", []) if name in stages]
-    rest = sorted((name for name in stages if name not in recorded), key=lambda name: (str(stages[name].get("started", "")), name))
+    rest = sorted(
+        (name for name in stages if name not in recorded), key=lambda name: (str(stages[name].get("started", "")), name)
+    )
     return recorded + rest
 
 
@@ -73,11 +75,18 @@ def status_lines(folder: RunFolder, manifest: dict, study: StudyBase) -> list[st
     models = {m.name: m for m in study.models}
     rows = response_states(folder)
     for provider in sorted(set(manifest.get("spend_usd", {})) | set(batches)):
-        counts = ", ".join(batch_counts(kind, tally) for kind, tally in sorted(batches.get(provider, {}).items())) or "none"
-        by_mode = ", ".join(f"{mode} ${usd:.4f}" for mode, usd in manifest.get("spend_by_mode_usd", {}).get(provider, {}).items())
+        counts = (
+            ", ".join(batch_counts(kind, tally) for kind, tally in sorted(batches.get(provider, {}).items())) or "none"
+        )
+        by_mode = ", ".join(
+            f"{mode} ${usd:.4f}" for mode, usd in manifest.get("spend_by_mode_usd", {}).get(provider, {}).items()
+        )
         unresolved = manifest.get("spend_unresolved_usd", {}).get(provider, 0.0)
-        lines.append(f"{provider}: batches {counts}; spent ${manifest.get('spend_usd', {}).get(provider, 0.0):.4f}"
-                     + (f" ({by_mode})" if by_mode else "") + (f", up to ${unresolved:.4f} more in flight or pending" if unresolved else ""))
+        lines.append(
+            f"{provider}: batches {counts}; spent ${manifest.get('spend_usd', {}).get(provider, 0.0):.4f}"
+            + (f" ({by_mode})" if by_mode else "")
+            + (f", up to ${unresolved:.4f} more in flight or pending" if unresolved else "")
+        )
         for subject in sorted(s for s, m in models.items() if api_provider(m.backend) == provider and s in rows):
             states = response_counts(rows[subject], records[provider], models[subject].model_id)
             said = ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
