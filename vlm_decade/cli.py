@@ -118,26 +118,10 @@ def _run(study) -> None:
 
 
 def _say_unfinished(run_dir: Path) -> None:
-    """The run's last lines: per table and model, the rows still not ok (error, skipped) and the
-    most common error, read from the run folder's tables (the next run retries just those)."""
-    from collections import Counter, defaultdict
+    """The run's last lines: the rows it left unfinished (`stages.status.unfinished_lines`)."""
+    from vlm_decade.stages.status import unfinished_lines
 
-    import pyarrow.parquet as pq
-
-    lines = []
-    for path in sorted(Path(run_dir).glob("*.parquet")):
-        names = pq.read_schema(path).names
-        if "status" not in names:
-            continue
-        counts, errors = defaultdict(Counter), defaultdict(Counter)
-        for row in pq.read_table(path, columns=[c for c in ("subject", "status", "error") if c in names]).to_pylist():
-            if row["status"] != "ok":
-                who = row.get("subject") or "judge"
-                counts[who][row["status"]] += 1
-                errors[who][row.get("error") or ""] += 1
-        for who in sorted(counts):
-            said = ", ".join(f"{n} {status}" for status, n in sorted(counts[who].items()))
-            lines.append(f"  {path.stem} {who}: {said}; most common: {errors[who].most_common(1)[0][0]}")
+    lines = unfinished_lines(run_dir)
     if lines:
         err.print("[yellow]rows not finished (the next run retries just these):[/yellow]", highlight=False)
         for line in lines:
@@ -222,46 +206,17 @@ def demo(
         _run(study)
 
 
-def _run_dir(text: str) -> Path:
-    """A run folder named on the command line; one in a bucket is first brought into its local
-    working copy (`core.storage`)."""
-    from vlm_decade.core.storage import Mirror, is_uri, uri_problem, working_copy
-
-    if not is_uri(text):
-        return Path(text)
-    problem = uri_problem(text)
-    if problem is not None:
-        raise InputError([Problem(text, problem, field="RUN_DIR")])
-    folder = working_copy(text)
-    Mirror(folder).pull()
-    return folder
-
-
 RUN_DIR_HELP = "A run folder: a path, or the s3:// or gs:// URI a run wrote to."
 
 
 @app.command()
 def report(run_dir: str = typer.Argument(..., help=RUN_DIR_HELP)) -> None:
     """Write report.html again from a run folder's tables."""
-    from pydantic import ValidationError
+    from vlm_decade.core.runfolder import open_run_folder
+    from vlm_decade.studies import pipeline_of, recorded_study
 
-    from vlm_decade.core.runfolder import RunFolder
-    from vlm_decade.studies import config_problems, pipeline_of, study_from_dict
-
-    folder = RunFolder(_run_dir(run_dir))
-    where = str(folder.manifest_path)
-    try:
-        manifest = folder.manifest()
-    except (ValueError, UnicodeDecodeError) as exc:  # not JSON: cut short or overwritten
-        raise InputError([Problem(where, f"damaged: {exc}")]) from None
-    if not isinstance(manifest, dict) or "config" not in manifest:
-        raise InputError([Problem(where, "no run here (manifest.json missing, empty or without the study's config)")])
-    try:
-        study = study_from_dict(manifest["config"])
-    except ValidationError as exc:
-        raise InputError(config_problems(where, exc)) from None
-    except AttributeError:  # `config` is not a mapping
-        raise InputError([Problem(where, "damaged: the study's config is not a mapping", field="config")]) from None
+    folder, manifest = open_run_folder(run_dir)
+    study = recorded_study(manifest, str(folder.manifest_path))
     missing = pipeline_of(study).redraw_report(folder, study)
     if missing:
         err.print(f"[red]{run_dir}: tables missing: {', '.join(missing)}; run the study first[/red]")
@@ -281,10 +236,7 @@ def view(
     from vlm_decade.view.app import bind, serve
     from vlm_decade.view.runs import open_run
 
-    try:
-        run_view = open_run(_run_dir(run_dir))
-    except InputError as exc:
-        _fail(exc)
+    run_view = open_run(run_dir)
     try:
         sock = bind(host, port)
     except OSError as exc:
@@ -301,32 +253,16 @@ def view(
 
 @app.command()
 def status(run_dir: str = typer.Argument(..., help=RUN_DIR_HELP)) -> None:
-    """Where a run folder stands: its stages, and per API provider its batches, spend and rows."""
-    from vlm_decade.core.runfolder import RunFolder
-    from vlm_decade.models.api.batch import run_batches
-    from vlm_decade.models.backends import api_provider
-    from vlm_decade.stages.describe import response_states
+    """Where a run folder stands: its stages in pipeline order, and per API provider its batches,
+    spend and rows."""
+    from vlm_decade.core.runfolder import open_run_folder
+    from vlm_decade.stages.status import status_lines
+    from vlm_decade.studies import recorded_study
 
-    run_dir = _run_dir(run_dir)
-    folder = RunFolder(run_dir)
-    manifest = folder.manifest()
-    if "config" not in manifest:
-        _fail(InputError([Problem(str(run_dir / "manifest.json"), "no run here (manifest.json missing or empty)")]))
-    for name, record in manifest.get("stages", {}).items():
-        print(f"stage {name:<18} {record['state']}")
-    batches = run_batches(run_dir)
-    provider_of = {m["name"]: api_provider(m["backend"]) for m in manifest["config"].get("models", [])}
-    rows = response_states(folder)
-    for provider in sorted(set(manifest.get("spend_usd", {})) | set(batches)):
-        counts = ", ".join(_batch_counts(kind, tally) for kind, tally in sorted(batches.get(provider, {}).items())) or "none"
-        by_mode = ", ".join(f"{mode} ${usd:.4f}" for mode, usd in manifest.get("spend_by_mode_usd", {}).get(provider, {}).items())
-        unresolved = manifest.get("spend_unresolved_usd", {}).get(provider, 0.0)
-        print(f"{provider}: batches {counts}; spent ${manifest.get('spend_usd', {}).get(provider, 0.0):.4f}"
-              + (f" ({by_mode})" if by_mode else "") + (f", up to ${unresolved:.4f} more in flight or pending" if unresolved else ""))
-        for subject in sorted(s for s, p in provider_of.items() if p == provider and s in rows):
-            said = ", ".join(f"{n} {state}" for state, n in sorted(rows[subject].items()))
-            print(f"  responses {subject}: {rows[subject]['ok']} of {sum(rows[subject].values())} done ({said})")
-    _say_unfinished(run_dir)
+    folder, manifest = open_run_folder(run_dir)
+    for line in status_lines(folder, manifest, recorded_study(manifest, str(folder.manifest_path))):
+        print(line)
+    _say_unfinished(folder.root)
 
 
 @app.command()
@@ -336,17 +272,14 @@ def cancel(
 ) -> None:
     """Cancel the run folder's pending batches. What they answered before the provider stopped them
     is kept (cache, spend); the rest is sent by the next run, in the mode its study then says."""
-    from vlm_decade.core.config import ProvidersConfig
-    from vlm_decade.core.runfolder import RunFolder, RunFolderBusy
+    from vlm_decade.core.runfolder import RunFolderBusy, open_run_folder
     from vlm_decade.models.api.session import cancel_batches
+    from vlm_decade.studies import recorded_study
 
     if provider not in (None, "openai", "gemini"):
         raise InputError([Problem("command line", f"unknown provider '{provider}'; known: openai, gemini", field="--provider")])
-    folder = RunFolder(_run_dir(run_dir))
-    manifest = folder.manifest()
-    if "config" not in manifest:
-        _fail(InputError([Problem(str(folder.root / "manifest.json"), "no run here (manifest.json missing or empty)")]))
-    providers = ProvidersConfig.model_validate(manifest["config"].get("providers", {}))
+    folder, manifest = open_run_folder(run_dir)
+    providers = recorded_study(manifest, str(folder.manifest_path)).providers
     try:
         with folder.lock():  # no run may collect (and resubmit) the batches while they are cancelled
             for name in [provider] if provider else ["openai", "gemini"]:
@@ -358,13 +291,6 @@ def cancel(
                       "left for the next run" + (f"; {done['unknown']} batches not found in the cache folder" if done["unknown"] else ""))
     except RunFolderBusy as exc:
         _exit(1, str(exc))
-
-
-def _batch_counts(kind: str, tally) -> str:
-    """'2 completed, 1 pending (chat, 40 requests waiting)': one kind of a provider's batches."""
-    states = ", ".join(f"{n} {state}" for state, n in sorted(tally.items()) if state != "waiting")
-    waiting = f", {tally['waiting']} requests waiting" if tally["waiting"] else ""
-    return f"{states} ({'embeddings' if kind == 'embed' else kind}{waiting})"
 
 
 @app.command()

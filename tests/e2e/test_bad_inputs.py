@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import io
 import os
+import re
 import shutil
 import struct
 import zlib
@@ -283,22 +284,27 @@ REPORT_CASES = {
     "truncated manifest": (lambda run: (run / "manifest.json").write_text('{"config": {"name": "x", '), ["manifest.json", "not readable as JSON"]),
     "manifest not a mapping": (lambda run: (run / "manifest.json").write_text("[1, 2]"), ["manifest.json", "not a JSON object"]),
     "config damaged": (lambda run: (run / "manifest.json").write_text('{"config": {"name": "x", "models": 5}}'),
-                       ["manifest.json", "field 'models'"]),
+                       ["manifest.json", "field 'config.models'"]),
     "config not a mapping": (lambda run: (run / "manifest.json").write_text('{"config": 5}'), ["manifest.json", "field 'config'"]),
     "manifest is a folder": (lambda run: (run / "manifest.json").mkdir(), ["manifest.json", "folder"]),
     "no run folder": (lambda run: shutil.rmtree(run), ["manifest.json", "no run here"]),
 }
 
 
+@pytest.mark.parametrize("command", ["report", "status", "cancel", "view"])
 @pytest.mark.parametrize("name", list(REPORT_CASES))
-def test_report_on_a_damaged_manifest(name, place):
+def test_a_command_on_a_damaged_manifest(name, command, place):
+    """Every command that opens a run folder opens it one way: exit 2 naming the manifest, no
+    traceback, nothing written."""
     damage, says = REPORT_CASES[name]
     run = place / "run"
     run.mkdir()
     damage(run)
     before = listing(place)
-    status, said = invoke(["report", str(run)])
+    status, said = invoke([command, str(run)])
     assert status == 2, said
+    assert re.match(r"\d+ problem\(s\) in the input; nothing was run or written: - ", said), said
+    assert str(run / "manifest.json") in said
     for fragment in says:
         assert fragment in said, (fragment, said)
     assert listing(place) == before

@@ -5,6 +5,7 @@
 - run folders: `--out s3://...` keeps the run folder in the bucket through a local working copy
   (`storage.Mirror`), and a run killed midway resumes from the bucket alone."""
 
+import json
 import os
 import shutil
 import signal
@@ -211,9 +212,10 @@ def test_a_mirror_keeps_a_working_copy_and_the_bucket_in_step(bucket, tmp_path, 
     assert _files(b) == _files(a)
 
     # Each side's changes win where the other side did not change: b rewrites a table and folds the
-    # part away; a's spend log grew meanwhile (a killed run's last lines, say).
+    # part away, and its manifest says so; a's spend log grew meanwhile (a killed run's last lines, say).
     (b / "scores.parquet").write_bytes(b"t" * 12)
     (b / ".parts/responses/part-1.parquet").unlink()
+    (b / "manifest.json").write_bytes(b'{"stages": {"responses": {"state": "done"}}}')
     storage.Mirror(b).push()
     assert "runs/one/.parts/responses/part-1.parquet" not in {o["Key"] for o in bucket.list_objects_v2(Bucket=BUCKET)["Contents"]}
     with open(a / "api/openai.spend.jsonl", "ab") as fh:
@@ -300,3 +302,93 @@ def test_a_store_that_does_not_answer_is_said_with_its_uri(tmp_path, monkeypatch
     done = vlm_decade("run", str(EXAMPLE / "study.yaml"), "--out", f"s3://{BUCKET}/runs/x")
     said = " ".join(done.stderr.split())
     assert done.returncode == 1 and f"s3://{BUCKET}/runs/x: could not bring the run folder into its working copy" in said, done.stderr
+
+
+def test_a_store_that_lost_its_objects_or_its_bucket_costs_no_local_work(bucket, tmp_path, monkeypatch):
+    """The bucket emptied behind the run's back: a pull keeps every local file (the bucket's
+    manifest does not say they were removed) and the next push saves them there again; the bucket
+    gone: a StoreError that names it, the working copy untouched."""
+    uri = f"s3://{BUCKET}/runs/lost"
+    monkeypatch.setenv("VLM_DECADE_WORKING_COPIES", str(tmp_path / "copies"))
+    copy = storage.working_copy(uri)
+    for rel, content in {"manifest.json": b'{"files": {"scores": {}}}', "scores.parquet": b"s" * 10,
+                         ".parts/responses/part-1.parquet": b"p"}.items():
+        (copy / rel).parent.mkdir(parents=True, exist_ok=True)
+        (copy / rel).write_bytes(content)
+    assert storage.Mirror(copy).push() == 3
+    kept = _files(copy)
+    for item in bucket.list_objects_v2(Bucket=BUCKET, Prefix="runs/lost/")["Contents"]:
+        bucket.delete_object(Bucket=BUCKET, Key=item["Key"])
+    assert storage.Mirror(copy).pull() == 0 and _files(copy) == kept
+    assert storage.Mirror(copy).push() == 3  # saved there again
+    assert {o["Key"] for o in bucket.list_objects_v2(Bucket=BUCKET, Prefix="runs/lost/")["Contents"]} >= {
+        "runs/lost/manifest.json", "runs/lost/scores.parquet", "runs/lost/.parts/responses/part-1.parquet"}
+
+    mirror = storage.Mirror(copy)
+    mirror.store, mirror.prefix = storage._store("s3", "no-such-bucket"), "no-such-bucket/runs/lost"
+    with pytest.raises(storage.StoreError, match="the store has no bucket 'no-such-bucket'"):
+        mirror.pull()
+    assert _files(copy) == kept
+
+
+def test_a_store_started_again_empty_stops_the_run_and_once_back_is_given_the_working_copy(tmp_path, monkeypatch):
+    """A finished run in a bucket; the store is stopped and started again empty (no bucket): the next
+    run exits 1 saying so, before it takes the folder, with no traceback, and the working copy as it
+    was, file for file; with the bucket made again, the run after saves the working copy there and
+    finishes without running any stage again."""
+    ThreadedMotoServer = required.module("moto.server", "moto").ThreadedMotoServer
+    boto3 = required.module("boto3", "moto")
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    environment = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                   "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true", "AWS_ENDPOINT_URL": endpoint,
+                   "VLM_DECADE_WORKING_COPIES": str(tmp_path / "copies")}
+    for key, value in environment.items():
+        monkeypatch.setenv(key, value)
+    uri = f"s3://{BUCKET}/runs/example"
+    study = str(EXAMPLE / "study.yaml")
+    try:
+        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=BUCKET)
+        first = vlm_decade("run", study, "--out", uri)
+        assert first.returncode == 0, first.stderr[-3000:]
+        copy = storage.working_copy(uri)
+        finished = _files(copy)
+        assert {"manifest.json", "responses.parquet", "scores.parquet", "stats.parquet", "report.html"} <= set(finished)
+
+        server.stop()
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+        server.start()
+        _forget_everything(endpoint)  # moto keeps its objects in this process: a store started again empty
+        stopped = vlm_decade("run", study, "--out", uri)
+        said = " ".join(stopped.stderr.split())
+        assert stopped.returncode == 1, stopped.stderr[-3000:]
+        assert f"{uri}: the store has no bucket '{BUCKET}'" in said and "What was done is kept" in said, said
+        assert "Traceback" not in stopped.stderr and "Exception ignored" not in stopped.stderr, stopped.stderr
+        assert _files(copy) == finished
+
+        client = boto3.client("s3", endpoint_url=endpoint)
+        client.create_bucket(Bucket=BUCKET)
+        back = vlm_decade("run", study, "--out", uri)
+        assert back.returncode == 0, back.stderr[-3000:]
+        assert "run " not in back.stderr.replace("run folder", ""), back.stderr[-2000:]  # every stage skipped
+        assert _files(copy) == {**finished, "manifest.json": (copy / "manifest.json").read_bytes()}
+        manifest = (copy / "manifest.json").read_text()
+        assert all(record["state"] == "done" for record in json.loads(manifest)["stages"].values())
+        keys = {o["Key"] for o in client.list_objects_v2(Bucket=BUCKET, Prefix="runs/example/")["Contents"]}
+        assert {f"runs/example/{rel}" for rel in finished} <= keys  # the working copy, saved there again
+        for name in ("responses", "scores", "stats"):
+            saved = _bucket_table(client, f"runs/example/{name}.parquet")
+            assert saved.equals(pq.read_table(copy / f"{name}.parquet")), name
+    finally:
+        _forget_everything(endpoint)
+        server.stop()
+        storage._store.cache_clear()
+
+
+def _forget_everything(endpoint: str) -> None:
+    """Empty moto's store: every bucket and object gone, as in a store started again from nothing."""
+    import urllib.request
+
+    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST"), timeout=30).close()

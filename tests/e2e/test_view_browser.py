@@ -320,5 +320,5 @@ def test_not_a_run_folder_is_a_clear_message(tmp_path):
         started = time.monotonic()
         done = vlm_decade("view", str(folder), "--port", "0", timeout=120)
         assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
-        assert ("not a run folder" if folder.exists() else "no such folder") in " ".join(done.stderr.split())
+        assert ("no run here" if folder.exists() else "no such folder") in " ".join(done.stderr.split())
         assert time.monotonic() - started < 120

@@ -240,7 +240,11 @@ def test_cancel_keeps_what_a_pending_batch_answered_and_the_next_run_sends_the_r
         answered = len(server.batch_lines())
         assert f"openai: 1 batches cancelled; {answered} answers kept, {64 - answered} requests left for the next run" in cancelled.stdout
         assert "gemini: no batch pending" in cancelled.stdout and answered < 64
-        assert "1 cancelled (chat)" in cli("status", out).stdout
+        status = cli("status", out).stdout
+        # nothing waits any more: what the batch answered is in the cache, the rest is for the next run to send
+        assert "1 cancelled (chat)" in status and "requests waiting" not in status
+        rows = ([f"{answered} answered in the cache"] if answered else []) + [f"{64 - answered} to send"]
+        assert f"responses gpt: 0 of 64 done ({', '.join(rows)})" in status, status
         set_mode(path, "sync")
         second = cli("run", path, "--out", out)
         assert second.returncode == 0, second.stderr

@@ -119,19 +119,15 @@ def test_one_run_at_a_time_and_a_dead_holder_is_taken_over(tmp_path):
 def test_files_follow_the_umask(tmp_path):
     old = os.umask(0o027)
     try:
-        import importlib
-
-        import vlm_decade.core.runfolder as runfolder
-
-        importlib.reload(runfolder)
-        folder = runfolder.RunFolder(tmp_path)
+        folder = RunFolder(tmp_path)
         folder.write("t", pa.table({"x": [1]}))
         folder.save_manifest({})
-        for path in (folder.table_path("t"), folder.manifest_path):
+        with folder.lock():
+            pass
+        for path in (folder.table_path("t"), folder.manifest_path, tmp_path / ".lock"):
             assert stat.S_IMODE(path.stat().st_mode) == 0o640
     finally:
         os.umask(old)
-        importlib.reload(runfolder)
 
 
 def test_the_manifest_records_fingerprint_and_file_hash(tmp_path):
@@ -148,7 +144,7 @@ NASTY = ["../../../../x", "/etc/passwd", "..", ".", "", "a/b", "a\\b", "con", ".
 
 @pytest.mark.parametrize("name", NASTY)
 def test_safe_name_stays_one_plain_file_inside_the_folder(tmp_path, name):
-    from vlm_decade.core.runfolder import safe_name
+    from vlm_decade.core.files import safe_name
 
     safe = safe_name(name)
     assert re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,79}", safe), safe
@@ -163,7 +159,7 @@ def test_distinct_names_never_share_a_file():
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from vlm_decade.core.runfolder import safe_name
+    from vlm_decade.core.files import safe_name
 
     @settings(max_examples=300, deadline=None)
     @given(st.text(max_size=40), st.text(max_size=40))
@@ -182,7 +178,7 @@ def test_a_path_outside_the_run_folder_is_refused(tmp_path):
 
 
 def test_a_write_interrupted_midway_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch):
-    from vlm_decade.core import runfolder as rf
+    from vlm_decade.core import files
 
     folder = RunFolder(tmp_path)
     folder.write("t", pa.table({"x": [1, 2, 3]}))
@@ -191,12 +187,79 @@ def test_a_write_interrupted_midway_leaves_the_old_file_and_no_temporary(tmp_pat
     def broken_fsync(fd):
         raise OSError(28, "No space left on device")  # the bytes are half on disk when this fails
 
-    monkeypatch.setattr(rf.os, "fsync", broken_fsync)
+    monkeypatch.setattr(files.os, "fsync", broken_fsync)
     with pytest.raises(OSError):
         folder.write("t", pa.table({"x": [7, 8, 9]}))
     with pytest.raises(OSError):
-        rf.atomic_write_bytes(folder.manifest_path, b"{}")
+        files.atomic_write_bytes(folder.manifest_path, b"{}")
     monkeypatch.undo()
     assert folder.table_path("t").read_bytes() == before
     assert not folder.manifest_path.exists()
     assert [p.name for p in tmp_path.iterdir()] == ["t.parquet"]  # no temporary left behind
+
+
+def _responses(text, latency, queued):
+    return pa.table({"subject": ["m", "m"], "text": text, "latency_s": pa.array(latency, pa.float64()),
+                     "queued_s": pa.array(queued, pa.float64())})
+
+
+def test_a_fingerprint_leaves_out_the_wall_clock_columns():
+    """Two runs with the same answers give the same fingerprint however long they took; a changed
+    answer changes it; and it is the fingerprint of the table without those columns."""
+    from vlm_decade.core.runfolder import table_fingerprint
+
+    first = _responses(["a cat", "a dog"], [0.31, 1.7], [0.0, 2.5])
+    again = _responses(["a cat", "a dog"], [5.02, 0.04], [None, 0.1])
+    assert table_fingerprint(first) == table_fingerprint(again)
+    assert table_fingerprint(first) != table_fingerprint(_responses(["a cat", "a bird"], [0.31, 1.7], [0.0, 2.5]))
+    assert table_fingerprint(first) == table_fingerprint(first.drop_columns(["latency_s", "queued_s"]))
+
+
+def test_a_table_written_in_pieces_carries_the_fingerprint_without_the_wall_clock(tmp_path):
+    from vlm_decade.core.runfolder import table_fingerprint
+
+    folder = RunFolder(tmp_path)
+    table = _responses(["a cat", "a dog"], [0.31, 1.7], [0.0, 2.5])
+    fingerprint, record = folder.write("responses", table)
+    assert fingerprint == table_fingerprint(table.drop_columns(["latency_s", "queued_s"]))
+    assert folder.read("responses").equals(table)  # the columns are kept in the table, only not hashed
+    assert folder.self_verified("responses") == (fingerprint, record)
+
+
+def test_a_run_that_cannot_begin_releases_the_folder_at_once(tmp_path, monkeypatch):
+    """A working copy whose store fails while the run records itself (after the pull, under the
+    lock): the StoreError comes out of `open_run`, the lock is released then (not when the lock's
+    generator is collected, which printed "Exception ignored in: <generator RunFolder.lock>" and a
+    traceback after the message), and a later run can take the folder."""
+    import gc
+    import sys
+
+    from vlm_decade.core import storage
+    from vlm_decade.core.config import ModelConfig, StudyBase
+    from vlm_decade.core.errors import StoreError
+    from vlm_decade.core.runner import open_run
+
+    monkeypatch.setenv("VLM_DECADE_WORKING_COPIES", str(tmp_path))
+    copy = storage.working_copy("s3://bucket/run")
+    def offline(self, root):  # a mirror that never reaches a store
+        self.root, self.uri = root, "s3://bucket/run"
+
+    monkeypatch.setattr(storage.Mirror, "__init__", offline)
+    monkeypatch.setattr(storage.Mirror, "check", lambda self: None)
+    monkeypatch.setattr(storage.Mirror, "pull", lambda self: 0)
+
+    def push(self, paths=None):
+        raise StoreError("s3://bucket/run: could not save the working copy there: the store went away")
+
+    monkeypatch.setattr(storage.Mirror, "push", push)
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    study = StudyBase(name="s", models=[ModelConfig(name="m", backend="imported", model_id="m")], output=copy)
+    with pytest.raises(StoreError, match="the store went away"):
+        open_run(study, Reporter(quiet=True), "")
+    gc.collect()
+    assert unraisable == []
+    assert (copy / ".lock").read_text() == ""  # released: the holder's name is cleared
+    monkeypatch.setattr(storage.Mirror, "push", lambda self, paths=None: 0)  # the store is back
+    with RunFolder(copy).lock():
+        pass

@@ -170,7 +170,7 @@ def test_a_run_with_only_its_images_table_still_shows(tmp_path):
 def test_not_a_run_folder_is_a_clear_input_error(tmp_path):
     with pytest.raises(InputError, match="no such folder"):
         open_run(tmp_path / "absent")
-    with pytest.raises(InputError, match="not a run folder"):
+    with pytest.raises(InputError, match="no run here"):
         open_run(tmp_path)
     (tmp_path / "manifest.json").write_text("{broken")
     with pytest.raises(InputError, match="not readable as JSON"):

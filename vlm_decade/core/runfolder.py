@@ -1,8 +1,7 @@
 """The run folder: one Parquet table per stage, `manifest.json`, and crash-safe partial results.
 
-Every file is written to a temporary name in the same folder and renamed into place, so a reader
-(or a re-run after SIGKILL) sees either the old file or the new one, never half of one. Nothing is
-trusted because it exists:
+Every file is written whole (`core.files`), so a reader (or a re-run after SIGKILL) sees either the
+old file or the new one, never half of one. Nothing is trusted because it exists:
 - each table's content fingerprint (`tables`) and the sha256 of its file (`files`) are recorded in
   the manifest when it is written, and a table is used again only while its file still hashes the same (`verified`); the
   fingerprint also travels inside the file's metadata, so a table verifies on its own when the
@@ -26,7 +25,6 @@ import json
 import os
 import re
 import socket
-import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -35,7 +33,9 @@ from typing import Any, Callable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from vlm_decade.core.storage import Mirror
+from vlm_decade.core.errors import InputError, Problem
+from vlm_decade.core.files import FILE_MODE, atomic_file, atomic_write_bytes, file_sha256
+from vlm_decade.core.storage import Mirror, is_uri, uri_problem, working_copy
 
 FINGERPRINT_KEY = b"vlm_decade.fingerprint"
 PART = re.compile(r"^part-(\d{20})-([0-9a-f]{16})\.parquet$")
@@ -43,48 +43,11 @@ PART = re.compile(r"^part-(\d{20})-([0-9a-f]{16})\.parquet$")
 # last one shorter), so it does not depend on how the table happens to be chunked, and a table that
 # is written in pieces (`write_batches`) gets the fingerprint it would get written whole.
 FINGERPRINT_ROWS = 8192
+# Columns that measure the wall clock (how long an answer took, how long it waited): two runs that
+# give the same answers differ in them, so a table's fingerprint leaves them out, and an identical
+# rerun gives identical fingerprints (and the stages after it are not run again for them).
+WALL_CLOCK_COLUMNS = frozenset({"latency_s", "queued_s"})
 ROW_GROUP_ROWS = 65_536
-
-
-def _file_mode() -> int:
-    """What a new file gets under this process's umask (mkstemp alone would give 0600)."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
-
-
-FILE_MODE = _file_mode()
-
-
-@contextmanager
-def atomic_file(path: Path):
-    """A file to write `path` through: a temporary file in the same folder, synced and renamed into
-    place when the block ends, removed if it fails, so `path` is the old file or the new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, FILE_MODE)
-        with os.fdopen(fd, "wb") as fh:
-            yield fh
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    with atomic_file(path) as fh:
-        fh.write(data)
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def table_bytes(table: pa.Table) -> bytes:
@@ -112,16 +75,19 @@ class _HashSink:
 
 
 class Fingerprinter:
-    """A table's content fingerprint, fed batch by batch in any chunking (`table_fingerprint`)."""
+    """A table's content fingerprint, fed batch by batch in any chunking (`table_fingerprint`); the
+    `WALL_CLOCK_COLUMNS` are left out."""
 
     def __init__(self, schema: pa.Schema):
+        self.columns = [name for name in schema.names if name not in WALL_CLOCK_COLUMNS]
         self.sink = _HashSink()
-        self.writer = pa.ipc.new_stream(pa.PythonFile(self.sink, mode="w"), schema)
+        hashed = pa.schema([schema.field(c) for c in self.columns])
+        self.writer = pa.ipc.new_stream(pa.PythonFile(self.sink, mode="w"), hashed)
         self.pending: list[pa.RecordBatch] = []
         self.count = 0
 
     def add(self, batch: pa.RecordBatch) -> None:
-        self.pending.append(batch)
+        self.pending.append(batch.select(self.columns))
         self.count += batch.num_rows
         while self.count >= FINGERPRINT_ROWS:
             self._emit(FINGERPRINT_ROWS)
@@ -142,25 +108,12 @@ class Fingerprinter:
 
 
 def table_fingerprint(table: pa.Table) -> str:
-    """A content hash of a table's schema and rows (independent of Parquet writer details and of
-    the table's chunking)."""
+    """A content hash of a table's schema and rows but its wall-clock columns (independent of
+    Parquet writer details and of the table's chunking)."""
     fingerprint = Fingerprinter(table.schema)
     for batch in table.combine_chunks().to_batches(max_chunksize=FINGERPRINT_ROWS):
         fingerprint.add(batch)
     return fingerprint.hexdigest()
-
-
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
-
-
-def safe_name(text: str) -> str:
-    """A file name for a name from the user's data (an image id, a model, encoder or metric name):
-    letters, digits, '.', '_' and '-' only, never '.' or '..' or hidden, at most 80 characters. A name
-    that had to change gets a short hash of the original, so two names never share a file."""
-    cleaned = _UNSAFE.sub("_", text).lstrip(".")[:64]
-    if cleaned == text and cleaned:
-        return cleaned
-    return f"{cleaned or 'name'}-{hashlib.sha256(text.encode('utf-8', 'surrogatepass')).hexdigest()[:12]}"
 
 
 def _pause_for_a_kill(table: str) -> None:
@@ -170,7 +123,7 @@ def _pause_for_a_kill(table: str) -> None:
     hook = os.environ.get("VLM_DECADE_PAUSE_AFTER_PART", "")
     wanted, _, signal_file = hook.partition(":")
     if wanted == table and signal_file:
-        Path(signal_file).write_text(str(os.getpid()))
+        atomic_write_bytes(Path(signal_file), str(os.getpid()).encode())
         while True:
             time.sleep(60)
 
@@ -193,7 +146,7 @@ class RunFolder:
 
     def file(self, *parts: str) -> Path:
         """A path inside the run folder (for the report's files); ValueError for one that would
-        land outside it. Names from the user's data go through `safe_name` first."""
+        land outside it. Names from the user's data go through `files.safe_name` first."""
         path = self.root.joinpath(*parts)
         if not path.resolve().is_relative_to(self.root.resolve()) or any(p in ("", ".", "..") for p in parts):
             raise ValueError(f"{path} is not inside the run folder {self.root}")
@@ -408,6 +361,38 @@ class RunFolder:
         finally:
             self.repairs = False
             os.close(fd)  # closing releases the lock
+
+
+def open_run_folder(location: str | Path) -> tuple[RunFolder, dict[str, Any]]:
+    """The run folder a command reads (`report`, `view`, `status`, `cancel`) and its manifest. A run
+    folder in a bucket (a URI) is first brought into its local working copy. A location that holds no
+    run, and a manifest that cannot be read or records no study, are an InputError naming the file."""
+    text = str(location)
+    if is_uri(text):
+        problem = uri_problem(text)
+        if problem is not None:
+            raise InputError([Problem(text, problem, field="RUN_DIR")])
+        root = working_copy(text)
+        Mirror(root).pull()
+    else:
+        root = Path(location)
+    folder = RunFolder(root)
+    where = str(folder.manifest_path)
+    if not folder.root.is_dir():
+        raise InputError([Problem(where, "no run here (no such folder)")])
+    if folder.manifest_path.is_dir():
+        raise InputError([Problem(where, "is a folder, not a file")])
+    try:
+        manifest = folder.manifest()
+    except ValueError as exc:  # cut short or overwritten
+        raise InputError([Problem(where, f"damaged: {exc}")]) from None
+    except OSError as exc:
+        raise InputError([Problem(where, f"cannot be read: {exc.strerror or exc}")]) from None
+    if "config" not in manifest:
+        raise InputError([Problem(where, "no run here (manifest.json missing, empty or without the study's config)")])
+    if not isinstance(manifest["config"], dict):
+        raise InputError([Problem(where, "damaged: the study's config is not a mapping", field="config")])
+    return folder, manifest
 
 
 class PartWriter:

@@ -18,10 +18,12 @@ import ctypes
 import hashlib
 import json
 import platform
+import sys
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from importlib import metadata
+from pathlib import Path
 from typing import Any, Callable
 
 import pyarrow as pa
@@ -130,6 +132,7 @@ class StudyRun:
         return all((self.folder.root / f).exists() for f in stage.files)
 
     def __call__(self, *stages: Stage) -> None:
+        self.folder.update_manifest(pipeline=[stage.name for stage in stages])  # the order `status` shows
         for stage in stages:
             self.run_stage(stage)
 
@@ -207,18 +210,37 @@ def open_run(study: StudyBase, reporter: Reporter | None, summary: str, **manife
     reporter = reporter or Reporter()
     release_memory()  # what checking the input freed
     folder = RunFolder(study.output, say=reporter.say)
+    if folder.mirror is not None:
+        folder.mirror.check()  # a store without the bucket stops the run before it takes the folder
     lock = folder.lock()
     lock.__enter__()  # RunFolderBusy when another run holds the folder; released by StudyRun.__exit__
-    folder.update_manifest(
-        study=study.name,
-        demo=study.demo,
-        config=study.model_dump(mode="json"),
-        config_hash=study.hash(),
-        versions=package_versions(),
-        started=now(),
-        finished=None,
-        spend_usd=folder.manifest().get("spend_usd", {}),  # the run folder's total across resumed runs
-        **manifest,
-    )
+    try:
+        folder.update_manifest(
+            study=study.name,
+            demo=study.demo,
+            config=study.model_dump(mode="json"),
+            config_hash=study.hash(),
+            versions=package_versions(),
+            started=now(),
+            finished=None,
+            spend_usd=folder.manifest().get("spend_usd", {}),  # the run folder's total across resumed runs
+            **manifest,
+        )
+    except BaseException:
+        lock.__exit__(*sys.exc_info())  # released now, not when the lock is collected
+        raise
     reporter.say(f"[bold]{study.name}[/bold]{summary} -> {folder.location}")
     return StudyRun(folder, reporter, LazyRay(study.runtime), lock)
+
+
+def run_study(study: StudyBase, reporter: Reporter | None, summary: str, stages: list[Stage], notes: list[str] = (),
+              opened: Callable[[Path], None] | None = None, **manifest: Any) -> RunFolder:
+    """A study's run: `open_run`, then its `notes` said (what the run leaves out), `opened` given the
+    folder's root (the image cache keeps its record there), and the stages run in order. Returns the folder."""
+    with open_run(study, reporter, summary, **manifest) as spine:
+        for note in notes:
+            spine.reporter.say(f"     [yellow]{note}[/yellow]")
+        if opened is not None:
+            opened(spine.folder.root)
+        spine(*stages)
+    return spine.folder

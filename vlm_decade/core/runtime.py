@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from vlm_decade.core.config import RuntimeConfig
+from vlm_decade.core.files import atomic_write_bytes
 
 QUIET_RAY_ENV = {
     "RAY_USAGE_STATS_ENABLED": "0",
@@ -32,7 +33,7 @@ def private_ray_home(root: Path | None = None) -> Path:
     base.mkdir(parents=True, exist_ok=True)
     bootstrap = base / "ray_bootstrap_config.yaml"
     if not bootstrap.exists():
-        bootstrap.write_text("provider: {type: local}\n")
+        atomic_write_bytes(bootstrap, b"provider: {type: local}\n")
     return base
 
 

@@ -23,7 +23,6 @@ import os
 import posixpath
 import re
 import shutil
-import tempfile
 from functools import lru_cache
 from pathlib import Path
 from typing import BinaryIO
@@ -31,6 +30,7 @@ from typing import BinaryIO
 from pyarrow import fs
 
 from vlm_decade.core.errors import StoreError
+from vlm_decade.core.files import atomic_file, atomic_write_bytes
 from vlm_decade.core.tables import regular_file_problem
 
 SCHEMES = ("s3", "gs")
@@ -158,10 +158,16 @@ def working_copy(uri: str) -> Path:
 
 
 def _write_json(path: Path, value) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(value, fh)
-    os.replace(tmp, path)
+    atomic_write_bytes(path, json.dumps(value).encode())
+
+
+def _named_tables(manifest: Path) -> set[str]:
+    """The table files a manifest records (`files`): never removed because the bucket lacks them."""
+    try:
+        files = json.loads(manifest.read_bytes()).get("files", {})
+    except (OSError, ValueError, AttributeError):
+        return set()
+    return {f"{name}.parquet" for name in files} if isinstance(files, dict) else set()
 
 
 def _local_state(path: Path) -> list[int] | None:
@@ -200,16 +206,37 @@ class Mirror:
     def _save(self) -> None:
         _write_json(self.root / MIRROR_FILE, {"uri": self.uri, "synced": self.synced})
 
+    def check(self) -> None:
+        """StoreError unless the store answers and has the bucket (a store that lost it, or was
+        started again empty, has none). A run asks before it takes the folder, so a store that
+        answers wrongly stops it with the working copy untouched."""
+        bucket = self.prefix.split("/", 1)[0]
+        try:
+            found = self.store.get_file_info(bucket).type
+        except OSError as exc:
+            raise self._unreachable(exc) from None
+        if found == fs.FileType.NotFound:
+            raise StoreError(
+                f"{self.uri}: the store has no bucket '{bucket}' (it lost it, or was started again empty); "
+                f"the working copy {self.root} is kept as it is, and is saved there once the bucket exists"
+            )
+
     def pull(self) -> int:
         """Bring the working copy up to the bucket: download each object changed there since the
-        two last agreed (every object, the first time), and remove local files whose objects were
-        deleted there (parts folded into a table by another machine's run). Returns the count."""
+        two last agreed (every object, the first time). A local file whose object is gone is removed
+        only when the bucket's manifest changed since (another machine's run went on and removed it:
+        parts folded into a table) and does not name it; else the store lost it, and the file is
+        kept and saved there again. Returns the count of files brought in or removed."""
+        self.check()
         try:
             return self._pull()
         except StoreError:
             raise
         except OSError as exc:
-            raise StoreError(f"{self.uri}: could not bring the run folder into its working copy {self.root}: {exc}") from None
+            raise self._unreachable(exc) from None
+
+    def _unreachable(self, exc: OSError) -> StoreError:
+        return StoreError(f"{self.uri}: could not bring the run folder into its working copy {self.root}: {exc}")
 
     def push(self, paths: list[Path] | None = None) -> int:
         """Upload what changed in the working copy since the last sync: `paths` only, or every file,
@@ -222,6 +249,7 @@ class Mirror:
 
     def _pull(self) -> int:
         objects = self._objects()
+        moved_on = MANIFEST in objects and objects[MANIFEST] != self.synced.get(MANIFEST, {}).get("remote")
         changed = 0
         for rel, remote in sorted(objects.items()):
             if LOCAL_ONLY.search(rel):
@@ -229,20 +257,16 @@ class Mirror:
             local = self.root / rel
             if self.synced.get(rel, {}).get("remote") == remote and local.exists():
                 continue  # unchanged there since the last sync; the local file is as new or newer
-            local.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=local.parent, prefix=f".{local.name}.", suffix=".tmp")
-            try:
-                with os.fdopen(fd, "wb") as out, self.store.open_input_stream(self._key(rel)) as source:
-                    shutil.copyfileobj(source, out, 8 << 20)
-                os.replace(tmp, local)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            with atomic_file(local) as out, self.store.open_input_stream(self._key(rel)) as source:
+                shutil.copyfileobj(source, out, 8 << 20)
             self.synced[rel] = {"local": _local_state(local), "remote": remote}
             changed += 1
+        named = _named_tables(self.root / MANIFEST) if moved_on else set()
         for rel in [r for r in self.synced if r not in objects]:
             local = self.root / rel
-            if _local_state(local) == self.synced[rel]["local"]:  # not changed here since: deleted there
+            # Removed there by a run that went on, and not changed here since; anything else is kept,
+            # and (no longer recorded as in step) saved there again by the next push.
+            if moved_on and rel not in named and _local_state(local) == self.synced[rel]["local"]:
                 local.unlink(missing_ok=True)
                 changed += 1
             del self.synced[rel]

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import csv
 import io
-import os
 import re
-import tempfile
 from pathlib import Path
 
 import numpy as np
+
+from vlm_decade.core.files import write_if_changed
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 STUDY_FILE = Path(__file__).resolve().parent / "study.yaml"
@@ -72,22 +72,6 @@ def png_bytes(array: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     Image.fromarray(array).save(buffer, format="PNG", optimize=False, compress_level=6)
     return buffer.getvalue()
-
-
-def write_if_changed(path: Path, content: bytes) -> bool:
-    """Write atomically unless the file already holds exactly these bytes; True if written."""
-    if path.is_file() and path.read_bytes() == content:
-        return False
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(content)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return True
 
 
 def materialize(dest: str | Path) -> Path:

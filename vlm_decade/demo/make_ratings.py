@@ -25,11 +25,14 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import tempfile
 import zlib
 from pathlib import Path
 
 import numpy as np
+
+from vlm_decade.core.files import atomic_write_bytes
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 SEED = 20261130
@@ -117,10 +120,11 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--out", type=Path, default=DATA_DIR / "ratings.csv")
     args = parser.parse_args(argv)
     rows = simulate(gold_standards())
-    with args.out.open("w", encoding="utf-8", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["rater_id", "subject", "image_id", "rating"], lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=["rater_id", "subject", "image_id", "rating"], lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write_bytes(args.out, text.getvalue().encode("utf-8"))
     print(f"wrote {len(rows)} simulated ratings to {args.out}")
     return args.out
 

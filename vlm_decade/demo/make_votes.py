@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import zlib
 from pathlib import Path
 
 import numpy as np
+
+from vlm_decade.core.files import atomic_write_bytes
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 SEED = 20261129
@@ -140,11 +143,12 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--out", type=Path, default=DATA_DIR / "votes.csv")
     args = parser.parse_args(argv)
     rows = simulate()
-    with args.out.open("w", encoding="utf-8", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["image_id", "rater_id", "trial", "shown", "chosen"],
-                                lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=["image_id", "rater_id", "trial", "shown", "chosen"],
+                            lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write_bytes(args.out, text.getvalue().encode("utf-8"))
     print(f"wrote {len(rows)} simulated votes to {args.out}")
     return args.out
 

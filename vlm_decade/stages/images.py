@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from vlm_decade.core.errors import Problems
-from vlm_decade.core.runfolder import atomic_write_bytes
+from vlm_decade.core.files import atomic_write_bytes
 from vlm_decade.core import storage
 from vlm_decade.core.tables import Table, cell_present, cell_text
 from vlm_decade.imaging.decode import ImageDecodeError, decode_rgb

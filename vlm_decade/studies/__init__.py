@@ -41,6 +41,15 @@ def study_from_dict(raw: dict) -> AnyStudy:
     return STUDIES[kind].model_validate(raw)
 
 
+def recorded_study(manifest: dict, where: str) -> AnyStudy:
+    """The study a run folder's manifest records (`core.runfolder.open_run_folder` read it);
+    InputError naming `where` (the manifest) and the field."""
+    try:
+        return study_from_dict(manifest["config"])
+    except ValidationError as exc:
+        raise InputError(config_problems(where, exc, "config")) from None
+
+
 def _resolve_paths(raw: dict[str, Any], base: Path) -> None:
     """Paths in a study file are relative to its folder: make them absolute, in place."""
     # Only what has the right shape is resolved: a field of the wrong type (`models: 5`) is left for
@@ -85,9 +94,10 @@ def load_study(path: str | Path, output: str | Path | None = None) -> AnyStudy:
 PLAIN = {"path_type": "must be a path (text)", "tuple_type": "must be a list"}
 
 
-def config_problems(file: str, exc: ValidationError) -> list[Problem]:
-    """pydantic's errors as problems naming the field and, for a value of the wrong kind, the value.
-    A list that is "too short" only because its entries failed is not reported again."""
+def config_problems(file: str, exc: ValidationError, *within: str) -> list[Problem]:
+    """pydantic's errors as problems naming the field (inside `within`, as in a manifest's `config`)
+    and, for a value of the wrong kind, the value. A list that is "too short" only because its
+    entries failed is not reported again."""
     errors = exc.errors()
     failed = [err["loc"] for err in errors]
     problems = []
@@ -99,5 +109,5 @@ def config_problems(file: str, exc: ValidationError) -> list[Problem]:
         value = err.get("input")
         if err["type"].endswith(("_type", "_parsing")) and not isinstance(value, (dict, list)):
             message += f" (got {repr(value)[:40]})"
-        problems.append(Problem(file, message, field=".".join(str(p) for p in loc) or None))
+        problems.append(Problem(file, message, field=".".join(str(p) for p in (*within, *loc)) or None))
     return problems

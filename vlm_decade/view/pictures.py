@@ -17,7 +17,7 @@ import math
 from PIL import Image, UnidentifiedImageError
 
 from vlm_decade.core import storage
-from vlm_decade.core.runfolder import atomic_write_bytes
+from vlm_decade.core.files import atomic_write_bytes
 from vlm_decade.view.runs import CACHE, RunView
 
 THUMB_PX = 240

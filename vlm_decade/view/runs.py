@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
-from pydantic import ValidationError
 
 from vlm_decade.core.errors import InputError, Problem
-from vlm_decade.core.runfolder import RunFolder
-from vlm_decade.studies import AnyStudy, study_from_dict
+from vlm_decade.core.runfolder import RunFolder, open_run_folder
+from vlm_decade.core.storage import is_uri
+from vlm_decade.studies import AnyStudy, recorded_study
 
 # The tables a page may read; a run that lacks one simply has no such section.
 TABLES = {
@@ -73,22 +73,13 @@ def _quoted(path: Path) -> str:
     return "'" + str(path).replace("'", "''") + "'"
 
 
-def open_run(root: str | Path) -> RunView:
-    """The run folder at `root`, or an InputError that says why it is not one."""
-    folder = RunFolder(Path(root).resolve())
-    if not folder.root.is_dir():
-        raise InputError([Problem(str(root), "no such folder")])
-    try:
-        manifest = folder.manifest()
-    except (ValueError, OSError) as exc:
-        raise InputError([Problem(str(folder.manifest_path), str(exc))]) from None
-    if not isinstance(manifest, dict) or "config" not in manifest:
-        raise InputError([Problem(str(folder.manifest_path), "not a run folder (manifest.json missing or without a study config)")])
-    try:
-        study = study_from_dict(manifest["config"])
-    except ValidationError as exc:
-        problems = [Problem(str(folder.manifest_path), e["msg"], field="config." + ".".join(str(p) for p in e["loc"])) for e in exc.errors()]
-        raise InputError(problems) from None
+def open_run(location: str | Path) -> RunView:
+    """The run folder at `location` (a path, or the URI of one in a bucket: its working copy), or an
+    InputError that says why it is not one."""
+    if not is_uri(str(location)):
+        location = Path(location).resolve()
+    folder, manifest = open_run_folder(location)
+    study = recorded_study(manifest, str(folder.manifest_path))
     if not folder.has("images"):
         raise InputError([Problem(str(folder.table_path("images")), "missing: the run has no images table yet (run the study first)")])
     # Parquet reading is built in; DuckDB must not fetch extensions from the network on its own.

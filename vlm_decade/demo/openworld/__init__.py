@@ -18,7 +18,7 @@ import hashlib
 import importlib.util
 from pathlib import Path
 
-from vlm_decade.demo import write_if_changed
+from vlm_decade.core.files import write_if_changed
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 TABLES = ("labels.csv", "classnames.csv", "README.md")

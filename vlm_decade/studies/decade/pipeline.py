@@ -13,7 +13,7 @@ from dataclasses import asdict, replace
 from vlm_decade.core.errors import InputError, Problem, Problems
 from vlm_decade.core.progress import Reporter
 from vlm_decade.core.runfolder import RunFolder
-from vlm_decade.core.runner import given, open_run
+from vlm_decade.core.runner import given, run_study
 from vlm_decade.imaging.masks import mask_specs
 from vlm_decade.models.backends import backend_class
 from vlm_decade.models.backends.imported import missing_rows
@@ -89,12 +89,8 @@ def run(study: StudyConfig, reporter: Reporter | None = None) -> RunFolder:
     stages.append(report.stage(study, data, [t for s in stages for t in s.tables]))
     summary = f": {data.images.num_rows} images, {len(study.models)} models"
     masks = [asdict(s) for s in mask_specs(study.masks)]
-    with open_run(study, reporter, summary, ranking_method=data.ranking_method, masks=masks) as spine:
-        for line in incomplete_models(study, data):
-            spine.reporter.say(f"     [yellow]{line}[/yellow]")
-        cache.save(spine.folder.root)
-        spine(*stages)
-    return spine.folder
+    return run_study(study, reporter, summary, stages, incomplete_models(study, data), cache.save,
+                     ranking_method=data.ranking_method, masks=masks)
 
 
 def estimate(study: StudyConfig, data: StudyData) -> tuple[list[Line], tuple[str, ...]]:

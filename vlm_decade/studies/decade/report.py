@@ -18,7 +18,8 @@ import matplotlib.pyplot as plt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from vlm_decade.core.runfolder import RunFolder, atomic_write_bytes, safe_name
+from vlm_decade.core.files import atomic_write_bytes, safe_name
+from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.core.runner import Stage
 from vlm_decade.report.figures import COLOURS, save_figure
 from vlm_decade.report.html import html_table, page_start, write_csvs

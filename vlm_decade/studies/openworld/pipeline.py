@@ -11,7 +11,7 @@ from __future__ import annotations
 from vlm_decade.core.errors import InputError, Problem
 from vlm_decade.core.progress import Reporter
 from vlm_decade.core.runfolder import RunFolder
-from vlm_decade.core.runner import given, open_run
+from vlm_decade.core.runner import given, run_study
 from vlm_decade.models.backends import backend_class
 from vlm_decade.models.backends.imported import missing_rows
 from vlm_decade.stages import describe
@@ -63,14 +63,9 @@ def run(study: OpenWorldStudyConfig, reporter: Reporter | None = None) -> RunFol
         report.stage(study, no_judge),
     ]
     summary = f" (Study B): {data.images.num_rows} images, {len(study.models)} models"
-    with open_run(study, reporter, summary, kind="openworld", granularity=data.granularity) as spine:
-        if no_judge is not None:
-            spine.reporter.say(f"     [yellow]LI skipped[/yellow]: {no_judge}")
-        for line in incomplete_models(study, data):
-            spine.reporter.say(f"     [yellow]{line}[/yellow]")
-        cache.save(spine.folder.root)
-        spine(*stages)
-    return spine.folder
+    notes = ([f"LI skipped: {no_judge}"] if no_judge is not None else []) + incomplete_models(study, data)
+    return run_study(study, reporter, summary, stages, notes, cache.save,
+                     kind="openworld", granularity=data.granularity)
 
 
 def estimate(study: OpenWorldStudyConfig, data: OpenWorldData) -> tuple[list[Line], tuple[str, ...]]:

@@ -11,7 +11,8 @@ import math
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from vlm_decade.core.runfolder import RunFolder, atomic_write_bytes
+from vlm_decade.core.files import atomic_write_bytes
+from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.core.runner import Stage
 from vlm_decade.report.html import html_table, page_start, write_csvs
 from vlm_decade.report.samples import extremes, thumbnail_img, view_note

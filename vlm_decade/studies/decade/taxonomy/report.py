@@ -14,7 +14,8 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pyarrow as pa
 
-from vlm_decade.core.runfolder import RunFolder, atomic_write_bytes, safe_name
+from vlm_decade.core.files import atomic_write_bytes, safe_name
+from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.report.figures import COLOURS, save_figure
 from vlm_decade.report.html import html_table, page_start
 from vlm_decade.stats import format_p
