@@ -118,11 +118,15 @@ def test_decade_report_without_masked_variants(tmp_path, decade_tables):
     assert "alpha says a1 full" in page and " m1" not in page.split("<h2>Descriptions</h2>")[1]
 
 
-def test_decade_report_with_estimates_a_budget_stop_left_null(tmp_path, decade_tables):
-    stats = decade_tables["stats"]
+def _without_estimates(tables: dict[str, pa.Table]) -> dict[str, pa.Table]:
+    """The tables with every estimate and CI of the stats a budget stop left null."""
+    stats = tables["stats"]
     nulls = pa.nulls(stats.num_rows, pa.float64())
-    tables = {**decade_tables, "stats": stats.set_column(4, "estimate", nulls).set_column(5, "ci_low", nulls).set_column(6, "ci_high", nulls)}
-    page = _decade(tmp_path, tables)
+    return {**tables, "stats": stats.set_column(4, "estimate", nulls).set_column(5, "ci_low", nulls).set_column(6, "ci_high", nulls)}
+
+
+def test_decade_report_with_estimates_a_budget_stop_left_null(tmp_path, decade_tables):
+    page = _decade(tmp_path, _without_estimates(decade_tables))
     assert "<td>SIM</td><td>full</td><td></td><td></td><td></td><td>3</td>" in page
     assert (tmp_path / "out" / "figures" / "similarity_SIM.png").exists()
     # Partly null: the rows that have numbers still show them.
@@ -193,10 +197,7 @@ def test_openworld_report_with_one_image_one_model_one_group(tmp_path, openworld
 
 
 def test_openworld_report_with_estimates_a_budget_stop_left_null(tmp_path, openworld_tables):
-    stats = openworld_tables["stats"]
-    nulls = pa.nulls(stats.num_rows, pa.float64())
-    tables = {**openworld_tables, "stats": stats.set_column(4, "estimate", nulls).set_column(5, "ci_low", nulls).set_column(6, "ci_high", nulls)}
-    page = _openworld(tmp_path, tables)
+    page = _openworld(tmp_path, _without_estimates(openworld_tables))
     assert "n/a [n/a, n/a]" in page
 
 
