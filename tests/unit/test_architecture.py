@@ -1,6 +1,9 @@
-"""The house keeps its shape: the import layers hold, the docs list every config field the code
-has, and a section's fingerprint leaves out exactly its operational fields."""
+"""The house keeps its shape: the import layers hold, each study's pipeline offers the functions
+the command line calls, the docs list every config field the code has, and a section's fingerprint
+leaves out exactly its operational fields."""
 
+import importlib
+import inspect
 import re
 import shutil
 import subprocess
@@ -10,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from vlm_decade.core.config import EncoderConfig, ModelConfig, reference_markdown
-from vlm_decade.studies import STUDIES
+import vlm_decade.studies
+from vlm_decade.studies import STUDIES, Pipeline
 from vlm_decade.studies.decade.config import TaxonomyConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,6 +26,21 @@ def test_import_layers_hold():
     done = subprocess.run([linter], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:]
     assert "4 kept, 0 broken" in done.stdout
+
+
+@pytest.mark.parametrize("kind", sorted(STUDIES))
+def test_each_pipeline_offers_the_pipeline_protocol_and_the_docs_name_only_its_functions(kind):
+    module = importlib.import_module(f"vlm_decade.studies.{kind}.pipeline")
+    members = {name: f for name, f in vars(Pipeline).items() if inspect.isfunction(f) and not name.startswith("_")}
+    assert sorted(members) == ["check", "estimate", "redraw_report", "run", "summary"]
+    for name, protocol in members.items():
+        function = getattr(module, name, None)
+        assert inspect.isfunction(function) and function.__module__ == module.__name__, f"{kind} pipeline lacks {name}"
+        assert list(inspect.signature(function).parameters) == list(inspect.signature(protocol).parameters)[1:], name
+    # A name the docs give that the module has is one of the protocol's (`describe` once named the stage module).
+    for doc in (vlm_decade.studies.__doc__, module.__doc__):
+        named = set(re.findall(r"`(\w+)`", doc))
+        assert set(members) <= named and {n for n in named if hasattr(module, n)} <= set(members)
 
 
 @pytest.mark.parametrize("kind, doc", [("decade", "docs/study-file.md"), ("openworld", "docs/openworld.md")])

@@ -332,32 +332,26 @@ def test_description_of_an_unknown_image(study):
     assert "unknown image_id 'ghost'" in p.message
 
 
-def test_vote_on_an_unknown_image(study):
-    study.votes.append(["ghost", "r9", "1", "a1;a2", "a1"])
-    p = only(study.problems(), field="image_id")
-    assert (p.file, p.row) == (study.path("votes.csv"), 10)
-    assert "unknown image_id 'ghost'" in p.message
-
-
-def test_vote_showing_an_unknown_description(study):
-    study.votes[2][3] = "a1;a2;nope"
-    p = only(study.problems(), field="shown")
-    assert (p.file, p.row) == (study.path("votes.csv"), 4)
-    assert "unknown description id 'nope'" in p.message
-
-
-def test_vote_choosing_an_unknown_description(study):
-    study.votes[0][4] = "nope"
-    p = only(study.problems(), field="chosen")
-    assert (p.file, p.row) == (study.path("votes.csv"), 2)
-    assert "unknown description id 'nope'" in p.message
-
-
-def test_chosen_not_among_shown(study):
-    study.votes[0][4] = "a5"
-    p = only(study.problems(), field="chosen")
-    assert (p.file, p.row) == (study.path("votes.csv"), 2)
-    assert "'a5' is not among the shown" in p.message
+@pytest.mark.parametrize(
+    "row, vote, field, said",
+    [
+        (10, ["ghost", "r9", "1", "a1;a2", "a1"], "image_id", "unknown image_id 'ghost'"),
+        (4, {"shown": "a1;a2;nope"}, "shown", "unknown description id 'nope'"),
+        (2, {"chosen": "nope"}, "chosen", "unknown description id 'nope'"),
+        (2, {"chosen": "a5"}, "chosen", "'a5' is not among the shown"),
+    ],
+    ids=["unknown image", "shows an unknown description", "chooses an unknown description", "chosen not among shown"],
+)
+def test_a_bad_vote_is_named_by_its_row_and_field(study, row, vote, field, said):
+    """`vote` is a vote added at the end (a list) or cells changed in the vote at `row` (a dict)."""
+    if isinstance(vote, list):
+        study.votes.append(vote)
+    else:
+        for column, value in vote.items():
+            study.votes[row - 2][VOTE_HEADER.index(column)] = value
+    p = only(study.problems(), field=field)
+    assert (p.file, p.row) == (study.path("votes.csv"), row)
+    assert said in p.message
 
 
 def test_vote_showing_nothing_of_its_image_or_repeating_a_trial(study):

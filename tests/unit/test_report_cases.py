@@ -25,6 +25,7 @@ from vlm_decade.studies.openworld.data import LABELS_SCHEMA
 from vlm_decade.studies.openworld.report import write_openworld_report
 from vlm_decade.studies.openworld.scoring import PREDICTIONS_SCHEMA
 
+from .pages import PAYLOAD, Page
 from .view_runs import DECADE_CONFIG, OPENWORLD_CONFIG, PREDICTIONS, SIMILARITY, decade_run, openworld_run
 
 SCHEMAS = {"images": IMAGES_SCHEMA, "references": REFERENCES_SCHEMA, "responses": RESPONSES_SCHEMA, "scores": SCORES_SCHEMA,
@@ -117,11 +118,15 @@ def test_decade_report_without_masked_variants(tmp_path, decade_tables):
     assert "alpha says a1 full" in page and " m1" not in page.split("<h2>Descriptions</h2>")[1]
 
 
-def test_decade_report_with_estimates_a_budget_stop_left_null(tmp_path, decade_tables):
-    stats = decade_tables["stats"]
+def _without_estimates(tables: dict[str, pa.Table]) -> dict[str, pa.Table]:
+    """The tables with every estimate and CI of the stats a budget stop left null."""
+    stats = tables["stats"]
     nulls = pa.nulls(stats.num_rows, pa.float64())
-    tables = {**decade_tables, "stats": stats.set_column(4, "estimate", nulls).set_column(5, "ci_low", nulls).set_column(6, "ci_high", nulls)}
-    page = _decade(tmp_path, tables)
+    return {**tables, "stats": stats.set_column(4, "estimate", nulls).set_column(5, "ci_low", nulls).set_column(6, "ci_high", nulls)}
+
+
+def test_decade_report_with_estimates_a_budget_stop_left_null(tmp_path, decade_tables):
+    page = _decade(tmp_path, _without_estimates(decade_tables))
     assert "<td>SIM</td><td>full</td><td></td><td></td><td></td><td>3</td>" in page
     assert (tmp_path / "out" / "figures" / "similarity_SIM.png").exists()
     # Partly null: the rows that have numbers still show them.
@@ -192,10 +197,7 @@ def test_openworld_report_with_one_image_one_model_one_group(tmp_path, openworld
 
 
 def test_openworld_report_with_estimates_a_budget_stop_left_null(tmp_path, openworld_tables):
-    stats = openworld_tables["stats"]
-    nulls = pa.nulls(stats.num_rows, pa.float64())
-    tables = {**openworld_tables, "stats": stats.set_column(4, "estimate", nulls).set_column(5, "ci_low", nulls).set_column(6, "ci_high", nulls)}
-    page = _openworld(tmp_path, tables)
+    page = _openworld(tmp_path, _without_estimates(openworld_tables))
     assert "n/a [n/a, n/a]" in page
 
 
@@ -234,3 +236,65 @@ def test_thumbnails_are_small_and_a_missing_file_is_none(tmp_path):
     uri = thumbnail_uri(str(path))
     assert uri.startswith("data:image/jpeg;base64,") and len(uri) < 4_000
     assert thumbnail_uri(str(tmp_path / "gone.png")) is None
+
+
+def _renamed(tables: dict[str, pa.Table], old: str, new: str) -> dict[str, pa.Table]:
+    """Every table with subject `old` called `new`."""
+    out = {}
+    for name, table in tables.items():
+        if "subject" in table.column_names:
+            subjects = pc.if_else(pc.equal(table.column("subject"), old), new, table.column("subject"))
+            table = table.set_column(table.column_names.index("subject"), "subject", subjects)
+        out[name] = table
+    return out
+
+
+def _with(table: pa.Table, column: str, value: str, where) -> pa.Table:
+    """`table` with `column` set to `value` in the rows where `where(row)` holds."""
+    rows = [{**r, column: value} if where(r) else r for r in table.to_pylist()]
+    return pa.Table.from_pylist(rows, schema=table.schema)
+
+
+def _escaped_everywhere(page: Page, sections: tuple[str, ...]) -> None:
+    assert "script" not in {tag for tag, _ in page.tags}
+    for section in sections:
+        assert PAYLOAD in page.sections[section], section
+
+
+def test_decade_report_shows_markup_in_names_and_answers_as_text(tmp_path, decade_tables):
+    config = copy.deepcopy(DECADE_CONFIG)
+    config["name"] = PAYLOAD
+    config["models"][0]["name"] = PAYLOAD
+    tables = _renamed(decade_tables, "alpha", PAYLOAD)
+
+    def answer(r):
+        return r["subject"] == PAYLOAD and r["variant"] == "full"
+
+    def failed(r):
+        return answer(r) and r["image_id"] == "a1"
+
+    responses = _with(tables["responses"], "text", PAYLOAD, answer)
+    tables["responses"] = _with(_with(responses, "status", "error", failed), "error", PAYLOAD, failed)
+    page = Page(_decade(tmp_path, tables, config))
+    # The page head, the statistics, the sample tables (the model's name, its answers) and the failed responses.
+    assert page.sections[""].startswith(PAYLOAD + ": vlm_decade report" + PAYLOAD)
+    _escaped_everywhere(page, ("Similarity to the gold standard", "Descriptions", "Responses"))
+    assert f"{PAYLOAD}: lowest SIM" in page.sections["Descriptions"]
+    assert {a["data-model"] for t, a in page.tags if t == "table" and "data-model" in a} == {PAYLOAD, "beta"}
+
+
+def test_openworld_report_shows_markup_in_names_labels_and_answers_as_text(tmp_path, openworld_tables):
+    config = copy.deepcopy(OPENWORLD_CONFIG)
+    config["models"][0]["name"] = PAYLOAD
+    tables = _renamed(openworld_tables, "alpha", PAYLOAD)
+
+    def mine(r):
+        return r["subject"] == PAYLOAD
+
+    tables["predictions"] = _with(_with(tables["predictions"], "label", PAYLOAD, mine), "prediction", PAYLOAD, mine)
+    page = Page(_openworld(tmp_path, tables, config))
+    _escaped_everywhere(page, ("Main table", "Error types", "Predictions"))
+    examples = page.sections["Error types"].split("fine-grained confusion")[-1]
+    assert examples.count(PAYLOAD) >= 3  # the model, its label and its prediction
+    assert f"{PAYLOAD}: lowest CS" in page.sections["Predictions"]
+    assert {a["data-model"] for t, a in page.tags if t == "table" and "data-model" in a} == {PAYLOAD, "beta"}

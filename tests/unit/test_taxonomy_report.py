@@ -23,6 +23,8 @@ from vlm_decade.studies.decade.taxonomy.report import (
 )
 from vlm_decade.studies.decade.taxonomy.spatial import SPATIAL_SCHEMA
 
+from .pages import PAYLOAD, Page
+
 TYPES = ("detection", "recognition", "scene_understanding", "hallucination", "spatial_dependence")
 
 
@@ -111,14 +113,16 @@ def test_cells_say_why_a_comparison_has_no_p():
     assert fmt["estimate"](None, {}) == "" and fmt["significant"](None, {}) == ""
 
 
-def test_the_whole_section_on_empty_tables(tmp_path):
-    study = make_study()
-    tables = {
+def section_tables(tmp_path, model="m1", said="a dog", errors=()) -> dict[str, pa.Table]:
+    """The section's tables for one image: `errors` rows, and every other table empty but the description."""
+    return {
         "images": pa.table({"image_id": ["i1"], "dataset": ["d1"], "path": [str(tmp_path / "i1.png")]}),
         "references": pa.Table.from_pylist([{"image_id": "i1", "role": "gold", "condition": "full", "text": "a cat"}]),
-        "responses": pa.Table.from_pylist([{"subject": "m1", "image_id": "i1", "variant": "full", "status": "ok", "text": "a dog"}]),
-        "errors": ERRORS_SCHEMA.empty_table(),
-        "error_stats": STATS_SCHEMA.empty_table(),
+        "responses": pa.Table.from_pylist([{"subject": model, "image_id": "i1", "variant": "full", "status": "ok",
+                                            "text": said}]),
+        "errors": pa.Table.from_pylist(list(errors), schema=ERRORS_SCHEMA),
+        "error_stats": pa.Table.from_pylist([stat(model, "d1", r["error_type"], 1.0, 1.0, 1.0) for r in errors],
+                                            schema=STATS_SCHEMA),
         "error_comparisons": COMPARISONS_SCHEMA.empty_table(),
         "impact_stats": STATS_SCHEMA.empty_table(),
         "impact_comparisons": COMPARISONS_SCHEMA.empty_table(),
@@ -126,9 +130,26 @@ def test_the_whole_section_on_empty_tables(tmp_path):
         "hand_agreement": pa.table({"error_type": pa.array([], pa.string()), "kappa": pa.array([], pa.float64()),
                                     "observed_agreement": pa.array([], pa.float64()), "n": pa.array([], pa.int64())}),
     }
-    page = taxonomy_section(RunFolder(tmp_path), study, tables)
+
+
+def test_the_whole_section_on_empty_tables(tmp_path):
+    page = taxonomy_section(RunFolder(tmp_path), make_study(), section_tables(tmp_path))
     assert "<h2>Errors</h2>" in page and (tmp_path / "errors.html").is_file()
     drawn(tmp_path / "figures" / "error_rates.png")
+
+
+def test_markup_in_a_model_name_its_answer_and_a_hand_label_is_shown_as_text(tmp_path):
+    label = {"subject": PAYLOAD, "image_id": "i1", "dataset": "d1", "error_type": "recognition", "present": True,
+             "method": "hand", "evidence": json.dumps({"findings": [], "hand": PAYLOAD, "auto_present": False})}
+    tables = section_tables(tmp_path, PAYLOAD, PAYLOAD, [label])
+    section = Page(taxonomy_section(RunFolder(tmp_path), make_study(models=(PAYLOAD,)), tables))
+    evidence = Page((tmp_path / "errors.html").read_text())
+    for page in (section, evidence):
+        assert "script" not in {tag for tag, _ in page.tags}
+    # The error rates (the model), the examples (the model, its hand label, its answer); errors.html: the model and the
+    # label's note in its chain, and the note in the JSON.
+    assert section.sections["Errors"].count(PAYLOAD) == 4
+    assert evidence.sections[""].count(PAYLOAD) == 2 and json.dumps(PAYLOAD) in evidence.sections[""]
 
 
 def test_errors_html_shows_each_labels_whole_evidence_chain(tmp_path):
@@ -159,7 +180,7 @@ def test_errors_html_shows_each_labels_whole_evidence_chain(tmp_path):
     # the chain in words, step by step, then every field as JSON
     assert "<li>verifier gpt-4o: \u201cIs there a guitar?\u201d \u2192 \u201cNo.\u201d (no): not found</li>" in page
     assert "<li>identification: \u201cWhat is the object near the man?\u201d \u2192 \u201cA guitar.\u201d (read: guitar)</li>" in page
-    assert "<details><summary>all evidence (JSON)</summary>" in page and "&quot;reference&quot;: &quot;man&quot;" in page
+    assert "<details><summary>all evidence (JSON)</summary>" in page and "&#34;reference&#34;: &#34;man&#34;" in page
     assert "<li>hand label: the saucer is called a bowl (the automatic label: absent)</li>" in page
-    assert "<li>model r -0.500; humans' mean r 0.800, SD 0.200</li>" in page
+    assert "<li>model r -0.500; humans&#39; mean r 0.800, SD 0.200</li>" in page
     assert "<li>undecided: the detector failed on this image</li>" in page

@@ -1,48 +1,67 @@
-"""The report page's parts: its head and style, tables from Arrow, the CSV copies and their links."""
+"""The report pages' parts: the one Jinja environment they are rendered with (autoescaping on, the
+shared macros of `report/templates/` beside a study's own templates), tables from Arrow as cells,
+and the CSV copies the pages link."""
 
 from __future__ import annotations
 
-import html
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
+import jinja2
 import pyarrow as pa
 import pyarrow.csv as pacsv
+from markupsafe import Markup
 
-from vlm_decade.core.runfolder import atomic_write_bytes
+from vlm_decade.core.files import atomic_write_bytes
 
-STYLE = """
+TEMPLATES = Path(__file__).parent / "templates"
+STYLE = Markup("""
 body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;font-size:13px;margin:0.5em 0 1.5em}th,td{border:1px solid #ccc;padding:3px 8px;text-align:left}
 th{background:#f3f3f3}.demo{background:#fff3cd;border:1px solid #e0b400;padding:0.8em 1em;border-radius:4px}
 .note{color:#555;font-size:14px}img{max-width:100%}
-"""
+""")
 
 
-def page_start(title: str, heading: str, style: str = STYLE) -> str:
-    """The page up to and including its first heading."""
-    return (
-        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-        f"<style>{style}</style></head><body><h1>{html.escape(heading)}</h1>"
-    )
+@dataclass(frozen=True)
+class Grid:
+    """A table's header and its cells' texts, as a page shows them (the `table` macro)."""
+
+    head: list[str]
+    rows: list[list[str]]
 
 
-def html_table(table: pa.Table, columns: list[str], formats: dict | None = None) -> str:
-    """`columns` of `table` as an HTML table; `formats[column](value, row)` gives a cell's text
-    (floats default to three decimals, nulls to an empty cell)."""
+def cell_text(value) -> str:
+    """A cell's default text: floats to three decimals, a null (an estimate a budget stop left out) empty."""
+    return "" if value is None else (f"{value:.3f}" if isinstance(value, float) else str(value))
+
+
+def grid(table: pa.Table, columns: list[str], formats: dict[str, Callable] | None = None) -> Grid:
+    """`columns` of `table`; `formats[column](value, row)` gives a cell's text (else `cell_text`)."""
     formats = formats or {}
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = []
-    for row in table.select(columns).to_pylist():
-        cells = []
-        for c in columns:
-            value = row[c]
-            if c in formats:
-                text = formats[c](value, row)
-            else:  # a null (an estimate a budget stop left out) is an empty cell
-                text = "" if value is None else (f"{value:.3f}" if isinstance(value, float) else str(value))
-            cells.append(f"<td>{html.escape(text)}</td>")
-        body.append("<tr>" + "".join(cells) + "</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    rows = [[formats[c](row[c], row) if c in formats else cell_text(row[c]) for c in columns]
+            for row in table.select(columns).to_pylist()]
+    return Grid(list(columns), rows)
+
+
+@cache
+def environment(folder: Path | None = None) -> jinja2.Environment:
+    """Templates of `folder` (a study's), then the shared ones; every value is escaped unless it is Markup."""
+    folders = [str(f) for f in (folder, TEMPLATES) if f is not None]
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(folders), autoescape=True, undefined=jinja2.StrictUndefined)
+    env.globals["style"] = STYLE
+    return env
+
+
+def render(folder: Path | None, name: str, **context) -> Markup:
+    """Template `name` (of `folder`, else shared) rendered with `context`."""
+    return Markup(environment(folder).get_template(name).render(**context))
+
+
+def write_page(path: Path, page: str) -> None:
+    atomic_write_bytes(path, page.encode("utf-8"))
 
 
 def write_csv(table: pa.Table, path: Path) -> None:
@@ -51,12 +70,8 @@ def write_csv(table: pa.Table, path: Path) -> None:
     atomic_write_bytes(path, sink.getvalue().to_pybytes())
 
 
-def write_csvs(root: Path, tables: dict[str, pa.Table], names: tuple[str, ...]) -> str:
-    """Write `tables/<name>.csv` for each name; return the page's closing note that links them."""
+def write_csvs(root: Path, tables: dict[str, pa.Table], names: tuple[str, ...]) -> tuple[str, ...]:
+    """Write `tables/<name>.csv` for each name; the names, for the page's `csv_note`."""
     for name in names:
         write_csv(tables[name], root / "tables" / f"{name}.csv")
-    return (
-        "<p class='note'>Tables: "
-        + ", ".join(f"<a href='tables/{n}.csv'>{n}.csv</a>" for n in names)
-        + "; the Parquet tables and manifest.json sit beside this page.</p></body></html>"
-    )
+    return names

@@ -1,14 +1,14 @@
 """Bounded per-image content for the reports: the worst and best rows of a model, and thumbnails
 embedded in the page, so a report stays a few MB whatever the number of images. `vlm-decade view`
-shows every image."""
+shows every image. Both studies' sample tables are `Samples`, drawn by the `sample_tables` macro."""
 
 from __future__ import annotations
 
 import base64
-import html
 import io
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from PIL import Image, UnidentifiedImageError
 
@@ -16,13 +16,25 @@ from vlm_decade.core import storage
 
 SAMPLE_SIZE = 8  # worst and best rows per model
 THUMB_PX = 96
-VIEW_NOTE = ("Per-image content on this page is a sample: each model's {n} worst and {n} best images (every image "
-             "when a model has at most {twice}). <code>vlm-decade view RUN_DIR</code> shows every image, with filters.")
 
 
-def view_note(n: int | None = None) -> str:
-    n = SAMPLE_SIZE if n is None else n
-    return f"<p class='note'>{VIEW_NOTE.format(n=n, twice=2 * n)}</p>"
+@dataclass(frozen=True)
+class SampleRow:
+    image_id: str
+    where: str  # under the id: the dataset, and more
+    cells: list[str]
+
+
+@dataclass(frozen=True)
+class Samples:
+    """Per model its sample tables, (title, rows), none when it has no rows; the columns after the
+    image; each sampled image's thumbnail (None when its file cannot be read)."""
+
+    head: list[str]
+    models: list[tuple[str, list[tuple[str, list[SampleRow]]]]]
+    thumbs: dict[str, str | None]
+    empty: str  # the note under a model with no rows
+    px: int = THUMB_PX
 
 
 def extremes(rows: Sequence[dict], key: str, n: int | None = None) -> tuple[list[dict], list[dict]]:
@@ -37,6 +49,17 @@ def extremes(rows: Sequence[dict], key: str, n: int | None = None) -> tuple[list
     return low, high
 
 
+def sample_tables(picked: dict[str, tuple[list[dict], list[dict]]], key: str, head: list[str],
+                  row: Callable[[str, dict], SampleRow], path_of: dict[str, str], empty: str) -> Samples:
+    """The sample tables of `picked` (model -> its `extremes` by `key`, in the models' order);
+    `row(model, r)` gives a row's cells."""
+    ids = sorted({r["image_id"] for low, high in picked.values() for r in low + high})
+    models = [(model, [(f"{model}: {end} {key}", [row(model, r) for r in rows])
+                       for end, rows in (("lowest", low), ("highest", high)) if rows])
+              for model, (low, high) in picked.items()]
+    return Samples(head, models, {i: thumbnail_uri(path_of[i]) if path_of.get(i) else None for i in ids}, empty)
+
+
 def thumbnail_uri(path: str, px: int = THUMB_PX) -> str | None:
     """The image as a small JPEG data URI, or None when the file cannot be read."""
     try:
@@ -48,11 +71,3 @@ def thumbnail_uri(path: str, px: int = THUMB_PX) -> str | None:
     buffer = io.BytesIO()
     im.save(buffer, format="JPEG", quality=70)
     return "data:image/jpeg;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
-
-
-def thumbnail_img(path: str | None, alt: str, px: int = THUMB_PX) -> str:
-    """An <img> with the thumbnail embedded, or a note that the image file is missing."""
-    uri = thumbnail_uri(path, px) if path else None
-    if uri is None:
-        return "<span class='note'>(image file missing)</span>"
-    return f"<img src='{uri}' alt='{html.escape(alt)}' style='max-width:{px}px;max-height:{px}px'>"

@@ -2,17 +2,16 @@
 against people) and `openworld` (Study B, LMMs as open-world classifiers).
 
 Each study is a package with its config, its own stages and a `pipeline` module that offers the
-same five functions: `check` (config, data and models, before anything is written), `run`,
-`estimate` (API spend before any), `describe` (what `validate` says of it) and `redraw_report`.
-The command line and the Ray job scripts reach a study only through `pipeline_of`.
+same five functions, the `Pipeline` protocol: `check` (config, data and models, before anything is
+written), `run`, `estimate` (API spend before any), `summary` (what `validate` says of it) and
+`redraw_report`. The command line and the Ray job scripts reach a study only through `pipeline_of`.
 """
 
 from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from pydantic import ValidationError
 
@@ -22,13 +21,33 @@ from vlm_decade.core.storage import is_uri, uri_problem, working_copy
 from vlm_decade.studies.decade.config import StudyConfig
 from vlm_decade.studies.openworld.config import OpenWorldStudyConfig
 
+if TYPE_CHECKING:
+    from vlm_decade.core.progress import Reporter
+    from vlm_decade.core.runfolder import RunFolder
+    from vlm_decade.stages.estimate import Line
+    from vlm_decade.stages.images import ImageCache
+
 STUDIES = {"decade": StudyConfig, "openworld": OpenWorldStudyConfig}
 AnyStudy = StudyConfig | OpenWorldStudyConfig
 
 
-def pipeline_of(study: AnyStudy) -> ModuleType:
-    """The study's pipeline module (`check`, `run`, `estimate`, `describe`, `redraw_report`)."""
-    return importlib.import_module(f"vlm_decade.studies.{study.study}.pipeline")
+class Pipeline(Protocol):
+    """What a study's `pipeline` module offers; `data` is what its `check` returns."""
+
+    def check(self, study: Any, cache: ImageCache | None = None) -> Any: ...
+
+    def run(self, study: Any, reporter: Reporter | None = None) -> RunFolder: ...
+
+    def estimate(self, study: Any, data: Any) -> tuple[list[Line], tuple[str, ...]]: ...
+
+    def summary(self, study: Any, data: Any) -> tuple[str, list[str]]: ...
+
+    def redraw_report(self, folder: RunFolder, study: Any) -> list[str]: ...
+
+
+def pipeline_of(study: AnyStudy) -> Pipeline:
+    """The study's pipeline module."""
+    return cast(Pipeline, importlib.import_module(f"vlm_decade.studies.{study.study}.pipeline"))
 
 
 def study_from_dict(raw: dict) -> AnyStudy:

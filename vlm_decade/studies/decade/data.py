@@ -21,6 +21,7 @@ from vlm_decade.imaging.masks import MaskConfig, mask_ids
 from vlm_decade.stages.images import IMAGE_COLUMNS, CheckedImage, ImageCache, check_images, declared_ids, images_table
 from vlm_decade.studies.decade.config import DataConfig, RankingConfig
 from vlm_decade.studies.decade.ranking import rank_by_consensus, rank_by_votes
+from vlm_decade.studies.rows import FirstRows
 
 DESCRIPTION_COLUMNS = ("description_id", "image_id", "worker_id", "condition", "text")
 VOTE_COLUMNS = ("image_id", "rater_id", "trial", "shown", "chosen")
@@ -171,7 +172,7 @@ def _check_votes(
     checks: a vote naming a rejected description is not counted, but is not reported again either.
     """
     tally = _Tally()
-    seen: dict[tuple[str, str, str], int] = {}
+    seen = FirstRows()
     for row in table.rows:
         if not cell_present(row, table, VOTE_COLUMNS, problems):
             continue
@@ -182,11 +183,10 @@ def _check_votes(
         own = [d for d in shown if d in descriptions and descriptions[d].image_id == image_id]
         if image_id not in known:
             errors.append(("image_id", f"unknown image_id '{image_id}' (not in the images table)"))
-        elif key in seen:
+        elif (first := seen.again(key, row.number)) is not None:
             message = f"duplicate vote: rater '{key[1]}', trial '{key[2]}' on image '{image_id}'"
-            errors.append(("trial", f"{message} (first at row {seen[key]})"))
+            errors.append(("trial", f"{message} (first at row {first})"))
         else:
-            seen[key] = row.number
             if not shown:
                 errors.append(("shown", "'shown' lists no description ids"))
             for description_id, n in Counter(shown).items():

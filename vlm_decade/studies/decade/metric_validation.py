@@ -43,6 +43,7 @@ from vlm_decade.core.tables import read_table
 from vlm_decade.report.figures import save_figure
 from vlm_decade.stats import METHOD_VERSION, format_p
 from vlm_decade.stats.resampling import bh_qvalues, bootstrap_p, percentile_ci, resample_counts, weighted_pearson, weighted_ranks
+from vlm_decade.studies.rows import FirstRows
 
 RATINGS_COLUMNS = ("rater_id", "subject", "image_id", "rating")
 RATINGS_SCHEMA = pa.schema(
@@ -107,7 +108,7 @@ def check_ratings(
         return None
     subjects, images = set(known_subjects), set(known_images)
     lo, hi = scale
-    seen: dict[tuple[str, str, str], int] = {}
+    seen = FirstRows()
     rows = []
     for row in table.rows:
         cells = {c: row.cells[c] for c in RATINGS_COLUMNS}
@@ -127,11 +128,9 @@ def check_ratings(
                 if not lo <= rating <= hi:  # NaN fails this too
                     errors.append(("rating", f"rating {cells['rating']} is outside the scale {lo:g} to {hi:g}"))
         key = (cells["rater_id"], cells["subject"], cells["image_id"])
-        if all(key) and key in seen:
+        if all(key) and (first := seen.again(key, row.number)) is not None:
             message = f"duplicate rating: rater '{key[0]}' on subject '{key[1]}', image '{key[2]}'"
-            errors.append(("rater_id", f"{message} (first at row {seen[key]})"))
-        elif all(key):
-            seen[key] = row.number
+            errors.append(("rater_id", f"{message} (first at row {first})"))
         for column, message in errors:
             problems.add(table.file, message, row=row.number, field=column)
         if not errors:

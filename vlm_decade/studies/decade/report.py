@@ -10,7 +10,6 @@ a sample (each model's worst and best images, thumbnails embedded); `vlm-decade 
 
 from __future__ import annotations
 
-import html
 import math
 from pathlib import Path
 
@@ -18,12 +17,13 @@ import matplotlib.pyplot as plt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from vlm_decade.core.files import atomic_write_bytes, safe_name
+from vlm_decade.core.files import safe_name
 from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.core.runner import Stage
+from vlm_decade.report import samples as report_samples
 from vlm_decade.report.figures import COLOURS, save_figure
-from vlm_decade.report.html import html_table, page_start, write_csvs
-from vlm_decade.report.samples import extremes, thumbnail_img, view_note
+from vlm_decade.report.html import grid, render, write_csvs, write_page
+from vlm_decade.report.samples import SampleRow, Samples, extremes, sample_tables
 from vlm_decade.stats import format_p
 from vlm_decade.studies.decade.config import StudyConfig
 from vlm_decade.studies.decade.metric_validation import write_validation_figure
@@ -31,11 +31,12 @@ from vlm_decade.studies.decade.ranking import vote_ties
 from vlm_decade.studies.decade.taxonomy.report import taxonomy_section
 
 # Part of the report stage's settings: bump it when the page changes, so existing runs redraw it.
-REPORT_FORMAT = 6
+REPORT_FORMAT = 7
 # The tables every report draws from, and those it adds a section for when the run has them.
 REPORT_TABLES = ("images", "references", "responses", "scores", "stats", "comparisons")
 OPTIONAL_TABLES = ("metric_validation", "stsb", "detections", "errors", "spatial", "hand_agreement", "error_stats",
                    "error_comparisons", "impact_stats", "impact_comparisons")
+TEMPLATES = Path(__file__).parent / "templates"
 FAILED_SHOWN = 20  # failed responses listed on the page; the view lists them all
 HUMAN_BANDS = {"human:top": ("top-ranked humans", 0.25), "human:bottom": ("bottom-ranked humans", 0.12)}
 
@@ -87,26 +88,20 @@ def similarity_figure(stats: pa.Table, study: StudyConfig, metric: str, path: Pa
     save_figure(fig, path)
 
 
-def _metric_validation(run: RunFolder, study: StudyConfig, summary: pa.Table) -> str:
+def _metric_validation(run: RunFolder, study: StudyConfig, summary: pa.Table) -> dict:
     """Each metric's agreement with the human raters against the inter-rater ceiling (figure A.1a's shape)."""
     write_validation_figure(summary, run.root / "figures" / "metric_validation.png", demo=study.demo)
     n = study.statistics.n_resamples
-    note = " These ratings were simulated for the demo." if study.demo else ""
     reference = {"pairwise": "the mean correlation between two raters (the paper's test)",
                  "leave-one-out": "each rater against the mean of the others"}[study.validation.ceiling]
-    return (
-        "<h2>The metrics against human ratings</h2><p class='note'>Correlation of each metric with each rater, "
-        f"averaged over raters, against {reference}; p and q test the difference from it, over all rated pairs "
-        f"(subject \"all\") and, as the paper's figure A.1a, for each rated model (docs/metrics.md).{note}</p>"
-        "<img src='figures/metric_validation.png' alt='metric validation against human ratings'>"
-        + html_table(
-            summary,
-            [c for c in ("subject",) if c in summary.column_names]
-            + ["metric", "kind", "role", "estimate", "ci_low", "ci_high", "difference", "p", "q", "n_raters", "n_pairs"],
-            {"p": lambda v, r: "" if v is None else format_p(v, n), "q": lambda v, r: "" if v is None else format_p(v, n),
-             "difference": lambda v, r: "" if v is None else f"{v:.3f}"},
-        )
+    table = grid(
+        summary,
+        [c for c in ("subject",) if c in summary.column_names]
+        + ["metric", "kind", "role", "estimate", "ci_low", "ci_high", "difference", "p", "q", "n_raters", "n_pairs"],
+        {"p": lambda v, r: "" if v is None else format_p(v, n), "q": lambda v, r: "" if v is None else format_p(v, n),
+         "difference": lambda v, r: "" if v is None else f"{v:.3f}"},
     )
+    return {"reference": reference, "table": table}
 
 
 def sample_metric(study: StudyConfig, scores: pa.Table) -> str | None:
@@ -136,63 +131,32 @@ def only_images(table: pa.Table, ids: list[str]) -> pa.Table:
     return table.filter(pc.is_in(table.column("image_id"), value_set=pa.array(ids, pa.string())))
 
 
-def _examples(tables: dict[str, pa.Table], study: StudyConfig, metric: str | None, picked: dict[str, tuple[list[dict], list[dict]]]) -> str:
+def _examples(tables: dict[str, pa.Table], metric: str, picked: dict[str, tuple[list[dict], list[dict]]]) -> Samples:
     """Each model's worst and best images: thumbnail, its full-image description, the gold standard and the similarity."""
-    if metric is None:
-        return "<h2>Descriptions</h2><p class='note'>No scores in this run, so no images to show.</p>"
     ids = sampled_ids(picked)
     references = only_images(tables["references"], ids).to_pylist()
     gold = {r["image_id"]: r["text"] for r in references if r["role"] == "gold" and r["condition"] == "full"}
     said = {(r["subject"], r["image_id"]): r["text"] for r in only_images(tables["responses"], ids).to_pylist()
             if r["variant"] == "full" and r["status"] == "ok"}
     path_of = {r["image_id"]: r["path"] for r in only_images(tables["images"], ids).to_pylist()}
-    thumbs = {i: thumbnail_img(path_of.get(i), i) for i in ids}
-    parts = [f"<h2>Descriptions</h2><p class='note'>Each model's worst and best images by {html.escape(metric)} to the gold standard "
-             "(full image).</p>"]
-    for model in study.models:
-        low, high = picked.get(model.name, ([], []))
-        if not low:
-            parts.append(f"<h3>{html.escape(model.name)}</h3><p class='note'>No {html.escape(metric)} scores for this model.</p>")
-            continue
-        for title, rows in ((f"{model.name}: lowest {metric}", low), (f"{model.name}: highest {metric}", high)):
-            if not rows:
-                continue
-            body = "".join(
-                f"<tr><td>{thumbs[r['image_id']]}</td><td>{html.escape(r['image_id'])}<br><span class='note'>{html.escape(r['dataset'])}</span></td>"
-                f"<td>{r['value']:.3f}</td><td>{html.escape(said.get((model.name, r['image_id']), '(no description)'))}</td>"
-                f"<td>{html.escape(gold.get(r['image_id'], ''))}</td></tr>"
-                for r in rows
-            )
-            parts.append(
-                f"<h3>{html.escape(title)}</h3><table class='sample' data-model='{html.escape(model.name)}'><thead><tr><th></th><th>image</th>"
-                f"<th>{html.escape(metric)}</th><th>the model said</th><th>gold standard (human)</th></tr></thead><tbody>{body}</tbody></table>"
-            )
-    return "".join(parts)
+
+    def row(model: str, r: dict) -> SampleRow:
+        cells = [f"{r['value']:.3f}", said.get((model, r["image_id"]), "(no description)"), gold.get(r["image_id"], "")]
+        return SampleRow(r["image_id"], r["dataset"], cells)
+
+    return sample_tables(picked, metric, [metric, "the model said", "gold standard (human)"], row, path_of,
+                         f"No {metric} scores for this model.")
 
 
-def _failed_responses(responses: pa.Table, shown: int = FAILED_SHOWN) -> str:
+def _failed_responses(responses: pa.Table, shown: int = FAILED_SHOWN) -> dict:
     """How many responses failed, per model, and the first few of them."""
     failed = responses.filter(pc.not_equal(responses.column("status"), "ok"))
-    parts = [f"<h2>Responses</h2><p class='note'>{responses.num_rows} responses, {failed.num_rows} failed.</p>"]
+    out = {"total": responses.num_rows, "failed": failed.num_rows, "shown": shown, "counts": None, "first": None}
     if failed.num_rows:
         counts = failed.group_by("subject").aggregate([("image_id", "count")]).rename_columns(["subject", "failed"]).sort_by("subject")
-        parts.append(html_table(counts, ["subject", "failed"]))
-        if failed.num_rows > shown:
-            parts.append(f"<p class='note'>The first {shown}; the view's model pages list every failed response.</p>")
-        parts.append(html_table(failed.slice(0, shown), ["subject", "image_id", "variant", "error"]))
-    return "".join(parts)
-
-
-def _ranking_ties(references: pa.Table, study: StudyConfig) -> str:
-    """How many role cuts of the vote ranking fell between descriptions the votes could not tell apart."""
-    ties = vote_ties(references.to_pylist())
-    if not ties["images"]:
-        return ""
-    return (
-        f"<p class='note'>{ties['tied']} of {ties['cuts']} role cuts (gold | top | other | bottom) over {ties['images']} "
-        f"vote-ranked images fell between descriptions with equal votes and win rates, {ties['gold_tied']} of them choosing "
-        f"the gold standard; a seeded draw decided them (ranking.seed {study.ranking.seed}; docs/data-format.md).</p>"
-    )
+        out["counts"] = grid(counts, ["subject", "failed"])
+        out["first"] = grid(failed.slice(0, shown), ["subject", "image_id", "variant", "error"])
+    return out
 
 
 def write_report(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Table]) -> None:
@@ -200,70 +164,38 @@ def write_report(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Table]
     for metric in metrics:
         similarity_figure(tables["stats"], study, metric, run.file("figures", f"similarity_{safe_name(metric)}.png"))
     manifest = run.manifest()
-    parts = [page_start(f"{study.name}: vlm_decade report", study.name)]
-    if study.demo:
-        parts.append(
-            "<p class='demo'><b>Demo data.</b> The photos are real (they ship with scikit-image), but the human "
-            "descriptions, masked descriptions and imported captions were written for this demo and the ranking "
-            "votes were simulated. These numbers show what the tool computes; they are not findings about people "
-            "or models.</p>"
-        )
-    images = tables["images"]
-    parts.append(
-        f"<p class='note'>{images.num_rows} images in {len(set(images.column('dataset').to_pylist()))} datasets; "
-        f"{len(study.models)} models; {study.statistics.n_resamples:,} bootstrap resamples over images "
-        f"(seed {study.statistics.seed}); config hash <code>{manifest.get('config_hash', '')[:12]}</code>.</p>"
-    )
-    parts.append(view_note())
-    ranking = manifest.get("ranking_method", {})
-    consensus = sorted(d for d, m in ranking.items() if m == "consensus")
-    parts.append("<h2>Gold standard</h2><ul>")
-    for dataset, method in sorted(ranking.items()):
-        how = "chosen by ranking votes" if method == "votes" else "no votes: consensus rule (the description most similar to the others)"
-        parts.append(f"<li>{html.escape(dataset)}: {how}</li>")
-    parts.append("</ul>")
-    if consensus:
-        parts.append(f"<p class='note'>Datasets without votes ({', '.join(consensus)}) use the consensus fallback; see docs/data-format.md.</p>")
-    parts.append(_ranking_ties(tables["references"], study))
-
-    parts.append("<h2>Similarity to the gold standard</h2>")
-    for metric in metrics:
-        parts.append(f"<img src='figures/similarity_{html.escape(safe_name(metric))}.png' alt='{html.escape(metric)} per model and dataset'>")
-    parts.append(
-        html_table(
-            tables["stats"].sort_by([("metric", "ascending"), ("subject", "ascending"), ("dataset", "ascending")]),
-            ["subject", "dataset", "metric", "variant", "estimate", "ci_low", "ci_high", "n_images"],
-        )
-    )
-    if tables["comparisons"].num_rows:
-        parts.append("<h2>Comparisons</h2><p class='note'>Two-sided bootstrap p; q = Benjamini-Hochberg within each family.</p>")
-        n = study.statistics.n_resamples
-        parts.append(
-            html_table(
-                tables["comparisons"],
-                ["family", "a", "b", "dataset", "metric", "difference", "ci_low", "ci_high", "p", "q", "significant"],
-                {"p": lambda v, r: format_p(v, n), "q": lambda v, r: format_p(v, n)},
-            )
-        )
-    if "metric_validation" in tables:
-        parts.append(_metric_validation(run, study, tables["metric_validation"]))
-    if "stsb" in tables:
-        parts.append(
-            "<h2>The metrics against STS-B's human ratings</h2><p class='note'>Real human similarity ratings "
-            "(STS-B test split, and its photo-caption pairs), through the same encoder and metric code as this study: "
-            "Spearman correlation with a bootstrap CI over sentence pairs (docs/metrics.md).</p>"
-        )
-        parts.append(html_table(tables["stsb"], ["label", "subset", "n_pairs", "spearman", "ci_low", "ci_high"]))
+    images, n = tables["images"], study.statistics.n_resamples
     metric, picked = samples(tables, study)
+    errors = None
     if "errors" in tables:
         # Per-image parts of the error section (heat maps, examples, errors.html) cover the sampled images.
         ids = sampled_ids(picked)
-        per_image = {n: only_images(tables[n], ids) for n in ("errors", "spatial", "references", "responses")}
-        parts.append(taxonomy_section(run, study, {**tables, **per_image}))
-    parts.append(_examples(tables, study, metric, picked))
-    parts.append(_failed_responses(tables["responses"]))
-    parts.append(write_csvs(run.root, tables, ("stats", "comparisons", "scores", "responses")))
-    atomic_write_bytes(run.root / "report.html", "\n".join(parts).encode("utf-8"))
+        per_image = {name: only_images(tables[name], ids) for name in ("errors", "spatial", "references", "responses")}
+        errors = taxonomy_section(run, study, {**tables, **per_image})
+    ranking = manifest.get("ranking_method", {})
+    page = render(
+        TEMPLATES, "decade_report.html", title=f"{study.name}: vlm_decade report", heading=study.name,
+        study=study, n_images=images.num_rows, n_datasets=len(set(images.column("dataset").to_pylist())),
+        config_hash=manifest.get("config_hash", "")[:12], sample_size=report_samples.SAMPLE_SIZE,
+        ranking=sorted(ranking.items()), consensus=sorted(d for d, m in ranking.items() if m == "consensus"),
+        ties=vote_ties(tables["references"].to_pylist()),
+        metrics=[(m, safe_name(m)) for m in metrics],
+        stats=grid(tables["stats"].sort_by([("metric", "ascending"), ("subject", "ascending"),
+                                            ("dataset", "ascending")]),
+                   ["subject", "dataset", "metric", "variant", "estimate", "ci_low", "ci_high", "n_images"]),
+        comparisons=grid(tables["comparisons"],
+                         ["family", "a", "b", "dataset", "metric", "difference", "ci_low", "ci_high", "p", "q",
+                          "significant"],
+                         {"p": lambda v, r: format_p(v, n), "q": lambda v, r: format_p(v, n)}),
+        validation=_metric_validation(run, study, tables["metric_validation"])
+        if "metric_validation" in tables else None,
+        stsb=grid(tables["stsb"], ["label", "subset", "n_pairs", "spearman", "ci_low", "ci_high"])
+        if "stsb" in tables else None,
+        errors=errors, metric=metric, examples=_examples(tables, metric, picked) if metric is not None else None,
+        responses=_failed_responses(tables["responses"]),
+        csvs=write_csvs(run.root, tables, ("stats", "comparisons", "scores", "responses")),
+    )
+    write_page(run.root / "report.html", page)
 
 
 def stage(study: StudyConfig, data, made: list[str]) -> Stage:

@@ -17,6 +17,7 @@ import pyarrow as pa
 from vlm_decade.core.errors import InputError, Problems
 from vlm_decade.core.tables import Table, cell_present, cell_text, read_table
 from vlm_decade.stages.images import IMAGES_SCHEMA, ImageCache, check_images, declared_ids, images_table
+from vlm_decade.studies.rows import FirstRows
 
 LABEL_COLUMNS = ("image_id", "dataset", "file", "label", "granularity")
 CLASSNAME_COLUMNS = ("dataset", "class_name")
@@ -88,7 +89,7 @@ def _check_classnames(table: Table, problems: Problems) -> dict[str, list[str]]:
 def _check_labels(table: Table, problems: Problems) -> dict[str, str]:
     """Check each row's label and granularity; return each dataset's granularity (the first row's)."""
     granularity: dict[str, str] = {}
-    first_row: dict[str, int] = {}
+    first_rows = FirstRows()
     for row in table.rows:
         if not cell_present(row, table, ("label", "granularity"), problems):
             continue
@@ -100,12 +101,13 @@ def _check_labels(table: Table, problems: Problems) -> dict[str, str]:
         dataset = cell_text(row, "dataset")
         if not dataset:  # already reported by the image checks
             continue
-        if dataset not in granularity:
-            granularity[dataset], first_row[dataset] = value, row.number
+        first = first_rows.again(dataset, row.number)
+        if first is None:
+            granularity[dataset] = value
         elif value != granularity[dataset]:
             message = (
                 f"granularity '{value}' differs from '{granularity[dataset]}' given for dataset '{dataset}' "
-                f"at row {first_row[dataset]}: a dataset has one granularity"
+                f"at row {first}: a dataset has one granularity"
             )
             problems.add(table.file, message, row=row.number, field="granularity")
     return granularity

@@ -42,11 +42,11 @@ class DetectActor:
             if isinstance(stim, str) or failure:
                 rows.append({"image_id": job.image_id, "status": "error", "error": stim if isinstance(stim, str) else failure, "detections": []})
             else:
-                rows.append({"image_id": job.image_id, "status": "ok", "error": "", "detections": [_as_row(d) for d in next(found)]})
+                rows.append({"image_id": job.image_id, "status": "ok", "error": "", "detections": [detection_row(d) for d in next(found)]})
         return rows
 
 
-def _as_row(d: Detection) -> dict:
+def detection_row(d: Detection) -> dict:
     x0, y0, x1, y1 = d.box
     return {"label": d.label, "score": d.score, "x0": x0, "y0": y0, "x1": x1, "y1": y1}
 
@@ -63,22 +63,31 @@ def detections_of(table: pa.Table) -> dict[str, list[Detection] | None]:
     return out
 
 
-def run_detections(study, run: StudyRun) -> pa.Table:
-    cfg, rt = study.taxonomy.detector, study.runtime
+def image_rows(study, run: StudyRun, cfg, actor_class: type, subject: str, track: str, submit) -> list[dict]:
+    """One row per full image of the study, sorted by image id, from one Ray actor `actor_class(cfg)` that
+    loads its model once: `submit(actor, batch, stimuli)` sends a batch of jobs with the loader task
+    that decodes their images. The actor is killed however the loop ends."""
+    rt = study.runtime
     ray = run.ray()
     check_actor_fit(study, ray)
-    jobs = [Job("detector", r["image_id"], "full", "", "", r["path"], None, "") for r in run.table("images").select(["image_id", "path"]).to_pylist()]
-    actor = ray.remote(DetectActor).options(num_cpus=rt.cpus_per_actor, num_gpus=rt.gpus_per_actor).remote(cfg)
+    images = run.table("images").select(["image_id", "path"]).to_pylist()
+    jobs = [Job(subject, r["image_id"], "full", "", "", r["path"], None, "") for r in images]
+    actor = ray.remote(actor_class).options(num_cpus=rt.cpus_per_actor, num_gpus=rt.gpus_per_actor).remote(cfg)
     loader = ray.remote(load_stimuli).options(num_cpus=0)
     rows: list[dict] = []
     try:
-        with run.reporter.track("detect", len(jobs)) as advance:
-            for done in bounded(ray, batches(jobs, cfg.batch_size), lambda batch, _: actor.detect.remote(batch, loader.remote(batch)), IN_FLIGHT):
+        with run.reporter.track(track, len(jobs)) as advance:
+            for done in bounded(ray, batches(jobs, cfg.batch_size), lambda batch, _: submit(actor, batch, loader.remote(batch)), IN_FLIGHT):
                 if done.error is not None:
                     raise done.error
                 rows += done.value
                 advance(len(done.work))
     finally:
         ray.kill(actor)
-    rows.sort(key=lambda r: r["image_id"])
+    return sorted(rows, key=lambda r: r["image_id"])
+
+
+def run_detections(study, run: StudyRun) -> pa.Table:
+    cfg = study.taxonomy.detector
+    rows = image_rows(study, run, cfg, DetectActor, "detector", "detect", lambda actor, batch, stimuli: actor.detect.remote(batch, stimuli))
     return pa.Table.from_pylist(rows, schema=DETECTIONS_SCHEMA)

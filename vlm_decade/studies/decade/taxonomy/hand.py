@@ -13,6 +13,7 @@ import pyarrow as pa
 
 from vlm_decade.core.errors import Problems
 from vlm_decade.core.tables import read_table
+from vlm_decade.studies.rows import FirstRows
 
 HAND_COLUMNS = ("subject", "image_id", "error_type", "present")
 HAND_SCHEMA = pa.schema([(c, pa.string()) for c in HAND_COLUMNS[:3]] + [("present", pa.bool_()), ("note", pa.string())])
@@ -25,7 +26,7 @@ def check_hand_labels(path: str | Path, subjects, image_ids, error_types, proble
     if table is None:
         return None
     subjects, image_ids, error_types = set(subjects), set(image_ids), tuple(error_types)
-    seen: dict[tuple[str, str, str], int] = {}
+    seen = FirstRows()
     rows = []
     for row in table.rows:
         cells = {c: (";".join(v) if isinstance(v, list) else v).strip() for c, v in ((c, row.cells[c]) for c in HAND_COLUMNS)}
@@ -40,10 +41,8 @@ def check_hand_labels(path: str | Path, subjects, image_ids, error_types, proble
         if present and present not in TRUE | FALSE:
             bad.append(("present", f"present '{cells['present']}' is not 1/0, true/false or yes/no"))
         key = (cells["subject"], cells["image_id"], cells["error_type"])
-        if all(key) and key in seen:
-            bad.append(("error_type", f"a second label for subject '{key[0]}', image '{key[1]}', {key[2]} (first at row {seen[key]})"))
-        elif all(key):
-            seen[key] = row.number
+        if all(key) and (first := seen.again(key, row.number)) is not None:
+            bad.append(("error_type", f"a second label for subject '{key[0]}', image '{key[1]}', {key[2]} (first at row {first})"))
         for field, message in bad:
             problems.add(table.file, message, row=row.number, field=field)
         if not bad:

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from vlm_decade.core.dispatch import bounded
 from vlm_decade.core.runner import StudyRun
 from vlm_decade.models.backends.detection import Detection
-from vlm_decade.stages.describe import Job, batches, check_actor_fit, load_stimuli
-from vlm_decade.studies.decade.taxonomy.detect import DETECTION_TYPE, IN_FLIGHT, _as_row
+from vlm_decade.stages.describe import Job
+from vlm_decade.studies.decade.taxonomy.detect import DETECTION_TYPE, detection_row, image_rows
 
 LOCATIONS_SCHEMA = pa.schema(
     [("image_id", pa.string()), ("status", pa.string()), ("error", pa.string()), ("queries", pa.list_(pa.string())),
@@ -43,7 +42,7 @@ class LocateActor:
             except Exception as exc:  # noqa: BLE001 - recorded per image
                 rows.append({**row, "status": "error", "error": f"{type(exc).__name__}: {exc}"})
                 continue
-            rows.append({**row, "status": "ok", "error": "", "boxes": [_as_row(d) for d in found]})
+            rows.append({**row, "status": "ok", "error": "", "boxes": [detection_row(d) for d in found]})
         return rows
 
 
@@ -58,26 +57,9 @@ def locations_of(table: pa.Table) -> dict[str, list[Detection] | None]:
 
 def run_locations(study, run: StudyRun, queries: dict[str, list[str]]) -> pa.Table:
     """Ask the locator for `queries[image_id]` on every image of the study."""
-    cfg, rt = study.taxonomy.locator, study.runtime
-    ray = run.ray()
-    check_actor_fit(study, ray)
-    images = run.table("images").select(["image_id", "path"]).to_pylist()
-    jobs = [Job("locator", r["image_id"], "full", "", "", r["path"], None, "") for r in images]
-    actor = ray.remote(LocateActor).options(num_cpus=rt.cpus_per_actor, num_gpus=rt.gpus_per_actor).remote(cfg)
-    loader = ray.remote(load_stimuli).options(num_cpus=0)
-    rows: list[dict] = []
 
-    def submit(batch, _):
-        return actor.locate.remote(batch, loader.remote(batch), {j.image_id: queries.get(j.image_id, []) for j in batch})
+    def submit(actor, batch, stimuli):
+        return actor.locate.remote(batch, stimuli, {j.image_id: queries.get(j.image_id, []) for j in batch})
 
-    try:
-        with run.reporter.track("locate", len(jobs)) as advance:
-            for done in bounded(ray, batches(jobs, cfg.batch_size), submit, IN_FLIGHT):
-                if done.error is not None:
-                    raise done.error
-                rows += done.value
-                advance(len(done.work))
-    finally:
-        ray.kill(actor)
-    rows.sort(key=lambda r: r["image_id"])
+    rows = image_rows(study, run, study.taxonomy.locator, LocateActor, "locator", "locate", submit)
     return pa.Table.from_pylist(rows, schema=LOCATIONS_SCHEMA)

@@ -5,7 +5,6 @@ agreement with hand labels, and `errors.html`, the evidence behind every label."
 
 from __future__ import annotations
 
-import html
 import json
 import math
 from collections import Counter
@@ -13,16 +12,18 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import pyarrow as pa
+from markupsafe import Markup
 
-from vlm_decade.core.files import atomic_write_bytes, safe_name
+from vlm_decade.core.files import safe_name
 from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.report.figures import COLOURS, save_figure
-from vlm_decade.report.html import html_table, page_start
+from vlm_decade.report.html import grid, render, write_page
 from vlm_decade.stats import format_p
 from vlm_decade.studies.decade.config import StudyConfig
 from vlm_decade.studies.decade.taxonomy.analysis import ERROR_TYPES, NO_ERROR
 
-EVIDENCE_STYLE = (
+TEMPLATES = Path(__file__).parent / "templates"
+EVIDENCE_STYLE = Markup(
     "body{font-family:system-ui,sans-serif;margin:1em}table{border-collapse:collapse;font-size:12px}"
     "td,th{border:1px solid #ccc;padding:2px 6px;vertical-align:top}code{white-space:pre-wrap}"
     "tr.yes{background:#fde2e2}tr.undecided{background:#eee}"
@@ -191,49 +192,39 @@ def _chain(error_type: str, finding: dict) -> list[str]:
     return steps
 
 
-def _chain_html(error_type: str, evidence: dict) -> str:
+def _chain_items(error_type: str, evidence: dict) -> list[dict]:
     """Each finding of a label (for hallucinations, each mention checked too; for SDE the correlations;
-    for a hand label the person's note) as its chain of steps."""
+    for a hand label the person's note): `text`, and for an object its name (`object`) and chain of `steps`."""
     items = []
     if "hand" in evidence:
         auto = evidence.get("auto_present")
         said = "undecided" if auto is None else ("present" if auto else "absent")
-        items.append(f"<li>hand label{': ' + html.escape(evidence['hand']) if evidence['hand'] else ''} (the automatic label: {said})</li>")
+        note = f": {evidence['hand']}" if evidence["hand"] else ""
+        items.append({"text": f"hand label{note} (the automatic label: {said})"})
     if "model_r" in evidence:
         r = {k: _number(evidence.get(k), None) or "none" for k in ("model_r", "human_mean_r", "human_sd_r")}
-        items.append(f"<li>model r {r['model_r']}; humans' mean r {r['human_mean_r']}, SD {r['human_sd_r']}"
-                     f"{'; ' + html.escape(evidence['reason']) if evidence.get('reason') else ''}</li>")
+        items.append({"text": f"model r {r['model_r']}; humans' mean r {r['human_mean_r']}, SD {r['human_sd_r']}"
+                              f"{'; ' + evidence['reason'] if evidence.get('reason') else ''}"})
     if "undecided" in evidence:
-        items.append(f"<li>undecided: {html.escape(str(evidence['undecided']))}</li>")
+        items.append({"text": f"undecided: {evidence['undecided']}"})
     for f in evidence.get("findings", []) if isinstance(evidence.get("findings"), list) else []:
-        steps = "".join(f"<li>{html.escape(step)}</li>" for step in _chain(error_type, f))
-        items.append(f"<li><b>{html.escape(str(f.get('object', '')))}</b><ol>{steps}</ol></li>")
+        items.append({"object": str(f.get("object", "")), "text": "", "steps": _chain(error_type, f)})
     for c in [c for c in evidence.get("checked", []) if c.get("present") is True]:
-        steps = "".join(f"<li>{html.escape(_check_words(x))}</li>" for x in c.get("checks", []))
-        items.append(f"<li><b>{html.escape(c['object'])}</b> (mentioned, there: no error)<ol>{steps}</ol></li>")
-    return f"<ul>{''.join(items)}</ul>" if items else ""
+        items.append({"object": c["object"], "text": " (mentioned, there: no error)",
+                      "steps": [_check_words(x) for x in c.get("checks", [])]})
+    return items
 
 
 def _evidence_page(run: RunFolder, study: StudyConfig, errors: pa.Table) -> None:
     rows = []
     for r in errors.to_pylist():
-        state = "undecided" if r["present"] is None else ("yes" if r["present"] else "no")
         evidence = json.loads(r["evidence"])
-        rows.append(
-            f"<tr class='{state}'><td>{html.escape(r['subject'])}</td><td>{html.escape(r['image_id'])}</td>"
-            f"<td>{html.escape(NAMES[r['error_type']])}</td><td>{state}</td><td>{html.escape(r['method'])}</td>"
-            f"<td>{_chain_html(r['error_type'], evidence)}<details><summary>all evidence (JSON)</summary>"
-            f"<code>{html.escape(json.dumps(evidence, indent=1))}</code></details></td></tr>"
-        )
-    page = (
-        page_start(f"{study.name}: error labels", "Error labels and their evidence", EVIDENCE_STYLE)
-        + "<p><a href='report.html'>back to the report</a>. "
-        "method: detector (boxes of the taxonomy's detector), probe (the API model's answers to targeted questions), "
-        "masks (masked descriptions), hand (a person's label, overriding the automatic one).</p>"
-        "<table><thead><tr><th>model</th><th>image</th><th>error type</th><th>present</th><th>method</th><th>evidence</th></tr></thead>"
-        f"<tbody>{''.join(rows)}</tbody></table></body></html>"
-    )
-    atomic_write_bytes(run.root / "errors.html", page.encode("utf-8"))
+        rows.append({**r, "state": "undecided" if r["present"] is None else ("yes" if r["present"] else "no"),
+                     "name": NAMES[r["error_type"]], "chain": _chain_items(r["error_type"], evidence),
+                     "json": json.dumps(evidence, indent=1)})
+    page = render(TEMPLATES, "errors.html", title=f"{study.name}: error labels",
+                  heading="Error labels and their evidence", page_style=EVIDENCE_STYLE, rows=rows)
+    write_page(run.root / "errors.html", page)
 
 
 def _finding_words(error_type: str, evidence: dict) -> str:
@@ -247,27 +238,19 @@ def _finding_words(error_type: str, evidence: dict) -> str:
     return ", ".join(w for w in words if w)
 
 
-def examples_table(tables: dict[str, pa.Table], per_type: int = 3) -> str:
+def examples_table(tables: dict[str, pa.Table], per_type: int = 3) -> list[dict]:
     """A few labelled examples of each object error type (the paper's figures 5-6 show examples)."""
     gold = {r["image_id"]: r["text"] for r in tables["references"].to_pylist() if r["role"] == "gold" and r["condition"] == "full"}
     said = {(r["subject"], r["image_id"]): r["text"] for r in tables["responses"].to_pylist() if r["variant"] == "full" and r["status"] == "ok"}
     labels = [r for r in tables["errors"].to_pylist() if r["present"]]
     rows = []
     for error_type in ERROR_TYPES[:-1]:
-        present = [r for r in labels if r["error_type"] == error_type][:per_type]
-        for r in present:
-            words = _finding_words(error_type, json.loads(r["evidence"]))
-            rows.append(
-                f"<tr><td>{html.escape(NAMES[error_type])}</td><td>{html.escape(r['image_id'])}</td><td>{html.escape(r['subject'])} "
-                f"<span class='note'>({html.escape(r['method'])})</span></td><td>{html.escape(words)}</td>"
-                f"<td>{html.escape(said.get((r['subject'], r['image_id']), ''))}</td><td>{html.escape(gold.get(r['image_id'], ''))}</td></tr>"
-            )
-    if not rows:
-        return ""
-    return (
-        "<h3>Examples</h3><table><thead><tr><th>error</th><th>image</th><th>model</th><th>objects</th><th>the model said</th>"
-        f"<th>gold standard</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
-    )
+        for r in [r for r in labels if r["error_type"] == error_type][:per_type]:
+            rows.append({"error": NAMES[error_type], "image_id": r["image_id"], "subject": r["subject"],
+                         "method": r["method"],
+                         "objects": _finding_words(error_type, json.loads(r["evidence"])),
+                         "said": said.get((r["subject"], r["image_id"]), ""), "gold": gold.get(r["image_id"], "")})
+    return rows
 
 
 def _number(v, r) -> str:
@@ -292,8 +275,8 @@ def stat_formats(n_resamples: int, min_images: int) -> dict:
     }
 
 
-def checks_note(study: StudyConfig) -> str:
-    """What the labels were checked with: the locator, the verifier, the human descriptions."""
+def checks(study: StudyConfig) -> dict[str, str]:
+    """What the labels were checked with: the locator (`boxes`), the verifier (`verifier`)."""
     cfg = study.taxonomy
     if cfg.locator is not None:
         boxes = f"read at each object's place, found by the open-vocabulary locator {cfg.locator.model_id}"
@@ -306,16 +289,12 @@ def checks_note(study: StudyConfig) -> str:
         verifier = ", or the locator, queried with the mention's name, finds it"
     else:
         verifier = f", or the verifier model {cfg.verifier.model_id} says it is there"
-    return (f"<p class='note'>Detector labels: the local model's boxes {html.escape(boxes)}. A mentioned object the gold does "
-            f"not name counts as there when at least {cfg.min_humans} human description(s) of any worker name it"
-            f"{html.escape(verifier)}; API models are asked the paper's questions at the place their description puts "
-            "it. Error rates and impact groups on fewer than "
-            f"{cfg.min_images} images are shown but not tested (docs/taxonomy.md).</p>")
+    return {"boxes": boxes, "verifier": verifier}
 
 
-def taxonomy_section(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Table]) -> str:
+def taxonomy_section(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Table]) -> Markup:
+    """The section of report.html; draws its figures and writes errors.html."""
     figures = run.root / "figures"
-    n = study.statistics.n_resamples
     error_stats = tables["error_stats"].to_pylist()
     error_rate_figure(error_stats, study, figures / "error_rates.png")
     impact = tables["impact_stats"].to_pylist()
@@ -323,43 +302,22 @@ def taxonomy_section(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Ta
         impact_figure(impact, study.taxonomy_metric, study.demo, figures / "impact.png")
     heatmaps = heatmap_files(run, study, tables["images"], tables["spatial"])
     _evidence_page(run, study, tables["errors"])
-    fmt = stat_formats(n, study.taxonomy.min_images)
-    parts = [
-        "<h2>Errors</h2><p class='note'>Local and imported models are labelled from the taxonomy detector's boxes, API models "
-        "from their answers to probe questions; spatial dependence from the masked descriptions (docs/taxonomy.md, "
-        "docs/spatial-dependence.md). Every label and its evidence: <a href='errors.html'>errors.html</a>.</p>",
-        checks_note(study),
-        "<img src='figures/error_rates.png' alt='error rates by model and dataset'>",
-        html_table(tables["error_stats"].sort_by([("metric", "ascending"), ("subject", "ascending"), ("dataset", "ascending")]),
-                   ["subject", "dataset", "metric", "estimate", "ci_low", "ci_high", "n_images"], fmt),
-    ]
-    parts.append(examples_table(tables))
-    if tables["error_comparisons"].num_rows:
-        parts.append("<h3>Error-rate comparisons</h3>")
-        parts.append(html_table(tables["error_comparisons"], ["family", "a", "b", "dataset", "metric", "difference", "n_a", "n_b", "p", "q",
-                                                              "significant"], fmt))
-    if impact:
-        parts.append(f"<h2>Error impact</h2><p class='note'>Mean {html.escape(study.taxonomy_metric)} of the model-image pairs "
-                     "that have each error type, against the pairs with none, and the paper's comparisons between the types "
-                     "(scene understanding against detection, recognition and hallucination; SDE against the other four). "
-                     "All datasets pooled; the bootstrap resamples images, each with all its pairs (figure 8).</p>")
-        parts.append("<img src='figures/impact.png' alt='similarity by error type'>")
-        parts.append(html_table(tables["impact_stats"], ["subject", "estimate", "ci_low", "ci_high", "n_images"]
-                                + (["n_pairs"] if "n_pairs" in tables["impact_stats"].column_names else []), fmt))
-        if tables["impact_comparisons"].num_rows:
-            parts.append(html_table(tables["impact_comparisons"], ["a", "b", "metric", "difference", "ci_low", "ci_high", "n_a", "n_b", "p", "q"], fmt))
+    fmt = stat_formats(study.statistics.n_resamples, study.taxonomy.min_images)
+    impact_stats = tables["impact_stats"]
     counts = sde_counts(tables["spatial"])
-    if counts.num_rows:
-        parts.append("<h3>Spatial dependence: decided and undecided images</h3><p class='note'>An image whose SDE cannot be "
-                     "decided (no masked description, a constant profile, too few human descriptions) is counted here and left "
-                     "out of the SDE rate and of \"no error\" (docs/spatial-dependence.md).</p>")
-        parts.append(html_table(counts, counts.column_names))
-    if heatmaps:
-        parts.append("<h2>Which regions matter</h2><p class='note'>Importance of each masked region (1 - similarity of the masked "
-                     "description to the unmasked one) for humans and each model (figure 7a).</p>")
-        parts += [f"<div><img src='{rel}' alt='heat map {html.escape(i)}'></div>" for i, rel in heatmaps]
-    if tables["hand_agreement"].num_rows:
-        parts.append("<h2>Hand labels against automatic labels</h2><p class='note'>Cohen's kappa per error type on the "
-                     "labels both have; hand labels override the automatic ones in every figure above.</p>")
-        parts.append(html_table(tables["hand_agreement"], ["error_type", "kappa", "observed_agreement", "n"]))
-    return "".join(parts)
+    return render(
+        TEMPLATES, "errors_section.html",
+        study=study, checks=checks(study), examples=examples_table(tables), heatmaps=heatmaps, impact=bool(impact),
+        error_stats=grid(tables["error_stats"].sort_by([("metric", "ascending"), ("subject", "ascending"),
+                                                        ("dataset", "ascending")]),
+                         ["subject", "dataset", "metric", "estimate", "ci_low", "ci_high", "n_images"], fmt),
+        error_comparisons=grid(tables["error_comparisons"],
+                               ["family", "a", "b", "dataset", "metric", "difference", "n_a", "n_b", "p", "q",
+                                "significant"], fmt),
+        impact_stats=grid(impact_stats, ["subject", "estimate", "ci_low", "ci_high", "n_images"]
+                          + (["n_pairs"] if "n_pairs" in impact_stats.column_names else []), fmt),
+        impact_comparisons=grid(tables["impact_comparisons"],
+                                ["a", "b", "metric", "difference", "ci_low", "ci_high", "n_a", "n_b", "p", "q"], fmt),
+        sde_counts=grid(counts, counts.column_names),
+        hand_agreement=grid(tables["hand_agreement"], ["error_type", "kappa", "observed_agreement", "n"]),
+    )
