@@ -67,19 +67,14 @@ class _Commands(typer.Typer):
 app = _Commands(add_completion=False, no_args_is_help=True, help="Measure vision-language models against people.")
 
 
-def _load(study_file: Path, out: Optional[str], address: Optional[str], cache_dir: Optional[Path] = None, writes: bool = False,
-          wait: bool = True):
-    """The study, with the command line's overrides; `writes`: its run folder must be writable."""
-    from vlm_decade.core.config import output_problems
+def _load(study_file: Path, out: Optional[str], address: Optional[str], cache_dir: Optional[Path] = None, wait: bool = True):
+    """The study, with the command line's overrides (its run folder, `--out` or `output`, checked
+    alike by `load_study`)."""
     from vlm_decade.studies import load_study
 
     study = load_study(study_file, output=out)
     if address:
         study = study.model_copy(update={"runtime": study.runtime.model_copy(update={"address": address})})
-    if writes:
-        problems = output_problems(study.output, "--out" if out is not None else "output")
-        if problems:
-            raise InputError(problems)
     if not wait:
         study = study.model_copy(update={"providers": study.providers.model_copy(update={"batch_wait": False})})
     return _with_cache_dir(study, cache_dir)
@@ -162,7 +157,7 @@ def run(
     wait: bool = typer.Option(True, "--wait/--no-wait", help="Batch mode: wait for the batches, or submit them and exit (a later run collects)."),
 ) -> None:
     """Run a study; re-running resumes and skips every unchanged stage."""
-    study = _load(study_file, out, address, cache_dir, writes=True, wait=wait)
+    study = _load(study_file, out, address, cache_dir, wait=wait)
     if rehash:
         study = study.model_copy(update={"runtime": study.runtime.model_copy(update={"rehash": True})})
     _run(study)

@@ -43,7 +43,7 @@ def test_every_config_problem_is_reported_with_its_field(tmp_path):
     with pytest.raises(InputError) as info:
         load_study(tmp_path / "study.yaml")
     fields = {p.field for p in info.value.problems}
-    assert {"models.0.era", "statistics.n_resamples", "typo_key"} <= fields
+    assert {"models[0].era", "statistics.n_resamples", "typo_key"} <= fields
     assert all(p.file.endswith("study.yaml") for p in info.value.problems)
 
 
@@ -170,7 +170,7 @@ def test_probe_templates_fill_in_the_built_in_wording():
 def test_taxonomy_weights_resolve_against_the_study_file(tmp_path):
     text = MINIMAL + (
         "taxonomy:\n"
-        "  detector: {backend: hf-detector, model_id: d, path: weights/detr, options: {threshold: 0.3}}\n"
+        "  detector: {backend: hf-detector, model_id: d, path: weights/detr, options: {score_threshold: 0.3}}\n"
         f"  matcher: {{name: objects, path: {tmp_path / 'abs' / 'minilm'}}}\n"
     )
     taxonomy = load_text(tmp_path, text).taxonomy
@@ -178,7 +178,7 @@ def test_taxonomy_weights_resolve_against_the_study_file(tmp_path):
     assert taxonomy.matcher.path == tmp_path / "abs" / "minilm"  # absolute: as given
     model = taxonomy.detector.as_model()
     assert (model.name, model.backend, model.model_id, model.path, model.options) == (
-        "detector", "hf-detector", "d", tmp_path / "weights" / "detr", {"threshold": 0.3})
+        "detector", "hf-detector", "d", tmp_path / "weights" / "detr", {"score_threshold": 0.3})
 
 
 def test_cosine_metric_encoder_path_resolves_against_the_study_file(tmp_path):
@@ -205,9 +205,9 @@ def test_cosine_metric_encoder_path_resolves_against_the_study_file(tmp_path):
         (lambda t: t + "statistics: {seed: 1208925819614629174706176}\n", "statistics.seed"),  # 2**80
         (lambda t: t + "statistics: {n_resamples: 1.0e+10}\n", "statistics.n_resamples"),
         (lambda t: t + "statistics: {n_resamples: 1e10}\n", "statistics.n_resamples"),  # YAML reads this as text
-        (lambda t: t.replace("name: m,", "name: '   ',"), "models.0.name"),
+        (lambda t: t.replace("name: m,", "name: '   ',"), "models[0].name"),
         (lambda t: t.replace("name: s\n", "name: \"\\t\"\n"), "name"),
-        (lambda t: t.replace("model_id: x,", "model_id: ' ',"), "models.0.model_id"),
+        (lambda t: t.replace("model_id: x,", "model_id: ' ',"), "models[0].model_id"),
     ],
 )
 def test_a_field_of_the_wrong_type_or_range_is_named(tmp_path, change, field):
@@ -222,12 +222,10 @@ def test_a_bad_type_says_what_it_got(tmp_path):
 
 
 def test_an_imported_file_option_that_is_no_path_is_a_problem_not_a_crash():
-    from vlm_decade.core.config import ModelConfig
-    from vlm_decade.models.backends.imported import ImportedBackend
+    from vlm_decade.models.backends import entry_problems
 
-    model = ModelConfig(name="m", backend="imported", model_id="x", era="pre-mllm", options={"file": 5})
-    (problem,) = ImportedBackend.check(model, {"i"}, ["full"])
-    assert problem.file == "study file" and problem.field == "models[m].options.file" and "got 5" in problem.message
+    (problem,) = entry_problems("imported", {"file": 5}, ("models", 0))
+    assert problem.file == "study file" and problem.field == "models[0].options.file" and "got 5" in problem.message
 
 
 @pytest.mark.parametrize(

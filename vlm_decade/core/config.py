@@ -18,10 +18,12 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import annotated_types
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, WithJsonSchema, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError, WithJsonSchema, field_validator, model_validator
 
-from vlm_decade.core.errors import InputError, Problem
+from vlm_decade.core.errors import STUDY_FILE, InputError, Problem
+from vlm_decade.core.names import did_you_mean
 from vlm_decade.core.storage import is_uri, uri_problem
 from vlm_decade.core.tables import regular_file_problem
 
@@ -92,6 +94,85 @@ class Settings(BaseModel):
         """A short hash of `fingerprint()` less the fields `without` (e.g. a display name)."""
         payload = {k: v for k, v in self.fingerprint().items() if k not in without}
         return hashlib.sha256(json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()).hexdigest()[:16]
+
+
+class BackendOptions(Settings):
+    """The options one backend takes (`options:` of a model, encoder, detector, locator or judge),
+    declared next to the backend class as its `Options`: `check_options` refuses an unknown name with
+    a "did you mean" and a bad value with its allowed range, before any work. Strict: `k: 2.5` or
+    `score_threshold: "high"` is refused, not rounded or read."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+
+def field_path(loc: tuple) -> str:
+    """A pydantic location as a study file's author reads it: `models[2].options.threshold`."""
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+def section_at(cls: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
+    """The section class a location (less its last part) ends in: list indices and mapping keys
+    (a provider's prices by model id) are stepped over."""
+    skip = False
+    for part in loc:
+        if skip:
+            skip = False
+            continue
+        field = cls.model_fields.get(part) if isinstance(part, str) else None
+        inner = _settings_in(field.annotation) if field is not None else None
+        if inner is None:
+            return None
+        skip = getattr(field.annotation, "__origin__", None) in (tuple, dict)
+        cls = inner
+    return cls
+
+
+def range_text(field: Any) -> str | None:
+    """A numeric field's allowed range from its bounds ("in 0..1", "> 0 and <= 1", ">= 1"), or None."""
+    kinds = {annotated_types.Gt: ("gt", ">"), annotated_types.Ge: ("ge", ">="), annotated_types.Lt: ("lt", "<"), annotated_types.Le: ("le", "<=")}
+    bounds = {kinds[type(m)][1]: getattr(m, kinds[type(m)][0]) for m in field.metadata if type(m) in kinds}
+    if ">=" in bounds and "<=" in bounds:
+        return f"in {bounds['>=']:g}..{bounds['<=']:g}"
+    return " and ".join(f"{sign} {value:g}" for sign, value in bounds.items()) or None
+
+
+_RANGE_ERRORS = ("greater_than", "greater_than_equal", "less_than", "less_than_equal")
+_PLAIN = {"path_type": "must be a path (text)", "tuple_type": "must be a list"}
+
+
+def error_message(cls: type[BaseModel], err: dict, what: str = "field") -> str:
+    """One pydantic error as a sentence: an unknown name with the closest known one and the list,
+    a value out of range with the range allowed, a value of the wrong kind with the value."""
+    loc, value = err["loc"], err.get("input")
+    if err["type"] == "extra_forbidden":
+        section = section_at(cls, loc[:-1])
+        known = list(section.model_fields) if section is not None else []
+        return f"unknown {what} '{loc[-1]}'{did_you_mean(str(loc[-1]), known)}" + (f"; known: {', '.join(known)}" if known else "")
+    if err["type"] in _RANGE_ERRORS:
+        section = section_at(cls, loc[:-1])
+        field = section.model_fields.get(loc[-1]) if section is not None else None
+        allowed = range_text(field) if field is not None else None
+        if allowed is not None:
+            return f"must be {allowed}, got {value!r}"
+    message = _PLAIN.get(err["type"]) or err["msg"].removeprefix("Value error, ")
+    if err["type"].endswith(("_type", "_parsing", "literal_error")) and not isinstance(value, (dict, list)):
+        message += f" (got {repr(value)[:40]})"
+    return message
+
+
+def check_options(cls: type[BackendOptions], options: Any, where: tuple, backend: str, file: str = STUDY_FILE) -> list[Problem]:
+    """Why `options` (of the entry at location `where`, e.g. ("models", 2), run by `backend`) are not
+    what `cls` declares: one problem per unknown name or bad value, each naming its field
+    (`models[2].options.x`)."""
+    try:
+        cls.model_validate(options)
+    except ValidationError as exc:
+        return [Problem(file, error_message(cls, err, f"{backend} option"), field=field_path((*where, "options", *err["loc"])))
+                for err in exc.errors()]
+    return []
 
 
 Era = Literal["pre-mllm", "mllm"]
@@ -353,14 +434,39 @@ def output_problems(output: str | Path, field: str = "output") -> list[Problem]:
     return []
 
 
-def resolve_entry_paths(entry: Any, base: Path) -> None:
-    """A model, encoder, metric, detector or judge entry: its `path` and `options.file` made absolute."""
-    if isinstance(entry, dict):
-        if entry.get("path") is not None:
-            entry["path"] = resolve_path(entry["path"], base)
-        opts = entry.get("options")
-        if isinstance(opts, dict) and "file" in opts:
-            opts["file"] = resolve_path(opts["file"], base)
+# Backend options that name a file (the imported backend's descriptions, CaSED's caption database).
+PATH_OPTIONS = ("file", "database")
+
+
+def _is_path(annotation: Any) -> bool:
+    return annotation is Path or Path in getattr(annotation, "__args__", ())
+
+
+def resolve_paths(raw: Any, cls: type[Settings], base: Path) -> None:
+    """Every path of a study file's section `raw` (a mapping, changed in place) made absolute
+    against `base`, the study file's folder: each field `cls` declares as a path (`output` too), in
+    its sections and their lists, and the options that name a file. Only what has the right shape is
+    touched: a field of the wrong type (`models: 5`) is left for validation to name."""
+    if not isinstance(raw, dict):
+        return
+    for name, field in cls.model_fields.items():
+        value = raw.get(name)
+        if value is None:
+            continue
+        if _is_path(field.annotation):
+            raw[name] = resolve_path(value, base)
+        inner = _settings_in(field.annotation)
+        if inner is None:
+            continue
+        origin = getattr(field.annotation, "__origin__", None)
+        items = value if origin is tuple and isinstance(value, list) else value.values() if origin is dict and isinstance(value, dict) else [value]
+        for item in items:
+            resolve_paths(item, inner, base)
+    options = raw.get("options") if "options" in cls.model_fields else None
+    if isinstance(options, dict):
+        for key in PATH_OPTIONS:
+            if options.get(key) is not None:
+                options[key] = resolve_path(options[key], base)
 
 
 def _type_text(annotation: Any) -> str:

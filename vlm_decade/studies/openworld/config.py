@@ -8,7 +8,10 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from vlm_decade.core.config import EncoderConfig, FolderLocation, Settings, StudyBase, operational, repeated
+from vlm_decade.core.config import BackendOptions, EncoderConfig, FolderLocation, Settings, StudyBase, operational, repeated
+from vlm_decade.models.backends.api import GeminiOptions, OpenAITextOptions
+from vlm_decade.models.backends.hf_common import Generation, PlacementOptions
+from vlm_decade.studies.openworld.metrics import JUDGE_MAX_NEW_TOKENS
 
 OPEN_WORLD_PROMPT = "What type of object is in this image?"
 
@@ -26,6 +29,16 @@ class PromptConfig(Settings):
 
     id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="The prompt's id in every table.")
     text: str = Field(min_length=1, description="The question every open-world model answers.")
+
+
+class LocalJudgeOptions(PlacementOptions, Generation):
+    """The options of the local judge (`hf-judge`)."""
+
+    max_new_tokens: int = Field(JUDGE_MAX_NEW_TOKENS, ge=1, description="the longest answer, in tokens (the paper's 16)")
+
+
+# What each judge backend takes: an API judge is sent text only, so no image `detail`.
+JUDGE_OPTIONS: dict[str, type[BackendOptions]] = {"hf-judge": LocalJudgeOptions, "openai": OpenAITextOptions, "gemini": GeminiOptions}
 
 
 class JudgeConfig(Settings):
@@ -79,3 +92,12 @@ class OpenWorldStudyConfig(StudyBase):
             if m.era is not None or m.prompt is not None or m.variants != "full":
                 raise ValueError(f"model '{m.name}': Study B models take no era, prompt or variants (prompts are set under `prompts`)")
         return self
+
+    def option_entries(self) -> list[tuple[tuple, str, dict, type | None]]:
+        """Beyond the models, the entries of this study that run a backend with options: the judge."""
+        j = self.judge
+        return [] if j is None else [(("judge",), j.backend, j.options, JUDGE_OPTIONS[j.backend])]
+
+    def encoder_entries(self) -> list[tuple[tuple, str]]:
+        """(location, encoder backend) of every encoder this study runs."""
+        return [(("scoring", "encoder"), self.scoring.encoder.backend)]
