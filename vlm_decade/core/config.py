@@ -52,6 +52,33 @@ def operational(default: Any, description: str, **constraints: Any) -> Any:
     return Field(default, description=description, json_schema_extra=OPERATIONAL, **constraints)
 
 
+def for_studies(default: Any, description: str, *studies: str) -> Any:
+    """A field only the named studies take: `vlm-decade schema` shows it for them alone, and
+    any other refuses it, set (`set_for_other_studies`)."""
+    return Field(default, description=description, json_schema_extra={"studies": list(studies)})
+
+
+def registry_field(default: Any, description: str, registry: str) -> Any:
+    """A field whose value names an entry of a registry ("backend", "encoder"): the schema lists the
+    registry's names, read from it, so a new backend is shown the moment it is registered."""
+    return Field(default, min_length=1, description=description, json_schema_extra={"registry": registry})
+
+
+def _extra(field: Any, key: str) -> Any:
+    return field.json_schema_extra.get(key) if isinstance(field.json_schema_extra, dict) else None
+
+
+def taken_by(field: Any, study: str | None) -> bool:
+    """Whether `study` takes this field (every field but those `for_studies` names others for)."""
+    studies = _extra(field, "studies")
+    return study is None or studies is None or study in studies
+
+
+def set_for_other_studies(section: "Settings", study: str) -> list[str]:
+    """The fields set in `section` that `study` does not take (the study refuses them)."""
+    return sorted(name for name in section.model_fields_set if not taken_by(type(section).model_fields[name], study))
+
+
 def _settings_in(annotation: Any) -> type["Settings"] | None:
     """The Settings class a field holds, directly or as the items of a tuple (or None-able)."""
     candidates = [annotation, *getattr(annotation, "__args__", ())]
@@ -182,11 +209,11 @@ class ModelConfig(Settings):
     """One describing (A) or classifying (B) model: `name` is its subject in every table."""
 
     name: str = Field(min_length=1, description="The model's name in every table (its `subject`).")
-    backend: str = Field(min_length=1, description="How it runs: hf-captioner, hf-vlm, hf-detector, hf-zero-shot, openai, gemini, imported, ssd-template, ssd-label, litert-classifier (docs/models.md).")
+    backend: str = registry_field(..., "How it runs: each backend's options are in docs/models.md.", "backend")
     model_id: str = Field(min_length=1, description="The model: a hub id, an API model id, or a name for imported descriptions.")
-    era: Era | None = Field(None, description="Study A only: pre-mllm or mllm (the era comparisons).")
-    prompt: str | None = Field(None, description="Study A only: this model's prompt instead of the study's.")
-    variants: Literal["full", "all"] = Field("full", description="Study A only: full, or all (the full image and every masked variant).")
+    era: Era | None = for_studies(None, "pre-mllm or mllm (the era comparisons).", "decade")
+    prompt: str | None = for_studies(None, "This model's prompt instead of the study's.", "decade")
+    variants: Literal["full", "all"] = for_studies("full", "full, or all (the full image and every masked variant).", "decade")
     batch_size: int = operational(8, "Stimuli per batch in the model's actor.", ge=1)
     path: Path | None = Field(None, description="A local folder with the weights (default: a packaged copy, then the hub).")
     options: dict[str, Any] = Field(default_factory=dict, description="Backend options (docs/models.md), e.g. temperature, max_output_tokens, file.")
@@ -207,7 +234,7 @@ class EncoderConfig(Settings):
     """A text encoder whose cosine similarity to the gold standard is a metric (e.g. SBERT-SI, GPT-SI)."""
 
     name: str = Field(min_length=1, description="The metric's name in every table (e.g. SBERT-SI).")
-    backend: str = Field("sentence-transformers", description="sentence-transformers, openai-embedding or gemini-embedding.")
+    backend: str = registry_field("sentence-transformers", "How it runs.", "encoder")
     model_id: str = Field(MINILM, description="The encoder's hub or API model id.")
     path: Path | None = Field(None, description="A local folder with the weights (default: a packaged copy, then the hub).")
     batch_size: int = operational(64, "Texts per batch.", ge=1)
@@ -505,28 +532,51 @@ def _value_text(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def reference(cls: type[Settings], prefix: str = "", defaults: Settings | None = None) -> list[tuple[str, str, str, str]]:
-    """(key, type, default, description) of every field of a section and the sections inside it;
-    `defaults`: the section's default value, whose fields are the defaults shown."""
+def reference(cls: type[Settings], prefix: str = "", defaults: Settings | None = None, study: str | None = None,
+              registries: dict[str, list[str]] | None = None) -> list[tuple[str, str, str, str]]:
+    """(key, type, default, description) of every field of a section and the sections inside it
+    that `study` takes; `defaults`: the section's default value, whose fields are the defaults
+    shown; `registries`: the names of each registry, the values a `registry_field` takes."""
     rows = []
     for name, field in cls.model_fields.items():
+        if not taken_by(field, study):
+            continue
         key = prefix + name
         if defaults is not None:
             value = getattr(defaults, name)
         else:
             value = _REQUIRED if field.is_required() else field.get_default(call_default_factory=True)
-        rows.append((key, _type_text(field.annotation), _value_text(value), field.description or ""))
+        names = (registries or {}).get(_extra(field, "registry"))
+        kind = "one of " + ", ".join(names) if names else _type_text(field.annotation)
+        rows.append((key, kind, _value_text(value), field.description or ""))
         inner = _settings_in(field.annotation)
         if inner is not None:
             origin = getattr(field.annotation, "__origin__", None)
             nested = {tuple: "[].", dict: ".<model id>."}.get(origin, ".")
-            rows += reference(inner, key + nested, value if isinstance(value, Settings) else None)
+            rows += reference(inner, key + nested, value if isinstance(value, Settings) else None, study, registries)
     return rows
 
 
-def reference_markdown(cls: type[Settings]) -> str:
+def reference_markdown(cls: type[Settings], study: str | None = None, registries: dict[str, list[str]] | None = None) -> str:
     """`reference` as a Markdown table (what `vlm-decade schema` prints and the docs show)."""
     cell = lambda text: text.replace("|", "\\|")  # noqa: E731
     lines = ["| key | type | default | what |", "| --- | --- | --- | --- |"]
-    lines += [f"| `{key}` | {cell(kind)} | {cell(default)} | {cell(what)} |" for key, kind, default, what in reference(cls)]
+    rows = reference(cls, study=study, registries=registries)
+    lines += [f"| `{key}` | {cell(kind)} | {cell(default)} | {cell(what)} |" for key, kind, default, what in rows]
     return "\n".join(lines) + "\n"
+
+
+def json_schema(cls: type[Settings], study: str | None = None, registries: dict[str, list[str]] | None = None) -> dict:
+    """The JSON Schema of what `study` takes: pydantic's, less the fields only other studies take,
+    and with each `registry_field`'s names as its enum."""
+    schema = cls.model_json_schema()
+    for section in [schema, *schema.get("$defs", {}).values()]:
+        properties = section.get("properties", {})
+        for name, prop in list(properties.items()):
+            studies, registry = prop.pop("studies", None), prop.pop("registry", None)
+            if study is not None and studies is not None and study not in studies:
+                del properties[name]
+                section["required"] = [r for r in section.get("required", []) if r != name]
+            elif registry in (registries or {}):
+                prop["enum"] = list(registries[registry])
+    return schema

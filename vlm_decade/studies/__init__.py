@@ -16,7 +16,16 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from vlm_decade.core.config import check_options, error_message, field_path, output_problems, read_study_file, resolve_paths
+from vlm_decade.core.config import (
+    check_options,
+    error_message,
+    field_path,
+    json_schema,
+    output_problems,
+    read_study_file,
+    reference_markdown,
+    resolve_paths,
+)
 from vlm_decade.core.errors import InputError, Problem
 from vlm_decade.models.backends import BACKENDS, entry_problems
 from vlm_decade.models.encoders import ENCODERS
@@ -26,6 +35,21 @@ from vlm_decade.studies.openworld.config import OpenWorldStudyConfig
 
 STUDIES = {"decade": StudyConfig, "openworld": OpenWorldStudyConfig}
 AnyStudy = StudyConfig | OpenWorldStudyConfig
+
+
+def registries() -> dict[str, list[str]]:
+    """The names each registry holds: the values a study file's `backend` fields take."""
+    return {"backend": BACKENDS.names(), "encoder": ENCODERS.names()}
+
+
+def schema_markdown(kind: str) -> str:
+    """Every field study `kind` takes, as the table `vlm-decade schema` prints and the docs show."""
+    return reference_markdown(STUDIES[kind], kind, registries())
+
+
+def schema_json(kind: str) -> dict:
+    """The JSON Schema of the study file study `kind` takes."""
+    return json_schema(STUDIES[kind], kind, registries())
 
 
 def pipeline_of(study: AnyStudy) -> ModuleType:

@@ -8,7 +8,16 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from vlm_decade.core.config import BackendOptions, EncoderConfig, FolderLocation, Settings, StudyBase, operational, repeated
+from vlm_decade.core.config import (
+    BackendOptions,
+    EncoderConfig,
+    FolderLocation,
+    Settings,
+    StudyBase,
+    operational,
+    repeated,
+    set_for_other_studies,
+)
 from vlm_decade.models.backends.api import GeminiOptions, OpenAITextOptions
 from vlm_decade.models.backends.hf_common import Generation, PlacementOptions
 from vlm_decade.studies.openworld.metrics import JUDGE_MAX_NEW_TOKENS
@@ -89,8 +98,9 @@ class OpenWorldStudyConfig(StudyBase):
             if dupes:
                 raise ValueError(f"{kind}s must be unique; repeated: {', '.join(dupes)}")
         for m in self.models:
-            if m.era is not None or m.prompt is not None or m.variants != "full":
-                raise ValueError(f"model '{m.name}': Study B models take no era, prompt or variants (prompts are set under `prompts`)")
+            foreign = set_for_other_studies(m, "openworld")
+            if foreign:
+                raise ValueError(f"model '{m.name}': Study B models take no {', '.join(foreign)} (prompts are set under `prompts`)")
         return self
 
     def option_entries(self) -> list[tuple[tuple, str, dict, type | None]]:
