@@ -391,10 +391,14 @@ class StudyBase(Settings):
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
+# A URI whose "//" a path type (or a typing hand) has folded to one slash.
+FOLDED_URI = re.compile(r"^(s3|gs):/[^/]")
+
+
 def resolve_path(value: Any, base: Path) -> Any:
-    """A path relative to `base` made absolute; a URI, and anything that is no path text (a number, a
-    list), is left as it is, for the field's own check to name."""
-    if not isinstance(value, str) or is_uri(value) or Path(value).is_absolute():
+    """A path relative to `base` made absolute; a URI (one with a slash lost, too), and anything that
+    is no path text (a number, a list), is left as it is, for the field's own check to name."""
+    if not isinstance(value, str) or is_uri(value) or FOLDED_URI.match(value) or Path(value).is_absolute():
         return value
     return str(base / value)
 
@@ -444,7 +448,7 @@ def output_problems(output: str | Path, field: str = "output") -> list[Problem]:
     if is_uri(str(output)):  # a run folder in a bucket, worked on in a local copy (core.storage)
         problem = uri_problem(str(output))
         return [] if problem is None else [Problem(str(output), problem, field=field)]
-    if re.match(r"^(s3|gs):/[^/]", str(output)):  # a URI whose "//" a path type has folded
+    if FOLDED_URI.match(str(output)):
         return [Problem(str(output), "looks like a URI with one slash: write s3://bucket/... or gs://bucket/...", field=field)]
     output = Path(output)
     if "\0" in str(output):

@@ -24,6 +24,7 @@ from vlm_decade.core.config import (
     output_problems,
     read_study_file,
     reference_markdown,
+    resolve_path,
     resolve_paths,
 )
 from vlm_decade.core.errors import InputError, Problem
@@ -78,7 +79,7 @@ def load_study(path: str | Path, output: str | Path | None = None) -> AnyStudy:
         resolve_paths(raw, STUDIES[kind], path.resolve().parent)
     field = "output" if output is None else "--out"
     if output is not None:
-        raw["output"] = str(output) if is_uri(str(output)) else str(Path(output).absolute())
+        raw["output"] = resolve_path(str(output), Path.cwd())
     if isinstance(raw.get("output"), str) and is_uri(raw["output"]):  # a run folder in a bucket: its local working copy
         problem = uri_problem(raw["output"])
         if problem is not None:

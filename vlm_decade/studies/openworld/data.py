@@ -15,6 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from vlm_decade.core.errors import InputError, Problems
+from vlm_decade.core.names import closest
 from vlm_decade.core.tables import Table, cell_present, cell_text, read_table
 from vlm_decade.stages.images import IMAGES_SCHEMA, ImageCache, check_images, declared_ids, images_table
 
@@ -130,9 +131,9 @@ def _check_labels_in_class_lists(
         if label not in known[dataset]:
             count = len(class_lists[dataset])
             message = f"label '{label}' is not among the {count} class names of dataset '{dataset}' in {source}"
-            near = [n for n in class_lists[dataset] if n.casefold() == label.casefold()]
+            near = closest(label, class_lists[dataset])
             if near:
-                message += f" (did you mean '{near[0]}'? labels must match exactly)"
+                message += f" (did you mean '{near}'? labels must match exactly)"
             problems.add(table.file, message, row=row.number, field="label")
 
 
