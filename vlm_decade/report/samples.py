@@ -10,9 +10,9 @@ import io
 import math
 from collections.abc import Sequence
 
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
-from vlm_decade.core import storage
+from vlm_decade.imaging.decode import load_rgb
 
 SAMPLE_SIZE = 8  # worst and best rows per model
 THUMB_PX = 96
@@ -40,10 +40,9 @@ def extremes(rows: Sequence[dict], key: str, n: int | None = None) -> tuple[list
 def thumbnail_uri(path: str, px: int = THUMB_PX) -> str | None:
     """The image as a small JPEG data URI, or None when the file cannot be read."""
     try:
-        with storage.open_file(path) as fh, Image.open(fh) as im:
-            im = im.convert("RGB")
-            im.thumbnail((px, px))
-    except (OSError, UnidentifiedImageError, ValueError):
+        im = Image.fromarray(load_rgb(path)[0])
+        im.thumbnail((px, px))
+    except (OSError, ValueError):
         return None
     buffer = io.BytesIO()
     im.save(buffer, format="JPEG", quality=70)

@@ -6,9 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from vlm_decade.core.config import EncoderConfig, FolderLocation, MetricConfig, ModelConfig, Settings, StudyBase, operational, repeated
+from vlm_decade.imaging.decode import WHITE, background_text
 from vlm_decade.imaging.masks import MaskConfig
 from vlm_decade.models.backends.hf_locator import HFLocator
 from vlm_decade.studies.decade.taxonomy.probes import ProbeTemplates as Templates
@@ -28,6 +29,12 @@ class DataConfig(Settings):
     votes: Path | None = Field(None, description="Ranking votes: image_id, rater_id, trial, shown, chosen; none: a consensus gold standard.")
     ratings: Path | None = Field(None, description="Human ratings of model-vs-gold similarity (rater_id, subject, image_id, rating), to validate the metrics (docs/metrics.md).")
     hand_labels: Path | None = Field(None, description="Hand error labels (subject, image_id, error_type, present, note) that override the automatic ones (docs/taxonomy.md).")
+    background: str = Field(WHITE, description="What transparent pixels are composited onto before any model, mask or metric sees them: a colour name or #rrggbb; none: images with transparency are refused.")
+
+    @field_validator("background")
+    @classmethod
+    def _one_spelling(cls, value: str) -> str:
+        return background_text(value)
 
 
 class RankingConfig(Settings):

@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from vlm_decade.core.errors import InputError, Problems
 from vlm_decade.core.names import closest
+from vlm_decade.imaging.decode import WHITE
 from vlm_decade.core.tables import Table, cell_present, cell_text, read_table
 from vlm_decade.stages.images import IMAGES_SCHEMA, ImageCache, check_images, declared_ids, images_table
 
@@ -44,7 +45,8 @@ class OpenWorldData:
     granularity: dict[str, str]  # dataset -> one of GRANULARITIES
 
 
-def load_openworld_data(labels: Path, image_dir: str | Path, classnames: Path, cache: ImageCache | None = None) -> OpenWorldData:
+def load_openworld_data(labels: Path, image_dir: str | Path, classnames: Path, cache: ImageCache | None = None,
+                        background: str = WHITE) -> OpenWorldData:
     """Read and check Study B's input; every problem is raised together as one InputError."""
     problems = Problems()
     labels_t = read_table(Path(labels), LABEL_COLUMNS, problems)
@@ -55,7 +57,7 @@ def load_openworld_data(labels: Path, image_dir: str | Path, classnames: Path, c
     known = None
     granularity: dict[str, str] = {}
     if labels_t is not None:
-        images = check_images(labels_t, image_dir, problems, cache)
+        images = check_images(labels_t, image_dir, problems, cache, background)
         known = declared_ids(labels_t)
         granularity = _check_labels(labels_t, problems)
         if class_lists is not None:
@@ -66,7 +68,7 @@ def load_openworld_data(labels: Path, image_dir: str | Path, classnames: Path, c
 
     datasets = sorted(granularity)
     return OpenWorldData(
-        images=images_table(images),
+        images=images_table(images, background),
         labels=_labels_table(labels_t),
         # A class list of a dataset with no labelled image is not needed: it is left out.
         classnames={d: tuple(class_lists[d]) for d in datasets},
