@@ -50,3 +50,13 @@ def test_fingerprint_leaves_out_operational_fields_at_every_depth():
     assert model.fingerprint() == {k: v for k, v in model.model_dump(mode="json").items() if k not in ("batch_size", "mode")}
     # How an API model's answers are bought (sync or batch) never changes what they are.
     assert ModelConfig(name="x", backend="openai", model_id="y", mode="batch").fingerprint() == ModelConfig(name="x", backend="openai", model_id="y").fingerprint()
+
+
+def test_the_docs_show_every_backends_options_as_declared():
+    from vlm_decade.models.backends import BACKENDS
+    from vlm_decade.studies import declared_options, options_reference
+
+    text = (ROOT / "docs" / "models.md").read_text(encoding="utf-8")
+    found = re.search(r"<!-- options -->\n(.*?)<!-- /options -->", text, re.S)
+    assert found and found.group(1) == options_reference(), "docs/models.md is out of date: paste options_reference()"
+    assert set(BACKENDS.names()) <= set(declared_options())

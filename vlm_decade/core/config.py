@@ -509,6 +509,8 @@ def _type_text(annotation: Any) -> str:
         return f"list of {_type_text(args[0])}" if len(args) == 2 and args[1] is Ellipsis else "list"
     if origin is dict:
         return "mapping"
+    if origin is list:
+        return f"list of {_type_text(args[0])}" if args else "list"
     if args and type(None) in args:  # X | None
         return " or ".join(_type_text(a) for a in args if a is not type(None)) + " or none"
     if isinstance(annotation, type) and issubclass(annotation, Settings):
@@ -584,3 +586,18 @@ def json_schema(cls: type[Settings], study: str | None = None, registries: dict[
             elif registry in (registries or {}):
                 prop["enum"] = list(registries[registry])
     return schema
+
+
+def options_markdown(cls: type[BackendOptions]) -> str:
+    """A backend's declared options as a Markdown table, with each number's allowed range (what
+    docs/models.md shows; a test keeps the two equal)."""
+    cell = lambda text: text.replace("|", "\\|")  # noqa: E731
+    if not cls.model_fields:
+        return "No options.\n"
+    lines = ["| option | type | default | what |", "| --- | --- | --- | --- |"]
+    for name, field in cls.model_fields.items():
+        allowed = range_text(field)
+        kind = _type_text(field.annotation) + (f", {allowed}" if allowed else "")
+        default = _value_text(field.get_default(call_default_factory=True))
+        lines.append(f"| `{name}` | {cell(kind)} | {cell(default)} | {cell(field.description or '')} |")
+    return "\n".join(lines) + "\n"

@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 from pydantic import ValidationError
 
@@ -21,6 +20,7 @@ from vlm_decade.core.config import (
     error_message,
     field_path,
     json_schema,
+    options_markdown,
     output_problems,
     read_study_file,
     reference_markdown,
@@ -51,6 +51,24 @@ def schema_markdown(kind: str) -> str:
 def schema_json(kind: str) -> dict:
     """The JSON Schema of the study file study `kind` takes."""
     return json_schema(STUDIES[kind], kind, registries())
+
+
+def declared_options() -> dict[str, type]:
+    """Every backend that takes options, by the name docs/models.md gives it, and what it declares:
+    the registry's backends, the locator, and the LI judge's."""
+    from vlm_decade.models.backends import backend_class
+    from vlm_decade.models.backends.hf_locator import HFLocator
+    from vlm_decade.studies.openworld.config import JUDGE_OPTIONS
+
+    declared = {name: backend_class(name).Options for name in BACKENDS.names()}
+    declared["hf-locator (taxonomy.locator)"] = HFLocator.Options
+    declared |= {f"{name} (judge)": cls for name, cls in JUDGE_OPTIONS.items()}
+    return declared
+
+
+def options_reference() -> str:
+    """The options of every backend, as docs/models.md shows them (`<!-- options -->`)."""
+    return "".join(f"\n### `{name}`\n\n{options_markdown(cls)}" for name, cls in declared_options().items())
 
 
 def pipeline_of(study: AnyStudy) -> ModuleType:
