@@ -77,12 +77,16 @@ def _say_version(asked: bool) -> None:
 
 @app.callback()
 def _options(
-    version: bool = typer.Option(False, "--version", callback=_say_version, is_eager=True, help="Print the version and exit."),
+    version: bool = typer.Option(
+        False, "--version", callback=_say_version, is_eager=True, help="Print the version and exit."
+    ),
 ) -> None:
     """Measure vision-language models against people."""
 
 
-def _load(study_file: Path, out: Optional[str], address: Optional[str], cache_dir: Optional[Path] = None, wait: bool = True):
+def _load(
+    study_file: Path, out: Optional[str], address: Optional[str], cache_dir: Optional[Path] = None, wait: bool = True
+):
     """The study, with the command line's overrides (its run folder, `--out` or `output`, checked
     alike by `load_study`)."""
     from vlm_decade.studies import load_study
@@ -404,9 +408,16 @@ def schema(
     from vlm_decade.studies import STUDIES, schema_json, schema_markdown
 
     if study not in STUDIES:
-        raise InputError([Problem("command line", f"unknown study '{study}'{did_you_mean(study, STUDIES)}; known: {', '.join(STUDIES)}",
-                                  field="STUDY")])
-    print(json.dumps(schema_json(study), indent=2) if as_json else schema_markdown(study), end="" if not as_json else "\n")
+        raise InputError(
+            [
+                Problem(
+                    "command line",
+                    f"unknown study '{study}'{did_you_mean(study, STUDIES)}; known: {', '.join(STUDIES)}",
+                    field="STUDY",
+                )
+            ]
+        )
+    print(json.dumps(schema_json(study), indent=2) if as_json else schema_markdown(study), end="\n" if as_json else "")
 
 
 @app.command("validate-metric")

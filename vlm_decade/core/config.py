@@ -20,7 +20,16 @@ from typing import Annotated, Any, Literal
 
 import annotated_types
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError, WithJsonSchema, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 from vlm_decade.core.errors import STUDY_FILE, InputError, Problem
 from vlm_decade.core.names import did_you_mean
@@ -159,7 +168,12 @@ def section_at(cls: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
 
 def range_text(field: Any) -> str | None:
     """A numeric field's allowed range from its bounds ("in 0..1", "> 0 and <= 1", ">= 1"), or None."""
-    kinds = {annotated_types.Gt: ("gt", ">"), annotated_types.Ge: ("ge", ">="), annotated_types.Lt: ("lt", "<"), annotated_types.Le: ("le", "<=")}
+    kinds = {
+        annotated_types.Gt: ("gt", ">"),
+        annotated_types.Ge: ("ge", ">="),
+        annotated_types.Lt: ("lt", "<"),
+        annotated_types.Le: ("le", "<="),
+    }
     bounds = {kinds[type(m)][1]: getattr(m, kinds[type(m)][0]) for m in field.metadata if type(m) in kinds}
     if ">=" in bounds and "<=" in bounds:
         return f"in {bounds['>=']:g}..{bounds['<=']:g}"
@@ -177,7 +191,9 @@ def error_message(cls: type[BaseModel], err: dict, what: str = "field") -> str:
     if err["type"] == "extra_forbidden":
         section = section_at(cls, loc[:-1])
         known = list(section.model_fields) if section is not None else []
-        return f"unknown {what} '{loc[-1]}'{did_you_mean(str(loc[-1]), known)}" + (f"; known: {', '.join(known)}" if known else "")
+        return f"unknown {what} '{loc[-1]}'{did_you_mean(str(loc[-1]), known)}" + (
+            f"; known: {', '.join(known)}" if known else ""
+        )
     if err["type"] in _RANGE_ERRORS:
         section = section_at(cls, loc[:-1])
         field = section.model_fields.get(loc[-1]) if section is not None else None
@@ -190,15 +206,21 @@ def error_message(cls: type[BaseModel], err: dict, what: str = "field") -> str:
     return message
 
 
-def check_options(cls: type[BackendOptions], options: Any, where: tuple, backend: str, file: str = STUDY_FILE) -> list[Problem]:
+def check_options(
+    cls: type[BackendOptions], options: Any, where: tuple, backend: str, file: str = STUDY_FILE
+) -> list[Problem]:
     """Why `options` (of the entry at location `where`, e.g. ("models", 2), run by `backend`) are not
     what `cls` declares: one problem per unknown name or bad value, each naming its field
     (`models[2].options.x`)."""
     try:
         cls.model_validate(options)
     except ValidationError as exc:
-        return [Problem(file, error_message(cls, err, f"{backend} option"), field=field_path((*where, "options", *err["loc"])))
-                for err in exc.errors()]
+        return [
+            Problem(
+                file, error_message(cls, err, f"{backend} option"), field=field_path((*where, "options", *err["loc"]))
+            )
+            for err in exc.errors()
+        ]
     return []
 
 
@@ -213,7 +235,8 @@ class ModelConfig(Settings):
     model_id: str = Field(min_length=1, description="The model: a hub id, an API model id, or a name for imported descriptions.")
     era: Era | None = for_studies(None, "pre-mllm or mllm (the era comparisons).", "decade")
     prompt: str | None = for_studies(None, "This model's prompt instead of the study's.", "decade")
-    variants: Literal["full", "all"] = for_studies("full", "full, or all (the full image and every masked variant).", "decade")
+    variants: Literal["full", "all"] = for_studies(
+        "full", "full, or all (the full image and every masked variant).", "decade")
     batch_size: int = operational(8, "Stimuli per batch in the model's actor.", ge=1)
     path: Path | None = Field(None, description="A local folder with the weights (default: a packaged copy, then the hub).")
     options: dict[str, Any] = Field(default_factory=dict, description="Backend options (docs/models.md), e.g. temperature, max_output_tokens, file.")
@@ -490,7 +513,13 @@ def resolve_paths(raw: Any, cls: type[Settings], base: Path) -> None:
         if inner is None:
             continue
         origin = getattr(field.annotation, "__origin__", None)
-        items = value if origin is tuple and isinstance(value, list) else value.values() if origin is dict and isinstance(value, dict) else [value]
+        items = (
+            value
+            if origin is tuple and isinstance(value, list)
+            else value.values()
+            if origin is dict and isinstance(value, dict)
+            else [value]
+        )
         for item in items:
             resolve_paths(item, inner, base)
     options = raw.get("options") if "options" in cls.model_fields else None
@@ -563,7 +592,8 @@ def reference(cls: type[Settings], prefix: str = "", defaults: Settings | None =
     return rows
 
 
-def reference_markdown(cls: type[Settings], study: str | None = None, registries: dict[str, list[str]] | None = None) -> str:
+def reference_markdown(cls: type[Settings], study: str | None = None,
+                       registries: dict[str, list[str]] | None = None) -> str:
     """`reference` as a Markdown table (what `vlm-decade schema` prints and the docs show)."""
     cell = lambda text: text.replace("|", "\\|")  # noqa: E731
     lines = ["| key | type | default | what |", "| --- | --- | --- | --- |"]

@@ -20,6 +20,7 @@ class Registry:
         try:
             target = self.entries[name]
         except KeyError:
-            raise KeyError(f"unknown {self.kind} '{name}'{did_you_mean(name, self.names())}; known: {', '.join(self.names())}") from None
+            near = did_you_mean(name, self.names())
+            raise KeyError(f"unknown {self.kind} '{name}'{near}; known: {', '.join(self.names())}") from None
         module, cls = target.split(":")
         return getattr(importlib.import_module(module), cls)

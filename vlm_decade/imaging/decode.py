@@ -135,7 +135,9 @@ def _alpha(im: Image.Image) -> np.ndarray | None:
     None otherwise (a fully opaque alpha channel changes nothing)."""
     if not im.has_transparency_data:
         return None
-    alpha = np.asarray(im.convert("RGBA"))[:, :, 3] if im.mode not in ("LA", "La", "PA") else np.asarray(im.getchannel("A"))
+    alpha = (
+        np.asarray(im.convert("RGBA"))[:, :, 3] if im.mode not in ("LA", "La", "PA") else np.asarray(im.getchannel("A"))
+    )
     return alpha if (alpha < 255).any() else None
 
 

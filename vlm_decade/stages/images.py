@@ -65,8 +65,18 @@ class CheckedImage:
 
 
 CACHE_FILE = Path(".cache") / "images.parquet"
-CACHE_SCHEMA = pa.schema([("path", pa.string()), ("bytes", pa.int64()), ("mtime_ns", pa.int64()), ("sha256", pa.string()),
-                          ("width", pa.int64()), ("height", pa.int64()), ("mode", pa.string()), ("transparent", pa.bool_())])
+CACHE_SCHEMA = pa.schema(
+    [
+        ("path", pa.string()),
+        ("bytes", pa.int64()),
+        ("mtime_ns", pa.int64()),
+        ("sha256", pa.string()),
+        ("width", pa.int64()),
+        ("height", pa.int64()),
+        ("mode", pa.string()),
+        ("transparent", pa.bool_()),
+    ]
+)
 # What inspecting one file found: (sha256, width, height, mode, transparent).
 Found = tuple[str, int, int, str, bool]
 
@@ -88,8 +98,18 @@ class ImageCache:
             rows = pq.read_table(path).cast(CACHE_SCHEMA).to_pylist()
         except Exception:  # noqa: BLE001 - a damaged cache (or one from before `transparent`) only costs a fresh check
             return cls()
-        return cls({(r["path"], r["bytes"], r["mtime_ns"]): (r["sha256"], r["width"], r["height"], r["mode"], r["transparent"])
-                    for r in rows})
+        return cls(
+            {
+                (r["path"], r["bytes"], r["mtime_ns"]): (
+                    r["sha256"],
+                    r["width"],
+                    r["height"],
+                    r["mode"],
+                    r["transparent"],
+                )
+                for r in rows
+            }
+        )
 
     def inspect(self, path: str) -> Found | str:
         """`_inspect_image`'s answer, from the cache while the file's size and time are unchanged."""
@@ -103,8 +123,10 @@ class ImageCache:
         return result
 
     def save(self, run_folder: str | Path) -> None:
-        rows = [{"path": p, "bytes": b, "mtime_ns": t, "sha256": h, "width": w, "height": ht, "mode": m, "transparent": a}
-                for (p, b, t), (h, w, ht, m, a) in sorted(self.found.items())]
+        rows = [
+            {"path": p, "bytes": b, "mtime_ns": t, "sha256": h, "width": w, "height": ht, "mode": m, "transparent": a}
+            for (p, b, t), (h, w, ht, m, a) in sorted(self.found.items())
+        ]
         sink = pa.BufferOutputStream()
         pq.write_table(pa.Table.from_pylist(rows, schema=CACHE_SCHEMA), sink)
         atomic_write_bytes(Path(run_folder) / CACHE_FILE, sink.getvalue().to_pybytes())
@@ -150,9 +172,13 @@ def check_images(table: Table, image_dir: str | Path, problems: Problems, cache:
             continue
         im.sha256, im.width, im.height, im.mode, im.transparent = result
         if im.transparent and background == NO_BACKGROUND:
-            problems.add(table.file, f"{im.path} has transparent pixels, and data.background is none: give a background "
-                         "(white, a colour name or #rrggbb) to composite them onto, or an image without transparency",
-                         row=im.row, field="file")
+            problems.add(
+                table.file,
+                f"{im.path} has transparent pixels, and data.background is none: give a background "
+                "(white, a colour name or #rrggbb) to composite them onto, or an image without transparency",
+                row=im.row,
+                field="file",
+            )
     return images
 
 
@@ -170,7 +196,8 @@ def _inspect_image(path: str) -> Found | str:
         decoded = decode_image(io.BytesIO(data), path)
     except ImageDecodeError as exc:
         return str(exc)
-    return hashlib.sha256(data).hexdigest(), decoded.rgb.shape[1], decoded.rgb.shape[0], decoded.mode, decoded.transparent
+    height, width = decoded.rgb.shape[:2]
+    return hashlib.sha256(data).hexdigest(), width, height, decoded.mode, decoded.transparent
 
 
 def images_table(images: dict[str, CheckedImage], background: str = WHITE) -> pa.Table:

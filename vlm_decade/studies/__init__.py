@@ -101,12 +101,15 @@ def load_study(path: str | Path, output: str | Path | None = None) -> AnyStudy:
     if isinstance(raw.get("output"), str) and is_uri(raw["output"]):  # a run folder in a bucket: its local working copy
         problem = uri_problem(raw["output"])
         if problem is not None:
-            raise InputError([Problem(str(path) if output is None else "command line", f"{raw['output']}: {problem}", field=field)])
+            where = str(path) if output is None else "command line"
+            raise InputError([Problem(where, f"{raw['output']}: {problem}", field=field)])
         raw["output"] = str(working_copy(raw["output"]))
     try:
         study = study_from_dict(raw)
     except ValidationError as exc:
-        raise InputError(config_problems(str(path), exc, STUDIES.get(kind, StudyConfig) if isinstance(kind, str) else StudyConfig)) from None
+        raise InputError(
+            config_problems(str(path), exc, STUDIES.get(kind, StudyConfig) if isinstance(kind, str) else StudyConfig)
+        ) from None
     problems = backend_problems(study) + output_problems(study.output, field)
     if problems:
         raise InputError(problems).located(path)

@@ -23,16 +23,23 @@ from vlm_decade.models.backends import Backend, Description, Stimulus
 class ChatOptions(BackendOptions):
     """What both providers' chat models take."""
 
-    temperature: float = Field(0.0, ge=0.0, le=2.0, description="sampling temperature (0: the most likely answer; reasoning models take none)")
+    temperature: float = Field(
+        0.0, ge=0.0, le=2.0, description="sampling temperature (0: the most likely answer; reasoning models take none)"
+    )
     max_output_tokens: int = Field(
-        None, ge=1, description="the longest answer, reasoning or thinking included (default: 300; 2000 for reasoning and thinking models)")
+        None,
+        ge=1,
+        description="the longest answer, reasoning or thinking included "
+        "(default: 300; 2000 for reasoning and thinking models)",
+    )
 
 
 class OpenAITextOptions(ChatOptions):
     """OpenAI's chat options for a request without an image (the LI judge)."""
 
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] = Field(
-        None, description="o-series and gpt-5 models: how much they reason (default: the model's own)")
+        None, description="o-series and gpt-5 models: how much they reason (default: the model's own)"
+    )
 
 
 class OpenAIOptions(OpenAITextOptions):
@@ -40,7 +47,11 @@ class OpenAIOptions(OpenAITextOptions):
 
 
 class GeminiOptions(ChatOptions):
-    thinking_budget: int = Field(None, ge=-1, description="Gemini 2.5: thinking tokens (0: none; -1: the model decides; default: the model's own)")
+    thinking_budget: int = Field(
+        None,
+        ge=-1,
+        description="Gemini 2.5: thinking tokens (0: none; -1: the model decides; default: the model's own)",
+    )
 
 
 class APIBackend(Backend):

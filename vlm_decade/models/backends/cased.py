@@ -121,7 +121,8 @@ class CaSED(HFZeroShot):
     def _database_problem(model: ModelConfig) -> str | None:
         database = model.options.get("database")
         if database is None:
-            return "cased needs the option `database`: a Parquet file of captions (`text`) and their CLIP text embeddings (`embedding`)"
+            return ("cased needs the option `database`: a Parquet file of captions (`text`) and their CLIP text "
+                    "embeddings (`embedding`)")
         if not isinstance(database, str) or not Path(database).is_file():
             return f"the caption database {database} is not a file"
         return None

@@ -23,8 +23,9 @@ class HFCaptioner(HFBackend):
     for the image processor)."""
 
     class Options(GenerationOptions):
-        use_prompt: bool = Field(False, description="true: the model's prompt is the text the caption continues (cut from the answer)")
-
+        use_prompt: bool = Field(
+            False, description="true: the model's prompt is the text the caption continues (cut from the answer)"
+        )
 
     def _load(self, source: str, **kwargs):
         from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoTokenizer

@@ -38,28 +38,34 @@ _WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json
 PACKAGED: dict[str, tuple[str, str]] = {}
 
 
-
 class PlacementOptions(BackendOptions):
     """Where and in what precision a local model runs (`placement`)."""
 
     device: str = Field("auto", description="auto (cuda if there is one), cpu, cuda, cuda:1, ...")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="auto (GPU: bfloat16, else float16; CPU: float32), or float32, bfloat16, float16")
+        "auto", description="auto (GPU: bfloat16, else float16; CPU: float32), or float32, bfloat16, float16"
+    )
     device_map: str | dict[str, Any] | None = Field(
-        None, description="passed to `from_pretrained` (e.g. auto): accelerate places the model; `device` is then unused")
+        None,
+        description="passed to `from_pretrained` (e.g. auto): accelerate places the model; `device` is then unused",
+    )
 
 
 class HFOptions(PlacementOptions):
     """Options every HF backend takes; a backend adds its own."""
 
-    processor: dict[str, Any] = Field({}, description="keyword arguments for the processor's `from_pretrained` (e.g. Qwen2-VL's max_pixels)")
+    processor: dict[str, Any] = Field(
+        {}, description="keyword arguments for the processor's `from_pretrained` (e.g. Qwen2-VL's max_pixels)"
+    )
 
 
 class Generation(BackendOptions):
     """How a local model that writes text generates (`generation_kwargs`)."""
 
     max_new_tokens: int = Field(40, ge=1, description="the longest answer, in tokens")
-    generate: dict[str, Any] = Field({}, description="passed to `model.generate` (e.g. {num_beams: 3}); greedy otherwise")
+    generate: dict[str, Any] = Field(
+        {}, description="passed to `model.generate` (e.g. {num_beams: 3}); greedy otherwise"
+    )
 
 
 class GenerationOptions(HFOptions, Generation):

@@ -74,7 +74,9 @@ def _features(output):
 
 
 class ZeroShotOptions(HFOptions):
-    templates: list[str] = Field(list(DEFAULT_TEMPLATES), description="prompts with one {} for the class name, ensembled")
+    templates: list[str] = Field(
+        list(DEFAULT_TEMPLATES), description="prompts with one {} for the class name, ensembled"
+    )
 
     @field_validator("templates")
     @classmethod

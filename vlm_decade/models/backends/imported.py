@@ -61,7 +61,9 @@ class ImportedBackend(Backend):
     needs_images = False
 
     class Options(BackendOptions):
-        file: str | None = Field(None, description="the CSV or Parquet file of descriptions (image_id, variant, text); required")
+        file: str | None = Field(
+            None, description="the CSV or Parquet file of descriptions (image_id, variant, text); required"
+        )
 
     def __init__(self, model: ModelConfig):
         super().__init__(model)

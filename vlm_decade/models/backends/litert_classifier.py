@@ -126,7 +126,9 @@ class LiteRTClassifier(Backend):
     model_version = MODEL_VERSION
 
     class Options(BackendOptions):
-        labels: Literal[LABEL_SOURCES] = Field("wordnet", description="which ImageNet class names it answers: wordnet or clip-benchmark")
+        labels: Literal[LABEL_SOURCES] = Field(
+            "wordnet", description="which ImageNet class names it answers: wordnet or clip-benchmark"
+        )
 
     def __init__(self, model: ModelConfig):
         super().__init__(model)

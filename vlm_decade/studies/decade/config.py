@@ -29,7 +29,11 @@ class DataConfig(Settings):
     votes: Path | None = Field(None, description="Ranking votes: image_id, rater_id, trial, shown, chosen; none: a consensus gold standard.")
     ratings: Path | None = Field(None, description="Human ratings of model-vs-gold similarity (rater_id, subject, image_id, rating), to validate the metrics (docs/metrics.md).")
     hand_labels: Path | None = Field(None, description="Hand error labels (subject, image_id, error_type, present, note) that override the automatic ones (docs/taxonomy.md).")
-    background: str = Field(WHITE, description="What transparent pixels are composited onto before any model, mask or metric sees them: a colour name or #rrggbb; none: images with transparency are refused.")
+    background: str = Field(
+        WHITE,
+        description="What transparent pixels are composited onto before any model, mask or metric sees them: "
+        "a colour name or #rrggbb; none: images with transparency are refused.",
+    )
 
     @field_validator("background")
     @classmethod
@@ -204,7 +208,9 @@ class StudyConfig(StudyBase):
     def encoder_entries(self) -> list[tuple[tuple, str]]:
         """(location, encoder backend) of every encoder this study runs."""
         entries = [(("encoders", i), e.backend) for i, e in enumerate(self.encoders)]
-        entries += [(("metrics", i, "encoder"), m.encoder.backend) for i, m in enumerate(self.metrics) if m.encoder is not None]
+        entries += [
+            (("metrics", i, "encoder"), m.encoder.backend) for i, m in enumerate(self.metrics) if m.encoder is not None
+        ]
         return entries + ([(("taxonomy", "matcher"), self.taxonomy.matcher.backend)] if self.taxonomy else [])
 
     @property

@@ -32,7 +32,11 @@ class OpenWorldDataConfig(Settings):
     labels: Path = Field(description="image_id, dataset, file, label, granularity.")
     image_dir: FolderLocation = Field(description="The folder that `file` is relative to: a path, or an s3:// or gs:// URI (docs/cluster.md).")
     classnames: Path = Field(description="dataset, class_name: each dataset's class list (for the closed-world baselines).")
-    background: str = Field(WHITE, description="What transparent pixels are composited onto before any model, mask or metric sees them: a colour name or #rrggbb; none: images with transparency are refused.")
+    background: str = Field(
+        WHITE,
+        description="What transparent pixels are composited onto before any model, mask or metric sees them: "
+        "a colour name or #rrggbb; none: images with transparency are refused.",
+    )
 
     @field_validator("background")
     @classmethod
@@ -50,11 +54,17 @@ class PromptConfig(Settings):
 class LocalJudgeOptions(PlacementOptions, Generation):
     """The options of the local judge (`hf-judge`)."""
 
-    max_new_tokens: int = Field(JUDGE_MAX_NEW_TOKENS, ge=1, description="the longest answer, in tokens (the paper's 16)")
+    max_new_tokens: int = Field(
+        JUDGE_MAX_NEW_TOKENS, ge=1, description="the longest answer, in tokens (the paper's 16)"
+    )
 
 
 # What each judge backend takes: an API judge is sent text only, so no image `detail`.
-JUDGE_OPTIONS: dict[str, type[BackendOptions]] = {"hf-judge": LocalJudgeOptions, "openai": OpenAITextOptions, "gemini": GeminiOptions}
+JUDGE_OPTIONS: dict[str, type[BackendOptions]] = {
+    "hf-judge": LocalJudgeOptions,
+    "openai": OpenAITextOptions,
+    "gemini": GeminiOptions,
+}
 
 
 class JudgeConfig(Settings):
@@ -107,7 +117,8 @@ class OpenWorldStudyConfig(StudyBase):
         for m in self.models:
             foreign = set_for_other_studies(m, "openworld")
             if foreign:
-                raise ValueError(f"model '{m.name}': Study B models take no {', '.join(foreign)} (prompts are set under `prompts`)")
+                raise ValueError(f"model '{m.name}': Study B models take no {', '.join(foreign)} "
+                                 "(prompts are set under `prompts`)")
         return self
 
     def option_entries(self) -> list[tuple[tuple, str, dict, type | None]]:

@@ -32,7 +32,15 @@ from vlm_decade.core.progress import Reporter
 from vlm_decade.models.api.keys import api_key, key_hint
 from vlm_decade.models.api.providers import OpenAIProvider, provider_class
 from vlm_decade.models.backends import parsed_options
-from vlm_decade.models.backends.hf_common import configure_threads, generation_kwargs, model_version, placement, run_split, weight_problems, weight_source
+from vlm_decade.models.backends.hf_common import (
+    configure_threads,
+    generation_kwargs,
+    model_version,
+    placement,
+    run_split,
+    weight_problems,
+    weight_source,
+)
 from vlm_decade.studies.openworld.config import JudgeConfig, LocalJudgeOptions
 from vlm_decade.studies.openworld.metrics import JUDGE_MAX_NEW_TOKENS
 

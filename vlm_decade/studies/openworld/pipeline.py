@@ -38,7 +38,8 @@ def check(study: OpenWorldStudyConfig, cache: ImageCache | None = None) -> OpenW
     problems: list[Problem] = []
     data = None
     try:
-        data = load_openworld_data(study.data.labels, study.data.image_dir, study.data.classnames, cache, study.data.background)
+        data = load_openworld_data(study.data.labels, study.data.image_dir, study.data.classnames, cache,
+                                   study.data.background)
         image_ids = set(data.images.column("image_id").to_pylist())
     except InputError as exc:
         problems += exc.problems
