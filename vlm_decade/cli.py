@@ -67,19 +67,33 @@ class _Commands(typer.Typer):
 app = _Commands(add_completion=False, no_args_is_help=True, help="Measure vision-language models against people.")
 
 
-def _load(study_file: Path, out: Optional[str], address: Optional[str], cache_dir: Optional[Path] = None, writes: bool = False,
-          wait: bool = True):
-    """The study, with the command line's overrides; `writes`: its run folder must be writable."""
-    from vlm_decade.core.config import output_problems
+def _say_version(asked: bool) -> None:
+    if asked:
+        from vlm_decade import __version__
+
+        print(f"vlm-decade {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(
+        False, "--version", callback=_say_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """Measure vision-language models against people."""
+
+
+def _load(
+    study_file: Path, out: Optional[str], address: Optional[str], cache_dir: Optional[Path] = None, wait: bool = True
+):
+    """The study, with the command line's overrides (its run folder, `--out` or `output`, checked
+    alike by `load_study`)."""
     from vlm_decade.studies import load_study
 
     study = load_study(study_file, output=out)
     if address:
         study = study.model_copy(update={"runtime": study.runtime.model_copy(update={"address": address})})
-    if writes:
-        problems = output_problems(study.output, "--out" if out is not None else "output")
-        if problems:
-            raise InputError(problems)
     if not wait:
         study = study.model_copy(update={"providers": study.providers.model_copy(update={"batch_wait": False})})
     return _with_cache_dir(study, cache_dir)
@@ -146,7 +160,7 @@ def run(
     wait: bool = typer.Option(True, "--wait/--no-wait", help="Batch mode: wait for the batches, or submit them and exit (a later run collects)."),
 ) -> None:
     """Run a study; re-running resumes and skips every unchanged stage."""
-    study = _load(study_file, out, address, cache_dir, writes=True, wait=wait)
+    study = _load(study_file, out, address, cache_dir, wait=wait)
     if rehash:
         study = study.model_copy(update={"runtime": study.runtime.model_copy(update={"rehash": True})})
     _run(study)
@@ -316,13 +330,20 @@ def schema(
     """Every field of a study file: its type, default and meaning (docs/study-file.md shows the same)."""
     import json
 
-    from vlm_decade.core.config import reference_markdown
-    from vlm_decade.studies import STUDIES
+    from vlm_decade.core.names import did_you_mean
+    from vlm_decade.studies import STUDIES, schema_json, schema_markdown
 
     if study not in STUDIES:
-        raise InputError([Problem("command line", f"unknown study '{study}'; known: {', '.join(STUDIES)}", field="STUDY")])
-    cls = STUDIES[study]
-    print(json.dumps(cls.model_json_schema(), indent=2) if as_json else reference_markdown(cls), end="" if not as_json else "\n")
+        raise InputError(
+            [
+                Problem(
+                    "command line",
+                    f"unknown study '{study}'{did_you_mean(study, STUDIES)}; known: {', '.join(STUDIES)}",
+                    field="STUDY",
+                )
+            ]
+        )
+    print(json.dumps(schema_json(study), indent=2) if as_json else schema_markdown(study), end="\n" if as_json else "")
 
 
 @app.command("validate-metric")

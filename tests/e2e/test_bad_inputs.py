@@ -155,13 +155,13 @@ CASES: dict[str, Case] = {
     "output: 5": Case(lambda d: study_line(d, "demo: true\n", "demo: true\noutput: 5\n"), ["study.yaml", "field 'output'"],
                       commands=("validate", "estimate")),
     "options.file: 5": Case(lambda d: study_line(d, "options: {file: imported_captions.csv}", "options: {file: 5}"),
-                            ["study.yaml", "field 'models[demo-imported].options.file'", "got 5"]),
+                            ["study.yaml", "field 'models[1].options.file'", "got 5"]),
     "a key given twice": Case(lambda d: study_line(d, "demo: true\n", "demo: true\nname: again\n"), ["study.yaml", "key 'name' appears twice"]),
-    "a blank model name": Case(lambda d: study_line(d, "name: demo-imported", "name: '   '"), ["study.yaml", "field 'models.1.name'", "whitespace"]),
+    "a blank model name": Case(lambda d: study_line(d, "name: demo-imported", "name: '   '"), ["study.yaml", "field 'models[1].name'", "whitespace"]),
     "seed -1": Case(lambda d: study_line(d, "seed: 20261129", "seed: -1"), ["study.yaml", "field 'statistics.seed'"]),
     "seed 2**80": Case(lambda d: study_line(d, "seed: 20261129", f"seed: {2**80}"), ["study.yaml", "field 'statistics.seed'"]),
     "n_resamples 1e10": Case(lambda d: study_line(d, "n_resamples: 10000", "n_resamples: 1.0e+10"), ["study.yaml", "field 'statistics.n_resamples'"]),
-    "unknown backend": Case(lambda d: study_line(d, "backend: imported", "backend: importd"), ["study.yaml", "field 'models.1.backend'", "importd"]),
+    "unknown backend": Case(lambda d: study_line(d, "backend: imported", "backend: importd"), ["study.yaml", "field 'models[1].backend'", "importd"]),
     "study file missing": Case(lambda d: (d / "study.yaml").unlink(), ["study.yaml", "not found"]),
     "study file is a folder": Case(lambda d: ((d / "study.yaml").unlink(), (d / "study.yaml").mkdir()), ["study.yaml", "folder"]),
     "study file is a FIFO": Case(lambda d: fifo(d / "study.yaml"), ["study.yaml", "FIFO"], needs_fifo=True),
@@ -376,7 +376,7 @@ def test_the_ray_job_main_handles_the_same_errors(place, capsys):
     before = listing(place)
     assert main("decade", "test", ["--config", str(inputs / "study.yaml"), "--out", str(place / "run")]) == 2
     said = " ".join(capsys.readouterr().err.split())
-    assert f"{inputs / 'study.yaml'}, field 'models.1.backend'" in said
+    assert f"{inputs / 'study.yaml'}, field 'models[1].backend'" in said
     (place / "afile").write_text("x")
     assert main("decade", "test", ["--config", str(inputs / "study.yaml"), "--out", str(place / "afile")]) == 2
     assert "exists and is not a folder" in " ".join(capsys.readouterr().err.split())

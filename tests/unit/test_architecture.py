@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from vlm_decade.core.config import EncoderConfig, ModelConfig, reference_markdown
+from vlm_decade.core.config import EncoderConfig, ModelConfig
 import vlm_decade.studies
-from vlm_decade.studies import STUDIES, Pipeline
+from vlm_decade.studies import STUDIES, Pipeline, schema_markdown
 from vlm_decade.studies.decade.config import TaxonomyConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,12 +48,12 @@ def test_the_docs_show_every_field_as_the_code_defines_it(kind, doc):
     text = (ROOT / doc).read_text(encoding="utf-8")
     found = re.search(rf"<!-- fields:{kind} -->\n(.*?)<!-- /fields -->", text, re.S)
     assert found, f"{doc} lacks its field table"
-    assert found.group(1) == reference_markdown(STUDIES[kind]), f"{doc} is out of date: paste `vlm-decade schema {kind}`"
+    assert found.group(1) == schema_markdown(kind), f"{doc} is out of date: paste `vlm-decade schema {kind}`"
 
 
 def test_every_field_is_described():
-    for kind, cls in STUDIES.items():
-        table = reference_markdown(cls).splitlines()[2:]
+    for kind in STUDIES:
+        table = schema_markdown(kind).splitlines()[2:]
         blank = [line for line in table if line.rstrip().endswith("|  |")]
         assert not blank, f"{kind}: fields without a description: {blank}"
 
@@ -69,3 +69,13 @@ def test_fingerprint_leaves_out_operational_fields_at_every_depth():
     assert model.fingerprint() == {k: v for k, v in model.model_dump(mode="json").items() if k not in ("batch_size", "mode")}
     # How an API model's answers are bought (sync or batch) never changes what they are.
     assert ModelConfig(name="x", backend="openai", model_id="y", mode="batch").fingerprint() == ModelConfig(name="x", backend="openai", model_id="y").fingerprint()
+
+
+def test_the_docs_show_every_backends_options_as_declared():
+    from vlm_decade.models.backends import BACKENDS
+    from vlm_decade.studies import declared_options, options_reference
+
+    text = (ROOT / "docs" / "models.md").read_text(encoding="utf-8")
+    found = re.search(r"<!-- options -->\n(.*?)<!-- /options -->", text, re.S)
+    assert found and found.group(1) == options_reference(), "docs/models.md is out of date: paste options_reference()"
+    assert set(BACKENDS.names()) <= set(declared_options())

@@ -14,7 +14,7 @@ import torch
 
 from tests import hf_tiny
 from vlm_decade.core.config import ModelConfig
-from vlm_decade.models.backends import Stimulus, backend_class
+from vlm_decade.models.backends import Stimulus, backend_class, entry_problems
 from vlm_decade.models.backends.cased import FALLBACK, candidate_names, cased_scores
 
 # Captions in the tiny CLIP's word-level vocabulary (tests/hf_tiny.py WORDS), so its text tower reads them.
@@ -114,7 +114,7 @@ def test_options_and_the_database_are_checked(setup, tmp_path):
     cls = backend_class("cased")
     assert "needs the option `database`" in cls.check(config(folder), set(), ["full"])[0].message
     assert "is not a file" in cls.check(config(folder, database=str(tmp_path / "none.parquet")), set(), ["full"])[0].message
-    assert "k must be" in cls.check(config(folder, database=str(database), k=0), set(), ["full"])[0].message
+    assert "must be >= 1, got 0" in entry_problems("cased", config(folder, database=str(database), k=0).options, ("models", 0))[0].message
     assert cls.check(config(folder, database=str(database)), set(), ["full"]) == []
     wrong = tmp_path / "wrong.parquet"
     pq.write_table(pa.table({"text": ["a cat"], "embedding": [[1.0, 0.0, 0.0]]}), wrong)

@@ -3,6 +3,8 @@
 from pathlib import Path
 
 import pytest
+import yaml
+from pydantic import ValidationError
 
 from vlm_decade.core.errors import InputError
 from vlm_decade.studies import load_study, study_from_dict
@@ -43,7 +45,7 @@ def test_every_config_problem_is_reported_with_its_field(tmp_path):
     with pytest.raises(InputError) as info:
         load_study(tmp_path / "study.yaml")
     fields = {p.field for p in info.value.problems}
-    assert {"models.0.era", "statistics.n_resamples", "typo_key"} <= fields
+    assert {"models[0].era", "statistics.n_resamples", "typo_key"} <= fields
     assert all(p.file.endswith("study.yaml") for p in info.value.problems)
 
 
@@ -170,7 +172,7 @@ def test_probe_templates_fill_in_the_built_in_wording():
 def test_taxonomy_weights_resolve_against_the_study_file(tmp_path):
     text = MINIMAL + (
         "taxonomy:\n"
-        "  detector: {backend: hf-detector, model_id: d, path: weights/detr, options: {threshold: 0.3}}\n"
+        "  detector: {backend: hf-detector, model_id: d, path: weights/detr, options: {score_threshold: 0.3}}\n"
         f"  matcher: {{name: objects, path: {tmp_path / 'abs' / 'minilm'}}}\n"
     )
     taxonomy = load_text(tmp_path, text).taxonomy
@@ -178,7 +180,7 @@ def test_taxonomy_weights_resolve_against_the_study_file(tmp_path):
     assert taxonomy.matcher.path == tmp_path / "abs" / "minilm"  # absolute: as given
     model = taxonomy.detector.as_model()
     assert (model.name, model.backend, model.model_id, model.path, model.options) == (
-        "detector", "hf-detector", "d", tmp_path / "weights" / "detr", {"threshold": 0.3})
+        "detector", "hf-detector", "d", tmp_path / "weights" / "detr", {"score_threshold": 0.3})
 
 
 def test_cosine_metric_encoder_path_resolves_against_the_study_file(tmp_path):
@@ -205,9 +207,9 @@ def test_cosine_metric_encoder_path_resolves_against_the_study_file(tmp_path):
         (lambda t: t + "statistics: {seed: 1208925819614629174706176}\n", "statistics.seed"),  # 2**80
         (lambda t: t + "statistics: {n_resamples: 1.0e+10}\n", "statistics.n_resamples"),
         (lambda t: t + "statistics: {n_resamples: 1e10}\n", "statistics.n_resamples"),  # YAML reads this as text
-        (lambda t: t.replace("name: m,", "name: '   ',"), "models.0.name"),
+        (lambda t: t.replace("name: m,", "name: '   ',"), "models[0].name"),
         (lambda t: t.replace("name: s\n", "name: \"\\t\"\n"), "name"),
-        (lambda t: t.replace("model_id: x,", "model_id: ' ',"), "models.0.model_id"),
+        (lambda t: t.replace("model_id: x,", "model_id: ' ',"), "models[0].model_id"),
     ],
 )
 def test_a_field_of_the_wrong_type_or_range_is_named(tmp_path, change, field):
@@ -222,12 +224,10 @@ def test_a_bad_type_says_what_it_got(tmp_path):
 
 
 def test_an_imported_file_option_that_is_no_path_is_a_problem_not_a_crash():
-    from vlm_decade.core.config import ModelConfig
-    from vlm_decade.models.backends.imported import ImportedBackend
+    from vlm_decade.models.backends import entry_problems
 
-    model = ModelConfig(name="m", backend="imported", model_id="x", era="pre-mllm", options={"file": 5})
-    (problem,) = ImportedBackend.check(model, {"i"}, ["full"])
-    assert problem.file == "study file" and problem.field == "models[m].options.file" and "got 5" in problem.message
+    (problem,) = entry_problems("imported", {"file": 5}, ("models", 0))
+    assert problem.file == "study file" and problem.field == "models[0].options.file" and "got 5" in problem.message
 
 
 @pytest.mark.parametrize(
@@ -306,3 +306,96 @@ def test_any_value_in_any_field_is_a_named_problem_or_a_study(path, value):
             load_study(Path(folder) / "study.yaml")
         except InputError as exc:
             assert exc.problems and all(p.file.endswith("study.yaml") for p in exc.problems)
+
+
+def test_every_path_in_the_study_file_is_relative_to_its_folder_output_too(tmp_path, monkeypatch):
+    folder, elsewhere = tmp_path / "studies" / "a", tmp_path / "elsewhere"
+    folder.mkdir(parents=True), elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    text = MINIMAL + (
+        "  - {name: c, backend: cased, model_id: clip, era: mllm, path: w/clip, options: {database: db.parquet}}\n"
+        "output: runs/x\nproviders: {cache_dir: cache}\n"
+        "taxonomy: {locator: {path: w/owl}, detector: {path: w/ssd}, matcher: {name: mt, path: w/mini}}\n"
+    )
+    (folder / "study.yaml").write_text(text)
+    study = load_study(folder / "study.yaml")
+    assert study.output == folder / "runs" / "x"
+    assert study.models[1].path == folder / "w" / "clip" and study.models[1].options["database"] == str(folder / "db.parquet")
+    assert study.providers.cache_dir == folder / "cache"
+    assert (study.taxonomy.locator.path, study.taxonomy.detector.path, study.taxonomy.matcher.path) == (
+        folder / "w" / "owl", folder / "w" / "ssd", folder / "w" / "mini")
+    # A path on the command line is the command line's: relative to the current folder.
+    assert load_study(folder / "study.yaml", output="runs/y").output == elsewhere / "runs" / "y"
+
+
+@pytest.mark.parametrize("output", ["a-file", "a-file/run", "s3:/bucket/run", "ftp://host/run", "s3://"])
+def test_run_out_refuses_exactly_what_the_study_files_output_is_refused_for(tmp_path, monkeypatch, output):
+    monkeypatch.chdir(tmp_path)  # the study file's folder and the current folder are one, so both read `output` alike
+    (tmp_path / "a-file").write_text("not a folder")
+    (tmp_path / "study.yaml").write_text(MINIMAL + f"output: {output}\n")
+    with pytest.raises(InputError) as in_file:
+        load_study(tmp_path / "study.yaml")
+    (tmp_path / "study.yaml").write_text(MINIMAL)
+    with pytest.raises(InputError) as on_command_line:
+        load_study(tmp_path / "study.yaml", output=output)
+    (said,), (given,) = in_file.value.problems, on_command_line.value.problems
+    assert said.message == given.message and (said.field, given.field) == ("output", "--out")
+
+
+def test_validate_checks_the_run_folder_as_run_does(tmp_path):
+    from typer.testing import CliRunner
+
+    from vlm_decade.cli import app
+
+    (tmp_path / "a-file").write_text("not a folder")
+    (tmp_path / "study.yaml").write_text(MINIMAL + "output: a-file/run\n")
+    for command in (["validate", str(tmp_path / "study.yaml")], ["run", str(tmp_path / "study.yaml")]):
+        done = CliRunner().invoke(app, command)
+        assert done.exit_code == 2 and "is a file, not a folder: the run folder cannot be made under it" in " ".join(done.output.split())
+
+
+# A valid value for each field of a model entry, to set one at a time.
+MODEL_FIELDS = {"era": "mllm", "prompt": "Say it.", "variants": "all", "batch_size": 2, "path": "w", "options": {}, "mode": "sync"}
+
+
+@pytest.mark.parametrize("kind", ["decade", "openworld"])
+def test_the_schema_lists_exactly_what_each_study_accepts(tmp_path, kind):
+    from vlm_decade.core.config import ModelConfig
+    from vlm_decade.models.backends import BACKENDS
+    from vlm_decade.studies import backend_problems, schema_json, schema_markdown
+
+    base = yaml.safe_load(MINIMAL if kind == "decade" else OPEN_WORLD)
+    base["models"] = [{"name": "m", "backend": "imported", "model_id": "x", **({"era": "pre-mllm"} if kind == "decade" else {})}]
+    listed = {line.split("`")[1] for line in schema_markdown(kind).splitlines()[2:]}
+    assert set(MODEL_FIELDS) | {"name", "backend", "model_id"} == set(ModelConfig.model_fields)
+    for field, value in MODEL_FIELDS.items():
+        raw = yaml.safe_load(yaml.safe_dump(base))
+        raw["models"][0][field] = value
+        try:
+            study_from_dict(raw)
+            accepted = True
+        except ValidationError:
+            accepted = False
+        assert accepted == (f"models[].{field}" in listed), f"{kind}: models[].{field}"
+    properties = schema_json(kind)["$defs"]["ModelConfig"]["properties"]
+    assert {f"models[].{p}" for p in properties} == {k for k in listed if k.startswith("models[].")}
+    # Every backend the schema names is taken, and only those.
+    assert properties["backend"]["enum"] == BACKENDS.names()
+    row = next(line for line in schema_markdown(kind).splitlines() if line.startswith("| `models[].backend`"))
+    assert row.split(" | ")[1] == "one of " + ", ".join(BACKENDS.names())
+    for backend in [*BACKENDS.names(), "hf-judge"]:
+        raw = yaml.safe_load(yaml.safe_dump(base))
+        raw["models"][0]["backend"] = backend
+        unknown = [p for p in backend_problems(study_from_dict(raw)) if p.field == "models[0].backend"]
+        assert bool(unknown) == (backend not in properties["backend"]["enum"])
+
+
+def test_version_is_the_installed_distributions():
+    from importlib.metadata import version
+
+    from typer.testing import CliRunner
+
+    from vlm_decade.cli import app
+
+    done = CliRunner().invoke(app, ["--version"])
+    assert done.exit_code == 0 and done.output == f"vlm-decade {version('vlm-decade')}\n"

@@ -23,6 +23,12 @@ from vlm_decade.imaging.decode import ImageDecodeError, load_rgb
 ORIENTATION = 0x0112
 
 
+def over(rgb: np.ndarray, alpha: np.ndarray, background) -> np.ndarray:
+    """The composite a person sees, in floating point: c * a/255 + b * (1 - a/255), rounded."""
+    a = alpha.astype(np.float64)[:, :, None] / 255.0
+    return np.rint(rgb.astype(np.float64) * a + np.asarray(background, np.float64) * (1.0 - a)).astype(np.uint8)
+
+
 def png(array: np.ndarray, bits: int = 16) -> bytes:
     """A PNG written by hand (Pillow cannot write 16-bit RGB): gray (H, W) or RGB (H, W, 3)."""
     height, width = array.shape[:2]
@@ -144,7 +150,8 @@ def _load_bytes(data: bytes, suffix: str):
         return load_rgb(path)
 
 
-# --- 8-bit modes: exactly what Pillow's conversion gives (the demo's photos are unchanged) -------------
+# --- 8-bit modes: exactly what Pillow's conversion gives (the demo's photos are unchanged); with an
+# alpha channel, that composited onto white by hand ------------------------------------------------------
 
 
 @settings(max_examples=30, deadline=None)
@@ -159,6 +166,8 @@ def test_eight_bit_modes_match_pillows_conversion(mode, pixels):
     with Image.open(io.BytesIO(_encoded(image, fmt))) as reread:
         assert read_mode == reread.mode
         expected = np.asarray(reread.convert("RGB"))
+        if reread.has_transparency_data:
+            expected = over(expected, np.asarray(reread.convert("RGBA").getchannel("A")), (255, 255, 255))
     assert rgb.dtype == np.uint8 and rgb.shape == (*pixels.shape[:2], 3)
     assert (rgb == expected).all()
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from vlm_decade.core.config import ModelConfig
-from vlm_decade.models.backends import backend_class, hf_common
+from vlm_decade.models.backends import backend_class, entry_problems, hf_common, parsed_options
 
 
 def model(backend="hf-captioner", **kw) -> ModelConfig:
@@ -75,27 +77,27 @@ def test_weights_resolve_path_then_packaged_copy_then_hub(monkeypatch, tmp_path)
 
 
 def test_unknown_or_bad_options_are_problems_before_any_work(tmp_path):
-    cls = backend_class("hf-vlm")
-    (problem,) = cls.check(model("hf-vlm", path=tmp_path, options={"temprature": 0.2}), set(), ["full"])
-    assert problem.field == "options" and "unknown hf-vlm options: temprature" in problem.message
-    (problem,) = cls.check(model("hf-vlm", options={"max_new_tokens": 0}), set(), ["full"])
-    assert "max_new_tokens must be a whole number >= 1" in problem.message
-    (problem,) = backend_class("hf-detector").check(model("hf-detector", options={"score_threshold": 2}), set(), [])
-    assert "score_threshold must be in [0, 1]" in problem.message
+    (problem,) = entry_problems("hf-vlm", {"temprature": 0.2}, ("models", 1))
+    assert problem.field == "models[1].options.temprature" and "unknown hf-vlm option 'temprature'" in problem.message
+    (problem,) = entry_problems("hf-vlm", {"max_new_tokens": 0}, ("models", 0))
+    assert problem.field == "models[0].options.max_new_tokens" and "must be >= 1, got 0" in problem.message
+    (problem,) = entry_problems("hf-detector", {"score_threshold": 2}, ("models", 0))
+    assert "must be in 0..1, got 2" in problem.message
+    with pytest.raises(ValueError, match="options.dtype: Input should be 'auto'"):
+        backend_class("hf-vlm")(model("hf-vlm", path=tmp_path, options={"dtype": "float64"}))
 
 
 def test_greedy_by_default_and_generate_kwargs_pass_through():
-    options = hf_common.parse_options(model(), backend_class("hf-captioner").OPTIONS)
+    options = parsed_options(model(), backend_class("hf-captioner").Options)
     assert hf_common.generation_kwargs(options) == {"do_sample": False, "num_beams": 1, "max_new_tokens": 40}
-    options = hf_common.parse_options(model(options={"max_new_tokens": 7, "generate": {"num_beams": 3}}),
-                                      backend_class("hf-captioner").OPTIONS)
+    options = parsed_options(model(options={"max_new_tokens": 7, "generate": {"num_beams": 3}}), backend_class("hf-captioner").Options)
     assert hf_common.generation_kwargs(options) == {"do_sample": False, "num_beams": 3, "max_new_tokens": 7}
 
 
 def test_placement_is_cpu_float32_without_a_gpu_and_device_map_goes_to_accelerate():
     import torch
 
-    options = hf_common.parse_options(model(), hf_common.COMMON_OPTIONS)
+    options = parsed_options(model(), hf_common.HFOptions)
     assert hf_common.placement(options) == ("cpu", torch.float32, {})
-    options = hf_common.parse_options(model(options={"device_map": "auto", "dtype": "bfloat16"}), hf_common.COMMON_OPTIONS)
+    options = parsed_options(model(options={"device_map": "auto", "dtype": "bfloat16"}), hf_common.HFOptions)
     assert hf_common.placement(options) == ("cpu", torch.bfloat16, {"device_map": "auto"})

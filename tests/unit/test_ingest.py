@@ -140,7 +140,7 @@ def only(problems, **where):
 def test_images_table(study):
     result = study.load()
     images = result.images.to_pylist()
-    assert result.images.column_names == ["image_id", "dataset", "path", "sha256", "width", "height", "mode"]
+    assert result.images.column_names == ["image_id", "dataset", "path", "sha256", "width", "height", "mode", "background"]
     assert [r["image_id"] for r in images] == ["im1", "im2"]
     assert images[1]["path"] == str(study.image_dir / "sub" / "im2.png")
     assert os.path.isabs(images[0]["path"])
@@ -148,6 +148,7 @@ def test_images_table(study):
     assert (images[0]["width"], images[0]["height"]) == (12, 8)
     assert (images[1]["width"], images[1]["height"]) == (10, 6)
     assert [r["mode"] for r in images] == ["RGB", "RGB"]
+    assert [r["background"] for r in images] == [None, None]  # opaque: nothing composited
 
 
 def test_references_ranked_by_votes_as_worked_by_hand(study):

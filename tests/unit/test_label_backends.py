@@ -5,6 +5,7 @@ hand, then the real packaged models on real photos."""
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,7 @@ import pytest
 from tests import required
 from vlm_decade.core.config import ModelConfig
 from vlm_decade.core.errors import InputError
-from vlm_decade.models.backends import Stimulus, backend_class
+from vlm_decade.models.backends import Stimulus, backend_class, entry_problems
 from vlm_decade.models.backends.detection import Detection
 from vlm_decade.models.backends.litert_classifier import (
     MODEL_FILE,
@@ -84,13 +85,13 @@ def test_packages_not_installed_give_a_clear_message(monkeypatch):
 
 
 @pytest.mark.parametrize("options, fragment", [
-    ({"label": "wordnet"}, "unknown litert-classifier options: label"),
-    ({"labels": "imagenet"}, "labels must be one of wordnet, clip-benchmark"),
+    ({"label": "wordnet"}, "unknown litert-classifier option 'label' (did you mean 'labels'?)"),
+    ({"labels": "imagenet"}, "Input should be 'wordnet' or 'clip-benchmark' (got 'imagenet')"),
 ])
 def test_bad_options_are_refused(options, fragment):
-    (problem,) = LiteRTClassifier.check(_model("litert-classifier", options=options), set(), ["full"])
-    assert fragment in problem.message
-    with pytest.raises(ValueError, match=fragment):
+    (problem,) = entry_problems("litert-classifier", options, ("models", 0))
+    assert fragment in problem.message and problem.field == f"models[0].options.{next(iter(options))}"
+    with pytest.raises(ValueError, match=re.escape(fragment)):
         LiteRTClassifier(_model("litert-classifier", options=options))
 
 
@@ -193,5 +194,5 @@ def test_real_ssd_label_on_photos(ssd_label):
 
 
 def test_ssd_label_refuses_unknown_options_in_its_own_name():
-    with pytest.raises(ValueError, match="unknown ssd-label options: labels"):
+    with pytest.raises(ValueError, match="unknown ssd-label option 'labels'"):
         SSDLabel(_model("ssd-label", options={"labels": "coco"}))

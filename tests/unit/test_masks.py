@@ -127,8 +127,10 @@ def test_gray_and_rgba_inputs():
     out = apply_mask(gray, spec)
     assert out.shape == (120, 180, 3) and out.dtype == np.uint8
     np.testing.assert_array_equal(out[:, -1], np.stack([gray[:, -1]] * 3, axis=1))
+    # RGBA is seen over white, as a file of it would be: c * 7/255 + 255 * 248/255, rounded.
     rgba = np.dstack([_photo(), np.full((120, 180), 7, np.uint8)])
-    np.testing.assert_array_equal(apply_mask(rgba, spec), apply_mask(rgba[:, :, :3], spec))
+    over_white = np.rint(_photo() * (7 / 255) + 255 * (248 / 255)).astype(np.uint8)
+    np.testing.assert_array_equal(apply_mask(rgba, spec), apply_mask(over_white, spec))
 
 
 @pytest.mark.parametrize(

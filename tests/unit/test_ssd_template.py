@@ -162,7 +162,7 @@ def test_package_not_installed_gives_a_clear_message(monkeypatch):
 
 
 def test_unknown_option_is_refused():
-    with pytest.raises(ValueError, match="unknown ssd-template options: treshold"):
+    with pytest.raises(ValueError, match="unknown ssd-template option 'treshold'"):
         SSDTemplateCaptioner(_model(options={"treshold": 0.3}))
 
 

@@ -12,8 +12,8 @@ import torch
 from tests import hf_tiny
 from vlm_decade.core.config import ModelConfig
 from vlm_decade.core.errors import InputError
-from vlm_decade.models.backends import Stimulus, backend_class
-from vlm_decade.models.backends.hf_zero_shot import NO_CLASSES, class_prompts, ensemble, template_problem, top_classes
+from vlm_decade.models.backends import Stimulus, backend_class, entry_problems
+from vlm_decade.models.backends.hf_zero_shot import NO_CLASSES, class_prompts, ensemble, top_classes
 
 ANIMALS = ("cat", "dog", "person")
 THINGS = ("cup", "car", "tree", "table", "bowl", "sky", "water")
@@ -80,20 +80,19 @@ def test_prompts_are_template_major_and_keep_names_verbatim():
 
 
 @pytest.mark.parametrize("templates, fragment", [
-    ([], "non-empty list"), ("a {}", "non-empty list"), (["a photo"], "exactly one {}"), (["{} {}"], "exactly one {}"),
+    ([], "non-empty list"), ("a {}", "valid list"), (["a photo"], "exactly one {}"), (["{} {}"], "exactly one {}"),
 ])
 def test_bad_templates_are_refused_before_loading(folders, templates, fragment):
-    assert fragment in template_problem(templates)
     cfg = config(folders["hf-clip"], templates=templates)
-    (problem,) = backend_class("hf-zero-shot").check(cfg, set(), ["full"])
-    assert fragment in problem.message
+    (problem,) = entry_problems("hf-zero-shot", cfg.options, ("models", 0))
+    assert fragment in problem.message and problem.field == "models[0].options.templates"
     with pytest.raises(ValueError, match=fragment):
         backend_class("hf-zero-shot")(cfg)
 
 
 def test_unknown_option_and_missing_weights_are_found_by_check(folders, tmp_path):
-    (problem,) = backend_class("hf-zero-shot").check(config(folders["hf-clip"], template=["a {}"]), set(), ["full"])
-    assert "unknown hf-zero-shot options: template" in problem.message
+    (problem,) = entry_problems("hf-zero-shot", {"template": ["a {}"]}, ("models", 0))
+    assert "unknown hf-zero-shot option 'template' (did you mean 'templates'?)" in problem.message
     (tmp_path / "empty").mkdir()
     with pytest.raises(InputError, match="has no config.json"):
         backend_class("hf-zero-shot")(config(tmp_path / "empty"))

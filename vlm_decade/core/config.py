@@ -19,10 +19,21 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple
 
+import annotated_types
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, WithJsonSchema, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
-from vlm_decade.core.errors import InputError, Problem
+from vlm_decade.core.errors import STUDY_FILE, InputError, Problem
+from vlm_decade.core.names import did_you_mean
 from vlm_decade.core.storage import is_uri, uri_problem
 from vlm_decade.core.tables import regular_file_problem
 
@@ -49,6 +60,33 @@ FolderLocation = Annotated[Path | str, PlainValidator(_folder_location), WithJso
 def operational(default: Any, description: str, **constraints: Any) -> Any:
     """A field that changes how work runs, never what it produces: left out of `fingerprint()`."""
     return Field(default, description=description, json_schema_extra=OPERATIONAL, **constraints)
+
+
+def for_studies(default: Any, description: str, *studies: str) -> Any:
+    """A field only the named studies take: `vlm-decade schema` shows it for them alone, and
+    any other refuses it, set (`set_for_other_studies`)."""
+    return Field(default, description=description, json_schema_extra={"studies": list(studies)})
+
+
+def registry_field(default: Any, description: str, registry: str) -> Any:
+    """A field whose value names an entry of a registry ("backend", "encoder"): the schema lists the
+    registry's names, read from it, so a new backend is shown the moment it is registered."""
+    return Field(default, min_length=1, description=description, json_schema_extra={"registry": registry})
+
+
+def _extra(field: Any, key: str) -> Any:
+    return field.json_schema_extra.get(key) if isinstance(field.json_schema_extra, dict) else None
+
+
+def taken_by(field: Any, study: str | None) -> bool:
+    """Whether `study` takes this field (every field but those `for_studies` names others for)."""
+    studies = _extra(field, "studies")
+    return study is None or studies is None or study in studies
+
+
+def set_for_other_studies(section: "Settings", study: str) -> list[str]:
+    """The fields set in `section` that `study` does not take (the study refuses them)."""
+    return sorted(name for name in section.model_fields_set if not taken_by(type(section).model_fields[name], study))
 
 
 def _settings_in(annotation: Any) -> type["Settings"] | None:
@@ -95,6 +133,98 @@ class Settings(BaseModel):
         return hashlib.sha256(json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()).hexdigest()[:16]
 
 
+class BackendOptions(Settings):
+    """The options one backend takes (`options:` of a model, encoder, detector, locator or judge),
+    declared next to the backend class as its `Options`: `check_options` refuses an unknown name with
+    a "did you mean" and a bad value with its allowed range, before any work. Strict: `k: 2.5` or
+    `score_threshold: "high"` is refused, not rounded or read."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+
+def field_path(loc: tuple) -> str:
+    """A pydantic location as a study file's author reads it: `models[2].options.threshold`."""
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+def section_at(cls: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
+    """The section class a location (less its last part) ends in: list indices and mapping keys
+    (a provider's prices by model id) are stepped over."""
+    skip = False
+    for part in loc:
+        if skip:
+            skip = False
+            continue
+        field = cls.model_fields.get(part) if isinstance(part, str) else None
+        inner = _settings_in(field.annotation) if field is not None else None
+        if inner is None:
+            return None
+        skip = getattr(field.annotation, "__origin__", None) in (tuple, dict)
+        cls = inner
+    return cls
+
+
+def range_text(field: Any) -> str | None:
+    """A numeric field's allowed range from its bounds ("in 0..1", "> 0 and <= 1", ">= 1"), or None."""
+    kinds = {
+        annotated_types.Gt: ("gt", ">"),
+        annotated_types.Ge: ("ge", ">="),
+        annotated_types.Lt: ("lt", "<"),
+        annotated_types.Le: ("le", "<="),
+    }
+    bounds = {kinds[type(m)][1]: getattr(m, kinds[type(m)][0]) for m in field.metadata if type(m) in kinds}
+    if ">=" in bounds and "<=" in bounds:
+        return f"in {bounds['>=']:g}..{bounds['<=']:g}"
+    return " and ".join(f"{sign} {value:g}" for sign, value in bounds.items()) or None
+
+
+_RANGE_ERRORS = ("greater_than", "greater_than_equal", "less_than", "less_than_equal")
+_PLAIN = {"path_type": "must be a path (text)", "tuple_type": "must be a list"}
+
+
+def error_message(cls: type[BaseModel], err: dict, what: str = "field") -> str:
+    """One pydantic error as a sentence: an unknown name with the closest known one and the list,
+    a value out of range with the range allowed, a value of the wrong kind with the value."""
+    loc, value = err["loc"], err.get("input")
+    if err["type"] == "extra_forbidden":
+        section = section_at(cls, loc[:-1])
+        known = list(section.model_fields) if section is not None else []
+        return f"unknown {what} '{loc[-1]}'{did_you_mean(str(loc[-1]), known)}" + (
+            f"; known: {', '.join(known)}" if known else ""
+        )
+    if err["type"] in _RANGE_ERRORS:
+        section = section_at(cls, loc[:-1])
+        field = section.model_fields.get(loc[-1]) if section is not None else None
+        allowed = range_text(field) if field is not None else None
+        if allowed is not None:
+            return f"must be {allowed}, got {value!r}"
+    message = _PLAIN.get(err["type"]) or err["msg"].removeprefix("Value error, ")
+    if err["type"].endswith(("_type", "_parsing", "literal_error")) and not isinstance(value, (dict, list)):
+        message += f" (got {repr(value)[:40]})"
+    return message
+
+
+def check_options(
+    cls: type[BackendOptions], options: Any, where: tuple, backend: str, file: str = STUDY_FILE
+) -> list[Problem]:
+    """Why `options` (of the entry at location `where`, e.g. ("models", 2), run by `backend`) are not
+    what `cls` declares: one problem per unknown name or bad value, each naming its field
+    (`models[2].options.x`)."""
+    try:
+        cls.model_validate(options)
+    except ValidationError as exc:
+        return [
+            Problem(
+                file, error_message(cls, err, f"{backend} option"), field=field_path((*where, "options", *err["loc"]))
+            )
+            for err in exc.errors()
+        ]
+    return []
+
+
 Era = Literal["pre-mllm", "mllm"]
 
 
@@ -102,11 +232,12 @@ class ModelConfig(Settings):
     """One describing (A) or classifying (B) model: `name` is its subject in every table."""
 
     name: str = Field(min_length=1, description="The model's name in every table (its `subject`).")
-    backend: str = Field(min_length=1, description="How it runs: hf-captioner, hf-vlm, hf-detector, hf-zero-shot, openai, gemini, imported, ssd-template, ssd-label, litert-classifier (docs/models.md).")
+    backend: str = registry_field(..., "How it runs: each backend's options are in docs/models.md.", "backend")
     model_id: str = Field(min_length=1, description="The model: a hub id, an API model id, or a name for imported descriptions.")
-    era: Era | None = Field(None, description="Study A only: pre-mllm or mllm (the era comparisons).")
-    prompt: str | None = Field(None, description="Study A only: this model's prompt instead of the study's.")
-    variants: Literal["full", "all"] = Field("full", description="Study A only: full, or all (the full image and every masked variant).")
+    era: Era | None = for_studies(None, "pre-mllm or mllm (the era comparisons).", "decade")
+    prompt: str | None = for_studies(None, "This model's prompt instead of the study's.", "decade")
+    variants: Literal["full", "all"] = for_studies(
+        "full", "full, or all (the full image and every masked variant).", "decade")
     batch_size: int = operational(8, "Stimuli per batch in the model's actor.", ge=1)
     path: Path | None = Field(None, description="A local folder with the weights (default: a packaged copy, then the hub).")
     options: dict[str, Any] = Field(default_factory=dict, description="Backend options (docs/models.md), e.g. temperature, max_output_tokens, file.")
@@ -127,7 +258,7 @@ class EncoderConfig(Settings):
     """A text encoder whose cosine similarity to the gold standard is a metric (e.g. SBERT-SI, GPT-SI)."""
 
     name: str = Field(min_length=1, description="The metric's name in every table (e.g. SBERT-SI).")
-    backend: str = Field("sentence-transformers", description="sentence-transformers, openai-embedding or gemini-embedding.")
+    backend: str = registry_field("sentence-transformers", "How it runs.", "encoder")
     model_id: str = Field(MINILM, description="The encoder's hub or API model id.")
     path: Path | None = Field(None, description="A local folder with the weights (default: a packaged copy, then the hub).")
     batch_size: int = operational(64, "Texts per batch.", ge=1)
@@ -356,10 +487,14 @@ class StudyBase(Settings):
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
+# A URI whose "//" a path type (or a typing hand) has folded to one slash.
+FOLDED_URI = re.compile(r"^(s3|gs):/[^/]")
+
+
 def resolve_path(value: Any, base: Path) -> Any:
-    """A path relative to `base` made absolute; a URI, and anything that is no path text (a number, a
-    list), is left as it is, for the field's own check to name."""
-    if not isinstance(value, str) or is_uri(value) or Path(value).is_absolute():
+    """A path relative to `base` made absolute; a URI (one with a slash lost, too), and anything that
+    is no path text (a number, a list), is left as it is, for the field's own check to name."""
+    if not isinstance(value, str) or is_uri(value) or FOLDED_URI.match(value) or Path(value).is_absolute():
         return value
     return str(base / value)
 
@@ -409,7 +544,7 @@ def output_problems(output: str | Path, field: str = "output") -> list[Problem]:
     if is_uri(str(output)):  # a run folder in a bucket, worked on in a local copy (core.storage)
         problem = uri_problem(str(output))
         return [] if problem is None else [Problem(str(output), problem, field=field)]
-    if re.match(r"^(s3|gs):/[^/]", str(output)):  # a URI whose "//" a path type has folded
+    if FOLDED_URI.match(str(output)):
         return [Problem(str(output), "looks like a URI with one slash: write s3://bucket/... or gs://bucket/...", field=field)]
     output = Path(output)
     if "\0" in str(output):
@@ -426,14 +561,45 @@ def output_problems(output: str | Path, field: str = "output") -> list[Problem]:
     return []
 
 
-def resolve_entry_paths(entry: Any, base: Path) -> None:
-    """A model, encoder, metric, detector or judge entry: its `path` and `options.file` made absolute."""
-    if isinstance(entry, dict):
-        if entry.get("path") is not None:
-            entry["path"] = resolve_path(entry["path"], base)
-        opts = entry.get("options")
-        if isinstance(opts, dict) and "file" in opts:
-            opts["file"] = resolve_path(opts["file"], base)
+# Backend options that name a file (the imported backend's descriptions, CaSED's caption database).
+PATH_OPTIONS = ("file", "database")
+
+
+def _is_path(annotation: Any) -> bool:
+    return annotation is Path or Path in getattr(annotation, "__args__", ())
+
+
+def resolve_paths(raw: Any, cls: type[Settings], base: Path) -> None:
+    """Every path of a study file's section `raw` (a mapping, changed in place) made absolute
+    against `base`, the study file's folder: each field `cls` declares as a path (`output` too), in
+    its sections and their lists, and the options that name a file. Only what has the right shape is
+    touched: a field of the wrong type (`models: 5`) is left for validation to name."""
+    if not isinstance(raw, dict):
+        return
+    for name, field in cls.model_fields.items():
+        value = raw.get(name)
+        if value is None:
+            continue
+        if _is_path(field.annotation):
+            raw[name] = resolve_path(value, base)
+        inner = _settings_in(field.annotation)
+        if inner is None:
+            continue
+        origin = getattr(field.annotation, "__origin__", None)
+        items = (
+            value
+            if origin is tuple and isinstance(value, list)
+            else value.values()
+            if origin is dict and isinstance(value, dict)
+            else [value]
+        )
+        for item in items:
+            resolve_paths(item, inner, base)
+    options = raw.get("options") if "options" in cls.model_fields else None
+    if isinstance(options, dict):
+        for key in PATH_OPTIONS:
+            if options.get(key) is not None:
+                options[key] = resolve_path(options[key], base)
 
 
 def _type_text(annotation: Any) -> str:
@@ -445,6 +611,8 @@ def _type_text(annotation: Any) -> str:
         return f"list of {_type_text(args[0])}" if len(args) == 2 and args[1] is Ellipsis else "list"
     if origin is dict:
         return "mapping"
+    if origin is list:
+        return f"list of {_type_text(args[0])}" if args else "list"
     if args and type(None) in args:  # X | None
         return " or ".join(_type_text(a) for a in args if a is not type(None)) + " or none"
     if isinstance(annotation, type) and issubclass(annotation, Settings):
@@ -472,28 +640,67 @@ def _value_text(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def reference(cls: type[Settings], prefix: str = "", defaults: Settings | None = None) -> list[tuple[str, str, str, str]]:
-    """(key, type, default, description) of every field of a section and the sections inside it;
-    `defaults`: the section's default value, whose fields are the defaults shown."""
+def reference(cls: type[Settings], prefix: str = "", defaults: Settings | None = None, study: str | None = None,
+              registries: dict[str, list[str]] | None = None) -> list[tuple[str, str, str, str]]:
+    """(key, type, default, description) of every field of a section and the sections inside it
+    that `study` takes; `defaults`: the section's default value, whose fields are the defaults
+    shown; `registries`: the names of each registry, the values a `registry_field` takes."""
     rows = []
     for name, field in cls.model_fields.items():
+        if not taken_by(field, study):
+            continue
         key = prefix + name
         if defaults is not None:
             value = getattr(defaults, name)
         else:
             value = _REQUIRED if field.is_required() else field.get_default(call_default_factory=True)
-        rows.append((key, _type_text(field.annotation), _value_text(value), field.description or ""))
+        names = (registries or {}).get(_extra(field, "registry"))
+        kind = "one of " + ", ".join(names) if names else _type_text(field.annotation)
+        rows.append((key, kind, _value_text(value), field.description or ""))
         inner = _settings_in(field.annotation)
         if inner is not None:
             origin = getattr(field.annotation, "__origin__", None)
             nested = {tuple: "[].", dict: ".<model id>."}.get(origin, ".")
-            rows += reference(inner, key + nested, value if isinstance(value, Settings) else None)
+            rows += reference(inner, key + nested, value if isinstance(value, Settings) else None, study, registries)
     return rows
 
 
-def reference_markdown(cls: type[Settings]) -> str:
+def reference_markdown(cls: type[Settings], study: str | None = None,
+                       registries: dict[str, list[str]] | None = None) -> str:
     """`reference` as a Markdown table (what `vlm-decade schema` prints and the docs show)."""
     cell = lambda text: text.replace("|", "\\|")  # noqa: E731
     lines = ["| key | type | default | what |", "| --- | --- | --- | --- |"]
-    lines += [f"| `{key}` | {cell(kind)} | {cell(default)} | {cell(what)} |" for key, kind, default, what in reference(cls)]
+    rows = reference(cls, study=study, registries=registries)
+    lines += [f"| `{key}` | {cell(kind)} | {cell(default)} | {cell(what)} |" for key, kind, default, what in rows]
+    return "\n".join(lines) + "\n"
+
+
+def json_schema(cls: type[Settings], study: str | None = None, registries: dict[str, list[str]] | None = None) -> dict:
+    """The JSON Schema of what `study` takes: pydantic's, less the fields only other studies take,
+    and with each `registry_field`'s names as its enum."""
+    schema = cls.model_json_schema()
+    for section in [schema, *schema.get("$defs", {}).values()]:
+        properties = section.get("properties", {})
+        for name, prop in list(properties.items()):
+            studies, registry = prop.pop("studies", None), prop.pop("registry", None)
+            if study is not None and studies is not None and study not in studies:
+                del properties[name]
+                section["required"] = [r for r in section.get("required", []) if r != name]
+            elif registry in (registries or {}):
+                prop["enum"] = list(registries[registry])
+    return schema
+
+
+def options_markdown(cls: type[BackendOptions]) -> str:
+    """A backend's declared options as a Markdown table, with each number's allowed range (what
+    docs/models.md shows; a test keeps the two equal)."""
+    cell = lambda text: text.replace("|", "\\|")  # noqa: E731
+    if not cls.model_fields:
+        return "No options.\n"
+    lines = ["| option | type | default | what |", "| --- | --- | --- | --- |"]
+    for name, field in cls.model_fields.items():
+        allowed = range_text(field)
+        kind = _type_text(field.annotation) + (f", {allowed}" if allowed else "")
+        default = _value_text(field.get_default(call_default_factory=True))
+        lines.append(f"| `{name}` | {cell(kind)} | {cell(default)} | {cell(field.description or '')} |")
     return "\n".join(lines) + "\n"

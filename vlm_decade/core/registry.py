@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib
 
+from vlm_decade.core.names import did_you_mean
+
 
 class Registry:
     def __init__(self, kind: str, entries: dict[str, str]):
@@ -18,6 +20,7 @@ class Registry:
         try:
             target = self.entries[name]
         except KeyError:
-            raise KeyError(f"unknown {self.kind} '{name}'; known: {', '.join(self.names())}") from None
+            near = did_you_mean(name, self.names())
+            raise KeyError(f"unknown {self.kind} '{name}'{near}; known: {', '.join(self.names())}") from None
         module, cls = target.split(":")
         return getattr(importlib.import_module(module), cls)

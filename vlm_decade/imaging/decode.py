@@ -1,7 +1,8 @@
 """Every image file becomes the same 8-bit RGB pixels, wherever it is read (docs/data-format.md).
 
-`load_rgb` is the one decoder: the image check at `validate`, the describe stage (what models see),
-the masks command and the report's heat maps all call it, so they all see the same pixels.
+`decode_image` is the one decoder (`load_rgb` and `load_image` read a file through it): the image
+check at `validate`, the describe stage (what models see), the masks command, the viewer and the
+report's heat maps all call it, so they all see the same pixels.
 
 Pillow's own `convert("RGB")` clips wider pixel types instead of scaling them: a 16-bit PNG becomes
 white and a float TIFF black; and it ignores the EXIF orientation, so a portrait photo would be shown
@@ -11,8 +12,15 @@ lying on its side. Here the orientation is applied first, then each mode is brou
   are scaled from 0..65535 to 0..255 (round(v / 257)); `I` values outside 0..65535 are refused;
 - float `F` is read as 0..1 when every value lies in [0, 1], else as 0..255 when every value lies in
   [0, 255]; NaN, infinities and other ranges are refused, as no scale can be known;
-- every other mode (1, L, P, RGB, RGBA, CMYK, YCbCr, LAB, HSV, LA, PA, ...) by Pillow's conversion,
-  which is exact for them; an alpha channel is dropped, as before.
+- every other mode (1, L, P, RGB, CMYK, YCbCr, LAB, HSV, ...) by Pillow's conversion, which is
+  exact for them.
+
+An image with transparency (an alpha channel: RGBA, LA, PA; or a transparency entry: a palette's, or
+a gray or RGB PNG's transparent colour) is composited onto a background, white unless the study's
+`data.background` says otherwise, as a person sees it: each channel becomes
+(c * a + b * (255 - a)) / 255 rounded, for alpha a, background b. Dropping the alpha instead would
+show a model whatever colour lies under the transparent pixels (often the blocky leftovers of a
+cut-out's old background). `background=None` refuses such an image (`data.background: none`).
 
 What cannot be converted faithfully raises `ImageDecodeError` with the reason; `validate` reports it
 for the image's row. Multi-frame files (animated GIF, multi-page TIFF) give their first frame.
@@ -21,45 +29,93 @@ for the image's row. Multi-frame files (animated GIF, multi-page TIFF) give thei
 from __future__ import annotations
 
 import io
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image, ImageColor, ImageOps, UnidentifiedImageError
 
 from vlm_decade.core import storage
 
 SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I;16N")
+WHITE = "#ffffff"
+NO_BACKGROUND = "none"
 
 
 class ImageDecodeError(ValueError):
     """An image file that cannot be read as faithful 8-bit RGB; the message says why."""
 
 
-def load_rgb(path: str | Path) -> tuple[np.ndarray, str]:
-    """(H x W x 3 uint8 RGB pixels, upright by the EXIF orientation; the file's own Pillow mode) of a
-    local file or an object-storage URI (`vlm_decade.core.storage`)."""
+def background_text(value: str) -> str:
+    """A background as a study file gives it (a colour name, #rrggbb, or `none`) in one spelling,
+    `#rrggbb` or `none`, so that "white" and "#FFFFFF" are one setting; ValueError if no colour."""
+    if value.strip().lower() == NO_BACKGROUND:
+        return NO_BACKGROUND
+    try:
+        rgb = ImageColor.getrgb(value.strip())
+    except ValueError:
+        raise ValueError(f"'{value}' is no colour: give a colour name (white, black, gray), #rrggbb, or none") from None
+    return "#{:02x}{:02x}{:02x}".format(*rgb[:3])
+
+
+def background_rgb(text: str | None) -> tuple[int, int, int] | None:
+    """The RGB of a `background_text` (None for `none`)."""
+    if text is None or text == NO_BACKGROUND:
+        return None
+    return ImageColor.getrgb(text)[:3]
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """What decoding one file gives: the RGB pixels the models are shown, the file's own mode, and
+    whether any pixel was transparent (and so composited onto the background)."""
+
+    rgb: np.ndarray
+    mode: str
+    transparent: bool
+
+
+def load_rgb(path: str | Path, background: str | None = WHITE) -> tuple[np.ndarray, str]:
+    """(H x W x 3 uint8 RGB pixels, upright by the EXIF orientation, transparent pixels composited
+    onto `background` (#rrggbb); the file's own Pillow mode) of a local file or an object-storage URI
+    (`vlm_decade.core.storage`)."""
+    decoded = load_image(path, background)
+    return decoded.rgb, decoded.mode
+
+
+def load_image(path: str | Path, background: str | None = WHITE) -> Decoded:
+    """`load_rgb`, with whether the image had transparency."""
     problem = storage.file_problem(path)
     if problem is not None:
         raise ImageDecodeError(f"image file {problem}: {path}")
     if not storage.is_uri(path):
-        return decode_rgb(path, path)
+        return decode_image(path, path, background)
     try:
         data = storage.read_bytes(path)
     except OSError as exc:
         raise ImageDecodeError(f"cannot read image file {path}: {exc}") from None
-    return decode_rgb(io.BytesIO(data), path)
+    return decode_image(io.BytesIO(data), path, background)
 
 
-def decode_rgb(source: str | Path | BinaryIO, path: str | Path) -> tuple[np.ndarray, str]:
-    """`load_rgb` of a file already opened or read into memory (`source`); `path` names it in messages."""
+def decode_image(source: str | Path | BinaryIO, path: str | Path, background: str | None = WHITE) -> Decoded:
+    """`load_image` of a file already opened or read into memory (`source`); `path` names it in
+    messages. `background` None (`data.background: none`) refuses an image with transparency."""
     try:
         # Pillow refuses more than twice Image.MAX_IMAGE_PIXELS at open (and warns above it).
         with Image.open(source) as im:
             im.load()  # a full decode: a truncated file fails here, not just a bad header
             mode = im.mode
             ImageOps.exif_transpose(im, in_place=True)
-            return to_rgb(im), mode
+            alpha = _alpha(im)
+            rgb = to_rgb(im)
+            if alpha is None:
+                return Decoded(rgb, mode, False)
+            colour = background_rgb(background)
+            if colour is None:
+                raise ImageDecodeError("has transparent pixels, and data.background is none: give a background "
+                                       "(white, a colour name or #rrggbb) or an image without transparency")
+            return Decoded(composite(rgb, alpha, colour), mode, True)
     except ImageDecodeError as exc:
         raise ImageDecodeError(f"{exc}: {path}") from None
     except UnidentifiedImageError:
@@ -72,6 +128,25 @@ def decode_rgb(source: str | Path | BinaryIO, path: str | Path) -> tuple[np.ndar
         raise ImageDecodeError(f"not a readable image ({exc}): {path}") from None
     except Exception as exc:  # Pillow signals a damaged image with many exception types
         raise ImageDecodeError(f"not a readable image ({type(exc).__name__}: {exc}): {path}") from None
+
+
+def _alpha(im: Image.Image) -> np.ndarray | None:
+    """The image's alpha (H x W uint8) when it has transparency data and some pixel is not opaque;
+    None otherwise (a fully opaque alpha channel changes nothing)."""
+    if not im.has_transparency_data:
+        return None
+    alpha = (
+        np.asarray(im.convert("RGBA"))[:, :, 3] if im.mode not in ("LA", "La", "PA") else np.asarray(im.getchannel("A"))
+    )
+    return alpha if (alpha < 255).any() else None
+
+
+def composite(rgb: np.ndarray, alpha: np.ndarray, background: tuple[int, int, int]) -> np.ndarray:
+    """RGB pixels over a background by their alpha: (c * a + b * (255 - a)) / 255, rounded (in
+    integers: the exact half never occurs, as 255 is odd)."""
+    a = alpha.astype(np.int64)[:, :, None]
+    b = np.asarray(background, dtype=np.int64)[None, None, :]
+    return ((rgb.astype(np.int64) * a + b * (255 - a) + 127) // 255).astype(np.uint8)
 
 
 def to_rgb(im: Image.Image) -> np.ndarray:

@@ -20,7 +20,7 @@ from pydantic import Field, field_validator
 
 from vlm_decade.core.config import Settings
 from vlm_decade.core.errors import InputError, Problem
-from vlm_decade.imaging.decode import ImageDecodeError, load_rgb
+from vlm_decade.imaging.decode import WHITE, ImageDecodeError, background_rgb, composite, load_rgb
 
 
 class MaskConfig(Settings):
@@ -118,8 +118,9 @@ def occlusion(height: int, width: int, spec: MaskSpec) -> np.ndarray:
 
 
 def as_rgb(image: np.ndarray) -> np.ndarray:
-    """An image array as RGB uint8 (H, W, 3): gray (H, W) or (H, W, 1) is repeated, RGBA drops its
-    alpha (as `imaging.decode.load_rgb` does for files, so previews match what the models are shown)."""
+    """An image array as RGB uint8 (H, W, 3): gray (H, W) or (H, W, 1) is repeated, RGBA is
+    composited onto white by its alpha (as `imaging.decode` does for files by default, so an array
+    handed to a backend is seen as a file of it would be)."""
     image = np.asarray(image)
     if image.dtype != np.uint8:
         raise ValueError(f"image must be uint8, got {image.dtype}")
@@ -131,7 +132,9 @@ def as_rgb(image: np.ndarray) -> np.ndarray:
         raise ValueError(f"image must be HxW, HxWx1, HxWx3 or HxWx4, got shape {image.shape}")
     if image.shape[2] == 1:
         return np.repeat(image, 3, axis=2)
-    return np.ascontiguousarray(image[:, :, :3])
+    if image.shape[2] == 4:
+        return composite(image[:, :, :3], image[:, :, 3], background_rgb(WHITE))
+    return np.ascontiguousarray(image)
 
 
 def apply_mask(image: np.ndarray, spec: MaskSpec) -> np.ndarray:

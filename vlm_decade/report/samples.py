@@ -10,9 +10,9 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
-from vlm_decade.core import storage
+from vlm_decade.imaging.decode import load_rgb
 
 SAMPLE_SIZE = 8  # worst and best rows per model
 THUMB_PX = 96
@@ -63,10 +63,9 @@ def sample_tables(picked: dict[str, tuple[list[dict], list[dict]]], key: str, he
 def thumbnail_uri(path: str, px: int = THUMB_PX) -> str | None:
     """The image as a small JPEG data URI, or None when the file cannot be read."""
     try:
-        with storage.open_file(path) as fh, Image.open(fh) as im:
-            im = im.convert("RGB")
-            im.thumbnail((px, px))
-    except (OSError, UnidentifiedImageError, ValueError):
+        im = Image.fromarray(load_rgb(path)[0])
+        im.thumbnail((px, px))
+    except (OSError, ValueError):
         return None
     buffer = io.BytesIO()
     im.save(buffer, format="JPEG", quality=70)

@@ -2,9 +2,12 @@
 
 Both studies' data loaders call `check_images` on their table's rows (image_id, dataset, file); the
 result becomes the run folder's `images` table (image_id, dataset, path, sha256, width, height,
-mode). Each file is decoded as the models will see it (`vlm_decade.imaging.decode`): width and
-height are those of the upright image, `mode` is the file's own pixel mode, and a file that cannot
-be converted to 8-bit RGB faithfully, or is no regular file (a FIFO would block), is refused here.
+mode, background). Each file is decoded as the models will see it (`vlm_decade.imaging.decode`):
+width and height are those of the upright image, `mode` is the file's own pixel mode, `background`
+the colour (#rrggbb) its transparent pixels are composited onto (null for an image without
+transparency; tables written before it lack the column: read it as null), and a file that cannot be
+converted to 8-bit RGB faithfully, or is no regular file (a FIFO would block), is refused here, as is
+an image with transparency when the study's `data.background` is `none`.
 
 Reading and hashing every image again on every run would cost minutes at a million images, so what a
 check found is kept in the run folder (`ImageCache`, `.cache/images.parquet`) under the file's path,
@@ -30,7 +33,7 @@ from vlm_decade.core.errors import Problems
 from vlm_decade.core.files import atomic_write_bytes
 from vlm_decade.core import storage
 from vlm_decade.core.tables import Table, cell_present, cell_text
-from vlm_decade.imaging.decode import ImageDecodeError, decode_rgb
+from vlm_decade.imaging.decode import NO_BACKGROUND, WHITE, ImageDecodeError, decode_image
 
 IMAGE_COLUMNS = ("image_id", "dataset", "file")
 IMAGES_SCHEMA = pa.schema(
@@ -42,6 +45,7 @@ IMAGES_SCHEMA = pa.schema(
         ("width", pa.int64()),
         ("height", pa.int64()),
         ("mode", pa.string()),  # the file's own pixel mode (Pillow's name: RGB, L, I;16, F, ...)
+        ("background", pa.string()),  # what its transparent pixels are composited onto; null: none are
     ]
 )
 
@@ -57,19 +61,32 @@ class CheckedImage:
     width: int = 0
     height: int = 0
     mode: str = ""
+    transparent: bool = False
 
 
 CACHE_FILE = Path(".cache") / "images.parquet"
-CACHE_SCHEMA = pa.schema([("path", pa.string()), ("bytes", pa.int64()), ("mtime_ns", pa.int64()), ("sha256", pa.string()),
-                          ("width", pa.int64()), ("height", pa.int64()), ("mode", pa.string())])
+CACHE_SCHEMA = pa.schema(
+    [
+        ("path", pa.string()),
+        ("bytes", pa.int64()),
+        ("mtime_ns", pa.int64()),
+        ("sha256", pa.string()),
+        ("width", pa.int64()),
+        ("height", pa.int64()),
+        ("mode", pa.string()),
+        ("transparent", pa.bool_()),
+    ]
+)
+# What inspecting one file found: (sha256, width, height, mode, transparent).
+Found = tuple[str, int, int, str, bool]
 
 
 class ImageCache:
     """What earlier checks found, per (path, size, modification time), and what this one found."""
 
-    def __init__(self, known: dict[tuple[str, int, int], tuple[str, int, int, str]] | None = None):
+    def __init__(self, known: dict[tuple[str, int, int], Found] | None = None):
         self.known = known or {}
-        self.found: dict[tuple[str, int, int], tuple[str, int, int, str]] = {}
+        self.found: dict[tuple[str, int, int], Found] = {}
 
     @classmethod
     def of(cls, run_folder: str | Path, rehash: bool = False) -> "ImageCache":
@@ -79,11 +96,22 @@ class ImageCache:
             return cls()
         try:
             rows = pq.read_table(path).cast(CACHE_SCHEMA).to_pylist()
-        except Exception:  # noqa: BLE001 - a damaged cache only costs a fresh check
+        except Exception:  # noqa: BLE001 - a damaged cache (or one from before `transparent`) only costs a fresh check
             return cls()
-        return cls({(r["path"], r["bytes"], r["mtime_ns"]): (r["sha256"], r["width"], r["height"], r["mode"]) for r in rows})
+        return cls(
+            {
+                (r["path"], r["bytes"], r["mtime_ns"]): (
+                    r["sha256"],
+                    r["width"],
+                    r["height"],
+                    r["mode"],
+                    r["transparent"],
+                )
+                for r in rows
+            }
+        )
 
-    def inspect(self, path: str) -> tuple[str, int, int, str] | str:
+    def inspect(self, path: str) -> Found | str:
         """`_inspect_image`'s answer, from the cache while the file's size and time are unchanged."""
         try:
             key = (path, *storage.stat(path))
@@ -95,8 +123,10 @@ class ImageCache:
         return result
 
     def save(self, run_folder: str | Path) -> None:
-        rows = [{"path": p, "bytes": b, "mtime_ns": t, "sha256": h, "width": w, "height": ht, "mode": m}
-                for (p, b, t), (h, w, ht, m) in sorted(self.found.items())]
+        rows = [
+            {"path": p, "bytes": b, "mtime_ns": t, "sha256": h, "width": w, "height": ht, "mode": m, "transparent": a}
+            for (p, b, t), (h, w, ht, m, a) in sorted(self.found.items())
+        ]
         sink = pa.BufferOutputStream()
         pq.write_table(pa.Table.from_pylist(rows, schema=CACHE_SCHEMA), sink)
         atomic_write_bytes(Path(run_folder) / CACHE_FILE, sink.getvalue().to_pybytes())
@@ -108,7 +138,10 @@ def declared_ids(table: Table) -> set[str]:
     return {image_id for row in table.rows if (image_id := cell_text(row, "image_id"))}
 
 
-def check_images(table: Table, image_dir: str | Path, problems: Problems, cache: ImageCache | None = None) -> dict[str, CheckedImage]:
+def check_images(table: Table, image_dir: str | Path, problems: Problems, cache: ImageCache | None = None,
+                 background: str = WHITE) -> dict[str, CheckedImage]:
+    """Every row's image, read and measured; `background` (#rrggbb, or `none` to refuse images with
+    transparency) is the study's `data.background`."""
     images: dict[str, CheckedImage] = {}
     for row in table.rows:
         if not cell_present(row, table, IMAGE_COLUMNS, problems):
@@ -136,13 +169,22 @@ def check_images(table: Table, image_dir: str | Path, problems: Problems, cache:
     for im, result in zip(images.values(), results):
         if isinstance(result, str):
             problems.add(table.file, result, row=im.row, field="file")
-        else:
-            im.sha256, im.width, im.height, im.mode = result
+            continue
+        im.sha256, im.width, im.height, im.mode, im.transparent = result
+        if im.transparent and background == NO_BACKGROUND:
+            problems.add(
+                table.file,
+                f"{im.path} has transparent pixels, and data.background is none: give a background "
+                "(white, a colour name or #rrggbb) to composite them onto, or an image without transparency",
+                row=im.row,
+                field="file",
+            )
     return images
 
 
-def _inspect_image(path: str) -> tuple[str, int, int, str] | str:
-    """(sha256 of the bytes, upright width, height, mode) from one read and one full decode, or what is wrong."""
+def _inspect_image(path: str) -> Found | str:
+    """(sha256 of the bytes, upright width, height, mode, whether it has transparent pixels) from one
+    read and one full decode, or what is wrong."""
     problem = storage.file_problem(path)
     if problem is not None:
         return f"image file {problem}: {path}"
@@ -151,13 +193,15 @@ def _inspect_image(path: str) -> tuple[str, int, int, str] | str:
     except OSError as exc:
         return f"cannot read image file {path}: {getattr(exc, 'strerror', None) or exc}"
     try:
-        rgb, mode = decode_rgb(io.BytesIO(data), path)
+        decoded = decode_image(io.BytesIO(data), path)
     except ImageDecodeError as exc:
         return str(exc)
-    return hashlib.sha256(data).hexdigest(), rgb.shape[1], rgb.shape[0], mode
+    height, width = decoded.rgb.shape[:2]
+    return hashlib.sha256(data).hexdigest(), width, height, decoded.mode, decoded.transparent
 
 
-def images_table(images: dict[str, CheckedImage]) -> pa.Table:
+def images_table(images: dict[str, CheckedImage], background: str = WHITE) -> pa.Table:
+    """The `images` table; `background`: what the images with transparency are composited onto."""
     ids = sorted(images)
     columns = {
         "image_id": ids,
@@ -167,5 +211,16 @@ def images_table(images: dict[str, CheckedImage]) -> pa.Table:
         "width": [images[i].width for i in ids],
         "height": [images[i].height for i in ids],
         "mode": [images[i].mode for i in ids],
+        "background": [background if images[i].transparent else None for i in ids],
     }
     return pa.table(columns, schema=IMAGES_SCHEMA)
+
+
+def transparency_note(images: pa.Table) -> str:
+    """What `validate` says of the images with transparency: how many, and what they are
+    composited onto ("" when none has any)."""
+    backgrounds = [b for b in images.column("background").to_pylist() if b is not None]
+    if not backgrounds:
+        return ""
+    return (f"; {len(backgrounds)} of {images.num_rows} images have transparent pixels, composited onto "
+            f"{', '.join(sorted(set(backgrounds)))} (data.background) before any model sees them")

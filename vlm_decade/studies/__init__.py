@@ -15,8 +15,21 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from pydantic import ValidationError
 
-from vlm_decade.core.config import read_study_file, resolve_entry_paths, resolve_path
+from vlm_decade.core.config import (
+    check_options,
+    error_message,
+    field_path,
+    json_schema,
+    options_markdown,
+    output_problems,
+    read_study_file,
+    reference_markdown,
+    resolve_path,
+    resolve_paths,
+)
 from vlm_decade.core.errors import InputError, Problem
+from vlm_decade.models.backends import BACKENDS, entry_problems
+from vlm_decade.models.encoders import ENCODERS
 from vlm_decade.core.storage import is_uri, uri_problem, working_copy
 from vlm_decade.studies.decade.config import StudyConfig
 from vlm_decade.studies.openworld.config import OpenWorldStudyConfig
@@ -29,6 +42,39 @@ if TYPE_CHECKING:
 
 STUDIES = {"decade": StudyConfig, "openworld": OpenWorldStudyConfig}
 AnyStudy = StudyConfig | OpenWorldStudyConfig
+
+
+def registries() -> dict[str, list[str]]:
+    """The names each registry holds: the values a study file's `backend` fields take."""
+    return {"backend": BACKENDS.names(), "encoder": ENCODERS.names()}
+
+
+def schema_markdown(kind: str) -> str:
+    """Every field study `kind` takes, as the table `vlm-decade schema` prints and the docs show."""
+    return reference_markdown(STUDIES[kind], kind, registries())
+
+
+def schema_json(kind: str) -> dict:
+    """The JSON Schema of the study file study `kind` takes."""
+    return json_schema(STUDIES[kind], kind, registries())
+
+
+def declared_options() -> dict[str, type]:
+    """Every backend that takes options, by the name docs/models.md gives it, and what it declares:
+    the registry's backends, the locator, and the LI judge's."""
+    from vlm_decade.models.backends import backend_class
+    from vlm_decade.models.backends.hf_locator import HFLocator
+    from vlm_decade.studies.openworld.config import JUDGE_OPTIONS
+
+    declared = {name: backend_class(name).Options for name in BACKENDS.names()}
+    declared["hf-locator (taxonomy.locator)"] = HFLocator.Options
+    declared |= {f"{name} (judge)": cls for name, cls in JUDGE_OPTIONS.items()}
+    return declared
+
+
+def options_reference() -> str:
+    """The options of every backend, as docs/models.md shows them (`<!-- options -->`)."""
+    return "".join(f"\n### `{name}`\n\n{options_markdown(cls)}" for name, cls in declared_options().items())
 
 
 class Pipeline(Protocol):
@@ -60,63 +106,66 @@ def study_from_dict(raw: dict) -> AnyStudy:
     return STUDIES[kind].model_validate(raw)
 
 
+def load_study(path: str | Path, output: str | Path | None = None) -> AnyStudy:
+    """Read and validate a study file; every config problem is raised together as an InputError.
+    Every path in the file is relative to its folder (`output` too); `output` given here (`--out`,
+    relative to the current folder) replaces the file's and is checked exactly as the file's is."""
+    path = Path(path)
+    raw = read_study_file(path)
+    kind = raw.get("study", "decade")
+    if isinstance(kind, str) and kind in STUDIES:
+        resolve_paths(raw, STUDIES[kind], path.resolve().parent)
+    field = "output" if output is None else "--out"
+    if output is not None:
+        raw["output"] = resolve_path(str(output), Path.cwd())
+    if isinstance(raw.get("output"), str) and is_uri(raw["output"]):  # a run folder in a bucket: its local working copy
+        problem = uri_problem(raw["output"])
+        if problem is not None:
+            where = str(path) if output is None else "command line"
+            raise InputError([Problem(where, f"{raw['output']}: {problem}", field=field)])
+        raw["output"] = str(working_copy(raw["output"]))
+    try:
+        study = study_from_dict(raw)
+    except ValidationError as exc:
+        raise InputError(
+            config_problems(str(path), exc, STUDIES.get(kind, StudyConfig) if isinstance(kind, str) else StudyConfig)
+        ) from None
+    problems = backend_problems(study) + output_problems(study.output, field)
+    if problems:
+        raise InputError(problems).located(path)
+    return study
+
+
 def recorded_study(manifest: dict, where: str) -> AnyStudy:
     """The study a run folder's manifest records (`core.runfolder.open_run_folder` read it);
     InputError naming `where` (the manifest) and the field."""
     try:
         return study_from_dict(manifest["config"])
     except ValidationError as exc:
-        raise InputError(config_problems(where, exc, "config")) from None
+        kind = manifest["config"].get("study", "decade")
+        raise InputError(config_problems(where, exc, STUDIES.get(kind, StudyConfig), within=("config",))) from None
 
 
-def _resolve_paths(raw: dict[str, Any], base: Path) -> None:
-    """Paths in a study file are relative to its folder: make them absolute, in place."""
-    # Only what has the right shape is resolved: a field of the wrong type (`models: 5`) is left for
-    # validation to name, with its field.
-    data = raw.get("data")
-    if isinstance(data, dict):
-        raw["data"] = {k: resolve_path(v, base) for k, v in data.items()}
-    lists = {section: raw[section] for section in ("models", "encoders", "metrics") if isinstance(raw.get(section), list)}
-    entries = [e for section in lists.values() for e in section]
-    entries += [m.get("encoder") for m in lists.get("metrics", []) if isinstance(m, dict)]
-    for parent, keys in (("taxonomy", ("detector", "matcher")), ("scoring", ("encoder",))):
-        if isinstance(raw.get(parent), dict):
-            entries += [raw[parent].get(k) for k in keys]
-    entries.append(raw.get("judge"))
-    for entry in entries:
-        resolve_entry_paths(entry, base)
-    providers = raw.get("providers")
-    if isinstance(providers, dict) and providers.get("cache_dir") is not None:
-        providers["cache_dir"] = resolve_path(providers["cache_dir"], base)
+def backend_problems(study: AnyStudy) -> list[Problem]:
+    """Every entry's backend and options, checked against what its backend declares, before any
+    work: models, encoders, and the study's own (detector, locator, verifier; the judge)."""
+    problems = []
+    entries = [(("models", i), m.backend, m.options, None) for i, m in enumerate(study.models)] + study.option_entries()
+    for where, backend, options, declared in entries:
+        if declared is None:
+            problems += entry_problems(backend, options, where, BACKENDS)
+        else:
+            problems += check_options(declared, options, where, backend)
+    for where, backend in study.encoder_entries():
+        problems += entry_problems(backend, {}, where, ENCODERS)
+    return problems
 
 
-def load_study(path: str | Path, output: str | Path | None = None) -> AnyStudy:
-    """Read and validate a study file; every config problem is raised together as an InputError."""
-    path = Path(path)
-    raw = read_study_file(path)
-    _resolve_paths(raw, path.resolve().parent)
-    if output is not None:
-        raw["output"] = str(output)
-    elif raw.get("output") is not None:
-        raw["output"] = resolve_path(raw["output"], Path.cwd())
-    if isinstance(raw.get("output"), str) and is_uri(raw["output"]):  # a run folder in a bucket: its local working copy
-        problem = uri_problem(raw["output"])
-        if problem is not None:
-            raise InputError([Problem(str(path) if output is None else "--out", f"{raw['output']}: {problem}", field="output" if output is None else "--out")])
-        raw["output"] = str(working_copy(raw["output"]))
-    try:
-        return study_from_dict(raw)
-    except ValidationError as exc:
-        raise InputError(config_problems(str(path), exc)) from None
-
-
-PLAIN = {"path_type": "must be a path (text)", "tuple_type": "must be a list"}
-
-
-def config_problems(file: str, exc: ValidationError, *within: str) -> list[Problem]:
-    """pydantic's errors as problems naming the field (inside `within`, as in a manifest's `config`)
-    and, for a value of the wrong kind, the value. A list that is "too short" only because its
-    entries failed is not reported again."""
+def config_problems(file: str, exc: ValidationError, cls: type = StudyConfig, within: tuple = ()) -> list[Problem]:
+    """pydantic's errors as problems naming the field (`models[2].backend`, inside `within`, as in a
+    manifest's `config`) and, for a value of the wrong kind, the value; an unknown key with the
+    closest known one. A list that is "too short" only because its entries failed is not reported
+    again. `cls`: the study the file declares."""
     errors = exc.errors()
     failed = [err["loc"] for err in errors]
     problems = []
@@ -124,9 +173,5 @@ def config_problems(file: str, exc: ValidationError, *within: str) -> list[Probl
         loc = err["loc"]
         if err["type"] == "too_short" and any(other[: len(loc)] == loc and other != loc for other in failed):
             continue
-        message = PLAIN.get(err["type"]) or err["msg"].removeprefix("Value error, ")
-        value = err.get("input")
-        if err["type"].endswith(("_type", "_parsing")) and not isinstance(value, (dict, list)):
-            message += f" (got {repr(value)[:40]})"
-        problems.append(Problem(file, message, field=".".join(str(p) for p in (*within, *loc)) or None))
+        problems.append(Problem(file, error_message(cls, err), field=field_path((*within, *loc)) or None))
     return problems

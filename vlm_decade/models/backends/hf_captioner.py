@@ -9,11 +9,12 @@ study's MLLM prompt unless `use_prompt: true`; then the prompt is the text the c
 
 from __future__ import annotations
 
-from typing import Any
 
 import numpy as np
 
-from vlm_decade.models.backends.hf_common import COMMON_OPTIONS, GENERATION_OPTIONS, HFBackend, generation_kwargs
+from pydantic import Field
+
+from vlm_decade.models.backends.hf_common import GenerationOptions, HFBackend, generation_kwargs
 
 
 class HFCaptioner(HFBackend):
@@ -21,7 +22,10 @@ class HFCaptioner(HFBackend):
     kwargs; greedy unless they say otherwise), `dtype`, `device`, `device_map`, `processor` (kwargs
     for the image processor)."""
 
-    OPTIONS: dict[str, Any] = {**COMMON_OPTIONS, **GENERATION_OPTIONS, "use_prompt": False}
+    class Options(GenerationOptions):
+        use_prompt: bool = Field(
+            False, description="true: the model's prompt is the text the caption continues (cut from the answer)"
+        )
 
     def _load(self, source: str, **kwargs):
         from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoTokenizer

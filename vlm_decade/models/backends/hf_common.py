@@ -8,7 +8,7 @@
 - `run_split`: a batch that fails (a bad image, a CUDA out-of-memory) is retried in halves down to
   single images, so one image fails only its own row.
 
-`HFBackend` is the base class: it parses the shared options, resolves and loads the weights, and
+`HFBackend` is the base class: it reads the options it declares (`HFOptions`), resolves and loads the weights, and
 turns each usable image into a row; subclasses load their model (`_load`) and run a batch (`_run`).
 """
 
@@ -19,14 +19,15 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
+from pydantic import Field
 
-from vlm_decade.core.config import ModelConfig
+from vlm_decade.core.config import BackendOptions, ModelConfig
 from vlm_decade.core.errors import InputError, Problem
 from vlm_decade.imaging.masks import as_rgb
-from vlm_decade.models.backends import Backend, Description, Stimulus
+from vlm_decade.models.backends import Backend, Description, Stimulus, parsed_options
 
 _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 _WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
@@ -36,9 +37,39 @@ _WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json
 # here is all a future package needs.
 PACKAGED: dict[str, tuple[str, str]] = {}
 
-# Options every HF backend takes, with their defaults; a backend adds its own.
-COMMON_OPTIONS: dict[str, Any] = {"device": "auto", "dtype": "auto", "device_map": None, "processor": {}}
-GENERATION_OPTIONS: dict[str, Any] = {"max_new_tokens": 40, "generate": {}}
+
+class PlacementOptions(BackendOptions):
+    """Where and in what precision a local model runs (`placement`)."""
+
+    device: str = Field("auto", description="auto (cuda if there is one), cpu, cuda, cuda:1, ...")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="auto (GPU: bfloat16, else float16; CPU: float32), or float32, bfloat16, float16"
+    )
+    device_map: str | dict[str, Any] | None = Field(
+        None,
+        description="passed to `from_pretrained` (e.g. auto): accelerate places the model; `device` is then unused",
+    )
+
+
+class HFOptions(PlacementOptions):
+    """Options every HF backend takes; a backend adds its own."""
+
+    processor: dict[str, Any] = Field(
+        {}, description="keyword arguments for the processor's `from_pretrained` (e.g. Qwen2-VL's max_pixels)"
+    )
+
+
+class Generation(BackendOptions):
+    """How a local model that writes text generates (`generation_kwargs`)."""
+
+    max_new_tokens: int = Field(40, ge=1, description="the longest answer, in tokens")
+    generate: dict[str, Any] = Field(
+        {}, description="passed to `model.generate` (e.g. {num_beams: 3}); greedy otherwise"
+    )
+
+
+class GenerationOptions(HFOptions, Generation):
+    """The options of an HF backend that generates text."""
 
 
 def packaged_copy(model_id: str) -> Path | None:
@@ -109,25 +140,6 @@ def weight_problems(model: ModelConfig) -> list[Problem]:
     else:
         messages = []
     return [Problem(str(model.path or model.model_id), m, field="path" if model.path else "model_id") for m in messages]
-
-
-def parse_options(model: ModelConfig, defaults: dict[str, Any]) -> dict[str, Any]:
-    """The model's options over `defaults`; an unknown option or a bad value raises ValueError."""
-    unknown = sorted(set(model.options) - set(defaults))
-    if unknown:
-        raise ValueError(f"{model.name}: unknown {model.backend} options: {', '.join(unknown)}; known: {', '.join(sorted(defaults))}")
-    options = {**defaults, **model.options}
-    if options["dtype"] not in ("auto", "float32", "bfloat16", "float16"):
-        raise ValueError(f"{model.name}: dtype must be auto, float32, bfloat16 or float16, got {options['dtype']!r}")
-    for name in ("processor", "generate"):
-        if name in options and not isinstance(options[name], dict):
-            raise ValueError(f"{model.name}: option {name} must be a mapping, got {options[name]!r}")
-    threshold = options.get("score_threshold", 0.0)
-    if not (isinstance(threshold, (int, float)) and 0.0 <= threshold <= 1.0):
-        raise ValueError(f"{model.name}: score_threshold must be in [0, 1], got {threshold!r}")
-    if "max_new_tokens" in options and not (isinstance(options["max_new_tokens"], int) and options["max_new_tokens"] >= 1):
-        raise ValueError(f"{model.name}: max_new_tokens must be a whole number >= 1, got {options['max_new_tokens']!r}")
-    return options
 
 
 def generation_kwargs(options: dict[str, Any]) -> dict[str, Any]:
@@ -221,11 +233,11 @@ def stimulus_rgb(stimulus: Stimulus) -> np.ndarray:
 class HFBackend(Backend):
     """Shared life of an HF backend: options, weights, placement, threads, and per-row errors."""
 
-    OPTIONS: dict[str, Any] = COMMON_OPTIONS
+    Options = HFOptions
 
     def __init__(self, model: ModelConfig):
         super().__init__(model)
-        self.options = parse_options(model, self.OPTIONS)
+        self.options = parsed_options(model, self.Options)
         problems = weight_problems(model)
         if problems:
             raise InputError(problems)
@@ -242,11 +254,7 @@ class HFBackend(Backend):
 
     @classmethod
     def check(cls, model: ModelConfig, image_ids: set[str], variants: list[str]) -> list[Problem]:
-        """Bad options and missing weights, before any work."""
-        try:
-            parse_options(model, cls.OPTIONS)
-        except ValueError as exc:
-            return [Problem(model.name, str(exc), field="options")]
+        """Missing weights, before any work (the options are checked with the study file)."""
         return weight_problems(model)
 
     @property

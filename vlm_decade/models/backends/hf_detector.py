@@ -13,13 +13,14 @@ detections as its images one by one.
 
 from __future__ import annotations
 
-from typing import Any
 
 import numpy as np
 
 from vlm_decade.models.backends.coco_labels import COCO_LABELS
 from vlm_decade.models.backends.detection import Detection
-from vlm_decade.models.backends.hf_common import COMMON_OPTIONS, HFBackend
+from pydantic import Field
+
+from vlm_decade.models.backends.hf_common import HFBackend, HFOptions
 from vlm_decade.models.backends.ssd_template import template_sentence
 
 # Labels that fill gaps in a label map (DETR's COCO ids 12, 26, ...): never trained, dropped as noise.
@@ -32,7 +33,10 @@ class HFDetector(HFBackend):
     queries for OWL-ViT / OWLv2; default the 80 COCO labels), `dtype`, `device`, `device_map`,
     `processor` (kwargs for the processor)."""
 
-    OPTIONS: dict[str, Any] = {**COMMON_OPTIONS, "score_threshold": 0.5, "queries": None}
+    class Options(HFOptions):
+        score_threshold: float = Field(0.5, ge=0.0, le=1.0, description="the lowest score an object needs")
+        queries: list[str] | None = Field(
+            None, description="OWL-ViT / OWLv2: the text queries (default: the COCO labels)")
 
     def _load(self, source: str, **kwargs):
         from transformers import AutoConfig

@@ -13,20 +13,17 @@ are kept, whatever their score, so the caller decides what score counts as a fin
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
 from vlm_decade.models.backends.detection import Detection
-from vlm_decade.models.backends.hf_common import COMMON_OPTIONS, HFBackend
+from vlm_decade.models.backends.hf_common import HFBackend
 
 PER_QUERY = 3  # boxes kept per name: the best one decides, the next ones are evidence
 
 
 class HFLocator(HFBackend):
     """Options: `dtype`, `device`, `device_map`, `processor` (kwargs for the processor)."""
-
-    OPTIONS: dict[str, Any] = {**COMMON_OPTIONS}
 
     def _load(self, source: str, **kwargs):
         from transformers import AutoModelForZeroShotObjectDetection, AutoProcessor

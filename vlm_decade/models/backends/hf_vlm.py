@@ -9,11 +9,10 @@ answer), so a batch gives the same answers as the rows one by one.
 
 from __future__ import annotations
 
-from typing import Any
 
 import numpy as np
 
-from vlm_decade.models.backends.hf_common import COMMON_OPTIONS, GENERATION_OPTIONS, HFBackend, generation_kwargs
+from vlm_decade.models.backends.hf_common import GenerationOptions, HFBackend, generation_kwargs
 
 
 class HFVLM(HFBackend):
@@ -21,7 +20,7 @@ class HFVLM(HFBackend):
     otherwise), `dtype`, `device`, `device_map`, `processor` (kwargs for AutoProcessor, e.g.
     Qwen2-VL's `max_pixels`)."""
 
-    OPTIONS: dict[str, Any] = {**COMMON_OPTIONS, **GENERATION_OPTIONS}
+    Options = GenerationOptions
 
     def _load(self, source: str, **kwargs):
         from transformers import AutoModelForImageTextToText, AutoProcessor

@@ -19,11 +19,11 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from pydantic import Field, field_validator
 
 from vlm_decade.core.config import ModelConfig
-from vlm_decade.core.errors import Problem
 from vlm_decade.models.backends import Stimulus
-from vlm_decade.models.backends.hf_common import COMMON_OPTIONS, HFBackend, UnusableStimulus, stimulus_rgb
+from vlm_decade.models.backends.hf_common import HFBackend, HFOptions, UnusableStimulus, stimulus_rgb
 
 DEFAULT_TEMPLATES = ("a photo of a {}.",)
 NO_CLASSES = (
@@ -73,27 +73,31 @@ def _features(output):
     return output if hasattr(output, "dim") else output.pooler_output
 
 
+class ZeroShotOptions(HFOptions):
+    templates: list[str] = Field(
+        list(DEFAULT_TEMPLATES), description="prompts with one {} for the class name, ensembled"
+    )
+
+    @field_validator("templates")
+    @classmethod
+    def _usable(cls, templates: list[str]) -> list[str]:
+        problem = template_problem(templates)
+        if problem:
+            raise ValueError(problem)
+        return templates
+
+
 class HFZeroShot(HFBackend):
     """Options: `templates` (list of strings with `{}`, default ["a photo of a {}."]), `dtype`,
     `device`, `device_map`, `processor` (kwargs for the processor)."""
 
     closed_world = True
-    OPTIONS: dict[str, Any] = {**COMMON_OPTIONS, "templates": list(DEFAULT_TEMPLATES)}
+    Options = ZeroShotOptions
 
     def __init__(self, model: ModelConfig):
-        problem = template_problem(model.options.get("templates", DEFAULT_TEMPLATES))
-        if problem:
-            raise ValueError(f"{model.name}: {problem}")
         super().__init__(model)
         self.templates = tuple(self.options["templates"])
         self._class_cache: dict[tuple[str, ...], np.ndarray] = {}
-
-    @classmethod
-    def check(cls, model: ModelConfig, image_ids: set[str], variants: list[str]) -> list[Problem]:
-        problem = template_problem(model.options.get("templates", DEFAULT_TEMPLATES))
-        if problem:
-            return [Problem(model.name, f"{model.name}: {problem}", field="options")]
-        return super().check(model, image_ids, variants)
 
     def _load(self, source: str, **kwargs):
         from transformers import AutoModel, AutoProcessor

@@ -16,7 +16,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Callable, Iterable
 
-from vlm_decade.core.config import ModelConfig
+from pydantic import Field
+
+from vlm_decade.core.config import BackendOptions, ModelConfig
 from vlm_decade.core.errors import STUDY_FILE, Problem, Problems
 from vlm_decade.core.tables import read_table
 from vlm_decade.models.backends import Backend, Description, Stimulus
@@ -58,6 +60,11 @@ def missing_rows(models: Iterable[ModelConfig], image_ids: set[str], variants_of
 class ImportedBackend(Backend):
     needs_images = False
 
+    class Options(BackendOptions):
+        file: str | None = Field(
+            None, description="the CSV or Parquet file of descriptions (image_id, variant, text); required"
+        )
+
     def __init__(self, model: ModelConfig):
         super().__init__(model)
         path = imported_file(model)
@@ -91,9 +98,6 @@ class ImportedBackend(Backend):
         file's image ids are then not checked (and that is said once), rather than every row of it
         being called unknown."""
         where = f"models[{model.name}].options.file"
-        file = model.options.get("file")
-        if file is not None and not isinstance(file, str):
-            return [Problem(STUDY_FILE, f"must be a path (text), got {file!r}", field=where)]
         path = imported_file(model)
         if path is None:
             return [Problem(STUDY_FILE, "the imported backend needs options: {file: PATH} (CSV or Parquet)", field=where)]

@@ -27,13 +27,15 @@ from __future__ import annotations
 import importlib.util
 import json
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
+from pydantic import Field
 
-from vlm_decade.core.config import ModelConfig
+from vlm_decade.core.config import BackendOptions, ModelConfig
 from vlm_decade.core.errors import InputError, Problem
 from vlm_decade.imaging.masks import as_rgb
-from vlm_decade.models.backends import Backend, Description, Stimulus
+from vlm_decade.models.backends import Backend, Description, Stimulus, parsed_options
 from vlm_decade.models.backends.hf_common import actor_cpus
 
 MODEL_FILE = "efficientnet_lite3.tflite"
@@ -118,25 +120,19 @@ def top1(scores: np.ndarray, names: tuple[str, ...]) -> str:
     return names[int(np.argmax(scores))]
 
 
-def _options(model: ModelConfig) -> str:
-    """The `labels` option; unknown options or values raise ValueError."""
-    options = dict(model.options)
-    labels = options.pop("labels", "wordnet")
-    if options:
-        raise ValueError(f"{model.name}: unknown litert-classifier options: {', '.join(sorted(options))}; known: labels")
-    if labels not in LABEL_SOURCES:
-        raise ValueError(f"{model.name}: labels must be one of {', '.join(LABEL_SOURCES)}, got {labels!r}")
-    return labels
-
-
 class LiteRTClassifier(Backend):
     """Options: `labels` (`wordnet`, default, or `clip-benchmark`): which ImageNet class names to answer."""
 
     model_version = MODEL_VERSION
 
+    class Options(BackendOptions):
+        labels: Literal[LABEL_SOURCES] = Field(
+            "wordnet", description="which ImageNet class names it answers: wordnet or clip-benchmark"
+        )
+
     def __init__(self, model: ModelConfig):
         super().__init__(model)
-        labels = _options(model)
+        labels = parsed_options(model, self.Options)["labels"]
         model_file, names_file = model_files(model.path, labels)
         self.names = class_names(names_file, labels)
         from ai_edge_litert.interpreter import Interpreter  # the demo extra; the pure part works without it
@@ -155,13 +151,10 @@ class LiteRTClassifier(Backend):
 
     @classmethod
     def check(cls, model: ModelConfig, image_ids: set[str], variants: list[str]) -> list[Problem]:
-        """Bad options, missing files and a missing ai-edge-litert, before any work."""
+        """Missing files and a missing ai-edge-litert, before any work (the options are checked with
+        the study file)."""
         try:
-            labels = _options(model)
-        except ValueError as exc:
-            return [Problem(model.name, str(exc), field="options")]
-        try:
-            model_files(model.path, labels)
+            model_files(model.path, model.options.get("labels", "wordnet"))
         except InputError as exc:
             return exc.problems
         if importlib.util.find_spec("ai_edge_litert") is None:

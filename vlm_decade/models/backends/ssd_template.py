@@ -20,11 +20,12 @@ import importlib.util
 from pathlib import Path
 
 import numpy as np
+from pydantic import Field
 
-from vlm_decade.core.config import ModelConfig
+from vlm_decade.core.config import BackendOptions, ModelConfig
 from vlm_decade.core.errors import InputError, Problem
 from vlm_decade.imaging.masks import as_rgb
-from vlm_decade.models.backends import Backend, Description, Stimulus
+from vlm_decade.models.backends import Backend, Description, Stimulus, parsed_options
 from vlm_decade.models.backends.coco_labels import COCO_LABELS, noun_phrase
 from vlm_decade.models.backends.detection import Detection
 
@@ -144,14 +145,12 @@ class SSDTemplateCaptioner(Backend):
 
     model_version = MODEL_VERSION
 
+    class Options(BackendOptions):
+        score_threshold: float = Field(0.5, ge=0.0, le=1.0, description="the lowest detector score an object needs")
+
     def __init__(self, model: ModelConfig):
         super().__init__(model)
-        options = dict(model.options)
-        self.score_threshold = float(options.pop("score_threshold", 0.5))
-        if not 0.0 <= self.score_threshold <= 1.0:
-            raise ValueError(f"{model.name}: score_threshold must be in [0, 1], got {self.score_threshold}")
-        if options:
-            raise ValueError(f"{model.name}: unknown {model.backend} options: {', '.join(sorted(options))}")
+        self.score_threshold = float(parsed_options(model, self.Options)["score_threshold"])
         graph, config = weight_files(model.path)
         import cv2  # the demo extra; imported here so the pure functions above work without it
 

@@ -10,13 +10,16 @@ import hashlib
 
 import numpy as np
 
-from vlm_decade.core.config import EncoderConfig
+from vlm_decade.core.config import BackendOptions, EncoderConfig
 from vlm_decade.core.registry import Registry
 
 
 class Encoder:
     # Remote encoders (APIs) are sent through their provider's gateway, not loaded in an actor.
     remote = False
+    # No encoder takes options today (an encoder entry has no `options:` key); the declaration keeps
+    # encoders under the one check every backend's options go through.
+    Options: type[BackendOptions] = BackendOptions
 
     def __init__(self, cfg: EncoderConfig):
         self.cfg = cfg

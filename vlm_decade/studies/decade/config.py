@@ -6,10 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from vlm_decade.core.config import EncoderConfig, FolderLocation, MetricConfig, ModelConfig, Settings, StudyBase, operational, repeated
+from vlm_decade.imaging.decode import WHITE, background_text
 from vlm_decade.imaging.masks import MaskConfig
+from vlm_decade.models.backends.hf_locator import HFLocator
 from vlm_decade.studies.decade.taxonomy.probes import ProbeTemplates as Templates
 
 MLLM_PROMPT = (
@@ -27,6 +29,16 @@ class DataConfig(Settings):
     votes: Path | None = Field(None, description="Ranking votes: image_id, rater_id, trial, shown, chosen; none: a consensus gold standard.")
     ratings: Path | None = Field(None, description="Human ratings of model-vs-gold similarity (rater_id, subject, image_id, rating), to validate the metrics (docs/metrics.md).")
     hand_labels: Path | None = Field(None, description="Hand error labels (subject, image_id, error_type, present, note) that override the automatic ones (docs/taxonomy.md).")
+    background: str = Field(
+        WHITE,
+        description="What transparent pixels are composited onto before any model, mask or metric sees them: "
+        "a colour name or #rrggbb; none: images with transparency are refused.",
+    )
+
+    @field_validator("background")
+    @classmethod
+    def _one_spelling(cls, value: str) -> str:
+        return background_text(value)
 
 
 class RankingConfig(Settings):
@@ -179,6 +191,27 @@ class StudyConfig(StudyBase):
         if similarity is not None and similarity not in [e.name for e in self.encoders]:
             raise ValueError(f"taxonomy.similarity '{similarity}' is not one of the encoders")
         return self
+
+    def option_entries(self) -> list[tuple[tuple, str, dict, type | None]]:
+        """Beyond the models, the entries of this study that run a backend with options: (location,
+        backend, options, their declared class, or None to look it up in the backend registry)."""
+        t = self.taxonomy
+        if t is None:
+            return []
+        entries = [(("taxonomy", "detector"), t.detector.backend, t.detector.options, None)]
+        if t.locator is not None:
+            entries.append((("taxonomy", "locator"), "hf-locator", t.locator.options, HFLocator.Options))
+        if t.verifier is not None and t.verifier.kind == "model":
+            entries.append((("taxonomy", "verifier"), t.verifier.backend, t.verifier.options, None))
+        return entries
+
+    def encoder_entries(self) -> list[tuple[tuple, str]]:
+        """(location, encoder backend) of every encoder this study runs."""
+        entries = [(("encoders", i), e.backend) for i, e in enumerate(self.encoders)]
+        entries += [
+            (("metrics", i, "encoder"), m.encoder.backend) for i, m in enumerate(self.metrics) if m.encoder is not None
+        ]
+        return entries + ([(("taxonomy", "matcher"), self.taxonomy.matcher.backend)] if self.taxonomy else [])
 
     @property
     def taxonomy_metric(self) -> str:

@@ -65,7 +65,7 @@ def load_study_data(data: DataConfig, ranking: RankingConfig, masks: MaskConfig,
 
     images = descriptions = known = None
     if images_t is not None:
-        images = check_images(images_t, data.image_dir, problems, cache)
+        images = check_images(images_t, data.image_dir, problems, cache, data.background)
         # References are checked against every id the table names, so one bad images row is one
         # problem, not one more for each description and vote of its image.
         known = declared_ids(images_t)
@@ -82,7 +82,7 @@ def load_study_data(data: DataConfig, ranking: RankingConfig, masks: MaskConfig,
         raise InputError(problems.items, image_ids=known)
 
     return StudyData(
-        images=images_table(images),
+        images=images_table(images, data.background),
         references=_references_table(images, descriptions, tally, methods, ranking),
         ranking_method=methods,
     )

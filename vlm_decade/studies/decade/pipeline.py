@@ -19,7 +19,7 @@ from vlm_decade.models.backends import backend_class
 from vlm_decade.models.backends.imported import missing_rows
 from vlm_decade.stages import describe, embed
 from vlm_decade.stages.estimate import Line, response_cache
-from vlm_decade.stages.images import ImageCache
+from vlm_decade.stages.images import ImageCache, transparency_note
 from vlm_decade.studies.decade import metric_validation, report, score, statistics, stsb
 from vlm_decade.studies.decade.config import StudyConfig
 from vlm_decade.studies.decade.data import StudyData, load_study_data
@@ -117,7 +117,7 @@ def summary(study: StudyConfig, data: StudyData) -> tuple[str, list[str]]:
     return (
         f"{data.images.num_rows} images in {len(datasets)} datasets ({', '.join(datasets)}), "
         f"{data.references.num_rows} human descriptions, {len(study.models)} models; gold standard by "
-        + ", ".join(f"{d}: {m}" for d, m in sorted(data.ranking_method.items()))
+        + ", ".join(f"{d}: {m}" for d, m in sorted(data.ranking_method.items())) + transparency_note(data.images)
     ), incomplete_models(study, data)
 
 

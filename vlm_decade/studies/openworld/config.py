@@ -6,9 +6,22 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from vlm_decade.core.config import EncoderConfig, FolderLocation, Settings, StudyBase, operational, repeated
+from vlm_decade.core.config import (
+    BackendOptions,
+    EncoderConfig,
+    FolderLocation,
+    Settings,
+    StudyBase,
+    operational,
+    repeated,
+    set_for_other_studies,
+)
+from vlm_decade.imaging.decode import WHITE, background_text
+from vlm_decade.models.backends.api import GeminiOptions, OpenAITextOptions
+from vlm_decade.models.backends.hf_common import Generation, PlacementOptions
+from vlm_decade.studies.openworld.metrics import JUDGE_MAX_NEW_TOKENS
 
 OPEN_WORLD_PROMPT = "What type of object is in this image?"
 
@@ -19,6 +32,16 @@ class OpenWorldDataConfig(Settings):
     labels: Path = Field(description="image_id, dataset, file, label, granularity.")
     image_dir: FolderLocation = Field(description="The folder that `file` is relative to: a path, or an s3:// or gs:// URI (docs/cluster.md).")
     classnames: Path = Field(description="dataset, class_name: each dataset's class list (for the closed-world baselines).")
+    background: str = Field(
+        WHITE,
+        description="What transparent pixels are composited onto before any model, mask or metric sees them: "
+        "a colour name or #rrggbb; none: images with transparency are refused.",
+    )
+
+    @field_validator("background")
+    @classmethod
+    def _one_spelling(cls, value: str) -> str:
+        return background_text(value)
 
 
 class PromptConfig(Settings):
@@ -26,6 +49,22 @@ class PromptConfig(Settings):
 
     id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="The prompt's id in every table.")
     text: str = Field(min_length=1, description="The question every open-world model answers.")
+
+
+class LocalJudgeOptions(PlacementOptions, Generation):
+    """The options of the local judge (`hf-judge`)."""
+
+    max_new_tokens: int = Field(
+        JUDGE_MAX_NEW_TOKENS, ge=1, description="the longest answer, in tokens (the paper's 16)"
+    )
+
+
+# What each judge backend takes: an API judge is sent text only, so no image `detail`.
+JUDGE_OPTIONS: dict[str, type[BackendOptions]] = {
+    "hf-judge": LocalJudgeOptions,
+    "openai": OpenAITextOptions,
+    "gemini": GeminiOptions,
+}
 
 
 class JudgeConfig(Settings):
@@ -80,6 +119,17 @@ class OpenWorldStudyConfig(StudyBase):
             if dupes:
                 raise ValueError(f"{kind}s must be unique; repeated: {', '.join(dupes)}")
         for m in self.models:
-            if m.era is not None or m.prompt is not None or m.variants != "full":
-                raise ValueError(f"model '{m.name}': Study B models take no era, prompt or variants (prompts are set under `prompts`)")
+            foreign = set_for_other_studies(m, "openworld")
+            if foreign:
+                raise ValueError(f"model '{m.name}': Study B models take no {', '.join(foreign)} "
+                                 "(prompts are set under `prompts`)")
         return self
+
+    def option_entries(self) -> list[tuple[tuple, str, dict, type | None]]:
+        """Beyond the models, the entries of this study that run a backend with options: the judge."""
+        j = self.judge
+        return [] if j is None else [(("judge",), j.backend, j.options, JUDGE_OPTIONS[j.backend])]
+
+    def encoder_entries(self) -> list[tuple[tuple, str]]:
+        """(location, encoder backend) of every encoder this study runs."""
+        return [(("scoring", "encoder"), self.scoring.encoder.backend)]

@@ -15,6 +15,8 @@ from pathlib import Path
 import pyarrow as pa
 
 from vlm_decade.core.errors import InputError, Problems
+from vlm_decade.core.names import closest
+from vlm_decade.imaging.decode import WHITE
 from vlm_decade.core.tables import Table, cell_present, cell_text, read_table
 from vlm_decade.stages.images import IMAGES_SCHEMA, ImageCache, check_images, declared_ids, images_table
 from vlm_decade.studies.rows import FirstRows
@@ -44,7 +46,8 @@ class OpenWorldData:
     granularity: dict[str, str]  # dataset -> one of GRANULARITIES
 
 
-def load_openworld_data(labels: Path, image_dir: str | Path, classnames: Path, cache: ImageCache | None = None) -> OpenWorldData:
+def load_openworld_data(labels: Path, image_dir: str | Path, classnames: Path, cache: ImageCache | None = None,
+                        background: str = WHITE) -> OpenWorldData:
     """Read and check Study B's input; every problem is raised together as one InputError."""
     problems = Problems()
     labels_t = read_table(Path(labels), LABEL_COLUMNS, problems)
@@ -55,7 +58,7 @@ def load_openworld_data(labels: Path, image_dir: str | Path, classnames: Path, c
     known = None
     granularity: dict[str, str] = {}
     if labels_t is not None:
-        images = check_images(labels_t, image_dir, problems, cache)
+        images = check_images(labels_t, image_dir, problems, cache, background)
         known = declared_ids(labels_t)
         granularity = _check_labels(labels_t, problems)
         if class_lists is not None:
@@ -66,7 +69,7 @@ def load_openworld_data(labels: Path, image_dir: str | Path, classnames: Path, c
 
     datasets = sorted(granularity)
     return OpenWorldData(
-        images=images_table(images),
+        images=images_table(images, background),
         labels=_labels_table(labels_t),
         # A class list of a dataset with no labelled image is not needed: it is left out.
         classnames={d: tuple(class_lists[d]) for d in datasets},
@@ -132,9 +135,9 @@ def _check_labels_in_class_lists(
         if label not in known[dataset]:
             count = len(class_lists[dataset])
             message = f"label '{label}' is not among the {count} class names of dataset '{dataset}' in {source}"
-            near = [n for n in class_lists[dataset] if n.casefold() == label.casefold()]
+            near = closest(label, class_lists[dataset])
             if near:
-                message += f" (did you mean '{near[0]}'? labels must match exactly)"
+                message += f" (did you mean '{near}'? labels must match exactly)"
             problems.add(table.file, message, row=row.number, field="label")
 
 

@@ -23,30 +23,29 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from vlm_decade.core.config import ModelConfig, ProvidersConfig
 from vlm_decade.core.dispatch import bounded
 from vlm_decade.core.errors import InputError, Problem
 from vlm_decade.core.progress import Reporter
 from vlm_decade.models.api.keys import api_key, key_hint
-from vlm_decade.models.api.providers import CHAT_OPTIONS, OpenAIProvider, provider_class
+from vlm_decade.models.api.providers import OpenAIProvider, provider_class
+from vlm_decade.models.backends import parsed_options
 from vlm_decade.models.backends.hf_common import (
     configure_threads,
     generation_kwargs,
     model_version,
-    parse_options,
     placement,
     run_split,
     weight_problems,
     weight_source,
 )
-from vlm_decade.studies.openworld.config import JudgeConfig
+from vlm_decade.studies.openworld.config import JudgeConfig, LocalJudgeOptions
 from vlm_decade.studies.openworld.metrics import JUDGE_MAX_NEW_TOKENS
 
 LOCAL_BACKEND = "hf-judge"
 JUDGE_NAME = "LI judge"  # how messages name it
-LOCAL_OPTIONS: dict[str, Any] = {"device": "auto", "dtype": "auto", "device_map": None, "max_new_tokens": JUDGE_MAX_NEW_TOKENS, "generate": {}}
 # Gemini models that think by default. Thinking counts against the output cap, so a 16-token cap
 # would leave no room for the answer.
 THINKING_GEMINI = ("gemini-2.5", "gemini-3")
@@ -86,21 +85,14 @@ def _batches(items: list, size: int) -> list[list]:
 
 # availability -----------------------------------------------------------------------------------
 def judge_available(config: JudgeConfig, providers: ProvidersConfig) -> str | None:
-    """None if the judge can run; otherwise why it cannot (bad options, weights neither at `path`
-    nor in the offline hub cache, no API key, no price). Nothing is loaded or sent."""
+    """None if the judge can run; otherwise why it cannot (weights neither at `path` nor in the
+    offline hub cache, no API key, no price; its options are checked with the study file). Nothing
+    is loaded or sent."""
     if config.backend == LOCAL_BACKEND:
-        model = _as_model(config)
-        try:
-            parse_options(model, LOCAL_OPTIONS)
-        except ValueError as exc:
-            return str(exc)
-        return " ".join(p.message for p in weight_problems(model)) or None
+        return " ".join(p.message for p in weight_problems(_as_model(config))) or None
     where = f"{JUDGE_NAME} ({config.backend} {config.model_id})"
     if api_key(config.backend) is None:
         return f"{where} needs an API key: set {key_hint(config.backend)}"
-    unknown = sorted(set(config.options) - (CHAT_OPTIONS - {"detail"}))
-    if unknown:
-        return f"{where}: unknown options {unknown}; known: {sorted(CHAT_OPTIONS - {'detail'})}"
     if getattr(providers, config.backend).price(config.backend, config.model_id) is None:
         return f"{where} has no price; add it under providers.{config.backend}.prices"
     return None
@@ -120,7 +112,7 @@ class LocalJudge:
     def __init__(self, config: JudgeConfig, reporter: Reporter | None = None):
         model = _as_model(config)
         try:
-            self.options = parse_options(model, LOCAL_OPTIONS)
+            self.options = parsed_options(model, LocalJudgeOptions)
         except ValueError as exc:
             raise InputError([Problem(JUDGE_NAME, str(exc), field="judge.options")]) from None
         problems = weight_problems(model)

@@ -16,7 +16,7 @@ from vlm_decade.models.backends import backend_class
 from vlm_decade.models.backends.imported import missing_rows
 from vlm_decade.stages import describe
 from vlm_decade.stages.estimate import Line, response_cache
-from vlm_decade.stages.images import ImageCache
+from vlm_decade.stages.images import ImageCache, transparency_note
 from vlm_decade.studies.openworld import judging, report, scoring, statistics
 from vlm_decade.studies.openworld.config import OpenWorldStudyConfig
 from vlm_decade.studies.openworld.data import OpenWorldData, load_openworld_data
@@ -38,7 +38,8 @@ def check(study: OpenWorldStudyConfig, cache: ImageCache | None = None) -> OpenW
     problems: list[Problem] = []
     data = None
     try:
-        data = load_openworld_data(study.data.labels, study.data.image_dir, study.data.classnames, cache)
+        data = load_openworld_data(study.data.labels, study.data.image_dir, study.data.classnames, cache,
+                                   study.data.background)
         image_ids = set(data.images.column("image_id").to_pylist())
     except InputError as exc:
         problems += exc.problems
@@ -90,7 +91,7 @@ def summary(study: OpenWorldStudyConfig, data: OpenWorldData) -> tuple[str, list
     text = (
         f"Study B, {data.images.num_rows} labelled images in {len(datasets)} datasets "
         f"({', '.join(f'{d}: {data.granularity[d]}' for d in datasets)}), {len(study.models)} models, {len(study.prompts)} prompts"
-    )
+    ) + transparency_note(data.images)
     return text, ([f"LI will be skipped: {no_judge}"] if no_judge else []) + incomplete_models(study, data)
 
 
