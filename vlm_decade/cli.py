@@ -305,7 +305,7 @@ def status(run_dir: str = typer.Argument(..., help=RUN_DIR_HELP)) -> None:
     from vlm_decade.core.runfolder import RunFolder
     from vlm_decade.models.api.batch import run_batches
     from vlm_decade.models.backends import api_provider
-    from vlm_decade.stages.describe import response_states
+    from vlm_decade.stages.describe.rows import response_states
 
     run_dir = _run_dir(run_dir)
     folder = RunFolder(run_dir)
