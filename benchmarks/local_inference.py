@@ -47,6 +47,8 @@ from vlm_decade.demo import materialize  # noqa: E402
 from vlm_decade.imaging.masks import apply_mask  # noqa: E402
 from vlm_decade.models.backends import Stimulus, backend_class  # noqa: E402
 from vlm_decade.stages import describe  # noqa: E402
+from vlm_decade.stages.describe import local as describe_local  # noqa: E402
+from vlm_decade.stages.describe.plan import jobs_from, plan_jobs  # noqa: E402
 from vlm_decade.studies import load_study  # noqa: E402
 from vlm_decade.studies.decade.data import load_study_data  # noqa: E402
 from vlm_decade.studies.decade.pipeline import plan  # noqa: E402
@@ -115,7 +117,7 @@ def ray_path(study, images, out: Path, actors: int) -> tuple[float, float, list[
     study = study.model_copy(update={"runtime": runtime})
     run = StudyRun(RunFolder(out), Reporter(quiet=True), LazyRay(study.runtime))
     run.run_stage(given("images", images))
-    describe.PART_ROWS = 1  # a part per batch: its time stamps give the steady rate
+    describe_local.PART_ROWS = 1  # a part per batch: its time stamps give the steady rate
     start = time.perf_counter()
     table = describe.run_describe(study, plan(study), run)
     seconds = time.perf_counter() - start
@@ -130,7 +132,7 @@ def bench(name: str, model: ModelConfig, study, images, tmp: Path, rounds: int) 
     """Images/s of each path, best of `rounds` interleaved rounds (the machine may be shared: the
     best round is the one least disturbed, and interleaving spreads any disturbance over paths)."""
     study = study.model_copy(update={"models": (model,)})
-    jobs = sorted(describe.jobs_from(describe.plan_jobs(study, plan(study), images), plan(study)), key=lambda j: (j.image_id, j.variant))
+    jobs = sorted(jobs_from(plan_jobs(study, plan(study), images), plan(study)), key=lambda j: (j.image_id, j.variant))
     n = len(jobs)
     best = {"plain": 0.0, 1: 0.0, 2: 0.0}
     steady = {"plain": 0.0, 1: 0.0, 2: 0.0}

@@ -1,8 +1,8 @@
 """Batch mode in the pipeline, the real clients against the fake server's batch protocols: the same
 tables as sync mode (answers and vectors); a run killed while its chat batches are pending, and
 again while its embedding batch is, started again, submits no line twice; a run that does not wait
-submits, exits and leaves the later stages for the run that collects; a finished study run again
-sends nothing."""
+submits every batch of a stage at once (every model's, then every encoder's), exits and leaves the
+later stages for the run that collects; a finished study run again sends nothing."""
 
 from __future__ import annotations
 
@@ -46,10 +46,16 @@ def batches_created(server: FakeAPIServer, provider: str, embeddings: bool = Fal
     return sum(b.provider == provider and (b.endpoint == EMBEDDINGS) == embeddings for b in server.batches.batches.values())
 
 
-def lines_of(server: FakeAPIServer, embeddings: bool) -> list:
-    """The lines worked through of chat batches, or of embedding batches."""
-    kinds = {b.id: b.endpoint == EMBEDDINGS for b in server.batches.batches.values()}
-    return [r for r in server.batch_lines() if kinds[r.batch] == embeddings]
+def lines_of(server: FakeAPIServer, embeddings: bool, provider: str | None = None) -> list:
+    """The lines worked through of chat batches, or of embedding batches (of `provider`'s only, if given)."""
+    kinds = {b.id: b.endpoint == EMBEDDINGS for b in server.batches.batches.values() if provider in (None, b.provider)}
+    return [r for r in server.batch_lines() if kinds.get(r.batch) == embeddings]
+
+
+def waiting_lines(server: FakeAPIServer, provider: str, embeddings: bool) -> int:
+    """The lines of `provider`'s batches, of chat requests or of texts to embed."""
+    return sum(len(b.lines) for b in server.batches.batches.values()
+               if b.provider == provider and (b.endpoint == EMBEDDINGS) == embeddings)
 
 
 def environment() -> dict:
@@ -67,8 +73,8 @@ def cli(*args, timeout: float = 300) -> subprocess.CompletedProcess:
 
 
 def submitted_without_waiting(tmp_path: Path, server: FakeAPIServer) -> tuple[Path, Path]:
-    """A study in batch mode run with `--no-wait`, which stops at gpt's pending batch: (study file,
-    run folder)."""
+    """A study in batch mode run with `--no-wait`, which stops with gpt's and gem's batches pending:
+    (study file, run folder)."""
     path = study_file(tmp_path, server)
     set_mode(path)
     out = tmp_path / "run"
@@ -143,39 +149,60 @@ def test_a_killed_run_collects_its_pending_batches_and_submits_no_line_twice(tmp
         assert again.returncode == 0 and len(server.received()) == sent  # a finished study sends nothing
 
 
-def test_a_run_that_does_not_wait_submits_exits_and_a_later_run_collects(tmp_path, keys):
+def test_a_run_that_does_not_wait_submits_every_batch_of_a_stage_at_once_and_a_later_run_collects(tmp_path, keys):
+    """Two API models and two API encoders in batch mode, run with `--no-wait`: the first run submits
+    both models' batches together, the next one (once they are done) collects them and submits both
+    encoders' batches together, and the last waits and finishes the study: one batch turnaround per
+    stage, not per model."""
     with FakeAPIServer(FaultConfig(batch_delay_s=3.0)) as server:
         path = study_file(tmp_path, server)
+        raw = yaml.safe_load(path.read_text())
+        gem_si = {"name": "GEM-SI", "backend": "gemini-embedding", "model_id": "gemini-embedding-001", "batch_size": 32}
+        raw["encoders"].append(gem_si)
+        path.write_text(yaml.safe_dump(raw))
         set_mode(path)
         out = tmp_path / "run"
+
+        def created() -> dict:
+            return {(p, e): batches_created(server, p, e) for p in ("openai", "gemini") for e in (False, True)}
+
         first = cli("run", path, "--out", out, "--no-wait")
         assert first.returncode == 0, first.stderr
+        assert created() == {("openai", False): 1, ("gemini", False): 1, ("openai", True): 0, ("gemini", True): 0}
         assert "waiting for batches: responses of gpt: 64 requests wait in batches" in first.stderr
+        assert "responses of gem: 16 requests wait in batches" in first.stderr
         stages = RunFolder(out).manifest()["stages"]
         assert stages["responses"]["state"] == "running" and "embeddings" not in stages  # the later stages did not start
 
         status = cli("status", out)
         assert status.returncode == 0, status.stderr
-        assert "openai: batches 1 pending (chat, 64 requests waiting);" in status.stdout and "responses gpt: 0 of 64 done (64 pending)" in status.stdout
+        for line in ("openai: batches 1 pending (chat, 64 requests waiting);", "responses gpt: 0 of 64 done (64 pending)",
+                     "gemini: batches 1 pending (chat, 16 requests waiting);", "responses gem: 0 of 16 done (16 pending)"):
+            assert line in status.stdout, line
 
-        # Each run that does not wait collects what is done and submits the next stage's batch: gem's
-        # descriptions, then GPT-SI's texts to embed; the last run waits and finishes the study.
-        for waiting_for in ("responses of gem: 16 requests wait in batches", "encoder GPT-SI: "):
-            time.sleep(3.0)
-            later = cli("run", path, "--out", out, "--no-wait")
-            assert later.returncode == 0 and f"waiting for batches: {waiting_for}" in later.stderr, later.stderr
+        # The next run that does not wait collects both models' answers and submits both encoders' texts.
+        time.sleep(3.0)
+        second = cli("run", path, "--out", out, "--no-wait")
+        assert second.returncode == 0 and "waiting for batches: encoder GPT-SI: " in second.stderr, second.stderr
+        assert "encoder GEM-SI: " in second.stderr
+        assert created() == {("openai", False): 1, ("gemini", False): 1, ("openai", True): 1, ("gemini", True): 1}
         texts = RunFolder(out).manifest()["stages"]
-        assert texts["embeddings"]["state"] == "running" and "scores" not in texts
-        waiting = sum(len(b.lines) for b in server.batches.batches.values() if b.endpoint == EMBEDDINGS)
-        assert f"1 pending (embeddings, {waiting} requests waiting)" in cli("status", out).stdout
+        assert (texts["responses"]["state"], texts["embeddings"]["state"]) == ("done", "running") and "scores" not in texts
+        waiting = waiting_lines(server, "openai", embeddings=True)
+        assert waiting == waiting_lines(server, "gemini", embeddings=True) > 0  # the same texts, once per encoder
+        status = cli("status", out).stdout
+        assert f"openai: batches 1 completed (chat), 1 pending (embeddings, {waiting} requests waiting)" in status
+        assert f"gemini: batches 1 completed (chat), 1 pending (embeddings, {waiting} requests waiting)" in status
 
         time.sleep(3.0)
         last = cli("run", path, "--out", out)
         assert last.returncode == 0, last.stderr
-        assert batches_created(server, "openai") == 1 and batches_created(server, "gemini") == 1
+        assert created() == {("openai", False): 1, ("gemini", False): 1, ("openai", True): 1, ("gemini", True): 1}
         lines = lines_of(server, embeddings=False)
         assert len(lines) == 80 and max(Counter(r.key for r in lines).values()) == 1
-        assert len(lines_of(server, embeddings=True)) == waiting == RunFolder(out).read("embeddings").num_rows
+        vectors = RunFolder(out).read("embeddings")
+        assert len(lines_of(server, embeddings=True)) == 2 * waiting == vectors.num_rows
+        assert Counter(vectors.column("encoder").to_pylist()) == {"GPT-SI": waiting, "GEM-SI": waiting}
         assert RunFolder(out).manifest()["stages"]["report"]["state"] == "done"
         status = cli("status", out)
         assert "openai: batches 1 completed (chat), 1 completed (embeddings);" in status.stdout and "responses gpt: 64 of 64 done (64 ok)" in status.stdout
@@ -211,44 +238,48 @@ def test_a_model_may_choose_its_own_mode(tmp_path, keys):
 
 def test_requests_left_in_a_pending_batch_are_collected_in_sync_mode_not_bought_again(tmp_path, keys):
     """Submitted in batch mode by a run that did not wait; the study then switched to sync mode: the
-    next run collects the batch instead of sending its requests one by one."""
+    next run collects the batches instead of sending their requests one by one."""
     with FakeAPIServer(FaultConfig(batch_delay_s=2.0)) as server:
         path, out = submitted_without_waiting(tmp_path, server)
         set_mode(path, "sync")
         chats = server.counts()["openai.chat"], server.counts()["gemini.generate"]
         second = cli("run", path, "--out", out)
         assert second.returncode == 0, second.stderr
-        # gpt's requests, all in the pending batch, are collected from it; gem never reached a batch
-        # (the first run stopped at gpt's), so its 16 requests go one by one, as the study now says.
-        assert (server.counts()["openai.chat"], server.counts()["gemini.generate"]) == (chats[0], chats[1] + 16)
-        assert server.counts()["openai.batches.create"] == 1 and server.counts()["gemini.batches.create"] == 0
+        # gpt's and gem's requests, all in the batches the first run submitted, are collected from them.
+        assert (server.counts()["openai.chat"], server.counts()["gemini.generate"]) == chats
+        assert server.counts()["openai.batches.create"] == 1 and server.counts()["gemini.batches.create"] == 1
         lines = server.batch_lines()
-        assert len(lines) == 64 and max(Counter(r.key for r in lines).values()) == 1
+        assert len(lines) == 80 and max(Counter(r.key for r in lines).values()) == 1
     responses = pq.read_table(out / "responses.parquet")
     assert set(responses.column("status").to_pylist()) == {"ok"}
     modes = {(r["subject"], r["mode"]) for r in responses.select(["subject", "mode"]).to_pylist()}
-    assert modes == {("gpt", "batch"), ("gem", "sync")}
+    assert modes == {("gpt", "batch"), ("gem", "batch")}
 
 
 def test_cancel_keeps_what_a_pending_batch_answered_and_the_next_run_sends_the_rest(tmp_path, keys):
-    """`vlm-decade cancel RUN_DIR` while gpt's batch is pending; the study then switches to sync
-    mode: the next run takes what the batch answered from the cache and sends only the rest."""
+    """`vlm-decade cancel RUN_DIR` while gpt's and gem's batches are pending; the study then switches
+    to sync mode: the next run takes what the batches answered from the cache and sends only the rest."""
     with FakeAPIServer(FaultConfig(batch_delay_s=60.0)) as server:
         path, out = submitted_without_waiting(tmp_path, server)
         cancelled = cli("cancel", out)
         assert cancelled.returncode == 0, cancelled.stderr
-        answered = len(server.batch_lines())
-        assert f"openai: 1 batches cancelled; {answered} answers kept, {64 - answered} requests left for the next run" in cancelled.stdout
-        assert "gemini: no batch pending" in cancelled.stdout and answered < 64
+        answered = {p: len(lines_of(server, embeddings=False, provider=p)) for p in ("openai", "gemini")}
+        for provider, n in (("openai", 64), ("gemini", 16)):
+            assert answered[provider] < n
+            said = f"{provider}: 1 batches cancelled; {answered[provider]} answers kept, {n - answered[provider]} requests left"
+            assert f"{said} for the next run" in cancelled.stdout
         status = cli("status", out).stdout
-        # nothing waits any more: what the batch answered is in the cache, the rest is for the next run to send
+        # nothing waits any more: what the batches answered is in the cache, the rest is for the next run to send
         assert "1 cancelled (chat)" in status and "requests waiting" not in status
-        rows = ([f"{answered} answered in the cache"] if answered else []) + [f"{64 - answered} to send"]
-        assert f"responses gpt: 0 of 64 done ({', '.join(rows)})" in status, status
+        for model, n, provider in (("gpt", 64, "openai"), ("gem", 16, "gemini")):
+            rows = ([f"{answered[provider]} answered in the cache"] if answered[provider] else []) + [f"{n - answered[provider]} to send"]
+            assert f"responses {model}: 0 of {n} done ({', '.join(rows)})" in status, status
         set_mode(path, "sync")
         second = cli("run", path, "--out", out)
         assert second.returncode == 0, second.stderr
-        assert server.counts()["openai.chat"] == 64 - answered and len(server.batch_lines()) == answered
+        sent = server.counts()["openai.chat"], server.counts()["gemini.generate"]
+        assert sent == (64 - answered["openai"], 16 - answered["gemini"])
+        assert len(server.batch_lines()) == sum(answered.values())
         assert cli("cancel", out).stdout.splitlines() == ["openai: no batch pending", "gemini: no batch pending"]
     responses = RunFolder(out).read("responses")
     assert set(responses.column("status").to_pylist()) == {"ok"}

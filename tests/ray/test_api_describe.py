@@ -19,7 +19,7 @@ import yaml
 from vlm_decade.core.config import ProviderConfig
 from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.demo import materialize
-from vlm_decade.stages.describe import jobs_from, load_png, plan_jobs
+from vlm_decade.stages.describe.plan import jobs_from, load_png, plan_jobs
 from vlm_decade.studies import load_study
 from vlm_decade.studies.decade.data import load_study_data
 from vlm_decade.studies.decade.pipeline import estimate, plan

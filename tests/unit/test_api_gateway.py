@@ -337,14 +337,14 @@ def test_the_estimate_prints_each_line_and_each_provider_as_a_range():
 def test_an_api_encoder_is_estimated_in_its_own_mode(tmp_path, mode, requests):
     """Sync mode sends `batch_size` texts a request; batch mode a line a text, at half the price."""
     from vlm_decade.models.api.cache import ResponseCache
-    from vlm_decade.stages import embed
+    from vlm_decade.stages.estimate import embed_lines
     from vlm_decade.studies.decade.config import StudyConfig
 
     study = StudyConfig.model_validate({
         "name": "s", "data": {"images": "i.csv", "image_dir": ".", "descriptions": "d.csv"},
         "models": [{"name": "m", "backend": "imported", "model_id": "m", "era": "mllm"}],
         "encoders": [{"name": "GPT-SI", "backend": "openai-embedding", "model_id": "text-embedding-3-large", "batch_size": 64, "mode": mode}]})
-    (line,) = embed.estimate(study, [f"human text {i:03d}" for i in range(100)], 28, 28 * 300, ResponseCache(tmp_path))
+    (line,) = embed_lines(study, [f"human text {i:03d}" for i in range(100)], 28, 28 * 300, ResponseCache(tmp_path))
     price = study.providers.openai.price("openai", "text-embedding-3-large")
     tokens = 100 * 4 + 28 * 300  # "human text 000" is 14 characters: 4 tokens
     assert (line.requests, line.input_tokens) == (requests, tokens) and line.usd == pytest.approx(tokens * price.input_per_mtok / 1e6)
@@ -355,7 +355,7 @@ def test_a_responses_table_written_before_the_new_columns_is_still_read(tmp_path
     import pyarrow as pa
 
     from vlm_decade.core.runfolder import RunFolder
-    from vlm_decade.stages.describe import RESPONSES_SCHEMA, collect_rows
+    from vlm_decade.stages.describe.rows import RESPONSES_SCHEMA, collect_rows
 
     old_columns = ["subject", "image_id", "variant", "prompt_id", "text", "status", "error", "latency_s", "input_tokens",
                    "output_tokens", "cost_usd", "model_version", "cache_key"]

@@ -257,7 +257,7 @@ def test_a_truncated_image_is_refused(tmp_path):
 
 def test_models_and_masks_previews_see_the_decoders_pixels(tmp_path):
     from vlm_decade.imaging.masks import MaskConfig, write_previews
-    from vlm_decade.stages.describe import Job, load_stimuli
+    from vlm_decade.stages.describe.plan import Job, load_stimuli
 
     stored = np.arange(4 * 6, dtype=np.uint16).reshape(4, 6) * 2000
     (tmp_path / "deep.png").write_bytes(png(stored))

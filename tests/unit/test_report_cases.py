@@ -15,7 +15,7 @@ import pytest
 
 from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.report.samples import extremes, thumbnail_uri
-from vlm_decade.stages.describe import RESPONSES_SCHEMA
+from vlm_decade.stages.describe.rows import RESPONSES_SCHEMA
 from vlm_decade.stages.images import IMAGES_SCHEMA
 from vlm_decade.stats import COMPARISONS_SCHEMA, SCORES_SCHEMA, STATS_SCHEMA
 from vlm_decade.studies import study_from_dict

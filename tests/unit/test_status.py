@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 
 from vlm_decade.core.runfolder import RunFolder
-from vlm_decade.stages.describe import RESPONSES_SCHEMA
+from vlm_decade.stages.describe.rows import RESPONSES_SCHEMA
 from vlm_decade.stages.status import status_lines, unfinished_lines
 from vlm_decade.studies import study_from_dict
 

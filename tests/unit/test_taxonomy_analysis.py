@@ -16,7 +16,7 @@ from sklearn.metrics import cohen_kappa_score
 from vlm_decade.core.errors import Problems
 from vlm_decade.models.backends.detection import Detection
 from vlm_decade.models.encoders import text_key
-from vlm_decade.stages.describe import Job
+from vlm_decade.stages.describe.plan import Job
 from vlm_decade.stages.embed import EMBEDDINGS_SCHEMA
 from vlm_decade.stats import SCORES_SCHEMA, ComparisonSpec, Term
 from vlm_decade.studies import study_from_dict

@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import yaml
 from PIL import Image
@@ -21,7 +22,7 @@ from vlm_decade.core.errors import Problems
 from vlm_decade.core.tables import read_table
 from vlm_decade.imaging.decode import ImageDecodeError, background_text, load_image, load_rgb
 from vlm_decade.imaging.masks import MaskConfig, apply_mask, mask_specs, occlusion
-from vlm_decade.stages.describe import Job, load_png, load_stimuli
+from vlm_decade.stages.describe.plan import Job, load_png, load_stimuli
 from vlm_decade.stages.images import IMAGE_COLUMNS, check_images, images_table
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -147,3 +148,32 @@ def test_validate_refuses_transparency_under_background_none_naming_file_and_row
     text = "".join(done.output.split())  # the terminal may wrap the long path anywhere
     assert done.exit_code == 2
     assert f"{study.parent / 'images.csv'},row2,field'file':" in text and "data.backgroundisnone" in text
+
+
+def test_the_studys_background_reaches_the_models_and_their_cache_keys(tmp_path):
+    """The images table's background travels with each job: the stimulus is composited onto it, and
+    a transparent image's cache key names it (a new background redoes its rows), while an opaque
+    image's key stays what it was before transparency was recorded."""
+    from vlm_decade.stages.describe.plan import Plan, jobs_from, plan_jobs
+    from vlm_decade.studies import load_study
+
+    rgba_png(tmp_path)
+    Image.fromarray(RGB).save(tmp_path / "plain.png")
+    path = str(tmp_path / "cutout.png")
+    (black,) = load_stimuli([Job("m", "i", "full", "p", "say", path, None, "k", (), "#000000")])
+    assert (black.image == over(RGB, ALPHA, (0, 0, 0))).all()
+
+    study = load_study(example(tmp_path, None))
+    plan = Plan(prompts={m.name: [("p", "say")] for m in study.models})
+
+    def keys(backgrounds):
+        images = pa.table({"image_id": ["a", "b"], "dataset": ["d", "d"], "path": [path, str(tmp_path / "plain.png")],
+                           "sha256": ["s1", "s2"], "background": pa.array(backgrounds, pa.string())})
+        table = plan_jobs(study, plan, images)
+        return table.column("cache_key").to_pylist(), jobs_from(table, plan)
+
+    (white_key, plain_key), jobs = keys(["#ffffff", None])
+    (black_key, plain_again), _ = keys(["#000000", None])
+    (old_key, plain_old), _ = keys([None, None])  # an images table of before: both opaque
+    assert white_key != black_key and plain_key == plain_again == plain_old and old_key != white_key
+    assert [j.background for j in jobs] == ["#ffffff", None]

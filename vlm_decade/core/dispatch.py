@@ -31,6 +31,11 @@ class Stalled(RuntimeError):
     """No call finished for the stall timeout: the work waits for something the cluster lacks."""
 
 
+def batches(items: list[W], size: int) -> list[list[W]]:
+    """`items` in consecutive batches of `size` (the last one shorter), in order."""
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
 def stalled(ray, what: str, needs: dict[str, float], seconds: float) -> Stalled:
     """The message of a stage that stopped moving, naming what it waits for and what is free."""
     free = ray.available_resources()

@@ -4,7 +4,9 @@ Vectors are keyed by the sha256 of the stripped text, so a description shared by
 by two runs, costs one encoding. Encoding runs in a Ray actor that loads the encoder once; each
 finished batch is saved as a part, so a killed run keeps what it finished. API encoders (`remote`)
 send their batches through the provider's gateway actor instead, several at once; it caches every
-vector, so a text is paid for once across runs.
+vector, so a text is paid for once across runs. In batch mode every API encoder's texts are
+submitted as batches before any is waited on (`stages.gateways`), so the stage waits one batch
+turnaround for all its encoders.
 """
 
 from __future__ import annotations
@@ -18,13 +20,14 @@ import pyarrow.compute as pc
 
 from vlm_decade.core.columns import first_per_key
 from vlm_decade.core.config import EncoderConfig, StudyBase
-from vlm_decade.core.dispatch import bounded, pool_map
+from vlm_decade.core.dispatch import batches, bounded, pool_map
 from vlm_decade.core.errors import Problem
 from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.core.runner import Stage, StudyRun, Written
 from vlm_decade.models.api.keys import api_key, key_hint
+from vlm_decade.models.api.session import APIStopped, BatchesPending, BudgetReached, RemoteSession
 from vlm_decade.models.encoders import api_provider, encoder_class
-from vlm_decade.stages.estimate import Line
+from vlm_decade.stages.gateways import Gateways, raise_stops
 
 EMBEDDINGS_SCHEMA = pa.schema(
     [
@@ -145,15 +148,30 @@ def run_embed(study: StudyBase, texts: pa.Table, run: StudyRun) -> Written:
     total = sum(t.num_rows for t in todo.values())
     if total < texts.num_rows * len(encoders):
         run.reporter.say(f"     embeddings   {texts.num_rows * len(encoders) - total} already encoded, kept")
-    with run.reporter.track("embed", total) as advance:
+    remote = {cfg.name: cfg for cfg in encoders if todo[cfg.name].num_rows and encoder_class(cfg.backend).remote}
+    providers = sorted({encoder_class(cfg.backend).provider for cfg in remote.values()})
+    stops: list[APIStopped] = []
+    with run.reporter.track("embed", total) as advance, Gateways(run, study.providers, providers) as gateways:
+        session = {name: gateways[encoder_class(cfg.backend).provider] for name, cfg in remote.items()}
+        work = {}
+        for name in remote:
+            keys = todo[name].column("text_sha256").to_pylist()
+            work[name] = (keys, dict(zip(keys, todo[name].column("text").to_pylist())))
+        # Every batch-mode encoder's texts are handed over and submitted as batches before any is waited on.
+        batched = [name for name, cfg in remote.items() if session[name].batch_for(cfg.mode)]
+        for name in batched:
+            _queue_embeds(gateways.ray, session[name], remote[name], *work[name])
+        if batched:
+            gateways.flush()
         for cfg in encoders:
-            if not todo[cfg.name].num_rows:
-                continue
-            if encoder_class(cfg.backend).remote:
-                keys = todo[cfg.name].column("text_sha256").to_pylist()
-                _embed_remote(study, cfg, keys, dict(zip(keys, todo[cfg.name].column("text").to_pylist())), run, advance)
-            else:
+            if cfg.name in remote:
+                try:
+                    _embed_remote(session[cfg.name], cfg, *work.pop(cfg.name), run, advance)
+                except APIStopped as exc:  # the other encoders go on; the stage stops after them, naming each
+                    stops.append(exc)
+            elif todo[cfg.name].num_rows:
                 _embed_local(study, cfg, todo[cfg.name], run, advance)
+    raise_stops(stops)
     return _write_selected(run.folder, texts, encoders)
 
 
@@ -186,20 +204,27 @@ def _embed_local(study: StudyBase, cfg: EncoderConfig, todo: pa.Table, run: Stud
             advance(done.work.num_rows)
 
 
-def _embed_remote(study: StudyBase, cfg: EncoderConfig, keys: list[str], texts: dict[str, str], run: StudyRun, advance) -> None:
+def _queue_embeds(ray, session: RemoteSession, cfg: EncoderConfig, keys: list[str], texts: dict[str, str]) -> None:
+    """Batch mode: every text the cache lacks handed to the gateway, grouped there into batches that
+    the caller's `flush` submits."""
+    queue = lambda chunk, _: session.actor.submit_embeds.remote(cfg.model_id, [texts[k] for k in chunk])  # noqa: E731
+    for _ in bounded(ray, batches(keys, cfg.batch_size), queue, REMOTE_IN_FLIGHT):
+        pass  # what could not be queued is answered as failed when collected
+
+
+def _embed_remote(session: RemoteSession, cfg: EncoderConfig, keys: list[str], texts: dict[str, str], run: StudyRun,
+                  advance) -> None:
     """Batches of texts through the provider's gateway. In batch mode (the encoder's or its
-    provider's `mode`) every text is first queued for the provider's batch interface, then the
-    vectors are collected as batches finish. A text that fails (after the gateway's retries, or as
-    a failed batch line) is left out and the others go on; a budget stop ends the sending. The
-    embeddings table has no error rows (every vector in it is whole): the texts left out make the
-    stage stop after the rest are saved, saying how many and why (or, for texts still in pending
-    batches, that a later run collects them); the next run encodes exactly those."""
+    provider's `mode`) every text was first queued for the provider's batch interface
+    (`_queue_embeds`); the vectors are collected here as batches finish. A text that fails (after
+    the gateway's retries, or as a failed batch line) is left out and the others go on; a budget
+    stop ends the sending. The embeddings table has no error rows (every vector in it is whole):
+    the texts left out make the stage stop after the rest are saved, saying how many and why (or,
+    for texts still in pending batches, that a later run collects them); the next run encodes
+    exactly those."""
     from collections import Counter
 
-    from vlm_decade.models.api.session import APIStopped, BatchesPending, BudgetReached, RemoteSession
-
     ray = run.ray()
-    provider = encoder_class(cfg.backend).provider
     failed: Counter = Counter()  # (status, error) -> texts
     stopped: list[str] = []
     encoded = 0
@@ -210,32 +235,25 @@ def _embed_remote(study: StudyBase, cfg: EncoderConfig, keys: list[str], texts: 
                 return
             yield keys[i : i + cfg.batch_size]
 
-    with RemoteSession(ray, study.providers, run.folder, provider) as session:
-        batch = session.batch_for(cfg.mode)
-        text_of = lambda chunk: [texts[k] for k in chunk]  # noqa: E731
-        if batch:
-            queue = lambda chunk, _: session.actor.submit_embeds.remote(cfg.model_id, text_of(chunk))  # noqa: E731
-            for _ in bounded(ray, work(), queue, REMOTE_IN_FLIGHT):
-                pass  # what could not be queued is answered as failed below
-            ray.get(session.actor.flush.remote())
-        submit = lambda chunk, _: session.actor.embed.remote(cfg.model_id, text_of(chunk), batch)  # noqa: E731
-        # In batch mode every chunk waits on its batches at once; in sync mode a few requests go at a time.
-        in_flight = max(1, -(-len(keys) // cfg.batch_size)) if batch else REMOTE_IN_FLIGHT
-        for done in bounded(ray, work(), submit, in_flight):
-            if done.error is not None:
-                failed[("error", f"{type(done.error).__name__}: gateway call failed")] += len(done.work)
-                continue
-            value = done.value
-            if value["vectors"] is not None:
-                keys_ok = [k for k, ok in zip(done.work, value["ok"]) if ok]
-                run.folder.append_part("embeddings", _rows(keys_ok, value["vectors"], cfg, value["modes"]))
-                advance(len(value["vectors"]))
-                encoded += len(value["vectors"])
-            for status, error in value["failures"]:
-                failed[(status, error)] += 1
-                if status == "skipped" and not stopped:
-                    stopped.append(error)
-            session.record()
+    batch = session.batch_for(cfg.mode)
+    submit = lambda chunk, _: session.actor.embed.remote(cfg.model_id, [texts[k] for k in chunk], batch)  # noqa: E731
+    # In batch mode every chunk waits on its batches at once; in sync mode a few requests go at a time.
+    in_flight = max(1, -(-len(keys) // cfg.batch_size)) if batch else REMOTE_IN_FLIGHT
+    for done in bounded(ray, work(), submit, in_flight):
+        if done.error is not None:
+            failed[("error", f"{type(done.error).__name__}: gateway call failed")] += len(done.work)
+            continue
+        value = done.value
+        if value["vectors"] is not None:
+            keys_ok = [k for k, ok in zip(done.work, value["ok"]) if ok]
+            run.folder.append_part("embeddings", _rows(keys_ok, value["vectors"], cfg, value["modes"]))
+            advance(len(value["vectors"]))
+            encoded += len(value["vectors"])
+        for status, error in value["failures"]:
+            failed[(status, error)] += 1
+            if status == "skipped" and not stopped:
+                stopped.append(error)
+        session.record()
     if encoded < len(keys):
         left = len(keys) - encoded  # failed, waiting in batches, and (after a budget stop) never sent
         pending = sum(n for (status, _), n in failed.items() if status == "pending")
@@ -297,28 +315,3 @@ def stage(study: StudyBase) -> Stage:
 
     return Stage("embeddings", ("references", "responses"), [e.fingerprint() for e in study.encoders], compute)
 
-
-def estimate(study: StudyBase, human_texts: list[str], n_answers: int, answer_tokens: int, cache) -> list[Line]:
-    """Each API encoder's requests: every human description the cache lacks, plus the models'
-    answers (`n_answers`, `answer_tokens` at most)."""
-    from vlm_decade.models.api.providers import cost, embed_key, text_tokens
-
-    human = sorted({t.strip() for t in human_texts if t and t.strip()})
-    lines = []
-    for enc in study.encoders:
-        cls = encoder_class(enc.backend)
-        if not cls.remote:
-            continue
-        provider = getattr(study.providers, cls.provider)
-        price = provider.price(cls.provider, enc.model_id)
-        line = Line(cls.provider, enc.name, mode=enc.mode)
-        todo = [t for t in human if not cache.has("embed", embed_key(cls.provider, enc.model_id, t))]
-        human_tokens = sum(map(text_tokens, todo))
-        per_request = 1 if (enc.mode or provider.mode) == "batch" else enc.batch_size  # a batch line is one text
-        line.requests = -(-(len(todo) + n_answers) // per_request)
-        line.cached = len(human) - len(todo)
-        line.input_tokens = human_tokens + answer_tokens
-        line.usd = cost(price, line.input_tokens, 0) if price else 0.0
-        line.usd_low = cost(price, human_tokens, 0) if price else 0.0  # no answer to encode
-        lines.append(line)
-    return lines

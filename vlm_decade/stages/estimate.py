@@ -1,6 +1,7 @@
 """`vlm-decade estimate`: the requests, tokens and dollars a study's API work would take, before any
-is spent. Each stage that sends API requests counts its own (`describe.estimate`, `embed.estimate`,
-Study B's judge); a study's pipeline puts the lines together and `render` prints them.
+is spent. The shared stages' requests are counted here (`describe_lines`, `embed_lines`), the
+studies' own ones beside their stages (Study B's judge, the taxonomy's probes); a study's pipeline
+puts the lines together and `render` prints them.
 
 Input tokens follow the providers' published counting rules (text at about 4 characters a token,
 images by tiles); output is counted at each model's `max_output_tokens` cap, so the dollars are an
@@ -15,10 +16,16 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from vlm_decade.core.config import PRICES_AS_OF, StudyBase
 from vlm_decade.models.api.batch import BATCH_DISCOUNT
 from vlm_decade.models.api.cache import ResponseCache
 from vlm_decade.models.api.session import cache_dir
+from vlm_decade.models.backends import backend_class
+from vlm_decade.models.encoders import encoder_class
+from vlm_decade.stages.describe.plan import Plan, jobs_from, load_png, plan_jobs
 
 
 @dataclass
@@ -49,6 +56,69 @@ class Line:
 def response_cache(study: StudyBase) -> ResponseCache:
     """The cache the study's gateways would answer from."""
     return ResponseCache(cache_dir(study.providers))
+
+
+def describe_lines(study: StudyBase, plan: Plan, images: pa.Table, cache) -> tuple[list[Line], int, int]:
+    """The describe stage's API requests, built exactly as the stage would send them (a request the
+    cache answers is counted as cached and free); and how many answers they give, and the answer
+    tokens at most, which the embed stage would then encode."""
+    from vlm_decade.models.api.providers import ChatRequest, chat_key, cost, provider_class
+
+    api_models = {m.name: m for m in study.models if backend_class(m.backend).remote}
+    by_model = defaultdict(list)
+    jobs = plan_jobs(study, plan, images)
+    for job in jobs_from(jobs.filter(pc.is_in(jobs.column("subject"), pa.array(list(api_models), pa.string()))), plan):
+        by_model[job.subject].append(job)
+    lines, answer_tokens = [], 0
+    n_answers = sum(len(j) for j in by_model.values())
+    for name, model_jobs in by_model.items():
+        model = api_models[name]
+        cls = backend_class(model.backend)
+        provider, settings = cls.provider, cls.settings(model)
+        price = getattr(study.providers, provider).price(provider, model.model_id)
+        line = Line(provider, name, mode=model.mode)
+        for job, png in zip(model_jobs, load_png(model_jobs)):
+            if isinstance(png, str):
+                continue  # an unreadable image is an error row, never a request
+            req = ChatRequest(model.model_id, job.prompt, png, settings)
+            line.requests += 1
+            answer_tokens += settings["max_output_tokens"]
+            if cache.has("chat", chat_key(provider, req)):
+                line.cached += 1
+                continue
+            n_in = provider_class(provider).estimate_input(req)
+            line.input_tokens += n_in
+            line.output_tokens += settings["max_output_tokens"]
+            line.usd += cost(price, n_in, settings["max_output_tokens"]) if price else 0.0
+            line.usd_low += cost(price, n_in, 0) if price else 0.0
+        lines.append(line)
+    return lines, n_answers, answer_tokens
+
+
+def embed_lines(study: StudyBase, human_texts: list[str], n_answers: int, answer_tokens: int, cache) -> list[Line]:
+    """The embed stage's requests, per API encoder: every human description the cache lacks, plus
+    the models' answers (`n_answers`, `answer_tokens` at most)."""
+    from vlm_decade.models.api.providers import cost, embed_key, text_tokens
+
+    human = sorted({t.strip() for t in human_texts if t and t.strip()})
+    lines = []
+    for enc in study.encoders:
+        cls = encoder_class(enc.backend)
+        if not cls.remote:
+            continue
+        provider = getattr(study.providers, cls.provider)
+        price = provider.price(cls.provider, enc.model_id)
+        line = Line(cls.provider, enc.name, mode=enc.mode)
+        todo = [t for t in human if not cache.has("embed", embed_key(cls.provider, enc.model_id, t))]
+        human_tokens = sum(map(text_tokens, todo))
+        per_request = 1 if (enc.mode or provider.mode) == "batch" else enc.batch_size  # a batch line is one text
+        line.requests = -(-(len(todo) + n_answers) // per_request)
+        line.cached = len(human) - len(todo)
+        line.input_tokens = human_tokens + answer_tokens
+        line.usd = cost(price, line.input_tokens, 0) if price else 0.0
+        line.usd_low = cost(price, human_tokens, 0) if price else 0.0  # no answer to encode
+        lines.append(line)
+    return lines
 
 
 def render(study: StudyBase, lines: list[Line], notes: tuple[str, ...] = ()) -> str:

@@ -14,7 +14,7 @@ from vlm_decade.core.config import StudyBase
 from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.models.api.batch import OPEN, run_batches, run_records
 from vlm_decade.models.backends import api_provider
-from vlm_decade.stages.describe import response_states
+from vlm_decade.stages.describe.rows import response_states
 
 
 def stage_order(manifest: dict) -> list[str]:

@@ -76,7 +76,7 @@ class APIBackend(Backend):
         return problems
 
     def describe(self, batch: list[Stimulus]) -> list[Description]:
-        raise RuntimeError("API backends are described through their provider's gateway actor (describe._describe_remote)")
+        raise RuntimeError("API backends are described through their provider's gateway actor (stages.describe.remote)")
 
 
 class OpenAIBackend(APIBackend):

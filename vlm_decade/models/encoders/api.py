@@ -16,7 +16,7 @@ class APIEncoder(Encoder):
     provider: str
 
     def encode(self, texts: list[str]):
-        raise RuntimeError("API encoders run through their provider's gateway actor (embed._embed_remote)")
+        raise RuntimeError("API encoders run through their provider's gateway actor (stages.embed)")
 
 
 class OpenAIEmbedding(APIEncoder):

@@ -18,7 +18,7 @@ from vlm_decade.imaging.masks import mask_specs
 from vlm_decade.models.backends import backend_class
 from vlm_decade.models.backends.imported import missing_rows
 from vlm_decade.stages import describe, embed
-from vlm_decade.stages.estimate import Line, response_cache
+from vlm_decade.stages.estimate import Line, describe_lines, embed_lines, response_cache
 from vlm_decade.stages.images import ImageCache, transparency_note
 from vlm_decade.studies.decade import metric_validation, report, score, statistics, stsb
 from vlm_decade.studies.decade.config import StudyConfig
@@ -98,8 +98,8 @@ def estimate(study: StudyConfig, data: StudyData) -> tuple[list[Line], tuple[str
     them), and notes on what they leave out."""
     cache = response_cache(study)
     lines: list[Line]
-    lines, n_answers, answer_tokens = describe.estimate(study, plan(study), data.images, cache)
-    lines += embed.estimate(study, data.references.column("text").to_pylist(), n_answers, answer_tokens, cache)
+    lines, n_answers, answer_tokens = describe_lines(study, plan(study), data.images, cache)
+    lines += embed_lines(study, data.references.column("text").to_pylist(), n_answers, answer_tokens, cache)
     probes = probe_lines(study, data)
     notes = ("Probe questions depend on the descriptions: from none to an upper bound (two per object of the gold "
              "description, one per object a description could mention); see docs/api.md.",) if probes else ()

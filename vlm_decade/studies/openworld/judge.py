@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from vlm_decade.core.config import ModelConfig, ProvidersConfig
-from vlm_decade.core.dispatch import bounded
+from vlm_decade.core.dispatch import batches, bounded
 from vlm_decade.core.errors import InputError, Problem
 from vlm_decade.core.progress import Reporter
 from vlm_decade.models.api.keys import api_key, key_hint
@@ -77,10 +77,6 @@ class Judge(Protocol):
 def _as_model(config: JudgeConfig) -> ModelConfig:
     """The judge as the HF backends' weight resolution sees a model."""
     return ModelConfig(name=JUDGE_NAME, backend=config.backend, model_id=config.model_id, path=config.path, options=config.options)
-
-
-def _batches(items: list, size: int) -> list[list]:
-    return [items[i : i + size] for i in range(0, len(items), size)]
 
 
 # availability -----------------------------------------------------------------------------------
@@ -167,7 +163,7 @@ class LocalJudge:
         unique = list(dict.fromkeys(prompts))
         answers: dict[str, JudgeAnswer] = {}
         with self.reporter.track("judge", len(unique)) as advance, self._torch.inference_mode():
-            for batch in _batches(unique, self.batch_size):
+            for batch in batches(unique, self.batch_size):
                 for prompt, answer in zip(batch, run_split(self._run, batch)):
                     if isinstance(answer, Exception):
                         answer = JudgeAnswer("", "error", f"{type(answer).__name__}: {answer}", model_version=self.model_version)

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from vlm_decade.core.dispatch import bounded
+from vlm_decade.core.dispatch import batches, bounded
 from vlm_decade.core.runner import Stage, StudyRun
 from vlm_decade.models.backends import backend_class
-from vlm_decade.stages.describe import batches
 from vlm_decade.stages.estimate import Line
 from vlm_decade.studies.openworld.config import OpenWorldStudyConfig
 from vlm_decade.studies.openworld.judge import LOCAL_BACKEND, LocalJudge, RemoteJudge, judge_available, judge_settings

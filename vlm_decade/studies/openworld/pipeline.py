@@ -15,7 +15,7 @@ from vlm_decade.core.runner import given, run_study
 from vlm_decade.models.backends import backend_class
 from vlm_decade.models.backends.imported import missing_rows
 from vlm_decade.stages import describe
-from vlm_decade.stages.estimate import Line, response_cache
+from vlm_decade.stages.estimate import Line, describe_lines, response_cache
 from vlm_decade.stages.images import ImageCache, transparency_note
 from vlm_decade.studies.openworld import judging, report, scoring, statistics
 from vlm_decade.studies.openworld.config import OpenWorldStudyConfig
@@ -73,7 +73,7 @@ def estimate(study: OpenWorldStudyConfig, data: OpenWorldData) -> tuple[list[Lin
     """The API requests, tokens and dollars this study would take (`stages.estimate.render` prints
     them), and notes on what they leave out (nothing here)."""
     steps = plan(study, data.classnames)
-    lines, _, _ = describe.estimate(study, steps, data.images, response_cache(study))
+    lines, _, _ = describe_lines(study, steps, data.images, response_cache(study))
     if study.judge is not None and study.judge.backend in ("openai", "gemini"):
         lines.append(judging.estimate(study, data.images, steps.prompts, data.labels))
     return lines, ()

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from vlm_decade.core.dispatch import bounded
+from vlm_decade.core.dispatch import batches, bounded
 from vlm_decade.core.runner import StudyRun
 from vlm_decade.models.backends import backend_class
 from vlm_decade.models.backends.detection import Detection
-from vlm_decade.stages.describe import Job, batches, check_actor_fit, load_stimuli
+from vlm_decade.stages.describe.plan import Job, check_actor_fit, load_stimuli
 from vlm_decade.studies.decade.config import DetectorConfig
 
 DETECTION_TYPE = pa.struct(

@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from vlm_decade.core.runner import StudyRun
 from vlm_decade.models.backends.detection import Detection
-from vlm_decade.stages.describe import Job
+from vlm_decade.stages.describe.plan import Job
 from vlm_decade.studies.decade.taxonomy.detect import DETECTION_TYPE, detection_row, image_rows
 
 LOCATIONS_SCHEMA = pa.schema(

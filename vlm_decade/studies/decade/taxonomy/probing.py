@@ -14,11 +14,12 @@ from __future__ import annotations
 import pyarrow as pa
 
 from vlm_decade.core.config import ModelConfig
-from vlm_decade.core.dispatch import bounded
+from vlm_decade.core.dispatch import batches, bounded
 from vlm_decade.core.runner import StudyRun
 from vlm_decade.models.api.gateway import failed_answer
 from vlm_decade.models.backends import backend_class
-from vlm_decade.stages.describe import REMOTE_BATCH, Job, ask_gateway, batches, finish_queued
+from vlm_decade.stages.describe.plan import Job
+from vlm_decade.stages.describe.remote import REMOTE_BATCH, ask_gateway, finish_queued
 from vlm_decade.studies.decade.config import StudyConfig
 from vlm_decade.studies.decade.taxonomy import probes
 

@@ -13,7 +13,7 @@ from vlm_decade.core.runner import Stage, StudyRun
 from vlm_decade.imaging.masks import mask_specs
 from vlm_decade.models.backends import backend_class
 from vlm_decade.models.encoders import text_key
-from vlm_decade.stages.describe import api_budgets
+from vlm_decade.stages.describe.plan import api_budgets
 from vlm_decade.stats import METHOD_VERSION, analyse
 from vlm_decade.studies.decade.config import StudyConfig
 from vlm_decade.studies.decade.score import cosine, encoder_vectors

@@ -1,0 +1,81 @@
+"""Local models in Ray actors: each actor loads its model once (`num_gpus` per actor where there are
+GPUs); images are decoded and masked by Ray tasks on CPU workers and handed to the actors, with at
+most two batches in flight per actor, so memory stays flat whatever the number of images. Each
+finished batch is saved as a part at once, so a killed run keeps it. A backend must give one answer
+per stimulus: a batch answered with another count is an error row per job, saying so."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pyarrow as pa
+
+from vlm_decade.core.config import ModelConfig, StudyBase
+from vlm_decade.core.dispatch import pool_map
+from vlm_decade.core.runner import StudyRun
+from vlm_decade.models.api.gateway import failed_answer
+from vlm_decade.models.backends import Backend, Description, Stimulus, backend_class
+from vlm_decade.stages.describe.plan import Job, Plan, jobs_from, load_stimuli
+from vlm_decade.stages.describe.rows import RESPONSES_SCHEMA, failed_batch, one_for_one, response_row
+
+IN_FLIGHT_PER_ACTOR = 2
+PART_ROWS, PART_S = 4096, 10.0  # save a local model's rows as a part this often
+
+
+def _local_answer(description: Description, latency_s: float) -> dict:
+    return {"text": description.text, "status": description.status, "error": description.error, "latency_s": latency_s,
+            "queued_s": None, "input_tokens": None, "output_tokens": None, "cost_usd": 0.0, "paid_usd": 0.0, "cached": False,
+            "mode": None, "model_version": description.model_version}
+
+
+def describe_batch(backend: Backend, jobs: list[Job], stimuli: list[Stimulus | str]) -> list[dict]:
+    """One row per job: the backend's answer for each stimulus that loaded, an error row for each
+    that did not. A batch that raises, or is answered with a count other than its stimuli's, is an
+    error row for each of its stimuli."""
+    ready = [s for s in stimuli if isinstance(s, Stimulus)]
+    start = time.perf_counter()
+    try:
+        answers = one_for_one(ready, list(backend.describe(ready)), f"model {jobs[0].subject}") if ready else []
+    except Exception as exc:  # noqa: BLE001 - a batch that fails is recorded, not fatal
+        answers = [Description("", "error", f"{type(exc).__name__}: {exc}")] * len(ready)
+    latency = (time.perf_counter() - start) / max(len(ready), 1)
+    answer = iter(answers)
+    return [
+        response_row(job, _local_answer(next(answer), latency) if isinstance(stim, Stimulus) else failed_answer("error", stim))
+        for job, stim in zip(jobs, stimuli)
+    ]
+
+
+class DescribeActor:
+    """Holds one model for the life of the actor; describes batches of decoded stimuli."""
+
+    def __init__(self, model: ModelConfig):
+        self.backend = backend_class(model.backend)(model)
+
+    def describe(self, jobs: list[Job], stimuli: list[Stimulus | str] | None) -> list[dict]:
+        """`stimuli` None: the backend needs no images (it is given empty ones)."""
+        if stimuli is None:
+            stimuli = [Stimulus(j.image_id, j.variant, np.empty(0, np.uint8), j.prompt, j.classes) for j in jobs]
+        return describe_batch(self.backend, jobs, stimuli)
+
+
+def describe_local(study: StudyBase, model: ModelConfig, jobs: pa.Table, plan: Plan, run: StudyRun, advance) -> None:
+    """A local model in its actors; images decoded and masked by loader tasks (none for backends
+    that need no images, such as imported files, which read their own file in the actor). The
+    caller has checked that the actors fit (`plan.check_actor_fit`)."""
+    ray, rt = run.ray(), study.runtime
+    needs_images = backend_class(model.backend).needs_images
+    actor_cls = ray.remote(DescribeActor).options(num_cpus=rt.cpus_per_actor, num_gpus=rt.gpus_per_actor)
+    # Loaders reserve no CPU: the actors may hold every CPU there is, and the in-flight cap
+    # already bounds how many loads run at once (two per actor).
+    loader = ray.remote(load_stimuli).options(num_cpus=0)
+    work = (jobs_from(jobs.slice(i, model.batch_size), plan) for i in range(0, jobs.num_rows, model.batch_size))
+    call = lambda actor, batch: actor.describe.remote(batch, loader.remote(batch) if needs_images else None)  # noqa: E731
+    with run.folder.parts("responses", RESPONSES_SCHEMA, PART_ROWS, PART_S) as parts:
+        for done in pool_map(ray, lambda: actor_cls.remote(model), rt.actors_per_model, work, call, in_flight_per_actor=IN_FLIGHT_PER_ACTOR,
+                             max_lost=rt.max_restarts, stall_timeout_s=rt.stall_timeout_s, what=f"describe ({model.name})",
+                             needs={"CPU": rt.cpus_per_actor, "GPU": rt.gpus_per_actor}):
+            # a batch that failed (or whose actors kept dying) is recorded per row, tried again next run
+            parts.add(done.value if done.error is None else failed_batch(done.work, done.error))
+            advance(len(done.work))

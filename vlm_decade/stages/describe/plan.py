@@ -1,0 +1,200 @@
+"""What the describe stage is asked to do, checked before any work: the study's `Plan` (each model's
+prompts, the masked variants, the class lists of closed-world baselines), the checks of its models,
+every response to produce as a table of jobs with its cache key, and each job's stimulus as a local
+model sees it (decoded and masked) or as an API model is sent it (PNG bytes)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+
+import pyarrow as pa
+
+from vlm_decade.core.config import ModelConfig, StudyBase
+from vlm_decade.core.errors import InputError, Problem
+from vlm_decade.imaging.masks import MaskSpec
+from vlm_decade.models.backends import Stimulus, api_provider, backend_class
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a study asks of its models: each model's (prompt id, prompt) pairs, the masked variants
+    a model with `variants: all` also describes, and each dataset's class names (given to
+    closed-world backends only)."""
+
+    prompts: dict[str, tuple[tuple[str, str], ...]]
+    masks: tuple[MaskSpec, ...] = ()
+    classnames: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    closed: dict[str, bool] = field(default_factory=dict)  # model -> closed-world (given the class names)
+
+    def variants(self, model: ModelConfig) -> list[str]:
+        return ["full"] + ([s.mask_id for s in self.masks] if model.variants == "all" else [])
+
+
+@dataclass(frozen=True)
+class Job:
+    """One response to produce."""
+
+    subject: str
+    image_id: str
+    variant: str
+    prompt_id: str
+    prompt: str
+    path: str
+    mask: MaskSpec | None
+    cache_key: str
+    classes: tuple[str, ...] = ()  # the dataset's class names, for closed-world backends only
+    background: str | None = None  # what a transparent image is composited onto; None: it is opaque
+
+
+# checks -----------------------------------------------------------------------------------------
+def check_models(study: StudyBase, image_ids: set[str] | None, variants: list[str]) -> list[Problem]:
+    """Each model's backend and what its `check` finds before any work (weights, files, keys), and a
+    price for every API model. Checks that need the images wait until the data could be read
+    (`image_ids` None: it could not)."""
+    problems = []
+    for i, model in enumerate(study.models):
+        try:
+            cls = backend_class(model.backend)
+        except KeyError as exc:
+            problems.append(Problem("study file", exc.args[0], field=f"models.{i}.backend"))
+            continue
+        if image_ids is not None or not cls.needs_images:
+            problems += cls.check(model, image_ids or set(), variants)
+        provider = api_provider(model.backend)
+        if model.mode is not None and not provider:
+            problems.append(Problem("study file", f"`mode` is for API models; {model.backend} runs here", field=f"models.{i}.mode"))
+        if provider and getattr(study.providers, provider).price(provider, model.model_id) is None:
+            problems.append(Problem("study file", f"no price for {provider} model '{model.model_id}'; add one under "
+                                    f"providers.{provider}.prices", field=f"models.{i}.model_id"))
+    return problems
+
+
+def api_budgets(study: StudyBase) -> dict[str, float | None]:
+    """Budgets of the providers a study's models use: part of the stage's settings, so a run with a
+    higher budget takes up the rows an earlier budget skipped."""
+    used = {p for m in study.models if (p := api_provider(m.backend))}
+    return {p: getattr(study.providers, p).budget_usd for p in sorted(used)}
+
+
+def model_fingerprint(model: ModelConfig) -> dict:
+    return backend_class(model.backend).fingerprint(model)
+
+
+def check_actor_fit(study: StudyBase, ray) -> None:
+    """On a local Ray, actors that ask for more than the machine has would wait forever in silence."""
+    if study.runtime.address:
+        return  # a cluster may autoscale to fit
+    rt, have = study.runtime, ray.cluster_resources()
+    for resource, each in (("CPU", rt.cpus_per_actor), ("GPU", rt.gpus_per_actor)):
+        need = each * rt.actors_per_model
+        if need > have.get(resource, 0):
+            raise InputError(
+                [
+                    Problem(
+                        "study file",
+                        f"{rt.actors_per_model} actors x {each:g} {resource} = {need:g} {resource}, but this Ray has "
+                        f"{have.get(resource, 0):g}; lower actors_per_model or {resource.lower()}s_per_actor",
+                        field=f"runtime.{resource.lower()}s_per_actor",
+                    )
+                ]
+            )
+
+
+# jobs -------------------------------------------------------------------------------------------
+JOB_COLUMNS = (*("subject", "image_id", "variant", "prompt_id"), "dataset", "path", "background", "cache_key")
+
+
+def plan_jobs(study: StudyBase, plan: Plan, images: pa.Table) -> pa.Table:
+    """Every response to produce, as a table (one row per job, in plan order: model, prompt, image,
+    variant) with its cache key, so a study of any size holds no Python object per job;
+    `jobs_from` turns a slice of it into `Job`s."""
+    specs = {s.mask_id: s for s in plan.masks}
+    rows = images.select(["image_id", "dataset", "path", "sha256"])
+    ids, datasets, paths, shas = (rows.column(c).to_pylist() for c in ("image_id", "dataset", "path", "sha256"))
+    # an images table written before transparency was recorded has every image opaque
+    backgrounds = images.column("background").to_pylist() if "background" in images.column_names else [None] * len(ids)
+    chunks = []
+    for model in study.models:
+        settings = model_fingerprint(model)
+        closed = plan.closed.get(model.name, False)
+        variants = plan.variants(model)
+        for prompt_id, prompt in plan.prompts[model.name]:
+            keys = []
+            for dataset, sha, background in zip(datasets, shas, backgrounds):
+                classes = list(plan.classnames.get(dataset, ())) if closed else None
+                for variant in variants:
+                    mask = specs.get(variant)
+                    payload = {"model": settings, "prompt": prompt, "image": sha, "mask": asdict(mask) if mask else None}
+                    if closed:
+                        payload["classes"] = classes
+                    if background is not None:  # an opaque image's key is what it always was
+                        payload["background"] = background
+                    keys.append(hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest())
+            n = len(variants)
+            chunks.append(pa.table({
+                "subject": pa.array([model.name] * (len(ids) * n), pa.string()),
+                "image_id": pa.array([i for i in ids for _ in variants], pa.string()),
+                "variant": pa.array(variants * len(ids), pa.string()),
+                "prompt_id": pa.array([prompt_id] * (len(ids) * n), pa.string()),
+                "dataset": pa.array([d for d in datasets for _ in variants], pa.string()),
+                "path": pa.array([p for p in paths for _ in variants], pa.string()),
+                "background": pa.array([b for b in backgrounds for _ in variants], pa.string()),
+                "cache_key": pa.array(keys, pa.string()),
+            }))
+    if not chunks:
+        return pa.table({c: pa.array([], pa.string()) for c in JOB_COLUMNS})
+    return pa.concat_tables(chunks).combine_chunks()
+
+
+def jobs_from(table: pa.Table, plan: Plan) -> list[Job]:
+    """The `Job`s of some rows of `plan_jobs`' table."""
+    specs = {s.mask_id: s for s in plan.masks}
+    prompts = {(subject, pid): text for subject, pairs in plan.prompts.items() for pid, text in pairs}
+    return [
+        Job(r["subject"], r["image_id"], r["variant"], r["prompt_id"], prompts[(r["subject"], r["prompt_id"])], r["path"],
+            specs.get(r["variant"]), r["cache_key"], tuple(plan.classnames.get(r["dataset"], ())) if plan.closed.get(r["subject"]) else (),
+            r.get("background"))
+        for r in table.to_pylist()
+    ]
+
+
+# stimuli ----------------------------------------------------------------------------------------
+def load_stimuli(jobs: list[Job]) -> list[Stimulus | str]:
+    """Decode and mask images; a file that fails here becomes an error string for its row only."""
+    from vlm_decade.imaging.decode import WHITE, load_rgb
+    from vlm_decade.imaging.masks import apply_mask
+
+    out: list[Stimulus | str] = []
+    for job in jobs:
+        try:
+            rgb, _ = load_rgb(job.path, job.background or WHITE)
+            image = apply_mask(rgb, job.mask) if job.mask else rgb
+            out.append(Stimulus(job.image_id, job.variant, image, job.prompt, job.classes))
+        except Exception as exc:  # noqa: BLE001 - recorded per row; the run goes on
+            out.append(f"could not read image {job.path}: {exc}")
+    return out
+
+
+def load_png(jobs: list[Job]) -> list[bytes | str]:
+    """Each job's stimulus as the PNG bytes an API model is sent, or an error string for its row.
+    Jobs that share an image and variant (probe questions) share one encoding."""
+    import io
+
+    from PIL import Image
+
+    encoded: dict[tuple, bytes | str] = {}
+    out: list[bytes | str] = []
+    for job in jobs:
+        key = (job.path, job.mask)
+        if key not in encoded:
+            (stim,) = load_stimuli([job])
+            if isinstance(stim, str):
+                encoded[key] = stim
+            else:
+                buf = io.BytesIO()
+                Image.fromarray(stim.image).save(buf, format="PNG")
+                encoded[key] = buf.getvalue()
+        out.append(encoded[key])
+    return out

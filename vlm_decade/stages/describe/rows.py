@@ -1,0 +1,122 @@
+"""The `responses` table's rows: its schema, a row made from a job and its answer (answers checked one
+for one against their jobs), and the rows kept so far: what a stage still running, stopped or killed
+left in its parts, read by the stage to resume and by `vlm-decade status` to count."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from vlm_decade.core.columns import first_per_key
+from vlm_decade.core.runfolder import RunFolder
+from vlm_decade.models.api.gateway import failed_answer
+from vlm_decade.stages.describe.plan import Job
+
+RESPONSES_SCHEMA = pa.schema(
+    [
+        ("subject", pa.string()),
+        ("image_id", pa.string()),
+        ("variant", pa.string()),
+        ("prompt_id", pa.string()),
+        ("text", pa.string()),
+        ("status", pa.string()),
+        ("error", pa.string()),
+        ("latency_s", pa.float64()),  # the provider's (or the local model's) time to answer
+        ("queued_s", pa.float64()),  # API rows: time waiting for limits, slots and earlier attempts
+        ("input_tokens", pa.int64()),
+        ("output_tokens", pa.int64()),
+        ("cost_usd", pa.float64()),  # what the answer cost when it was bought (cached rows too)
+        ("paid_usd", pa.float64()),  # what the run that wrote the row paid for it (0 from the cache)
+        ("cached", pa.bool_()),  # the answer came from the API cache
+        ("mode", pa.string()),  # API rows: how the answer was bought, sync or batch
+        ("model_version", pa.string()),
+        ("cache_key", pa.string()),
+    ]
+)
+RESPONSE_KEY = ("subject", "image_id", "variant", "prompt_id")
+ANSWER_FIELDS = ("text", "status", "error", "latency_s", "queued_s", "input_tokens", "output_tokens", "cost_usd", "paid_usd",
+                 "cached", "mode", "model_version")
+
+
+class AnswerCountError(RuntimeError):
+    """A backend or gateway call gave more or fewer answers than it was given jobs."""
+
+
+def one_for_one(jobs: Sequence, answers: list, who: str) -> list:
+    """`answers`, checked to hold one answer per job: matched by place, a short or long list would
+    drop rows or give rows another job's answer, so it is refused whole."""
+    if len(answers) != len(jobs):
+        raise AnswerCountError(f"{who} gave {len(answers)} answers for a batch of {len(jobs)}; none of them is kept, "
+                               "and the next run tries the batch again")
+    return answers
+
+
+def response_row(job: Job, answer: dict) -> dict:
+    """A `responses` row: the job's key and cache key, and the answer's fields."""
+    return {"subject": job.subject, "image_id": job.image_id, "variant": job.variant, "prompt_id": job.prompt_id,
+            **{k: answer[k] for k in ANSWER_FIELDS}, "cache_key": job.cache_key}
+
+
+def failed_batch(batch: list[Job], exc: BaseException) -> list[dict]:
+    """Every job of a batch that failed as a whole, as an error row (tried again by the next run)."""
+    first_line = str(exc).splitlines()[0] if str(exc) else ""
+    return [response_row(job, failed_answer("error", f"{type(exc).__name__}: {first_line}")) for job in batch]
+
+
+# the rows kept so far ---------------------------------------------------------------------------
+def _composite(table: pa.Table, *extra: str) -> pa.ChunkedArray:
+    """One string per row from its key columns (and `extra` columns), for set lookups."""
+    return pc.binary_join_element_wise(*(table.column(c) for c in (*RESPONSE_KEY, *extra)), "\x1f")
+
+
+def conform(table: pa.Table, schema: pa.Schema = RESPONSES_SCHEMA) -> pa.Table:
+    """`table` in `schema`: a table written before a column existed gets it as nulls."""
+    columns = [table.column(f.name).cast(f.type) if f.name in table.column_names else pa.nulls(table.num_rows, f.type) for f in schema]
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def collect_rows(folder: RunFolder, jobs: pa.Table) -> pa.Table:
+    """For each current job, its best row so far from the previous table and the parts a crash or
+    this run left (the first ok row; else the latest attempt), sorted by key; rows of other settings
+    (another cache key) are dropped. Columnar, and the rows are copied once: the choice is made on
+    row numbers."""
+    old = folder.previous("responses")
+    sources = [RESPONSES_SCHEMA.empty_table() if old is None else conform(old), folder.read_parts("responses", RESPONSES_SCHEMA)]
+    rows = pa.concat_tables(sources)
+    current = pc.is_in(_composite(rows, "cache_key"), value_set=_composite(jobs, "cache_key").combine_chunks())
+    at = pa.array(np.flatnonzero(current.to_numpy(zero_copy_only=False)), pa.int64())
+    ok = pc.equal(rows.column("status").take(at), "ok")
+    keys = pa.table({**{c: rows.column(c).take(at) for c in RESPONSE_KEY}, "_ok": ok,
+                     "_rank": pc.if_else(ok, at, pc.negate(at))})  # the first ok row, else the latest
+    order = pc.sort_indices(keys, sort_keys=[*((c, "ascending") for c in RESPONSE_KEY), ("_ok", "descending"), ("_rank", "ascending")])
+    ranked = keys.select(list(RESPONSE_KEY)).take(order)
+    ranked = ranked.append_column("_key", _composite(ranked)).append_column("_row", at.take(order))
+    best = first_per_key(ranked, "_key").column("_row")
+    return rows.take(best).cast(RESPONSES_SCHEMA)
+
+
+def todo_jobs(folder: RunFolder, jobs: pa.Table) -> tuple[pa.Table, int]:
+    """The jobs without an ok row so far (still in plan order), and how many have one."""
+    done = collect_rows(folder, jobs)
+    done_keys = _composite(done.filter(pc.equal(done.column("status"), "ok"))).combine_chunks()
+    return jobs.filter(pc.invert(pc.is_in(_composite(jobs), value_set=done_keys))), len(done_keys)
+
+
+def response_states(folder: RunFolder) -> dict[str, Counter]:
+    """Per subject, its responses by status so far (the table, and the parts of a stage still
+    running or stopped), the best row of each response counted once (ok wins, else the latest)."""
+    old = conform(folder.read("responses")) if folder.has("responses") else RESPONSES_SCHEMA.empty_table()
+    rows = pa.concat_tables([old, folder.read_parts("responses", RESPONSES_SCHEMA)]).select([*RESPONSE_KEY, "status"])
+    ok = pc.equal(rows.column("status"), "ok")
+    order = pa.array(np.arange(rows.num_rows), pa.int64())
+    rows = rows.append_column("_ok", ok).append_column("_rank", pc.negate(order))
+    rows = rows.sort_by([*((c, "ascending") for c in RESPONSE_KEY), ("_ok", "descending"), ("_rank", "ascending")])
+    best = first_per_key(rows.append_column("_key", _composite(rows)), "_key")
+    out: dict[str, Counter] = defaultdict(Counter)
+    for r in best.group_by(["subject", "status"]).aggregate([("status", "count")]).to_pylist():
+        out[r["subject"]][r["status"]] = r["status_count"]
+    return out
