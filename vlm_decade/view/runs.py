@@ -64,8 +64,7 @@ class RunView:
         with self._lock:
             cursor = self.connection.cursor()
         try:
-            # The parser takes no parameters; these queries hold `?` only as parameters, never in text.
-            self.checks.require(cursor.get_table_names(sql.replace("?", "NULL")))
+            self.checks.require_for(sql)
             result = cursor.execute(sql, list(params))
             names = [d[0] for d in result.description]
             return [dict(zip(names, row)) for row in result.fetchall()]

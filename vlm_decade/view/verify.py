@@ -20,6 +20,8 @@ import stat
 import threading
 from pathlib import Path
 
+import duckdb
+
 from vlm_decade.core import storage
 from vlm_decade.core.runfolder import RunFolder, atomic_write_bytes
 
@@ -52,22 +54,33 @@ class TableCheck:
         self.folder = folder
         self._known: dict[str, tuple[tuple, str | None]] = {}  # table -> (state of table and manifest, problem)
         self._lock = threading.Lock()
+        # Queries are parsed on a connection that has no tables: where the names are views, DuckDB
+        # reports the files behind them rather than the names.
+        self._parser = duckdb.connect(":memory:", config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
 
     def problem(self, name: str) -> str | None:
         """None when table `name` hashes as the manifest records; else what is wrong."""
-        state = (_state(self.folder.table_path(name)), _state(self.folder.manifest_path))
+        # One check at a time: requests that arrive while a large table is hashed wait for its answer
+        # instead of hashing it again.
         with self._lock:
+            state = (_state(self.folder.table_path(name)), _state(self.folder.manifest_path))
             known = self._known.get(name)
-        if known is not None and known[0] == state:
-            return known[1]
-        try:
-            record = self.folder.manifest().get("files", {}).get(name)
-            problem = self.folder.verified(name, record if isinstance(record, dict) else None)
-        except (ValueError, OSError, KeyError, TypeError, AttributeError) as exc:
-            problem = f"{self.folder.manifest_path.name} cannot be read for {name}'s record ({exc})"
-        with self._lock:
+            if known is not None and known[0] == state:
+                return known[1]
+            try:
+                record = self.folder.manifest().get("files", {}).get(name)
+                problem = self.folder.verified(name, record if isinstance(record, dict) else None)
+            except (ValueError, OSError, KeyError, TypeError, AttributeError) as exc:
+                problem = f"{self.folder.manifest_path.name} cannot be read for {name}'s record ({exc})"
             self._known[name] = (state, problem)
-        return problem
+            return problem
+
+    def require_for(self, sql: str) -> None:
+        """Raise Unverified when a table that query `sql` reads does not verify."""
+        # The parser takes no parameters; the view's queries hold `?` only as parameters, never in text.
+        with self._lock:
+            names = self._parser.get_table_names(sql.replace("?", "NULL"))
+        self.require(names)
 
     def require(self, names) -> None:
         """Raise Unverified for the first of `names` that does not verify."""
