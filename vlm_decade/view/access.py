@@ -80,7 +80,7 @@ class Access:
         if host not in self.hosts:
             return PlainTextResponse(f"400: this viewer does not answer for the host '{host[:100]}' (start it with "
                                      f"--allow-host NAME to add a name)", status_code=400)
-        if CONTROL.search(request.url.path) or any(CONTROL.search(k) or CONTROL.search(v) for k, v in request.query_params.multi_items()):
+        if CONTROL.search(request.scope["path"]) or any(CONTROL.search(k) or CONTROL.search(v) for k, v in request.query_params.multi_items()):
             return PlainTextResponse("400: the request holds a control character", status_code=400)
         if self.token is None or self._same(request.cookies.get(self.cookie)):
             return None
