@@ -294,7 +294,8 @@ def view(
     bound_host, bound_port = sock.getsockname()[:2]
     access = Access.bound(bound_host, bound_port, allow_host)
     # The one line on stdout: the address (tests read the port from it).
-    print(f"vlm-decade view: {access.url(bound_host, bound_port)} ({run_view.kind} run {run_view.root}); Ctrl-C to stop", flush=True)
+    address = access.url(bound_host, bound_port)
+    print(f"vlm-decade view: {address} ({run_view.kind} run {run_view.root}); Ctrl-C to stop", flush=True)
     try:
         serve(run_view, sock, access)
     except KeyboardInterrupt:

@@ -77,7 +77,8 @@ def images_rows(root: Path, images: dict) -> list[dict]:
     for image_id, (dataset, colour) in images.items():
         path = folder / f"{image_id}.png"
         Image.new("RGB", (64, 48), colour).save(path)
-        rows.append({"image_id": image_id, "dataset": dataset, "path": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        rows.append({"image_id": image_id, "dataset": dataset, "path": str(path), "sha256": digest,
                      "width": 64, "height": 48})
     return rows
 

@@ -19,18 +19,22 @@ import ipaddress
 import re
 import secrets
 from dataclasses import dataclass
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
-from starlette.datastructures import URL
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-PAGE_POLICY = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; form-action 'self'; "
-               "base-uri 'none'; frame-ancestors 'none'")
+PAGE_POLICY = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; form-action 'self'; "
+    "base-uri 'none'; frame-ancestors 'none'"
+)
 # The run folder's files are the report and its figures: inline styles and embedded pictures, no script.
-RUN_FILE_POLICY = "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+RUN_FILE_POLICY = (
+    "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; base-uri 'none'; form-action 'none'; "
+    "frame-ancestors 'none'"
+)
 HEADERS = ((b"x-content-type-options", b"nosniff"), (b"referrer-policy", b"no-referrer"), (b"x-frame-options", b"DENY"))
 
 
@@ -47,7 +51,7 @@ def host_name(header: str) -> str:
     """The name in a Host header, without the port and brackets, lower case."""
     header = header.strip().lower()
     if header.startswith("["):
-        return header[1:header.find("]")] if "]" in header else ""
+        return header[1 : header.find("]")] if "]" in header else ""
     return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
 
 
@@ -62,7 +66,9 @@ class Access:
     @classmethod
     def bound(cls, host: str, port: int, allow: tuple[str, ...] | list[str] = (), token: str | None = None) -> "Access":
         """For a viewer bound to `host`:`port` (port in the cookie's name: cookies do not tell ports apart)."""
-        hosts = frozenset({*LOOPBACK_NAMES, host_name(host) or host.lower(), *(host_name(a) for a in allow if a.strip())})
+        hosts = frozenset(
+            {*LOOPBACK_NAMES, host_name(host) or host.lower(), *(host_name(a) for a in allow if a.strip())}
+        )
         needed = not is_loopback(host)
         return cls(hosts, (token or secrets.token_urlsafe(24)) if needed else None, f"vlm_decade_view_{port}")
 
@@ -78,20 +84,26 @@ class Access:
         """The answer to a request that may not pass, or None."""
         host = host_name(request.headers.get("host", ""))
         if host not in self.hosts:
-            return PlainTextResponse(f"400: this viewer does not answer for the host '{host[:100]}' (start it with "
-                                     f"--allow-host NAME to add a name)", status_code=400)
-        if CONTROL.search(request.scope["path"]) or any(CONTROL.search(k) or CONTROL.search(v) for k, v in request.query_params.multi_items()):
+            return PlainTextResponse(
+                f"400: this viewer does not answer for the host '{host[:100]}' (start it with "
+                f"--allow-host NAME to add a name)",
+                status_code=400,
+            )
+        if CONTROL.search(request.scope["path"]) or any(
+            CONTROL.search(k) or CONTROL.search(v) for k, v in request.query_params.multi_items()
+        ):
             return PlainTextResponse("400: the request holds a control character", status_code=400)
         if self.token is None or self._same(request.cookies.get(self.cookie)):
             return None
         if self._same(request.query_params.get("token")):
-            rest = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
-            target = URL(path=request.url.path, query=urlencode(rest))
-            answer = RedirectResponse(str(target), status_code=303)
+            rest = urlencode([(k, v) for k, v in request.query_params.multi_items() if k != "token"])
+            answer = RedirectResponse(quote(request.scope["path"]) + (f"?{rest}" if rest else ""), status_code=303)
             answer.set_cookie(self.cookie, self.token, httponly=True, samesite="strict")
             return answer
-        return PlainTextResponse("403: this viewer needs the token in the address it printed when it started "
-                                 "(http://HOST:PORT/?token=...)", status_code=403)
+        return PlainTextResponse(
+            "403: this viewer needs the token in the address it printed when it started (http://HOST:PORT/?token=...)",
+            status_code=403,
+        )
 
 
 class Guard:
@@ -108,7 +120,10 @@ class Guard:
 
         async def send_with_headers(message):
             if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", []), *HEADERS, (b"content-security-policy", policy)]}
+                message = {
+                    **message,
+                    "headers": [*message.get("headers", []), *HEADERS, (b"content-security-policy", policy)],
+                }
             await send(message)
 
         refusal = self.access.refusal(Request(scope))

@@ -78,7 +78,8 @@ def create_app(view: RunView, access: Access | None = None) -> Starlette:
         metrics = decade.metrics(view)
         q = decade.GalleryQuery.parse(request.query_params, metrics, view.models)
         return page(request, "decade_gallery.html", {
-            "q": q, "result": decade.gallery(view, q), "models": view.models, "metrics": metrics, "datasets": datasets(view),
+            "q": q, "result": decade.gallery(view, q), "models": view.models, "metrics": metrics,
+            "datasets": datasets(view),
             "error_types": decade.ERROR_TYPES,
         })
 
@@ -160,6 +161,8 @@ def create_app(view: RunView, access: Access | None = None) -> Starlette:
         Route("/picture/{kind}/{image_id:path}", picture),
         Route("/heatmap/{image_id:path}", heatmap),
         Route("/run/{path:path}", run_file),
+        # Browsers ask for it on every page, the report's too; an answer keeps their consoles clean.
+        Route("/favicon.ico", lambda request: FileResponse(HERE / "static" / "favicon.svg", media_type=SVG)),
         Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
     ]
     handlers = {HTTPException: problem, BadRequest: bad_request, Unverified: unverified, duckdb.Error: table_error}

@@ -114,7 +114,9 @@ def variant(view: RunView, image: dict, variant_id: str) -> bytes:
     spec = specs.get(variant_id)
     # The mask's geometry is part of the name (hashed: a mask id is the study's text, not a file
     # name), so a study whose masks change gets new pictures.
-    tag = "full" if spec is None else hashlib.sha256(repr((variant_id, spec.box, spec.feather)).encode()).hexdigest()[:16]
+    tag = "full"
+    if spec is not None:
+        tag = hashlib.sha256(repr((variant_id, spec.box, spec.feather)).encode()).hexdigest()[:16]
 
     def make() -> bytes:
         im = _decoded(image)

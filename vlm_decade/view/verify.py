@@ -56,7 +56,9 @@ class TableCheck:
         self._lock = threading.Lock()
         # Queries are parsed on a connection that has no tables: where the names are views, DuckDB
         # reports the files behind them rather than the names.
-        self._parser = duckdb.connect(":memory:", config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
+        self._parser = duckdb.connect(
+            ":memory:", config={"autoinstall_known_extensions": False, "autoload_known_extensions": False}
+        )
 
     def problem(self, name: str) -> str | None:
         """None when table `name` hashes as the manifest records; else what is wrong."""

@@ -4,7 +4,8 @@ document.addEventListener("DOMContentLoaded", () => {
   // pages' Content-Security-Policy allows no inline style attributes.
   document.querySelectorAll(".box[data-box]").forEach((box) => {
     const [x0, y0, x1, y1] = box.dataset.box.split(" ").map(Number);
-    Object.assign(box.style, {left: `${100 * x0}%`, top: `${100 * y0}%`, width: `${100 * (x1 - x0)}%`, height: `${100 * (y1 - y0)}%`});
+    Object.assign(box.style,
+      {left: `${100 * x0}%`, top: `${100 * y0}%`, width: `${100 * (x1 - x0)}%`, height: `${100 * (y1 - y0)}%`});
   });
   const form = document.getElementById("filters");
   if (form) {
