@@ -28,6 +28,7 @@ from vlm_decade.core.runfolder import RunFolder, atomic_write_bytes
 CACHE = ".view"  # thumbnails, variants and heat maps made on demand, inside the run folder
 CACHE_FOLDERS = ("thumbs", "variants", "heatmaps")
 SHA256 = re.compile(r"[0-9a-f]{64}")
+PARSED_QUERIES = 1024  # the queries whose tables are remembered (a page's differ only in its ids and offset)
 CACHE_NAME = re.compile(r"[0-9a-f]{64}-[0-9a-z]{1,32}\.(jpg|png)")
 
 
@@ -56,6 +57,7 @@ class TableCheck:
         self._lock = threading.Lock()
         # Queries are parsed on a connection that has no tables: where the names are views, DuckDB
         # reports the files behind them rather than the names.
+        self._parsed: dict[str, frozenset[str]] = {}  # query -> the tables it reads
         self._parser = duckdb.connect(
             ":memory:", config={"autoinstall_known_extensions": False, "autoload_known_extensions": False}
         )
@@ -79,9 +81,13 @@ class TableCheck:
 
     def require_for(self, sql: str) -> None:
         """Raise Unverified when a table that query `sql` reads does not verify."""
-        # The parser takes no parameters; the view's queries hold `?` only as parameters, never in text.
         with self._lock:
-            names = self._parser.get_table_names(sql.replace("?", "NULL"))
+            names = self._parsed.get(sql)
+            if names is None:
+                if len(self._parsed) >= PARSED_QUERIES:
+                    self._parsed.clear()
+                # The parser takes no parameters; the view's queries hold `?` only as parameters, never in text.
+                names = self._parsed[sql] = frozenset(self._parser.get_table_names(sql.replace("?", "NULL")))
         self.require(names)
 
     def require(self, names) -> None:
