@@ -245,8 +245,10 @@ def view(
     run_dir: str = typer.Argument(..., help=RUN_DIR_HELP),
     port: int = typer.Option(8765, "--port", help="Port to listen on (0: any free port).", min=0, max=65535),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on; only this machine by default."),
+    allow_host: list[str] = typer.Option([], "--allow-host", help="Another name the viewer answers for (repeatable)."),
 ) -> None:
     """Look at a run's images and results in the browser: a local web app over its tables."""
+    from vlm_decade.view.access import Access
     from vlm_decade.view.app import bind, serve
     from vlm_decade.view.runs import open_run
 
@@ -256,11 +258,12 @@ def view(
     except OSError as exc:
         _fail(InputError([Problem("command line", f"cannot listen on {host}:{port}: {exc.strerror or exc}", field="--port")]))
     bound_host, bound_port = sock.getsockname()[:2]
-    shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+    access = Access.bound(bound_host, bound_port, allow_host)
     # The one line on stdout: the address (tests read the port from it).
-    print(f"vlm-decade view: http://{shown}:{bound_port}/ ({run_view.kind} run {run_view.root}); Ctrl-C to stop", flush=True)
+    address = access.url(bound_host, bound_port)
+    print(f"vlm-decade view: {address} ({run_view.kind} run {run_view.root}); Ctrl-C to stop", flush=True)
     try:
-        serve(run_view, sock)
+        serve(run_view, sock, access)
     except KeyboardInterrupt:
         pass
 

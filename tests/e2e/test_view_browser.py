@@ -1,5 +1,6 @@
-"""`vlm-decade view` on the demo's run folders, driven in a real headless Chromium: the gallery and
-its filters, an image page (the image, its variants, the descriptions, the error evidence), a model
+"""`vlm-decade view` on the demo's run folders, driven in a real headless Chromium: every page of
+both studies with every picture loaded, no answer 5xx and no console error; the gallery and its
+filters, an image page (the image, its variants, the descriptions, the error evidence), a model
 page against stats.parquet, Study B's gallery by outcome, and requests for paths outside the run.
 A screenshot of each page is saved under the demo run's temporary folder.
 
@@ -14,14 +15,18 @@ import re
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
+from urllib.parse import quote
 
-import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
+from ..unit.view_runs import write
 from .conftest import BIN, cli_env, vlm_decade
 
 pytestmark = pytest.mark.e2e
@@ -36,13 +41,17 @@ class Server:
     """`vlm-decade view RUN --port 0` in a subprocess; `url` from the line it prints."""
 
     def __init__(self, run: Path):
+        # stderr to a file, not a pipe: a server whose tracebacks filled an unread pipe would hang.
+        self.log = tempfile.TemporaryFile("w+")
         self.process = subprocess.Popen([str(BIN / "vlm-decade"), "view", str(run), "--port", "0"], stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, text=True, env=cli_env())
+                                        stderr=self.log, text=True, env=cli_env())
         line = self.process.stdout.readline()
         found = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
         if not found:
             self.process.kill()
-            raise AssertionError(f"no address printed: {line!r} {self.process.stderr.read()[-3000:]}")
+            self.process.wait()
+            self.log.seek(0)
+            raise AssertionError(f"no address printed: {line!r} {self.log.read()[-3000:]}")
         self.port = int(found.group(1))
         self.url = f"http://127.0.0.1:{self.port}"
 
@@ -53,7 +62,7 @@ class Server:
         except subprocess.TimeoutExpired:
             self.process.kill()
         self.process.stdout.close()
-        self.process.stderr.close()
+        self.log.close()
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +100,7 @@ def browser(tmp_path_factory):
     for flag in CHROMIUM_FLAGS:
         options.add_argument(flag)
     options.add_argument(f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}")
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # the console, read by page_problems
     # The driver is named, so Selenium Manager (which would download one) never runs.
     driver = webdriver.Chrome(options=options, service=Service(executable_path=driver_path))
     driver.set_page_load_timeout(WAIT_S)
@@ -144,6 +154,62 @@ def images_loaded(driver, selector: str) -> bool:
     return driver.execute_script(
         "const xs = [...document.querySelectorAll(arguments[0])]; return xs.length > 0 && xs.every(i => i.complete && i.naturalWidth > 0);",
         selector)
+
+
+def status_of(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=WAIT_S) as answer:
+            return answer.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def page_problems(driver, url: str) -> list[str]:
+    """Load `url` and say what went wrong: a picture that did not load (or came as the placeholder
+    for a missing image), an answer 5xx (the page's or any of its requests'), a console error."""
+    driver.get_log("browser")  # what earlier pages left
+    driver.get(url)
+    wait_for(driver, lambda d: d.execute_script("return document.readyState") == "complete", f"{url} to load")
+    # Lazy pictures load as they come into view: scroll through the page a window at a time.
+    height = driver.execute_script("return document.documentElement.scrollHeight")
+    for y in range(0, height + 1, 600):
+        driver.execute_script("window.scrollTo(0, arguments[0])", y)
+    done = "return [...document.images].every(i => i.complete)"
+    wait_for(driver, lambda d: d.execute_script(done), f"the pictures of {url}")
+    problems = [f"picture not loaded: {src}" for src in driver.execute_script(
+        "return [...document.images].filter(i => !(i.naturalWidth > 0)).map(i => i.src)")]
+    sources = driver.execute_script("return [...document.images].map(i => i.src).filter(s => s.startsWith('http'))")
+    for src in sorted(set(sources)):
+        try:
+            with urllib.request.urlopen(src, timeout=WAIT_S) as answer:
+                if answer.headers.get_content_type() == "image/svg+xml":
+                    problems.append(f"placeholder instead of the picture: {src}")
+        except urllib.error.HTTPError as exc:
+            problems.append(f"picture answered {exc.code}: {src}")
+    problems += [f"answered {status}: {name}" for name, status in driver.execute_script(
+        "return [...performance.getEntriesByType('navigation'), ...performance.getEntriesByType('resource')]"
+        ".map(e => [e.name, e.responseStatus])") if status >= 500]
+    problems += [f"console: {e['message']}" for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    return problems
+
+
+def every_page(server: Server, run: Path) -> list[str]:
+    """Every page type of a study's viewer on a run: the gallery, each image, each model (where the
+    study has model pages) and the report."""
+    images = sorted(pq.read_table(run / "images.parquet").column("image_id").to_pylist())
+    models = [r["subject"] for r in pq.read_table(run / "responses.parquet").select(["subject"]).to_pylist()]
+    pages = ["/", *(f"/image/{quote(i, safe='')}" for i in images), "/run/report.html"]
+    candidates = [f"/model/{quote(m, safe='')}" for m in sorted(set(models))]
+    return pages + [p for p in candidates if status_of(server.url + p) == 200]
+
+
+@pytest.mark.parametrize("study", ["decade", "openworld"])
+def test_every_page_shows_its_pictures_without_errors(browser, request, demo_run, study):
+    server = request.getfixturevalue(f"{study}_server")
+    pages = every_page(server, demo_run[0] / study)
+    assert len(pages) > 3 and (study == "openworld" or any(p.startswith("/model/") for p in pages))
+    problems = {page: found for page in pages if (found := page_problems(browser, server.url + page))}
+    assert problems == {}
 
 
 def test_the_gallery_lists_the_images_and_a_filter_narrows_it(browser, decade_server, demo_run, shots):
@@ -272,7 +338,7 @@ def test_study_b_gallery_filters_a_judged_run_by_outcome(browser, demo_run, tmp_
     for r in rows:
         r["LI"] = r["TI"]
         r["outcome"] = outcome(r["CS"], r["LI"])
-    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), run / "predictions.parquet")
+    write(run, "predictions", rows, table.schema)  # as the stage writes it, so the view verifies it
     server = Server(run)
     try:
         for name in ("granularity", "confusion", "correct"):
@@ -287,10 +353,10 @@ def test_study_b_gallery_filters_a_judged_run_by_outcome(browser, demo_run, tmp_
         server.stop()
 
 
-def raw_get(port: int, target: str) -> tuple[int, bytes]:
+def raw_get(port: int, target: str, host: str = "127.0.0.1") -> tuple[int, bytes]:
     """A request with its target sent exactly as written (no client normalises the dots away)."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall(f"GET {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
+        sock.sendall(f"GET {target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
         data = b""
         while chunk := sock.recv(65536):
             data += chunk
@@ -308,6 +374,21 @@ def test_paths_outside_the_run_are_not_found(decade_server, target):
     status, body = raw_get(decade_server.port, target)
     assert status == 404, body[:300]
     assert b"root:" not in body and b"from __future__" not in body
+
+
+@pytest.mark.parametrize("target, host, status", [
+    ("/run/%00/etc/passwd", "127.0.0.1", 400), ("/?page=9223372036854775807", "127.0.0.1", 400),
+    ("/image/%ff", "127.0.0.1", 404),
+    ("/run/manifest.json", "attacker.example.com", 400),
+])
+def test_bad_requests_are_4xx_through_the_server(decade_server, target, host, status):
+    answer, body = raw_get(decade_server.port, target, host)
+    assert answer == status, body[:300]
+    assert b"nosniff" in body and b"frame-ancestors 'none'" in body and b'"config"' not in body
+
+
+def test_a_request_line_that_is_not_ascii_is_refused_by_the_server(decade_server):
+    assert raw_get(decade_server.port, "/image/\u00ff\u00fe")[0] == 400
 
 
 def test_the_run_folders_own_files_are_served(decade_server):

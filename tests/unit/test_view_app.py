@@ -7,10 +7,13 @@ from __future__ import annotations
 import html
 import json
 import re
+from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 from starlette.testclient import TestClient
 
+from vlm_decade.core import runfolder
 from vlm_decade.core.errors import InputError
 from vlm_decade.view import decade
 from vlm_decade.view.app import create_app
@@ -20,7 +23,7 @@ from .view_runs import BOX, IMAGES, LABELS, PREDICTIONS, PRESENT, PROBE_QUESTION
 
 
 def client(root) -> TestClient:
-    return TestClient(create_app(open_run(root)), raise_server_exceptions=True)
+    return TestClient(create_app(open_run(root)), base_url="http://127.0.0.1:8765", raise_server_exceptions=True)
 
 
 def listed(page: str) -> list[str]:
@@ -85,7 +88,7 @@ def test_paging(app_a, monkeypatch):
 
 
 def test_unknown_filter_values_fall_back_to_defaults(app_a):
-    page = app_a.get("/", params={"sort": "nonsense", "model": "<script>", "page": "x", "error": "bogus"})
+    page = app_a.get("/", params={"sort": "nonsense", "model": "<script>", "error": "bogus"})
     assert page.status_code == 200 and listed(page.text) == sorted(IMAGES)
     assert "<script>" not in page.text
 
@@ -110,7 +113,7 @@ def test_image_page_shows_descriptions_scores_errors_and_evidence(app_a):
     assert '<td class="value">0.900</td>' in row[:row.index("</tr>")] and "SIM to own full" in text
     # The recognition label with its evidence and the detector box it cites, drawn in red.
     assert "named as <b>bowl</b>" in text and "similarity 0.610" in text
-    assert f"left:{100 * BOX[0]}%;top:{100 * BOX[1]}%" in text
+    assert f'data-box="{BOX[0]} {BOX[1]} {BOX[2]} {BOX[3]}"' in text
     assert re.search(r'class="box cited"[^>]*title="cup 0.88: evidence for alpha: recognition"', text)
     # The probe transcript of the API model, in the evidence and as asked.
     assert text.count(PROBE_QUESTION) >= 2 and "No." in text
@@ -155,6 +158,33 @@ def test_a_moved_image_gets_a_placeholder_not_an_error(tmp_path):
         assert answer.status_code == 200 and answer.headers["content-type"] == "image/svg+xml", url
         assert b"image not found" in answer.content
     assert listed(app.get("/").text) == sorted(IMAGES)
+
+
+def test_a_table_is_hashed_once_and_again_when_it_changes(tmp_path, monkeypatch):
+    root = decade_run(tmp_path / "run")
+    hashed = []
+    real = runfolder.file_sha256
+    monkeypatch.setattr(runfolder, "file_sha256", lambda path: hashed.append(Path(path).name) or real(path))
+    app = client(root)
+    for _ in range(3):
+        assert listed(app.get("/").text) == sorted(IMAGES)
+    assert app.get("/image/a3").status_code == 200
+    assert "images.parquet" in hashed and len(hashed) == len(set(hashed))
+    # The same rows in a file the run did not write: noticed at the next request, and no data shown.
+    pq.write_table(pq.read_table(root / "images.parquet"), root / "images.parquet", compression="snappy")
+    answer = app.get("/")
+    assert answer.status_code == 409 and "images.parquet does not match the hash recorded" in answer.text
+    assert listed(answer.text) == [] and app.get("/picture/thumb/a1").status_code == 409
+    assert app.get("/run/images.parquet").status_code == 409 and app.get("/run/responses.parquet").status_code == 200
+
+
+def test_a_page_number_is_a_whole_number_from_1_to_the_last_page(app_a):
+    for bad in ("x", "0", "-1", "1.5", "9223372036854775808", "1e3", "\uff11"):
+        answer = app_a.get("/", params={"page": bad})
+        assert answer.status_code == 400 and "must be a whole number from 1" in answer.text, bad
+    assert app_a.get("/", params={"page": 2}).status_code == 404  # 6 images fill one page
+    assert app_a.get("/model/beta", params={"page": 2}).status_code == 404
+    assert app_a.get("/model/beta", params={"page": "-3"}).status_code == 400
 
 
 def test_a_run_with_only_its_images_table_still_shows(tmp_path):

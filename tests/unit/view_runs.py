@@ -1,5 +1,6 @@
 """Small run folders built by hand for the view's and the reports' tests: every value is written
-here, so a test can say what a page must show without running a study."""
+here, so a test can say what a page must show without running a study. Tables are written as a run
+writes them, their hashes recorded in the manifest, so the view verifies them."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ import json
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 from PIL import Image
 
+from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.stats import STATS_SCHEMA
 
 MODELS = ("alpha", "beta")
@@ -59,8 +60,14 @@ DECADE_CONFIG = {
 
 
 def write(root: Path, name: str, rows: list[dict], schema: pa.Schema | None = None) -> None:
+    """Table `name` written and recorded in the manifest (fingerprint and file hash), as a stage does."""
     table = pa.Table.from_pylist(rows, schema=schema) if schema is not None else pa.Table.from_pylist(rows)
-    pq.write_table(table, root / f"{name}.parquet")
+    folder = RunFolder(root)
+    fingerprint, record = folder.write(name, table)
+    manifest = folder.manifest()
+    manifest.setdefault("tables", {})[name] = fingerprint
+    manifest.setdefault("files", {})[name] = record
+    folder.save_manifest(manifest)
 
 
 def images_rows(root: Path, images: dict) -> list[dict]:
@@ -70,7 +77,8 @@ def images_rows(root: Path, images: dict) -> list[dict]:
     for image_id, (dataset, colour) in images.items():
         path = folder / f"{image_id}.png"
         Image.new("RGB", (64, 48), colour).save(path)
-        rows.append({"image_id": image_id, "dataset": dataset, "path": str(path), "sha256": hashlib.sha256(image_id.encode()).hexdigest(),
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        rows.append({"image_id": image_id, "dataset": dataset, "path": str(path), "sha256": digest,
                      "width": 64, "height": 48})
     return rows
 

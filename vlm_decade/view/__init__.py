@@ -4,6 +4,8 @@ Study A: a gallery of images (filter by dataset, model, error type and SDE; sort
 similarity or its gap to the top-ranked humans), one page per image (its masked variants, the human
 and model descriptions with their similarities, the error labels with their evidence, the heat map)
 and one page per model. Study B: a gallery of labelled images with every model's prediction, its
-metrics and outcome. `runs` opens the run folder (DuckDB over its Parquet tables), `decade` and
-`openworld` are the pages' queries, `pictures` makes the thumbnails and variants, `app` serves them.
+metrics and outcome. `runs` opens the run folder (DuckDB over its Parquet tables), `verify` checks
+what may be shown (tables against the manifest, images against their sha256, the `.view/` cache),
+`decade` and `openworld` are the pages' queries (sharing `gallery`), `pictures` makes the thumbnails
+and variants, `access` checks who asks (Host, token) and sets the headers, `app` serves them.
 """

@@ -1,6 +1,8 @@
 """The web app of `vlm-decade view`: Starlette routes over a RunView, pages rendered on the server
-from Jinja templates, pictures made on demand, and nothing served but the run folder's own files
-and the images its images table lists.
+from Jinja templates, pictures made on demand, and nothing served but what was verified: the run
+folder's own files (a table only while it hashes as the manifest records) and the images its images
+table lists (only while their bytes match their sha256). `access` checks who asks; a bad request is
+a 4xx page, never a 5xx.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from urllib.parse import quote, urlencode
 import duckdb
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, Response
 from starlette.routing import Mount, Route
@@ -19,11 +22,15 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from vlm_decade.view import decade, openworld, pictures
+from vlm_decade.view.access import Access, Guard
+from vlm_decade.view.gallery import BadRequest, datasets, page_number
 from vlm_decade.view.runs import RunView
+from vlm_decade.view.verify import Missing, Unverified
 
 HERE = Path(__file__).parent
 SVG = "image/svg+xml"
 NO_STORE = {"Cache-Control": "no-store"}
+TITLES = {400: "Bad request", 403: "Forbidden", 404: "Not found", 405: "Method not allowed", 409: "Unverified table"}
 
 
 def _number(value, digits: int = 3) -> str:
@@ -44,7 +51,8 @@ def _templates() -> Jinja2Templates:
     return templates
 
 
-def create_app(view: RunView) -> Starlette:
+def create_app(view: RunView, access: Access | None = None) -> Starlette:
+    """The app over `view`; `access` says whom it answers (default: this machine only, no token)."""
     templates = _templates()
     env = templates.env
     env.globals["run"] = view
@@ -61,16 +69,17 @@ def create_app(view: RunView) -> Starlette:
 
     def gallery(request: Request) -> Response:
         if view.kind == "openworld":
-            q = openworld.GalleryQuery.parse(request.query_params, openworld.models(view), openworld.prompts(view))
+            q = openworld.GalleryQuery.parse(request.query_params, view.models, openworld.prompts(view))
             return page(request, "openworld_gallery.html", {
-                "q": q, "result": openworld.gallery(view, q), "models": openworld.models(view), "prompts": openworld.prompts(view),
-                "datasets": openworld.datasets(view), "granularities": openworld.GRANULARITIES, "outcomes": openworld.OUTCOMES,
+                "q": q, "result": openworld.gallery(view, q), "models": view.models, "prompts": openworld.prompts(view),
+                "datasets": datasets(view), "granularities": openworld.GRANULARITIES, "outcomes": openworld.OUTCOMES,
                 "outcome_counts": openworld.outcome_counts(view, q.prompt),
             })
-        models, metrics = decade.models(view), decade.metrics(view)
-        q = decade.GalleryQuery.parse(request.query_params, metrics, models)
+        metrics = decade.metrics(view)
+        q = decade.GalleryQuery.parse(request.query_params, metrics, view.models)
         return page(request, "decade_gallery.html", {
-            "q": q, "result": decade.gallery(view, q), "models": models, "metrics": metrics, "datasets": decade.datasets(view),
+            "q": q, "result": decade.gallery(view, q), "models": view.models, "metrics": metrics,
+            "datasets": datasets(view),
             "error_types": decade.ERROR_TYPES,
         })
 
@@ -85,11 +94,7 @@ def create_app(view: RunView) -> Starlette:
     def model_page(request: Request) -> Response:
         if view.kind != "decade":
             raise HTTPException(404, "model pages are Study A's")
-        try:
-            number = max(1, int(request.query_params.get("page", "1")))
-        except ValueError:
-            number = 1
-        data = decade.model_page(view, request.path_params["name"], number)
+        data = decade.model_page(view, request.path_params["name"], page_number(request.query_params))
         if data is None:
             raise HTTPException(404, f"the study has no model '{request.path_params['name']}'")
         return page(request, "decade_model.html", data)
@@ -98,22 +103,21 @@ def create_app(view: RunView) -> Starlette:
         kind, image = request.path_params["kind"], image_of(request.path_params["image_id"])
         try:
             if kind == "original":
-                if not pictures.exists(image):
-                    raise pictures.Missing(f"{image['path']}: not found")
-                return FileResponse(image["path"])
+                data, media_type = pictures.original(image)
+                return Response(data, media_type=media_type)
             if kind == "thumb":
                 return Response(pictures.thumbnail(view, image), media_type="image/jpeg")
             return Response(pictures.variant(view, image, kind), media_type="image/jpeg")
         except KeyError:
             raise HTTPException(404, f"the study has no variant '{kind}'") from None
-        except pictures.Missing as exc:
+        except Missing as exc:
             return Response(pictures.placeholder(f"image not found: {exc}"), media_type=SVG, headers=NO_STORE)
 
     def heatmap(request: Request) -> Response:
         image = image_of(request.path_params["image_id"])
         try:
             data = pictures.heatmap(view, image)
-        except pictures.Missing as exc:
+        except Missing as exc:
             return Response(pictures.placeholder(f"image not found: {exc}"), media_type=SVG, headers=NO_STORE)
         if data is None:
             raise HTTPException(404, "no heat map: no subject has a complete masked profile for this image")
@@ -121,16 +125,30 @@ def create_app(view: RunView) -> Starlette:
 
     def run_file(request: Request) -> Response:
         """A file inside the run folder (the report, its figures and tables); anything that resolves
-        outside it, through `..`, an absolute path or a link, is not found."""
-        relative = request.path_params["path"]
+        outside it, through `..`, an absolute path or a link, is not found, and so are the folder's
+        hidden files (the lock, the caches, the parts). A table is served only while it verifies."""
+        relative = Path(request.path_params["path"])
         root = view.root.resolve()
-        target = (root / relative).resolve()
-        if Path(relative).is_absolute() or not target.is_relative_to(root) or not target.is_file():
+        try:
+            target = (root / relative).resolve()
+        except (OSError, RuntimeError):  # a loop of links
+            target = None
+        if (relative.is_absolute() or target is None or not target.is_relative_to(root) or not target.is_file()
+                or any(part.startswith(".") for part in relative.parts + target.relative_to(root).parts)):
             raise HTTPException(404, "no such file in the run folder")
+        if target.parent == root and target.suffix == ".parquet":
+            view.checks.require([target.stem])
         return FileResponse(target)
 
-    async def not_found(request: Request, exc: HTTPException) -> Response:
-        return page(request, "problem.html", {"title": "Not found", "detail": exc.detail}, status=exc.status_code)
+    async def problem(request: Request, exc: HTTPException) -> Response:
+        title = TITLES.get(exc.status_code, "Cannot answer")
+        return page(request, "problem.html", {"title": title, "detail": exc.detail}, status=exc.status_code)
+
+    async def bad_request(request: Request, exc: BadRequest) -> Response:
+        return await problem(request, HTTPException(exc.status, exc.detail))
+
+    async def unverified(request: Request, exc: Unverified) -> Response:
+        return await problem(request, HTTPException(409, str(exc)))
 
     async def table_error(request: Request, exc: duckdb.Error) -> Response:
         detail = f"a table of this run cannot be read as the view expects: {exc}"
@@ -143,9 +161,13 @@ def create_app(view: RunView) -> Starlette:
         Route("/picture/{kind}/{image_id:path}", picture),
         Route("/heatmap/{image_id:path}", heatmap),
         Route("/run/{path:path}", run_file),
+        # Browsers ask for it on every page, the report's too; an answer keeps their consoles clean.
+        Route("/favicon.ico", lambda request: FileResponse(HERE / "static" / "favicon.svg", media_type=SVG)),
         Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
     ]
-    return Starlette(routes=routes, exception_handlers={HTTPException: not_found, duckdb.Error: table_error})
+    handlers = {HTTPException: problem, BadRequest: bad_request, Unverified: unverified, duckdb.Error: table_error}
+    guard = Middleware(Guard, access=access or Access.bound("127.0.0.1", 0))
+    return Starlette(routes=routes, exception_handlers=handlers, middleware=[guard])
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -160,9 +182,9 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(view: RunView, sock: socket.socket) -> None:
+def serve(view: RunView, sock: socket.socket, access: Access) -> None:
     """Serve the run until interrupted."""
     import uvicorn
 
-    config = uvicorn.Config(create_app(view), log_level="warning", access_log=False)
+    config = uvicorn.Config(create_app(view, access), log_level="warning", access_log=False)
     uvicorn.Server(config).run(sockets=[sock])

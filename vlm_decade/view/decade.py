@@ -8,9 +8,9 @@ sorting and paging, so a page costs the same at 100 images and at a million scor
 from __future__ import annotations
 
 import json
-import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
+from vlm_decade.view.gallery import Query, page_count, page_number
 from vlm_decade.view.runs import RunView
 
 FULL = "full"
@@ -24,7 +24,7 @@ FAILED_PAGE_SIZE = 100
 
 
 @dataclass(frozen=True)
-class GalleryQuery:
+class GalleryQuery(Query):
     """The gallery's filters and sort, as read from the page's query string.
 
     `model` narrows the cards to one model and is the model the error and SDE filters ask about (any
@@ -44,16 +44,13 @@ class GalleryQuery:
 
     @classmethod
     def parse(cls, params, metrics: list[str], models: list[str]) -> "GalleryQuery":
-        """Read the query string; unknown values fall back to the defaults rather than fail."""
+        """Read the query string; unknown filter values fall back to the defaults rather than fail, a
+        page that is not a whole number from 1 is a BadRequest."""
         def pick(name: str, allowed) -> str:
             value = params.get(name, "")
             return value if value in allowed else ""
 
         sorts = {"image"} | {f"{kind}:{m}" for kind in ("similarity", "gap") for m in models}
-        try:
-            page = max(1, int(params.get("page", "1")))
-        except ValueError:
-            page = 1
         return cls(
             dataset=params.get("dataset", ""),
             model=pick("model", models),
@@ -62,7 +59,7 @@ class GalleryQuery:
             metric=pick("metric", metrics) or (metrics[0] if metrics else ""),
             sort=params.get("sort", "image") if params.get("sort", "image") in sorts else "image",
             order=pick("order", ("asc", "desc")),
-            page=page,
+            page=page_number(params),
         )
 
     @property
@@ -70,22 +67,10 @@ class GalleryQuery:
         """Similarity ascending (worst first); gap descending (largest gap first); ids ascending."""
         return self.order or ("desc" if self.sort.startswith("gap:") else "asc")
 
-    def link(self, **changes) -> dict:
-        """The query string of this query with `changes` (and the page back to 1 unless given)."""
-        changed = replace(self, **{"page": 1, **changes})
-        return {k: v for k, v in changed.__dict__.items() if v not in ("", None) and not (k == "page" and v == 1)}
-
-
-def models(view: RunView) -> list[str]:
-    return [m.name for m in view.study.models]
 
 
 def metrics(view: RunView) -> list[str]:
     return view.values("SELECT DISTINCT metric FROM scores ORDER BY metric") if view.has("scores") else []
-
-
-def datasets(view: RunView) -> list[tuple[str, int]]:
-    return [(r["dataset"], r["n"]) for r in view.rows("SELECT dataset, count(*) AS n FROM images GROUP BY dataset ORDER BY dataset")]
 
 
 def gallery(view: RunView, q: GalleryQuery) -> dict:
@@ -119,19 +104,20 @@ def gallery(view: RunView, q: GalleryQuery) -> dict:
     direction = "DESC" if (q.direction if joins else q.order) == "desc" else "ASC"
     base = f"FROM images AS i{joins} WHERE {' AND '.join(where)}"
     total = view.values(f"SELECT count(*) {base}", params)[0]
+    pages = page_count(total, PAGE_SIZE, q.page)
     rows = view.rows(
         f"SELECT i.image_id, i.dataset, {key} AS sort_value {base} ORDER BY sort_value {direction} NULLS LAST, i.image_id "
         f"LIMIT {PAGE_SIZE} OFFSET {(q.page - 1) * PAGE_SIZE}",
         params,
     )
-    shown = [q.model] if q.model else models(view)
+    shown = [q.model] if q.model else view.models
     ids = [r["image_id"] for r in rows]
     scores = _page_scores(view, ids, q.metric)
     errors = _page_errors(view, ids)
     for r in rows:
         r["models"] = [{"name": m, "value": scores.get((r["image_id"], m)), "errors": errors.get((r["image_id"], m), [])} for m in shown]
         r["humans"] = scores.get((r["image_id"], TOP_HUMANS))
-    return {"rows": rows, "total": total, "pages": max(1, math.ceil(total / PAGE_SIZE)), "sort_kind": kind}
+    return {"rows": rows, "total": total, "pages": pages, "sort_kind": kind}
 
 
 def _in_list(ids: list[str]) -> str:
@@ -187,7 +173,7 @@ def image_page(view: RunView, image_id: str) -> dict | None:
     # A masked description's similarity to the model's own full-image one (the SDE profile).
     own = {(r["subject"], mask): value for r in spatial for mask, value in zip(r["mask_ids"] or [], r["model_profile"] or [])}
     model_rows = []
-    for model in models(view):
+    for model in view.models:
         model_rows.append({
             "name": model,
             "variants": [
@@ -264,7 +250,7 @@ def _cited_boxes(errors: list[dict]) -> dict[tuple, list[str]]:
 def model_page(view: RunView, model: str, page: int = 1) -> dict | None:
     """One model: its statistics and error rates as the stats tables hold them, its comparisons and
     its failed responses (paged); None for a name the study does not have."""
-    if model not in models(view):
+    if model not in view.models:
         return None
     stats = view.rows("SELECT * FROM stats WHERE subject = ? ORDER BY metric, variant, dataset", [model]) if view.has("stats") else []
     error_stats = view.rows("SELECT * FROM error_stats WHERE subject = ? ORDER BY metric, dataset", [model]) if view.has("error_stats") else []
@@ -273,6 +259,8 @@ def model_page(view: RunView, model: str, page: int = 1) -> dict | None:
     failed_total, failed = 0, []
     if view.has("responses"):
         failed_total = view.values("SELECT count(*) FROM responses WHERE subject = ? AND status <> 'ok'", [model])[0]
+    pages = page_count(failed_total, FAILED_PAGE_SIZE, page)
+    if failed_total:
         failed = view.rows(f"SELECT image_id, variant, prompt_id, status, error FROM responses WHERE subject = ? AND status <> 'ok' "
                            f"ORDER BY image_id, variant, prompt_id LIMIT {FAILED_PAGE_SIZE} OFFSET {(page - 1) * FAILED_PAGE_SIZE}", [model])
     config = next(m for m in view.study.models if m.name == model)
@@ -285,5 +273,5 @@ def model_page(view: RunView, model: str, page: int = 1) -> dict | None:
         "failed": failed,
         "failed_total": failed_total,
         "page": page,
-        "pages": max(1, math.ceil(failed_total / FAILED_PAGE_SIZE)),
+        "pages": pages,
     }

@@ -4,9 +4,9 @@ and one image with every model's prediction under every prompt."""
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
+from vlm_decade.view.gallery import Query, page_count, page_number
 from vlm_decade.view.runs import RunView
 
 OUTCOMES = ("correct", "granularity", "ambiguity", "confusion", "unjudged")
@@ -16,7 +16,7 @@ PAGE_SIZE = 48
 
 
 @dataclass(frozen=True)
-class GalleryQuery:
+class GalleryQuery(Query):
     """`model` narrows the cards to one model and is the model the outcome filter and the CS sort ask
     about; with none, the outcome filter keeps images where any model has it and the CS sort uses
     each image's lowest CS. `prompt` is the prompt whose predictions are shown (the study's first)."""
@@ -36,10 +36,6 @@ class GalleryQuery:
             value = params.get(name, "")
             return value if value in allowed else ""
 
-        try:
-            page = max(1, int(params.get("page", "1")))
-        except ValueError:
-            page = 1
         return cls(
             dataset=params.get("dataset", ""),
             granularity=pick("granularity", GRANULARITIES),
@@ -48,28 +44,17 @@ class GalleryQuery:
             outcome=pick("outcome", OUTCOMES),
             sort=pick("sort", ("image", "cs")) or "image",
             order=pick("order", ("asc", "desc")),
-            page=page,
+            page=page_number(params),
         )
 
     @property
     def direction(self) -> str:
         return self.order or "asc"
 
-    def link(self, **changes) -> dict:
-        changed = replace(self, **{"page": 1, **changes})
-        return {k: v for k, v in changed.__dict__.items() if v not in ("", None) and not (k == "page" and v == 1)}
-
-
-def models(view: RunView) -> list[str]:
-    return [m.name for m in view.study.models]
 
 
 def prompts(view: RunView) -> list[str]:
     return [p.id for p in view.study.prompts]
-
-
-def datasets(view: RunView) -> list[tuple[str, int]]:
-    return [(r["dataset"], r["n"]) for r in view.rows("SELECT dataset, count(*) AS n FROM images GROUP BY dataset ORDER BY dataset")]
 
 
 def _labels(view: RunView) -> str:
@@ -97,6 +82,7 @@ def gallery(view: RunView, q: GalleryQuery) -> dict:
     params = join_params + params
     base = f"FROM {_labels(view)} AS i{joins} WHERE {' AND '.join(where)}"
     total = view.values(f"SELECT count(*) {base}", params)[0]
+    pages = page_count(total, PAGE_SIZE, q.page)
     direction = "DESC" if q.direction == "desc" else "ASC"
     rows = view.rows(
         f"SELECT i.image_id, i.dataset, i.label, i.granularity, {key} AS sort_value {base} "
@@ -109,10 +95,10 @@ def gallery(view: RunView, q: GalleryQuery) -> dict:
         marks = ", ".join("?" for _ in ids)
         for p in view.rows(f"SELECT * FROM predictions WHERE prompt_id = ? AND image_id IN ({marks})", [q.prompt, *ids]):
             predicted[(p["image_id"], p["subject"])] = p
-    shown = [q.model] if q.model else models(view)
+    shown = [q.model] if q.model else view.models
     for r in rows:
         r["models"] = [{"name": m, "prediction": predicted.get((r["image_id"], m))} for m in shown]
-    return {"rows": rows, "total": total, "pages": max(1, math.ceil(total / PAGE_SIZE))}
+    return {"rows": rows, "total": total, "pages": pages}
 
 
 def outcome_counts(view: RunView, prompt: str) -> dict[str, int]:
@@ -133,5 +119,5 @@ def image_page(view: RunView, image_id: str) -> dict | None:
     by = {(p["subject"], p["prompt_id"]): p for p in predictions}
     said = {(r["subject"], r["prompt_id"]): r for r in responses}
     table = [{"model": m, "prompt": p, "prediction": by.get((m, p)), "response": said.get((m, p))}
-             for m in models(view) for p in prompts(view) if (m, p) in by or (m, p) in said]
+             for m in view.models for p in prompts(view) if (m, p) in by or (m, p) in said]
     return {"image": rows[0], "rows": table, "prompts": {p.id: p.text for p in view.study.prompts}}

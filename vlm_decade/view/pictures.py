@@ -2,8 +2,10 @@
 folder (`.view/`): thumbnails, the full image and its masked variants scaled for the screen, and
 the heat maps of the regions that matter (Study A).
 
-An image is found only through the run's images table, never from a path in a request. A file
-that has moved or cannot be read gives a placeholder that says so, never an error.
+An image is found only through the run's images table, never from a path in a request, and read
+only while its bytes match the sha256 recorded there; cache entries are read and written through
+`verify`, under names made from that sha256. A file that has moved, changed or cannot be read gives
+a placeholder that says so, never an error.
 """
 
 from __future__ import annotations
@@ -14,20 +16,16 @@ import io
 import json
 import math
 
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 from vlm_decade.core import storage
-from vlm_decade.core.files import atomic_write_bytes
-from vlm_decade.imaging.decode import WHITE, load_rgb
-from vlm_decade.view.runs import CACHE, RunView
+from vlm_decade.imaging.decode import WHITE, ImageDecodeError, decode_image
+from vlm_decade.view.runs import RunView
+from vlm_decade.view.verify import Missing, image_bytes, image_digest, read_cached, write_cached
 
 THUMB_PX = 240
 SCREEN_PX = 768
 JPEG_QUALITY = 82
-
-
-class Missing(Exception):
-    """The image file the run lists cannot be read (moved, deleted, not an image)."""
 
 
 def placeholder(text: str, width: int = 320, height: int = 240) -> bytes:
@@ -50,27 +48,38 @@ def _wrapped(text: str, width: int) -> list[str]:
     return out + [text]
 
 
-def _cached(view: RunView, name: str, make) -> bytes:
-    """The bytes cached under `.view/name`, made and saved first if absent. A run folder that
-    cannot be written still gets its pictures, just not cached."""
-    path = view.root / CACHE / name
-    try:
-        return path.read_bytes()
-    except OSError:
-        pass
-    data = make()
-    try:
-        atomic_write_bytes(path, data)
-    except OSError:
-        pass
+def _cached(view: RunView, folder: str, image: dict, tag: str, suffix: str, make) -> bytes:
+    """The bytes cached as `.view/<folder>/<sha256>-<tag>.<suffix>`, made and saved first if absent.
+    A run folder that cannot be written still gets its pictures, just not cached."""
+    name = f"{image_digest(image)}-{tag}.{suffix}"
+    data = read_cached(view.root, folder, name)
+    if data is None:
+        data = make()
+        write_cached(view.root, folder, name, data)
     return data
 
 
-def _open_rgb(image: dict) -> Image.Image:
+def _decoded(image: dict) -> Image.Image:
+    data = image_bytes(image)
     try:
-        return Image.fromarray(load_rgb(image["path"], image.get("background") or WHITE)[0])
-    except (OSError, ValueError) as exc:
-        raise Missing(f"{image['path']}: {exc.strerror if isinstance(exc, OSError) and exc.strerror else exc}") from None
+        # as the models saw it: a transparent image composited onto the background the run recorded
+        return Image.fromarray(decode_image(io.BytesIO(data), image["path"], image.get("background") or WHITE).rgb)
+    except ImageDecodeError as exc:
+        raise Missing(f"{image['path']}: not readable as an image ({exc})") from None
+
+
+def original(image: dict) -> tuple[bytes, str]:
+    """The image file's bytes, as the run recorded them, and their media type (from the decoded
+    format, never from the file's name); raises Missing."""
+    data = image_bytes(image)
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            kind = Image.MIME.get(im.format or "")
+    except (OSError, UnidentifiedImageError, ValueError) as exc:
+        raise Missing(f"{image['path']}: not readable as an image ({exc})") from None
+    if kind is None:
+        raise Missing(f"{image['path']}: an image format the browser is not sent ({im.format})")
+    return data, kind
 
 
 def _jpeg(im: Image.Image, longest: int) -> bytes:
@@ -81,14 +90,16 @@ def _jpeg(im: Image.Image, longest: int) -> bytes:
     return buffer.getvalue()
 
 
-def _key(image: dict) -> str:
-    """A cache name for the image: its content hash when the run recorded one, else its id's."""
-    return image.get("sha256") or hashlib.sha256(image["image_id"].encode()).hexdigest()
-
-
 def thumbnail(view: RunView, image: dict, longest: int = THUMB_PX) -> bytes:
     """A JPEG at most `longest` pixels on its longer side; raises Missing."""
-    return _cached(view, f"thumbs/{_key(image)}-{longest}.jpg", lambda: _jpeg(_open_rgb(image), longest))
+    return _cached(view, "thumbs", image, str(int(longest)), "jpg", lambda: _jpeg(_decoded(image), longest))
+
+
+def _masks(view: RunView) -> list:
+    """The study's mask specs (Study B shows images unmasked: none)."""
+    from vlm_decade.imaging.masks import mask_specs
+
+    return mask_specs(view.study.masks) if view.kind == "decade" else []
 
 
 def variant(view: RunView, image: dict, variant_id: str) -> bytes:
@@ -96,22 +107,25 @@ def variant(view: RunView, image: dict, variant_id: str) -> bytes:
     screen; raises Missing, or KeyError for a variant the study does not have."""
     import numpy as np
 
-    from vlm_decade.imaging.masks import apply_mask, mask_specs
+    from vlm_decade.imaging.masks import apply_mask
 
-    specs = {s.mask_id: s for s in mask_specs(view.study.masks)}
+    specs = {s.mask_id: s for s in _masks(view)}
     if variant_id != "full" and variant_id not in specs:
         raise KeyError(variant_id)
     spec = specs.get(variant_id)
-    # The mask's geometry is part of the name: a study whose masks change gets new pictures.
-    tag = "full" if spec is None else f"{variant_id}-{hashlib.sha256(repr((spec.box, spec.feather)).encode()).hexdigest()[:12]}"
+    # The mask's geometry is part of the name (hashed: a mask id is the study's text, not a file
+    # name), so a study whose masks change gets new pictures.
+    tag = "full"
+    if spec is not None:
+        tag = hashlib.sha256(repr((variant_id, spec.box, spec.feather)).encode()).hexdigest()[:16]
 
     def make() -> bytes:
-        im = _open_rgb(image)
+        im = _decoded(image)
         if spec is not None:
             im = Image.fromarray(apply_mask(np.asarray(im), spec))
         return _jpeg(im, SCREEN_PX)
 
-    return _cached(view, f"variants/{_key(image)}-{tag}.jpg", make)
+    return _cached(view, "variants", image, tag, "jpg", make)
 
 
 def heatmap(view: RunView, image: dict) -> bytes | None:
@@ -119,7 +133,6 @@ def heatmap(view: RunView, image: dict) -> bytes | None:
     report draws it; None when no subject has both profiles complete. Raises Missing."""
     import numpy as np
 
-    from vlm_decade.imaging.masks import mask_specs
     from vlm_decade.studies.decade.taxonomy.heatmaps import heatmap_figure
     from vlm_decade.studies.decade.taxonomy.spatial import HUMANS, importance
 
@@ -136,16 +149,16 @@ def heatmap(view: RunView, image: dict) -> bytes | None:
     for r in rows:
         panels[r["subject"]] = profile(r["model_profile"])
     values = json.dumps({k: [None if math.isnan(v) else v for v in vs] for k, vs in panels.items()}, sort_keys=True)
-    specs = mask_specs(view.study.masks)
+    specs = _masks(view)
     tag = hashlib.sha256((values + repr([(s.box, s.feather) for s in specs])).encode()).hexdigest()[:16]
 
     def make() -> bytes:
-        fig = heatmap_figure(np.asarray(_open_rgb(image)), specs, panels, title=image["image_id"])
+        fig = heatmap_figure(np.asarray(_decoded(image)), specs, panels, title=image["image_id"])
         buffer = io.BytesIO()
         fig.savefig(buffer, format="png", dpi=90)
         return buffer.getvalue()
 
-    return _cached(view, f"heatmaps/{_key(image)}-{tag}.png", make)
+    return _cached(view, "heatmaps", image, tag, "png", make)
 
 
 def exists(image: dict) -> bool:

@@ -17,6 +17,7 @@ from vlm_decade.core.errors import InputError, Problem
 from vlm_decade.core.runfolder import RunFolder, open_run_folder
 from vlm_decade.core.storage import is_uri
 from vlm_decade.studies import AnyStudy, recorded_study
+from vlm_decade.view.verify import TableCheck
 
 # The tables a page may read; a run that lacks one simply has no such section.
 TABLES = {
@@ -24,18 +25,22 @@ TABLES = {
                "spatial", "error_stats"),
     "openworld": ("images", "labels", "responses", "predictions", "stats", "comparisons"),
 }
-CACHE = ".view"  # thumbnails and variants made on demand, inside the run folder
 
 
 @dataclass
 class RunView:
-    """What the pages need of a run: its folder, study, tables and a DuckDB connection over them."""
+    """What the pages need of a run: its folder, study, tables and a DuckDB connection over them.
+    A query reads only tables that verify against the manifest (`verify.TableCheck`)."""
 
     folder: RunFolder
     study: AnyStudy
     tables: tuple[str, ...]
     connection: duckdb.DuckDBPyConnection
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    checks: TableCheck = field(init=False)
+
+    def __post_init__(self):
+        self.checks = TableCheck(self.folder)
 
     @property
     def root(self) -> Path:
@@ -48,11 +53,18 @@ class RunView:
     def has(self, table: str) -> bool:
         return table in self.tables
 
+    @property
+    def models(self) -> list[str]:
+        """The study's model names, in its order."""
+        return [m.name for m in self.study.models]
+
     def rows(self, sql: str, params: list | tuple = ()) -> list[dict]:
-        """The rows of a query as dicts. Each call gets its own cursor: requests run on several threads."""
+        """The rows of a query as dicts; raises verify.Unverified when a table it reads does not
+        verify. Each call gets its own cursor: requests run on several threads."""
         with self._lock:
             cursor = self.connection.cursor()
         try:
+            self.checks.require_for(sql)
             result = cursor.execute(sql, list(params))
             names = [d[0] for d in result.description]
             return [dict(zip(names, row)) for row in result.fetchall()]

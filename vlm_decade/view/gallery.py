@@ -1,0 +1,53 @@
+"""What both studies' galleries share: the page number read from a query string (a whole number
+from 1; anything else is a bad request, a page past the last one is not found), the link to the same
+query with some filters changed, and the datasets with their image counts."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import fields, replace
+
+from vlm_decade.view.runs import RunView
+
+PAGE = re.compile(r"[0-9]{1,9}")  # at most 999,999,999: an offset that any table engine takes
+
+
+class BadRequest(Exception):
+    """A request the pages cannot answer: `status` 400 (malformed) or 404 (names nothing there)."""
+
+    def __init__(self, status: int, detail: str):
+        super().__init__(detail)
+        self.status, self.detail = status, detail
+
+
+def page_number(params, name: str = "page") -> int:
+    """The page a query string asks for (1 when it names none); BadRequest when it is not a whole number from 1."""
+    value = params.get(name, "1")
+    if not PAGE.fullmatch(value) or int(value) < 1:
+        raise BadRequest(400, f"'{name}' must be a whole number from 1, not '{value[:24]}'")
+    return int(value)
+
+
+def page_count(total: int, size: int, page: int) -> int:
+    """How many pages `total` rows fill (at least one); BadRequest (404) when `page` is past the last."""
+    pages = max(1, math.ceil(total / size))
+    if page > pages:
+        raise BadRequest(404, f"there is no page {page}: {total} rows fill {pages} page(s)")
+    return pages
+
+
+class Query:
+    """A mixin for a gallery's frozen query dataclass (with a `page` field): its links."""
+
+    def link(self, **changes) -> dict:
+        """The query string of this query with `changes` (and the page back to 1 unless given)."""
+        changed = replace(self, **{"page": 1, **changes})
+        values = {f.name: getattr(changed, f.name) for f in fields(changed)}
+        return {k: v for k, v in values.items() if v not in ("", None) and not (k == "page" and v == 1)}
+
+
+def datasets(view: RunView) -> list[tuple[str, int]]:
+    """Each dataset of the run with its number of images, by name."""
+    rows = view.rows("SELECT dataset, count(*) AS n FROM images GROUP BY dataset ORDER BY dataset")
+    return [(r["dataset"], r["n"]) for r in rows]
