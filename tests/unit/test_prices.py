@@ -69,3 +69,18 @@ def test_estimate_names_listed_prices_over_a_year_old_and_leaves_a_studys_own_al
     warned = stale_prices(uses, providers, dt.date(2026, 3, 21))
     assert [w.split(":")[0] for w in warned] == ["gemini `gemini-1.5-flash`", "openai `gpt-4-turbo`"]
     assert stale_prices([("openai", "gpt-4-turbo")], providers, dt.date(2025, 11, 20)) == []  # 365 days: not over
+
+
+def test_the_estimate_says_which_prices_are_over_a_year_old():
+    from vlm_decade.stages.estimate import Line, render
+    from vlm_decade.studies.decade.config import StudyConfig
+
+    study = StudyConfig.model_validate({"name": "s", "data": {"images": "i.csv", "image_dir": ".", "descriptions": "d.csv"},
+                                        "models": [{"name": "m", "backend": "imported", "model_id": "m", "era": "mllm"}]})
+    lines = [Line("openai", "gpt4", 10, usd=0.2, model_id="gpt-4-turbo-2024-04-09"), Line("openai", "gpt51", 10, usd=0.1, model_id="gpt-5.1")]
+    def warned(today):
+        return [s for s in render(study, lines, today=today).splitlines() if s.startswith("price older")]
+
+    assert warned(dt.date(2026, 12, 1)) == ["price older than a year: openai `gpt-4-turbo`: listed price read 2024-11-20, over a "
+                                            "year ago; check the provider's page (providers.openai.prices overrides it)"]
+    assert len(warned(dt.date(2027, 3, 23))) == 2  # gpt-5.1's price, read 2026-03-21, is then over a year old too

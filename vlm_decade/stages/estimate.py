@@ -19,7 +19,9 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from vlm_decade.core.config import PRICES_AS_OF, StudyBase
+import datetime
+
+from vlm_decade.core.config import StudyBase, stale_prices
 from vlm_decade.models.api.batch import BATCH_DISCOUNT
 from vlm_decade.models.api.cache import ResponseCache
 from vlm_decade.models.api.session import cache_dir
@@ -41,6 +43,7 @@ class Line:
     usd: float = 0.0  # at most
     usd_low: float = 0.0  # at least
     mode: str | None = None  # the model's, encoder's or judge's own `mode` (none: the provider's)
+    model_id: str = ""  # what the provider is asked for: its price is looked up by it
 
     @property
     def usd_batch(self) -> float:
@@ -76,7 +79,7 @@ def describe_lines(study: StudyBase, plan: Plan, images: pa.Table, cache) -> tup
         cls = backend_class(model.backend)
         provider, settings = cls.provider, cls.settings(model)
         price = getattr(study.providers, provider).price(provider, model.model_id)
-        line = Line(provider, name, mode=model.mode)
+        line = Line(provider, name, mode=model.mode, model_id=model.model_id)
         for job, png in zip(model_jobs, load_png(model_jobs)):
             if isinstance(png, str):
                 continue  # an unreadable image is an error row, never a request
@@ -108,7 +111,7 @@ def embed_lines(study: StudyBase, human_texts: list[str], n_answers: int, answer
             continue
         provider = getattr(study.providers, cls.provider)
         price = provider.price(cls.provider, enc.model_id)
-        line = Line(cls.provider, enc.name, mode=enc.mode)
+        line = Line(cls.provider, enc.name, mode=enc.mode, model_id=enc.model_id)
         todo = [t for t in human if not cache.has("embed", embed_key(cls.provider, enc.model_id, t))]
         human_tokens = sum(map(text_tokens, todo))
         per_request = 1 if (enc.mode or provider.mode) == "batch" else enc.batch_size  # a batch line is one text
@@ -121,7 +124,7 @@ def embed_lines(study: StudyBase, human_texts: list[str], n_answers: int, answer
     return lines
 
 
-def render(study: StudyBase, lines: list[Line], notes: tuple[str, ...] = ()) -> str:
+def render(study: StudyBase, lines: list[Line], notes: tuple[str, ...] = (), today: datetime.date | None = None) -> str:
     if not lines:
         return "no API models, encoders or judge in this study: nothing to spend"
     out = [f"{'provider':<8} {'model/encoder':<24} {'requests':>9} {'cached':>7} {'tokens in':>11} {'tokens out*':>12} "
@@ -144,9 +147,11 @@ def render(study: StudyBase, lines: list[Line], notes: tuple[str, ...] = ()) -> 
         out.append(f"{provider} ({modes}): between ${low:.4f} and ${spend:.4f} "
                    f"(all sync at most ${high:.4f}, all batch at most ${batch:.4f}); {cap}")
     out.append("* output counted at each model's max_output_tokens (at least: none); cached requests are free; embeddings "
-               f"of model answers counted at that cap too. Prices: the built-in table as of {PRICES_AS_OF} "
-               "and providers.<name>.prices")
+               "of model answers counted at that cap too. Prices: the built-in table (docs/api.md: each price with the "
+               "date it was read) and providers.<name>.prices")
     out.append(f"** at most, in batch mode (providers.<name>.mode, or a model's, encoder's or the judge's own `mode`): "
                f"{BATCH_DISCOUNT:.0%} of the price; in batch mode each text to embed is a request of its own")
+    stale = stale_prices([(ln.provider, ln.model_id) for ln in lines], study.providers, today or datetime.date.today())
+    out += [f"price older than a year: {s}" for s in stale]
     out += notes
     return "\n".join(out)

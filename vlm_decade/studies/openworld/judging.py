@@ -122,7 +122,7 @@ def estimate(study: OpenWorldStudyConfig, images: pa.Table, prompts: dict[str, t
     judge, provider = study.judge, study.judge.backend
     price = getattr(study.providers, provider).price(provider, judge.model_id)
     out_cap = judge_settings(judge)["max_output_tokens"]
-    line = Line(provider, f"judge {judge.model_id}", mode=judge.mode)
+    line = Line(provider, f"judge {judge.model_id}", mode=judge.mode, model_id=judge.model_id)
     template = text_tokens(judge_prompt("", ""))
     label_of = dict(zip(labels.column("image_id").to_pylist(), labels.column("label").to_pylist())) if labels is not None else {}
     label_tokens = sum(text_tokens(label_of[i]) if i in label_of else 4 for i in images.column("image_id").to_pylist())
