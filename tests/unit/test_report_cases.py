@@ -24,6 +24,7 @@ from vlm_decade.studies.decade.report import write_report
 from vlm_decade.studies.openworld.data import LABELS_SCHEMA
 from vlm_decade.studies.openworld.report import write_openworld_report
 from vlm_decade.studies.openworld.scoring import PREDICTIONS_SCHEMA
+from vlm_decade.studies.openworld.statistics import PAIRED_TESTS_SCHEMA, mcnemar_tests
 
 from .pages import PAYLOAD, Page
 from .view_runs import DECADE_CONFIG, OPENWORLD_CONFIG, PREDICTIONS, SIMILARITY, decade_run, openworld_run
@@ -170,6 +171,7 @@ def openworld_tables(tmp_path):
                               "method": "percentile"})
     tables["stats"] = pa.Table.from_pylist(stats, schema=STATS_SCHEMA)
     tables["comparisons"] = COMPARISONS_SCHEMA.empty_table()
+    tables["paired_tests"] = PAIRED_TESTS_SCHEMA.empty_table()
     return tables
 
 
@@ -298,3 +300,17 @@ def test_openworld_report_shows_markup_in_names_labels_and_answers_as_text(tmp_p
     assert examples.count(PAYLOAD) >= 3  # the model, its label and its prediction
     assert f"{PAYLOAD}: lowest CS" in page.sections["Predictions"]
     assert {a["data-model"] for t, a in page.tags if t == "table" and "data-model" in a} == {PAYLOAD, "beta"}
+
+
+def test_openworld_report_shows_mcnemars_tests_of_the_binary_metrics(tmp_path, openworld_tables):
+    """The McNemar table reads back as the paired_tests table computed from the predictions' TI."""
+    scores = pa.Table.from_pylist(
+        [{"subject": p["subject"], "image_id": p["image_id"], "dataset": p["dataset"], "variant": p["prompt_id"], "metric": "TI",
+          "value": p["TI"]} for p in openworld_tables["predictions"].to_pylist()], schema=SCORES_SCHEMA)
+    granularity = {p["dataset"]: p["granularity"] for p in openworld_tables["predictions"].to_pylist()}
+    paired = mcnemar_tests(scores, granularity, ["alpha", "beta"], "default")
+    assert paired.num_rows > 0
+    page = Page(_openworld(tmp_path, {**openworld_tables, "paired_tests": paired}))
+    text = "".join(page.sections["McNemar's exact test"].split())  # the cells, run together
+    for r in paired.to_pylist():
+        assert f"alphabeta{r['dataset'].replace(' ', '')}TI{r['n_pairs']}{r['a_only']}{r['b_only']}{r['p']:.3g}" in text

@@ -21,9 +21,9 @@ from vlm_decade.studies.openworld.config import OpenWorldStudyConfig
 from vlm_decade.studies.openworld.scoring import METRICS
 
 # Bump when the page changes, so existing runs redraw it.
-REPORT_FORMAT = 3
+REPORT_FORMAT = 4  # 4: McNemar's tests
 TEMPLATES = Path(__file__).parent / "templates"
-REPORT_TABLES = ("images", "labels", "responses", "predictions", "stats", "comparisons")
+REPORT_TABLES = ("images", "labels", "responses", "predictions", "stats", "comparisons", "paired_tests")
 GROUPS = ("prototypical", "fine-grained", "very fine-grained", "all")
 OUTCOMES = {
     "granularity": "granularity error (CS high, LI low: right but too generic)",
@@ -132,10 +132,12 @@ def write_openworld_report(run: RunFolder, study: OpenWorldStudyConfig, tables: 
         outcome_examples=_outcome_examples(tables["predictions"]),
         model_vs_model=_comparisons(comparisons, "model-vs-model", n),
         prompt_ablation=_comparisons(comparisons, "prompt-ablation", n),
+        mcnemar=grid(tables["paired_tests"], ["a", "b", "dataset", "metric", "n_pairs", "a_only", "b_only", "p", "q", "significant"],
+                     {"p": lambda v, r: f"{v:.3g}", "q": lambda v, r: f"{v:.3g}", "significant": lambda v, r: "yes" if v else "no"}),
         prompts=[(p, _matrix(stats, models, ["all"], metrics, p.id)) for p in study.prompts],
         predictions=_prediction_samples(tables, study),
         responses=responses.num_rows, failed=pc.sum(pc.not_equal(responses.column("status"), "ok")).as_py() or 0,
-        csvs=write_csvs(run.root, tables, ("stats", "comparisons", "predictions", "responses")),
+        csvs=write_csvs(run.root, tables, ("stats", "comparisons", "paired_tests", "predictions", "responses")),
     )
     write_page(run.root / "report.html", page)
 
