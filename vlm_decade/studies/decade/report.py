@@ -25,12 +25,12 @@ from vlm_decade.report.html import html_table, page_start, write_csvs
 from vlm_decade.report.samples import extremes, thumbnail_img, view_note
 from vlm_decade.stats import format_p
 from vlm_decade.studies.decade.config import StudyConfig
-from vlm_decade.studies.decade.metric_validation import write_validation_figure
+from vlm_decade.studies.decade.metric_validation import agreement_summary, write_validation_figure
 from vlm_decade.studies.decade.ranking import vote_ties
 from vlm_decade.studies.decade.taxonomy.report import taxonomy_section
 
 # Part of the report stage's settings: bump it when the page changes, so existing runs redraw it.
-REPORT_FORMAT = 6
+REPORT_FORMAT = 7
 # The tables every report draws from, and those it adds a section for when the run has them.
 REPORT_TABLES = ("images", "references", "responses", "scores", "stats", "comparisons")
 OPTIONAL_TABLES = ("metric_validation", "stsb", "detections", "errors", "spatial", "hand_agreement", "error_stats",
@@ -96,7 +96,8 @@ def _metric_validation(run: RunFolder, study: StudyConfig, summary: pa.Table) ->
     return (
         "<h2>The metrics against human ratings</h2><p class='note'>Correlation of each metric with each rater, "
         f"averaged over raters, against {reference}; p and q test the difference from it, over all rated pairs "
-        f"(subject \"all\") and, as the paper's figure A.1a, for each rated model (docs/metrics.md).{note}</p>"
+        f"(subject \"all\") and, as the paper's figure A.1a, for each rated model (docs/metrics.md).{note} "
+        f"{html.escape(agreement_summary(summary, [j.name for j in study.judge_metrics]))}</p>"
         "<img src='figures/metric_validation.png' alt='metric validation against human ratings'>"
         + html_table(
             summary,
