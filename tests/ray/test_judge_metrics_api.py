@@ -82,11 +82,15 @@ def study_and_server(tmp_path: Path, monkeypatch):
     def answer(prompt: str, images: list[bytes]) -> str:
         if prompt.startswith("You are trying to tell"):
             seen.append(("rating", len(images)))
-            candidate = re.search(r"Candidate set:\n- (.*)\n\nReference set:", prompt, re.S).group(1)
-            return CLAIR_ANSWERS[caption_of[candidate]] if candidate in caption_of else '{"score": 50, "reason": "a person"}'
+            candidate = re.search(r"Candidate set:\n- (.*)\n\nReference set:", prompt, re.DOTALL).group(1)
+            return (
+                CLAIR_ANSWERS[caption_of[candidate]]
+                if candidate in caption_of
+                else '{"score": 50, "reason": "a person"}'
+            )
         if prompt.startswith("You are a highly capable multimodal AI assistant"):
             seen.append(("preference", len(images)))
-            first, second = re.search(r"Caption 1:\n(.*)\nCaption 2:\n(.*)\nDetermine", prompt, re.S).groups()
+            first, second = re.search(r"Caption 1:\n(.*)\nCaption 2:\n(.*)\nDetermine", prompt, re.DOTALL).groups()
             if first in caption_of:
                 return f"Reason: compared.\nJudgment: {VERDICTS[caption_of[first]][0]}"
             if second in caption_of:
@@ -104,13 +108,22 @@ def study_and_server(tmp_path: Path, monkeypatch):
     raw["models"] = [m | {"variants": "full"} for m in raw["models"] if m["name"] == MODEL]
     raw["judge_metrics"] = [
         {"name": "CLAIR", "kind": "rating", "backend": "openai", "model_id": "gpt-4o-mini"},
-        {"name": "CapArena", "kind": "preference", "backend": "gemini", "model_id": "gemini-2.0-flash", "mode": "batch"},
+        {
+            "name": "CapArena",
+            "kind": "preference",
+            "backend": "gemini",
+            "model_id": "gemini-2.0-flash",
+            "mode": "batch",
+        },
     ]
     raw["statistics"] = {"n_resamples": 200, "seed": 5}
     with FakeAPIServer(answer=answer) as server:
         limits = {"rpm": 6000, "tpm": 10**8, "timeout_s": 5, "max_concurrency": 4, "budget_usd": 1.0}
-        raw["providers"] = {"cache_dir": str(tmp_path / "cache"), "openai": {**limits, "base_url": server.openai_url},
-                            "gemini": {**limits, "base_url": server.gemini_url, "batch_poll_s": 0.2}}
+        raw["providers"] = {
+            "cache_dir": str(tmp_path / "cache"),
+            "openai": {**limits, "base_url": server.openai_url},
+            "gemini": {**limits, "base_url": server.gemini_url, "batch_poll_s": 0.2},
+        }
         raw["output"] = str(tmp_path / "run")
         path.write_text(yaml.safe_dump(raw))
         yield path, server, seen, unexpected
@@ -136,7 +149,10 @@ def test_judge_metrics_score_validate_and_rerun_for_free(study_and_server, tmp_p
     assert server.counts()["openai.chat"] == len(IMAGES) + members
     assert len(server.batch_lines()) == 2 * (len(IMAGES) + members) and len(seen) == 3 * (len(IMAGES) + members)
     # The estimate bounds what each judge asked and what it cost.
-    assert (lines["judge CLAIR"].requests, lines["judge CapArena"].requests) == (len(IMAGES) + members, 2 * (len(IMAGES) + members))
+    assert (lines["judge CLAIR"].requests, lines["judge CapArena"].requests) == (
+        len(IMAGES) + members,
+        2 * (len(IMAGES) + members),
+    )
     assert server.counts()["openai.chat"] <= lines["judge CLAIR"].requests
     assert server.billed_usd(lambda model: (0.15, 0.60), provider="openai") <= lines["judge CLAIR"].usd
 
@@ -144,7 +160,11 @@ def test_judge_metrics_score_validate_and_rerun_for_free(study_and_server, tmp_p
     assert camera["answer"] == "No idea." and math.isnan(camera["value"])  # kept, unread, no crash
     coffee = next(r for r in judged if r["metric"] == "CLAIR" and r["subject"] == MODEL and r["image_id"] == "coffee")
     assert coffee["value"] == 65.0 and coffee["reason"] == "The cup, not the saucer."
-    orders = {r["order"]: r["value"] for r in judged if r["metric"] == "CapArena" and r["subject"] == MODEL and r["image_id"] == "rocket"}
+    orders = {
+        r["order"]: r["value"]
+        for r in judged
+        if r["metric"] == "CapArena" and r["subject"] == MODEL and r["image_id"] == "rocket"
+    }
     assert orders == {"candidate-first": 0.5, "gold-first": 1.0}
 
     scores = {(r["metric"], r["subject"], r["image_id"]): r["value"] for r in run.read("scores").to_pylist()}
@@ -163,7 +183,9 @@ def test_judge_metrics_score_validate_and_rerun_for_free(study_and_server, tmp_p
     kept = [i for i in IMAGES if i != "camera"]
     raters = sorted({r["rater_id"] for r in ratings})
     rating = {(r["rater_id"], r["image_id"]): float(r["rating"]) for r in ratings}
-    validation = {(r["metric"], r["kind"]): r for r in run.read("metric_validation").to_pylist() if r["subject"] == "all"}
+    validation = {
+        (r["metric"], r["kind"]): r for r in run.read("metric_validation").to_pylist() if r["subject"] == "all"
+    }
     for metric, values in (("CLAIR", CLAIR), ("CapArena", ARENA)):
         x = [values[i] for i in kept]
         for kind, corr in (("pearson", sps.pearsonr), ("spearman", sps.spearmanr)):

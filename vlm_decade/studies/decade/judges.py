@@ -23,46 +23,63 @@ import re
 # CLAIR's prompt as its authors' code formats it (github.com/davidmchan/clair, clair/clair.py):
 # each caption a "- " line, so each set ends in a newline and a blank line follows it.
 CLAIR_PROMPT = (
-    "You are trying to tell if a candidate set of captions is describing the same image as a reference set of captions.\n"
+    "You are trying to tell if a candidate set of captions is describing the same image as a reference set of "
+    "captions.\n"
     "Candidate set:\n{candidate_statements}\n"
     "Reference set:\n{target_statements}\n"
     "On a precise scale from 0 to 100, how likely is it that the candidate set is "
-    "describing the same image as the reference set? (JSON format, with a key \"score\", "
-    "value between 0 and 100, and a key \"reason\" with a string value.)\n"
+    'describing the same image as the reference set? (JSON format, with a key "score", '
+    'value between 0 and 100, and a key "reason" with a string value.)\n'
 )
 
 # CapArena's judge instructions without a reference caption (github.com/njucckevin/CapArena,
 # vlm_as_a_judge.py, `system_prompt_without_ref`), sent there as the system message; the gateway
 # sends one user message, so they open it, followed by the authors' comparison request.
-CAPARENA_INSTRUCTIONS = """You are a highly capable multimodal AI assistant tasked with evaluating image captions.
-
-Given an image and two candidate captions, you are require to determine which of the two captions is better.
-
-Below are some guidelines for your reference:
-
-1. **Precision**: The caption should accurately correspond to the content of the image, providing precise information about it. Common examples of imprecision include errors in color, quantity, spatial relationships, or the posture of people.
-
-2. **Informativeness**: Salient information in the image should be reflected in the caption. Since it is impossible to include every detail, you will need to subjectively judge which aspects of the image are important. For instance, describing an otter as "a small animal" is precise, but it is less informative than specifying "an otter".
-
-3. **Hallucination**: Captions that include descriptions of objects or elements that are clearly absent from the image should be significantly penalized.
-
-4. **Attention to detail**: Annotators should pay close attention to the details in the image to distinguish the quality of the descriptions.
-
-5. **Assistive description**: Imagine a visually impaired person asking you to describe the image for them. How would you convey the image to them?
-
-6. **Reverse thinking**: What image does the caption lead us to imagine? Does the caption effectively lead you to imagine the intended image?
-
-7. **Ties are acceptable**: If you find it genuinely difficult to determine which caption is better (e.g., both captions are excellent), marking a tie is acceptable.
-
-While the above guidelines provide a framework, they cannot cover all possible cases. Therefore, we encourage you to make **subjective judgments** based on the specific circumstances and your own reasoning about which caption is better.
-
-### Response Format:
-Format your response into two lines as shown below:
-Reason: <your thoughts and reasoning process for the judgment>
-Judgment: <Caption 1 is better>/<Caption 2 is better>/<Tie>"""
+CAPARENA_INSTRUCTIONS = (
+    "You are a highly capable multimodal AI assistant tasked with evaluating image captions.\n"
+    "\n"
+    "Given an image and two candidate captions, you are require to determine which of the two captions "
+    "is better.\n"
+    "\n"
+    "Below are some guidelines for your reference:\n"
+    "\n"
+    "1. **Precision**: The caption should accurately correspond to the content of the image, providing "
+    "precise information about it. Common examples of imprecision include errors in color, quantity, "
+    "spatial relationships, or the posture of people.\n"
+    "\n"
+    "2. **Informativeness**: Salient information in the image should be reflected in the caption. Since "
+    "it is impossible to include every detail, you will need to subjectively judge which aspects of the "
+    'image are important. For instance, describing an otter as "a small animal" is precise, but it is '
+    'less informative than specifying "an otter".\n'
+    "\n"
+    "3. **Hallucination**: Captions that include descriptions of objects or elements that are clearly "
+    "absent from the image should be significantly penalized.\n"
+    "\n"
+    "4. **Attention to detail**: Annotators should pay close attention to the details in the image to "
+    "distinguish the quality of the descriptions.\n"
+    "\n"
+    "5. **Assistive description**: Imagine a visually impaired person asking you to describe the image "
+    "for them. How would you convey the image to them?\n"
+    "\n"
+    "6. **Reverse thinking**: What image does the caption lead us to imagine? Does the caption "
+    "effectively lead you to imagine the intended image?\n"
+    "\n"
+    "7. **Ties are acceptable**: If you find it genuinely difficult to determine which caption is better "
+    "(e.g., both captions are excellent), marking a tie is acceptable.\n"
+    "\n"
+    "While the above guidelines provide a framework, they cannot cover all possible cases. Therefore, we "
+    "encourage you to make **subjective judgments** based on the specific circumstances and your own "
+    "reasoning about which caption is better.\n"
+    "\n"
+    "### Response Format:\n"
+    "Format your response into two lines as shown below:\n"
+    "Reason: <your thoughts and reasoning process for the judgment>\n"
+    "Judgment: <Caption 1 is better>/<Caption 2 is better>/<Tie>"
+)
 CAPARENA_COMPARE = (
     "Caption 1:\n{caption_1}\nCaption 2:\n{caption_2}\nDetermine which is better and answer with the given format. "
-    "Only mark a tie if there is no discernible difference in quality, informativeness, and precision after careful evaluation."
+    "Only mark a tie if there is no discernible difference in quality, informativeness, and precision after "
+    "careful evaluation."
 )
 
 # The orders a preference is asked in: the description as caption 1, then as caption 2.
@@ -73,7 +90,9 @@ JUDGE_MAX_OUTPUT_TOKENS = 512
 
 def rating_prompt(candidate: str, references: list[str]) -> str:
     """CLAIR's prompt for one description against its references (the gold standard)."""
-    return CLAIR_PROMPT.format(candidate_statements=f"- {candidate}\n", target_statements="".join(f"- {r}\n" for r in references))
+    return CLAIR_PROMPT.format(
+        candidate_statements=f"- {candidate}\n", target_statements="".join(f"- {r}\n" for r in references)
+    )
 
 
 def preference_prompt(candidate: str, gold: str, order: str) -> str:
@@ -97,7 +116,11 @@ def read_rating(answer: str) -> tuple[float, str]:
             data = json.loads(match.group(0))
         except json.JSONDecodeError:
             continue
-        if isinstance(data, dict) and isinstance(data.get("score"), (int, float)) and not isinstance(data["score"], bool):
+        if (
+            isinstance(data, dict)
+            and isinstance(data.get("score"), (int, float))
+            and not isinstance(data["score"], bool)
+        ):
             score, reason = float(data["score"]), str(data.get("reason", ""))
             break
     else:

@@ -54,7 +54,9 @@ JUDGE_SCHEMA = pa.schema(
 
 def as_model(judge: JudgeMetricConfig) -> ModelConfig:
     """The judge as the API backends see a model (their checks and settings)."""
-    return ModelConfig(name=f"judge:{judge.name}", backend=judge.backend, model_id=judge.model_id, options=judge.options)
+    return ModelConfig(
+        name=f"judge:{judge.name}", backend=judge.backend, model_id=judge.model_id, options=judge.options
+    )
 
 
 def check_judges(study: StudyConfig) -> list[Problem]:
@@ -63,8 +65,14 @@ def check_judges(study: StudyConfig) -> list[Problem]:
     for i, judge in enumerate(study.judge_metrics):
         problems += backend_class(judge.backend).check(as_model(judge), set(), ["full"])
         if getattr(study.providers, judge.backend).price(judge.backend, judge.model_id) is None:
-            problems.append(Problem("study file", f"no price for {judge.backend} model '{judge.model_id}'; add one under "
-                                    f"providers.{judge.backend}.prices", field=f"judge_metrics.{i}.model_id"))
+            problems.append(
+                Problem(
+                    "study file",
+                    f"no price for {judge.backend} model '{judge.model_id}'; add one under "
+                    f"providers.{judge.backend}.prices",
+                    field=f"judge_metrics.{i}.model_id",
+                )
+            )
     return problems
 
 
@@ -72,7 +80,9 @@ def judge_settings(judge: JudgeMetricConfig) -> dict:
     """The generation settings the judge sends (part of the cache key): the provider's for the
     model, with the judges' output cap unless the options set one; a rating sends no image, so no
     image detail."""
-    settings = provider_class(judge.backend).settings(judge.model_id, {"max_output_tokens": judges.JUDGE_MAX_OUTPUT_TOKENS, **judge.options})
+    settings = provider_class(judge.backend).settings(
+        judge.model_id, {"max_output_tokens": judges.JUDGE_MAX_OUTPUT_TOKENS, **judge.options}
+    )
     if judge.kind == "rating":
         settings.pop("detail", None)
     return settings
@@ -87,11 +97,19 @@ def questions(judge: JudgeMetricConfig, pairs: pa.Table) -> list[dict]:
         if key in seen:
             continue
         seen.add(key)
-        base = {"metric": judge.name, "subject": r["subject"], "image_id": r["image_id"], "candidate_key": r["candidate_key"]}
+        base = {
+            "metric": judge.name,
+            "subject": r["subject"],
+            "image_id": r["image_id"],
+            "candidate_key": r["candidate_key"],
+        }
         if judge.kind == "rating":
             out.append({**base, "order": "", "prompt": judges.rating_prompt(r["candidate"], [r["gold"]])})
         else:
-            out += [{**base, "order": o, "prompt": judges.preference_prompt(r["candidate"], r["gold"], o)} for o in judges.ORDERS]
+            out += [
+                {**base, "order": o, "prompt": judges.preference_prompt(r["candidate"], r["gold"], o)}
+                for o in judges.ORDERS
+            ]
     return out
 
 
@@ -105,11 +123,19 @@ def read_answer(kind: str, order: str, answer: dict) -> dict:
         else:
             verdict, reason = judges.read_preference(answer["text"])
             value = judges.order_value(verdict, order)
-    return {"answer": answer.get("text", ""), "reason": reason, "value": value, "status": answer["status"],
-            "error": answer.get("error", ""), "cost_usd": answer.get("cost_usd", 0.0)}
+    return {
+        "answer": answer.get("text", ""),
+        "reason": reason,
+        "value": value,
+        "status": answer["status"],
+        "error": answer.get("error", ""),
+        "cost_usd": answer.get("cost_usd", 0.0),
+    }
 
 
-def _send(run: StudyRun, session, study: StudyConfig, judge: JudgeMetricConfig, prompts: list[str], paths: list[str] | None) -> list[dict]:
+def _send(
+    run: StudyRun, session, study: StudyConfig, judge: JudgeMetricConfig, prompts: list[str], paths: list[str] | None
+) -> list[dict]:
     """One gateway answer per prompt, in order: with its image (`paths`) through Ray tasks that
     encode it, as the probes are sent, or text only from here."""
     from vlm_decade.models.api.session import stop_if_pending
@@ -121,17 +147,23 @@ def _send(run: StudyRun, session, study: StudyConfig, judge: JudgeMetricConfig, 
     if paths is not None:
         jobs = [Job(judge.name, "", "full", "", p, path, None, "") for p, path in zip(prompts, paths)]
         ask = ray.remote(ask_gateway).options(num_cpus=0)
-        submit = lambda chunk, _: ask.remote(session.actor, judge.model_id, settings, [jobs[k] for k in chunk], batch)  # noqa: E731
+
+        def submit(chunk, _):
+            return ask.remote(session.actor, judge.model_id, settings, [jobs[k] for k in chunk], batch)
+
         work, limit = batches(list(range(len(jobs))), REMOTE_BATCH), tasks
     else:
 
         def submit(chunk, _):
             req = ChatRequest(judge.model_id, prompts[chunk[0]], settings=settings)
             return session.actor.submit.remote(req, True) if batch else session.actor.chat.remote(req, False)
+
         work, limit = [[k] for k in range(len(prompts))], len(prompts) if batch else tasks * REMOTE_BATCH
     for done in bounded(ray, work, submit, max(1, limit)):
         if done.error is not None:  # a lost call: its questions failed, asked again next run
-            answers.update({k: failed_answer("error", f"{type(done.error).__name__}: gateway call failed") for k in done.work})
+            answers.update(
+                {k: failed_answer("error", f"{type(done.error).__name__}: gateway call failed") for k in done.work}
+            )
         else:
             answers.update(zip(done.work, done.value if paths is not None else [done.value]))
     found = finish_queued(ray, session.actor, [answers[k] for k in range(len(prompts))])
@@ -154,13 +186,17 @@ def judge_table(study: StudyConfig, run: StudyRun) -> pa.Table:
         if not distinct:
             continue
         paths = [path_of[i] for i, _ in distinct] if judge.kind == "preference" else None
-        with RemoteSession(run.ray(), study.providers, run.folder, judge.backend) as session, \
-                run.reporter.track(f"judge {judge.name}", len(distinct)) as advance:
+        with (
+            RemoteSession(run.ray(), study.providers, run.folder, judge.backend) as session,
+            run.reporter.track(f"judge {judge.name}", len(distinct)) as advance,
+        ):
             sent = dict(zip(distinct, _send(run, session, study, judge, [p for _, p in distinct], paths)))
             advance(len(distinct))
         for q in asked:
-            rows.append({k: q[k] for k in ("metric", "subject", "image_id", "candidate_key", "order")}
-                        | read_answer(judge.kind, q["order"], sent[(q["image_id"], q["prompt"])]))
+            rows.append(
+                {k: q[k] for k in ("metric", "subject", "image_id", "candidate_key", "order")}
+                | read_answer(judge.kind, q["order"], sent[(q["image_id"], q["prompt"])])
+            )
     rows.sort(key=lambda r: (r["metric"], r["subject"], r["image_id"], r["candidate_key"], r["order"]))
     return pa.Table.from_pylist(rows, schema=JUDGE_SCHEMA)
 
@@ -185,8 +221,16 @@ def judge_values(study: StudyConfig, table: pa.Table, images: pa.Table) -> pa.Ta
     rows = []
     for (metric, subject, image_id), values in sorted(per_pair.items()):
         finite = [v for v in values if not math.isnan(v)]
-        rows.append({"subject": subject, "image_id": image_id, "dataset": dataset_of[image_id], "variant": "full", "metric": metric,
-                     "value": float(np.mean(finite)) if finite else math.nan})
+        rows.append(
+            {
+                "subject": subject,
+                "image_id": image_id,
+                "dataset": dataset_of[image_id],
+                "variant": "full",
+                "metric": metric,
+                "value": float(np.mean(finite)) if finite else math.nan,
+            }
+        )
     return pa.Table.from_pylist(rows, schema=SCORES_SCHEMA)
 
 
@@ -200,16 +244,33 @@ def estimate(study: StudyConfig, data) -> list[Line]:
 
     full = [r for r in data.references.to_pylist() if r["condition"] == "full"]
     gold = {r["image_id"]: text_tokens(r["text"]) for r in full if r["role"] == "gold"}
-    humans = [(r["image_id"], text_tokens(r["text"])) for r in full if r["role"] in ("top", "bottom") and r["image_id"] in gold]
-    answers = [backend_class(m.backend).settings(m)["max_output_tokens"] if backend_class(m.backend).remote else MODEL_ANSWER_TOKENS
-               for m in study.models]
+    humans = [
+        (r["image_id"], text_tokens(r["text"]))
+        for r in full
+        if r["role"] in ("top", "bottom") and r["image_id"] in gold
+    ]
+    answers = [
+        backend_class(m.backend).settings(m)["max_output_tokens"]
+        if backend_class(m.backend).remote
+        else MODEL_ANSWER_TOKENS
+        for m in study.models
+    ]
     sizes = {r["image_id"]: (r["width"], r["height"]) for r in data.images.to_pylist()}
     lines = []
     for judge in study.judge_metrics:
         settings, asks = judge_settings(judge), len(judges.ORDERS) if judge.kind == "preference" else 1
-        template = text_tokens(judges.rating_prompt("", []) if judge.kind == "rating" else judges.preference_prompt("", "", judges.ORDERS[0]))
+        template = text_tokens(
+            judges.rating_prompt("", [])
+            if judge.kind == "rating"
+            else judges.preference_prompt("", "", judges.ORDERS[0])
+        )
         candidates = [(i, a) for i in gold for a in answers] + humans
-        image = {i: provider_class(judge.backend).image_tokens_of_size(*sizes[i], settings) if judge.kind == "preference" else 0 for i in gold}
+        image = {
+            i: provider_class(judge.backend).image_tokens_of_size(*sizes[i], settings)
+            if judge.kind == "preference"
+            else 0
+            for i in gold
+        }
         line = Line(judge.backend, f"judge {judge.name}", mode=judge.mode)
         line.requests = asks * len(candidates)
         line.input_tokens = asks * sum(template + FRAMING + gold[i] + n + image[i] for i, n in candidates)

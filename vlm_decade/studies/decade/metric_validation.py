@@ -366,13 +366,15 @@ def agreement_summary(summary: pa.Table, judge_metrics: list[str]) -> str:
     """What the report says of the validation in words: per correlation kind, over all rated pairs,
     the metric that agrees with the raters best, with its CI; and, when the study has no judge
     metric, why none is shown."""
-    rows = [r for r in summary.to_pylist() if r["subject"] == ALL and r["role"] == "metric" and r["estimate"] is not None]
+    rows = [r for r in summary.to_pylist()
+            if r["subject"] == ALL and r["role"] == "metric" and r["estimate"] is not None]
     said = []
     for kind in KINDS:
         here = [r for r in rows if r["kind"] == kind]
         if here:
             best = max(here, key=lambda r: r["estimate"])
-            ci = "" if best["ci_low"] is None or best["ci_high"] is None else f" [95% CI {best['ci_low']:.3f}, {best['ci_high']:.3f}]"
+            lo, hi = best["ci_low"], best["ci_high"]
+            ci = "" if lo is None or hi is None else f" [95% CI {lo:.3f}, {hi:.3f}]"
             said.append(f"{kind.capitalize()}: {best['metric']} agrees with the raters best ({best['estimate']:.3f}{ci}).")
     if not judge_metrics:
         said.append("No judge metric is shown: the study configures none (`judge_metrics`, an LLM judge through an API "
