@@ -64,6 +64,7 @@ def test_demo_writes_report_and_tables(demo_run):
     validation = pq.read_table(out / "metric_validation.parquet").to_pylist()
     assert {r["metric"] for r in validation if r["role"] == "metric"} == {"SBERT-SI", "BERTScore"}
     assert (out / "figures" / "metric_validation.png").exists() and "simulated for the demo" in html
+    assert "No judge metric is shown: the study configures none" in html  # offline: no API model to judge
     stsb = {(r["metric"], r["subset"]): r for r in pq.read_table(out / "stsb.parquet").to_pylist()}
     assert stsb[("SBERT-SI", "test")]["spearman"] == pytest.approx(0.8203, abs=0.01)
     assert stsb[("SBERT-SI", "test")]["n_pairs"] == 1379 and stsb[("BERTScore", "test_images")]["n_pairs"] == 250

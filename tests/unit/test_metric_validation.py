@@ -17,6 +17,7 @@ from vlm_decade.studies.decade.metric_validation import (
     LOO,
     PAIRWISE,
     RATINGS_COLUMNS,
+    agreement_summary,
     load_ratings,
     validate_metrics,
     validation_figure,
@@ -229,6 +230,20 @@ def test_figure_is_written_atomically_and_labelled_demo(tmp_path):
     assert any("DEMO DATA" in t for t in texts)
     plain = [t.get_text() for t in validation_figure(summary).findobj(lambda o: hasattr(o, "get_text"))]
     assert not any("DEMO DATA" in t for t in plain)
+
+
+def test_the_summary_names_the_metric_that_agrees_best_and_why_no_judge_is_shown():
+    # The copy of the raters' mean agrees with them better than its reverse, in both kinds.
+    mean = TOY.mean(axis=0)
+    scores = scores_table({"copy": mean, "reverse": -mean})
+    summary = validate_metrics(ratings_table(TOY), scores, n_resamples=200, seed=5).summary
+    pearson = row(summary, "copy", "pearson")
+    said = agreement_summary(summary, [])
+    assert said.startswith(f"Pearson: copy agrees with the raters best ({pearson['estimate']:.3f} "
+                           f"[95% CI {pearson['ci_low']:.3f}, {pearson['ci_high']:.3f}]). Spearman: copy agrees")
+    assert said.endswith("No judge metric is shown: the study configures none (`judge_metrics`, an LLM judge "
+                         "through an API model; docs/metrics.md), and an offline run has no API model to ask.")
+    assert "No judge metric" not in agreement_summary(summary, ["CLAIR"])
 
 
 # --- the demo's simulated ratings -------------------------------------------------------------------

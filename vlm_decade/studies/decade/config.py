@@ -160,6 +160,30 @@ class TaxonomyConfig(Settings):
         return self
 
 
+class JudgeMetricConfig(Settings):
+    """An LLM judge as a metric of each description (docs/metrics.md, "Judge metrics"), through the
+    provider's gateway (cached, budgeted, sync or batch): `rating` (CLAIR: how likely the description
+    describes the same image as the gold standard, 0-100, with a reason; text only) or `preference`
+    (CapArena: the better of the description and the gold standard, the top-ranked human's, asked
+    in both orders, with the image)."""
+
+    name: str = Field(min_length=1, description="The metric's name in every table.")
+    kind: Literal["rating", "preference"] = Field(
+        description="rating (CLAIR, against the gold standard) or preference (CapArena, against it)."
+    )
+    backend: Literal["openai", "gemini"] = Field(description="The judge's API.")
+    model_id: str = Field(
+        min_length=1, description="The judge's API model id (not one of the models it judges, ideally)."
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="temperature (0), max_output_tokens (512), reasoning_effort, thinking_budget, detail.",
+    )
+    mode: Literal["sync", "batch"] | None = operational(
+        None, "sync or batch (none: its provider's `mode`; docs/api.md)."
+    )
+
+
 class StudyConfig(StudyBase):
     """Study A: a decade of VLMs against people (METHOD.md)."""
 
@@ -170,6 +194,9 @@ class StudyConfig(StudyBase):
     prompt: str = Field(MLLM_PROMPT, description="The prompt MLLMs are given (a model's own `prompt` wins).")
     encoders: tuple[EncoderConfig, ...] = Field((EncoderConfig(name="SBERT-SI"),), description="One similarity metric per encoder.")
     metrics: tuple[MetricConfig, ...] = Field((), description="Pairwise metrics beside the encoders' cosines (BERTScore).")
+    judge_metrics: tuple[JudgeMetricConfig, ...] = Field(
+        (), description="LLM-judge metrics through an API model (CLAIR rating, CapArena preference)."
+    )
     validation: ValidationConfig = Field(ValidationConfig(), description="The metrics against the human ratings (`data.ratings`).")
     caption_metrics: tuple[Literal["BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr-D"], ...] = Field(
         (), description="Caption metrics against all human descriptions of the image (pycocoevalcap; needs Java; docs/metrics.md)."
@@ -180,7 +207,9 @@ class StudyConfig(StudyBase):
     @model_validator(mode="after")
     def _unique_names(self):
         metric_names = [e.name for e in self.encoders] + [m.name for m in self.metrics] + list(self.caption_metrics)
-        for kind, names in (("model", [m.name for m in self.models]), ("metric (encoder or metric)", metric_names)):
+        metric_names += [j.name for j in self.judge_metrics]
+        metric_kind = "metric (encoder, metric or judge metric)"
+        for kind, names in (("model", [m.name for m in self.models]), (metric_kind, metric_names)):
             dupes = repeated(names)
             if dupes:
                 raise ValueError(f"{kind} names must be unique; repeated: {', '.join(dupes)}")

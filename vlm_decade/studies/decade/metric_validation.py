@@ -361,6 +361,26 @@ def _nan_to_null(row: dict) -> dict:
     return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()}
 
 
+def agreement_summary(summary: pa.Table, judge_metrics: list[str]) -> str:
+    """What the report says of the validation in words: per correlation kind, over all rated pairs,
+    the metric that agrees with the raters best, with its CI; and, when the study has no judge
+    metric, why none is shown."""
+    rows = [r for r in summary.to_pylist()
+            if r["subject"] == ALL and r["role"] == "metric" and r["estimate"] is not None]
+    said = []
+    for kind in KINDS:
+        here = [r for r in rows if r["kind"] == kind]
+        if here:
+            best = max(here, key=lambda r: r["estimate"])
+            lo, hi = best["ci_low"], best["ci_high"]
+            ci = "" if lo is None or hi is None else f" [95% CI {lo:.3f}, {hi:.3f}]"
+            said.append(f"{kind.capitalize()}: {best['metric']} agrees with the raters best ({best['estimate']:.3f}{ci}).")
+    if not judge_metrics:
+        said.append("No judge metric is shown: the study configures none (`judge_metrics`, an LLM judge through an API "
+                    "model; docs/metrics.md), and an offline run has no API model to ask.")
+    return " ".join(said)
+
+
 # --- the figure ------------------------------------------------------------------------------------
 
 

@@ -20,7 +20,7 @@ from vlm_decade.models.backends.imported import missing_rows
 from vlm_decade.stages import describe, embed
 from vlm_decade.stages.estimate import Line, describe_lines, embed_lines, response_cache
 from vlm_decade.stages.images import ImageCache, transparency_note
-from vlm_decade.studies.decade import metric_validation, report, score, statistics, stsb
+from vlm_decade.studies.decade import judging, metric_validation, report, score, statistics, stsb
 from vlm_decade.studies.decade.config import StudyConfig
 from vlm_decade.studies.decade.data import StudyData, load_study_data
 from vlm_decade.studies.decade.taxonomy import stages as taxonomy
@@ -52,6 +52,7 @@ def check(study: StudyConfig, cache: ImageCache | None = None) -> StudyData:
         image_ids = exc.image_ids  # the ids the table names, when it could be read
     problems += describe.check_models(study, image_ids, ["full"] + [s.mask_id for s in mask_specs(study.masks)])
     problems += embed.check_encoders(study)
+    problems += judging.check_judges(study)
     ratings = hand_labels = None
     found = Problems()
     if study.data.ratings is not None and image_ids is not None:
@@ -77,6 +78,7 @@ def run(study: StudyConfig, reporter: Reporter | None = None) -> RunFolder:
         given("references", data.references),
         describe.stage(study, plan(study)),
         embed.stage(study),
+        *([judging.stage(study)] if study.judge_metrics else []),
         score.stage(study),
         statistics.stage(study),
     ]
@@ -100,6 +102,7 @@ def estimate(study: StudyConfig, data: StudyData) -> tuple[list[Line], tuple[str
     lines: list[Line]
     lines, n_answers, answer_tokens = describe_lines(study, plan(study), data.images, cache)
     lines += embed_lines(study, data.references.column("text").to_pylist(), n_answers, answer_tokens, cache)
+    lines += judging.estimate(study, data)
     probes = probe_lines(study, data)
     notes = ("Probe questions depend on the descriptions: from none to an upper bound (two per object of the gold "
              "description, one per object a description could mention); see docs/api.md.",) if probes else ()

@@ -26,12 +26,12 @@ from vlm_decade.report.html import grid, render, write_csvs, write_page
 from vlm_decade.report.samples import SampleRow, Samples, extremes, sample_tables
 from vlm_decade.stats import format_p
 from vlm_decade.studies.decade.config import StudyConfig
-from vlm_decade.studies.decade.metric_validation import write_validation_figure
+from vlm_decade.studies.decade.metric_validation import agreement_summary, write_validation_figure
 from vlm_decade.studies.decade.ranking import vote_ties
 from vlm_decade.studies.decade.taxonomy.report import taxonomy_section
 
 # Part of the report stage's settings: bump it when the page changes, so existing runs redraw it.
-REPORT_FORMAT = 7
+REPORT_FORMAT = 8
 # The tables every report draws from, and those it adds a section for when the run has them.
 REPORT_TABLES = ("images", "references", "responses", "scores", "stats", "comparisons")
 OPTIONAL_TABLES = ("metric_validation", "stsb", "detections", "errors", "spatial", "hand_agreement", "error_stats",
@@ -101,7 +101,7 @@ def _metric_validation(run: RunFolder, study: StudyConfig, summary: pa.Table) ->
         {"p": lambda v, r: "" if v is None else format_p(v, n), "q": lambda v, r: "" if v is None else format_p(v, n),
          "difference": lambda v, r: "" if v is None else f"{v:.3f}"},
     )
-    return {"reference": reference, "table": table}
+    return {"reference": reference, "table": table, "agreement": agreement_summary(summary, [j.name for j in study.judge_metrics])}
 
 
 def sample_metric(study: StudyConfig, scores: pa.Table) -> str | None:

@@ -146,8 +146,9 @@ def similarity_scores(
 
 
 def stage(study: StudyConfig) -> Stage:
-    """The `scores` table: one metric per encoder, the study's pairwise `metrics`, and its caption
-    metrics (`caption_metrics`, against all human descriptions: studies/decade/captions.py)."""
+    """The `scores` table: one metric per encoder, the study's pairwise `metrics`, its caption
+    metrics (`caption_metrics`, against all human descriptions: studies/decade/captions.py) and its
+    judge metrics (`judge_metrics`, from the `judge_scores` table: studies/decade/judging.py)."""
     encoders = [e.name for e in study.encoders]
 
     def compute(run: StudyRun) -> dict[str, pa.Table]:
@@ -157,7 +158,15 @@ def stage(study: StudyConfig) -> Stage:
             from vlm_decade.studies.decade.captions import caption_metric_scores
 
             scores = pa.concat_tables([scores, caption_metric_scores(*tables, study.caption_metrics)])
+        if study.judge_metrics:
+            from vlm_decade.studies.decade.judging import judge_values
+
+            scores = pa.concat_tables([scores, judge_values(study, run.table("judge_scores"), tables[0])])
         return {"scores": scores}
 
     settings = [encoders, [m.fingerprint() for m in study.metrics]] + ([list(study.caption_metrics)] if study.caption_metrics else [])
-    return Stage("scores", ("images", "references", "responses", "embeddings"), settings, compute)
+    inputs = ("images", "references", "responses", "embeddings")
+    if study.judge_metrics:  # a study without judges keeps the settings, and the scores, it had
+        settings.append([j.fingerprint() for j in study.judge_metrics])
+        inputs += ("judge_scores",)
+    return Stage("scores", inputs, settings, compute)

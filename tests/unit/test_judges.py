@@ -1,0 +1,189 @@
+"""Study A's judge metrics by hand: the prompts as their authors format them, how an answer is read
+(an unreadable one is NaN, never an exception), and the values a transcript gives in the scores."""
+
+import math
+
+import pyarrow as pa
+import pytest
+
+from vlm_decade.studies import study_from_dict
+from vlm_decade.studies.decade import judges
+from vlm_decade.studies.decade.judging import JUDGE_SCHEMA, check_judges, judge_settings, judge_values
+
+
+def study(judge_metrics):
+    return study_from_dict(
+        {
+            "name": "s",
+            "data": {"images": "images.csv", "image_dir": "imgs", "descriptions": "d.csv"},
+            "models": [
+                {"name": "m", "backend": "imported", "model_id": "x", "era": "mllm", "options": {"file": "caps.csv"}}
+            ],
+            "judge_metrics": judge_metrics,
+        }
+    )
+
+
+def test_the_clair_prompt_is_the_authors_with_one_line_per_caption():
+    prompt = judges.rating_prompt("A dog runs.", ["A brown dog runs on grass."])
+    assert prompt == (
+        "You are trying to tell if a candidate set of captions is describing the same image as a reference set "
+        "of captions.\n"
+        "Candidate set:\n- A dog runs.\n\nReference set:\n- A brown dog runs on grass.\n\n"
+        "On a precise scale from 0 to 100, how likely is it that the candidate set is describing the same image as the "
+        'reference set? (JSON format, with a key "score", value between 0 and 100, and a key "reason" with a '
+        "string value.)\n"
+    )
+
+
+def test_the_caparena_prompt_puts_the_description_first_then_second():
+    first = judges.preference_prompt("model text", "gold text", "candidate-first")
+    second = judges.preference_prompt("model text", "gold text", "gold-first")
+    assert first.startswith("You are a highly capable multimodal AI assistant tasked with evaluating image captions.")
+    assert "Judgment: <Caption 1 is better>/<Caption 2 is better>/<Tie>\n\nCaption 1:\n" in first
+    assert first.endswith(
+        "Caption 1:\nmodel text\nCaption 2:\ngold text\nDetermine which is better and answer with the given "
+        "format. Only mark a tie if there is no discernible difference in quality, informativeness, and "
+        "precision after careful evaluation."
+    )
+    assert "Caption 1:\ngold text\nCaption 2:\nmodel text\n" in second
+
+
+@pytest.mark.parametrize(
+    "answer, score, reason",
+    [
+        ('{"score": 85, "reason": "Same dog, same grass."}', 85.0, "Same dog, same grass."),
+        ('```json\n{"score": 42.5, "reason": "Partly."}\n```', 42.5, "Partly."),
+        ('Sure! {"score": 70, "reason": "cut off', 70.0, "cut off"),  # broken JSON: its fields are read
+        ('{"score": 150, "reason": "very"}', math.nan, "very"),  # outside 0-100: no rating
+        ("I would give it 80 out of 100.", math.nan, ""),  # a number that is no score field
+        ('{"score": "high"}', math.nan, ""),
+        ("", math.nan, ""),
+    ],
+)
+def test_a_clair_answer_is_read_from_its_score_field_or_is_nan(answer, score, reason):
+    got, why = judges.read_rating(answer)
+    assert (math.isnan(got) and math.isnan(score)) or got == score
+    assert why == reason
+
+
+@pytest.mark.parametrize(
+    "answer, verdict",
+    [
+        ("Reason: the first names the otter.\nJudgment: Caption 1 is better", 1),
+        ("Reason: more precise.\nJudgment: <Caption 2 is better>.", 2),
+        ("Reason: both fine.\n**Judgment:** Tie.", 0),
+        (
+            "Reason: hmm\nJudgment: Caption 1 is better\nOn second thought...\nJudgment: Caption 2 is better",
+            2,
+        ),  # the last one
+        ("Caption 1 is better.", None),  # no Judgment line
+        ("Reason: x\nJudgment: Caption 3 is better", None),
+    ],
+)
+def test_a_caparena_answer_is_read_from_its_last_judgment_line(answer, verdict):
+    assert judges.read_preference(answer)[0] == verdict
+
+
+def test_each_order_scores_the_description_not_the_position():
+    assert [judges.order_value(v, "candidate-first") for v in (1, 2, 0)] == [1.0, 0.0, 0.5]
+    assert [judges.order_value(v, "gold-first") for v in (1, 2, 0)] == [0.0, 1.0, 0.5]
+    assert math.isnan(judges.order_value(None, "gold-first"))
+
+
+def test_the_scores_rows_follow_the_transcript():
+    s = study(
+        [
+            {"name": "CLAIR", "kind": "rating", "backend": "openai", "model_id": "gpt-4o-mini"},
+            {"name": "Arena", "kind": "preference", "backend": "openai", "model_id": "gpt-4o-mini"},
+        ]
+    )
+    nan = math.nan
+
+    def row(metric, subject, image, key, order, value):
+        return {
+            "metric": metric,
+            "subject": subject,
+            "image_id": image,
+            "candidate_key": key,
+            "order": order,
+            "answer": "",
+            "reason": "",
+            "value": value,
+            "status": "ok",
+            "error": "",
+            "cost_usd": 0.0,
+        }
+
+    table = pa.Table.from_pylist(
+        [
+            row("CLAIR", "m", "a", "k1", "", 85.0),
+            row("CLAIR", "m", "b", "k2", "", nan),  # unreadable: no value for m on b
+            row("CLAIR", "human:top", "a", "h1", "", 60.0),
+            row("CLAIR", "human:top", "a", "h2", "", nan),  # one member unreadable: the other's value
+            row("Arena", "m", "a", "k1", "candidate-first", 1.0),
+            row("Arena", "m", "a", "k1", "gold-first", 0.0),  # split: 0.5
+            row("Arena", "m", "b", "k2", "candidate-first", 1.0),
+            row("Arena", "m", "b", "k2", "gold-first", 1.0),  # preferred in both orders: 1
+            row("Arena", "human:top", "a", "h1", "candidate-first", 0.5),
+            row("Arena", "human:top", "a", "h1", "gold-first", nan),  # either order unreadable: none
+            row("Arena", "human:top", "a", "h2", "candidate-first", 0.0),
+            row("Arena", "human:top", "a", "h2", "gold-first", 0.5),  # 0.25 for this member, the group's only value
+        ],
+        schema=JUDGE_SCHEMA,
+    )
+    images = pa.table({"image_id": ["a", "b"], "dataset": ["d1", "d2"]})
+    got = {(r["metric"], r["subject"], r["image_id"]): r["value"] for r in judge_values(s, table, images).to_pylist()}
+    assert got[("CLAIR", "m", "a")] == pytest.approx(0.85) and math.isnan(got[("CLAIR", "m", "b")])
+    assert got[("CLAIR", "human:top", "a")] == pytest.approx(0.60)
+    assert got[("Arena", "m", "a")] == 0.5 and got[("Arena", "m", "b")] == 1.0
+    assert got[("Arena", "human:top", "a")] == 0.25
+    assert len(got) == 6
+
+
+def test_validate_names_a_judge_without_key_with_unknown_options_or_without_price(monkeypatch):
+    monkeypatch.delenv("GEMINI_API_KEY", raising=False)
+    monkeypatch.delenv("GOOGLE_API_KEY", raising=False)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-judges0123456789")
+    s = study(
+        [
+            {
+                "name": "CLAIR",
+                "kind": "rating",
+                "backend": "openai",
+                "model_id": "gpt-4o-mini",
+                "options": {"temprature": 0},
+            },
+            {"name": "Arena", "kind": "preference", "backend": "openai", "model_id": "no-such-model"},
+            {"name": "G", "kind": "rating", "backend": "gemini", "model_id": "gemini-2.0-flash"},
+        ]
+    )
+    messages = [p.message for p in check_judges(s)]
+    assert len(messages) == 3
+    assert "unknown options ['temprature']" in messages[0]
+    assert "no price for openai model 'no-such-model'" in messages[1]
+    assert "needs an API key" in messages[2]
+
+
+def test_a_rating_is_text_only_with_the_judges_output_cap():
+    s = study(
+        [
+            {"name": "CLAIR", "kind": "rating", "backend": "openai", "model_id": "gpt-4o-mini"},
+            {
+                "name": "Arena",
+                "kind": "preference",
+                "backend": "openai",
+                "model_id": "gpt-4o-mini",
+                "options": {"max_output_tokens": 900},
+            },
+        ]
+    )
+    assert judge_settings(s.judge_metrics[0]) == {"max_output_tokens": 512, "temperature": 0.0}
+    assert judge_settings(s.judge_metrics[1]) == {"max_output_tokens": 900, "temperature": 0.0, "detail": "auto"}
+
+
+def test_judge_metric_names_are_metric_names():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="repeated: SBERT-SI"):
+        study([{"name": "SBERT-SI", "kind": "rating", "backend": "openai", "model_id": "gpt-4o-mini"}])
