@@ -224,10 +224,11 @@ class StudyConfig(StudyBase):
     def option_entries(self) -> list[tuple[tuple, str, dict, type | None]]:
         """Beyond the models, the entries of this study that run a backend with options: (location,
         backend, options, their declared class, or None to look it up in the backend registry)."""
+        entries = [(("judge_metrics", i), j.backend, j.options, None) for i, j in enumerate(self.judge_metrics)]
         t = self.taxonomy
         if t is None:
-            return []
-        entries = [(("taxonomy", "detector"), t.detector.backend, t.detector.options, None)]
+            return entries
+        entries.append((("taxonomy", "detector"), t.detector.backend, t.detector.options, None))
         if t.locator is not None:
             entries.append((("taxonomy", "locator"), "hf-locator", t.locator.options, HFLocator.Options))
         if t.verifier is not None and t.verifier.kind == "model":
