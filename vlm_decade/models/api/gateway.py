@@ -8,11 +8,10 @@ written to the spend log and the cache at once, and returned as the fields of a 
 what failed is retried with tenacity (never sooner than Retry-After, else exponential backoff with
 jitter) when it is worth retrying.
 
-The budget covers the run folder: what the gateways before this one paid (its spend log: earlier
-stages, models and runs), what this gateway paid, and the reservations of the attempts in flight;
-the requests those gateways started in the last window count against this one's rate limits. A request whose worst case would pass it
-waits while attempts in flight may still release their reservations, and is skipped only when
-nothing is in flight and it still would not fit.
+The budget (`budget.py`) covers the run folder: what the gateways before this one paid (its spend
+log: earlier stages, models and runs), what this gateway paid, and the reservations of the
+attempts in flight; this gateway and its batcher (`batch/`) hold the same one. The requests those
+gateways started in the last window count against this one's rate limits.
 
 When the driver that started the run is gone (killed), no new attempt leaves: only answers
 already on their way are still received and recorded.
@@ -39,7 +38,9 @@ import numpy as np
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
 from vlm_decade.core.config import ProviderConfig
+from vlm_decade.models.api.answers import cached_answer, failed_answer
 from vlm_decade.models.api.batch import Batcher
+from vlm_decade.models.api.budget import Budget, BudgetStop
 from vlm_decade.models.api.cache import ResponseCache, entry_vector, vector_entry
 from vlm_decade.models.api.keys import Secret, scrub
 from vlm_decade.models.api.limits import RateLimiter
@@ -47,10 +48,6 @@ from vlm_decade.models.api.providers import ChatRequest, chat_key, cost, embed_k
 from vlm_decade.models.api.spend import SpendLog, read_spend
 
 ACTOR_CONCURRENCY = 10_000  # asyncio tasks an actor accepts; the provider's own cap is inside
-
-
-class BudgetStop(Exception):
-    """The next attempt would pass the budget and nothing in flight can make room."""
 
 
 class DriverGone(Exception):
@@ -101,16 +98,10 @@ class Gateway:
         self.cache = ResponseCache(cache_dir)
         self.log = SpendLog(spend_log) if spend_log is not None else None
         before = read_spend(spend_log) if spend_log is not None else None
-        # Earlier gateways of this folder: what they paid, and their unanswered attempts at worst case.
-        self.spent_before = before.paid + before.unresolved if before else 0.0
-        self.open_before = dict(before.open) if before else {}  # those attempts, until one is collected here
+        self.budget = Budget(provider, cfg.budget_usd, before)  # held by the batcher too
         if before:  # their requests of the last window count against this one's limits
             now, wall = time.monotonic(), time.time()
             self.limiter.preload([(now - (wall - t), min(n, cfg.tpm)) for t, n in before.sent if wall - t < self.limiter.window])
-        self.spent = 0.0  # US$ paid through this gateway
-        self.reserved = 0.0  # worst-case cost of the attempts in flight
-        self.in_flight = 0
-        self.released = asyncio.Event()  # replaced at each release; budget waiters wake on it
         self.driver = DriverWatch(driver_pid)
         self.stats: Counter = Counter()
         self.backoff = wait_exponential_jitter(initial=0.5, max=8.0, jitter=0.5)
@@ -121,47 +112,18 @@ class Gateway:
         # run left in a pending batch is collected from it, whatever the mode now.
         self.batch = Batcher(self, cache_dir, run_root, batch_wait)
 
-    # budget -----------------------------------------------------------------------------------
     @property
-    def total_spent(self) -> float:
-        """What the run folder has spent with this provider, earlier runs included."""
-        return self.spent_before + self.spent
+    def spent(self) -> float:
+        """US$ paid through this gateway."""
+        return self.budget.spent
 
-    def _budget_message(self, worst: float) -> str:
-        return (f"budget ${self.cfg.budget_usd:g} for {self.name} reached (spent ${self.total_spent:.4f}; the next request "
-                f"may cost up to ${worst:.4f}); raise providers.{self.name}.budget_usd to go on")
+    @property
+    def spent_before(self) -> float:
+        """US$ the folder's earlier gateways spent (their unresolved attempts at worst case)."""
+        return self.budget.spent_before
 
-    async def _reserve(self, worst: float) -> None:
-        """Hold `worst` against the budget for one attempt; wait while attempts in flight may still
-        make room; `BudgetStop` when nothing is in flight and it does not fit."""
-        budget = self.cfg.budget_usd
-        while budget is not None and self.total_spent + self.reserved + worst > budget:
-            if self.in_flight == 0:
-                raise BudgetStop(self._budget_message(worst))
-            await self.released.wait()
-        self.reserved += worst
-        self.in_flight += 1
-
-    def _settle_spend(self, attempt: str, worst: float, paid: float, reserved: bool) -> None:
-        """An attempt's cost is known: release its reservation (this gateway's), or the worst case an
-        earlier gateway left unresolved (a batch collected here)."""
-        if reserved:
-            return self._release(worst, paid)
-        self.spent_before -= self.open_before.pop(attempt, 0.0)
-        self.spent += paid
-        self.released.set()
-        self.released = asyncio.Event()
-
-    def _release(self, worst: float, paid: float) -> None:
-        self.reserved -= worst
-        self.in_flight -= 1
-        if self.in_flight == 0:
-            self.reserved = 0.0  # no float dust left behind
-        self.spent += paid
-        self.released.set()
-        self.released = asyncio.Event()
-
-    def _price(self, model_id: str):
+    def price(self, model_id: str):
+        """The price of `model_id`; LookupError when the config has none."""
         price = self.cfg.price(self.name, model_id)
         if price is None:
             raise LookupError(f"no price for {self.name} model '{model_id}'; add it under providers.{self.name}.prices")
@@ -183,7 +145,7 @@ class Gateway:
         """One attempt: budget, limiter, send. Its cost goes to the spend log the moment it is known."""
         if not self.driver.alive():
             raise DriverGone("the run's driver has ended; not sent")
-        await self._reserve(worst)
+        await self.budget.reserve(worst)
         paid = 0.0
         try:
             entry = await self.limiter.acquire(tokens, urgent=urgent)
@@ -209,7 +171,7 @@ class Gateway:
             self.limiter.reconcile(entry, used)
             return result, paid, latency
         finally:
-            self._release(worst, paid)
+            self.budget.release(worst, paid)
 
     async def _send(self, call, tokens: int, worst: float, price_of):
         """One logical request, holding its concurrency slot through every attempt: (result, US$
@@ -224,29 +186,20 @@ class Gateway:
                     result, paid, latency = await self._attempt(call, tokens, worst, price_of, urgent)
         return result, paid, time.monotonic() - arrived - latency, latency
 
-    def _error(self, exc: BaseException) -> str:
+    def error_text(self, exc: BaseException) -> str:
+        """The first line of an error, scrubbed of the key, as a row records it."""
         first = (str(exc).splitlines() or [""])[0][:300]
         return scrub(f"{type(exc).__name__}: {first}", self.key)
 
-    def _failed(self, exc: BaseException) -> tuple[str, str]:
-        """(status, error) of a request that got no answer."""
+    def failure(self, exc: BaseException) -> tuple[str, str]:
+        """(status, error) of a request that got no answer, counted."""
         if isinstance(exc, BudgetStop):
             self.stats["skipped"] += 1
             return "skipped", str(exc)
         self.stats["errors"] += 1
-        return "error", str(exc) if isinstance(exc, DriverGone) else self._error(exc)
+        return "error", str(exc) if isinstance(exc, DriverGone) else self.error_text(exc)
 
     # chat -------------------------------------------------------------------------------------
-    @staticmethod
-    def cached_answer(hit: dict) -> dict:
-        """The row of an answer the cache holds: as it was bought (its cost, the provider's latency
-        then, its mode); nothing paid now."""
-        return {"latency_s": 0.0, "mode": "sync", **hit, "status": "ok", "error": "", "queued_s": 0.0, "paid_usd": 0.0, "cached": True}
-
-    @staticmethod
-    def failed_answer(status: str, error: str) -> dict:
-        return failed_answer(status, error)
-
     async def submit(self, req: ChatRequest, hold: bool = False) -> dict:
         """Batch mode: the answer at once (cache, budget, price), else {"status": "queued", "key"}
         (`hold`: grouped until `flush` or a full batch)."""
@@ -273,9 +226,9 @@ class Gateway:
         hit = self.cache.get("chat", key)
         if hit is not None:
             self.stats["cache_hits"] += 1
-            return self.cached_answer(hit)
+            return cached_answer(hit)
         try:
-            price = self._price(req.model_id)
+            price = self.price(req.model_id)
         except LookupError as exc:
             return failed_answer("error", str(exc))
         est_in = self.provider.estimate_input(req)
@@ -287,7 +240,7 @@ class Gateway:
         try:
             reply, paid, queued, latency = await self._send(lambda: self.provider.chat(req), est_in + cap, cost(price, est_in, cap), price_of)
         except Exception as exc:  # noqa: BLE001 - recorded as the row's error, never raised
-            return failed_answer(*self._failed(exc))
+            return failed_answer(*self.failure(exc))
         self.stats["requests"] += 1
         entry = {"text": reply.text, "input_tokens": reply.input_tokens, "output_tokens": reply.output_tokens,
                  "cost_usd": paid, "model_version": reply.model_version, "latency_s": latency, "mode": "sync"}
@@ -346,7 +299,7 @@ class Gateway:
         """One embeddings request: (vectors, model version, US$ paid, None), or (None, "", 0, (status,
         error)) when it failed."""
         try:
-            price = self._price(model_id)
+            price = self.price(model_id)
         except LookupError as exc:
             return None, "", 0.0, ("error", str(exc))
         est = sum(map(text_tokens, texts))
@@ -357,19 +310,13 @@ class Gateway:
         try:
             (vectors, _, version), paid, _, _ = await self._send(lambda: self.provider.embed(model_id, texts), est, cost(price, est, 0), price_of)
         except Exception as exc:  # noqa: BLE001 - reported to the stage
-            return None, "", 0.0, self._failed(exc)
+            return None, "", 0.0, self.failure(exc)
         self.stats["requests"] += 1
         return vectors, version, paid, None
 
     def report(self) -> dict:
         batches = {f"batch_{k}": v for k, v in self.batch.stats.items()}
         return {"spent_usd": self.spent, "spent_before_usd": self.spent_before, **self.stats, **batches}
-
-
-def failed_answer(status: str, error: str) -> dict:
-    """A chat answer with no text: `status` error (`error` says why) or skipped (a budget)."""
-    return {"text": "", "status": status, "error": error, "latency_s": 0.0, "queued_s": 0.0, "input_tokens": None,
-            "output_tokens": None, "cost_usd": 0.0, "paid_usd": 0.0, "model_version": "", "cached": False, "mode": ""}
 
 
 class GatewayActor:
