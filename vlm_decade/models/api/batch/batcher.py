@@ -67,6 +67,7 @@ class Batcher:
         self.batch_of: dict[str, str] = {}  # key -> label of the batch it is in
         self.open: dict[str, dict] = {}  # label -> record, for batches not collected yet
         self.pollers: dict[str, asyncio.Task] = {}
+        self.collecting = 0  # finished batches being downloaded (their answers are handed out with no wait after)
         self.timer: asyncio.TimerHandle | None = None
         self.stats: Counter = Counter()
         for record in self.records.open_records():  # batches earlier runs left pending
@@ -262,7 +263,11 @@ class Batcher:
                     return self._pending(label, reserved)
                 await asyncio.sleep(delay)
                 delay = min(delay * 1.5, MAX_POLL_S)
-            results = await self.api.results(batch, record)
+            self.collecting += 1
+            try:
+                results = await self.api.results(batch, record)
+            finally:
+                self.collecting -= 1
             why = f"failed ({self.api.failure(batch)})" if status == "failed" else status
         except Exception as exc:  # noqa: BLE001 - this batch's requests wait for a later run
             self.stats["poll_errors"] += 1
@@ -289,7 +294,7 @@ class Batcher:
         self.records.save(record)
         lines = self.records.lines(label)
         self.records.drop_lines(label)
-        if self.resubmit:
+        if self.resubmit and self.gw.driver.alive():
             await self._again(list(lines.values()))
             return
         self.stats["dropped"] += len(lines)
@@ -298,8 +303,9 @@ class Batcher:
 
     async def _finish(self, label: str, status: str, results: dict, reserved: bool, why: str) -> None:
         """Hand out a finished batch's answers. The requests it did not reach are submitted again
-        (expired, or cancelled elsewhere), except after `cancel` and when the batch failed as a
-        whole (its input would fail again): then they are error rows that a later run sends again."""
+        (expired, or cancelled elsewhere), except after `cancel`, once the driver is gone, and when
+        the batch failed as a whole (its input would fail again): then they are error rows that a
+        later run sends again."""
         record = self.open.pop(label)
         lines = self.records.lines(label)
         missing = []
@@ -345,7 +351,7 @@ class Batcher:
         self.records.drop_lines(label)
         self.stats[f"batches_{status}"] += 1
         self.stats["answered"] += record["answered"]
-        if self.resubmit and status != "failed":
+        if self.resubmit and status != "failed" and self.gw.driver.alive():  # a driver gone starts nothing new
             await self._again(missing)
             return
         self.stats["dropped"] += len(missing)
