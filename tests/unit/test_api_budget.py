@@ -23,7 +23,7 @@ def test_an_attempt_that_does_not_fit_waits_for_one_in_flight_and_goes_when_it_m
         return budget, waited
 
     budget, waited = asyncio.run(go())
-    assert waited and budget.spent == pytest.approx(0.1) and budget.reserved == pytest.approx(0.6) and budget.in_flight == 1
+    assert waited and (budget.spent, budget.reserved, budget.in_flight) == (pytest.approx(0.1), pytest.approx(0.6), 1)
 
 
 def test_a_batch_left_pending_counts_at_its_worst_case_until_it_is_collected():
@@ -33,7 +33,8 @@ def test_a_batch_left_pending_counts_at_its_worst_case_until_it_is_collected():
     asyncio.run(budget.reserve(0.5))
     budget.hand_over("batch_b:k2", 0.5)  # this run does not wait for its batch
     assert (budget.reserved, budget.in_flight, budget.total_spent) == (0.0, 0, pytest.approx(0.8))
-    with pytest.raises(BudgetStop, match=r"budget \$1 for openai reached \(spent \$0.8000; the next request may cost up to \$0.2500\)"):
+    stop = r"budget \$1 for openai reached \(spent \$0.8000; the next request may cost up to \$0.2500\)"
+    with pytest.raises(BudgetStop, match=stop):
         asyncio.run(budget.reserve(0.25))  # 0.8 + 0.25 > 1 with nothing in flight
     budget.collect("batch_b:k2", 0.2)  # $0.5 at worst, $0.2 billed
     budget.collect("batch_a:k1", 0.05)

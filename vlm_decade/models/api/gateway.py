@@ -34,6 +34,7 @@ import select
 import time
 import uuid
 from collections import Counter
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -250,12 +251,13 @@ class Gateway:
         entry: dict = {}
 
         def keep(reply, paid: float, latency: float) -> None:
-            entry.update(text=reply.text, input_tokens=reply.input_tokens, output_tokens=reply.output_tokens, cost_usd=paid,
-                         model_version=reply.model_version, latency_s=latency, mode="sync")
+            entry.update(text=reply.text, input_tokens=reply.input_tokens, output_tokens=reply.output_tokens,
+                         cost_usd=paid, model_version=reply.model_version, latency_s=latency, mode="sync")
             self.cache.put("chat", key, entry)
 
         try:
-            _, paid, queued, _ = await self._send(lambda: self.provider.chat(req), est_in + cap, cost(price, est_in, cap), price_of, keep)
+            worst = cost(price, est_in, cap)
+            _, paid, queued, _ = await self._send(partial(self.provider.chat, req), est_in + cap, worst, price_of, keep)
         except Exception as exc:  # noqa: BLE001 - recorded as the row's error, never raised
             return failed_answer(*self.failure(exc))
         self.stats["requests"] += 1
@@ -322,11 +324,13 @@ class Gateway:
         def keep(answer, paid: float, latency: float) -> None:
             vectors, _, version = answer
             for i, (k, _) in enumerate(missing):
-                entries[k] = vector_entry(vectors[i], version, paid / len(missing), "sync")  # the request's cost, split over its texts
+                # the request's cost, split over its texts
+                entries[k] = vector_entry(vectors[i], version, paid / len(missing), "sync")
                 self.cache.put("embed", k, entries[k])
 
         try:
-            _, paid, _, _ = await self._send(lambda: self.provider.embed(model_id, texts), est, cost(price, est, 0), price_of, keep)
+            call = partial(self.provider.embed, model_id, texts)
+            _, paid, _, _ = await self._send(call, est, cost(price, est, 0), price_of, keep)
         except Exception as exc:  # noqa: BLE001 - reported to the stage
             return {}, 0.0, self.failure(exc)
         self.stats["requests"] += 1
