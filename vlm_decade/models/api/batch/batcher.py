@@ -294,7 +294,7 @@ class Batcher:
         self.records.save(record)
         lines = self.records.lines(label)
         self.records.drop_lines(label)
-        if self.resubmit and self.gw.driver.alive():
+        if self.resubmit:
             await self._again(list(lines.values()))
             return
         self.stats["dropped"] += len(lines)
@@ -303,9 +303,8 @@ class Batcher:
 
     async def _finish(self, label: str, status: str, results: dict, reserved: bool, why: str) -> None:
         """Hand out a finished batch's answers. The requests it did not reach are submitted again
-        (expired, or cancelled elsewhere), except after `cancel`, once the driver is gone, and when
-        the batch failed as a whole (its input would fail again): then they are error rows that a
-        later run sends again."""
+        (expired, or cancelled elsewhere), except after `cancel` and when the batch failed as a
+        whole (its input would fail again): then they are error rows that a later run sends again."""
         record = self.open.pop(label)
         lines = self.records.lines(label)
         missing = []
@@ -351,7 +350,7 @@ class Batcher:
         self.records.drop_lines(label)
         self.stats[f"batches_{status}"] += 1
         self.stats["answered"] += record["answered"]
-        if self.resubmit and status != "failed" and self.gw.driver.alive():  # a driver gone starts nothing new
+        if self.resubmit and status != "failed":
             await self._again(missing)
             return
         self.stats["dropped"] += len(missing)
