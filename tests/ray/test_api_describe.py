@@ -5,11 +5,17 @@ spending and a later run with more takes up the rest; keys are never written any
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import shutil
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
 
 import pyarrow as pa
@@ -18,7 +24,9 @@ import yaml
 
 from vlm_decade.core.config import ProviderConfig
 from vlm_decade.core.runfolder import RunFolder
+from vlm_decade.core.runtime import offline_env
 from vlm_decade.demo import materialize
+from vlm_decade.models.api.spend import read_spend, spend_log_path
 from vlm_decade.stages.describe.plan import jobs_from, load_png, plan_jobs
 from vlm_decade.studies import load_study
 from vlm_decade.studies.decade.data import load_study_data
@@ -225,3 +233,95 @@ def test_a_missing_key_fails_validate_before_any_work(server, tmp_path, monkeypa
     done = subprocess.run([sys.executable, "-m", "vlm_decade", "validate", str(path)], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "OPENAI_API_KEY" in done.stderr and "gpt" in done.stderr
     assert GEMINI_KEY not in done.stderr and sum(server.counts().values()) == 0
+
+
+@contextmanager
+def ray_head(tmp_path: Path):
+    """A Ray head of its own on 127.0.0.1, started apart from any driver (as a cluster is): the
+    address to join, and the environment that joins it."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # Ray's socket paths must fit in 107 bytes, which pytest's tmp_path does not leave room for.
+    ray_tmp = tempfile.mkdtemp(prefix="vd-ray-", dir="/tmp")
+    env = {**os.environ, **offline_env(tmp_path / "ray_home"), "OPENAI_API_KEY": OPENAI_KEY,
+           "GEMINI_API_KEY": GEMINI_KEY,
+           # A driver here takes its node's address for 127.0.0.1 unless told this is no cluster address.
+           "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled", "RAY_ADDRESS": f"127.0.0.1:{port}"}
+    cmd = [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1",
+           f"--port={port}", "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats",
+           f"--temp-dir={ray_tmp}"]
+    log = tmp_path / "head.log"
+    head = subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while "Ray runtime started" not in log.read_text():
+            assert head.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.5)
+        yield env
+    finally:
+        os.killpg(head.pid, signal.SIGKILL)
+        head.wait(timeout=30)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def named_actors(env: dict) -> list[str]:
+    """The named actors alive in the cluster that `env` joins."""
+    probe = ("import json, ray; ray.init(logging_level='ERROR'); "
+             "print(json.dumps([a['name'] for a in ray.util.list_named_actors(all_namespaces=True)]))")
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_on_a_cluster_the_gateway_keeps_every_answer_in_flight_when_the_driver_is_killed(server, tmp_path):
+    """A driver killed with many requests in flight against a slow provider: its gateways send
+    nothing new, record every answer still on its way (cache entry and spend line), then end
+    themselves; the rerun buys none of those answers again, and the spend is what was billed."""
+    server.faults.latency_s = 2.0
+    path = study_file(tmp_path, server, concurrency=32)
+    out = tmp_path / "run"
+    with ray_head(tmp_path) as env:
+        cmd = [sys.executable, "-m", "vlm_decade", "run", str(path), "--out", str(out)]
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and sum(r.answered is None for r in server.received()) < 24:
+            time.sleep(0.02)
+        killed_at = time.time()
+        proc.kill()  # SIGKILL: no cleanup in the driver
+        proc.wait(timeout=30)
+        dead_at = time.time()
+        in_flight = [r for r in server.received() if r.answered is None]
+        assert len(in_flight) >= 24, "the kill should land with many requests in flight"
+        while time.monotonic() < deadline and any(r.answered is None for r in server.received()):
+            time.sleep(0.1)
+        logs = {p: spend_log_path(out, p) for p in ("openai", "gemini")}
+        while time.monotonic() < deadline and any(read_spend(log).unresolved for log in logs.values()):
+            time.sleep(0.1)  # the answers that arrived are being recorded
+        before = server.received()
+        assert {r.endpoint for r in before} <= {"openai.chat", "gemini.generate"}  # describe was under way
+        # Nothing new left once the driver was gone (the gateway logs `sent` as an attempt leaves).
+        assert max(t for log in logs.values() for t, _ in read_spend(log).sent) <= dead_at + 0.05
+        assert all(r.outcome == "ok" and r.delivered for r in before) and all(r.answered > killed_at for r in in_flight)
+        cached = {f.stem for f in (tmp_path / "cache" / "chat").rglob("*.json")}
+        assert len(cached) == len(before)  # every answer the provider gave is recorded
+        for provider, log in logs.items():
+            spend = read_spend(log)
+            billed = server.billed_usd(price_table(provider), provider=provider)
+            assert spend.unresolved == 0 and spend.paid == pytest.approx(billed, abs=1e-12)
+        deadline = time.monotonic() + 60
+        while gateways := [n for n in named_actors(env) if n.startswith("vlm_decade-api-")]:
+            assert time.monotonic() < deadline, gateways  # each gateway ends itself once its answers are in
+            time.sleep(1)
+
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=480)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    responses = RunFolder(out).read("responses")
+    assert responses.num_rows == 80 and set(responses.column("status").to_pylist()) == {"ok"}
+    sent = Counter(r.payload_sha256 for r in server.received() if r.endpoint.endswith(("chat", "generate")))
+    assert len(sent) == 80 and max(sent.values()) == 1  # none of the answers in flight at the kill bought again
+    manifest = RunFolder(out).manifest()
+    for provider in ("openai", "gemini"):
+        billed = server.billed_usd(price_table(provider), provider=provider)
+        assert manifest["spend_usd"][provider] == pytest.approx(billed, abs=1e-6)  # the manifest keeps 6 decimals
+        assert provider not in manifest.get("spend_unresolved_usd", {})

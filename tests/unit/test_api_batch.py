@@ -278,9 +278,9 @@ def test_a_gemini_batch_too_large_to_inline_goes_as_an_uploaded_file(tmp_path, m
     """Over the inline limit (made small here) the requests go as a JSONL file through the Files
     API, and the answers come back as a file: the same answers as sync mode, an expired file batch
     resubmitting only what it did not reach."""
-    from vlm_decade.models.api import batch as batch_module
+    from vlm_decade.models.api.batch import gemini_batches
 
-    monkeypatch.setattr(batch_module, "GEMINI_INLINE_BYTES", 2_000)  # a request with its PNG is about 4 KB
+    monkeypatch.setattr(gemini_batches, "GEMINI_INLINE_BYTES", 2_000)  # a request with its PNG is about 4 KB
     reqs = requests("gemini", 6)
     with FakeAPIServer(FaultConfig(batch_delay_s=0.2, batch_expire_first=1)) as server:
         rows = ask(gateway(server, "gemini", tmp_path), reqs)

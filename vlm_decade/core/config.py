@@ -327,7 +327,6 @@ class ListedPrice(NamedTuple):
     as_of: str  # ISO date the price was read
 
 
-PRICES_AS_OF = "2026-03-21"  # the newest reading of the table
 _OPENAI_PAGE, _OPENAI_2024, _READ_2025 = "2026-03-21", "2024-11-20", "2025-08-15"
 _GEMINI_PAGE, _GEMINI_1X = "2025-11-18", "2024-10-01"
 # Where each reading came from (docs/api.md shows them beside the prices).

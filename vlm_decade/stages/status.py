@@ -12,7 +12,8 @@ import pyarrow.parquet as pq
 
 from vlm_decade.core.config import StudyBase
 from vlm_decade.core.runfolder import RunFolder
-from vlm_decade.models.api.batch import OPEN, run_batches, run_records
+from vlm_decade.models.api.batch import run_batches, run_records
+from vlm_decade.models.api.batch.lines import OPEN
 from vlm_decade.models.backends import api_provider
 from vlm_decade.stages.describe.rows import response_states
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vlm_decade.core.runfolder import atomic_write_bytes
+from vlm_decade.core.files import atomic_write_bytes
 
 
 def default_cache_dir() -> Path:

@@ -8,18 +8,19 @@ written to the spend log and the cache at once, and returned as the fields of a 
 what failed is retried with tenacity (never sooner than Retry-After, else exponential backoff with
 jitter) when it is worth retrying.
 
-The budget covers the run folder: what the gateways before this one paid (its spend log: earlier
-stages, models and runs), what this gateway paid, and the reservations of the attempts in flight;
-the requests those gateways started in the last window count against this one's rate limits. A request whose worst case would pass it
-waits while attempts in flight may still release their reservations, and is skipped only when
-nothing is in flight and it still would not fit.
+The budget (`budget.py`) covers the run folder: what the gateways before this one paid (its spend
+log: earlier stages, models and runs), what this gateway paid, and the reservations of the
+attempts in flight; this gateway and its batcher (`batch/`) hold the same one. The requests those
+gateways started in the last window count against this one's rate limits.
 
-When the driver that started the run is gone (killed), no new attempt leaves: only answers
-already on their way are still received and recorded.
+An answer is recorded (spend log, then cache) the moment it arrives, before it is handed back and
+whether or not anyone still waits for it. When the driver that started the run is gone (killed),
+no new attempt leaves: only answers already on their way are still received and recorded.
 
 `Gateway` is plain asyncio, so the benchmark and tests can drive it directly; `GatewayActor` wraps
 it as an async Ray actor (`num_cpus=0`, pinned to the driver's node, where the cache and run
-folders are), and `gateway_actor` gets or creates a named one.
+folders are, and detached, so that on a cluster it outlives a killed driver until its answers in
+flight are in), and `gateway_actor` gets or creates a named one.
 """
 
 from __future__ import annotations
@@ -33,13 +34,16 @@ import select
 import time
 import uuid
 from collections import Counter
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
 from vlm_decade.core.config import ProviderConfig
+from vlm_decade.models.api.answers import cached_answer, failed_answer
 from vlm_decade.models.api.batch import Batcher
+from vlm_decade.models.api.budget import Budget, BudgetStop
 from vlm_decade.models.api.cache import ResponseCache, entry_vector, vector_entry
 from vlm_decade.models.api.keys import Secret, scrub
 from vlm_decade.models.api.limits import RateLimiter
@@ -47,10 +51,6 @@ from vlm_decade.models.api.providers import ChatRequest, chat_key, cost, embed_k
 from vlm_decade.models.api.spend import SpendLog, read_spend
 
 ACTOR_CONCURRENCY = 10_000  # asyncio tasks an actor accepts; the provider's own cap is inside
-
-
-class BudgetStop(Exception):
-    """The next attempt would pass the budget and nothing in flight can make room."""
 
 
 class DriverGone(Exception):
@@ -101,17 +101,12 @@ class Gateway:
         self.cache = ResponseCache(cache_dir)
         self.log = SpendLog(spend_log) if spend_log is not None else None
         before = read_spend(spend_log) if spend_log is not None else None
-        # Earlier gateways of this folder: what they paid, and their unanswered attempts at worst case.
-        self.spent_before = before.paid + before.unresolved if before else 0.0
-        self.open_before = dict(before.open) if before else {}  # those attempts, until one is collected here
+        self.budget = Budget(provider, cfg.budget_usd, before)  # held by the batcher too
         if before:  # their requests of the last window count against this one's limits
             now, wall = time.monotonic(), time.time()
             self.limiter.preload([(now - (wall - t), min(n, cfg.tpm)) for t, n in before.sent if wall - t < self.limiter.window])
-        self.spent = 0.0  # US$ paid through this gateway
-        self.reserved = 0.0  # worst-case cost of the attempts in flight
-        self.in_flight = 0
-        self.released = asyncio.Event()  # replaced at each release; budget waiters wake on it
         self.driver = DriverWatch(driver_pid)
+        self.on_the_wire = 0  # attempts sent whose answer (or failure) is not recorded yet
         self.stats: Counter = Counter()
         self.backoff = wait_exponential_jitter(initial=0.5, max=8.0, jitter=0.5)
         self.jitter = random.Random(f"{provider}:{cache_dir}")  # seeded by the gateway's identity
@@ -121,47 +116,18 @@ class Gateway:
         # run left in a pending batch is collected from it, whatever the mode now.
         self.batch = Batcher(self, cache_dir, run_root, batch_wait)
 
-    # budget -----------------------------------------------------------------------------------
     @property
-    def total_spent(self) -> float:
-        """What the run folder has spent with this provider, earlier runs included."""
-        return self.spent_before + self.spent
+    def spent(self) -> float:
+        """US$ paid through this gateway."""
+        return self.budget.spent
 
-    def _budget_message(self, worst: float) -> str:
-        return (f"budget ${self.cfg.budget_usd:g} for {self.name} reached (spent ${self.total_spent:.4f}; the next request "
-                f"may cost up to ${worst:.4f}); raise providers.{self.name}.budget_usd to go on")
+    @property
+    def spent_before(self) -> float:
+        """US$ the folder's earlier gateways spent (their unresolved attempts at worst case)."""
+        return self.budget.spent_before
 
-    async def _reserve(self, worst: float) -> None:
-        """Hold `worst` against the budget for one attempt; wait while attempts in flight may still
-        make room; `BudgetStop` when nothing is in flight and it does not fit."""
-        budget = self.cfg.budget_usd
-        while budget is not None and self.total_spent + self.reserved + worst > budget:
-            if self.in_flight == 0:
-                raise BudgetStop(self._budget_message(worst))
-            await self.released.wait()
-        self.reserved += worst
-        self.in_flight += 1
-
-    def _settle_spend(self, attempt: str, worst: float, paid: float, reserved: bool) -> None:
-        """An attempt's cost is known: release its reservation (this gateway's), or the worst case an
-        earlier gateway left unresolved (a batch collected here)."""
-        if reserved:
-            return self._release(worst, paid)
-        self.spent_before -= self.open_before.pop(attempt, 0.0)
-        self.spent += paid
-        self.released.set()
-        self.released = asyncio.Event()
-
-    def _release(self, worst: float, paid: float) -> None:
-        self.reserved -= worst
-        self.in_flight -= 1
-        if self.in_flight == 0:
-            self.reserved = 0.0  # no float dust left behind
-        self.spent += paid
-        self.released.set()
-        self.released = asyncio.Event()
-
-    def _price(self, model_id: str):
+    def price(self, model_id: str):
+        """The price of `model_id`; LookupError when the config has none."""
         price = self.cfg.price(self.name, model_id)
         if price is None:
             raise LookupError(f"no price for {self.name} model '{model_id}'; add it under providers.{self.name}.prices")
@@ -179,11 +145,13 @@ class Gateway:
     def _retryable(self, exc: BaseException) -> bool:
         return not isinstance(exc, (BudgetStop, DriverGone)) and self.provider.retryable(exc)
 
-    async def _attempt(self, call, tokens: int, worst: float, price_of, urgent: bool):
-        """One attempt: budget, limiter, send. Its cost goes to the spend log the moment it is known."""
+    async def _attempt(self, call, tokens: int, worst: float, price_of, keep, urgent: bool):
+        """One attempt: budget, limiter, send. An answer is recorded the moment it arrives, whoever
+        still waits for it: its cost to the spend log, then `keep(result, paid, latency)` writes it
+        to the cache (so a recorded answer is never missing from the spend)."""
         if not self.driver.alive():
             raise DriverGone("the run's driver has ended; not sent")
-        await self._reserve(worst)
+        await self.budget.reserve(worst)
         paid = 0.0
         try:
             entry = await self.limiter.acquire(tokens, urgent=urgent)
@@ -194,24 +162,29 @@ class Gateway:
                 self.log.write(a=attempt, e="sent", worst=worst, t=round(time.time(), 3), tok=tokens)
             self.stats["attempts"] += 1
             start = time.monotonic()
+            self.on_the_wire += 1
             try:
-                # A guard above the client's own timeout, for a connection that never closes.
-                result = await asyncio.wait_for(call(), timeout=self.cfg.timeout_s + 5)
-            except BaseException as exc:
-                self.stats[f"failed:{type(exc).__name__}"] += 1
+                try:
+                    # A guard above the client's own timeout, for a connection that never closes.
+                    result = await asyncio.wait_for(call(), timeout=self.cfg.timeout_s + 5)
+                except BaseException as exc:
+                    self.stats[f"failed:{type(exc).__name__}"] += 1
+                    if self.log:
+                        self.log.write(a=attempt, e="failed")
+                    raise
+                latency = time.monotonic() - start
+                paid, used = price_of(result)
                 if self.log:
-                    self.log.write(a=attempt, e="failed")
-                raise
-            latency = time.monotonic() - start
-            paid, used = price_of(result)
-            if self.log:
-                self.log.write(a=attempt, e="paid", usd=paid, tok=used)
+                    self.log.write(a=attempt, e="paid", usd=paid, tok=used)
+                keep(result, paid, latency)
+            finally:
+                self.on_the_wire -= 1
             self.limiter.reconcile(entry, used)
             return result, paid, latency
         finally:
-            self._release(worst, paid)
+            self.budget.release(worst, paid)
 
-    async def _send(self, call, tokens: int, worst: float, price_of):
+    async def _send(self, call, tokens: int, worst: float, price_of, keep):
         """One logical request, holding its concurrency slot through every attempt: (result, US$
         paid, seconds queued, seconds the answering attempt took)."""
         arrived = time.monotonic()
@@ -221,32 +194,23 @@ class Gateway:
             async for attempt in retrying:
                 with attempt:
                     urgent = attempt.retry_state.attempt_number > 1
-                    result, paid, latency = await self._attempt(call, tokens, worst, price_of, urgent)
+                    result, paid, latency = await self._attempt(call, tokens, worst, price_of, keep, urgent)
         return result, paid, time.monotonic() - arrived - latency, latency
 
-    def _error(self, exc: BaseException) -> str:
+    def error_text(self, exc: BaseException) -> str:
+        """The first line of an error, scrubbed of the key, as a row records it."""
         first = (str(exc).splitlines() or [""])[0][:300]
         return scrub(f"{type(exc).__name__}: {first}", self.key)
 
-    def _failed(self, exc: BaseException) -> tuple[str, str]:
-        """(status, error) of a request that got no answer."""
+    def failure(self, exc: BaseException) -> tuple[str, str]:
+        """(status, error) of a request that got no answer, counted."""
         if isinstance(exc, BudgetStop):
             self.stats["skipped"] += 1
             return "skipped", str(exc)
         self.stats["errors"] += 1
-        return "error", str(exc) if isinstance(exc, DriverGone) else self._error(exc)
+        return "error", str(exc) if isinstance(exc, DriverGone) else self.error_text(exc)
 
     # chat -------------------------------------------------------------------------------------
-    @staticmethod
-    def cached_answer(hit: dict) -> dict:
-        """The row of an answer the cache holds: as it was bought (its cost, the provider's latency
-        then, its mode); nothing paid now."""
-        return {"latency_s": 0.0, "mode": "sync", **hit, "status": "ok", "error": "", "queued_s": 0.0, "paid_usd": 0.0, "cached": True}
-
-    @staticmethod
-    def failed_answer(status: str, error: str) -> dict:
-        return failed_answer(status, error)
-
     async def submit(self, req: ChatRequest, hold: bool = False) -> dict:
         """Batch mode: the answer at once (cache, budget, price), else {"status": "queued", "key"}
         (`hold`: grouped until `flush` or a full batch)."""
@@ -273,9 +237,9 @@ class Gateway:
         hit = self.cache.get("chat", key)
         if hit is not None:
             self.stats["cache_hits"] += 1
-            return self.cached_answer(hit)
+            return cached_answer(hit)
         try:
-            price = self._price(req.model_id)
+            price = self.price(req.model_id)
         except LookupError as exc:
             return failed_answer("error", str(exc))
         est_in = self.provider.estimate_input(req)
@@ -284,14 +248,19 @@ class Gateway:
         def price_of(reply):
             return cost(price, reply.input_tokens, reply.output_tokens), reply.input_tokens + reply.output_tokens
 
+        entry: dict = {}
+
+        def keep(reply, paid: float, latency: float) -> None:
+            entry.update(text=reply.text, input_tokens=reply.input_tokens, output_tokens=reply.output_tokens,
+                         cost_usd=paid, model_version=reply.model_version, latency_s=latency, mode="sync")
+            self.cache.put("chat", key, entry)
+
         try:
-            reply, paid, queued, latency = await self._send(lambda: self.provider.chat(req), est_in + cap, cost(price, est_in, cap), price_of)
+            worst = cost(price, est_in, cap)
+            _, paid, queued, _ = await self._send(partial(self.provider.chat, req), est_in + cap, worst, price_of, keep)
         except Exception as exc:  # noqa: BLE001 - recorded as the row's error, never raised
-            return failed_answer(*self._failed(exc))
+            return failed_answer(*self.failure(exc))
         self.stats["requests"] += 1
-        entry = {"text": reply.text, "input_tokens": reply.input_tokens, "output_tokens": reply.output_tokens,
-                 "cost_usd": paid, "model_version": reply.model_version, "latency_s": latency, "mode": "sync"}
-        self.cache.put("chat", key, entry)
         return {**entry, "status": "ok", "error": "", "queued_s": queued, "paid_usd": paid, "cached": False}
 
     # embeddings -------------------------------------------------------------------------------
@@ -327,14 +296,10 @@ class Gateway:
                 else:
                     failed[k] = (answer["status"], answer["error"])
         if missing:
-            vectors, version, sent_paid, failure = await self._embed_sync(model_id, [t for _, t in missing])
+            entries, sent_paid, failure = await self._embed_sync(model_id, missing)
             paid += sent_paid
-            for i, (k, _) in enumerate(missing):
-                if failure is not None:
-                    failed[k] = failure
-                    continue
-                found[k] = vector_entry(vectors[i], version, sent_paid / len(missing), "sync")  # the request's cost, split over its texts
-                self.cache.put("embed", k, found[k])
+            found.update(entries)
+            failed.update({k: failure for k, _ in missing} if failure is not None else {})
         ok = [k not in failed for k in keys]
         done = [k for k in keys if k not in failed]
         vectors = np.stack([entry_vector(found[k]) for k in done]) if done else None
@@ -342,43 +307,69 @@ class Gateway:
                 "modes": [found[k].get("mode", "sync") for k in done],  # entries cached before modes existed were bought in sync
                 "model_version": found[done[0]]["model_version"] if done else "", "paid_usd": paid}
 
-    async def _embed_sync(self, model_id: str, texts: list[str]):
-        """One embeddings request: (vectors, model version, US$ paid, None), or (None, "", 0, (status,
-        error)) when it failed."""
+    async def _embed_sync(self, model_id: str, missing: list[tuple[str, str]]):
+        """One embeddings request for the (key, text) pairs `missing`: ({key: cache entry}, US$ paid,
+        None), cached as the answer arrives, or ({}, 0, (status, error)) when it failed."""
         try:
-            price = self._price(model_id)
+            price = self.price(model_id)
         except LookupError as exc:
-            return None, "", 0.0, ("error", str(exc))
+            return {}, 0.0, ("error", str(exc))
+        texts = [t for _, t in missing]
         est = sum(map(text_tokens, texts))
+        entries: dict[str, dict] = {}
 
         def price_of(answer):
             return cost(price, answer[1], 0), answer[1]
 
+        def keep(answer, paid: float, latency: float) -> None:
+            vectors, _, version = answer
+            for i, (k, _) in enumerate(missing):
+                # the request's cost, split over its texts
+                entries[k] = vector_entry(vectors[i], version, paid / len(missing), "sync")
+                self.cache.put("embed", k, entries[k])
+
         try:
-            (vectors, _, version), paid, _, _ = await self._send(lambda: self.provider.embed(model_id, texts), est, cost(price, est, 0), price_of)
+            call = partial(self.provider.embed, model_id, texts)
+            _, paid, _, _ = await self._send(call, est, cost(price, est, 0), price_of, keep)
         except Exception as exc:  # noqa: BLE001 - reported to the stage
-            return None, "", 0.0, self._failed(exc)
+            return {}, 0.0, self.failure(exc)
         self.stats["requests"] += 1
-        return vectors, version, paid, None
+        return entries, paid, None
+
+    async def outlive_driver(self, poll_s: float = 0.5) -> None:
+        """Return once the driver is gone and every answer on its way has been recorded (or its
+        attempt has failed or timed out); batches being downloaded are collected first."""
+        while self.driver.alive() or self.on_the_wire or self.batch.collecting:
+            await asyncio.sleep(poll_s)
 
     def report(self) -> dict:
         batches = {f"batch_{k}": v for k, v in self.batch.stats.items()}
         return {"spent_usd": self.spent, "spent_before_usd": self.spent_before, **self.stats, **batches}
 
 
-def failed_answer(status: str, error: str) -> dict:
-    """A chat answer with no text: `status` error (`error` says why) or skipped (a budget)."""
-    return {"text": "", "status": status, "error": error, "latency_s": 0.0, "queued_s": 0.0, "input_tokens": None,
-            "output_tokens": None, "cost_usd": 0.0, "paid_usd": 0.0, "model_version": "", "cached": False, "mode": ""}
-
-
 class GatewayActor:
-    """The gateway as an async Ray actor: many calls in flight, one limiter for the cluster."""
+    """The gateway as an async Ray actor: many calls in flight, one limiter for the cluster.
+
+    It is detached from the driver, so that on a cluster it outlives a driver that dies: it sends
+    nothing new, records every answer still on its way, and then ends itself (`watch`). A local
+    Ray ends with its driver, and the actor with it (docs/api.md says what that loses)."""
 
     def __init__(self, provider: str, cfg: ProviderConfig, key: Secret, cache_dir: str, spend_log: str | None, driver_pid: int | None,
                  run_root: str | None, batch_wait: bool):
         self.gateway = Gateway(provider, cfg, key, cache_dir, spend_log=spend_log, driver_pid=driver_pid, run_root=run_root,
                                batch_wait=batch_wait)
+        self.ending: asyncio.Task | None = None
+
+    async def watch(self) -> None:
+        """Start ending this actor once its driver is gone and nothing it sent is on its way."""
+        if self.ending is None:
+            self.ending = asyncio.get_running_loop().create_task(self._end_after_driver())
+
+    async def _end_after_driver(self) -> None:
+        import ray
+
+        await self.gateway.outlive_driver()
+        ray.kill(ray.get_runtime_context().current_actor)
 
     async def chat(self, req: ChatRequest, batch: bool | None = None) -> dict:
         return await self.gateway.chat(req, batch)
@@ -405,15 +396,17 @@ class GatewayActor:
 def gateway_actor(ray, provider: str, cfg: ProviderConfig, key: Secret, cache_dir: Path, run_id: str,
                   spend_log: Path | None = None, driver_pid: int | None = None, run_root: Path | None = None, batch_wait: bool = True):
     """The gateway actor named `run_id` for `provider`, created on this (the driver's) node if it is
-    not there yet: everything sent under that name shares its limits and budget."""
+    not there yet: everything sent under that name shares its limits and budget. Detached, it is
+    ended by its session, or by itself once the driver is gone (`GatewayActor.watch`)."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     name = f"vlm_decade-api-{provider}-{hashlib.sha256(run_id.encode()).hexdigest()[:16]}"
-    return (
+    actor = (
         ray.remote(GatewayActor)
         .options(
             name=name,
             get_if_exists=True,
+            lifetime="detached",
             num_cpus=0,
             max_concurrency=ACTOR_CONCURRENCY,
             scheduling_strategy=NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False),
@@ -421,3 +414,5 @@ def gateway_actor(ray, provider: str, cfg: ProviderConfig, key: Secret, cache_di
         .remote(provider, cfg, key, str(cache_dir), None if spend_log is None else str(spend_log), driver_pid,
                 None if run_root is None else str(run_root), batch_wait)
     )
+    actor.watch.remote()
+    return actor

@@ -14,7 +14,7 @@ import pyarrow as pa
 from vlm_decade.core.config import ModelConfig, StudyBase
 from vlm_decade.core.dispatch import pool_map
 from vlm_decade.core.runner import StudyRun
-from vlm_decade.models.api.gateway import failed_answer
+from vlm_decade.models.api.answers import failed_answer
 from vlm_decade.models.backends import Backend, Description, Stimulus, backend_class
 from vlm_decade.stages.describe.plan import Job, Plan, jobs_from, load_stimuli
 from vlm_decade.stages.describe.rows import RESPONSES_SCHEMA, failed_batch, one_for_one, response_row

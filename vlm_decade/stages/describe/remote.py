@@ -18,7 +18,7 @@ from collections import defaultdict
 from vlm_decade.core.config import ModelConfig, StudyBase
 from vlm_decade.core.dispatch import batches, bounded
 from vlm_decade.core.runner import StudyRun
-from vlm_decade.models.api.gateway import failed_answer
+from vlm_decade.models.api.answers import failed_answer
 from vlm_decade.models.api.session import BatchesPending, stop_if_pending
 from vlm_decade.models.backends import backend_class
 from vlm_decade.stages.describe.plan import Job, load_png

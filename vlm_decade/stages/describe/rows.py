@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 
 from vlm_decade.core.columns import first_per_key
 from vlm_decade.core.runfolder import RunFolder
-from vlm_decade.models.api.gateway import failed_answer
+from vlm_decade.models.api.answers import failed_answer
 from vlm_decade.stages.describe.plan import Job
 
 RESPONSES_SCHEMA = pa.schema(

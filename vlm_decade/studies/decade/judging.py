@@ -21,7 +21,7 @@ from vlm_decade.core.config import ModelConfig
 from vlm_decade.core.dispatch import bounded
 from vlm_decade.core.errors import Problem
 from vlm_decade.core.runner import Stage, StudyRun
-from vlm_decade.models.api.gateway import failed_answer
+from vlm_decade.models.api.answers import failed_answer
 from vlm_decade.models.api.providers import ChatRequest, provider_class
 from vlm_decade.models.backends import backend_class
 from vlm_decade.core.dispatch import batches

@@ -16,7 +16,7 @@ import pyarrow as pa
 from vlm_decade.core.config import ModelConfig
 from vlm_decade.core.dispatch import batches, bounded
 from vlm_decade.core.runner import StudyRun
-from vlm_decade.models.api.gateway import failed_answer
+from vlm_decade.models.api.answers import failed_answer
 from vlm_decade.models.backends import backend_class
 from vlm_decade.stages.describe.plan import Job
 from vlm_decade.stages.describe.remote import REMOTE_BATCH, ask_gateway, finish_queued
