@@ -31,6 +31,8 @@ browser:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver)
 
 test: setup browser
+	$(BIN)/ruff format --check vlm_decade tests benchmarks jobs
+	$(BIN)/ruff check vlm_decade tests benchmarks jobs
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q -rs
 
