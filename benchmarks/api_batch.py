@@ -54,10 +54,25 @@ def price(model: str) -> tuple[float, float]:
 
 
 def gateway(server: FakeAPIServer, root: Path, mode: str, per_batch: int) -> Gateway:
-    cfg = ProviderConfig(rpm=100_000, tpm=10**10, max_concurrency=64, timeout_s=10, base_url=server.openai_url, budget_usd=None,
-                         mode=mode, batch_max_requests=per_batch, batch_poll_s=0.2)
-    return Gateway("openai", cfg, Secret("sk-bench"), root / "cache", spend_log=root / "run" / "api" / "openai.spend.jsonl",
-                   run_root=root / "run")
+    cfg = ProviderConfig(
+        rpm=100_000,
+        tpm=10**10,
+        max_concurrency=64,
+        timeout_s=10,
+        base_url=server.openai_url,
+        budget_usd=None,
+        mode=mode,
+        batch_max_requests=per_batch,
+        batch_poll_s=0.2,
+    )
+    return Gateway(
+        "openai",
+        cfg,
+        Secret("sk-bench"),
+        root / "cache",
+        spend_log=root / "run" / "api" / "openai.spend.jsonl",
+        run_root=root / "run",
+    )
 
 
 async def ask(gw: Gateway, requests: list[ChatRequest]) -> list[dict]:
@@ -67,7 +82,12 @@ async def ask(gw: Gateway, requests: list[ChatRequest]) -> list[dict]:
 async def phases(requests: list[ChatRequest], args) -> dict:
     """Both modes in one event loop (the clients' connections belong to it)."""
     out: dict = {}
-    with tempfile.TemporaryDirectory() as tmp, FakeAPIServer(FaultConfig(batch_delay_s=0.5, batch_expire_first=1, batch_line_fail_rate=args.fail, seed=1)) as server:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        FakeAPIServer(
+            FaultConfig(batch_delay_s=0.5, batch_expire_first=1, batch_line_fail_rate=args.fail, seed=1)
+        ) as server,
+    ):
         start = time.perf_counter()
         first = await ask(gateway(server, Path(tmp), "batch", args.per_batch), requests)
         server.faults = FaultConfig(batch_delay_s=0.5)
@@ -79,14 +99,33 @@ async def phases(requests: list[ChatRequest], args) -> dict:
         out["lines"] = len(lines)
         out["cost_batch"] = server.billed_usd(price)
         out["batches"] = server.counts()["openai.batches.create"]
-    print(json.dumps({"phase": "batch", "first_run_errors": sum(r["status"] != "ok" for r in first),
-                      "rerun_ok": sum(r["status"] == "ok" for r in again), "batches": out["batches"], "seconds": round(batch_s, 1)}))
+    print(
+        json.dumps(
+            {
+                "phase": "batch",
+                "first_run_errors": sum(r["status"] != "ok" for r in first),
+                "rerun_ok": sum(r["status"] == "ok" for r in again),
+                "batches": out["batches"],
+                "seconds": round(batch_s, 1),
+            }
+        )
+    )
     with tempfile.TemporaryDirectory() as tmp, FakeAPIServer() as server:
         start = time.perf_counter()
         sync = await ask(gateway(server, Path(tmp), "sync", args.per_batch), requests)
-        print(json.dumps({"phase": "sync", "ok": sum(r["status"] == "ok" for r in sync), "seconds": round(time.perf_counter() - start, 1)}))
+        print(
+            json.dumps(
+                {
+                    "phase": "sync",
+                    "ok": sum(r["status"] == "ok" for r in sync),
+                    "seconds": round(time.perf_counter() - start, 1),
+                }
+            )
+        )
         out["cost_sync"] = server.billed_usd(price)
-    out["identical"] = all(a["text"] == b["text"] and a["input_tokens"] == b["input_tokens"] for a, b in zip(again, sync))
+    out["identical"] = all(
+        a["text"] == b["text"] and a["input_tokens"] == b["input_tokens"] for a, b in zip(again, sync)
+    )
     out["batch_s"] = batch_s
     return out
 
@@ -103,14 +142,23 @@ async def embed_phases(texts: list[str], args) -> dict:
         return await asyncio.gather(*[gw.embed(ENCODER, chunk) for chunk in chunks])
 
     out: dict = {}
-    with tempfile.TemporaryDirectory() as tmp, FakeAPIServer(FaultConfig(batch_delay_s=0.5, batch_expire_first=1, batch_line_fail_rate=args.fail, seed=2)) as server:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        FakeAPIServer(
+            FaultConfig(batch_delay_s=0.5, batch_expire_first=1, batch_line_fail_rate=args.fail, seed=2)
+        ) as server,
+    ):
         await embed(gateway(server, Path(tmp), "batch", args.per_batch))
         server.faults = FaultConfig(batch_delay_s=0.5)
         again = await embed(gateway(server, Path(tmp), "batch", args.per_batch))
         lines = server.batch_lines()
-        out.update(submitted=sum(len(b.lines) for b in server.batches.batches.values()), lines=len(lines),
-                   answered=Counter(r.key for r in lines if r.outcome == "ok"), batches=server.counts()["openai.batches.create"],
-                   cost_batch=server.billed_usd(price))
+        out.update(
+            submitted=sum(len(b.lines) for b in server.batches.batches.values()),
+            lines=len(lines),
+            answered=Counter(r.key for r in lines if r.outcome == "ok"),
+            batches=server.counts()["openai.batches.create"],
+            cost_batch=server.billed_usd(price),
+        )
     with tempfile.TemporaryDirectory() as tmp, FakeAPIServer() as server:
         sync = await embed(gateway(server, Path(tmp), "sync", args.per_batch))
         out["cost_sync"] = server.billed_usd(price)
@@ -142,7 +190,9 @@ def main() -> None:
     args = ap.parse_args()
     images = [png(i % 50) for i in range(50)]
     settings = OpenAIProvider.settings(MODEL, {})
-    requests = [ChatRequest(MODEL, f"batch benchmark question {i}", images[i % 50], settings) for i in range(args.requests)]
+    requests = [
+        ChatRequest(MODEL, f"batch benchmark question {i}", images[i % 50], settings) for i in range(args.requests)
+    ]
 
     texts = [f"a benchmark description number {i} of a photo" for i in range(args.texts)]
 
@@ -150,8 +200,16 @@ def main() -> None:
         return await phases(requests, args), await embed_phases(texts, args)
 
     out, embedded = asyncio.run(both())
-    print(json.dumps({**summary(args.requests, out), "batch_seconds": round(out["batch_s"], 1),
-                      "faults": {"expired_batches": 1, "line_fail_rate": args.fail}, "embeddings": summary(args.texts, embedded)}))
+    print(
+        json.dumps(
+            {
+                **summary(args.requests, out),
+                "batch_seconds": round(out["batch_s"], 1),
+                "faults": {"expired_batches": 1, "line_fail_rate": args.fail},
+                "embeddings": summary(args.texts, embedded),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

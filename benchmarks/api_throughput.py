@@ -49,7 +49,15 @@ def png() -> bytes:
 
 
 def faults(latency: float, seed: int) -> FaultConfig:
-    return FaultConfig(latency_s=latency, rate_429=0.20, retry_after_s=1.0, rate_500=0.05, rate_timeout=0.02, timeout_sleep_s=4.0, seed=seed)
+    return FaultConfig(
+        latency_s=latency,
+        rate_429=0.20,
+        retry_after_s=1.0,
+        rate_500=0.05,
+        rate_timeout=0.02,
+        timeout_sleep_s=4.0,
+        seed=seed,
+    )
 
 
 def sequential(url: str, requests: list[ChatRequest]) -> tuple[float, int]:
@@ -65,7 +73,9 @@ def sequential(url: str, requests: list[ChatRequest]) -> tuple[float, int]:
         url_ = "data:image/png;base64," + base64.b64encode(req.image_png).decode()
         content = [{"type": "text", "text": req.prompt}, {"type": "image_url", "image_url": {"url": url_}}]
         try:
-            client.chat.completions.create(model=req.model_id, messages=[{"role": "user", "content": content}], max_completion_tokens=300)
+            client.chat.completions.create(
+                model=req.model_id, messages=[{"role": "user", "content": content}], max_completion_tokens=300
+            )
         except Exception:  # noqa: BLE001 - counted
             lost += 1
     return time.perf_counter() - start, lost
@@ -86,10 +96,16 @@ def budget_phase(ray, n: int, budget: float) -> dict:
     """Two models of one provider share one gateway and one budget; how close to it, never past it."""
     prices = ProviderConfig(rpm=1, tpm=1)
     with FakeAPIServer(FaultConfig(latency_s=0.05, seed=3)) as server, tempfile.TemporaryDirectory() as cache:
-        cfg = ProviderConfig(rpm=60_000, tpm=10**9, max_concurrency=32, timeout_s=2.0, base_url=server.openai_url, budget_usd=budget)
+        cfg = ProviderConfig(
+            rpm=60_000, tpm=10**9, max_concurrency=32, timeout_s=2.0, base_url=server.openai_url, budget_usd=budget
+        )
         actor = gateway_actor(ray, "openai", cfg, Secret("sk-bench"), Path(cache), "benchmark-budget")
         image = png()
-        requests = [ChatRequest(m, f"budget prompt {m} {i}", image, OpenAIProvider.settings(m, {})) for i in range(n) for m in ("gpt-4o-mini", "gpt-4o")]
+        requests = [
+            ChatRequest(m, f"budget prompt {m} {i}", image, OpenAIProvider.settings(m, {}))
+            for i in range(n)
+            for m in ("gpt-4o-mini", "gpt-4o")
+        ]
         rows = ray.get([actor.chat.remote(r) for r in requests], timeout=3600)
         ray.kill(actor)
 
@@ -99,7 +115,12 @@ def budget_phase(ray, n: int, budget: float) -> dict:
 
         billed = server.billed_usd(price)
     status = {s: sum(r["status"] == s for r in rows) for s in ("ok", "skipped", "error")}
-    return {"budget_usd": budget, "billed_usd": round(billed, 6), "budget_overshoot": round(billed / budget, 4), "status": status}
+    return {
+        "budget_usd": budget,
+        "billed_usd": round(billed, 6),
+        "budget_overshoot": round(billed / budget, 4),
+        "status": status,
+    }
 
 
 def main() -> None:
@@ -120,7 +141,15 @@ def main() -> None:
 
     ray = start_ray(num_cpus=2)
     with FakeAPIServer(faults(args.latency, seed=1)) as server, tempfile.TemporaryDirectory() as cache:
-        cfg = ProviderConfig(rpm=args.rpm, tpm=10**9, max_concurrency=64, timeout_s=2.0, max_attempts=10, base_url=server.openai_url, budget_usd=None)
+        cfg = ProviderConfig(
+            rpm=args.rpm,
+            tpm=10**9,
+            max_concurrency=64,
+            timeout_s=2.0,
+            max_attempts=10,
+            base_url=server.openai_url,
+            budget_usd=None,
+        )
         actor = gateway_actor(ray, "openai", cfg, Secret("sk-bench"), Path(cache), "benchmark")
         start = time.perf_counter()
         rows = ray.get([actor.chat.remote(r) for r in requests], timeout=3600)
@@ -133,12 +162,33 @@ def main() -> None:
     lost = sum(r["status"] != "ok" for r in rows)
     span = times[-1] - times[0] + 60 / args.rpm  # the last request's slot counts too
     achieved = len(times) / span * 60  # attempts per minute as the server saw them (retries use the limit too)
-    print(json.dumps({"phase": "gateway", "requests": args.requests, "attempts": len(times), "outcomes": outcomes, "seconds": round(elapsed, 1), "report": report}))
+    print(
+        json.dumps(
+            {
+                "phase": "gateway",
+                "requests": args.requests,
+                "attempts": len(times),
+                "outcomes": outcomes,
+                "seconds": round(elapsed, 1),
+                "report": report,
+            }
+        )
+    )
 
     with FakeAPIServer(faults(args.latency, seed=2)) as server:
         seq_s, seq_lost = sequential(server.openai_url, requests[: args.sequential])
     seq_total = seq_s * args.requests / args.sequential
-    print(json.dumps({"phase": "sequential", "timed_on": args.sequential, "seconds": round(seq_s, 1), "lost": seq_lost, "extrapolated_seconds": round(seq_total, 1)}))
+    print(
+        json.dumps(
+            {
+                "phase": "sequential",
+                "timed_on": args.sequential,
+                "seconds": round(seq_s, 1),
+                "lost": seq_lost,
+                "extrapolated_seconds": round(seq_total, 1),
+            }
+        )
+    )
     budget = budget_phase(ray, args.budget_requests, args.budget)
     print(json.dumps({"phase": "budget", **budget}))
     wait = float(np.median(waits))

@@ -48,12 +48,29 @@ def vs_scipy(n_images=200, n_subjects=20, n_metrics=6, n_resamples=10_000):
         return _core.masked_means(data, mask), _core.percentile_ci(dist, 0.95)
 
     def scipy_call(batch=None):
-        return lambda: stats.bootstrap((data,), np.mean, n_resamples=n_resamples, axis=-1, vectorized=True,
-                                       method="percentile", batch=batch, rng=np.random.default_rng(1))
+        return lambda: stats.bootstrap(
+            (data,),
+            np.mean,
+            n_resamples=n_resamples,
+            axis=-1,
+            vectorized=True,
+            method="percentile",
+            batch=batch,
+            rng=np.random.default_rng(1),
+        )
 
     def scipy_per_series():
-        return [stats.bootstrap((row,), np.mean, n_resamples=n_resamples, vectorized=True, method="percentile",
-                                rng=np.random.default_rng(1)) for row in data]
+        return [
+            stats.bootstrap(
+                (row,),
+                np.mean,
+                n_resamples=n_resamples,
+                vectorized=True,
+                method="percentile",
+                rng=np.random.default_rng(1),
+            )
+            for row in data
+        ]
 
     order_stats = np.unique(np.floor((n_resamples - 1) * np.array([0.025, 0.975])).astype(int) + [[0], [1]])
 
@@ -71,12 +88,21 @@ def vs_scipy(n_images=200, n_subjects=20, n_metrics=6, n_resamples=10_000):
     best_usage = min(usages, key=usages.get)
     # same estimates: the intervals agree within Monte-Carlo error
     err = np.max(np.abs(lo - ref.confidence_interval.low) / ref.standard_error)
-    emit(case="vs_scipy", n_images=n_images, series=data.shape[0], n_resamples=n_resamples,
-         seconds_ours=round(t_ours, 4), seconds_scipy=round(t_scipy, 3),
-         seconds_scipy_by_usage={k: round(v, 3) for k, v in usages.items()}, scipy_best_usage=best_usage,
-         seconds_floor=round(t_floor, 4), speedup=round(t_scipy / t_ours, 1),
-         speedup_vs_scipy_best=round(usages[best_usage] / t_ours, 1), ours_over_floor=round(t_ours / t_floor, 2),
-         max_ci_low_diff_in_se=round(float(err), 3))
+    emit(
+        case="vs_scipy",
+        n_images=n_images,
+        series=data.shape[0],
+        n_resamples=n_resamples,
+        seconds_ours=round(t_ours, 4),
+        seconds_scipy=round(t_scipy, 3),
+        seconds_scipy_by_usage={k: round(v, 3) for k, v in usages.items()},
+        scipy_best_usage=best_usage,
+        seconds_floor=round(t_floor, 4),
+        speedup=round(t_scipy / t_ours, 1),
+        speedup_vs_scipy_best=round(usages[best_usage] / t_ours, 1),
+        ours_over_floor=round(t_ours / t_floor, 2),
+        max_ci_low_diff_in_se=round(float(err), 3),
+    )
     return t_scipy / t_ours, usages[best_usage] / t_ours, t_ours / t_floor
 
 
@@ -92,10 +118,20 @@ def scaling(sizes=(10**3, 10**4, 10**5, 10**6), n_series=6, n_resamples=1000):
     for n in sizes:
         v = rng.random((n_series, n))
         m = np.ones_like(v)
-        t, _ = best_of(lambda: _engine.poisson_resample_means(v, m, n_resamples, 0, f"n{n}", use_ray=True), 1 if n >= 10**5 else 3)
+        t, _ = best_of(
+            lambda: _engine.poisson_resample_means(v, m, n_resamples, 0, f"n{n}", use_ray=True), 1 if n >= 10**5 else 3
+        )
         rows.append((n, t))
-        emit(case="scaling", mode="poisson", ray_tasks=-(-n // _engine.POISSON_SHARD), n_images=n, series=n_series,
-             n_resamples=n_resamples, seconds=round(t, 3), microseconds_per_image=round(t / n * 1e6, 3))
+        emit(
+            case="scaling",
+            mode="poisson",
+            ray_tasks=-(-n // _engine.POISSON_SHARD),
+            n_images=n,
+            series=n_series,
+            n_resamples=n_resamples,
+            seconds=round(t, 3),
+            microseconds_per_image=round(t / n * 1e6, 3),
+        )
     n, t = np.array(rows).T
     big = n >= 10**4  # below that, task start-up dominates
     slope = float(np.polyfit(np.log10(n[big]), np.log10(t[big]), 1)[0])
@@ -107,11 +143,19 @@ def main():
     speedup, speedup_best, over_floor = vs_scipy()
     rows, slope, b = scaling()
     per_million = rows[-1][1] / (rows[-1][0] / 1e6)
-    emit(summary=True, speedup_vs_scipy=round(speedup, 1), speedup_vs_scipy_best=round(speedup_best, 1),
-         ours_over_floor=round(over_floor, 2), seconds_per_million_images=round(per_million, 2),
-         scaling_resamples=b, scaling_series=6, loglog_slope_time_vs_images=round(slope, 3),
-         per_image_time_ratio_1e6_vs_1e4=round((rows[-1][1] / rows[-1][0]) / (rows[1][1] / rows[1][0]), 2),
-         cpus=os.cpu_count(), total_seconds=round(time.perf_counter() - t0, 1))
+    emit(
+        summary=True,
+        speedup_vs_scipy=round(speedup, 1),
+        speedup_vs_scipy_best=round(speedup_best, 1),
+        ours_over_floor=round(over_floor, 2),
+        seconds_per_million_images=round(per_million, 2),
+        scaling_resamples=b,
+        scaling_series=6,
+        loglog_slope_time_vs_images=round(slope, 3),
+        per_image_time_ratio_1e6_vs_1e4=round((rows[-1][1] / rows[-1][0]) / (rows[1][1] / rows[1][0]), 2),
+        cpus=os.cpu_count(),
+        total_seconds=round(time.perf_counter() - t0, 1),
+    )
 
 
 if __name__ == "__main__":

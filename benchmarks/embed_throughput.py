@@ -70,7 +70,9 @@ def plain_child(n: int) -> None:
 
 def plain(n: int) -> dict:
     """The plain path's seconds: in all, and with the imports left out (as if already done)."""
-    done = subprocess.run([sys.executable, __file__, "--plain-child", "--texts", str(n)], capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, __file__, "--plain-child", "--texts", str(n)], capture_output=True, text=True, check=True
+    )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -91,11 +93,17 @@ def main() -> None:
     if args.plain_child:
         return plain_child(args.texts)
     texts = make_texts(args.texts)
-    table = embed.texts_to_embed(pa.table({"text": texts}), pa.table({"status": pa.array([], pa.string()), "text": pa.array([], pa.string())}))
+    table = embed.texts_to_embed(
+        pa.table({"text": texts}), pa.table({"status": pa.array([], pa.string()), "text": pa.array([], pa.string())})
+    )
     cfg = EncoderConfig(name="SBERT-SI")
     cpus = os.cpu_count() or 2
-    study = EmbedStudy(name="embed-throughput", models=({"name": "x", "backend": "imported", "model_id": "x"},), encoders=(cfg,),
-                       runtime=RuntimeConfig(num_cpus=cpus))
+    study = EmbedStudy(
+        name="embed-throughput",
+        models=({"name": "x", "backend": "imported", "model_id": "x"},),
+        encoders=(cfg,),
+        runtime=RuntimeConfig(num_cpus=cpus),
+    )
     start_ray(num_cpus=cpus)
     best = {"plain": 0.0, "plain_imported": 0.0, "stage": 0.0}
     with tempfile.TemporaryDirectory() as tmp:
@@ -103,14 +111,35 @@ def main() -> None:
             timed = plain(len(texts))
             best["plain"] = max(best["plain"], len(texts) / timed["seconds"])
             best["plain_imported"] = max(best["plain_imported"], len(texts) / timed["seconds_after_imports"])
-            emit(round=r, path="plain", texts=len(texts), torch_threads=cpus, seconds=round(timed["seconds"], 2),
-                 seconds_after_imports=round(timed["seconds_after_imports"], 2), texts_per_s=round(len(texts) / timed["seconds"], 1))
+            emit(
+                round=r,
+                path="plain",
+                texts=len(texts),
+                torch_threads=cpus,
+                seconds=round(timed["seconds"], 2),
+                seconds_after_imports=round(timed["seconds_after_imports"], 2),
+                texts_per_s=round(len(texts) / timed["seconds"], 1),
+            )
             seconds = stage(study, table, Path(tmp) / f"run-{r}")
             best["stage"] = max(best["stage"], len(texts) / seconds)
-            emit(round=r, path="stage", texts=len(texts), actors=cpus, seconds=round(seconds, 2), texts_per_s=round(len(texts) / seconds, 1))
-    emit(summary=True, texts=len(texts), cpus=cpus, plain_texts_per_s=round(best["plain"], 1), stage_texts_per_s=round(best["stage"], 1),
-         ratio_vs_plain=round(best["stage"] / best["plain"], 3),
-         plain_imports_done_texts_per_s=round(best["plain_imported"], 1), ratio_vs_plain_imports_done=round(best["stage"] / best["plain_imported"], 3))
+            emit(
+                round=r,
+                path="stage",
+                texts=len(texts),
+                actors=cpus,
+                seconds=round(seconds, 2),
+                texts_per_s=round(len(texts) / seconds, 1),
+            )
+    emit(
+        summary=True,
+        texts=len(texts),
+        cpus=cpus,
+        plain_texts_per_s=round(best["plain"], 1),
+        stage_texts_per_s=round(best["stage"], 1),
+        ratio_vs_plain=round(best["stage"] / best["plain"], 3),
+        plain_imports_done_texts_per_s=round(best["plain_imported"], 1),
+        ratio_vs_plain_imports_done=round(best["stage"] / best["plain_imported"], 3),
+    )
 
 
 if __name__ == "__main__":

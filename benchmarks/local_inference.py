@@ -75,8 +75,12 @@ def save_full_size_vit_gpt2(folder: Path) -> Path:
     )
 
     vocab = {f"w{i}": i for i in range(50256)} | {"<|endoftext|>": 50256}
-    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>")),
-                                  bos_token="<|endoftext|>", eos_token="<|endoftext|>", unk_token="<|endoftext|>")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>")),
+        bos_token="<|endoftext|>",
+        eos_token="<|endoftext|>",
+        unk_token="<|endoftext|>",
+    )
     config = VisionEncoderDecoderConfig.from_encoder_decoder_configs(ViTConfig(), GPT2Config())
     config.decoder_start_token_id = config.eos_token_id = config.pad_token_id = 50256
     with torch.random.fork_rng():
@@ -99,7 +103,9 @@ def plain_loop(model: ModelConfig, jobs) -> tuple[float, float, list[str]]:
         for job in jobs[i : i + model.batch_size]:
             with Image.open(job.path) as im:
                 rgb = np.asarray(im.convert("RGB"))
-            batch.append(Stimulus(job.image_id, job.variant, apply_mask(rgb, job.mask) if job.mask else rgb, job.prompt))
+            batch.append(
+                Stimulus(job.image_id, job.variant, apply_mask(rgb, job.mask) if job.mask else rgb, job.prompt)
+            )
         texts += [d.text for d in backend.describe(batch)]
         batch_ends.append(time.perf_counter())
     return time.perf_counter() - start, steady_rate(batch_ends, model.batch_size, len(jobs)), texts
@@ -121,7 +127,9 @@ def ray_path(study, images, out: Path, actors: int) -> tuple[float, float, list[
     start = time.perf_counter()
     table = describe.run_describe(study, plan(study), run)
     seconds = time.perf_counter() - start
-    assert set(table.column("status").to_pylist()) == {"ok"}, table.filter(pa.compute.equal(table.column("status"), "error"))
+    assert set(table.column("status").to_pylist()) == {"ok"}, table.filter(
+        pa.compute.equal(table.column("status"), "error")
+    )
     # Each finished batch is saved as a part named by the time it was written.
     part_times = sorted(int(p.name.split("-")[1]) / 1e9 for p in (out / ".parts" / "responses").glob("part-*.parquet"))
     batch_size = study.models[0].batch_size
@@ -139,14 +147,31 @@ def bench(name: str, model: ModelConfig, study, images, tmp: Path, rounds: int) 
     for r in range(rounds):
         seconds, rate, plain_texts = plain_loop(model, jobs)
         best["plain"], steady["plain"] = max(best["plain"], n / seconds), max(steady["plain"], rate)
-        emit(model=name, round=r, path="plain", torch_threads=CPUS, images=n, seconds=round(seconds, 2),
-             images_per_s=round(n / seconds, 3), steady_images_per_s=round(rate, 3))
+        emit(
+            model=name,
+            round=r,
+            path="plain",
+            torch_threads=CPUS,
+            images=n,
+            seconds=round(seconds, 2),
+            images_per_s=round(n / seconds, 3),
+            steady_images_per_s=round(rate, 3),
+        )
         for actors in (1, 2):
             seconds, rate, texts = ray_path(study, images, tmp / f"{name}-{r}-{actors}", actors)
             assert texts == plain_texts, f"{name}: Ray and the plain loop disagree"
             best[actors], steady[actors] = max(best[actors], n / seconds), max(steady[actors], rate)
-            emit(model=name, round=r, path="ray", actors=actors, cpus_per_actor=CPUS / actors, images=n,
-                 seconds=round(seconds, 2), images_per_s=round(n / seconds, 3), steady_images_per_s=round(rate, 3))
+            emit(
+                model=name,
+                round=r,
+                path="ray",
+                actors=actors,
+                cpus_per_actor=CPUS / actors,
+                images=n,
+                seconds=round(seconds, 2),
+                images_per_s=round(n / seconds, 3),
+                steady_images_per_s=round(rate, 3),
+            )
     return best, steady
 
 
@@ -156,11 +181,25 @@ def main() -> None:
     start_ray(num_cpus=CPUS)
     study = load_study(materialize(tmp / "study"))
     images = load_study_data(study.data, study.ranking, study.masks).images  # the demo's 16 photos
-    tiny = ModelConfig(name="tiny", backend="hf-captioner", model_id="tiny/vit-gpt2", era="pre-mllm", batch_size=8,
-                       variants="all", path=hf_tiny.save_captioner(tmp / "tiny"))
-    full = ModelConfig(name="full", backend="hf-captioner", model_id="random/vit-gpt2-base", era="pre-mllm", batch_size=8,
-                       variants="all",
-                       path=save_full_size_vit_gpt2(tmp / "full"), options={"max_new_tokens": 20})
+    tiny = ModelConfig(
+        name="tiny",
+        backend="hf-captioner",
+        model_id="tiny/vit-gpt2",
+        era="pre-mllm",
+        batch_size=8,
+        variants="all",
+        path=hf_tiny.save_captioner(tmp / "tiny"),
+    )
+    full = ModelConfig(
+        name="full",
+        backend="hf-captioner",
+        model_id="random/vit-gpt2-base",
+        era="pre-mllm",
+        batch_size=8,
+        variants="all",
+        path=save_full_size_vit_gpt2(tmp / "full"),
+        options={"max_new_tokens": 20},
+    )
     small, _ = bench("tiny", tiny, study, images, tmp, rounds=1)
     big, steady = bench("full", full, study, images, tmp, rounds=2)
     emit(
@@ -170,10 +209,23 @@ def main() -> None:
         # The same from files on disk to texts, start-up and model load included (64 stimuli).
         ratio_1_actor_with_startup=round(big[1] / big["plain"], 3),
         ratio_2_actors_with_startup=round(big[2] / big["plain"], 3),
-        full_steady_images_per_s={"plain": round(steady["plain"], 3), "ray_1_actor": round(steady[1], 3), "ray_2_actors": round(steady[2], 3)},
-        full_images_per_s={"plain": round(big["plain"], 3), "ray_1_actor": round(big[1], 3), "ray_2_actors": round(big[2], 3)},
-        tiny_images_per_s={"plain": round(small["plain"], 3), "ray_1_actor": round(small[1], 3), "ray_2_actors": round(small[2], 3)},
-        cpus=CPUS, total_seconds=round(time.perf_counter() - started, 1),
+        full_steady_images_per_s={
+            "plain": round(steady["plain"], 3),
+            "ray_1_actor": round(steady[1], 3),
+            "ray_2_actors": round(steady[2], 3),
+        },
+        full_images_per_s={
+            "plain": round(big["plain"], 3),
+            "ray_1_actor": round(big[1], 3),
+            "ray_2_actors": round(big[2], 3),
+        },
+        tiny_images_per_s={
+            "plain": round(small["plain"], 3),
+            "ray_1_actor": round(small[1], 3),
+            "ray_2_actors": round(small[2], 3),
+        },
+        cpus=CPUS,
+        total_seconds=round(time.perf_counter() - started, 1),
     )
 
 

@@ -21,7 +21,9 @@ def workload(n: int, seed: int = 0) -> tuple[list[str], list[str]]:
     class name, sometimes with a short sentence around it."""
     from vlm_decade.demo.openworld import DATA_DIR
 
-    names = sorted({line.split(",", 1)[1].strip() for line in (DATA_DIR / "classnames.csv").read_text().splitlines()[1:]})[:300]
+    names = sorted(
+        {line.split(",", 1)[1].strip() for line in (DATA_DIR / "classnames.csv").read_text().splitlines()[1:]}
+    )[:300]
     rng = np.random.default_rng(seed)
     labels = list(rng.choice(names, size=n))
     predictions = []
@@ -68,15 +70,19 @@ def main() -> None:
     naive = time.perf_counter() - start
 
     distinct = len(set(labels) | set(predictions))
-    print(json.dumps({
-        "predictions": args.predictions,
-        "distinct_labels_and_predictions": distinct,
-        "seconds_distinct_once": round(ours, 2),
-        "seconds_per_prediction_loop": round(naive, 2),
-        "speedup": round(naive / ours, 1),
-        "max_abs_diff_ss": float(np.max(np.abs(np.asarray(naive_ss) - ss))),
-        "max_abs_diff_cs": float(np.max(np.abs(np.asarray(naive_cs) - cs))),
-    }))
+    print(
+        json.dumps(
+            {
+                "predictions": args.predictions,
+                "distinct_labels_and_predictions": distinct,
+                "seconds_distinct_once": round(ours, 2),
+                "seconds_per_prediction_loop": round(naive, 2),
+                "speedup": round(naive / ours, 1),
+                "max_abs_diff_ss": float(np.max(np.abs(np.asarray(naive_ss) - ss))),
+                "max_abs_diff_cs": float(np.max(np.abs(np.asarray(naive_cs) - cs))),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

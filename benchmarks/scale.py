@@ -32,10 +32,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-WORDS = ("man woman child dog cat horse bird car bus bicycle street beach park kitchen table chair cup bowl plate "
-         "pizza cake tree sky water boat train plane field snow mountain city building window door lamp sofa bed "
-         "book phone laptop screen red blue green yellow white black small large old young wooden glass metal "
-         "sits stands walks runs rides holds eats drinks looks plays reads near under over beside behind front").split()
+WORDS = (
+    "man woman child dog cat horse bird car bus bicycle street beach park kitchen table chair cup bowl plate "
+    "pizza cake tree sky water boat train plane field snow mountain city building window door lamp sofa bed "
+    "book phone laptop screen red blue green yellow white black small large old young wooden glass metal "
+    "sits stands walks runs rides holds eats drinks looks plays reads near under over beside behind front"
+).split()
 
 DRIVER = """
 import resource, sys, time
@@ -59,8 +61,12 @@ def make_study(folder: Path, n: int, encoder: Path) -> Path:
     rng = np.random.default_rng(n)
     images = folder / "images"
     images.mkdir(parents=True, exist_ok=True)
-    with open(folder / "images.csv", "w", newline="") as f_img, open(folder / "descriptions.csv", "w", newline="") as f_desc, \
-            open(folder / "model_a.csv", "w", newline="") as f_a, open(folder / "model_b.csv", "w", newline="") as f_b:
+    with (
+        open(folder / "images.csv", "w", newline="") as f_img,
+        open(folder / "descriptions.csv", "w", newline="") as f_desc,
+        open(folder / "model_a.csv", "w", newline="") as f_a,
+        open(folder / "model_b.csv", "w", newline="") as f_b,
+    ):
         w_img, w_desc, w_a, w_b = (csv.writer(f) for f in (f_img, f_desc, f_a, f_b))
         w_img.writerow(["image_id", "dataset", "file"])
         w_desc.writerow(["description_id", "image_id", "worker_id", "condition", "text"])
@@ -80,10 +86,23 @@ def make_study(folder: Path, n: int, encoder: Path) -> Path:
         "data": {"images": "images.csv", "image_dir": "images", "descriptions": "descriptions.csv"},
         "ranking": {"top_k": 2, "bottom_k": 2},
         "models": [
-            {"name": "model-a", "backend": "imported", "model_id": "synthetic-a", "era": "pre-mllm", "variants": "all",
-             "batch_size": 512, "options": {"file": "model_a.csv"}},
-            {"name": "model-b", "backend": "imported", "model_id": "synthetic-b", "era": "mllm", "batch_size": 512,
-             "options": {"file": "model_b.csv"}},
+            {
+                "name": "model-a",
+                "backend": "imported",
+                "model_id": "synthetic-a",
+                "era": "pre-mllm",
+                "variants": "all",
+                "batch_size": 512,
+                "options": {"file": "model_a.csv"},
+            },
+            {
+                "name": "model-b",
+                "backend": "imported",
+                "model_id": "synthetic-b",
+                "era": "mllm",
+                "batch_size": 512,
+                "options": {"file": "model_b.csv"},
+            },
         ],
         "encoders": [{"name": "SBERT-SI", "path": str(encoder), "batch_size": 256}],
         "statistics": {"n_resamples": 10_000},
@@ -96,7 +115,9 @@ def make_study(folder: Path, n: int, encoder: Path) -> Path:
 def run_once(study: Path, out: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     start = time.monotonic()
-    done = subprocess.run([sys.executable, "-c", DRIVER, "run", str(study), "--out", str(out)], env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-c", DRIVER, "run", str(study), "--out", str(out)], env=env, capture_output=True, text=True
+    )
     wall = time.monotonic() - start
     if done.returncode != 0:
         raise RuntimeError(f"run failed ({done.returncode}):\n{done.stderr[-4000:]}")
@@ -104,8 +125,13 @@ def run_once(study: Path, out: Path) -> dict:
     manifest = json.loads((out / "manifest.json").read_text())
     stages = {name: rec.get("seconds") for name, rec in manifest["stages"].items()}
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
-    return {"total_s": round(wall, 1), "stages_s": stages, "driver_peak_rss_gb": round(peak_kb / 2**20, 3),
-            "run_folder_mb": round(size / 2**20, 1), "report_mb": round((out / "report.html").stat().st_size / 2**20, 2)}
+    return {
+        "total_s": round(wall, 1),
+        "stages_s": stages,
+        "driver_peak_rss_gb": round(peak_kb / 2**20, 3),
+        "run_folder_mb": round(size / 2**20, 1),
+        "report_mb": round((out / "report.html").stat().st_size / 2**20, 2),
+    }
 
 
 def slope(xs, ys) -> float:
@@ -115,7 +141,9 @@ def slope(xs, ys) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000, 10_000, 100_000])
-    parser.add_argument("--work", type=Path, help="where the synthetic studies and runs go (default: a temporary folder)")
+    parser.add_argument(
+        "--work", type=Path, help="where the synthetic studies and runs go (default: a temporary folder)"
+    )
     args = parser.parse_args()
     from tests.hf_tiny import save_sentence_encoder
 
@@ -140,8 +168,13 @@ def main() -> None:
     if 100_000 in at:
         summary["driver_rss_gb_at_100k"] = at[100_000]
     largest = results[-1]
-    summary["seconds_per_million_images_extrapolated"] = round(largest["total_s"] * 1e6 / largest["images"] * (
-        (1e6 / largest["images"]) ** (summary.get("total_time_loglog_slope", 1.0) - 1)), 0)
+    summary["seconds_per_million_images_extrapolated"] = round(
+        largest["total_s"]
+        * 1e6
+        / largest["images"]
+        * ((1e6 / largest["images"]) ** (summary.get("total_time_loglog_slope", 1.0) - 1)),
+        0,
+    )
     print(json.dumps(summary), flush=True)
 
 

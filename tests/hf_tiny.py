@@ -32,7 +32,11 @@ def _tokenizer(extra: tuple[str, ...] = ()):
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()])
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
         extra_special_tokens=list(extra),
     )
 
@@ -47,15 +51,41 @@ def _seeded(build, seed: int):
 
 def save_captioner(folder: Path, seed: int = 0) -> Path:
     """A ViT + GPT-2 VisionEncoderDecoder on 32x32 images, with its image processor and tokenizer."""
-    from transformers import GPT2Config, VisionEncoderDecoderConfig, VisionEncoderDecoderModel, ViTConfig, ViTImageProcessor
+    from transformers import (
+        GPT2Config,
+        VisionEncoderDecoderConfig,
+        VisionEncoderDecoderModel,
+        ViTConfig,
+        ViTImageProcessor,
+    )
 
     tok = _tokenizer()
-    encoder = ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-                        image_size=32, patch_size=8, initializer_range=1.0)
-    decoder = GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=2, n_head=2, n_positions=64, initializer_range=1.0,
-                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    encoder = ViTConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        image_size=32,
+        patch_size=8,
+        initializer_range=1.0,
+    )
+    decoder = GPT2Config(
+        vocab_size=len(tok),
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        n_positions=64,
+        initializer_range=1.0,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
     config = VisionEncoderDecoderConfig.from_encoder_decoder_configs(encoder, decoder)
-    config.decoder_start_token_id, config.pad_token_id, config.eos_token_id = tok.bos_token_id, tok.pad_token_id, tok.eos_token_id
+    config.decoder_start_token_id, config.pad_token_id, config.eos_token_id = (
+        tok.bos_token_id,
+        tok.pad_token_id,
+        tok.eos_token_id,
+    )
     config.tie_word_embeddings = False
     _seeded(lambda: VisionEncoderDecoderModel(config), seed).save_pretrained(folder)
     tok.save_pretrained(folder)
@@ -65,20 +95,57 @@ def save_captioner(folder: Path, seed: int = 0) -> Path:
 
 def save_vlm(folder: Path, seed: int = 0) -> Path:
     """A LLaVA (CLIP vision tower + Llama) on 32x32 images, with its processor and a chat template."""
-    from transformers import CLIPImageProcessor, CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration, LlavaProcessor
+    from transformers import (
+        CLIPImageProcessor,
+        CLIPVisionConfig,
+        LlamaConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+        LlavaProcessor,
+    )
 
     tok = _tokenizer(("<image>",))
-    vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                              image_size=32, patch_size=8, projection_dim=32, initializer_range=1.0)
-    text = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                       num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256, initializer_range=1.0,
-                       bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    config = LlavaConfig(vision_config=vision, text_config=text, image_token_id=tok.convert_tokens_to_ids("<image>"),
-                         vision_feature_layer=-1, vision_feature_select_strategy="full", initializer_range=1.0)
+    vision = CLIPVisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        image_size=32,
+        patch_size=8,
+        projection_dim=32,
+        initializer_range=1.0,
+    )
+    text = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        initializer_range=1.0,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    config = LlavaConfig(
+        vision_config=vision,
+        text_config=text,
+        image_token_id=tok.convert_tokens_to_ids("<image>"),
+        vision_feature_layer=-1,
+        vision_feature_select_strategy="full",
+        initializer_range=1.0,
+    )
     _seeded(lambda: LlavaForConditionalGeneration(config), seed).save_pretrained(folder)
     images = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
-    LlavaProcessor(image_processor=images, tokenizer=tok, patch_size=8, vision_feature_select_strategy="full",
-                   chat_template=CHAT_TEMPLATE, num_additional_image_tokens=1).save_pretrained(folder)
+    LlavaProcessor(
+        image_processor=images,
+        tokenizer=tok,
+        patch_size=8,
+        vision_feature_select_strategy="full",
+        chat_template=CHAT_TEMPLATE,
+        num_additional_image_tokens=1,
+    ).save_pretrained(folder)
     return folder
 
 
@@ -86,11 +153,25 @@ def save_detector(folder: Path, seed: int = 0) -> Path:
     """A DETR with a small ResNet backbone (no pretrained backbone, no timm) and labels with a gap."""
     from transformers import DetrConfig, DetrForObjectDetection, DetrImageProcessor, ResNetConfig
 
-    backbone = ResNetConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], out_features=["stage2"], layer_type="basic")
-    config = DetrConfig(use_timm_backbone=False, backbone_config=backbone, use_pretrained_backbone=False, d_model=16,
-                        encoder_layers=1, decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
-                        encoder_ffn_dim=32, decoder_ffn_dim=32, num_queries=12, init_std=0.3,
-                        id2label=DETECTOR_LABELS, label2id={v: k for k, v in DETECTOR_LABELS.items()})
+    backbone = ResNetConfig(
+        embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], out_features=["stage2"], layer_type="basic"
+    )
+    config = DetrConfig(
+        use_timm_backbone=False,
+        backbone_config=backbone,
+        use_pretrained_backbone=False,
+        d_model=16,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        num_queries=12,
+        init_std=0.3,
+        id2label=DETECTOR_LABELS,
+        label2id={v: k for k, v in DETECTOR_LABELS.items()},
+    )
 
     def build():
         import torch
@@ -123,22 +204,41 @@ def save_causal_lm(folder: Path, seed: int = 0) -> Path:
     tok = _tokenizer()
     tok.add_tokens(list(JUDGE_WORDS))  # ordinary tokens: decoded even with skip_special_tokens
     tok.chat_template = TEXT_CHAT_TEMPLATE
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256, initializer_range=1.0,
-                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        initializer_range=1.0,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
     _seeded(lambda: LlamaForCausalLM(config), seed).save_pretrained(folder)
     tok.save_pretrained(folder)
     return folder
 
 
 def _contrastive_text(tok) -> dict:
-    return dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                max_position_embeddings=16, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
-                eos_token_id=tok.eos_token_id)
+    return dict(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        max_position_embeddings=16,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
 
 
-_CONTRASTIVE_VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                           image_size=32, patch_size=8)
+_CONTRASTIVE_VISION = dict(
+    hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=32, patch_size=8
+)
 
 
 def _widened(model):
@@ -174,7 +274,9 @@ def save_siglip(folder: Path, seed: int = 0) -> Path:
     tok.model_max_length = 16
     config = SiglipConfig(text_config=_contrastive_text(tok), vision_config=_CONTRASTIVE_VISION)
     _seeded(lambda: _widened(SiglipModel(config)), seed).save_pretrained(folder)
-    SiglipProcessor(image_processor=SiglipImageProcessor(size={"height": 32, "width": 32}), tokenizer=tok).save_pretrained(folder)
+    SiglipProcessor(
+        image_processor=SiglipImageProcessor(size={"height": 32, "width": 32}), tokenizer=tok
+    ).save_pretrained(folder)
     return folder
 
 
@@ -195,8 +297,14 @@ def save_sentence_encoder(folder: Path, seed: int = 0, dim: int = 384) -> Path:
     bert.mkdir(parents=True, exist_ok=True)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
         shutil.copy(minilm / name, bert / name)
-    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-                        max_position_embeddings=128)
+    config = BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
     _seeded(lambda: BertModel(config), seed).save_pretrained(bert)
     word = models.Transformer(str(bert), max_seq_length=64)
     pooling = models.Pooling(word.get_word_embedding_dimension(), "mean")

@@ -18,8 +18,10 @@ def missing(part: str, why: str) -> None:
     """Fail (or, when the opt-out names `part`, skip) because `part` is missing."""
     if part in LEFT_OUT:
         pytest.skip(f"{part} left out by VLM_DECADE_TESTS_WITHOUT: {why}")
-    pytest.fail(f"{part} is required by the tests and missing: {why}; `make setup` (and .ci/run for system tools) installs it",
-                pytrace=False)
+    pytest.fail(
+        f"{part} is required by the tests and missing: {why}; `make setup` (and .ci/run for system tools) installs it",
+        pytrace=False,
+    )
 
 
 def module(name: str, part: str | None = None):

@@ -35,7 +35,10 @@ def _fail(exc: InputError, study_file: Optional[Path] = None) -> None:
 
 
 def _exit(status: int, message: str) -> None:
-    err.print(f"[bold red]{'error in the input' if status == INPUT_EXIT else 'stopped'}:[/bold red] {message}", highlight=False)
+    err.print(
+        f"[bold red]{'error in the input' if status == INPUT_EXIT else 'stopped'}:[/bold red] {message}",
+        highlight=False,
+    )
     raise typer.Exit(status)
 
 
@@ -51,7 +54,9 @@ def _handled(command):
         except OSError as exc:  # a path that cannot be used, a full disk
             _exit(*os_failure(exc))
         except MemoryError:
-            _exit(ENVIRONMENT_EXIT, "out of memory: give the run more memory, or fewer actors (runtime.actors_per_model)")
+            _exit(
+                ENVIRONMENT_EXIT, "out of memory: give the run more memory, or fewer actors (runtime.actors_per_model)"
+            )
 
     return handled
 
@@ -106,7 +111,9 @@ def _with_cache_dir(study, cache_dir: Optional[Path]):
     return study.model_copy(update={"providers": providers})
 
 
-CACHE_DIR_HELP = "API response cache shared across runs (default: the study's providers.cache_dir, else ~/.cache/vlm_decade/api)."
+CACHE_DIR_HELP = (
+    "API response cache shared across runs (default: the study's providers.cache_dir, else ~/.cache/vlm_decade/api)."
+)
 
 
 def _run(study) -> None:
@@ -120,7 +127,9 @@ def _run(study) -> None:
     try:
         pipeline_of(study).run(study)
     except BatchesPending as exc:  # submitted, not finished: the stages after wait for a later run
-        err.print(f"[yellow]waiting for batches:[/yellow] {exc}; the stages that need them did not start", highlight=False)
+        err.print(
+            f"[yellow]waiting for batches:[/yellow] {exc}; the stages that need them did not start", highlight=False
+        )
         return
     except (APIStopped, RunFolderBusy, Stalled) as exc:
         err.print(f"[bold red]stopped:[/bold red] {exc}", highlight=False)
@@ -153,11 +162,23 @@ def _checked(study_file: Path, cache_dir: Optional[Path] = None):
 @app.command()
 def run(
     study_file: Path = typer.Argument(..., help="The study's YAML file."),
-    out: Optional[str] = typer.Option(None, "--out", help="Run folder, a path or an s3:// or gs:// URI (default: the study's `output`)."),
-    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to join (default: RAY_ADDRESS, else a local Ray)."),
+    out: Optional[str] = typer.Option(
+        None, "--out", help="Run folder, a path or an s3:// or gs:// URI (default: the study's `output`)."
+    ),
+    address: Optional[str] = typer.Option(
+        None, "--address", help="Ray cluster to join (default: RAY_ADDRESS, else a local Ray)."
+    ),
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help=CACHE_DIR_HELP),
-    rehash: bool = typer.Option(False, "--rehash", help="Read and hash every image again, instead of trusting the run folder's record of unchanged files."),
-    wait: bool = typer.Option(True, "--wait/--no-wait", help="Batch mode: wait for the batches, or submit them and exit (a later run collects)."),
+    rehash: bool = typer.Option(
+        False,
+        "--rehash",
+        help="Read and hash every image again, instead of trusting the run folder's record of unchanged files.",
+    ),
+    wait: bool = typer.Option(
+        True,
+        "--wait/--no-wait",
+        help="Batch mode: wait for the batches, or submit them and exit (a later run collects).",
+    ),
 ) -> None:
     """Run a study; re-running resumes and skips every unchanged stage."""
     study = _load(study_file, out, address, cache_dir, wait=wait)
@@ -182,7 +203,9 @@ def estimate(
 @app.command()
 def validate(
     study_file: Path = typer.Argument(..., help="The study's YAML file."),
-    strict: bool = typer.Option(False, "--strict", help="Warnings (e.g. an imported file lacking rows) are errors: exit status 2."),
+    strict: bool = typer.Option(
+        False, "--strict", help="Warnings (e.g. an imported file lacking rows) are errors: exit status 2."
+    ),
 ) -> None:
     """Check the config and the data and report every problem at once; runs nothing."""
     from vlm_decade.studies import pipeline_of
@@ -207,7 +230,9 @@ def demo(
     from vlm_decade.demo import demo_studies, drop_unkeyed
 
     if is_uri(out):
-        raise InputError([Problem(out, "the demo writes its inputs and runs to a local folder: give a path", field="--out")])
+        raise InputError(
+            [Problem(out, "the demo writes its inputs and runs to a local folder: give a path", field="--out")]
+        )
     problems = output_problems(out, "--out")
     if problems:
         raise InputError(problems)
@@ -256,7 +281,11 @@ def view(
     try:
         sock = bind(host, port)
     except OSError as exc:
-        _fail(InputError([Problem("command line", f"cannot listen on {host}:{port}: {exc.strerror or exc}", field="--port")]))
+        _fail(
+            InputError(
+                [Problem("command line", f"cannot listen on {host}:{port}: {exc.strerror or exc}", field="--port")]
+            )
+        )
     bound_host, bound_port = sock.getsockname()[:2]
     access = Access.bound(bound_host, bound_port, allow_host)
     # The one line on stdout: the address (tests read the port from it).
@@ -294,7 +323,9 @@ def cancel(
     from vlm_decade.studies import recorded_study
 
     if provider not in (None, "openai", "gemini"):
-        raise InputError([Problem("command line", f"unknown provider '{provider}'; known: openai, gemini", field="--provider")])
+        raise InputError(
+            [Problem("command line", f"unknown provider '{provider}'; known: openai, gemini", field="--provider")]
+        )
     folder, manifest = open_run_folder(run_dir)
     providers = recorded_study(manifest, str(folder.manifest_path)).providers
     try:
@@ -304,8 +335,11 @@ def cancel(
                 if done is None:
                     print(f"{name}: no batch pending")
                     continue
-                print(f"{name}: {done['batches']} batches cancelled; {done['answered']} answers kept, {done['dropped']} requests "
-                      "left for the next run" + (f"; {done['unknown']} batches not found in the cache folder" if done["unknown"] else ""))
+                print(
+                    f"{name}: {done['batches']} batches cancelled; {done['answered']} answers kept, {done['dropped']} requests "
+                    "left for the next run"
+                    + (f"; {done['unknown']} batches not found in the cache folder" if done["unknown"] else "")
+                )
     except RunFolderBusy as exc:
         _exit(1, str(exc))
 
@@ -369,7 +403,13 @@ def validate_metric(
     for column in ("metric", "subset", "pairs", "spearman", "CI"):
         view.add_column(column)
     for r in table.to_pylist():
-        view.add_row(r["label"], r["subset"], str(r["n_pairs"]), f"{r['spearman']:.4f}", f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}]")
+        view.add_row(
+            r["label"],
+            r["subset"],
+            str(r["n_pairs"]),
+            f"{r['spearman']:.4f}",
+            f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}]",
+        )
     Console(stderr=True).print(view)
     print(json.dumps(summary))
 

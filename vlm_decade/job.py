@@ -37,14 +37,24 @@ def _study(kind: str, args):
         raise InputError(problems)
     if args.demo:
         if args.out is not None and is_uri(args.out):
-            raise InputError([Problem(args.out, "the demo writes its inputs and run to a local folder: give a path", field="--out")])
+            raise InputError(
+                [Problem(args.out, "the demo writes its inputs and run to a local folder: give a path", field="--out")]
+            )
         demo = decade_demo if kind == "decade" else openworld_demo
         out = Path(args.out) if args.out is not None else Path("runs/demo") / kind
         _refuse_job_package(out)  # before the demo lays out its inputs there
         return demo(out)
     study = load_study(args.config, output=args.out)
     if not isinstance(study, STUDIES[kind]):
-        raise InputError([Problem(str(args.config), f"a `study: {study.study}` file; run it with {SCRIPTS[study.study]}", field="study")])
+        raise InputError(
+            [
+                Problem(
+                    str(args.config),
+                    f"a `study: {study.study}` file; run it with {SCRIPTS[study.study]}",
+                    field="study",
+                )
+            ]
+        )
     if problems := output_problems(study.output):
         raise InputError(problems)
     _refuse_job_package(Path(study.output))
@@ -61,9 +71,17 @@ def _where(output: Path) -> str:
 def _refuse_job_package(out: Path) -> None:
     package = job_package(out)
     if package is not None:
-        raise InputError([Problem("--out", f"{out} would land inside Ray's temporary copy of the working dir ({package}), "
-                                  "which the next job or code change replaces; give an absolute path on a disk the head node keeps, "
-                                  "or shared storage", field="--out")])
+        raise InputError(
+            [
+                Problem(
+                    "--out",
+                    f"{out} would land inside Ray's temporary copy of the working dir ({package}), "
+                    "which the next job or code change replaces; give an absolute path on a disk the head node keeps, "
+                    "or shared storage",
+                    field="--out",
+                )
+            ]
+        )
 
 
 def main(kind: str, description: str, argv: list[str] | None = None) -> int:
@@ -77,7 +95,10 @@ def main(kind: str, description: str, argv: list[str] | None = None) -> int:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--config", type=Path, help="the study's YAML file")
     source.add_argument("--demo", action="store_true", help="run this study's bundled offline demo")
-    parser.add_argument("--out", help=f"run folder, a path or an s3:// or gs:// URI (default: the study's `output`, or runs/demo/{kind})")
+    parser.add_argument(
+        "--out",
+        help=f"run folder, a path or an s3:// or gs:// URI (default: the study's `output`, or runs/demo/{kind})",
+    )
     args = parser.parse_args(argv)
     study = None
     try:

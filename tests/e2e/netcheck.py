@@ -8,7 +8,9 @@ import ipaddress
 import re
 import socket
 
-CONNECT = re.compile(r"^(\d+)\s+connect\((\d+), \{sa_family=AF_INET6?, sin6?_port=htons\((\d+)\), (?:sin_addr=inet_addr\(\"([^\"]+)\"\)|.*inet_pton\(AF_INET6, \"([^\"]+)\")")
+CONNECT = re.compile(
+    r"^(\d+)\s+connect\((\d+), \{sa_family=AF_INET6?, sin6?_port=htons\((\d+)\), (?:sin_addr=inet_addr\(\"([^\"]+)\"\)|.*inet_pton\(AF_INET6, \"([^\"]+)\")"
+)
 SEND = re.compile(r"^(\d+)\s+(sendto|sendmsg|sendmmsg)\((\d+),")
 CLOSE = re.compile(r"^(\d+)\s+close\((\d+)\)")
 SEND_ADDR = re.compile(r"sin_addr=inet_addr\(\"([^\"]+)\"\)|inet_pton\(AF_INET6, \"([^\"]+)\"")

@@ -125,7 +125,9 @@ def main(out: Path) -> None:
     results = []
     for stage in ("describe", "embed"):
         results.append(run_stage(study, out / f"{stage}-uninterrupted", stage))
-        results.append(run_stage(study, out / f"{stage}-killed", stage, cluster, kill_after=8 if stage == "describe" else 48))
+        results.append(
+            run_stage(study, out / f"{stage}-killed", stage, cluster, kill_after=8 if stage == "describe" else 48)
+        )
     (out / "results.json").write_text(json.dumps(results))  # not stdout: Ray may print there as it exits
 
 

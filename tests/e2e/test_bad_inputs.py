@@ -60,8 +60,12 @@ def png(array: np.ndarray) -> bytes:
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
 
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 16, 0, 0, 0, 0)) + chunk(
-        b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 16, 0, 0, 0, 0))
+        + chunk(b"IDAT", zlib.compress(raw))
+        + chunk(b"IEND", b"")
+    )
 
 
 def bomb() -> bytes:
@@ -85,8 +89,12 @@ def truncated(path: Path) -> None:
 
 def to_parquet(d: Path, table: str, change: Callable[[pa.Table], pa.Table]) -> None:
     """Study A's `table` as Parquet, changed, and the study file pointed at it."""
-    t = change(pacsv.read_csv(d / f"{table}.csv", convert_options=pacsv.ConvertOptions(strings_can_be_null=False,
-                                                                                          column_types={"worker_id": pa.string()})))
+    t = change(
+        pacsv.read_csv(
+            d / f"{table}.csv",
+            convert_options=pacsv.ConvertOptions(strings_can_be_null=False, column_types={"worker_id": pa.string()}),
+        )
+    )
     pq.write_table(t, d / f"{table}.parquet")
     replace(d / "study.yaml", f"{table}: {table}.csv", f"{table}: {table}.parquet")
 
@@ -114,74 +122,180 @@ class Case:
 ROW_W03 = "row 4"  # astronaut-w03, the third description (the header is row 1)
 CASES: dict[str, Case] = {
     # images
-    "corrupt image": Case(lambda d: (d / "images" / "coffee.png").write_bytes(b"not a png"), ["images.csv", "row 3", "field 'file'", "coffee.png"]),
-    "truncated image": Case(lambda d: truncated(d / "images" / "coffee.png"), ["images.csv", "row 3", "field 'file'", "not a readable image"]),
-    "float image with no known scale": Case(lambda d: (d / "images" / "coffee.png").write_bytes(float_tiff([[-2.0, 7.5]])),
-                                            ["images.csv", "row 3", "field 'file'", "no faithful 8-bit reading"]),
-    "decompression bomb": Case(lambda d: (d / "images" / "coffee.png").write_bytes(bomb()), ["images.csv", "row 3", "field 'file'", "decompression bomb"]),
-    "image path is a FIFO": Case(lambda d: fifo(d / "images" / "coffee.png"), ["images.csv", "row 3", "field 'file'", "FIFO"], needs_fifo=True),
-    "image path is a folder": Case(lambda d: ((d / "images" / "coffee.png").unlink(), (d / "images" / "coffee.png").mkdir()),
-                                   ["images.csv", "row 3", "field 'file'", "folder"]),
+    "corrupt image": Case(
+        lambda d: (d / "images" / "coffee.png").write_bytes(b"not a png"),
+        ["images.csv", "row 3", "field 'file'", "coffee.png"],
+    ),
+    "truncated image": Case(
+        lambda d: truncated(d / "images" / "coffee.png"),
+        ["images.csv", "row 3", "field 'file'", "not a readable image"],
+    ),
+    "float image with no known scale": Case(
+        lambda d: (d / "images" / "coffee.png").write_bytes(float_tiff([[-2.0, 7.5]])),
+        ["images.csv", "row 3", "field 'file'", "no faithful 8-bit reading"],
+    ),
+    "decompression bomb": Case(
+        lambda d: (d / "images" / "coffee.png").write_bytes(bomb()),
+        ["images.csv", "row 3", "field 'file'", "decompression bomb"],
+    ),
+    "image path is a FIFO": Case(
+        lambda d: fifo(d / "images" / "coffee.png"), ["images.csv", "row 3", "field 'file'", "FIFO"], needs_fifo=True
+    ),
+    "image path is a folder": Case(
+        lambda d: ((d / "images" / "coffee.png").unlink(), (d / "images" / "coffee.png").mkdir()),
+        ["images.csv", "row 3", "field 'file'", "folder"],
+    ),
     # tables
     "images table is a FIFO": Case(lambda d: fifo(d / "images.csv"), ["images.csv", "FIFO"], needs_fifo=True),
-    "unterminated quote": Case(lambda d: replace(d / "descriptions.csv", ",An astronaut.\n", ',"An astronaut.\n'), ["descriptions.csv", ROW_W03]),
-    "quote swallowing rows": Case(lambda d: replace(d / "descriptions.csv", ",An astronaut.\n", ',"An astronaut.\n')
-                                  or replace(d / "descriptions.csv", "lady astronaut smiling for her photo in an orange suit\n",
-                                             'lady astronaut smiling for her photo in an orange suit"\n'),
-                                  ["descriptions.csv", ROW_W03, "field 'text'", "closes only at line 5"]),
-    "NUL byte in a text": Case(lambda d: replace(d / "descriptions.csv", ",An astronaut.", ",An astro\x00naut."), ["descriptions.csv", ROW_W03, "field 'text'", "NUL"]),
-    "UTF-16 table": Case(lambda d: (d / "votes.csv").write_bytes((d / "votes.csv").read_text().encode("utf-16")), ["votes.csv", "UTF-16"]),
-    "Latin-1 bytes": Case(lambda d: (d / "descriptions.csv").write_bytes(
-        (d / "descriptions.csv").read_bytes().replace(b",An astronaut.", b",An astronaut\xe9.")), ["descriptions.csv", ROW_W03, "field 'text'", "UTF-8"]),
-    "missing column": Case(lambda d: replace(d / "descriptions.csv", "description_id,", "descr_id,"), ["descriptions.csv", "row 1", "field 'description_id'"]),
-    "Parquet binary paths": Case(lambda d: to_parquet(d, "images", lambda t: t.set_column(2, "file", t["file"].cast(pa.binary()))),
-                                 ["images.parquet", "row 1", "field 'file'", "binary"]),
-    "Parquet float ids": Case(lambda d: to_parquet(d, "descriptions", lambda t: t.set_column(
-        2, "worker_id", pa.array([float(i) for i in range(t.num_rows)]))), ["descriptions.parquet", "row 1", "field 'worker_id'", "double"]),
-    "Parquet list ids": Case(lambda d: to_parquet(d, "images", lambda t: t.set_column(
-        0, "image_id", pa.array([[i] for i in t["image_id"].to_pylist()]))), ["images.parquet", "row 1", "field 'image_id'", "list<"]),
-    "vote on an unknown image": Case(lambda d: replace(d / "votes.csv", "\nastronaut,", "\nastronot,"), ["votes.csv", "row 2", "field 'image_id'", "astronot"]),
-    "caption of an unknown image": Case(lambda d: replace(d / "imported_captions.csv", "\nastronaut,", "\nastronot,"),
-                                        ["imported_captions.csv", "row 2", "field 'image_id'", "astronot"]),
-    "imported file is a folder": Case(lambda d: ((d / "imported_captions.csv").unlink(), (d / "imported_captions.csv").mkdir()),
-                                      ["imported_captions.csv", "folder"]),
-    "rating off the scale": Case(lambda d: replace(d / "ratings.csv", "s01,demo-imported,astronaut,3", "s01,demo-imported,astronaut,9"),
-                                 ["ratings.csv", "row 2", "field 'rating'"]),
+    "unterminated quote": Case(
+        lambda d: replace(d / "descriptions.csv", ",An astronaut.\n", ',"An astronaut.\n'),
+        ["descriptions.csv", ROW_W03],
+    ),
+    "quote swallowing rows": Case(
+        lambda d: (
+            replace(d / "descriptions.csv", ",An astronaut.\n", ',"An astronaut.\n')
+            or replace(
+                d / "descriptions.csv",
+                "lady astronaut smiling for her photo in an orange suit\n",
+                'lady astronaut smiling for her photo in an orange suit"\n',
+            )
+        ),
+        ["descriptions.csv", ROW_W03, "field 'text'", "closes only at line 5"],
+    ),
+    "NUL byte in a text": Case(
+        lambda d: replace(d / "descriptions.csv", ",An astronaut.", ",An astro\x00naut."),
+        ["descriptions.csv", ROW_W03, "field 'text'", "NUL"],
+    ),
+    "UTF-16 table": Case(
+        lambda d: (d / "votes.csv").write_bytes((d / "votes.csv").read_text().encode("utf-16")), ["votes.csv", "UTF-16"]
+    ),
+    "Latin-1 bytes": Case(
+        lambda d: (d / "descriptions.csv").write_bytes(
+            (d / "descriptions.csv").read_bytes().replace(b",An astronaut.", b",An astronaut\xe9.")
+        ),
+        ["descriptions.csv", ROW_W03, "field 'text'", "UTF-8"],
+    ),
+    "missing column": Case(
+        lambda d: replace(d / "descriptions.csv", "description_id,", "descr_id,"),
+        ["descriptions.csv", "row 1", "field 'description_id'"],
+    ),
+    "Parquet binary paths": Case(
+        lambda d: to_parquet(d, "images", lambda t: t.set_column(2, "file", t["file"].cast(pa.binary()))),
+        ["images.parquet", "row 1", "field 'file'", "binary"],
+    ),
+    "Parquet float ids": Case(
+        lambda d: to_parquet(
+            d, "descriptions", lambda t: t.set_column(2, "worker_id", pa.array([float(i) for i in range(t.num_rows)]))
+        ),
+        ["descriptions.parquet", "row 1", "field 'worker_id'", "double"],
+    ),
+    "Parquet list ids": Case(
+        lambda d: to_parquet(
+            d, "images", lambda t: t.set_column(0, "image_id", pa.array([[i] for i in t["image_id"].to_pylist()]))
+        ),
+        ["images.parquet", "row 1", "field 'image_id'", "list<"],
+    ),
+    "vote on an unknown image": Case(
+        lambda d: replace(d / "votes.csv", "\nastronaut,", "\nastronot,"),
+        ["votes.csv", "row 2", "field 'image_id'", "astronot"],
+    ),
+    "caption of an unknown image": Case(
+        lambda d: replace(d / "imported_captions.csv", "\nastronaut,", "\nastronot,"),
+        ["imported_captions.csv", "row 2", "field 'image_id'", "astronot"],
+    ),
+    "imported file is a folder": Case(
+        lambda d: ((d / "imported_captions.csv").unlink(), (d / "imported_captions.csv").mkdir()),
+        ["imported_captions.csv", "folder"],
+    ),
+    "rating off the scale": Case(
+        lambda d: replace(d / "ratings.csv", "s01,demo-imported,astronaut,3", "s01,demo-imported,astronaut,9"),
+        ["ratings.csv", "row 2", "field 'rating'"],
+    ),
     # the study file
-    "models: 5": Case(lambda d: study_line(d, "models:\n", "models: 5\nx-unused:\n"), ["study.yaml", "field 'models'", "got 5"]),
-    "metrics: 7": Case(lambda d: study_line(d, "metrics:\n", "metrics: 7\nx-metrics:\n"), ["study.yaml", "field 'metrics'", "got 7"]),
-    "data.images: 5": Case(lambda d: study_line(d, "images: images.csv", "images: 5"), ["study.yaml", "field 'data.images'", "got 5"]),
+    "models: 5": Case(
+        lambda d: study_line(d, "models:\n", "models: 5\nx-unused:\n"), ["study.yaml", "field 'models'", "got 5"]
+    ),
+    "metrics: 7": Case(
+        lambda d: study_line(d, "metrics:\n", "metrics: 7\nx-metrics:\n"), ["study.yaml", "field 'metrics'", "got 7"]
+    ),
+    "data.images: 5": Case(
+        lambda d: study_line(d, "images: images.csv", "images: 5"), ["study.yaml", "field 'data.images'", "got 5"]
+    ),
     # (`run --out` overrides `output`, so only the commands that read it from the file)
-    "output: 5": Case(lambda d: study_line(d, "demo: true\n", "demo: true\noutput: 5\n"), ["study.yaml", "field 'output'"],
-                      commands=("validate", "estimate")),
-    "options.file: 5": Case(lambda d: study_line(d, "options: {file: imported_captions.csv}", "options: {file: 5}"),
-                            ["study.yaml", "field 'models[1].options.file'", "got 5"]),
-    "a key given twice": Case(lambda d: study_line(d, "demo: true\n", "demo: true\nname: again\n"), ["study.yaml", "key 'name' appears twice"]),
-    "a blank model name": Case(lambda d: study_line(d, "name: demo-imported", "name: '   '"), ["study.yaml", "field 'models[1].name'", "whitespace"]),
+    "output: 5": Case(
+        lambda d: study_line(d, "demo: true\n", "demo: true\noutput: 5\n"),
+        ["study.yaml", "field 'output'"],
+        commands=("validate", "estimate"),
+    ),
+    "options.file: 5": Case(
+        lambda d: study_line(d, "options: {file: imported_captions.csv}", "options: {file: 5}"),
+        ["study.yaml", "field 'models[1].options.file'", "got 5"],
+    ),
+    "a key given twice": Case(
+        lambda d: study_line(d, "demo: true\n", "demo: true\nname: again\n"), ["study.yaml", "key 'name' appears twice"]
+    ),
+    "a blank model name": Case(
+        lambda d: study_line(d, "name: demo-imported", "name: '   '"),
+        ["study.yaml", "field 'models[1].name'", "whitespace"],
+    ),
     "seed -1": Case(lambda d: study_line(d, "seed: 20261129", "seed: -1"), ["study.yaml", "field 'statistics.seed'"]),
-    "seed 2**80": Case(lambda d: study_line(d, "seed: 20261129", f"seed: {2**80}"), ["study.yaml", "field 'statistics.seed'"]),
-    "n_resamples 1e10": Case(lambda d: study_line(d, "n_resamples: 10000", "n_resamples: 1.0e+10"), ["study.yaml", "field 'statistics.n_resamples'"]),
-    "unknown backend": Case(lambda d: study_line(d, "backend: imported", "backend: importd"), ["study.yaml", "field 'models[1].backend'", "importd"]),
+    "seed 2**80": Case(
+        lambda d: study_line(d, "seed: 20261129", f"seed: {2**80}"), ["study.yaml", "field 'statistics.seed'"]
+    ),
+    "n_resamples 1e10": Case(
+        lambda d: study_line(d, "n_resamples: 10000", "n_resamples: 1.0e+10"),
+        ["study.yaml", "field 'statistics.n_resamples'"],
+    ),
+    "unknown backend": Case(
+        lambda d: study_line(d, "backend: imported", "backend: importd"),
+        ["study.yaml", "field 'models[1].backend'", "importd"],
+    ),
     "study file missing": Case(lambda d: (d / "study.yaml").unlink(), ["study.yaml", "not found"]),
-    "study file is a folder": Case(lambda d: ((d / "study.yaml").unlink(), (d / "study.yaml").mkdir()), ["study.yaml", "folder"]),
+    "study file is a folder": Case(
+        lambda d: ((d / "study.yaml").unlink(), (d / "study.yaml").mkdir()), ["study.yaml", "folder"]
+    ),
     "study file is a FIFO": Case(lambda d: fifo(d / "study.yaml"), ["study.yaml", "FIFO"], needs_fifo=True),
-    "study file not YAML": Case(lambda d: (d / "study.yaml").write_text("name: [unclosed\n"), ["study.yaml", "not valid YAML"]),
+    "study file not YAML": Case(
+        lambda d: (d / "study.yaml").write_text("name: [unclosed\n"), ["study.yaml", "not valid YAML"]
+    ),
     "study file not a mapping": Case(lambda d: (d / "study.yaml").write_text("- a\n- b\n"), ["study.yaml", "mapping"]),
     "imported file lacks rows (--strict)": Case(
-        lambda d: (d / "imported_captions.csv").write_text("\n".join((d / "imported_captions.csv").read_text().splitlines()[:-8]) + "\n"),
-        ["study.yaml", "--strict", "model 'demo-imported'", "8 of the 64"], commands=("validate",), args=["--strict"]),
+        lambda d: (d / "imported_captions.csv").write_text(
+            "\n".join((d / "imported_captions.csv").read_text().splitlines()[:-8]) + "\n"
+        ),
+        ["study.yaml", "--strict", "model 'demo-imported'", "8 of the 64"],
+        commands=("validate",),
+        args=["--strict"],
+    ),
     # Study B
-    "Study B: unknown granularity": Case(lambda d: replace(d / "openworld" / "labels.csv", ",prototypical,", ",very-prototypical,"),
-                                         ["labels.csv", "row 2", "field 'granularity'"], study="openworld/study.yaml"),
-    "Study B: corrupt image": Case(lambda d: (d / "openworld" / "images" / "cifar10_00_3.png").write_bytes(b"junk"),
-                                   ["labels.csv", "row 2", "field 'file'"], study="openworld/study.yaml"),
-    "Study B: models: 5": Case(lambda d: replace(d / "openworld" / "study.yaml", "models:\n", "models: 5\nx-unused:\n"),
-                               ["study.yaml", "field 'models'"], study="openworld/study.yaml"),
+    "Study B: unknown granularity": Case(
+        lambda d: replace(d / "openworld" / "labels.csv", ",prototypical,", ",very-prototypical,"),
+        ["labels.csv", "row 2", "field 'granularity'"],
+        study="openworld/study.yaml",
+    ),
+    "Study B: corrupt image": Case(
+        lambda d: (d / "openworld" / "images" / "cifar10_00_3.png").write_bytes(b"junk"),
+        ["labels.csv", "row 2", "field 'file'"],
+        study="openworld/study.yaml",
+    ),
+    "Study B: models: 5": Case(
+        lambda d: replace(d / "openworld" / "study.yaml", "models:\n", "models: 5\nx-unused:\n"),
+        ["study.yaml", "field 'models'"],
+        study="openworld/study.yaml",
+    ),
     # --out
-    "--out is a file": Case(lambda d: (d / "afile").write_text("x"), ["afile", "exists and is not a folder"], commands=("run",),
-                            args=["--out", "{d}/afile"]),
-    "--out under a file": Case(lambda d: (d / "afile").write_text("x"), ["afile", "is a file, not a folder"], commands=("run",),
-                               args=["--out", "{d}/afile/run"]),
+    "--out is a file": Case(
+        lambda d: (d / "afile").write_text("x"),
+        ["afile", "exists and is not a folder"],
+        commands=("run",),
+        args=["--out", "{d}/afile"],
+    ),
+    "--out under a file": Case(
+        lambda d: (d / "afile").write_text("x"),
+        ["afile", "is a file, not a folder"],
+        commands=("run",),
+        args=["--out", "{d}/afile/run"],
+    ),
 }
 
 
@@ -242,16 +356,49 @@ def test_bad_input_is_named_with_exit_2_and_nothing_written(name, place):
 
 
 MASK_CASES = {
-    "not an image": (lambda d: (d / "x.png").write_bytes(b"text"), "{d}/x.png", "{d}/masks", ["x.png", "not a readable image"]),
-    "truncated": (lambda d: (d / "x.png").write_bytes((d / "images" / "coffee.png").read_bytes()[:5000]), "{d}/x.png", "{d}/masks",
-                  ["x.png", "not a readable image"]),
-    "decompression bomb": (lambda d: (d / "x.png").write_bytes(bomb()), "{d}/x.png", "{d}/masks", ["x.png", "decompression bomb"]),
+    "not an image": (
+        lambda d: (d / "x.png").write_bytes(b"text"),
+        "{d}/x.png",
+        "{d}/masks",
+        ["x.png", "not a readable image"],
+    ),
+    "truncated": (
+        lambda d: (d / "x.png").write_bytes((d / "images" / "coffee.png").read_bytes()[:5000]),
+        "{d}/x.png",
+        "{d}/masks",
+        ["x.png", "not a readable image"],
+    ),
+    "decompression bomb": (
+        lambda d: (d / "x.png").write_bytes(bomb()),
+        "{d}/x.png",
+        "{d}/masks",
+        ["x.png", "decompression bomb"],
+    ),
     "missing": (lambda d: None, "{d}/nothing.png", "{d}/masks", ["nothing.png", "not found"]),
-    "a FIFO": (lambda d: os.mkfifo(d / "x.png") if FIFOS else None, "{d}/x.png", "{d}/masks", ["x.png", "FIFO" if FIFOS else "not found"]),
-    "--out is a file": (lambda d: (d / "afile").write_text("x"), "{d}/images/coffee.png", "{d}/afile", ["afile", "exists and is not a folder"]),
-    "--out under a file": (lambda d: (d / "afile").write_text("x"), "{d}/images/coffee.png", "{d}/afile/masks", ["afile", "a file, not a folder"]),
-    "a bad --study": (lambda d: (d / "study.yaml").write_text("masks: {count: 0}\n"), "{d}/images/coffee.png", "{d}/masks",
-                      ["study.yaml", "field 'name'", "field 'masks.count'"]),
+    "a FIFO": (
+        lambda d: os.mkfifo(d / "x.png") if FIFOS else None,
+        "{d}/x.png",
+        "{d}/masks",
+        ["x.png", "FIFO" if FIFOS else "not found"],
+    ),
+    "--out is a file": (
+        lambda d: (d / "afile").write_text("x"),
+        "{d}/images/coffee.png",
+        "{d}/afile",
+        ["afile", "exists and is not a folder"],
+    ),
+    "--out under a file": (
+        lambda d: (d / "afile").write_text("x"),
+        "{d}/images/coffee.png",
+        "{d}/afile/masks",
+        ["afile", "a file, not a folder"],
+    ),
+    "a bad --study": (
+        lambda d: (d / "study.yaml").write_text("masks: {count: 0}\n"),
+        "{d}/images/coffee.png",
+        "{d}/masks",
+        ["study.yaml", "field 'name'", "field 'masks.count'"],
+    ),
 }
 
 
@@ -281,11 +428,22 @@ def test_masks_of_a_16_bit_image_are_not_white(place):
 
 
 REPORT_CASES = {
-    "truncated manifest": (lambda run: (run / "manifest.json").write_text('{"config": {"name": "x", '), ["manifest.json", "not readable as JSON"]),
-    "manifest not a mapping": (lambda run: (run / "manifest.json").write_text("[1, 2]"), ["manifest.json", "not a JSON object"]),
-    "config damaged": (lambda run: (run / "manifest.json").write_text('{"config": {"name": "x", "models": 5}}'),
-                       ["manifest.json", "field 'config.models'"]),
-    "config not a mapping": (lambda run: (run / "manifest.json").write_text('{"config": 5}'), ["manifest.json", "field 'config'"]),
+    "truncated manifest": (
+        lambda run: (run / "manifest.json").write_text('{"config": {"name": "x", '),
+        ["manifest.json", "not readable as JSON"],
+    ),
+    "manifest not a mapping": (
+        lambda run: (run / "manifest.json").write_text("[1, 2]"),
+        ["manifest.json", "not a JSON object"],
+    ),
+    "config damaged": (
+        lambda run: (run / "manifest.json").write_text('{"config": {"name": "x", "models": 5}}'),
+        ["manifest.json", "field 'config.models'"],
+    ),
+    "config not a mapping": (
+        lambda run: (run / "manifest.json").write_text('{"config": 5}'),
+        ["manifest.json", "field 'config'"],
+    ),
     "manifest is a folder": (lambda run: (run / "manifest.json").mkdir(), ["manifest.json", "folder"]),
     "no run folder": (lambda run: shutil.rmtree(run), ["manifest.json", "no run here"]),
 }
@@ -346,7 +504,15 @@ def test_an_unwritable_output_folder_is_named_before_any_work(place, monkeypatch
 
 # --- the installed command, as a user runs it ---------------------------------------------------------
 
-SAMPLE = ["corrupt image", "quote swallowing rows", "models: 5", "options.file: 5", "seed 2**80", "--out is a file", "Parquet float ids"]
+SAMPLE = [
+    "corrupt image",
+    "quote swallowing rows",
+    "models: 5",
+    "options.file: 5",
+    "seed 2**80",
+    "--out is a file",
+    "Parquet float ids",
+]
 
 
 @pytest.mark.parametrize("name", SAMPLE)

@@ -64,11 +64,17 @@ CASES = {
     "missing column": (missing_column, ["descriptions.csv", "row 1", "'description_id'"]),
     "bad encoding": (bad_encoding, ["descriptions.csv", "row 4", "UTF-8"]),
     "unknown image in votes": (unknown_image_in_votes, ["votes.csv", "field 'image_id'", "astronot"]),
-    "imported file names an unknown image": (imported_unknown_image, ["imported_captions.csv", "field 'image_id'", "astronot"]),
+    "imported file names an unknown image": (
+        imported_unknown_image,
+        ["imported_captions.csv", "field 'image_id'", "astronot"],
+    ),
     "missing weights": (missing_weights, ["empty_weights", "frozen_inference_graph.pb"]),
     "bad hand label": (bad_hand_label, ["hand_labels.csv", "row 4", "field 'error_type'", "field 'present'"]),
     "Study B: unknown granularity": (openworld_bad_granularity, ["labels.csv", "row 2", "field 'granularity'"]),
-    "Study B: label not among the class names": (openworld_label_not_a_class, ["labels.csv", "field 'label'", "Dalmation"]),
+    "Study B: label not among the class names": (
+        openworld_label_not_a_class,
+        ["labels.csv", "field 'label'", "Dalmation"],
+    ),
 }
 
 

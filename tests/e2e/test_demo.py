@@ -16,10 +16,37 @@ from .conftest import BIN, cli_env, vlm_decade
 
 pytestmark = pytest.mark.e2e
 
-STAGES = ("images", "references", "responses", "embeddings", "scores", "stats", "metric_validation", "stsb", "detections",
-          "errors", "error_stats", "report")
-TABLES = ("images", "references", "responses", "embeddings", "scores", "stats", "comparisons", "metric_validation", "stsb",
-          "detections", "errors", "spatial", "error_stats", "error_comparisons", "impact_stats")
+STAGES = (
+    "images",
+    "references",
+    "responses",
+    "embeddings",
+    "scores",
+    "stats",
+    "metric_validation",
+    "stsb",
+    "detections",
+    "errors",
+    "error_stats",
+    "report",
+)
+TABLES = (
+    "images",
+    "references",
+    "responses",
+    "embeddings",
+    "scores",
+    "stats",
+    "comparisons",
+    "metric_validation",
+    "stsb",
+    "detections",
+    "errors",
+    "spatial",
+    "error_stats",
+    "error_comparisons",
+    "impact_stats",
+)
 OPENWORLD_STAGES = ("images", "labels", "responses", "scores", "stats", "report")
 OPENWORLD_TABLES = ("images", "labels", "responses", "scores", "predictions", "stats")
 # Wall-clock columns differ between runs by nature; everything else must be identical.
@@ -87,8 +114,14 @@ def test_demo_error_taxonomy(demo_run):
         rows = list(csv.DictReader(f))
     hand = {(r["subject"], r["image_id"], r["error_type"]): r["present"] == "yes" for r in rows}
     notes = {(r["subject"], r["image_id"], r["error_type"]): r["note"] for r in rows}
-    assert {(r["subject"], r["image_id"], r["error_type"]): r["present"] for r in errors if r["method"] == "hand"} == hand
-    assert {(r["subject"], r["image_id"], r["error_type"]): json.loads(r["evidence"])["hand"] for r in errors if r["method"] == "hand"} == notes
+    assert {
+        (r["subject"], r["image_id"], r["error_type"]): r["present"] for r in errors if r["method"] == "hand"
+    } == hand
+    assert {
+        (r["subject"], r["image_id"], r["error_type"]): json.loads(r["evidence"])["hand"]
+        for r in errors
+        if r["method"] == "hand"
+    } == notes
     agreement = pq.read_table(out / "hand_agreement.parquet").to_pylist()
     assert {r["error_type"] for r in agreement} == {t for _, _, t in hand} and "Cohen's kappa" in html
     for r in errors:
@@ -98,12 +131,21 @@ def test_demo_error_taxonomy(demo_run):
             assert bool(evidence["findings"]) == r["present"]
     # The template captioner names every object its detector finds, so it never leaves a detected
     # object out: no scene-understanding errors, by construction.
-    assert not any(r["present"] for r in errors if r["subject"] == "ssd-template" and r["error_type"] == "scene_understanding")
-    rates = {(r["subject"], r["dataset"], r["metric"]): r for r in pq.read_table(out / "error_stats.parquet").to_pylist()}
+    assert not any(
+        r["present"] for r in errors if r["subject"] == "ssd-template" and r["error_type"] == "scene_understanding"
+    )
+    rates = {
+        (r["subject"], r["dataset"], r["metric"]): r for r in pq.read_table(out / "error_stats.parquet").to_pylist()
+    }
     dataset_of = {i["image_id"]: i["dataset"] for i in pq.read_table(out / "images.parquet").to_pylist()}
     for (subject, dataset, error_type), r in rates.items():
-        labels = [e["present"] for e in errors if (e["subject"], e["error_type"]) == (subject, error_type)
-                  and e["present"] is not None and dataset_of[e["image_id"]] == dataset]
+        labels = [
+            e["present"]
+            for e in errors
+            if (e["subject"], e["error_type"]) == (subject, error_type)
+            and e["present"] is not None
+            and dataset_of[e["image_id"]] == dataset
+        ]
         assert r["estimate"] == pytest.approx(sum(labels) / len(labels))
         assert r["ci_low"] <= r["estimate"] <= r["ci_high"]
     spatial = pq.read_table(out / "spatial.parquet").to_pylist()
@@ -198,7 +240,9 @@ def test_report_redraws_the_same_page(demo_run, tmp_path):
     done = vlm_decade("report", str(run))
     assert done.returncode == 0, done.stderr[-2000:]
     assert (run / "report.html").read_text() == before
-    assert sorted(p.name for p in (run / "figures").rglob("*.png")) == sorted(p.name for p in (demo_run[0] / "decade" / "figures").rglob("*.png"))
+    assert sorted(p.name for p in (run / "figures").rglob("*.png")) == sorted(
+        p.name for p in (demo_run[0] / "decade" / "figures").rglob("*.png")
+    )
 
 
 def test_a_fully_done_rerun_never_starts_ray(demo_run, monkeypatch):

@@ -47,7 +47,14 @@ def test_the_example_with_every_optional_section_runs_and_reruns_for_free(tmp_pa
     done = vlm_decade("run", str(study), "--out", str(out))
     assert done.returncode == 0, done.stderr[-4000:]
     assert "Traceback" not in done.stderr
-    for name in ("report.html", "errors.html", "stats.parquet", "errors.parquet", "metric_validation.parquet", "stsb.parquet"):
+    for name in (
+        "report.html",
+        "errors.html",
+        "stats.parquet",
+        "errors.parquet",
+        "metric_validation.parquet",
+        "stsb.parquet",
+    ):
         assert (out / name).exists(), name
     again = vlm_decade("run", str(study), "--out", str(out))
     assert again.returncode == 0 and "run " not in again.stderr.replace("run folder", ""), again.stderr[-2000:]
@@ -61,7 +68,11 @@ def test_names_from_the_data_never_write_outside_the_run_folder(tmp_path):
         path = study.parent / name
         text = path.read_text()
         for old, new in nasty.items():
-            text = text.replace(old + ",", new + ",").replace("," + old + ",", "," + new + ",").replace("," + old + "\n", "," + new + "\n")
+            text = (
+                text.replace(old + ",", new + ",")
+                .replace("," + old + ",", "," + new + ",")
+                .replace("," + old + "\n", "," + new + "\n")
+            )
         path.write_text(text)
     config = yaml.safe_load(study.read_text())
     config["encoders"][0]["name"] = "../../../../encoder"

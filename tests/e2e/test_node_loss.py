@@ -15,8 +15,14 @@ SCRIPT = Path(__file__).with_name("node_loss.py")
 
 
 def test_a_lost_node_mid_stage_changes_no_table(tmp_path):
-    done = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path)], capture_output=True, text=True, timeout=1500,
-                          env=cli_env(), cwd=Path(__file__).resolve().parents[2])
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        env=cli_env(),
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert done.returncode == 0, done.stderr[-5000:]
     results = json.loads((tmp_path / "results.json").read_text())
     killed = [r for r in results if r["at_kill"] is not None]

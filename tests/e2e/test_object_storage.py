@@ -47,8 +47,13 @@ def bucket(s3_server, monkeypatch):
     """The example's images under s3://study-inputs/example/images/, credentials and endpoint in the
     environment as the SDK reads them (no instance-metadata lookups: nothing leaves the machine)."""
     boto3 = required.module("boto3", "moto")
-    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_EC2_METADATA_DISABLED": "true", "AWS_ENDPOINT_URL": s3_server}
+    env = {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_ENDPOINT_URL": s3_server,
+    }
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     storage._store.cache_clear()  # a client made for another server's address
@@ -101,7 +106,9 @@ def test_images_in_a_bucket_check_as_the_same_files_do(bucket, monkeypatch):
     monkeypatch.setattr(storage, "read_bytes", lambda location: reads.append(location) or real(location))
     again, _ = _checked(FOLDER, ImageCache(cache.found))
     assert reads == [] and as_found(again) == as_found(local)
-    bucket.put_object(Bucket=BUCKET, Key="example/images/coco_2.png", Body=(EXAMPLE / "images" / "coco_1.png").read_bytes())
+    bucket.put_object(
+        Bucket=BUCKET, Key="example/images/coco_2.png", Body=(EXAMPLE / "images" / "coco_1.png").read_bytes()
+    )
     changed, _ = _checked(FOLDER, ImageCache(cache.found))
     assert reads == [f"{FOLDER}/images/coco_2.png"]
     assert changed["coco_2"].sha256 == local["coco_1"].sha256
@@ -134,9 +141,13 @@ def test_a_study_reads_its_images_from_the_bucket(bucket, tmp_path):
     assert remote.returncode == 0, remote.stderr[-3000:]
     images = pq.read_table(tmp_path / "remote" / "images.parquet")
     assert images.column("path").to_pylist() == [f"{FOLDER}/images/{i}.png" for i in ("coco_1", "coco_2", "csb_1")]
-    assert images.drop_columns(["path"]).equals(pq.read_table(tmp_path / "local" / "images.parquet").drop_columns(["path"]))
+    assert images.drop_columns(["path"]).equals(
+        pq.read_table(tmp_path / "local" / "images.parquet").drop_columns(["path"])
+    )
     for name, volatile in (("responses", ["latency_s"]), ("embeddings", []), ("scores", []), ("stats", [])):
-        tables = [pq.read_table(tmp_path / run / f"{name}.parquet").drop_columns(volatile) for run in ("local", "remote")]
+        tables = [
+            pq.read_table(tmp_path / run / f"{name}.parquet").drop_columns(volatile) for run in ("local", "remote")
+        ]
         assert tables[0].equals(tables[1]), name
     page = (tmp_path / "remote" / "report.html").read_text()
     assert "data:image/jpeg;base64," in page and "(image file missing)" not in page  # thumbnails from the bucket
@@ -184,24 +195,37 @@ class _Recording:
 
 
 def _files(root: Path) -> dict[str, bytes]:
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*")
-            if p.is_file() and not storage.LOCAL_ONLY.search(p.relative_to(root).as_posix())}
+    return {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in root.rglob("*")
+        if p.is_file() and not storage.LOCAL_ONLY.search(p.relative_to(root).as_posix())
+    }
 
 
 def test_a_mirror_keeps_a_working_copy_and_the_bucket_in_step(bucket, tmp_path, monkeypatch):
     uri = f"s3://{BUCKET}/runs/one"
     monkeypatch.setenv("VLM_DECADE_WORKING_COPIES", str(tmp_path / "machine-a"))
     a = storage.working_copy(uri)
-    for rel, content in {"manifest.json": b"{}", "scores.parquet": b"s" * 10, ".parts/responses/part-1.parquet": b"p",
-                         "api/openai.spend.jsonl": b"line 1\n", ".lock": b"pid 1", ".spill/embeddings/000001.arrow": b"x",
-                         ".view/thumb.jpg": b"j", ".scores.parquet.abc.tmp": b"half"}.items():
+    for rel, content in {
+        "manifest.json": b"{}",
+        "scores.parquet": b"s" * 10,
+        ".parts/responses/part-1.parquet": b"p",
+        "api/openai.spend.jsonl": b"line 1\n",
+        ".lock": b"pid 1",
+        ".spill/embeddings/000001.arrow": b"x",
+        ".view/thumb.jpg": b"j",
+        ".scores.parquet.abc.tmp": b"half",
+    }.items():
         (a / rel).parent.mkdir(parents=True, exist_ok=True)
         (a / rel).write_bytes(content)
     mirror = storage.Mirror(a)
     mirror.store = _Recording(mirror.store)
     assert mirror.push() == 4
     prefix = f"{BUCKET}/runs/one/"
-    assert sorted(mirror.store.written) == sorted(prefix + r for r in ("manifest.json", "scores.parquet", ".parts/responses/part-1.parquet", "api/openai.spend.jsonl"))
+    assert sorted(mirror.store.written) == sorted(
+        prefix + r
+        for r in ("manifest.json", "scores.parquet", ".parts/responses/part-1.parquet", "api/openai.spend.jsonl")
+    )
     assert mirror.store.written[-1] == prefix + "manifest.json"  # it names the others: it goes last
     assert storage.Mirror(a).push() == 0  # nothing changed since
 
@@ -217,7 +241,9 @@ def test_a_mirror_keeps_a_working_copy_and_the_bucket_in_step(bucket, tmp_path, 
     (b / ".parts/responses/part-1.parquet").unlink()
     (b / "manifest.json").write_bytes(b'{"stages": {"responses": {"state": "done"}}}')
     storage.Mirror(b).push()
-    assert "runs/one/.parts/responses/part-1.parquet" not in {o["Key"] for o in bucket.list_objects_v2(Bucket=BUCKET)["Contents"]}
+    assert "runs/one/.parts/responses/part-1.parquet" not in {
+        o["Key"] for o in bucket.list_objects_v2(Bucket=BUCKET)["Contents"]
+    }
     with open(a / "api/openai.spend.jsonl", "ab") as fh:
         fh.write(b"line 2\n")
     storage.Mirror(a).pull()
@@ -246,9 +272,13 @@ def test_a_run_folder_in_a_bucket_survives_a_kill_and_the_loss_of_its_working_co
     assert local.returncode == 0, local.stderr[-3000:]
 
     paused = tmp_path / "paused"
-    proc = subprocess.Popen([str(BIN / "vlm-decade"), "run", study, "--out", uri],
-                            env={**cli_env(), "VLM_DECADE_PAUSE_AFTER_PART": f"responses:{paused}"},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [str(BIN / "vlm-decade"), "run", study, "--out", uri],
+        env={**cli_env(), "VLM_DECADE_PAUSE_AFTER_PART": f"responses:{paused}"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 600
     while not paused.exists():
         assert proc.poll() is None, "the run ended without saving a part of its responses"
@@ -266,7 +296,11 @@ def test_a_run_folder_in_a_bucket_survives_a_kill_and_the_loss_of_its_working_co
     said = " ".join(resumed.stderr.split())
     assert "already done, kept" in said and f"report: {uri}/report.html" in said
     # (pyarrow keeps an emptied folder as an empty "folder/" object: no file)
-    keys = {o["Key"] for o in bucket.list_objects_v2(Bucket=BUCKET, Prefix="runs/example/")["Contents"] if not o["Key"].endswith("/")}
+    keys = {
+        o["Key"]
+        for o in bucket.list_objects_v2(Bucket=BUCKET, Prefix="runs/example/")["Contents"]
+        if not o["Key"].endswith("/")
+    }
     assert not [k for k in keys if "/.parts/" in k or "/.spill/" in k or k.endswith((".lock", ".tmp", ".mirror.json"))]
     assert "runs/example/report.html" in keys
     for name, volatile in (("responses", ["latency_s"]), ("embeddings", []), ("scores", []), ("stats", [])):
@@ -280,7 +314,9 @@ def test_a_run_folder_in_a_bucket_survives_a_kill_and_the_loss_of_its_working_co
 
     bucket.delete_object(Bucket=BUCKET, Key="runs/example/report.html")
     redrawn = vlm_decade("report", uri)  # from the working copy `status` left, and back to the bucket
-    assert redrawn.returncode == 0 and f"report: {uri}/report.html" in " ".join(redrawn.stderr.split()), redrawn.stderr[-2000:]
+    assert redrawn.returncode == 0 and f"report: {uri}/report.html" in " ".join(redrawn.stderr.split()), redrawn.stderr[
+        -2000:
+    ]
     page = bucket.get_object(Bucket=BUCKET, Key="runs/example/report.html")["Body"].read()
     assert page == (storage.working_copy(uri) / "report.html").read_bytes() and b"</html>" in page
 
@@ -293,15 +329,24 @@ def test_a_store_that_does_not_answer_is_said_with_its_uri(tmp_path, monkeypatch
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         closed = sock.getsockname()[1]  # nothing listens there once the socket is closed
-    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-                       "AWS_EC2_METADATA_DISABLED": "true", "AWS_ENDPOINT_URL": f"http://127.0.0.1:{closed}",
-                       "VLM_DECADE_WORKING_COPIES": str(tmp_path / "copies")}.items():
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{closed}",
+        "VLM_DECADE_WORKING_COPIES": str(tmp_path / "copies"),
+    }.items():
         monkeypatch.setenv(key, value)
     done = vlm_decade("validate", str(_study(tmp_path / "study", FOLDER)))
-    assert done.returncode == 1 and f"{FOLDER}: could not look into the bucket" in " ".join(done.stderr.split()), done.stderr
+    assert done.returncode == 1 and f"{FOLDER}: could not look into the bucket" in " ".join(done.stderr.split()), (
+        done.stderr
+    )
     done = vlm_decade("run", str(EXAMPLE / "study.yaml"), "--out", f"s3://{BUCKET}/runs/x")
     said = " ".join(done.stderr.split())
-    assert done.returncode == 1 and f"s3://{BUCKET}/runs/x: could not bring the run folder into its working copy" in said, done.stderr
+    assert (
+        done.returncode == 1 and f"s3://{BUCKET}/runs/x: could not bring the run folder into its working copy" in said
+    ), done.stderr
 
 
 def test_a_store_that_lost_its_objects_or_its_bucket_costs_no_local_work(bucket, tmp_path, monkeypatch):
@@ -311,8 +356,11 @@ def test_a_store_that_lost_its_objects_or_its_bucket_costs_no_local_work(bucket,
     uri = f"s3://{BUCKET}/runs/lost"
     monkeypatch.setenv("VLM_DECADE_WORKING_COPIES", str(tmp_path / "copies"))
     copy = storage.working_copy(uri)
-    for rel, content in {"manifest.json": b'{"files": {"scores": {}}}', "scores.parquet": b"s" * 10,
-                         ".parts/responses/part-1.parquet": b"p"}.items():
+    for rel, content in {
+        "manifest.json": b'{"files": {"scores": {}}}',
+        "scores.parquet": b"s" * 10,
+        ".parts/responses/part-1.parquet": b"p",
+    }.items():
         (copy / rel).parent.mkdir(parents=True, exist_ok=True)
         (copy / rel).write_bytes(content)
     assert storage.Mirror(copy).push() == 3
@@ -322,7 +370,10 @@ def test_a_store_that_lost_its_objects_or_its_bucket_costs_no_local_work(bucket,
     assert storage.Mirror(copy).pull() == 0 and _files(copy) == kept
     assert storage.Mirror(copy).push() == 3  # saved there again
     assert {o["Key"] for o in bucket.list_objects_v2(Bucket=BUCKET, Prefix="runs/lost/")["Contents"]} >= {
-        "runs/lost/manifest.json", "runs/lost/scores.parquet", "runs/lost/.parts/responses/part-1.parquet"}
+        "runs/lost/manifest.json",
+        "runs/lost/scores.parquet",
+        "runs/lost/.parts/responses/part-1.parquet",
+    }
 
     mirror = storage.Mirror(copy)
     mirror.store, mirror.prefix = storage._store("s3", "no-such-bucket"), "no-such-bucket/runs/lost"
@@ -342,9 +393,14 @@ def test_a_store_started_again_empty_stops_the_run_and_once_back_is_given_the_wo
     server.start()
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
-    environment = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                   "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true", "AWS_ENDPOINT_URL": endpoint,
-                   "VLM_DECADE_WORKING_COPIES": str(tmp_path / "copies")}
+    environment = {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_ENDPOINT_URL": endpoint,
+        "VLM_DECADE_WORKING_COPIES": str(tmp_path / "copies"),
+    }
     for key, value in environment.items():
         monkeypatch.setenv(key, value)
     uri = f"s3://{BUCKET}/runs/example"

@@ -33,7 +33,19 @@ def test_demo_makes_no_outside_connection(tmp_path):
     strace = required.tool("strace")
     log = tmp_path / "strace.log"
     result = subprocess.run(
-        [strace, "-f", "-qq", "-e", "trace=connect,sendto,sendmsg,sendmmsg,close", "-o", str(log), str(BIN / "vlm-decade"), "demo", "--out", str(tmp_path / "run")],
+        [
+            strace,
+            "-f",
+            "-qq",
+            "-e",
+            "trace=connect,sendto,sendmsg,sendmmsg,close",
+            "-o",
+            str(log),
+            str(BIN / "vlm-decade"),
+            "demo",
+            "--out",
+            str(tmp_path / "run"),
+        ],
         capture_output=True,
         text=True,
         timeout=900,

@@ -38,18 +38,38 @@ def ray_head(tmp_path):
     # Ray's socket paths must fit in 107 bytes, which pytest's tmp_path does not leave room for.
     ray_tmp = tempfile.mkdtemp(prefix="vd-ray-", dir="/tmp")
     cmd = [
-        str(BIN / "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}",
-        "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
-        "--num-cpus=2", "--disable-usage-stats", f"--temp-dir={ray_tmp}",
+        str(BIN / "ray"),
+        "start",
+        "--head",
+        "--block",
+        "--node-ip-address=127.0.0.1",
+        f"--port={port}",
+        "--include-dashboard=true",
+        "--dashboard-host=127.0.0.1",
+        f"--dashboard-port={dashboard}",
+        "--num-cpus=2",
+        "--disable-usage-stats",
+        f"--temp-dir={ray_tmp}",
     ]
     log = tmp_path / "head.strace"
-    cmd = [required.tool("strace"), "-f", "-qq", "-e", "trace=connect,sendto,sendmsg,sendmmsg,close", "-o", str(log), *cmd]
+    cmd = [
+        required.tool("strace"),
+        "-f",
+        "-qq",
+        "-e",
+        "trace=connect,sendto,sendmsg,sendmmsg,close",
+        "-o",
+        str(log),
+        *cmd,
+    ]
     head_log = open(tmp_path / "head.log", "w")
     head = subprocess.Popen(cmd, env=env, stdout=head_log, stderr=subprocess.STDOUT, start_new_session=True)
     address = f"http://127.0.0.1:{dashboard}"
     deadline = time.monotonic() + 120
     while True:
-        probe = subprocess.run([str(BIN / "ray"), "job", "list", "--address", address], env=env, capture_output=True, text=True)
+        probe = subprocess.run(
+            [str(BIN / "ray"), "job", "list", "--address", address], env=env, capture_output=True, text=True
+        )
         if probe.returncode == 0:
             break
         assert head.poll() is None, "ray start --head exited: " + (tmp_path / "head.log").read_text()[-3000:]
@@ -68,11 +88,28 @@ def test_ray_job_submit_runs_the_demo(ray_head, tmp_path):
     runtime_env = {"excludes": [".venv", ".git", "runs", "**/__pycache__"]}
     submit = subprocess.run(
         [
-            str(BIN / "ray"), "job", "submit", "--address", address, "--submission-id", "vlm-decade-e2e",
-            "--working-dir", str(REPO), "--runtime-env-json", json.dumps(runtime_env), "--",
-            "python", "jobs/decade_study.py", "--demo", "--out", str(out),
+            str(BIN / "ray"),
+            "job",
+            "submit",
+            "--address",
+            address,
+            "--submission-id",
+            "vlm-decade-e2e",
+            "--working-dir",
+            str(REPO),
+            "--runtime-env-json",
+            json.dumps(runtime_env),
+            "--",
+            "python",
+            "jobs/decade_study.py",
+            "--demo",
+            "--out",
+            str(out),
         ],
-        env=env, capture_output=True, text=True, timeout=900,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     from ray.job_submission import JobStatus, JobSubmissionClient
 

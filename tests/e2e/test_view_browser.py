@@ -32,8 +32,18 @@ from .conftest import BIN, cli_env, vlm_decade
 pytestmark = pytest.mark.e2e
 
 # Headless, and nothing that reaches beyond this machine (background networking, updates, sync).
-CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage", "--window-size=1400,1000")
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--window-size=1400,1000",
+)
 WAIT_S = 30
 
 
@@ -43,8 +53,13 @@ class Server:
     def __init__(self, run: Path):
         # stderr to a file, not a pipe: a server whose tracebacks filled an unread pipe would hang.
         self.log = tempfile.TemporaryFile("w+")
-        self.process = subprocess.Popen([str(BIN / "vlm-decade"), "view", str(run), "--port", "0"], stdout=subprocess.PIPE,
-                                        stderr=self.log, text=True, env=cli_env())
+        self.process = subprocess.Popen(
+            [str(BIN / "vlm-decade"), "view", str(run), "--port", "0"],
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+            env=cli_env(),
+        )
         line = self.process.stdout.readline()
         found = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
         if not found:
@@ -94,7 +109,9 @@ def browser(tmp_path_factory):
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     driver_path = shutil.which("chromedriver")
     if not (chromium and driver_path):
-        pytest.fail("the view's browser tests need chromium and chromedriver: apt-get install chromium chromium-driver (make browser)")
+        pytest.fail(
+            "the view's browser tests need chromium and chromedriver: apt-get install chromium chromium-driver (make browser)"
+        )
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
     for flag in CHROMIUM_FLAGS:
@@ -112,7 +129,9 @@ def screenshot(driver, path: Path) -> None:
     """The whole page, not just the window."""
     size = driver.execute_cdp_cmd("Page.getLayoutMetrics", {})["cssContentSize"]
     clip = {"x": 0, "y": 0, "width": size["width"], "height": min(size["height"], 6000), "scale": 1}
-    data = driver.execute_cdp_cmd("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True, "clip": clip})
+    data = driver.execute_cdp_cmd(
+        "Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True, "clip": clip}
+    )
     path.write_bytes(base64.b64decode(data["data"]))
     assert path.stat().st_size > 5_000
 
@@ -153,7 +172,8 @@ def _stale(element) -> bool:
 def images_loaded(driver, selector: str) -> bool:
     return driver.execute_script(
         "const xs = [...document.querySelectorAll(arguments[0])]; return xs.length > 0 && xs.every(i => i.complete && i.naturalWidth > 0);",
-        selector)
+        selector,
+    )
 
 
 def status_of(url: str) -> int:
@@ -176,8 +196,12 @@ def page_problems(driver, url: str) -> list[str]:
         driver.execute_script("window.scrollTo(0, arguments[0])", y)
     done = "return [...document.images].every(i => i.complete)"
     wait_for(driver, lambda d: d.execute_script(done), f"the pictures of {url}")
-    problems = [f"picture not loaded: {src}" for src in driver.execute_script(
-        "return [...document.images].filter(i => !(i.naturalWidth > 0)).map(i => i.src)")]
+    problems = [
+        f"picture not loaded: {src}"
+        for src in driver.execute_script(
+            "return [...document.images].filter(i => !(i.naturalWidth > 0)).map(i => i.src)"
+        )
+    ]
     sources = driver.execute_script("return [...document.images].map(i => i.src).filter(s => s.startsWith('http'))")
     for src in sorted(set(sources)):
         try:
@@ -186,9 +210,14 @@ def page_problems(driver, url: str) -> list[str]:
                     problems.append(f"placeholder instead of the picture: {src}")
         except urllib.error.HTTPError as exc:
             problems.append(f"picture answered {exc.code}: {src}")
-    problems += [f"answered {status}: {name}" for name, status in driver.execute_script(
-        "return [...performance.getEntriesByType('navigation'), ...performance.getEntriesByType('resource')]"
-        ".map(e => [e.name, e.responseStatus])") if status >= 500]
+    problems += [
+        f"answered {status}: {name}"
+        for name, status in driver.execute_script(
+            "return [...performance.getEntriesByType('navigation'), ...performance.getEntriesByType('resource')]"
+            ".map(e => [e.name, e.responseStatus])"
+        )
+        if status >= 500
+    ]
     problems += [f"console: {e['message']}" for e in driver.get_log("browser") if e["level"] == "SEVERE"]
     return problems
 
@@ -229,15 +258,26 @@ def test_the_gallery_lists_the_images_and_a_filter_narrows_it(browser, decade_se
     choose(browser, "f-model", "ssd-template")
     choose(browser, "f-error", "detection")
     errors = pq.read_table(run / "errors.parquet").to_pylist()
-    expected = sorted({r["image_id"] for r in errors if r["present"] and r["subject"] == "ssd-template"
-                       and r["error_type"] == "detection" and r["image_id"] in specialist})
+    expected = sorted(
+        {
+            r["image_id"]
+            for r in errors
+            if r["present"]
+            and r["subject"] == "ssd-template"
+            and r["error_type"] == "detection"
+            and r["image_id"] in specialist
+        }
+    )
     assert cards(browser) == expected
     screenshot(browser, shots / "decade-gallery-filtered.png")
 
     # Sorted by the model's similarity, worst first, as scores.parquet has it.
     browser.get(decade_server.url + "/?sort=similarity:ssd-template&metric=SBERT-SI")
-    scores = [r for r in pq.read_table(run / "scores.parquet").to_pylist()
-              if r["subject"] == "ssd-template" and r["metric"] == "SBERT-SI" and r["variant"] == "full"]
+    scores = [
+        r
+        for r in pq.read_table(run / "scores.parquet").to_pylist()
+        if r["subject"] == "ssd-template" and r["metric"] == "SBERT-SI" and r["variant"] == "full"
+    ]
     assert cards(browser) == [r["image_id"] for r in sorted(scores, key=lambda r: (r["value"], r["image_id"]))]
 
 
@@ -249,7 +289,11 @@ def test_an_image_page_shows_the_image_its_variants_descriptions_and_evidence(br
     image_id = max(sorted(detections), key=lambda i: len(detections[i]))  # the image with the most boxes
     browser.get(f"{decade_server.url}/image/{image_id}")
     assert browser.find_element(By.ID, "image-id").text.startswith(image_id)
-    wait_for(browser, lambda d: images_loaded(d, "#main-image, #variants img, #heatmap"), "the image, its variants and heat map")
+    wait_for(
+        browser,
+        lambda d: images_loaded(d, "#main-image, #variants img, #heatmap"),
+        "the image, its variants and heat map",
+    )
     variants = [f.get_attribute("data-variant") for f in browser.find_elements(By.CSS_SELECTOR, "#variants figure")]
     assert variants == ["full", "m1", "m2", "m3"]
     # The detector's boxes, drawn over the image where they are.
@@ -274,7 +318,9 @@ def test_an_image_page_shows_the_image_its_variants_descriptions_and_evidence(br
     rows = browser.find_elements(By.CSS_SELECTOR, "table.errors tbody > tr")
     assert len(rows) == len(errors)
     for r in errors:
-        row = browser.find_element(By.CSS_SELECTOR, f"table.errors tr[data-model='{r['subject']}'][data-error='{r['error_type']}']")
+        row = browser.find_element(
+            By.CSS_SELECTOR, f"table.errors tr[data-model='{r['subject']}'][data-error='{r['error_type']}']"
+        )
         assert ("yes" if r["present"] else ("undecided" if r["present"] is None else "no")) in row.text
     toggle = browser.find_element(By.ID, "toggle-boxes")
     toggle.click()
@@ -297,10 +343,16 @@ def test_the_model_page_shows_the_numbers_of_stats_parquet(browser, decade_serve
         shown[(cells[0], cells[1], cells[2])] = (cells[3], cells[4], float(row.get_attribute("data-estimate")))
     for r in stats:
         text, ci, exact = shown[(r["metric"], r["variant"], r["dataset"])]
-        assert text == f"{r['estimate']:.3f}" and ci == f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}]" and exact == r["estimate"]
+        assert (
+            text == f"{r['estimate']:.3f}"
+            and ci == f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}]"
+            and exact == r["estimate"]
+        )
     error_stats = [r for r in pq.read_table(run / "error_stats.parquet").to_pylist() if r["subject"] == "demo-imported"]
-    rates = {(row.get_attribute("data-metric"), row.get_attribute("data-dataset")): float(row.get_attribute("data-estimate"))
-             for row in browser.find_elements(By.CSS_SELECTOR, "#error-stats tbody tr")}
+    rates = {
+        (row.get_attribute("data-metric"), row.get_attribute("data-dataset")): float(row.get_attribute("data-estimate"))
+        for row in browser.find_elements(By.CSS_SELECTOR, "#error-stats tbody tr")
+    }
     assert rates == {(r["metric"], r["dataset"]): r["estimate"] for r in error_stats}
     screenshot(browser, shots / "decade-model.png")
 
@@ -348,7 +400,9 @@ def test_study_b_gallery_filters_a_judged_run_by_outcome(browser, demo_run, tmp_
             if name == "confusion":
                 screenshot(browser, shots / "openworld-gallery-confusion.png")
         browser.get(f"{server.url}/?outcome=correct&model=efficientnet-lite3-imagenet")
-        assert cards(browser) == sorted({r["image_id"] for r in rows if r["outcome"] == "correct" and r["subject"] == "efficientnet-lite3-imagenet"})
+        assert cards(browser) == sorted(
+            {r["image_id"] for r in rows if r["outcome"] == "correct" and r["subject"] == "efficientnet-lite3-imagenet"}
+        )
     finally:
         server.stop()
 
@@ -364,23 +418,39 @@ def raw_get(port: int, target: str, host: str = "127.0.0.1") -> tuple[int, bytes
     return status, data
 
 
-@pytest.mark.parametrize("target", [
-    "/../etc/passwd", "/run/../../../../etc/passwd", "/run/%2e%2e/%2e%2e/%2e%2e/%2e%2e/etc/passwd", "/run//etc/passwd",
-    "/run/%2Fetc%2Fpasswd", "/run/inputs/../../../../../etc/passwd", "/static/../../../../../etc/passwd",
-    "/static/%2e%2e/%2e%2e/%2e%2e/cli.py", "/picture/original/../../../etc/passwd", "/picture/original/%2Fetc%2Fpasswd",
-    "//etc/passwd", "/etc/passwd", "http://127.0.0.1/etc/passwd",
-])
+@pytest.mark.parametrize(
+    "target",
+    [
+        "/../etc/passwd",
+        "/run/../../../../etc/passwd",
+        "/run/%2e%2e/%2e%2e/%2e%2e/%2e%2e/etc/passwd",
+        "/run//etc/passwd",
+        "/run/%2Fetc%2Fpasswd",
+        "/run/inputs/../../../../../etc/passwd",
+        "/static/../../../../../etc/passwd",
+        "/static/%2e%2e/%2e%2e/%2e%2e/cli.py",
+        "/picture/original/../../../etc/passwd",
+        "/picture/original/%2Fetc%2Fpasswd",
+        "//etc/passwd",
+        "/etc/passwd",
+        "http://127.0.0.1/etc/passwd",
+    ],
+)
 def test_paths_outside_the_run_are_not_found(decade_server, target):
     status, body = raw_get(decade_server.port, target)
     assert status == 404, body[:300]
     assert b"root:" not in body and b"from __future__" not in body
 
 
-@pytest.mark.parametrize("target, host, status", [
-    ("/run/%00/etc/passwd", "127.0.0.1", 400), ("/?page=9223372036854775807", "127.0.0.1", 400),
-    ("/image/%ff", "127.0.0.1", 404),
-    ("/run/manifest.json", "attacker.example.com", 400),
-])
+@pytest.mark.parametrize(
+    "target, host, status",
+    [
+        ("/run/%00/etc/passwd", "127.0.0.1", 400),
+        ("/?page=9223372036854775807", "127.0.0.1", 400),
+        ("/image/%ff", "127.0.0.1", 404),
+        ("/run/manifest.json", "attacker.example.com", 400),
+    ],
+)
 def test_bad_requests_are_4xx_through_the_server(decade_server, target, host, status):
     answer, body = raw_get(decade_server.port, target, host)
     assert answer == status, body[:300]

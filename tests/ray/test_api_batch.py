@@ -43,7 +43,9 @@ def keys(monkeypatch):
 
 def batches_created(server: FakeAPIServer, provider: str, embeddings: bool = False) -> int:
     """Batches the server was given by `provider`: of chat requests, or of texts to embed."""
-    return sum(b.provider == provider and (b.endpoint == EMBEDDINGS) == embeddings for b in server.batches.batches.values())
+    return sum(
+        b.provider == provider and (b.endpoint == EMBEDDINGS) == embeddings for b in server.batches.batches.values()
+    )
 
 
 def lines_of(server: FakeAPIServer, embeddings: bool, provider: str | None = None) -> list:
@@ -54,8 +56,11 @@ def lines_of(server: FakeAPIServer, embeddings: bool, provider: str | None = Non
 
 def waiting_lines(server: FakeAPIServer, provider: str, embeddings: bool) -> int:
     """The lines of `provider`'s batches, of chat requests or of texts to embed."""
-    return sum(len(b.lines) for b in server.batches.batches.values()
-               if b.provider == provider and (b.endpoint == EMBEDDINGS) == embeddings)
+    return sum(
+        len(b.lines)
+        for b in server.batches.batches.values()
+        if b.provider == provider and (b.endpoint == EMBEDDINGS) == embeddings
+    )
 
 
 def environment() -> dict:
@@ -101,10 +106,14 @@ def test_a_study_in_batch_mode_gives_the_tables_of_sync_mode(tmp_path, keys):
     responses = batch.read("responses")
     assert responses.drop_columns(list(VOLATILE)).equals(sync.read("responses").drop_columns(list(VOLATILE)))
     assert set(responses.column("mode").to_pylist()) == {"batch"}
-    assert responses.column("cost_usd").to_pylist() == pytest.approx([c / 2 for c in sync.read("responses").column("cost_usd").to_pylist()])
+    assert responses.column("cost_usd").to_pylist() == pytest.approx(
+        [c / 2 for c in sync.read("responses").column("cost_usd").to_pylist()]
+    )
     vectors = batch.read("embeddings")
     assert vectors.drop_columns(["mode"]).equals(sync.read("embeddings").drop_columns(["mode"]))
-    assert set(vectors.column("mode").to_pylist()) == {"batch"} and set(sync.read("embeddings").column("mode").to_pylist()) == {"sync"}
+    assert set(vectors.column("mode").to_pylist()) == {"batch"} and set(
+        sync.read("embeddings").column("mode").to_pylist()
+    ) == {"sync"}
     for name in ("scores", "stats"):
         assert batch.read(name).equals(sync.read(name)), name
     assert len(embedded) == batch.read("embeddings").num_rows and max(Counter(r.key for r in embedded).values()) == 1
@@ -138,7 +147,10 @@ def test_a_killed_run_collects_its_pending_batches_and_submits_no_line_twice(tmp
         done = cli("run", path, "--out", out)
         assert done.returncode == 0, done.stderr
         chats, texts = lines_of(server, embeddings=False), lines_of(server, embeddings=True)
-        assert (batches_created(server, "openai"), batches_created(server, "openai", embeddings=True)) == (1, 1)  # picked up, not submitted again
+        assert (batches_created(server, "openai"), batches_created(server, "openai", embeddings=True)) == (
+            1,
+            1,
+        )  # picked up, not submitted again
         assert len(chats) == 80 and max(Counter(r.key for r in chats + texts).values()) == 1
         assert len(texts) == RunFolder(out).read("embeddings").num_rows
         responses = RunFolder(out).read("responses")
@@ -172,12 +184,18 @@ def test_a_run_that_does_not_wait_submits_every_batch_of_a_stage_at_once_and_a_l
         assert "waiting for batches: responses of gpt: 64 requests wait in batches" in first.stderr
         assert "responses of gem: 16 requests wait in batches" in first.stderr
         stages = RunFolder(out).manifest()["stages"]
-        assert stages["responses"]["state"] == "running" and "embeddings" not in stages  # the later stages did not start
+        assert (
+            stages["responses"]["state"] == "running" and "embeddings" not in stages
+        )  # the later stages did not start
 
         status = cli("status", out)
         assert status.returncode == 0, status.stderr
-        for line in ("openai: batches 1 pending (chat, 64 requests waiting);", "responses gpt: 0 of 64 done (64 pending)",
-                     "gemini: batches 1 pending (chat, 16 requests waiting);", "responses gem: 0 of 16 done (16 pending)"):
+        for line in (
+            "openai: batches 1 pending (chat, 64 requests waiting);",
+            "responses gpt: 0 of 64 done (64 pending)",
+            "gemini: batches 1 pending (chat, 16 requests waiting);",
+            "responses gem: 0 of 16 done (16 pending)",
+        ):
             assert line in status.stdout, line
 
         # The next run that does not wait collects both models' answers and submits both encoders' texts.
@@ -187,7 +205,10 @@ def test_a_run_that_does_not_wait_submits_every_batch_of_a_stage_at_once_and_a_l
         assert "encoder GEM-SI: " in second.stderr
         assert created() == {("openai", False): 1, ("gemini", False): 1, ("openai", True): 1, ("gemini", True): 1}
         texts = RunFolder(out).manifest()["stages"]
-        assert (texts["responses"]["state"], texts["embeddings"]["state"]) == ("done", "running") and "scores" not in texts
+        assert (texts["responses"]["state"], texts["embeddings"]["state"]) == (
+            "done",
+            "running",
+        ) and "scores" not in texts
         waiting = waiting_lines(server, "openai", embeddings=True)
         assert waiting == waiting_lines(server, "gemini", embeddings=True) > 0  # the same texts, once per encoder
         status = cli("status", out).stdout
@@ -205,7 +226,10 @@ def test_a_run_that_does_not_wait_submits_every_batch_of_a_stage_at_once_and_a_l
         assert Counter(vectors.column("encoder").to_pylist()) == {"GPT-SI": waiting, "GEM-SI": waiting}
         assert RunFolder(out).manifest()["stages"]["report"]["state"] == "done"
         status = cli("status", out)
-        assert "openai: batches 1 completed (chat), 1 completed (embeddings);" in status.stdout and "responses gpt: 64 of 64 done (64 ok)" in status.stdout
+        assert (
+            "openai: batches 1 completed (chat), 1 completed (embeddings);" in status.stdout
+            and "responses gpt: 64 of 64 done (64 ok)" in status.stdout
+        )
     table = pq.read_table(out / "responses.parquet")
     assert set(table.column("mode").to_pylist()) == {"batch"}
 
@@ -272,7 +296,9 @@ def test_cancel_keeps_what_a_pending_batch_answered_and_the_next_run_sends_the_r
         # nothing waits any more: what the batches answered is in the cache, the rest is for the next run to send
         assert "1 cancelled (chat)" in status and "requests waiting" not in status
         for model, n, provider in (("gpt", 64, "openai"), ("gem", 16, "gemini")):
-            rows = ([f"{answered[provider]} answered in the cache"] if answered[provider] else []) + [f"{n - answered[provider]} to send"]
+            rows = ([f"{answered[provider]} answered in the cache"] if answered[provider] else []) + [
+                f"{n - answered[provider]} to send"
+            ]
             assert f"responses {model}: 0 of {n} done ({', '.join(rows)})" in status, status
         set_mode(path, "sync")
         second = cli("run", path, "--out", out)

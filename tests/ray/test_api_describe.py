@@ -55,7 +55,9 @@ def study_file(tmp_path: Path, server: FakeAPIServer, budget: float | None = 10.
         {"name": "gpt", "backend": "openai", "model_id": "gpt-4o-mini", "era": "mllm", "variants": "all"},
         {"name": "gem", "backend": "gemini", "model_id": "gemini-2.5-flash", "era": "mllm"},
     ]
-    raw["encoders"] = [{"name": "GPT-SI", "backend": "openai-embedding", "model_id": "text-embedding-3-large", "batch_size": 32}]
+    raw["encoders"] = [
+        {"name": "GPT-SI", "backend": "openai-embedding", "model_id": "text-embedding-3-large", "batch_size": 32}
+    ]
     raw["statistics"] = {"n_resamples": 200, "seed": 1}
     # The demo's ratings and hand labels are about its own models, and neither the metric checks nor
     # the error taxonomy are what this test is about.
@@ -85,7 +87,9 @@ def describe(path: Path, out: Path, **update):
 def test_rows_hold_what_the_provider_answered_for_the_exact_png(server, tmp_path):
     study, images, table = describe(study_file(tmp_path, server), tmp_path / "run")
     assert table.num_rows == 16 * 4 + 16 and set(table.column("status").to_pylist()) == {"ok"}
-    jobs = {(j.subject, j.image_id, j.variant): j for j in jobs_from(plan_jobs(study, plan(study), images), plan(study))}
+    jobs = {
+        (j.subject, j.image_id, j.variant): j for j in jobs_from(plan_jobs(study, plan(study), images), plan(study))
+    }
     rows = table.to_pylist()
     sample = [r for r in rows if r["variant"] in ("full", "m2")][:12]
     pngs = load_png([jobs[(r["subject"], r["image_id"], r["variant"])] for r in sample])
@@ -109,7 +113,9 @@ def test_a_budget_stops_spending_and_a_higher_one_goes_on(server, tmp_path):
     assert all(v <= 0.004 for v in spend.values())
     RunFolder(tmp_path / "run").write("responses", table)
 
-    more = study.providers.model_copy(update={p: getattr(study.providers, p).model_copy(update={"budget_usd": 1.0}) for p in ("openai", "gemini")})
+    more = study.providers.model_copy(
+        update={p: getattr(study.providers, p).model_copy(update={"budget_usd": 1.0}) for p in ("openai", "gemini")}
+    )
     _, _, again = describe(path, tmp_path / "run", providers=more)
     assert set(again.column("status").to_pylist()) == {"ok"}
     sent = Counter(r.payload_sha256 for r in server.received())
@@ -121,15 +127,26 @@ def test_one_budget_holds_for_every_model_of_a_provider(server, tmp_path):
     # A request may cost up to $0.00023-0.00025 and costs about $0.00003; each model's 64 cost ~$0.002.
     path = study_file(tmp_path, server, budget=0.003)
     raw = yaml.safe_load(path.read_text())
-    raw["models"] = [{"name": name, "backend": "openai", "model_id": "gpt-4o-mini", "era": "mllm", "variants": "all",
-                      "prompt": f"{name}: what happens here?"} for name in ("gpt-a", "gpt-b")]
+    raw["models"] = [
+        {
+            "name": name,
+            "backend": "openai",
+            "model_id": "gpt-4o-mini",
+            "era": "mllm",
+            "variants": "all",
+            "prompt": f"{name}: what happens here?",
+        }
+        for name in ("gpt-a", "gpt-b")
+    ]
     path.write_text(yaml.safe_dump(raw))
     study, images, table = describe(path, tmp_path / "run")
     status = Counter((r["subject"], r["status"]) for r in table.to_pylist())
     assert status[("gpt-a", "ok")] == 64 and status[("gpt-b", "skipped")] > 0
     billed = server.billed_usd(price_table("openai"))
     spend = RunFolder(tmp_path / "run").manifest()["spend_usd"]["openai"]
-    assert spend == pytest.approx(billed, abs=1e-6) and billed == pytest.approx(sum(r["paid_usd"] for r in table.to_pylist()), abs=1e-12)
+    assert spend == pytest.approx(billed, abs=1e-6) and billed == pytest.approx(
+        sum(r["paid_usd"] for r in table.to_pylist()), abs=1e-12
+    )
     assert 0.003 - 0.00025 < spend <= 0.003  # up to the last request that fits, never past it
 
 
@@ -170,7 +187,9 @@ def test_a_killed_run_resumed_sends_nothing_twice_and_writes_no_key(server, tmp_
     before = server.received()
     assert 0 < len(before) < 80 + 1, "the kill should land midway through describe"
     # Nothing new leaves once the driver is gone (a request already on the wire arrives a moment later).
-    assert max(r.time for r in before) <= killed_at + 0.05, [round(r.time - killed_at, 3) for r in before if r.time > killed_at]
+    assert max(r.time for r in before) <= killed_at + 0.05, [
+        round(r.time - killed_at, 3) for r in before if r.time > killed_at
+    ]
     in_flight = [r for r in before if r.time < killed_at < r.answered]
     assert in_flight, "the kill should land while requests are in flight"
 
@@ -201,7 +220,9 @@ def test_a_killed_run_resumed_sends_nothing_twice_and_writes_no_key(server, tmp_
         unresolved = manifest.get("spend_unresolved_usd", {}).get(provider, 0.0)
         # An answer the server delivered at the very moment the gateway died may not have been
         # logged as paid: then its attempt is among the unresolved ones, whose worst case covers it.
-        assert delivered - unresolved - 1e-6 <= manifest["spend_usd"][provider] <= delivered + 1e-6  # the manifest keeps 6 decimals
+        assert (
+            delivered - unresolved - 1e-6 <= manifest["spend_usd"][provider] <= delivered + 1e-6
+        )  # the manifest keeps 6 decimals
         assert server.billed_usd(price, provider=provider) <= manifest["spend_usd"][provider] + unresolved + 1e-6
 
     key_bytes = [k.encode() for k in (OPENAI_KEY, GEMINI_KEY)]
@@ -230,7 +251,13 @@ def test_a_missing_key_fails_validate_before_any_work(server, tmp_path, monkeypa
     path = study_file(tmp_path, server)
     env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "GEMINI_API_KEY", "GOOGLE_API_KEY")}
     env["GEMINI_API_KEY"] = GEMINI_KEY
-    done = subprocess.run([sys.executable, "-m", "vlm_decade", "validate", str(path)], env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "vlm_decade", "validate", str(path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and "OPENAI_API_KEY" in done.stderr and "gpt" in done.stderr
     assert GEMINI_KEY not in done.stderr and sum(server.counts().values()) == 0
 
@@ -244,13 +271,28 @@ def ray_head(tmp_path: Path):
         port = s.getsockname()[1]
     # Ray's socket paths must fit in 107 bytes, which pytest's tmp_path does not leave room for.
     ray_tmp = tempfile.mkdtemp(prefix="vd-ray-", dir="/tmp")
-    env = {**os.environ, **offline_env(tmp_path / "ray_home"), "OPENAI_API_KEY": OPENAI_KEY,
-           "GEMINI_API_KEY": GEMINI_KEY,
-           # A driver here takes its node's address for 127.0.0.1 unless told this is no cluster address.
-           "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled", "RAY_ADDRESS": f"127.0.0.1:{port}"}
-    cmd = [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1",
-           f"--port={port}", "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats",
-           f"--temp-dir={ray_tmp}"]
+    env = {
+        **os.environ,
+        **offline_env(tmp_path / "ray_home"),
+        "OPENAI_API_KEY": OPENAI_KEY,
+        "GEMINI_API_KEY": GEMINI_KEY,
+        # A driver here takes its node's address for 127.0.0.1 unless told this is no cluster address.
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+        "RAY_AUTH_MODE": "disabled",
+        "RAY_ADDRESS": f"127.0.0.1:{port}",
+    }
+    cmd = [
+        str(Path(sys.executable).parent / "ray"),
+        "start",
+        "--head",
+        "--block",
+        "--node-ip-address=127.0.0.1",
+        f"--port={port}",
+        "--num-cpus=2",
+        "--include-dashboard=false",
+        "--disable-usage-stats",
+        f"--temp-dir={ray_tmp}",
+    ]
     log = tmp_path / "head.log"
     head = subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -267,8 +309,10 @@ def ray_head(tmp_path: Path):
 
 def named_actors(env: dict) -> list[str]:
     """The named actors alive in the cluster that `env` joins."""
-    probe = ("import json, ray; ray.init(logging_level='ERROR'); "
-             "print(json.dumps([a['name'] for a in ray.util.list_named_actors(all_namespaces=True)]))")
+    probe = (
+        "import json, ray; ray.init(logging_level='ERROR'); "
+        "print(json.dumps([a['name'] for a in ray.util.list_named_actors(all_namespaces=True)]))"
+    )
     done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.strip().splitlines()[-1])

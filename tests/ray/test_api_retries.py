@@ -54,17 +54,21 @@ def test_a_rerun_sends_exactly_the_rows_that_failed_and_the_last_lines_say_what_
         assert failed and len(failed) < len(responses)
         # Half the embedding batches failed too: the stage saved the rest and stopped, saying so.
         assert first.returncode == 1, first.stderr
-        assert "encoder GPT-SI:" in first.stderr and "texts not encoded (most common: InternalServerError" in first.stderr
+        assert (
+            "encoder GPT-SI:" in first.stderr and "texts not encoded (most common: InternalServerError" in first.stderr
+        )
         tail = first.stderr.rsplit("rows not finished", 1)[1]
         for subject in ("gpt", "gem"):
             errors = Counter(r["error"] for r in failed if r["subject"] == subject)
-            assert f"responses {subject}: {sum(errors.values())} error; most common: {errors.most_common(1)[0][0]}" in tail
+            assert (
+                f"responses {subject}: {sum(errors.values())} error; most common: {errors.most_common(1)[0][0]}" in tail
+            )
 
         server.faults = FaultConfig()
         second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
         assert second.returncode == 0, second.stderr
         assert "rows not finished" not in second.stderr
-        log_2 = server.received()[len(log_1):]
+        log_2 = server.received()[len(log_1) :]
 
     chats_2 = Counter(r.payload_sha256 for r in log_2 if r.endpoint in ("openai.chat", "gemini.generate"))
     chats_1 = [r for r in log_1 if r.endpoint in ("openai.chat", "gemini.generate")]
@@ -96,9 +100,17 @@ def test_a_rerun_asks_the_judge_again_only_what_it_failed_to_answer(tmp_path, mo
         writer.writeheader()
         writer.writerows(rows)
     with FakeAPIServer(FaultConfig(rate_500=0.5, only_if=JUDGE_MARK, seed=2), answer=model_and_judge) as server:
-        limits = {"rpm": 6000, "tpm": 10**8, "timeout_s": 5, "max_concurrency": 4, "max_attempts": 1, "base_url": server.openai_url}
+        limits = {
+            "rpm": 6000,
+            "tpm": 10**8,
+            "timeout_s": 5,
+            "max_concurrency": 4,
+            "max_attempts": 1,
+            "base_url": server.openai_url,
+        }
         study = {
-            "name": "judge-retries", "study": "openworld",
+            "name": "judge-retries",
+            "study": "openworld",
             "data": {"labels": "labels.csv", "image_dir": "images", "classnames": "classnames.csv"},
             "prompts": [{"id": "default", "text": "What type of object is in this image?"}],
             "models": [{"name": "gpt", "backend": "openai", "model_id": "gpt-4o-mini"}],
@@ -116,7 +128,7 @@ def test_a_rerun_asks_the_judge_again_only_what_it_failed_to_answer(tmp_path, mo
 
         server.faults = FaultConfig()
         run_openworld(load_study(data / "study.yaml"), Reporter(quiet=True))
-        log_2 = server.received()[len(log_1):]
+        log_2 = server.received()[len(log_1) :]
     again = pq.read_table(folder.root / "judgements.parquet").to_pylist()
     judge_1 = [r for r in log_1 if r.outcome != "ok"]
     assert {r.payload_sha256 for r in judge_1}.isdisjoint(answered(log_1))  # each failed once, never answered

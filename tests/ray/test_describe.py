@@ -73,7 +73,10 @@ def test_a_bad_image_fails_its_row_only_and_is_retried_next_time(small_study, tm
     study, images = small_study
     broken = tmp_path / "broken.png"
     broken.write_bytes(b"\x89PNG\r\n\x1a\n truncated")
-    paths = [str(broken) if i == "coffee" else p for i, p in zip(images.column("image_id").to_pylist(), images.column("path").to_pylist())]
+    paths = [
+        str(broken) if i == "coffee" else p
+        for i, p in zip(images.column("image_id").to_pylist(), images.column("path").to_pylist())
+    ]
     broken_images = images.set_column(images.column_names.index("path"), "path", pa.array(paths))
     table = _describe(study, broken_images, tmp_path / "run")
     failed = table.filter(pa.compute.equal(table.column("status"), "error")).to_pylist()

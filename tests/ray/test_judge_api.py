@@ -59,8 +59,13 @@ def study(tmp_path: Path, server: FakeAPIServer) -> OpenWorldStudyConfig:
     )
 
 
-@pytest.mark.parametrize("backend,model_id,endpoint", [("openai", "gpt-4o-mini", "openai.chat"), ("gemini", "gemini-2.0-flash", "gemini.generate")])
-def test_api_judge_returns_the_scripted_verdicts_and_the_cache_answers_again(server, tmp_path, backend, model_id, endpoint):
+@pytest.mark.parametrize(
+    "backend,model_id,endpoint",
+    [("openai", "gpt-4o-mini", "openai.chat"), ("gemini", "gemini-2.0-flash", "gemini.generate")],
+)
+def test_api_judge_returns_the_scripted_verdicts_and_the_cache_answers_again(
+    server, tmp_path, backend, model_id, endpoint
+):
     import ray
 
     config = JudgeConfig(backend=backend, model_id=model_id)

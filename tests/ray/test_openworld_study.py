@@ -59,8 +59,8 @@ models:
   - {{name: tiny-clip, backend: hf-zero-shot, model_id: tiny-clip, path: {clip}, batch_size: 4}}
 judge: {{backend: openai, model_id: gpt-4o-mini}}
 statistics: {{n_resamples: 500, seed: 7}}
-providers: {{cache_dir: {tmp_path / 'cache'}, openai: {limits}}}
-output: {tmp_path / 'run'}
+providers: {{cache_dir: {tmp_path / "cache"}, openai: {limits}}}
+output: {tmp_path / "run"}
 """
         )
         yield data / "study.yaml", server
@@ -100,13 +100,22 @@ def test_study_b_runs_with_a_tiny_vlm_a_closed_world_baseline_and_an_api_judge(s
         assert p["judge_answer"] == VERDICTS.get(p["label"], "1")
         assert p["TI"] == text_inclusion(p["label"], p["prediction"])
         high_cs, high_li = p["CS"] >= study.scoring.cs_high, p["LI"] >= study.scoring.li_high
-        expected = {(True, True): "correct", (True, False): "granularity", (False, True): "ambiguity", (False, False): "confusion"}
+        expected = {
+            (True, True): "correct",
+            (True, False): "granularity",
+            (False, True): "ambiguity",
+            (False, False): "confusion",
+        }
         assert p["outcome"] == expected[(high_cs, high_li)]
 
     # Stats per dataset, per granularity group and over all datasets, per prompt: as the paper's
     # table, "all" (and each group) is the mean of the datasets' means.
     stats = pq.read_table(root / "stats.parquet").to_pylist()
-    li_all = next(s for s in stats if (s["subject"], s["dataset"], s["metric"], s["variant"]) == ("tiny-vlm", "all", "LI", "specific"))
+    li_all = next(
+        s
+        for s in stats
+        if (s["subject"], s["dataset"], s["metric"], s["variant"]) == ("tiny-vlm", "all", "LI", "specific")
+    )
     mine = [p for p in predictions if p["subject"] == "tiny-vlm" and p["prompt_id"] == "specific"]
     by_dataset = {d: [p["LI"] for p in mine if p["dataset"] == d] for d in {p["dataset"] for p in mine}}
     assert li_all["estimate"] == pytest.approx(sum(sum(v) / len(v) for v in by_dataset.values()) / len(by_dataset))
@@ -115,7 +124,14 @@ def test_study_b_runs_with_a_tiny_vlm_a_closed_world_baseline_and_an_api_judge(s
     comparisons = pq.read_table(root / "comparisons.parquet").to_pylist()
     assert {c["family"] for c in comparisons} == {"open-vs-closed", "model-vs-model", "prompt-ablation"}
     html = (root / "report.html").read_text()
-    for section in ("Main table", "Per dataset", "SS at thresholds", "Model against model", "Prompt ablation: differences", "Error types"):
+    for section in (
+        "Main table",
+        "Per dataset",
+        "SS at thresholds",
+        "Model against model",
+        "Prompt ablation: differences",
+        "Error types",
+    ):
         assert section in html
 
     # Again: every stage skipped, no request sent.
@@ -125,7 +141,11 @@ def test_study_b_runs_with_a_tiny_vlm_a_closed_world_baseline_and_an_api_judge(s
     # A third prompt: only the pairs the judge has not seen are judged (one request each).
     text = path.read_text()
     specific = '  - {id: specific, text: "What type of object is in this image? Be specific."}\n'
-    path.write_text(text.replace(specific, specific + '  - {id: generic, text: "Name the object in this image with one general word."}\n', 1))
+    path.write_text(
+        text.replace(
+            specific, specific + '  - {id: generic, text: "Name the object in this image with one general word."}\n', 1
+        )
+    )
     run_openworld(load_study(path), Reporter(quiet=True))
     labels_of = {i: r["label"] for i, r in labels.items()}
     responses = pq.read_table(root / "responses.parquet").to_pylist()
@@ -140,7 +160,9 @@ def test_estimate_counts_one_judge_request_per_prediction_and_spends_nothing(stu
     import sys
 
     path, server = study_file
-    done = subprocess.run([sys.executable, "-m", "vlm_decade", "estimate", str(path)], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "vlm_decade", "estimate", str(path)], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     judge = next(line.split() for line in done.stdout.splitlines() if line.startswith("openai   judge gpt-4o-mini"))
     # tiny-vlm answers 2 prompts, tiny-clip 1, on 6 images: 18 predictions, 16 output tokens each at most

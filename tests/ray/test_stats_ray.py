@@ -15,7 +15,9 @@ def _study(n=60):
     rng = np.random.default_rng(0)
     rows = [
         (s, f"{d}{i}", d, "full", "si", float(rng.normal(0.6, 0.1)))
-        for d in ("coco", "csb") for s in ERAS for i in range(n)
+        for d in ("coco", "csb")
+        for s in ERAS
+        for i in range(n)
     ]
     return pa.table(list(map(list, zip(*rows))), names=["subject", "image_id", "dataset", "variant", "metric", "value"])
 

@@ -46,7 +46,11 @@ def test_the_locator_finds_the_objects_and_the_labels_read_its_boxes(tmp_path):
     raw["models"] = [m for m in raw["models"] if m["name"] == "demo-imported"]
     raw["models"][0]["variants"] = "full"
     raw["statistics"] = {"n_resamples": 200, "seed": 3}
-    raw["taxonomy"]["locator"] = {"model_id": "tiny-owlvit", "path": str(save_owlvit(tmp_path / "owl")), "min_score": 0.5}
+    raw["taxonomy"]["locator"] = {
+        "model_id": "tiny-owlvit",
+        "path": str(save_owlvit(tmp_path / "owl")),
+        "min_score": 0.5,
+    }
     raw["taxonomy"]["verifier"] = {"kind": "locator"}
     raw["output"] = str(tmp_path / "run")
     path.write_text(yaml.safe_dump(raw))
@@ -55,8 +59,15 @@ def test_the_locator_finds_the_objects_and_the_labels_read_its_boxes(tmp_path):
     references = run.read("references").to_pylist()
     extractor = ObjectExtractor()
     gold = {r["image_id"]: [m.name for m in extractor.objects(r["text"])] for r in references if r["role"] == "gold"}
-    human = {i: {m.name for r in references if r["image_id"] == i and r["condition"] == "full" for m in extractor.objects(r["text"])}
-             for i in IMAGES}
+    human = {
+        i: {
+            m.name
+            for r in references
+            if r["image_id"] == i and r["condition"] == "full"
+            for m in extractor.objects(r["text"])
+        }
+        for i in IMAGES
+    }
     said = {r["image_id"]: [m.name for m in extractor.objects(r["text"])] for r in run.read("responses").to_pylist()}
 
     locations = {r["image_id"]: r for r in run.read("locations").to_pylist()}

@@ -80,7 +80,16 @@ PROBES = [
     ("gpt", "coffee", 1, "detection", "spoon", "espresso", detection("espresso"), "Yes, there is."),
     ("gpt", "coffee", 1, "detection", "table", "cup", detection("cup"), "No."),
     # Follow-ups only for the questions answered yes, with the same anchor.
-    ("gpt", "astronaut", 2, "recognition", "shuttle model", "astronaut", recognition("astronaut"), "A model of the space shuttle."),
+    (
+        "gpt",
+        "astronaut",
+        2,
+        "recognition",
+        "shuttle model",
+        "astronaut",
+        recognition("astronaut"),
+        "A model of the space shuttle.",
+    ),
     ("gpt", "astronaut", 2, "identification", "guitar", "flag", recognition("flag"), "A guitar."),
     ("gpt", "coffee", 2, "recognition", "spoon", "espresso", recognition("espresso"), "A fork."),
 ]
@@ -164,7 +173,14 @@ def study_and_server(tmp_path: Path, monkeypatch):
     with FakeAPIServer(answer=answer) as server:
         raw["providers"] = {
             "cache_dir": str(tmp_path / "cache"),
-            "openai": {"rpm": 6000, "tpm": 10**8, "timeout_s": 5, "max_concurrency": 4, "budget_usd": 1.0, "base_url": server.openai_url},
+            "openai": {
+                "rpm": 6000,
+                "tpm": 10**8,
+                "timeout_s": 5,
+                "max_concurrency": 4,
+                "budget_usd": 1.0,
+                "base_url": server.openai_url,
+            },
         }
         raw["output"] = str(tmp_path / "run")
         path.write_text(yaml.safe_dump(raw))
@@ -181,7 +197,8 @@ def test_the_probe_path_labels_an_api_model_from_its_answers_and_reruns_for_free
 
     probes = run.read("probes").to_pylist()
     asked = sorted(
-        (p["subject"], p["image_id"], p["round"], p["kind"], p["object"], p["anchor"], p["question"], p["answer"]) for p in probes
+        (p["subject"], p["image_id"], p["round"], p["kind"], p["object"], p["anchor"], p["question"], p["answer"])
+        for p in probes
     )
     assert asked == sorted(PROBES)
     assert all(p["status"] == "ok" and p["cost_usd"] > 0 for p in probes)
@@ -200,13 +217,20 @@ def test_the_probe_path_labels_an_api_model_from_its_answers_and_reruns_for_free
     assert seen["named_as"] == "model of the space shuttle" and seen["similarity"] >= 0.72
     assert seen["transcript"] == [
         {"kind": "detection", "question": detection("astronaut"), "answer": "Yes.", "reading": "yes"},
-        {"kind": "recognition", "question": recognition("astronaut"), "answer": "A model of the space shuttle.",
-         "reading": "model of the space shuttle"},
+        {
+            "kind": "recognition",
+            "question": recognition("astronaut"),
+            "answer": "A model of the space shuttle.",
+            "reading": "model of the space shuttle",
+        },
     ]
     (invented,) = findings("astronaut", "hallucination")
     assert invented["reference"] == "flag"
     assert invented["existence"]["present"] is False
-    assert [(c["source"], c["found"]) for c in invented["existence"]["checks"]] == [("humans", False), ("verifier", False)]
+    assert [(c["source"], c["found"]) for c in invented["existence"]["checks"]] == [
+        ("humans", False),
+        ("verifier", False),
+    ]
     assert invented["existence"]["checks"][1]["answer"] == "No, there is no guitar."
     assert invented["transcript"] == [
         {"kind": "location", "question": detection("flag"), "answer": "Yes.", "reading": "yes"},
@@ -251,7 +275,7 @@ def test_a_rerun_asks_again_exactly_the_probes_and_descriptions_that_failed(stud
 
     server.faults = FaultConfig()
     run_study(load_study(path), Reporter(quiet=True))
-    log_2 = server.received()[len(log_1):]
+    log_2 = server.received()[len(log_1) :]
     answered = {r.payload_sha256 for r in log_1 if r.outcome == "ok"}
     failed = {r.payload_sha256 for r in log_1} - answered
     sent = Counter(r.payload_sha256 for r in log_2)
@@ -260,7 +284,10 @@ def test_a_rerun_asks_again_exactly_the_probes_and_descriptions_that_failed(stud
     assert failed <= set(sent) and max(sent.values()) == 1 and answered.isdisjoint(sent)
     probes = run.read("probes").to_pylist()
     assert {p["status"] for p in probes} == {"ok"} and unexpected == []
-    asked = sorted((p["subject"], p["image_id"], p["round"], p["kind"], p["object"], p["anchor"], p["question"], p["answer"]) for p in probes)
+    asked = sorted(
+        (p["subject"], p["image_id"], p["round"], p["kind"], p["object"], p["anchor"], p["question"], p["answer"])
+        for p in probes
+    )
     assert asked == sorted(PROBES)
 
 

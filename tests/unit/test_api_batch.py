@@ -26,9 +26,18 @@ MODELS = {"openai": "gpt-4o-mini", "gemini": "gemini-2.0-flash"}
 def gateway(server, provider, root, mode="batch", wait=True, cache=None, **limits) -> Gateway:
     """A gateway for the run folder `root/run` with the cache folder `root/cache` (or `cache`)."""
     url = server.openai_url if provider == "openai" else server.gemini_url
-    cfg = ProviderConfig(**{"rpm": 6000, "tpm": 10**8, "timeout_s": 5.0, "base_url": url, "mode": mode, "batch_poll_s": 0.1, **limits})
-    return Gateway(provider, cfg, Secret("sk-test-batch0123456789"), cache or root / "cache",
-                   spend_log=root / "run" / "api" / f"{provider}.spend.jsonl", run_root=root / "run", batch_wait=wait)
+    cfg = ProviderConfig(
+        **{"rpm": 6000, "tpm": 10**8, "timeout_s": 5.0, "base_url": url, "mode": mode, "batch_poll_s": 0.1, **limits}
+    )
+    return Gateway(
+        provider,
+        cfg,
+        Secret("sk-test-batch0123456789"),
+        cache or root / "cache",
+        spend_log=root / "run" / "api" / f"{provider}.spend.jsonl",
+        run_root=root / "run",
+        batch_wait=wait,
+    )
 
 
 def requests(provider: str, n: int, tag: str = "q") -> list[ChatRequest]:
@@ -66,7 +75,9 @@ def test_batch_answers_are_the_sync_answers_at_half_the_price_and_share_the_cach
         assert len(server.batch_lines()) == 6 and server.counts()[f"{provider}.batches.create"] == 1
         billed = server.billed_usd(price(provider), provider=provider)
     assert [r["text"] for r in batch] == [chat_text(r.prompt, [r.image_png]) for r in reqs] == [r["text"] for r in sync]
-    assert [(r["input_tokens"], r["output_tokens"]) for r in batch] == [(r["input_tokens"], r["output_tokens"]) for r in sync]
+    assert [(r["input_tokens"], r["output_tokens"]) for r in batch] == [
+        (r["input_tokens"], r["output_tokens"]) for r in sync
+    ]
     assert [r["cost_usd"] for r in batch] == pytest.approx([BATCH_DISCOUNT * r["cost_usd"] for r in sync])
     assert {r["mode"] for r in batch} == {"batch"} and {r["mode"] for r in sync} == {"sync"}
     assert all(r["cached"] for r in again_sync + again_batch)
@@ -81,7 +92,9 @@ def test_failed_lines_are_error_rows_and_a_later_run_resubmits_only_them(tmp_pat
     with FakeAPIServer(FaultConfig(batch_delay_s=0.1, batch_line_fail_rate=0.4, seed=5)) as server:
         first = ask(gateway(server, "openai", tmp_path), reqs)
         failed = {r.prompt for r, a in zip(reqs, first) if a["status"] == "error"}
-        assert failed and len(failed) < 12 and all("batch line 500" in a["error"] for a in first if a["status"] == "error")
+        assert (
+            failed and len(failed) < 12 and all("batch line 500" in a["error"] for a in first if a["status"] == "error")
+        )
         server.faults = FaultConfig(batch_delay_s=0.1)
         second = ask(gateway(server, "openai", tmp_path), reqs)
         lines = server.batch_lines()
@@ -116,7 +129,11 @@ def test_a_batch_that_fails_validation_gives_error_rows_and_a_later_run_submits_
         again = ask(gateway(server, provider, tmp_path), reqs)
         assert server.counts()[f"{provider}.batches.create"] == 2 and len(server.batch_lines()) == 4
     # google-genai passes on no reason for a failed Gemini batch
-    why = "failed (invalid_request: the input file failed validation)" if provider == "openai" else "failed (no reason given)"
+    why = (
+        "failed (invalid_request: the input file failed validation)"
+        if provider == "openai"
+        else "failed (no reason given)"
+    )
     assert {r["status"] for r in first} == {"error"} and f"{why}; a later run sends it again" in first[0]["error"]
     assert {r["status"] for r in again} == {"ok"}
     assert read_spend(tmp_path / "run" / "api" / f"{provider}.spend.jsonl").unresolved == 0
@@ -132,9 +149,13 @@ def test_a_later_gateway_collects_pending_batches_instead_of_submitting_again(tm
         assert read_spend(log).unresolved > 0  # sent, not yet paid: counted at worst against the budget
         rows = ask(gateway(server, provider, tmp_path), reqs)  # the same run folder, again
         assert server.counts()[f"{provider}.batches.create"] == 1 and len(server.batch_lines()) == 5
-        elsewhere = ask(gateway(server, provider, tmp_path / "other", cache=tmp_path / "cache"), reqs)  # another run folder
+        elsewhere = ask(
+            gateway(server, provider, tmp_path / "other", cache=tmp_path / "cache"), reqs
+        )  # another run folder
         assert server.counts()[f"{provider}.batches.create"] == 1 and all(r["cached"] for r in elsewhere)
-    assert {r["status"] for r in rows} == {"ok"} and [r["text"] for r in rows] == [chat_text(r.prompt, [r.image_png]) for r in reqs]
+    assert {r["status"] for r in rows} == {"ok"} and [r["text"] for r in rows] == [
+        chat_text(r.prompt, [r.image_png]) for r in reqs
+    ]
     spend = read_spend(log)
     assert spend.unresolved == 0 and spend.paid == pytest.approx(sum(r["cost_usd"] for r in rows))
 
@@ -174,6 +195,7 @@ def texts(n: int, tag: str = "a photo of") -> list[str]:
 
 def embed(gw: Gateway, provider: str, chunks: list[list[str]], batch: bool | None = None) -> list[dict]:
     """The embed stage's two steps: queue every text, then collect each chunk's vectors."""
+
     async def go():
         if batch is not False and (batch or gw.cfg.mode == "batch"):
             for chunk in chunks:
@@ -191,17 +213,26 @@ def test_batch_vectors_are_the_sync_vectors_at_half_the_price_and_share_the_cach
         batch = embed(gateway(server, provider, tmp_path / "b"), provider, chunks)
         sync = embed(gateway(server, provider, tmp_path / "s", mode="sync"), provider, chunks)
         lines = server.batch_lines()
-        assert server.counts()[f"{provider}.batches.create"] == 1 and len(lines) == 9  # one embedding batch, a line a text
+        assert (
+            server.counts()[f"{provider}.batches.create"] == 1 and len(lines) == 9
+        )  # one embedding batch, a line a text
         assert sorted(r.endpoint for r in lines) == [f"{provider}.batch_line"] * 9
-        again = embed(gateway(server, provider, tmp_path / "b", mode="sync"), provider, chunks)  # bought in batch: cached
-        assert len(server.batch_lines()) == 9 and sum(server.counts()[e] for e in ("openai.embeddings", "gemini.embed")) == 2
+        again = embed(
+            gateway(server, provider, tmp_path / "b", mode="sync"), provider, chunks
+        )  # bought in batch: cached
+        assert (
+            len(server.batch_lines()) == 9
+            and sum(server.counts()[e] for e in ("openai.embeddings", "gemini.embed")) == 2
+        )
     for b, s, a in zip(batch, sync, again):
         assert all(b["ok"]) and not b["failures"] and a["paid_usd"] == 0.0
         np.testing.assert_array_equal(b["vectors"], s["vectors"])
         np.testing.assert_array_equal(a["vectors"], s["vectors"])
     assert sum(b["paid_usd"] for b in batch) == pytest.approx(BATCH_DISCOUNT * sum(s["paid_usd"] for s in sync))
     spent = read_spend(tmp_path / "b" / "run" / "api" / f"{provider}.spend.jsonl")
-    assert spent.paid == pytest.approx(sum(b["paid_usd"] for b in batch)) and spent.by_mode == {"batch": pytest.approx(spent.paid)}
+    assert spent.paid == pytest.approx(sum(b["paid_usd"] for b in batch)) and spent.by_mode == {
+        "batch": pytest.approx(spent.paid)
+    }
 
 
 def test_a_failed_embedding_line_fails_its_text_alone_and_a_later_run_resubmits_only_it(tmp_path):
@@ -263,7 +294,10 @@ def test_a_cancelled_batch_keeps_what_it_answered_and_leaves_the_rest_to_a_later
         labels = run_batch_labels(tmp_path / "run", provider)
         done = run(gateway(server, provider, tmp_path).batch.cancel(labels))
         answered = {r.key for r in server.batch_lines()}
-        assert done == {"batches": 1, "answered": len(answered), "dropped": 10 - len(answered), "unknown": 0} and 0 < len(answered) < 10
+        assert (
+            done == {"batches": 1, "answered": len(answered), "dropped": 10 - len(answered), "unknown": 0}
+            and 0 < len(answered) < 10
+        )
         assert run_batch_labels(tmp_path / "run", provider) == []  # nothing pending: no run collects it again
         later = ask(gateway(server, provider, tmp_path, mode="sync"), reqs)
         sent_one_by_one = server.counts()["openai.chat" if provider == "openai" else "gemini.generate"]
@@ -271,7 +305,9 @@ def test_a_cancelled_batch_keeps_what_it_answered_and_leaves_the_rest_to_a_later
     assert sent_one_by_one == 10 - len(answered) and {r["status"] for r in later} == {"ok"}
     assert sorted(r["mode"] for r in later) == sorted(["batch"] * len(answered) + ["sync"] * (10 - len(answered)))
     spend = read_spend(tmp_path / "run" / "api" / f"{provider}.spend.jsonl")
-    assert spend.unresolved == 0 and spend.by_mode["batch"] == pytest.approx(sum(r["cost_usd"] for r in later if r["mode"] == "batch"))
+    assert spend.unresolved == 0 and spend.by_mode["batch"] == pytest.approx(
+        sum(r["cost_usd"] for r in later if r["mode"] == "batch")
+    )
 
 
 def test_a_gemini_batch_too_large_to_inline_goes_as_an_uploaded_file(tmp_path, monkeypatch):
@@ -286,10 +322,18 @@ def test_a_gemini_batch_too_large_to_inline_goes_as_an_uploaded_file(tmp_path, m
         rows = ask(gateway(server, "gemini", tmp_path), reqs)
         sync = ask(gateway(server, "gemini", tmp_path / "sync", mode="sync"), reqs)
         counts, lines = server.counts(), server.batch_lines()
-    assert counts["gemini.files.upload"] == 2 and counts["gemini.files.download"] == 2 and counts["gemini.batches.create"] == 2
-    assert len(lines) == 6 and len({r.key for r in lines}) == 6  # three reached before the expiry, three in the second batch
+    assert (
+        counts["gemini.files.upload"] == 2
+        and counts["gemini.files.download"] == 2
+        and counts["gemini.batches.create"] == 2
+    )
+    assert (
+        len(lines) == 6 and len({r.key for r in lines}) == 6
+    )  # three reached before the expiry, three in the second batch
     assert [r["text"] for r in rows] == [r["text"] for r in sync] == [chat_text(r.prompt, [r.image_png]) for r in reqs]
-    assert [(r["input_tokens"], r["output_tokens"]) for r in rows] == [(r["input_tokens"], r["output_tokens"]) for r in sync]
+    assert [(r["input_tokens"], r["output_tokens"]) for r in rows] == [
+        (r["input_tokens"], r["output_tokens"]) for r in sync
+    ]
     assert [r["cost_usd"] for r in rows] == pytest.approx([BATCH_DISCOUNT * r["cost_usd"] for r in sync])
 
 

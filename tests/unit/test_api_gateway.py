@@ -29,7 +29,9 @@ def server():
 def gateway(server, provider, tmp_path, window_s=60.0, spend_log=None, driver_pid=None, **limits) -> Gateway:
     url = server.openai_url if provider == "openai" else server.gemini_url
     cfg = ProviderConfig(**{"rpm": 6000, "tpm": 10**7, "timeout_s": 2.0, "base_url": url, **limits})
-    return Gateway(provider, cfg, Secret(KEY), tmp_path / "cache", window_s=window_s, spend_log=spend_log, driver_pid=driver_pid)
+    return Gateway(
+        provider, cfg, Secret(KEY), tmp_path / "cache", window_s=window_s, spend_log=spend_log, driver_pid=driver_pid
+    )
 
 
 def chat(gw: Gateway, model: str, prompt: str, image: bytes, **options) -> dict:
@@ -39,7 +41,13 @@ def chat(gw: Gateway, model: str, prompt: str, image: bytes, **options) -> dict:
 
 @pytest.mark.parametrize(
     "provider,model,thinking",
-    [("openai", "gpt-4o", 0), ("openai", "o3", 64), ("openai", "gpt-5-mini", 64), ("gemini", "gemini-2.0-flash", 0), ("gemini", "gemini-2.5-flash", 32)],
+    [
+        ("openai", "gpt-4o", 0),
+        ("openai", "o3", 64),
+        ("openai", "gpt-5-mini", 64),
+        ("gemini", "gemini-2.0-flash", 0),
+        ("gemini", "gemini-2.5-flash", 32),
+    ],
 )
 def test_image_and_prompt_arrive_and_usage_is_billed(server, tmp_path, provider, model, thinking):
     image = png(1)
@@ -104,7 +112,14 @@ def test_500s_and_timeouts_and_broken_json_are_retried(tmp_path):
     with FakeAPIServer(faults) as server:
         gw = gateway(server, "openai", tmp_path, timeout_s=0.5, max_attempts=10)
         gw.backoff = lambda state: 0.01  # the retry policy under test, not its waits
-        rows = run(asyncio.gather(*[gw.chat(ChatRequest("gpt-4o", f"p{i}", png(6), OpenAIProvider.settings("gpt-4o", {}))) for i in range(20)]))
+        rows = run(
+            asyncio.gather(
+                *[
+                    gw.chat(ChatRequest("gpt-4o", f"p{i}", png(6), OpenAIProvider.settings("gpt-4o", {})))
+                    for i in range(20)
+                ]
+            )
+        )
         outcomes = {r.outcome for r in server.received()}
     assert [r["error"] for r in rows if r["status"] != "ok"] == []
     assert {"500", "timeout", "broken"} <= outcomes
@@ -321,16 +336,30 @@ def test_the_estimate_prints_each_line_and_each_provider_as_a_range():
     from vlm_decade.stages.estimate import Line, render
     from vlm_decade.studies.decade.config import StudyConfig
 
-    study = StudyConfig.model_validate({"name": "s", "data": {"images": "i.csv", "image_dir": ".", "descriptions": "d.csv"},
-                                        "models": [{"name": "m", "backend": "imported", "model_id": "m", "era": "mllm"}]})
-    lines = [Line("openai", "gpt", 10, 2, 1000, 3000, usd=0.02, usd_low=0.005), Line("openai", "probes gpt", 50, 0, 9000, 15000, usd=0.2)]
+    study = StudyConfig.model_validate(
+        {
+            "name": "s",
+            "data": {"images": "i.csv", "image_dir": ".", "descriptions": "d.csv"},
+            "models": [{"name": "m", "backend": "imported", "model_id": "m", "era": "mllm"}],
+        }
+    )
+    lines = [
+        Line("openai", "gpt", 10, 2, 1000, 3000, usd=0.02, usd_low=0.005),
+        Line("openai", "probes gpt", 50, 0, 9000, 15000, usd=0.2),
+    ]
     text = render(study, lines)
     assert text.splitlines()[2].split()[-3:] == ["0.0000", "0.2000", "0.1000"]  # at least, at most, in batch mode
-    assert "openai (sync mode): between $0.0050 and $0.2200 (all sync at most $0.2200, all batch at most $0.1100); budget $10\n" in text
+    assert (
+        "openai (sync mode): between $0.0050 and $0.2200 (all sync at most $0.2200, all batch at most $0.1100); budget $10\n"
+        in text
+    )
     # The probes alone in batch mode: their half-price share and the rest at the full price.
     lines[1].mode = "batch"
     text = render(study, lines)
-    assert "openai (sync mode, probes gpt: batch): between $0.0050 and $0.1200 (all sync at most $0.2200, all batch at most $0.1100)" in text
+    assert (
+        "openai (sync mode, probes gpt: batch): between $0.0050 and $0.1200 (all sync at most $0.2200, all batch at most $0.1100)"
+        in text
+    )
 
 
 @pytest.mark.parametrize("mode, requests", [("sync", 2), ("batch", 128)])
@@ -340,15 +369,31 @@ def test_an_api_encoder_is_estimated_in_its_own_mode(tmp_path, mode, requests):
     from vlm_decade.stages.estimate import embed_lines
     from vlm_decade.studies.decade.config import StudyConfig
 
-    study = StudyConfig.model_validate({
-        "name": "s", "data": {"images": "i.csv", "image_dir": ".", "descriptions": "d.csv"},
-        "models": [{"name": "m", "backend": "imported", "model_id": "m", "era": "mllm"}],
-        "encoders": [{"name": "GPT-SI", "backend": "openai-embedding", "model_id": "text-embedding-3-large", "batch_size": 64, "mode": mode}]})
+    study = StudyConfig.model_validate(
+        {
+            "name": "s",
+            "data": {"images": "i.csv", "image_dir": ".", "descriptions": "d.csv"},
+            "models": [{"name": "m", "backend": "imported", "model_id": "m", "era": "mllm"}],
+            "encoders": [
+                {
+                    "name": "GPT-SI",
+                    "backend": "openai-embedding",
+                    "model_id": "text-embedding-3-large",
+                    "batch_size": 64,
+                    "mode": mode,
+                }
+            ],
+        }
+    )
     (line,) = embed_lines(study, [f"human text {i:03d}" for i in range(100)], 28, 28 * 300, ResponseCache(tmp_path))
     price = study.providers.openai.price("openai", "text-embedding-3-large")
     tokens = 100 * 4 + 28 * 300  # "human text 000" is 14 characters: 4 tokens
-    assert (line.requests, line.input_tokens) == (requests, tokens) and line.usd == pytest.approx(tokens * price.input_per_mtok / 1e6)
-    assert line.planned("sync") == pytest.approx((line.usd_low, line.usd) if mode == "sync" else (line.usd_low / 2, line.usd / 2))
+    assert (line.requests, line.input_tokens) == (requests, tokens) and line.usd == pytest.approx(
+        tokens * price.input_per_mtok / 1e6
+    )
+    assert line.planned("sync") == pytest.approx(
+        (line.usd_low, line.usd) if mode == "sync" else (line.usd_low / 2, line.usd / 2)
+    )
 
 
 def test_a_responses_table_written_before_the_new_columns_is_still_read(tmp_path):
@@ -357,15 +402,45 @@ def test_a_responses_table_written_before_the_new_columns_is_still_read(tmp_path
     from vlm_decade.core.runfolder import RunFolder
     from vlm_decade.stages.describe.rows import RESPONSES_SCHEMA, collect_rows
 
-    old_columns = ["subject", "image_id", "variant", "prompt_id", "text", "status", "error", "latency_s", "input_tokens",
-                   "output_tokens", "cost_usd", "model_version", "cache_key"]
-    old = pa.table({name: [None] for name in old_columns}, schema=pa.schema([RESPONSES_SCHEMA.field(n) for n in old_columns]))
-    row = {"subject": "gpt", "image_id": "i1", "variant": "full", "prompt_id": "p", "text": "a cat", "status": "ok", "error": "",
-           "latency_s": 1.5, "input_tokens": 10, "output_tokens": 3, "cost_usd": 0.001, "model_version": "v", "cache_key": "k"}
+    old_columns = [
+        "subject",
+        "image_id",
+        "variant",
+        "prompt_id",
+        "text",
+        "status",
+        "error",
+        "latency_s",
+        "input_tokens",
+        "output_tokens",
+        "cost_usd",
+        "model_version",
+        "cache_key",
+    ]
+    old = pa.table(
+        {name: [None] for name in old_columns}, schema=pa.schema([RESPONSES_SCHEMA.field(n) for n in old_columns])
+    )
+    row = {
+        "subject": "gpt",
+        "image_id": "i1",
+        "variant": "full",
+        "prompt_id": "p",
+        "text": "a cat",
+        "status": "ok",
+        "error": "",
+        "latency_s": 1.5,
+        "input_tokens": 10,
+        "output_tokens": 3,
+        "cost_usd": 0.001,
+        "model_version": "v",
+        "cache_key": "k",
+    }
     folder = RunFolder(tmp_path)
     fingerprint, record = folder.write("responses", pa.Table.from_pylist([row], schema=old.schema))
     folder.save_manifest({"tables": {"responses": fingerprint}, "files": {"responses": record}})
-    jobs = pa.table({"subject": ["gpt"], "image_id": ["i1"], "variant": ["full"], "prompt_id": ["p"], "cache_key": ["k"]})
+    jobs = pa.table(
+        {"subject": ["gpt"], "image_id": ["i1"], "variant": ["full"], "prompt_id": ["p"], "cache_key": ["k"]}
+    )
     (kept,) = collect_rows(folder, jobs).to_pylist()
     assert kept == {**row, "queued_s": None, "paid_usd": None, "cached": None, "mode": None}
 
@@ -375,7 +450,15 @@ def test_the_next_gateway_of_a_run_folder_counts_the_last_window_against_its_rat
     # without the first one's starts it would send 5 more inside the same window.
     log = tmp_path / "run" / "api" / "openai.spend.jsonl"
     with FakeAPIServer() as server:
-        many(gateway(server, "openai", tmp_path, window_s=1.0, rpm=5, spend_log=log), "gpt-4o-mini", [f"a{i}" for i in range(5)])
-        many(gateway(server, "openai", tmp_path, window_s=1.0, rpm=5, spend_log=log), "gpt-4o-mini", [f"b{i}" for i in range(5)])
+        many(
+            gateway(server, "openai", tmp_path, window_s=1.0, rpm=5, spend_log=log),
+            "gpt-4o-mini",
+            [f"a{i}" for i in range(5)],
+        )
+        many(
+            gateway(server, "openai", tmp_path, window_s=1.0, rpm=5, spend_log=log),
+            "gpt-4o-mini",
+            [f"b{i}" for i in range(5)],
+        )
         times = [r.time for r in server.received()]
     assert len(times) == 10 and max_in_window(times, 1.0) <= 5

@@ -66,9 +66,14 @@ def test_fingerprint_leaves_out_operational_fields_at_every_depth():
     c = TaxonomyConfig(matcher=EncoderConfig(name="m", model_id="other"))
     assert c.fingerprint() != a.fingerprint()
     model = ModelConfig(name="x", backend="imported", model_id="y", batch_size=5)
-    assert model.fingerprint() == {k: v for k, v in model.model_dump(mode="json").items() if k not in ("batch_size", "mode")}
+    assert model.fingerprint() == {
+        k: v for k, v in model.model_dump(mode="json").items() if k not in ("batch_size", "mode")
+    }
     # How an API model's answers are bought (sync or batch) never changes what they are.
-    assert ModelConfig(name="x", backend="openai", model_id="y", mode="batch").fingerprint() == ModelConfig(name="x", backend="openai", model_id="y").fingerprint()
+    assert (
+        ModelConfig(name="x", backend="openai", model_id="y", mode="batch").fingerprint()
+        == ModelConfig(name="x", backend="openai", model_id="y").fingerprint()
+    )
 
 
 def test_the_docs_show_every_backends_options_as_declared():

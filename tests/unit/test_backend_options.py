@@ -20,10 +20,13 @@ from vlm_decade.studies.openworld.config import JUDGE_OPTIONS
 STUDY_A = {
     "name": "s",
     "data": {"images": "images.csv", "image_dir": "imgs", "descriptions": "d.csv"},
-    "models": [{"name": "first", "backend": "imported", "model_id": "x", "era": "pre-mllm", "options": {"file": "caps.csv"}}],
+    "models": [
+        {"name": "first", "backend": "imported", "model_id": "x", "era": "pre-mllm", "options": {"file": "caps.csv"}}
+    ],
 }
 STUDY_B = {
-    "study": "openworld", "name": "s",
+    "study": "openworld",
+    "name": "s",
     "data": {"labels": "labels.csv", "image_dir": "imgs", "classnames": "classes.csv"},
     "models": [{"name": "first", "backend": "imported", "model_id": "x", "options": {"file": "caps.csv"}}],
 }
@@ -40,13 +43,33 @@ def with_options(options: dict) -> list[tuple[str, dict, str, type]]:
     for name in ("ssd-template", "hf-detector"):
         study = {**STUDY_A, "taxonomy": {"detector": {"backend": name, "options": options}}}
         cases.append((f"detector:{name}", study, "taxonomy.detector.options", backend_class(name).Options))
-    cases.append(("locator", {**STUDY_A, "taxonomy": {"locator": {"options": options}}}, "taxonomy.locator.options", HFLocator.Options))
+    cases.append(
+        (
+            "locator",
+            {**STUDY_A, "taxonomy": {"locator": {"options": options}}},
+            "taxonomy.locator.options",
+            HFLocator.Options,
+        )
+    )
     for name in ("openai", "gemini"):
         verifier = {"kind": "model", "backend": name, "model_id": "v", "options": options}
-        cases.append((f"verifier:{name}", {**STUDY_A, "taxonomy": {"verifier": verifier}}, "taxonomy.verifier.options",
-                      backend_class(name).Options))
+        cases.append(
+            (
+                f"verifier:{name}",
+                {**STUDY_A, "taxonomy": {"verifier": verifier}},
+                "taxonomy.verifier.options",
+                backend_class(name).Options,
+            )
+        )
     for name, declared in JUDGE_OPTIONS.items():
-        cases.append((f"judge:{name}", {**STUDY_B, "judge": {"backend": name, "model_id": "j", "options": options}}, "judge.options", declared))
+        cases.append(
+            (
+                f"judge:{name}",
+                {**STUDY_B, "judge": {"backend": name, "model_id": "j", "options": options}},
+                "judge.options",
+                declared,
+            )
+        )
     return cases
 
 
@@ -93,8 +116,15 @@ def test_the_registry_walk_covers_every_backend_and_its_numeric_options():
     covered = {c[0].split(":", 1)[1] for c in CASES if c[0].startswith("models:")}
     assert covered == set(BACKENDS.names()) and "cased" in covered
     ids = {p.id for p in NUMERIC}
-    assert {"models:ssd-label:score_threshold", "models:cased:alpha", "models:cased:k", "models:hf-vlm:max_new_tokens",
-            "models:openai:temperature", "judge:hf-judge:max_new_tokens", "detector:hf-detector:score_threshold"} <= ids
+    assert {
+        "models:ssd-label:score_threshold",
+        "models:cased:alpha",
+        "models:cased:k",
+        "models:hf-vlm:max_new_tokens",
+        "models:openai:temperature",
+        "judge:hf-judge:max_new_tokens",
+        "detector:hf-detector:score_threshold",
+    } <= ids
 
 
 @pytest.mark.parametrize("study, field, value, allowed", NUMERIC)
@@ -103,14 +133,27 @@ def test_a_value_out_of_range_is_refused_with_the_range(tmp_path, study, field, 
     assert problem.field == field and problem.message == f"must be {allowed}, got {value!r}"
 
 
-@pytest.mark.parametrize("backend, options, field, said", [
-    ("ssd-label", {"score_threshold": 5}, "score_threshold", "must be in 0..1, got 5"),
-    ("ssd-label", {"threshold": 0.3}, "threshold", "unknown ssd-label option 'threshold' (did you mean 'score_threshold'?); known: score_threshold"),
-    ("imported", {"fiel": "x"}, "fiel", "unknown imported option 'fiel' (did you mean 'file'?)"),
-    ("cased", {"k": 2.5}, "k", "Input should be a valid integer (got 2.5)"),
-    ("litert-classifier", {"labels": "imagenet"}, "labels", "Input should be 'wordnet' or 'clip-benchmark' (got 'imagenet')"),
-    ("openai", {"detial": "low"}, "detial", "unknown openai option 'detial' (did you mean 'detail'?)"),
-])
+@pytest.mark.parametrize(
+    "backend, options, field, said",
+    [
+        ("ssd-label", {"score_threshold": 5}, "score_threshold", "must be in 0..1, got 5"),
+        (
+            "ssd-label",
+            {"threshold": 0.3},
+            "threshold",
+            "unknown ssd-label option 'threshold' (did you mean 'score_threshold'?); known: score_threshold",
+        ),
+        ("imported", {"fiel": "x"}, "fiel", "unknown imported option 'fiel' (did you mean 'file'?)"),
+        ("cased", {"k": 2.5}, "k", "Input should be a valid integer (got 2.5)"),
+        (
+            "litert-classifier",
+            {"labels": "imagenet"},
+            "labels",
+            "Input should be 'wordnet' or 'clip-benchmark' (got 'imagenet')",
+        ),
+        ("openai", {"detial": "low"}, "detial", "unknown openai option 'detial' (did you mean 'detail'?)"),
+    ],
+)
 def test_the_mistakes_a_new_user_makes_are_named(tmp_path, backend, options, field, said):
     study = yaml.safe_load(yaml.safe_dump(STUDY_A))
     study["models"].append({"name": "m", "backend": backend, "model_id": "x", "era": "mllm", "options": options})
@@ -129,13 +172,19 @@ def test_unknown_backends_fields_and_keys_get_a_did_you_mean(tmp_path):
     study["models"][0]["backend"] = "ssd-lable"
     study["encoders"] = [{"name": "e", "backend": "sentence-transformer"}]
     said = {p.field: p.message for p in problems(tmp_path, study)}
-    assert said["models[0].backend"].startswith("unknown backend 'ssd-lable' (did you mean 'ssd-label'?); known: cased,")
-    assert said["encoders[0].backend"].startswith("unknown encoder backend 'sentence-transformer' (did you mean 'sentence-transformers'?)")
+    assert said["models[0].backend"].startswith(
+        "unknown backend 'ssd-lable' (did you mean 'ssd-label'?); known: cased,"
+    )
+    assert said["encoders[0].backend"].startswith(
+        "unknown encoder backend 'sentence-transformer' (did you mean 'sentence-transformers'?)"
+    )
     study = yaml.safe_load(yaml.safe_dump(STUDY_A))
     study["models"][0]["modle_id"] = study["models"][0].pop("model_id")
     study["statistic"] = {"n_resamples": 200}
     said = {p.field: p.message for p in problems(tmp_path, study)}
-    assert said["statistic"].startswith("unknown field 'statistic' (did you mean 'statistics'?); known: name, demo, models,")
+    assert said["statistic"].startswith(
+        "unknown field 'statistic' (did you mean 'statistics'?); known: name, demo, models,"
+    )
     assert said["models[0].modle_id"].startswith("unknown field 'modle_id' (did you mean 'model_id'?)")
     study = {**STUDY_B, "judge": {"backend": "hf-judge", "model_id": "j", "batchsize": 2}}
     (problem,) = problems(tmp_path, study)
@@ -144,7 +193,11 @@ def test_unknown_backends_fields_and_keys_get_a_did_you_mean(tmp_path):
 
 def test_validate_refuses_bad_options_before_reading_any_data(tmp_path):
     study = yaml.safe_load(yaml.safe_dump(STUDY_A))
-    study["models"].append({"name": "m", "backend": "ssd-label", "model_id": "x", "era": "mllm", "options": {"score_threshold": 5}})
+    study["models"].append(
+        {"name": "m", "backend": "ssd-label", "model_id": "x", "era": "mllm", "options": {"score_threshold": 5}}
+    )
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(study))
     done = CliRunner().invoke(app, ["validate", str(tmp_path / "study.yaml")])
-    assert done.exit_code == 2 and "field 'models[1].options.score_threshold': must be in 0..1, got 5" in " ".join(done.output.split())
+    assert done.exit_code == 2 and "field 'models[1].options.score_threshold': must be in 0..1, got 5" in " ".join(
+        done.output.split()
+    )

@@ -50,8 +50,11 @@ def test_cider_d_by_hand():
     # Two images that share no word, each candidate the same as its one reference: every n-gram's
     # vectors coincide, so the clipped cosine is 1 for n = 1..4 with no length penalty: 10 x 1. One
     # image alone gives 0: every n-gram occurs in all (one) reference sets, so its idf is log 1 = 0.
-    both = caption_scores(["red apples on a plate", "two dogs run in snow"],
-                          [["red apples on a plate"], ["two dogs run in snow"]], ["CIDEr-D"])["CIDEr-D"]
+    both = caption_scores(
+        ["red apples on a plate", "two dogs run in snow"],
+        [["red apples on a plate"], ["two dogs run in snow"]],
+        ["CIDEr-D"],
+    )["CIDEr-D"]
     assert both.tolist() == pytest.approx([10.0, 10.0])
     assert caption_scores(["red apples"], [["red apples"]], ["CIDEr-D"])["CIDEr-D"].tolist() == [0.0]
 
@@ -67,32 +70,50 @@ def test_score_stage_rows_against_all_human_descriptions():
     def ref(description_id, image_id, role, text):
         return {"description_id": description_id, "image_id": image_id, "condition": "full", "role": role, "text": text}
 
-    references = pa.Table.from_pylist([
-        ref("g1", "i1", "gold", "a man rides a brown horse on the beach"),
-        ref("t1", "i1", "top", "a man riding a horse by the sea"),
-        ref("o1", "i1", "other", "a horse and its rider on sand"),
-        ref("g2", "i2", "gold", "two dogs play in deep snow"),
-        ref("t2", "i2", "top", "dogs playing in the snow"),
-        ref("o2", "i2", "other", "two puppies in winter"),
-        {**ref("m1", "i1", "masked", "a horse"), "condition": "m1"},
-    ])
-    responses = pa.Table.from_pylist([
-        {"subject": "udc", "image_id": "i1", "variant": "full", "status": "ok", "text": "a man on a horse"},
-        {"subject": "udc", "image_id": "i2", "variant": "full", "status": "ok", "text": "a dog in the snow"},
-        {"subject": "udc", "image_id": "i1", "variant": "m1", "status": "ok", "text": "ignored"},
-    ])
+    references = pa.Table.from_pylist(
+        [
+            ref("g1", "i1", "gold", "a man rides a brown horse on the beach"),
+            ref("t1", "i1", "top", "a man riding a horse by the sea"),
+            ref("o1", "i1", "other", "a horse and its rider on sand"),
+            ref("g2", "i2", "gold", "two dogs play in deep snow"),
+            ref("t2", "i2", "top", "dogs playing in the snow"),
+            ref("o2", "i2", "other", "two puppies in winter"),
+            {**ref("m1", "i1", "masked", "a horse"), "condition": "m1"},
+        ]
+    )
+    responses = pa.Table.from_pylist(
+        [
+            {"subject": "udc", "image_id": "i1", "variant": "full", "status": "ok", "text": "a man on a horse"},
+            {"subject": "udc", "image_id": "i2", "variant": "full", "status": "ok", "text": "a dog in the snow"},
+            {"subject": "udc", "image_id": "i1", "variant": "m1", "status": "ok", "text": "ignored"},
+        ]
+    )
     images = pa.table({"image_id": ["i1", "i2"], "dataset": ["d", "d"]})
     table = caption_metric_scores(images, references, responses, ["BLEU-1", "CIDEr-D"])
     got = {(r["subject"], r["image_id"], r["metric"]): r["value"] for r in table.to_pylist()}
-    model = caption_scores(["a man on a horse", "a dog in the snow"],
-                           [["a man rides a brown horse on the beach", "a man riding a horse by the sea", "a horse and its rider on sand"],
-                            ["two dogs play in deep snow", "dogs playing in the snow", "two puppies in winter"]], ["BLEU-1", "CIDEr-D"])
+    model = caption_scores(
+        ["a man on a horse", "a dog in the snow"],
+        [
+            [
+                "a man rides a brown horse on the beach",
+                "a man riding a horse by the sea",
+                "a horse and its rider on sand",
+            ],
+            ["two dogs play in deep snow", "dogs playing in the snow", "two puppies in winter"],
+        ],
+        ["BLEU-1", "CIDEr-D"],
+    )
     assert got[("udc", "i1", "BLEU-1")] == pytest.approx(model["BLEU-1"][0])
     assert got[("udc", "i2", "CIDEr-D")] == pytest.approx(model["CIDEr-D"][1])
     # the top-ranked human is scored against the other two descriptions, never against itself
-    human = caption_scores(["a man riding a horse by the sea", "dogs playing in the snow"],
-                           [["a man rides a brown horse on the beach", "a horse and its rider on sand"],
-                            ["two dogs play in deep snow", "two puppies in winter"]], ["BLEU-1"])
+    human = caption_scores(
+        ["a man riding a horse by the sea", "dogs playing in the snow"],
+        [
+            ["a man rides a brown horse on the beach", "a horse and its rider on sand"],
+            ["two dogs play in deep snow", "two puppies in winter"],
+        ],
+        ["BLEU-1"],
+    )
     assert got[("human:top", "i1", "BLEU-1")] == pytest.approx(human["BLEU-1"][0])
     assert human["BLEU-1"][0] < 1.0  # against itself it would be 1
     assert {s for s, _, _ in got} == {"udc", "human:top"} and len(got) == 2 * 2 * 2

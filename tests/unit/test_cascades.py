@@ -32,13 +32,23 @@ def imported_captions(study: Study, rows: list[tuple[str, str]]) -> str:
 
 def config(study: Study, captions: str, variants: str = "full"):
     data = study.write()
-    return study_from_dict({
-        "name": "s",
-        "data": {k: str(v) for k, v in data.model_dump().items() if v is not None},
-        "ranking": {"top_k": 1, "bottom_k": 1},
-        "models": [{"name": "udc", "backend": "imported", "model_id": "udc", "era": "pre-mllm", "variants": variants,
-                    "options": {"file": captions}}],
-    })
+    return study_from_dict(
+        {
+            "name": "s",
+            "data": {k: str(v) for k, v in data.model_dump().items() if v is not None},
+            "ranking": {"top_k": 1, "bottom_k": 1},
+            "models": [
+                {
+                    "name": "udc",
+                    "backend": "imported",
+                    "model_id": "udc",
+                    "era": "pre-mllm",
+                    "variants": variants,
+                    "options": {"file": captions},
+                }
+            ],
+        }
+    )
 
 
 def float_tiff() -> bytes:

@@ -19,9 +19,20 @@ from vlm_decade.models.backends.cased import FALLBACK, candidate_names, cased_sc
 
 # Captions in the tiny CLIP's word-level vocabulary (tests/hf_tiny.py WORDS), so its text tower reads them.
 CAPTIONS = [
-    "a cat on the table", "the cat with a cup", "a dog on the street", "a red car on the street", "a bowl on the table",
-    "a man with a dog", "a woman in the water", "a tree in the sky", "a cup and a bowl", "the dog in the car",
-    "a green tree", "a blue car", "a person on the street", "a cat in the bowl",
+    "a cat on the table",
+    "the cat with a cup",
+    "a dog on the street",
+    "a red car on the street",
+    "a bowl on the table",
+    "a man with a dog",
+    "a woman in the water",
+    "a tree in the sky",
+    "a cup and a bowl",
+    "the dog in the car",
+    "a green tree",
+    "a blue car",
+    "a person on the street",
+    "a cat in the bowl",
 ]
 
 
@@ -34,7 +45,10 @@ def nlp():
 
 def test_candidates_are_the_nouns_that_recur(nlp):
     # nouns: cat, table, cat (cats), table, dog, cup ("photo" is a picture word): cat and table recur
-    assert candidate_names(["a cat on a table", "two cats on the table", "a dog near a photo of a cup"], nlp) == ["cat", "table"]
+    assert candidate_names(["a cat on a table", "two cats on the table", "a dog near a photo of a cup"], nlp) == [
+        "cat",
+        "table",
+    ]
     # none recurs: those of the highest count (each once), in order
     assert candidate_names(["a dog", "a cup"], nlp) == ["dog", "cup"]
     assert candidate_names(["it is", "on it"], nlp) == []
@@ -43,10 +57,16 @@ def test_candidates_are_the_nouns_that_recur(nlp):
 def test_the_score_mixes_the_image_and_the_captions_by_hand():
     # image along x, the captions' mean along y; candidate 0 along x, candidate 1 along y; scale 1:
     # image softmax (e, 1) / (e + 1), caption softmax (1, e) / (1 + e)
-    image, captions, names = np.array([1.0, 0.0]), np.array([[0.0, 2.0], [0.0, 1.0]]), np.array([[1.0, 0.0], [0.0, 3.0]])
+    image, captions, names = (
+        np.array([1.0, 0.0]),
+        np.array([[0.0, 2.0], [0.0, 1.0]]),
+        np.array([[1.0, 0.0], [0.0, 3.0]]),
+    )
     e = math.e
     assert cased_scores(image, captions, names, 1.0, 0.5) == pytest.approx([0.5, 0.5])
-    assert cased_scores(image, captions, names, 1.0, 0.7) == pytest.approx([0.7 * e / (e + 1) + 0.3 / (e + 1), 0.7 / (e + 1) + 0.3 * e / (e + 1)])
+    assert cased_scores(image, captions, names, 1.0, 0.7) == pytest.approx(
+        [0.7 * e / (e + 1) + 0.3 / (e + 1), 0.7 / (e + 1) + 0.3 * e / (e + 1)]
+    )
     assert cased_scores(image, captions, names, 100.0, 1.0) == pytest.approx([1.0, 0.0], abs=1e-12)
 
 
@@ -86,7 +106,9 @@ def test_cased_answers_as_clip_run_by_hand_would(setup, nlp):
     folder, database, processor, net, texts = setup
     backend = backend_class("cased")(config(folder, database=str(database), k=4))
     assert not backend.closed_world
-    answers = backend.describe([Stimulus(f"i{i}", "full", image, "What type of object is in this image?") for i, image in enumerate(images())])
+    answers = backend.describe(
+        [Stimulus(f"i{i}", "full", image, "What type of object is in this image?") for i, image in enumerate(images())]
+    )
     captions = texts(CAPTIONS)
     captions /= np.linalg.norm(captions, axis=1, keepdims=True)
     scale = float(net.logit_scale.detach().exp())
@@ -113,8 +135,14 @@ def test_options_and_the_database_are_checked(setup, tmp_path):
     folder, database, *_ = setup
     cls = backend_class("cased")
     assert "needs the option `database`" in cls.check(config(folder), set(), ["full"])[0].message
-    assert "is not a file" in cls.check(config(folder, database=str(tmp_path / "none.parquet")), set(), ["full"])[0].message
-    assert "must be >= 1, got 0" in entry_problems("cased", config(folder, database=str(database), k=0).options, ("models", 0))[0].message
+    assert (
+        "is not a file"
+        in cls.check(config(folder, database=str(tmp_path / "none.parquet")), set(), ["full"])[0].message
+    )
+    assert (
+        "must be >= 1, got 0"
+        in entry_problems("cased", config(folder, database=str(database), k=0).options, ("models", 0))[0].message
+    )
     assert cls.check(config(folder, database=str(database)), set(), ["full"]) == []
     wrong = tmp_path / "wrong.parquet"
     pq.write_table(pa.table({"text": ["a cat"], "embedding": [[1.0, 0.0, 0.0]]}), wrong)
@@ -127,5 +155,7 @@ def test_no_noun_in_the_captions_answers_object(setup, tmp_path):
     only = ["on the", "with a"]
     path = tmp_path / "nouns_none.parquet"
     pq.write_table(pa.table({"text": only, "embedding": [list(map(float, v)) for v in texts(only)]}), path)
-    (answer,) = backend_class("cased")(config(folder, database=str(path))).describe([Stimulus("i", "full", images(1)[0], "?")])
+    (answer,) = backend_class("cased")(config(folder, database=str(path))).describe(
+        [Stimulus("i", "full", images(1)[0], "?")]
+    )
     assert answer.text == FALLBACK

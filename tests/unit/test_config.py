@@ -39,7 +39,9 @@ def test_hash_ignores_output_and_runtime_but_not_models(tmp_path):
 
 
 def test_every_config_problem_is_reported_with_its_field(tmp_path):
-    bad = MINIMAL.replace("era: pre-mllm", "era: ancient").replace("name: s\n", "name: s\nstatistics: {n_resamples: 5}\ntypo_key: 1\n")
+    bad = MINIMAL.replace("era: pre-mllm", "era: ancient").replace(
+        "name: s\n", "name: s\nstatistics: {n_resamples: 5}\ntypo_key: 1\n"
+    )
     bad += "  - {name: m, backend: imported, model_id: y, era: mllm}\n"
     (tmp_path / "study.yaml").write_text(bad)
     with pytest.raises(InputError) as info:
@@ -50,7 +52,10 @@ def test_every_config_problem_is_reported_with_its_field(tmp_path):
 
 
 def test_repeated_model_names_and_reserved_prefix(tmp_path):
-    text = MINIMAL + "  - {name: m, backend: imported, model_id: y, era: mllm}\n  - {name: 'human:top', backend: imported, model_id: y, era: mllm}\n"
+    text = (
+        MINIMAL
+        + "  - {name: m, backend: imported, model_id: y, era: mllm}\n  - {name: 'human:top', backend: imported, model_id: y, era: mllm}\n"
+    )
     (tmp_path / "study.yaml").write_text(text)
     with pytest.raises(InputError) as info:
         load_study(tmp_path / "study.yaml")
@@ -90,7 +95,9 @@ def problems_of(tmp_path, text):
 
 
 def test_study_kind_follows_the_study_field(tmp_path):
-    b = load_text(tmp_path, OPEN_WORLD + "judge: {path: weights/judge}\nscoring: {encoder: {name: SBERT, path: weights/minilm}}\n")
+    b = load_text(
+        tmp_path, OPEN_WORLD + "judge: {path: weights/judge}\nscoring: {encoder: {name: SBERT, path: weights/minilm}}\n"
+    )
     assert isinstance(b, OpenWorldStudyConfig) and b.study == "openworld"
     assert b.data.labels == tmp_path / "labels.csv" and b.data.classnames == tmp_path / "classes.csv"
     assert b.judge.path == tmp_path / "weights" / "judge"
@@ -125,7 +132,10 @@ def test_repeated_prompt_ids_are_rejected(tmp_path):
     assert "prompt id" in problem.message and "p1" in problem.message
 
 
-TAXONOMY = MINIMAL + "encoders: [{name: SBERT-SI}, {name: GPT-SI, backend: openai-embedding, model_id: text-embedding-3-large}]\n"
+TAXONOMY = (
+    MINIMAL
+    + "encoders: [{name: SBERT-SI}, {name: GPT-SI, backend: openai-embedding, model_id: text-embedding-3-large}]\n"
+)
 
 
 def test_taxonomy_similarity_defaults_to_the_first_encoder_and_must_name_one(tmp_path):
@@ -159,11 +169,14 @@ def test_a_bad_probe_template_is_named(tmp_path, template, text, says):
 def test_probe_templates_fill_in_the_built_in_wording():
     from vlm_decade.studies.decade.taxonomy.probes import ProbeTemplates
 
-    study = study_from_dict({
-        "name": "s", "data": {"images": "i.csv", "image_dir": "x", "descriptions": "d.csv"},
-        "models": [{"name": "m", "backend": "imported", "model_id": "x", "era": "mllm"}],
-        "taxonomy": {"probes": {"presence": "Do you see {article} {object}?"}},
-    })
+    study = study_from_dict(
+        {
+            "name": "s",
+            "data": {"images": "i.csv", "image_dir": "x", "descriptions": "d.csv"},
+            "models": [{"name": "m", "backend": "imported", "model_id": "x", "era": "mllm"}],
+            "taxonomy": {"probes": {"presence": "Do you see {article} {object}?"}},
+        }
+    )
     templates = study.taxonomy.probes.templates()
     assert templates == ProbeTemplates(presence="Do you see {article} {object}?")
     assert templates.detection == ProbeTemplates().detection
@@ -180,7 +193,12 @@ def test_taxonomy_weights_resolve_against_the_study_file(tmp_path):
     assert taxonomy.matcher.path == tmp_path / "abs" / "minilm"  # absolute: as given
     model = taxonomy.detector.as_model()
     assert (model.name, model.backend, model.model_id, model.path, model.options) == (
-        "detector", "hf-detector", "d", tmp_path / "weights" / "detr", {"score_threshold": 0.3})
+        "detector",
+        "hf-detector",
+        "d",
+        tmp_path / "weights" / "detr",
+        {"score_threshold": 0.3},
+    )
 
 
 def test_cosine_metric_encoder_path_resolves_against_the_study_file(tmp_path):
@@ -208,7 +226,7 @@ def test_cosine_metric_encoder_path_resolves_against_the_study_file(tmp_path):
         (lambda t: t + "statistics: {n_resamples: 1.0e+10}\n", "statistics.n_resamples"),
         (lambda t: t + "statistics: {n_resamples: 1e10}\n", "statistics.n_resamples"),  # YAML reads this as text
         (lambda t: t.replace("name: m,", "name: '   ',"), "models[0].name"),
-        (lambda t: t.replace("name: s\n", "name: \"\\t\"\n"), "name"),
+        (lambda t: t.replace("name: s\n", 'name: "\\t"\n'), "name"),
         (lambda t: t.replace("model_id: x,", "model_id: ' ',"), "models[0].model_id"),
     ],
 )
@@ -266,8 +284,13 @@ def test_a_study_file_that_is_a_fifo_or_a_folder_is_refused(tmp_path):
 def test_problems_about_the_study_file_in_general_are_located_at_its_path(tmp_path):
     from vlm_decade.core.errors import STUDY_FILE, Problem
 
-    located = InputError([Problem(STUDY_FILE, "x", field="models.0.backend"), Problem("data.csv", "y", row=2)]).located(tmp_path / "s.yaml")
-    assert [(p.file, p.field) for p in located.problems] == [(str(tmp_path / "s.yaml"), "models.0.backend"), ("data.csv", None)]
+    located = InputError([Problem(STUDY_FILE, "x", field="models.0.backend"), Problem("data.csv", "y", row=2)]).located(
+        tmp_path / "s.yaml"
+    )
+    assert [(p.file, p.field) for p in located.problems] == [
+        (str(tmp_path / "s.yaml"), "models.0.backend"),
+        ("data.csv", None),
+    ]
 
 
 # Any YAML value in any field: a named problem or a study, never a crash (hypothesis).
@@ -280,10 +303,30 @@ YAML_VALUES = st.recursive(
     max_leaves=6,
 )
 FIELD_PATHS = [
-    ("name",), ("models",), ("models", 0), ("models", 0, "name"), ("models", 0, "options"), ("models", 0, "options", "file"),
-    ("models", 0, "path"), ("metrics",), ("encoders",), ("data",), ("data", "images"), ("data", "image_dir"), ("output",),
-    ("statistics",), ("statistics", "seed"), ("statistics", "n_resamples"), ("masks",), ("masks", "windows"), ("taxonomy",),
-    ("providers",), ("providers", "cache_dir"), ("runtime", "num_cpus"), ("prompt",), ("study",),
+    ("name",),
+    ("models",),
+    ("models", 0),
+    ("models", 0, "name"),
+    ("models", 0, "options"),
+    ("models", 0, "options", "file"),
+    ("models", 0, "path"),
+    ("metrics",),
+    ("encoders",),
+    ("data",),
+    ("data", "images"),
+    ("data", "image_dir"),
+    ("output",),
+    ("statistics",),
+    ("statistics", "seed"),
+    ("statistics", "n_resamples"),
+    ("masks",),
+    ("masks", "windows"),
+    ("taxonomy",),
+    ("providers",),
+    ("providers", "cache_dir"),
+    ("runtime", "num_cpus"),
+    ("prompt",),
+    ("study",),
 ]
 
 
@@ -320,10 +363,15 @@ def test_every_path_in_the_study_file_is_relative_to_its_folder_output_too(tmp_p
     (folder / "study.yaml").write_text(text)
     study = load_study(folder / "study.yaml")
     assert study.output == folder / "runs" / "x"
-    assert study.models[1].path == folder / "w" / "clip" and study.models[1].options["database"] == str(folder / "db.parquet")
+    assert study.models[1].path == folder / "w" / "clip" and study.models[1].options["database"] == str(
+        folder / "db.parquet"
+    )
     assert study.providers.cache_dir == folder / "cache"
     assert (study.taxonomy.locator.path, study.taxonomy.detector.path, study.taxonomy.matcher.path) == (
-        folder / "w" / "owl", folder / "w" / "ssd", folder / "w" / "mini")
+        folder / "w" / "owl",
+        folder / "w" / "ssd",
+        folder / "w" / "mini",
+    )
     # A path on the command line is the command line's: relative to the current folder.
     assert load_study(folder / "study.yaml", output="runs/y").output == elsewhere / "runs" / "y"
 
@@ -351,11 +399,21 @@ def test_validate_checks_the_run_folder_as_run_does(tmp_path):
     (tmp_path / "study.yaml").write_text(MINIMAL + "output: a-file/run\n")
     for command in (["validate", str(tmp_path / "study.yaml")], ["run", str(tmp_path / "study.yaml")]):
         done = CliRunner().invoke(app, command)
-        assert done.exit_code == 2 and "is a file, not a folder: the run folder cannot be made under it" in " ".join(done.output.split())
+        assert done.exit_code == 2 and "is a file, not a folder: the run folder cannot be made under it" in " ".join(
+            done.output.split()
+        )
 
 
 # A valid value for each field of a model entry, to set one at a time.
-MODEL_FIELDS = {"era": "mllm", "prompt": "Say it.", "variants": "all", "batch_size": 2, "path": "w", "options": {}, "mode": "sync"}
+MODEL_FIELDS = {
+    "era": "mllm",
+    "prompt": "Say it.",
+    "variants": "all",
+    "batch_size": 2,
+    "path": "w",
+    "options": {},
+    "mode": "sync",
+}
 
 
 @pytest.mark.parametrize("kind", ["decade", "openworld"])
@@ -365,7 +423,9 @@ def test_the_schema_lists_exactly_what_each_study_accepts(tmp_path, kind):
     from vlm_decade.studies import backend_problems, schema_json, schema_markdown
 
     base = yaml.safe_load(MINIMAL if kind == "decade" else OPEN_WORLD)
-    base["models"] = [{"name": "m", "backend": "imported", "model_id": "x", **({"era": "pre-mllm"} if kind == "decade" else {})}]
+    base["models"] = [
+        {"name": "m", "backend": "imported", "model_id": "x", **({"era": "pre-mllm"} if kind == "decade" else {})}
+    ]
     listed = {line.split("`")[1] for line in schema_markdown(kind).splitlines()[2:]}
     assert set(MODEL_FIELDS) | {"name", "backend", "model_id"} == set(ModelConfig.model_fields)
     for field, value in MODEL_FIELDS.items():

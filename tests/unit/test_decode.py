@@ -113,7 +113,12 @@ def test_a_float_tiff_in_0_255_is_taken_as_is(tmp_path):
 
 @pytest.mark.parametrize(
     ("values", "says"),
-    [([[-0.5, 0.5]], "from -0.5 to 0.5"), ([[0.0, 300.0]], "from 0 to 300"), ([[0.0, np.nan]], "NaN"), ([[np.inf, 0.0]], "infinity")],
+    [
+        ([[-0.5, 0.5]], "from -0.5 to 0.5"),
+        ([[0.0, 300.0]], "from 0 to 300"),
+        ([[0.0, np.nan]], "NaN"),
+        ([[np.inf, 0.0]], "infinity"),
+    ],
 )
 def test_float_pixels_without_a_known_scale_are_refused(tmp_path, values, says):
     path = saved(tmp_path, Image.fromarray(np.array(values, dtype=np.float32)), "bad.tif")

@@ -51,7 +51,10 @@ def test_each_row_gets_the_answer_of_its_own_stimulus(registered):
     jobs, stimuli = jobs_and_stimuli(["a", "b", "c"])
     rows = describe("echo", jobs, stimuli)
     assert [(r["image_id"], r["status"], r["text"], r["cache_key"]) for r in rows] == [
-        ("a", "ok", "a/full", "key-a"), ("b", "ok", "b/full", "key-b"), ("c", "ok", "c/full", "key-c")]
+        ("a", "ok", "a/full", "key-a"),
+        ("b", "ok", "b/full", "key-b"),
+        ("c", "ok", "c/full", "key-c"),
+    ]
 
 
 def test_one_answer_too_few_fails_every_row_of_the_batch_saying_so(registered):
@@ -59,8 +62,10 @@ def test_one_answer_too_few_fails_every_row_of_the_batch_saying_so(registered):
     rows = describe("short", jobs, stimuli)
     assert [r["image_id"] for r in rows] == ["a", "b", "c"]  # no row dropped
     assert {r["status"] for r in rows} == {"error"} and {r["text"] for r in rows} == {""}
-    assert rows[0]["error"] == ("AnswerCountError: model m gave 2 answers for a batch of 3; none of them is kept, "
-                                "and the next run tries the batch again")
+    assert rows[0]["error"] == (
+        "AnswerCountError: model m gave 2 answers for a batch of 3; none of them is kept, "
+        "and the next run tries the batch again"
+    )
     assert len({r["error"] for r in rows}) == 1
 
 
@@ -69,7 +74,10 @@ def test_an_unreadable_image_keeps_its_own_error_and_the_count_is_of_the_stimuli
     stimuli[1] = "could not read image /images/b.png: truncated"
     echo = describe("echo", jobs, stimuli)
     assert [(r["status"], r["text"] or r["error"]) for r in echo] == [
-        ("ok", "a/full"), ("error", "could not read image /images/b.png: truncated"), ("ok", "c/full")]
+        ("ok", "a/full"),
+        ("error", "could not read image /images/b.png: truncated"),
+        ("ok", "c/full"),
+    ]
     short = describe("short", jobs, stimuli)
     assert short[1]["error"] == "could not read image /images/b.png: truncated"
     count = "AnswerCountError: model m gave 1 answers for a batch of 2"

@@ -29,5 +29,8 @@ def test_a_table_without_the_mode_column_is_reused_with_it_empty(tmp_path):
     assert table.schema.equals(EMBEDDINGS_SCHEMA)
     rows = {r["text_sha256"]: r for r in table.to_pylist()}
     assert rows[text_key(old_text)]["mode"] is None and rows[text_key(new_text)]["mode"] == "batch"
-    assert rows[text_key(old_text)]["vector"] == old_vector.tolist() and rows[text_key(new_text)]["vector"] == new_vector.tolist()
+    assert (
+        rows[text_key(old_text)]["vector"] == old_vector.tolist()
+        and rows[text_key(new_text)]["vector"] == new_vector.tolist()
+    )
     assert {r["encoder_key"] for r in rows.values()} == {encoder_key(cfg)}

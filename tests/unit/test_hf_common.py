@@ -90,7 +90,9 @@ def test_unknown_or_bad_options_are_problems_before_any_work(tmp_path):
 def test_greedy_by_default_and_generate_kwargs_pass_through():
     options = parsed_options(model(), backend_class("hf-captioner").Options)
     assert hf_common.generation_kwargs(options) == {"do_sample": False, "num_beams": 1, "max_new_tokens": 40}
-    options = parsed_options(model(options={"max_new_tokens": 7, "generate": {"num_beams": 3}}), backend_class("hf-captioner").Options)
+    options = parsed_options(
+        model(options={"max_new_tokens": 7, "generate": {"num_beams": 3}}), backend_class("hf-captioner").Options
+    )
     assert hf_common.generation_kwargs(options) == {"do_sample": False, "num_beams": 3, "max_new_tokens": 7}
 
 

@@ -28,12 +28,22 @@ def folders(tmp_path_factory):
     }
 
 
-OPTIONS = {"hf-captioner": {"max_new_tokens": 8}, "hf-vlm": {"max_new_tokens": 8}, "hf-detector": {"score_threshold": 0.98}}
+OPTIONS = {
+    "hf-captioner": {"max_new_tokens": 8},
+    "hf-vlm": {"max_new_tokens": 8},
+    "hf-detector": {"score_threshold": 0.98},
+}
 
 
 def config(backend, path, **options) -> ModelConfig:
-    return ModelConfig(name="tiny", backend=backend, model_id=f"tiny/{backend}", era="mllm", path=path,
-                       options={**OPTIONS[backend], **options})
+    return ModelConfig(
+        name="tiny",
+        backend=backend,
+        model_id=f"tiny/{backend}",
+        era="mllm",
+        path=path,
+        options={**OPTIONS[backend], **options},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +70,11 @@ def test_captioner_equals_direct_generate(folders, backends):
     expected = []
     for image in images():
         with torch.no_grad():
-            out = net.generate(pixel_values=processor(images=image, return_tensors="pt").pixel_values,
-                               max_new_tokens=8, do_sample=False)
+            out = net.generate(
+                pixel_values=processor(images=image, return_tensors="pt").pixel_values,
+                max_new_tokens=8,
+                do_sample=False,
+            )
         expected.append(tokenizer.decode(out[0], skip_special_tokens=True).strip())
     got = backends["hf-captioner"].describe(stimuli())
     assert [d.text for d in got] == expected
@@ -79,12 +92,16 @@ def test_captioner_continues_its_prompt_when_asked_and_cuts_it_from_the_answer(f
     image = images(1)[0]
     start = [[net.config.decoder_start_token_id] + tokenizer("a photo of", add_special_tokens=False).input_ids]
     with torch.no_grad():
-        out = net.generate(pixel_values=processor(images=image, return_tensors="pt").pixel_values,
-                           decoder_input_ids=torch.tensor(start), max_new_tokens=8, do_sample=False)
+        out = net.generate(
+            pixel_values=processor(images=image, return_tensors="pt").pixel_values,
+            decoder_input_ids=torch.tensor(start),
+            max_new_tokens=8,
+            do_sample=False,
+        )
     full = tokenizer.decode(out[0], skip_special_tokens=True)
     assert full.startswith("a photo of ")
     (got,) = backend.describe([Stimulus("i0", "full", image, "a photo of")])
-    assert got.text == full[len("a photo of "):].strip()
+    assert got.text == full[len("a photo of ") :].strip()
 
 
 def test_vlm_equals_direct_generate_through_the_chat_template(folders, backends):
@@ -100,7 +117,7 @@ def test_vlm_equals_direct_generate_through_the_chat_template(folders, backends)
         inputs = processor(images=[stim.image], text=[text], return_tensors="pt")
         with torch.no_grad():
             out = net.generate(**inputs, max_new_tokens=8, do_sample=False)
-        expected.append(processor.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True).strip())
+        expected.append(processor.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True).strip())
     got = backends["hf-vlm"].describe(stimuli())  # one left-padded batch of prompts of different lengths
     assert [d.text for d in got] == expected and len(set(expected)) > 1
 
@@ -119,8 +136,12 @@ def test_detector_equals_direct_detr_and_describes_with_the_template(folders, ba
         (r,) = processor.post_process_object_detection(out, threshold=0.98, target_sizes=[image.shape[:2]])
         h, w = image.shape[:2]
         direct = sorted(
-            (Detection(net.config.id2label[int(label)], float(score), tuple(np.clip(np.array(box) / [w, h, w, h], 0, 1)))
-             for label, score, box in zip(r["labels"], r["scores"].tolist(), r["boxes"].tolist())),
+            (
+                Detection(
+                    net.config.id2label[int(label)], float(score), tuple(np.clip(np.array(box) / [w, h, w, h], 0, 1))
+                )
+                for label, score, box in zip(r["labels"], r["scores"].tolist(), r["boxes"].tolist())
+            ),
             key=lambda d: -d.score,
         )
         assert [d.label for d in dets] == [d.label for d in direct]

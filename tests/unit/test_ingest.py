@@ -140,7 +140,16 @@ def only(problems, **where):
 def test_images_table(study):
     result = study.load()
     images = result.images.to_pylist()
-    assert result.images.column_names == ["image_id", "dataset", "path", "sha256", "width", "height", "mode", "background"]
+    assert result.images.column_names == [
+        "image_id",
+        "dataset",
+        "path",
+        "sha256",
+        "width",
+        "height",
+        "mode",
+        "background",
+    ]
     assert [r["image_id"] for r in images] == ["im1", "im2"]
     assert images[1]["path"] == str(study.image_dir / "sub" / "im2.png")
     assert os.path.isabs(images[0]["path"])
@@ -155,7 +164,15 @@ def test_references_ranked_by_votes_as_worked_by_hand(study):
     result = study.load()
     refs = result.references
     assert refs.column_names == [
-        "description_id", "image_id", "dataset", "condition", "worker_id", "role", "votes", "shown", "text"
+        "description_id",
+        "image_id",
+        "dataset",
+        "condition",
+        "worker_id",
+        "role",
+        "votes",
+        "shown",
+        "text",
     ]
     rows = {r["description_id"]: (r["role"], r["votes"], r["shown"]) for r in refs.to_pylist()}
     assert rows == {
@@ -476,7 +493,9 @@ def test_parquet_columns_of_the_wrong_type_are_named(study):
     descriptions = {c: [r[i] for r in study.descriptions] for i, c in enumerate(DESCRIPTION_HEADER)}
     descriptions["worker_id"] = [float(i) for i in range(len(study.descriptions))]  # 1.0 is no id
     pq.write_table(pa.table(descriptions), study.root / "descriptions.parquet")
-    data = data.model_copy(update={"images": study.root / "images.parquet", "descriptions": study.root / "descriptions.parquet"})
+    data = data.model_copy(
+        update={"images": study.root / "images.parquet", "descriptions": study.root / "descriptions.parquet"}
+    )
     problems = study.problems(data)
     assert "binary" in only(problems, field="file", row=1).message
     assert "double" in only(problems, field="worker_id", row=1).message

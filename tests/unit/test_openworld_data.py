@@ -314,15 +314,22 @@ def test_one_bad_labels_row_is_one_problem_with_an_imported_model(study):
     from vlm_decade.studies import study_from_dict
     from vlm_decade.studies.openworld import pipeline
 
-    answers = write_csv(study.root / "answers.csv", ["image_id", "variant", "text"],
-                        [["toy_b", "full", "a cat"], ["toy_a", "full", "a dog"], ["bird_c", "full", "a bird"]])
+    answers = write_csv(
+        study.root / "answers.csv",
+        ["image_id", "variant", "text"],
+        [["toy_b", "full", "a cat"], ["toy_a", "full", "a dog"], ["bird_c", "full", "a bird"]],
+    )
     study.files["a.png"] = b"not a png"  # row 3
     labels, classnames = study.write()
-    config = study_from_dict({
-        "name": "b", "study": "openworld", "judge": None,
-        "data": {"labels": str(labels), "image_dir": str(study.image_dir), "classnames": str(classnames)},
-        "models": [{"name": "old", "backend": "imported", "model_id": "old", "options": {"file": str(answers)}}],
-    })
+    config = study_from_dict(
+        {
+            "name": "b",
+            "study": "openworld",
+            "judge": None,
+            "data": {"labels": str(labels), "image_dir": str(study.image_dir), "classnames": str(classnames)},
+            "models": [{"name": "old", "backend": "imported", "model_id": "old", "options": {"file": str(answers)}}],
+        }
+    )
     with pytest.raises(InputError) as caught:
         pipeline.check(config)
     (problem,) = caught.value.problems  # the image only: its answer in answers.csv is not "unknown"

@@ -34,14 +34,14 @@ def axis_vector(*pairs):
 VECTORS = {
     "scarlet tanager": axis_vector((0, 1.0)),
     "a red bird": axis_vector((0, 0.6), (1, 0.8)),
-    "red bird": axis_vector((0, 0.7), (2, 0.51 ** 0.5)),
-    "a cardinal": axis_vector((0, 0.4), (3, 0.84 ** 0.5)),
-    "cardinal": axis_vector((0, 0.5), (4, 0.75 ** 0.5)),
+    "red bird": axis_vector((0, 0.7), (2, 0.51**0.5)),
+    "a cardinal": axis_vector((0, 0.4), (3, 0.84**0.5)),
+    "cardinal": axis_vector((0, 0.5), (4, 0.75**0.5)),
     "cat": axis_vector((5, 1.0)),
-    "a tabby cat": axis_vector((5, 0.9), (6, 0.19 ** 0.5)),
+    "a tabby cat": axis_vector((5, 0.9), (6, 0.19**0.5)),
     "tabby cat": axis_vector((5, 0.8), (7, 0.6)),
     "dog": axis_vector((8, 1.0)),
-    "sparrow": axis_vector((8, 0.3), (9, 0.91 ** 0.5)),
+    "sparrow": axis_vector((8, 0.3), (9, 0.91**0.5)),
 }
 
 
@@ -64,12 +64,14 @@ def nlp():
     return load_nlp()
 
 
-LABELS = pa.table({
-    "image_id": ["i1", "i2", "i3"],
-    "dataset": ["birds", "pets", "pets"],
-    "label": ["scarlet tanager", "cat", "dog"],
-    "granularity": ["very fine-grained", "prototypical", "prototypical"],
-})
+LABELS = pa.table(
+    {
+        "image_id": ["i1", "i2", "i3"],
+        "dataset": ["birds", "pets", "pets"],
+        "label": ["scarlet tanager", "cat", "dog"],
+        "granularity": ["very fine-grained", "prototypical", "prototypical"],
+    }
+)
 GRANULARITY = {"birds": "very fine-grained", "pets": "prototypical"}
 GROUP_OF = dict(zip(LABELS.column("image_id").to_pylist(), LABELS.column("granularity").to_pylist()))
 
@@ -78,14 +80,16 @@ def response(subject, image_id, prompt_id, text, status="ok"):
     return {"subject": subject, "image_id": image_id, "prompt_id": prompt_id, "text": text, "status": status}
 
 
-RESPONSES = pa.Table.from_pylist([
-    response("m", "i1", "p1", "a red bird"),
-    response("m", "i2", "p1", " a tabby cat "),
-    response("m", "i3", "p1", "", status="error"),  # failed: left out
-    response("n", "i1", "p1", "a cardinal"),
-    response("n", "i3", "p1", "sparrow"),
-    response("n", "i2", "p2", "a tabby cat"),
-])
+RESPONSES = pa.Table.from_pylist(
+    [
+        response("m", "i1", "p1", "a red bird"),
+        response("m", "i2", "p1", " a tabby cat "),
+        response("m", "i3", "p1", "", status="error"),  # failed: left out
+        response("n", "i1", "p1", "a cardinal"),
+        response("n", "i3", "p1", "sparrow"),
+        response("n", "i2", "p2", "a tabby cat"),
+    ]
+)
 JUDGED = {
     ("scarlet tanager", "a red bird"): "0",
     ("cat", "a tabby cat"): "1",
@@ -120,7 +124,11 @@ def test_every_prediction_gets_its_hand_worked_values_and_outcome(nlp):
         assert (p["best_concept"], p["outcome"]) == (concept, outcome)
     first = rows[0]
     assert (first["dataset"], first["granularity"], first["label"], first["judge_answer"]) == (
-        "birds", "very fine-grained", "scarlet tanager", "0")
+        "birds",
+        "very fine-grained",
+        "scarlet tanager",
+        "0",
+    )
     assert rows[1]["prediction"] == " a tabby cat "  # the answer as given, for the reader
     assert len(encoder.calls) == 1  # every text encoded once, together
 
@@ -160,7 +168,9 @@ OPEN_WORLD = {"study": "openworld", "name": "b", "data": {"labels": "l.csv", "im
 
 
 def study_b(*models, **extra):
-    return study_from_dict({**OPEN_WORLD, "models": [dict(zip(("name", "backend", "model_id"), m)) for m in models], **extra})
+    return study_from_dict(
+        {**OPEN_WORLD, "models": [dict(zip(("name", "backend", "model_id"), m)) for m in models], **extra}
+    )
 
 
 def test_models_are_open_or_closed_world_by_backend():
@@ -169,15 +179,21 @@ def test_models_are_open_or_closed_world_by_backend():
 
 
 def test_judge_pairs_are_distinct_and_stripped():
-    responses = pa.Table.from_pylist([
-        response("m", "i2", "p1", " a tabby cat "),
-        response("n", "i2", "p1", "a tabby cat"),  # the same pair once stripped
-        response("n", "i2", "p2", "a dog"),
-        response("m", "i1", "p1", "a bird"),
-        response("m", "i3", "p1", "a dog", status="error"),  # failed: never judged
-        response("m", "i9", "p1", "a cat"),  # no label
-    ])
-    assert pairs_to_judge(LABELS, responses) == [("cat", "a dog"), ("cat", "a tabby cat"), ("scarlet tanager", "a bird")]
+    responses = pa.Table.from_pylist(
+        [
+            response("m", "i2", "p1", " a tabby cat "),
+            response("n", "i2", "p1", "a tabby cat"),  # the same pair once stripped
+            response("n", "i2", "p2", "a dog"),
+            response("m", "i1", "p1", "a bird"),
+            response("m", "i3", "p1", "a dog", status="error"),  # failed: never judged
+            response("m", "i9", "p1", "a cat"),  # no label
+        ]
+    )
+    assert pairs_to_judge(LABELS, responses) == [
+        ("cat", "a dog"),
+        ("cat", "a tabby cat"),
+        ("scarlet tanager", "a bird"),
+    ]
 
 
 def test_why_no_judge_can_run(monkeypatch, tmp_path):

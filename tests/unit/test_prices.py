@@ -61,9 +61,16 @@ def test_the_docs_show_the_price_table_as_the_code_has_it():
 def test_estimate_names_listed_prices_over_a_year_old_and_leaves_a_studys_own_alone():
     from vlm_decade.core.config import stale_prices
 
-    providers = ProvidersConfig.model_validate({"gemini": {"rpm": 1, "tpm": 1, "prices": {"gemini-1.5-pro": {"input_per_mtok": 1}}}})
-    uses = [("openai", "gpt-4-turbo-2024-04-09"), ("openai", "gpt-4-turbo"), ("openai", "gpt-5.1"), ("gemini", "gemini-1.5-pro"),
-            ("gemini", "gemini-1.5-flash")]
+    providers = ProvidersConfig.model_validate(
+        {"gemini": {"rpm": 1, "tpm": 1, "prices": {"gemini-1.5-pro": {"input_per_mtok": 1}}}}
+    )
+    uses = [
+        ("openai", "gpt-4-turbo-2024-04-09"),
+        ("openai", "gpt-4-turbo"),
+        ("openai", "gpt-5.1"),
+        ("gemini", "gemini-1.5-pro"),
+        ("gemini", "gemini-1.5-flash"),
+    ]
     # gpt-4-turbo read 2024-11-20 and gemini-1.5-flash 2024-10-01: over 365 days before 2026-03-21;
     # gpt-5.1 read that day; gemini-1.5-pro priced by the study itself.
     warned = stale_prices(uses, providers, dt.date(2026, 3, 21))
@@ -75,12 +82,23 @@ def test_the_estimate_says_which_prices_are_over_a_year_old():
     from vlm_decade.stages.estimate import Line, render
     from vlm_decade.studies.decade.config import StudyConfig
 
-    study = StudyConfig.model_validate({"name": "s", "data": {"images": "i.csv", "image_dir": ".", "descriptions": "d.csv"},
-                                        "models": [{"name": "m", "backend": "imported", "model_id": "m", "era": "mllm"}]})
-    lines = [Line("openai", "gpt4", 10, usd=0.2, model_id="gpt-4-turbo-2024-04-09"), Line("openai", "gpt51", 10, usd=0.1, model_id="gpt-5.1")]
+    study = StudyConfig.model_validate(
+        {
+            "name": "s",
+            "data": {"images": "i.csv", "image_dir": ".", "descriptions": "d.csv"},
+            "models": [{"name": "m", "backend": "imported", "model_id": "m", "era": "mllm"}],
+        }
+    )
+    lines = [
+        Line("openai", "gpt4", 10, usd=0.2, model_id="gpt-4-turbo-2024-04-09"),
+        Line("openai", "gpt51", 10, usd=0.1, model_id="gpt-5.1"),
+    ]
+
     def warned(today):
         return [s for s in render(study, lines, today=today).splitlines() if s.startswith("price older")]
 
-    assert warned(dt.date(2026, 12, 1)) == ["price older than a year: openai `gpt-4-turbo`: listed price read 2024-11-20, over a "
-                                            "year ago; check the provider's page (providers.openai.prices overrides it)"]
+    assert warned(dt.date(2026, 12, 1)) == [
+        "price older than a year: openai `gpt-4-turbo`: listed price read 2024-11-20, over a "
+        "year ago; check the provider's page (providers.openai.prices overrides it)"
+    ]
     assert len(warned(dt.date(2027, 3, 23))) == 2  # gpt-5.1's price, read 2026-03-21, is then over a year old too

@@ -35,7 +35,14 @@ def test_votes_hand_worked_with_every_tie_break():
     assert vote_order(ids, votes, shown, draw) == ["a", "c", "b", "e", "d", "g", "f"]
     expected = vote_order(ids, votes, shown, tie_draw(ids, **SEED))
     assert rank_by_votes(ids, votes, shown, top_k=2, bottom_k=2, **SEED) == {
-        "a": "gold", "c": "top", "b": "top", expected[3]: "other", expected[4]: "other", expected[5]: "bottom", expected[6]: "bottom"}
+        "a": "gold",
+        "c": "top",
+        "b": "top",
+        expected[3]: "other",
+        expected[4]: "other",
+        expected[5]: "bottom",
+        expected[6]: "bottom",
+    }
 
 
 def test_the_draw_is_seeded_per_image_and_favours_no_id():
@@ -44,8 +51,10 @@ def test_the_draw_is_seeded_per_image_and_favours_no_id():
     assert sorted(tie_draw(ids, 5, "img").values()) == [0, 1, 2]
     # Two descriptions with equal votes and rates: over 400 images the smaller id wins the gold about
     # half the time (a binomial 95% range), where ordering by id gave it every time.
-    wins = sum(rank_by_votes(["x", "y"], {"x": 2, "y": 2}, {"x": 4, "y": 4}, 1, 1, seed=1, stream=f"i{k}")["x"] == "gold"
-               for k in range(400))
+    wins = sum(
+        rank_by_votes(["x", "y"], {"x": 2, "y": 2}, {"x": 4, "y": 4}, 1, 1, seed=1, stream=f"i{k}")["x"] == "gold"
+        for k in range(400)
+    )
     assert 180 <= wins <= 220
     assert len({tuple(sorted(tie_draw(ids, seed, "img").items())) for seed in range(20)}) > 1  # the seed matters
 
@@ -64,12 +73,24 @@ def test_cuts_that_fell_in_a_tie_are_counted():
 
 def test_vote_ties_from_the_references_table():
     def row(image, description, role, votes, shown):
-        return {"image_id": image, "description_id": description, "condition": "full", "role": role, "votes": votes, "shown": shown}
+        return {
+            "image_id": image,
+            "description_id": description,
+            "condition": "full",
+            "role": role,
+            "votes": votes,
+            "shown": shown,
+        }
 
     references = [
-        row("i1", "a", "gold", 3, 4), row("i1", "b", "top", 3, 4), row("i1", "c", "bottom", 1, 4),  # the gold drawn
-        row("i2", "d", "gold", 4, 4), row("i2", "e", "top", 2, 4), row("i2", "f", "bottom", 2, 4),  # top | bottom drawn
-        row("i3", "g", "gold", 0, 0), row("i3", "h", "other", 0, 0),  # consensus: no votes, not counted
+        row("i1", "a", "gold", 3, 4),
+        row("i1", "b", "top", 3, 4),
+        row("i1", "c", "bottom", 1, 4),  # the gold drawn
+        row("i2", "d", "gold", 4, 4),
+        row("i2", "e", "top", 2, 4),
+        row("i2", "f", "bottom", 2, 4),  # top | bottom drawn
+        row("i3", "g", "gold", 0, 0),
+        row("i3", "h", "other", 0, 0),  # consensus: no votes, not counted
         {**row("i1", "m", "masked", 0, 0), "condition": "m1"},
     ]
     assert vote_ties(references) == {"tied": 2, "cuts": 4, "gold_tied": 1, "images": 2}

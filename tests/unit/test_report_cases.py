@@ -29,15 +29,25 @@ from vlm_decade.studies.openworld.statistics import PAIRED_TESTS_SCHEMA, mcnemar
 from .pages import PAYLOAD, Page
 from .view_runs import DECADE_CONFIG, OPENWORLD_CONFIG, PREDICTIONS, SIMILARITY, decade_run, openworld_run
 
-SCHEMAS = {"images": IMAGES_SCHEMA, "references": REFERENCES_SCHEMA, "responses": RESPONSES_SCHEMA, "scores": SCORES_SCHEMA,
-           "stats": STATS_SCHEMA, "comparisons": COMPARISONS_SCHEMA, "labels": LABELS_SCHEMA, "predictions": PREDICTIONS_SCHEMA}
+SCHEMAS = {
+    "images": IMAGES_SCHEMA,
+    "references": REFERENCES_SCHEMA,
+    "responses": RESPONSES_SCHEMA,
+    "scores": SCORES_SCHEMA,
+    "stats": STATS_SCHEMA,
+    "comparisons": COMPARISONS_SCHEMA,
+    "labels": LABELS_SCHEMA,
+    "predictions": PREDICTIONS_SCHEMA,
+}
 
 
 def _read(root, name) -> pa.Table:
     table = pq.read_table(root / f"{name}.parquet")
     schema = SCHEMAS[name]
-    columns = {f.name: table.column(f.name).cast(f.type) if f.name in table.column_names else pa.nulls(table.num_rows, f.type)
-               for f in schema}
+    columns = {
+        f.name: table.column(f.name).cast(f.type) if f.name in table.column_names else pa.nulls(table.num_rows, f.type)
+        for f in schema
+    }
     return pa.table(columns, schema=schema)
 
 
@@ -71,7 +81,7 @@ def sample(page: str, title: str) -> list[str]:
     start = page.find(f"<h3>{title}</h3>")
     if start < 0:
         return []
-    return re.findall(r"<td>([\w-]+)<br>", page[start:page.index("</table>", start)])
+    return re.findall(r"<td>([\w-]+)<br>", page[start : page.index("</table>", start)])
 
 
 def _one_model_config():
@@ -123,7 +133,10 @@ def _without_estimates(tables: dict[str, pa.Table]) -> dict[str, pa.Table]:
     """The tables with every estimate and CI of the stats a budget stop left null."""
     stats = tables["stats"]
     nulls = pa.nulls(stats.num_rows, pa.float64())
-    return {**tables, "stats": stats.set_column(4, "estimate", nulls).set_column(5, "ci_low", nulls).set_column(6, "ci_high", nulls)}
+    return {
+        **tables,
+        "stats": stats.set_column(4, "estimate", nulls).set_column(5, "ci_low", nulls).set_column(6, "ci_high", nulls),
+    }
 
 
 def test_decade_report_with_estimates_a_budget_stop_left_null(tmp_path, decade_tables):
@@ -140,7 +153,10 @@ def test_decade_report_comparisons_with_null_numbers(tmp_path, decade_tables):
     row.update(family="models", a="alpha", b="beta", dataset="ds-a", metric="SIM", variant="full")
     tables = {**decade_tables, "comparisons": pa.Table.from_pylist([row], schema=COMPARISONS_SCHEMA)}
     page = _decade(tmp_path, tables)
-    assert "<td>models</td><td>alpha</td><td>beta</td><td>ds-a</td><td>SIM</td><td></td><td></td><td></td><td>n/a</td><td>n/a</td>" in page
+    assert (
+        "<td>models</td><td>alpha</td><td>beta</td><td>ds-a</td><td>SIM</td><td></td><td></td><td></td><td>n/a</td><td>n/a</td>"
+        in page
+    )
 
 
 def test_decade_report_stays_bounded_per_model(tmp_path, decade_tables, monkeypatch):
@@ -163,12 +179,27 @@ def openworld_tables(tmp_path):
         for group in ("prototypical", "fine-grained", "very fine-grained", "all"):
             mine = [p for p in main if p["subject"] == model and (group == "all" or p["granularity"] == group)]
             values = {m: [p[m] for p in mine] for m in ("TI", "LI", "SS", "CS")}
-            values |= {f"outcome:{o}": [float(p["outcome"] == o) for p in mine] for o in ("correct", "granularity", "ambiguity", "confusion")}
+            values |= {
+                f"outcome:{o}": [float(p["outcome"] == o) for p in mine]
+                for o in ("correct", "granularity", "ambiguity", "confusion")
+            }
             for metric, column in values.items():
                 mean = sum(column) / len(column)
-                stats.append({"subject": model, "dataset": group, "metric": metric, "variant": "default", "estimate": mean,
-                              "ci_low": mean - 0.1, "ci_high": mean + 0.1, "n_images": len(mine), "n_resamples": 100, "seed": 1,
-                              "method": "percentile"})
+                stats.append(
+                    {
+                        "subject": model,
+                        "dataset": group,
+                        "metric": metric,
+                        "variant": "default",
+                        "estimate": mean,
+                        "ci_low": mean - 0.1,
+                        "ci_high": mean + 0.1,
+                        "n_images": len(mine),
+                        "n_resamples": 100,
+                        "seed": 1,
+                        "method": "percentile",
+                    }
+                )
     tables["stats"] = pa.Table.from_pylist(stats, schema=STATS_SCHEMA)
     tables["comparisons"] = COMPARISONS_SCHEMA.empty_table()
     tables["paired_tests"] = PAIRED_TESTS_SCHEMA.empty_table()
@@ -213,11 +244,21 @@ def test_openworld_report_samples_the_lowest_and_highest_cs(tmp_path, openworld_
     assert sample(page, "beta: highest CS") == [i for _, i in beta[::-1][:2]]
     # The error types with a few examples each; no table lists every prediction.
     assert "granularity error" in page and "fine-grained confusion" in page
-    assert page.count("<td>b1<br>") == len([m for m in ("alpha", "beta") if "b1" in sample(page, f"{m}: lowest CS") + sample(page, f"{m}: highest CS")])
+    assert page.count("<td>b1<br>") == len(
+        [m for m in ("alpha", "beta") if "b1" in sample(page, f"{m}: lowest CS") + sample(page, f"{m}: highest CS")]
+    )
 
 
-@pytest.mark.parametrize("n_rows, n, low, high", [(0, 3, [], []), (1, 3, [0], []), (4, 3, [0, 1, 2], [3]), (6, 3, [0, 1, 2], [5, 4, 3]),
-                                                 (10, 3, [0, 1, 2], [9, 8, 7])])
+@pytest.mark.parametrize(
+    "n_rows, n, low, high",
+    [
+        (0, 3, [], []),
+        (1, 3, [0], []),
+        (4, 3, [0, 1, 2], [3]),
+        (6, 3, [0, 1, 2], [5, 4, 3]),
+        (10, 3, [0, 1, 2], [9, 8, 7]),
+    ],
+)
 def test_extremes_are_disjoint_and_cover_small_sets(n_rows, n, low, high):
     rows = [{"id": i, "v": float(i)} for i in range(n_rows)]
     got_low, got_high = extremes(rows[::-1], "v", n)
@@ -225,7 +266,13 @@ def test_extremes_are_disjoint_and_cover_small_sets(n_rows, n, low, high):
 
 
 def test_extremes_leave_out_missing_values_and_keep_the_order_of_ties():
-    rows = [{"id": "a", "v": 0.5}, {"id": "b", "v": None}, {"id": "c", "v": float("nan")}, {"id": "d", "v": 0.5}, {"id": "e", "v": 0.1}]
+    rows = [
+        {"id": "a", "v": 0.5},
+        {"id": "b", "v": None},
+        {"id": "c", "v": float("nan")},
+        {"id": "d", "v": 0.5},
+        {"id": "e", "v": 0.1},
+    ]
     low, high = extremes(rows, "v", 1)
     assert [r["id"] for r in low] == ["e"] and [r["id"] for r in high] == ["d"]
 
@@ -305,8 +352,19 @@ def test_openworld_report_shows_markup_in_names_labels_and_answers_as_text(tmp_p
 def test_openworld_report_shows_mcnemars_tests_of_the_binary_metrics(tmp_path, openworld_tables):
     """The McNemar table reads back as the paired_tests table computed from the predictions' TI."""
     scores = pa.Table.from_pylist(
-        [{"subject": p["subject"], "image_id": p["image_id"], "dataset": p["dataset"], "variant": p["prompt_id"], "metric": "TI",
-          "value": p["TI"]} for p in openworld_tables["predictions"].to_pylist()], schema=SCORES_SCHEMA)
+        [
+            {
+                "subject": p["subject"],
+                "image_id": p["image_id"],
+                "dataset": p["dataset"],
+                "variant": p["prompt_id"],
+                "metric": "TI",
+                "value": p["TI"],
+            }
+            for p in openworld_tables["predictions"].to_pylist()
+        ],
+        schema=SCORES_SCHEMA,
+    )
     granularity = {p["dataset"]: p["granularity"] for p in openworld_tables["predictions"].to_pylist()}
     paired = mcnemar_tests(scores, granularity, ["alpha", "beta"], "default")
     assert paired.num_rows > 0

@@ -139,7 +139,21 @@ def test_the_manifest_records_fingerprint_and_file_hash(tmp_path):
     assert folder.self_verified("t") == (manifest["tables"]["t"], manifest["files"]["t"])
 
 
-NASTY = ["../../../../x", "/etc/passwd", "..", ".", "", "a/b", "a\\b", "con", ".hidden", "x" * 300, "naïve café", "\x00nul", "ok-name_1.2"]
+NASTY = [
+    "../../../../x",
+    "/etc/passwd",
+    "..",
+    ".",
+    "",
+    "a/b",
+    "a\\b",
+    "con",
+    ".hidden",
+    "x" * 300,
+    "naïve café",
+    "\x00nul",
+    "ok-name_1.2",
+]
 
 
 @pytest.mark.parametrize("name", NASTY)
@@ -199,8 +213,14 @@ def test_a_write_interrupted_midway_leaves_the_old_file_and_no_temporary(tmp_pat
 
 
 def _responses(text, latency, queued):
-    return pa.table({"subject": ["m", "m"], "text": text, "latency_s": pa.array(latency, pa.float64()),
-                     "queued_s": pa.array(queued, pa.float64())})
+    return pa.table(
+        {
+            "subject": ["m", "m"],
+            "text": text,
+            "latency_s": pa.array(latency, pa.float64()),
+            "queued_s": pa.array(queued, pa.float64()),
+        }
+    )
 
 
 def test_a_fingerprint_leaves_out_the_wall_clock_columns():
@@ -241,6 +261,7 @@ def test_a_run_that_cannot_begin_releases_the_folder_at_once(tmp_path, monkeypat
 
     monkeypatch.setenv("VLM_DECADE_WORKING_COPIES", str(tmp_path))
     copy = storage.working_copy("s3://bucket/run")
+
     def offline(self, root):  # a mirror that never reaches a store
         self.root, self.uri = root, "s3://bucket/run"
 

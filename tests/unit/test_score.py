@@ -40,7 +40,13 @@ def _tables():
     )
     emb = pa.Table.from_pylist(
         [
-            {"text_sha256": text_key(t), "encoder": "E", "encoder_key": "k", "dim": 3, "vector": np.asarray(v, np.float32) * 2}
+            {
+                "text_sha256": text_key(t),
+                "encoder": "E",
+                "encoder_key": "k",
+                "dim": 3,
+                "vector": np.asarray(v, np.float32) * 2,
+            }
             for t, v in VECTORS.items()
         ],
         schema=EMBEDDINGS_SCHEMA,

@@ -35,15 +35,37 @@ def _case(human, model, image_id="img", subject="model-a", dataset="coco", masks
     (masked human vs gold, masked model vs the model's own full description)."""
     gold = f"{image_id}: gold"
     refs = [
-        {"image_id": image_id, "dataset": dataset, "condition": "full", "worker_id": "g0", "role": "gold", "text": gold},
-        {"image_id": image_id, "dataset": dataset, "condition": "full", "worker_id": "g1", "role": "top", "text": f"{image_id}: top"},
+        {
+            "image_id": image_id,
+            "dataset": dataset,
+            "condition": "full",
+            "worker_id": "g0",
+            "role": "gold",
+            "text": gold,
+        },
+        {
+            "image_id": image_id,
+            "dataset": dataset,
+            "condition": "full",
+            "worker_id": "g1",
+            "role": "top",
+            "text": f"{image_id}: top",
+        },
     ]
     sims = {}
     for m, values in zip(masks, human):
         for k, v in enumerate(values):
             text = f"{image_id}: {m} human {k}"
-            refs.append({"image_id": image_id, "dataset": dataset, "condition": m, "worker_id": f"w-{m}-{k:02d}",
-                         "role": "masked", "text": text})
+            refs.append(
+                {
+                    "image_id": image_id,
+                    "dataset": dataset,
+                    "condition": m,
+                    "worker_id": f"w-{m}-{k:02d}",
+                    "role": "masked",
+                    "text": text,
+                }
+            )
             sims[(text, gold)] = v
     full = f"{subject} on {image_id}: full"
     responses = [{"subject": subject, "image_id": image_id, "variant": "full", "text": full, "status": "ok"}]

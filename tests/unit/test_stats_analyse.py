@@ -18,8 +18,14 @@ from vlm_decade.stats import (
     bootstrap_study,
 )
 
-ERAS = {"UDC": "pre-mllm", "OFA": "pre-mllm", "GPT-4": "mllm", "Gemini": "mllm",
-        "human:top": "human", "human:bottom": "human"}
+ERAS = {
+    "UDC": "pre-mllm",
+    "OFA": "pre-mllm",
+    "GPT-4": "mllm",
+    "Gemini": "mllm",
+    "human:top": "human",
+    "human:bottom": "human",
+}
 
 
 def study(n=40, datasets=("coco", "csb"), metrics=("gemini-si", "gpt-si"), seed=0, drop=()):
@@ -47,9 +53,12 @@ def test_tables_have_the_schemas_and_estimates_are_means():
     assert st.schema == STATS_SCHEMA and cp.schema == COMPARISONS_SCHEMA
     assert st.num_rows == 2 * 6 * 2
     r = [x for x in rows(st) if x["subject"] == "OFA" and x["dataset"] == "csb" and x["metric"] == "gpt-si"][0]
-    vals = t.filter(pa.compute.and_(pa.compute.equal(t["subject"], "OFA"),
-                                    pa.compute.and_(pa.compute.equal(t["dataset"], "csb"),
-                                                    pa.compute.equal(t["metric"], "gpt-si"))))["value"].to_numpy()
+    vals = t.filter(
+        pa.compute.and_(
+            pa.compute.equal(t["subject"], "OFA"),
+            pa.compute.and_(pa.compute.equal(t["dataset"], "csb"), pa.compute.equal(t["metric"], "gpt-si")),
+        )
+    )["value"].to_numpy()
     assert r["estimate"] == pytest.approx(vals.mean(), rel=1e-12)
     assert r["ci_low"] < r["estimate"] < r["ci_high"]
     assert (r["n_images"], r["n_resamples"], r["seed"], r["method"]) == (40, 1000, 3, "percentile")
@@ -76,8 +85,11 @@ def test_default_families_and_bh_within_each():
 def test_subject_against_itself_is_exactly_zero_with_p_one():
     fam = [Family("self", [ComparisonSpec(Term.subject("OFA", "csb"), Term.subject("OFA", "csb"))])]
     for method in ("percentile", "bca"):
-        (r,) = [x for x in rows(bootstrap_study(study(), ERAS, 1000, 2, families=fam, method=method).comparisons)
-                if x["metric"] == "gpt-si"]
+        (r,) = [
+            x
+            for x in rows(bootstrap_study(study(), ERAS, 1000, 2, families=fam, method=method).comparisons)
+            if x["metric"] == "gpt-si"
+        ]
         assert (r["difference"], r["ci_low"], r["ci_high"], r["p"]) == (0.0, 0.0, 0.0, 1.0)
 
 
@@ -90,7 +102,9 @@ def test_same_dataset_is_paired_and_different_datasets_are_independent():
     res = bootstrap_study(both, {}, 1000, 4, families=fam, keep_distributions=True)
     r = rows(res.comparisons)[0]
     # paired: every resample moves both subjects together, so the difference never varies
-    assert r["paired"] and r["ci_low"] == pytest.approx(0.01, abs=1e-12) and r["ci_high"] == pytest.approx(0.01, abs=1e-12)
+    assert (
+        r["paired"] and r["ci_low"] == pytest.approx(0.01, abs=1e-12) and r["ci_high"] == pytest.approx(0.01, abs=1e-12)
+    )
     # the same scores under two dataset names are resampled independently: the difference varies
     twin = pa.concat_tables([t, t.set_column(2, "dataset", pa.array(["coco2"] * t.num_rows))])
     fam2 = [Family("f", [ComparisonSpec(Term.subject("OFA", "coco"), Term.subject("OFA", "coco2"))])]
@@ -119,7 +133,9 @@ def test_missing_scores_use_the_available_images():
     g = t.filter(pa.compute.and_(pa.compute.equal(t["subject"], "GPT-4"), pa.compute.equal(t["metric"], "gpt-si")))
     idx = np.array([int(s[-3:]) for s in g["image_id"].to_pylist()])  # image order = sorted ids
     val = g["value"].to_numpy()
-    assert a.distributions[("GPT-4", "coco", "gpt-si", "full")][0] == pytest.approx((w[idx] * val).sum() / w[idx].sum(), rel=1e-12)
+    assert a.distributions[("GPT-4", "coco", "gpt-si", "full")][0] == pytest.approx(
+        (w[idx] * val).sum() / w[idx].sum(), rel=1e-12
+    )
     assert r["estimate"] == pytest.approx(val.mean(), rel=1e-12)
 
 
@@ -161,9 +177,12 @@ def test_poisson_partial_sums_over_shards_add_up():
     v = rng.random((3, 1000))
     m = (rng.random((3, 1000)) > 0.1).astype(float)
     v *= m
-    (s, tot), = _engine.poisson_partial_sums_many({"d": (v, m)}, 600, 2, shard_size=300).values()
+    ((s, tot),) = _engine.poisson_partial_sums_many({"d": (v, m)}, 600, 2, shard_size=300).values()
     streams = _streams.chunk_streams(2, "d", _streams.KIND_POISSON, 4)
-    parts = [_engine._poisson_shard(v[:, k * 300:(k + 1) * 300], m[:, k * 300:(k + 1) * 300], streams[k], 600) for k in range(4)]
+    parts = [
+        _engine._poisson_shard(v[:, k * 300 : (k + 1) * 300], m[:, k * 300 : (k + 1) * 300], streams[k], 600)
+        for k in range(4)
+    ]
     np.testing.assert_allclose(s, sum(p[0] for p in parts), rtol=1e-13)
     np.testing.assert_array_equal(tot, sum(p[1] for p in parts))
     assert abs(tot.mean() / m.sum(axis=1).mean() - 1) < 0.01  # Poisson(1): expected total weight = n
@@ -175,7 +194,10 @@ def test_poisson_partial_sums_over_shards_add_up():
         (lambda t: t.drop_columns(["metric"]), "lacks column"),
         (lambda t: pa.concat_tables([t, t.slice(0, 1)]), "more than one row"),
         (lambda t: t.set_column(5, "value", pa.array([np.inf] + [0.5] * (t.num_rows - 1))), "infinite at row 0"),
-        (lambda t: t.set_column(0, "subject", pa.array([None] + t["subject"].to_pylist()[1:], pa.string())), "empty at row 0"),
+        (
+            lambda t: t.set_column(0, "subject", pa.array([None] + t["subject"].to_pylist()[1:], pa.string())),
+            "empty at row 0",
+        ),
     ],
 )
 def test_bad_scores_are_refused(mutate, match):
@@ -186,9 +208,13 @@ def test_bad_scores_are_refused(mutate, match):
 @pytest.mark.parametrize(
     "kw, match",
     [
-        ({"n_resamples": 0}, "n_resamples"), ({"seed": -1}, "seed"), ({"confidence": 1.0}, "confidence"),
-        ({"alpha": 0}, "alpha"), ({"eras": {"UDC": "pre-mllm"}}, "no era for subject"),
-        ({"eras": {**ERAS, "crowd": "human"}}, "human:<group>"), ({"families": ["era"]}, "Family"),
+        ({"n_resamples": 0}, "n_resamples"),
+        ({"seed": -1}, "seed"),
+        ({"confidence": 1.0}, "confidence"),
+        ({"alpha": 0}, "alpha"),
+        ({"eras": {"UDC": "pre-mllm"}}, "no era for subject"),
+        ({"eras": {**ERAS, "crowd": "human"}}, "human:<group>"),
+        ({"families": ["era"]}, "Family"),
     ],
 )
 def test_bad_arguments_are_refused(kw, match):
@@ -202,8 +228,12 @@ def test_a_comparison_on_too_few_images_keeps_its_difference_but_gets_no_test():
     # difference and interval, gets no p, q or decision, and leaves the BH family: the other q is its p.
     values = {"big": [0.9, 0.8, 0.85, 0.95, 0.7, 0.75], "other": [0.5, 0.4, 0.45, 0.6, 0.3, 0.35], "tiny": [0.2]}
     rows = [(s, f"i{k}", "all", "full", "m", v) for s, vs in values.items() for k, v in enumerate(vs)]
-    scores = pa.table(list(map(list, zip(*rows))), names=["subject", "image_id", "dataset", "variant", "metric", "value"])
-    family = Family("f", [ComparisonSpec(Term.subject("big", "all"), Term.subject(s, "all")) for s in ("other", "tiny")])
+    scores = pa.table(
+        list(map(list, zip(*rows))), names=["subject", "image_id", "dataset", "variant", "metric", "value"]
+    )
+    family = Family(
+        "f", [ComparisonSpec(Term.subject("big", "all"), Term.subject(s, "all")) for s in ("other", "tiny")]
+    )
     _, strict = analyse(scores, {}, 500, 1, families=[family], min_images=5)
     _, loose = analyse(scores, {}, 500, 1, families=[family])
     small, fine = {r["b"]: r for r in rows_of(strict)}["tiny"], {r["b"]: r for r in rows_of(strict)}["other"]
@@ -225,8 +255,17 @@ def rows_of(table):
 
 def test_a_weight_column_weighs_each_image_by_its_units_and_must_be_positive():
     # i1 holds two units averaging 0.3, i2 one unit of 0.9: the estimate is (2 * 0.3 + 0.9) / 3 = 0.5.
-    scores = pa.table({"subject": ["s", "s"], "image_id": ["i1", "i2"], "dataset": ["d", "d"], "variant": ["full", "full"],
-                       "metric": ["m", "m"], "value": [0.3, 0.9], "weight": [2.0, 1.0]})
+    scores = pa.table(
+        {
+            "subject": ["s", "s"],
+            "image_id": ["i1", "i2"],
+            "dataset": ["d", "d"],
+            "variant": ["full", "full"],
+            "metric": ["m", "m"],
+            "value": [0.3, 0.9],
+            "weight": [2.0, 1.0],
+        }
+    )
     (row,) = analyse(scores, {}, 200, 0, families=[])[0].to_pylist()
     assert row["estimate"] == pytest.approx(0.5) and row["n_images"] == 2
     for bad in (0.0, -1.0, float("nan")):
@@ -239,13 +278,24 @@ def test_the_paper_s_era_against_human_and_within_era_comparisons():
     st, c = analyse(study(), ERAS, 1000, 1)
     xs = [x for x in rows(c) if x["metric"] == "gpt-si"]
     era_h = [(x["a"], x["b"], x["dataset"]) for x in xs if x["family"] == "era-vs-humans"]
-    assert era_h == [("era:pre-mllm", "human:bottom", "coco"), ("era:mllm", "human:top", "coco"),
-                     ("era:pre-mllm", "human:bottom", "csb"), ("era:mllm", "human:top", "csb")]
+    assert era_h == [
+        ("era:pre-mllm", "human:bottom", "coco"),
+        ("era:mllm", "human:top", "coco"),
+        ("era:pre-mllm", "human:bottom", "csb"),
+        ("era:mllm", "human:top", "csb"),
+    ]
     within = [(x["a"], x["b"], x["dataset"]) for x in xs if x["family"] == "within-era"]
-    assert within == [("OFA", "UDC", "coco"), ("OFA", "UDC", "csb"), ("GPT-4", "Gemini", "coco"), ("GPT-4", "Gemini", "csb")]
+    assert within == [
+        ("OFA", "UDC", "coco"),
+        ("OFA", "UDC", "csb"),
+        ("GPT-4", "Gemini", "coco"),
+        ("GPT-4", "Gemini", "csb"),
+    ]
     # the era mean is the mean of its models' means; on csb the pre-MLLMs (0.4) lie below bottom humans (0.72)
     means = {(r["subject"], r["dataset"]): r["estimate"] for r in rows(st) if r["metric"] == "gpt-si"}
-    pre_csb = next(x for x in xs if x["family"] == "era-vs-humans" and x["a"] == "era:pre-mllm" and x["dataset"] == "csb")
+    pre_csb = next(
+        x for x in xs if x["family"] == "era-vs-humans" and x["a"] == "era:pre-mllm" and x["dataset"] == "csb"
+    )
     assert pre_csb["estimate_a"] == pytest.approx((means[("UDC", "csb")] + means[("OFA", "csb")]) / 2)
     assert pre_csb["difference"] < -0.25 and pre_csb["significant"]
     for family in ("era-vs-humans", "within-era"):

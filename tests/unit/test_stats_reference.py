@@ -29,7 +29,12 @@ def test_same_resamples_as_scipy_give_the_same_interval(method):
     else:
         lo, hi = _core.percentile_ci(dist, 0.9)
     ref = stats.bootstrap(
-        (x,), np.mean, n_resamples=500, confidence_level=0.9, method=method, vectorized=True,
+        (x,),
+        np.mean,
+        n_resamples=500,
+        confidence_level=0.9,
+        method=method,
+        vectorized=True,
         rng=_first_chunk_rng(11, "d", _streams.KIND_MULTINOMIAL),
     )
     np.testing.assert_allclose(dist[0], ref.bootstrap_distribution, rtol=1e-12)
@@ -45,7 +50,9 @@ def test_interval_agrees_with_scipy_within_monte_carlo_error(method):
         lo, hi = _core.bca_ci(dist, _core.masked_means(v, m), [_core.jackknife_means(v, m)], 0.95)
     else:
         lo, hi = _core.percentile_ci(dist, 0.95)
-    ref = stats.bootstrap((x,), np.mean, n_resamples=10_000, method=method, vectorized=True, rng=np.random.default_rng(99))
+    ref = stats.bootstrap(
+        (x,), np.mean, n_resamples=10_000, method=method, vectorized=True, rng=np.random.default_rng(99)
+    )
     se = ref.standard_error
     # MC sd of a 2.5% quantile with B = 10^4 is ~0.03 se per run; 0.2 se is > 4 sd of the difference.
     assert abs(lo[0] - ref.confidence_interval.low) < 0.2 * se
@@ -88,12 +95,20 @@ def test_correlation_ci_equals_scipy_paired_bootstrap(kind):
     ref_stat = stats.pearsonr if kind == "pearson" else stats.spearmanr
     est = correlation_ci(x, y, 500, 21, name="rater", kind=kind, confidence=0.9)
     ref = stats.bootstrap(
-        (x, y), lambda a, b: ref_stat(a, b)[0], paired=True, vectorized=False, n_resamples=500,
-        confidence_level=0.9, method="percentile", rng=_first_chunk_rng(21, "rater", _streams.KIND_CORRELATION),
+        (x, y),
+        lambda a, b: ref_stat(a, b)[0],
+        paired=True,
+        vectorized=False,
+        n_resamples=500,
+        confidence_level=0.9,
+        method="percentile",
+        rng=_first_chunk_rng(21, "rater", _streams.KIND_CORRELATION),
     )
     assert est.estimate == pytest.approx(ref_stat(x, y)[0], rel=1e-12)
     np.testing.assert_allclose(est.distribution, ref.bootstrap_distribution, rtol=1e-10)
-    np.testing.assert_allclose([est.ci_low, est.ci_high], [ref.confidence_interval.low, ref.confidence_interval.high], rtol=1e-10)
+    np.testing.assert_allclose(
+        [est.ci_low, est.ci_high], [ref.confidence_interval.low, ref.confidence_interval.high], rtol=1e-10
+    )
     bca = correlation_ci(x, y, 2000, 21, name="rater", kind=kind, method="bca")
     assert bca.ci_low < bca.estimate < bca.ci_high
 

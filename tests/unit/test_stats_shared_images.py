@@ -42,7 +42,9 @@ def test_a_model_on_one_image_is_compared_with_humans_on_that_image():
 def test_era_means_are_compared_on_the_images_every_member_has():
     # A1 lacks i3. On i1, i2: pre-mllm = mean(A1, A2) = ((0.2 + 0.4) / 2 + (0.3 + 0.5) / 2) / 2 = 0.35,
     # mllm = (0.6 + 0.8) / 2 = 0.7; difference -0.35. i3 (A2 0.9, B 0.0) is left out.
-    t = scores({"A1": {"i1": 0.2, "i2": 0.4}, "A2": {"i1": 0.3, "i2": 0.5, "i3": 0.9}, "B": {"i1": 0.6, "i2": 0.8, "i3": 0.0}})
+    t = scores(
+        {"A1": {"i1": 0.2, "i2": 0.4}, "A2": {"i1": 0.3, "i2": 0.5, "i3": 0.9}, "B": {"i1": 0.6, "i2": 0.8, "i3": 0.0}}
+    )
     res = bootstrap_study(t, {"A1": "pre-mllm", "A2": "pre-mllm", "B": "mllm"}, 500, 1)
     r = comparison(res, "era", "era:pre-mllm")
     assert r["difference"] == pytest.approx(-0.35, abs=1e-12) and r["n_dropped"] == 1
@@ -52,9 +54,14 @@ def test_era_means_are_compared_on_the_images_every_member_has():
 def test_complete_data_gives_the_same_comparisons_as_before():
     rng = np.random.default_rng(3)
     t = scores({s: {f"i{k}": float(rng.random()) for k in range(12)} for s in ("M", "N", "human:top")})
-    spec = [ComparisonSpec(Term.subject("M", "d"), Term.subject("human:top", "d")), ComparisonSpec(Term.subject("N", "d"), Term.subject("M", "d"))]
+    spec = [
+        ComparisonSpec(Term.subject("M", "d"), Term.subject("human:top", "d")),
+        ComparisonSpec(Term.subject("N", "d"), Term.subject("M", "d")),
+    ]
     for method in ("percentile", "bca"):
-        shared = bootstrap_study(t, {}, 800, 2, families=[Family("f", spec, shared_images=True)], method=method).comparisons
+        shared = bootstrap_study(
+            t, {}, 800, 2, families=[Family("f", spec, shared_images=True)], method=method
+        ).comparisons
         own = bootstrap_study(t, {}, 800, 2, families=[Family("f", spec)], method=method).comparisons
         assert shared.equals(own)
         assert shared.column("n_dropped").to_pylist() == [0, 0]

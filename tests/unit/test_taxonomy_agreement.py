@@ -113,11 +113,16 @@ def test_without_hand_labels_everything_is_automatic():
 
 def test_undecided_automatic_labels_are_overridden_but_not_compared():
     auto = [row("udc", "img3", "detection", None), row("udc", "img4", "detection", False)]
-    hand = [row("udc", "img3", "detection", "true"), row("udc", "img4", "detection", False),
-            row("udc", "img5", "detection", "")]  # no label given: ignored
+    hand = [
+        row("udc", "img3", "detection", "true"),
+        row("udc", "img4", "detection", False),
+        row("udc", "img5", "detection", ""),
+    ]  # no label given: ignored
     merged, agreement = apply_hand_labels(auto, hand)
     assert [(r["image_id"], r["present"], r["source"], r.get("auto_present", "-")) for r in merged] == [
-        ("img3", True, "hand", None), ("img4", False, "hand", False)]
+        ("img3", True, "hand", None),
+        ("img4", False, "hand", False),
+    ]
     assert agreement["detection"]["n"] == 1
     # an undecided automatic row without a hand label stays undecided
     merged, agreement = apply_hand_labels(auto, [])

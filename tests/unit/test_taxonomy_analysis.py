@@ -106,13 +106,25 @@ TRANSCRIPTS = {  # ("api", "i2") has none: its probes failed
 
 
 # No human named a tv on i1 and no verifier found one (existence.check's verdict).
-EXISTENCE = {("api", "i1"): {"tv": {"object": "tv", "present": False, "checks": [{"source": "humans", "found": False}]}}}
+EXISTENCE = {
+    ("api", "i1"): {"tv": {"object": "tv", "present": False, "checks": [{"source": "humans", "found": False}]}}
+}
 
 
 @pytest.fixture(scope="module")
 def labels():
-    return object_labels(PAIRS, RELEVANT, MENTIONED, DETECTIONS, TRANSCRIPTS, {"api"}, fake_matcher(), 0.45, EXISTENCE,
-                         {"i1": ["cat", "frisbee", "car"]})
+    return object_labels(
+        PAIRS,
+        RELEVANT,
+        MENTIONED,
+        DETECTIONS,
+        TRANSCRIPTS,
+        {"api"},
+        fake_matcher(),
+        0.45,
+        EXISTENCE,
+        {"i1": ["cat", "frisbee", "car"]},
+    )
 
 
 def present(rows, subject, image_id):
@@ -124,10 +136,18 @@ def test_detector_labelled_pair_follows_the_rules(labels):
     # i1: frisbee neither mentioned nor detected -> detection; cat detected, unmentioned, and "dog"
     # (cosine 0.6 >= 0.45) names nothing else -> recognition; tv matches nothing -> hallucination.
     assert present(labels, "local", "i1") == {
-        "detection": True, "recognition": True, "scene_understanding": False, "hallucination": True}
+        "detection": True,
+        "recognition": True,
+        "scene_understanding": False,
+        "hallucination": True,
+    }
     # i2: the remote is detected but left out and nothing misnames it -> scene understanding only.
     assert present(labels, "local", "i2") == {
-        "detection": False, "recognition": False, "scene_understanding": True, "hallucination": False}
+        "detection": False,
+        "recognition": False,
+        "scene_understanding": True,
+        "hallucination": False,
+    }
     rec = by_key(labels)[("local", "i1", "recognition")]
     evidence = json.loads(rec["evidence"])
     assert rec["method"] == "detector" and rec["dataset"] == "d1"
@@ -140,7 +160,11 @@ def test_probe_labelled_pair_follows_the_transcript(labels):
     # no one, and nothing where the description puts it (near the car) -> hallucination. The api
     # model's boxes are never read (no detection labels of i1's detector).
     assert present(labels, "api", "i1") == {
-        "detection": True, "recognition": True, "scene_understanding": False, "hallucination": True}
+        "detection": True,
+        "recognition": True,
+        "scene_understanding": False,
+        "hallucination": True,
+    }
     row = by_key(labels)[("api", "i1", "recognition")]
     assert row["method"] == "probe"
     assert json.loads(row["evidence"])["findings"][0]["named_as"] == "dog"
@@ -149,14 +173,24 @@ def test_probe_labelled_pair_follows_the_transcript(labels):
     assert evidence["checked"] == [EXISTENCE[("api", "i1")]["tv"]]
     (chain,) = evidence["findings"]
     assert chain["existence"]["present"] is False and chain["reference"] == "car"
-    assert chain["transcript"] == [{"kind": "location", "question": "Is there an object near the car?",
-                                    "answer": "No, there is nothing there.", "reading": "no"}]
+    assert chain["transcript"] == [
+        {
+            "kind": "location",
+            "question": "Is there an object near the car?",
+            "answer": "No, there is nothing there.",
+            "reading": "no",
+        }
+    ]
 
 
 def test_a_mention_other_humans_named_is_no_hallucination_for_a_detector_labelled_model():
     # "a dog, a car and a tv": the tv is in no detection and not in the gold, but a worker named it.
-    seen = {("local", "i1"): {"tv": {"object": "tv", "present": True, "checks": [{"source": "humans", "found": True}]},
-                              "dog": {"object": "dog", "present": False, "checks": []}}}
+    seen = {
+        ("local", "i1"): {
+            "tv": {"object": "tv", "present": True, "checks": [{"source": "humans", "found": True}]},
+            "dog": {"object": "dog", "present": False, "checks": []},
+        }
+    }
     rows = object_labels(PAIRS[:1], RELEVANT, MENTIONED, DETECTIONS, {}, set(), fake_matcher(), 0.45, seen)
     assert present(rows, "local", "i1")["hallucination"] is False
     assert present(rows, "local", "i1")["recognition"] is True  # the dog still misnames the cat
@@ -177,8 +211,25 @@ def test_undecidable_pairs_give_null_rows_with_the_reason(labels):
 
 def test_spatial_labels_carry_the_sde_and_its_numbers():
     rows = [
-        SpatialRow("m", "i1", "d1", ("m1", "m2", "m3"), (0.1, 0.5, 0.9), (0.9, 0.5, 0.1), -1.0, 0.8, 0.1, -18.0, 9, 9, True, ""),
-        SpatialRow("m", "i2", "d2", ("m1", "m2", "m3"), (0.1, 0.5, 0.9), (0.1, 0.5, 0.9), None, None, None, None, 1, 0, None, "too few"),
+        SpatialRow(
+            "m", "i1", "d1", ("m1", "m2", "m3"), (0.1, 0.5, 0.9), (0.9, 0.5, 0.1), -1.0, 0.8, 0.1, -18.0, 9, 9, True, ""
+        ),
+        SpatialRow(
+            "m",
+            "i2",
+            "d2",
+            ("m1", "m2", "m3"),
+            (0.1, 0.5, 0.9),
+            (0.1, 0.5, 0.9),
+            None,
+            None,
+            None,
+            None,
+            1,
+            0,
+            None,
+            "too few",
+        ),
     ]
     out = spatial_labels(rows)
     assert [(r["subject"], r["image_id"], r["dataset"], r["error_type"], r["present"], r["method"]) for r in out] == [
@@ -194,25 +245,53 @@ def test_spatial_labels_carry_the_sde_and_its_numbers():
 DATASET_OF = {"i1": "d1", "i2": "d1", "i3": "d2"}
 # Automatic detection labels of 2 models x 3 images, hallucination labels of the same pairs ((b, i3)
 # undecided).
-AUTO_DETECTION = {("a", "i1"): True, ("a", "i2"): False, ("a", "i3"): False, ("b", "i1"): False, ("b", "i2"): True, ("b", "i3"): True}
-AUTO_HALLUCINATION = {("a", "i1"): True, ("a", "i2"): False, ("a", "i3"): False, ("b", "i1"): True, ("b", "i2"): False, ("b", "i3"): None}
+AUTO_DETECTION = {
+    ("a", "i1"): True,
+    ("a", "i2"): False,
+    ("a", "i3"): False,
+    ("b", "i1"): False,
+    ("b", "i2"): True,
+    ("b", "i3"): True,
+}
+AUTO_HALLUCINATION = {
+    ("a", "i1"): True,
+    ("a", "i2"): False,
+    ("a", "i3"): False,
+    ("b", "i1"): True,
+    ("b", "i2"): False,
+    ("b", "i3"): None,
+}
 
 
 def auto_rows():
     rows = []
     for error_type, labels_ in (("hallucination", AUTO_HALLUCINATION), ("detection", AUTO_DETECTION)):
         for (subject, image_id), value in labels_.items():
-            rows.append({"subject": subject, "image_id": image_id, "dataset": DATASET_OF[image_id], "error_type": error_type,
-                         "present": value, "method": "detector", "evidence": json.dumps({"auto": True})})
+            rows.append(
+                {
+                    "subject": subject,
+                    "image_id": image_id,
+                    "dataset": DATASET_OF[image_id],
+                    "error_type": error_type,
+                    "present": value,
+                    "method": "detector",
+                    "evidence": json.dumps({"auto": True}),
+                }
+            )
     return rows
 
 
 # Hand detection on 5 of the 6 pairs; hand hallucination on 3 decided pairs and on the undecided one;
 # a hand SDE label with no automatic row.
 HAND = [
-    ("a", "i1", "detection", True), ("a", "i2", "detection", True), ("a", "i3", "detection", False),
-    ("b", "i1", "detection", False), ("b", "i2", "detection", True),
-    ("a", "i1", "hallucination", True), ("a", "i2", "hallucination", False), ("b", "i1", "hallucination", False),
+    ("a", "i1", "detection", True),
+    ("a", "i2", "detection", True),
+    ("a", "i3", "detection", False),
+    ("b", "i1", "detection", False),
+    ("b", "i2", "detection", True),
+    ("a", "i1", "hallucination", True),
+    ("a", "i2", "hallucination", False),
+    ("b", "i1", "hallucination", False),
     ("b", "i3", "hallucination", True),
     ("a", "i2", "spatial_dependence", True),
 ]
@@ -228,7 +307,10 @@ def test_errors_table_without_hand_labels_is_sorted_and_untouched():
     assert table.schema == analysis.ERRORS_SCHEMA and agreement.num_rows == 0
     # Sorted by subject, image, then the error types' order (detection before hallucination).
     assert [(r["subject"], r["image_id"], r["error_type"]) for r in rows][:3] == [
-        ("a", "i1", "detection"), ("a", "i1", "hallucination"), ("a", "i2", "detection")]
+        ("a", "i1", "detection"),
+        ("a", "i1", "hallucination"),
+        ("a", "i2", "detection"),
+    ]
     assert {r["method"] for r in rows} == {"detector"}
     assert by_key(rows)[("b", "i3", "hallucination")]["present"] is None
 
@@ -270,7 +352,9 @@ def test_error_scores_are_zero_one_or_null():
     table, _ = errors_table(auto_rows(), None, DATASET_OF)
     scores = error_scores(table)
     assert scores.schema == SCORES_SCHEMA
-    got = {(r["subject"], r["image_id"], r["metric"]): (r["value"], r["dataset"], r["variant"]) for r in scores.to_pylist()}
+    got = {
+        (r["subject"], r["image_id"], r["metric"]): (r["value"], r["dataset"], r["variant"]) for r in scores.to_pylist()
+    }
     assert got[("a", "i1", "detection")] == (1.0, "d1", "full")
     assert got[("a", "i2", "detection")] == (0.0, "d1", "full")
     assert got[("b", "i3", "hallucination")] == (None, "d2", "full")
@@ -284,7 +368,15 @@ METRIC = "SBERT-SI"
 
 def errors_of(labelled: dict[tuple[str, str], dict[str, bool | None]]) -> pa.Table:
     rows = [
-        {"subject": s, "image_id": i, "dataset": DATASET_OF[i], "error_type": t, "present": v, "method": "detector", "evidence": "{}"}
+        {
+            "subject": s,
+            "image_id": i,
+            "dataset": DATASET_OF[i],
+            "error_type": t,
+            "present": v,
+            "method": "detector",
+            "evidence": "{}",
+        }
         for (s, i), types in labelled.items()
         for t, v in types.items()
     ]
@@ -296,8 +388,10 @@ def flags(*on, undecided=()):
 
 
 def similarity_scores(values: dict[tuple[str, str], float]) -> pa.Table:
-    rows = [{"subject": s, "image_id": i, "dataset": DATASET_OF[i], "variant": "full", "metric": METRIC, "value": v}
-            for (s, i), v in values.items()]
+    rows = [
+        {"subject": s, "image_id": i, "dataset": DATASET_OF[i], "variant": "full", "metric": METRIC, "value": v}
+        for (s, i), v in values.items()
+    ]
     # Rows that must not count: another metric, a masked variant, a subject without labels.
     rows += [
         {"subject": "a", "image_id": "i1", "dataset": "d1", "variant": "full", "metric": "other", "value": 0.0},
@@ -315,7 +409,14 @@ IMPACT_ERRORS = {
     ("a", "i3"): flags("recognition"),
     ("b", "i3"): flags(),
 }
-IMPACT_SIMILARITY = {("a", "i1"): 0.2, ("b", "i1"): 0.6, ("a", "i2"): 0.8, ("b", "i2"): 0.3, ("a", "i3"): 0.4, ("b", "i3"): 0.9}
+IMPACT_SIMILARITY = {
+    ("a", "i1"): 0.2,
+    ("b", "i1"): 0.6,
+    ("a", "i2"): 0.8,
+    ("b", "i2"): 0.3,
+    ("a", "i3"): 0.4,
+    ("b", "i3"): 0.9,
+}
 
 
 def test_impact_is_the_mean_similarity_per_image_and_group_with_its_pairs_as_weight():
@@ -331,7 +432,12 @@ def test_impact_is_the_mean_similarity_per_image_and_group_with_its_pairs_as_wei
     }
     assert set(impact.column("dataset").to_pylist()) == {"all"}
     assert set(impact.column("metric").to_pylist()) == {METRIC}
-    assert analysis.impact_pairs(impact) == {"error:detection": 2, "error:hallucination": 1, "error:recognition": 1, NO_ERROR: 3}
+    assert analysis.impact_pairs(impact) == {
+        "error:detection": 2,
+        "error:hallucination": 1,
+        "error:recognition": 1,
+        NO_ERROR: 3,
+    }
 
 
 def test_impact_is_a_mean_over_model_image_pairs_resampled_by_image():
@@ -340,14 +446,20 @@ def test_impact_is_a_mean_over_model_image_pairs_resampled_by_image():
     from vlm_decade.stats import _core, _streams, bootstrap_study
 
     impact = impact_scores(errors_of(IMPACT_ERRORS), similarity_scores(IMPACT_SIMILARITY), METRIC)
-    result = bootstrap_study(impact, {}, 1000, 7, families=[impact_family(impact)], keep_distributions=True, use_ray=False)
+    result = bootstrap_study(
+        impact, {}, 1000, 7, families=[impact_family(impact)], keep_distributions=True, use_ray=False
+    )
     stats = {r["subject"]: r for r in result.stats.to_pylist()}
     assert stats[NO_ERROR]["estimate"] == pytest.approx(2.0 / 3) and stats[NO_ERROR]["n_images"] == 2
     assert stats["error:detection"]["estimate"] == pytest.approx(0.4)
     # By hand, from the engine's own resample counts over the three images (i1, i2, i3): per resample
     # the sum of the pairs' values over the sum of their numbers, each image drawn with all its pairs.
-    counts = np.vstack([_core.multinomial_counts(np.random.default_rng(ss), b, 3) for ss, b in
-                        zip(_streams.chunk_streams(7, "all", _streams.KIND_MULTINOMIAL, 2), _streams.chunk_sizes(1000))])
+    counts = np.vstack(
+        [
+            _core.multinomial_counts(np.random.default_rng(ss), b, 3)
+            for ss, b in zip(_streams.chunk_streams(7, "all", _streams.KIND_MULTINOMIAL, 2), _streams.chunk_sizes(1000))
+        ]
+    )
     sums, pairs = np.array([0.0, 1.1, 0.9]), np.array([0.0, 2.0, 1.0])
     with np.errstate(invalid="ignore"):
         by_hand = counts @ sums / (counts @ pairs)
@@ -378,15 +490,21 @@ def test_impact_family_compares_each_error_group_with_no_error_and_the_types_wit
     base = Term.subject(NO_ERROR, "all")
     assert family.name == "impact"
     assert family.specs == tuple(
-        ComparisonSpec(Term.subject(f"error:{t}", "all"), base) for t in ("detection", "recognition", "hallucination"))
+        ComparisonSpec(Term.subject(f"error:{t}", "all"), base) for t in ("detection", "recognition", "hallucination")
+    )
     # every group present: the paper's scene understanding and SDE comparisons join them
-    every = {(s, i): flags(t) for s, i, t in zip("abcde", ("i1", "i2", "i3", "i1", "i2"), ERROR_TYPES)} | {("f", "i3"): flags()}
+    every = {(s, i): flags(t) for s, i, t in zip("abcde", ("i1", "i2", "i3", "i1", "i2"), ERROR_TYPES)} | {
+        ("f", "i3"): flags()
+    }
     scores = similarity_scores({key: 0.5 for key in every})
     specs = [(s.a.label, s.b.label) for s in impact_family(impact_scores(errors_of(every), scores, METRIC)).specs]
     group = {t: f"error:{t}" for t in ERROR_TYPES}
     assert specs == [(group[t], NO_ERROR) for t in ERROR_TYPES] + [
-        (group["scene_understanding"], group[t]) for t in ("detection", "recognition", "hallucination")] + [
-        (group["spatial_dependence"], group[t]) for t in ("detection", "recognition", "scene_understanding", "hallucination")]
+        (group["scene_understanding"], group[t]) for t in ("detection", "recognition", "hallucination")
+    ] + [
+        (group["spatial_dependence"], group[t])
+        for t in ("detection", "recognition", "scene_understanding", "hallucination")
+    ]
 
 
 def test_impact_family_is_empty_without_error_free_pairs():
@@ -400,8 +518,19 @@ def test_impact_family_is_empty_without_error_free_pairs():
 
 
 def probe_row(kind, obj, status):
-    return {"subject": "api", "image_id": "i1", "round": 1, "kind": kind, "object": obj, "anchor": "", "question": "?",
-            "answer": "", "status": status, "error": "", "cost_usd": 0.0}
+    return {
+        "subject": "api",
+        "image_id": "i1",
+        "round": 1,
+        "kind": kind,
+        "object": obj,
+        "anchor": "",
+        "question": "?",
+        "answer": "",
+        "status": status,
+        "error": "",
+        "cost_usd": 0.0,
+    }
 
 
 @pytest.mark.parametrize(
@@ -414,12 +543,14 @@ def probe_row(kind, obj, status):
     ],
 )
 def test_probed_pair_labels_from_the_errors_stage(monkeypatch, said, probe_rows, expected):
-    study = study_from_dict({
-        "name": "s",
-        "data": {"images": "i.csv", "image_dir": "img", "descriptions": "d.csv"},
-        "models": [{"name": "api", "backend": "openai", "model_id": "gpt-4o-mini", "era": "mllm"}],
-        "taxonomy": {},
-    })
+    study = study_from_dict(
+        {
+            "name": "s",
+            "data": {"images": "i.csv", "image_dir": "img", "descriptions": "d.csv"},
+            "models": [{"name": "api", "backend": "openai", "model_id": "gpt-4o-mini", "era": "mllm"}],
+            "taxonomy": {},
+        }
+    )
     relevant, mentioned = {"i1": mentions("sofa")}, {("api", "i1"): mentions(*said)}
     absent = [n for n in said if n != "sofa"]
     assert len(first_round(relevant["i1"], mentioned[("api", "i1")], fake_matcher(), absent=absent)) == len(probe_rows)
@@ -429,16 +560,40 @@ def test_probed_pair_labels_from_the_errors_stage(monkeypatch, said, probe_rows,
     gold, masked = "a sofa in a room", "a room"
     tables = {
         "images": pa.table({"image_id": ["i1"], "dataset": ["d1"]}),
-        "references": pa.Table.from_pylist([
-            {"description_id": "g", "image_id": "i1", "dataset": "d1", "condition": "full", "worker_id": "w0", "role": "gold", "text": gold},
-            {"description_id": "x", "image_id": "i1", "dataset": "d1", "condition": "m1", "worker_id": "w1", "role": "masked", "text": masked},
-        ]),
-        "responses": pa.Table.from_pylist([{"subject": "api", "image_id": "i1", "variant": "full", "status": "ok", "text": "..."}]),
-        "detections": pa.Table.from_pylist([{"image_id": "i1", "status": "ok", "error": "", "detections": []}], schema=DETECTIONS_SCHEMA),
+        "references": pa.Table.from_pylist(
+            [
+                {
+                    "description_id": "g",
+                    "image_id": "i1",
+                    "dataset": "d1",
+                    "condition": "full",
+                    "worker_id": "w0",
+                    "role": "gold",
+                    "text": gold,
+                },
+                {
+                    "description_id": "x",
+                    "image_id": "i1",
+                    "dataset": "d1",
+                    "condition": "m1",
+                    "worker_id": "w1",
+                    "role": "masked",
+                    "text": masked,
+                },
+            ]
+        ),
+        "responses": pa.Table.from_pylist(
+            [{"subject": "api", "image_id": "i1", "variant": "full", "status": "ok", "text": "..."}]
+        ),
+        "detections": pa.Table.from_pylist(
+            [{"image_id": "i1", "status": "ok", "error": "", "detections": []}], schema=DETECTIONS_SCHEMA
+        ),
         "probes": pa.Table.from_pylist(probe_rows, schema=PROBES_SCHEMA),
         "embeddings": pa.Table.from_pylist(
-            [{"text_sha256": text_key(t), "encoder": "SBERT-SI", "encoder_key": "k", "dim": 2, "vector": v}
-             for t, v in ((gold, [1.0, 0.0]), (masked, [0.6, 0.8]))],
+            [
+                {"text_sha256": text_key(t), "encoder": "SBERT-SI", "encoder_key": "k", "dim": 2, "vector": v}
+                for t, v in ((gold, [1.0, 0.0]), (masked, [0.6, 0.8]))
+            ],
             schema=EMBEDDINGS_SCHEMA,
         ),
     }
@@ -481,8 +636,17 @@ def test_good_hand_label_file_gives_the_sorted_table(tmp_path):
 
 def test_parquet_hand_labels_with_a_boolean_column(tmp_path):
     path = tmp_path / "hand.parquet"
-    pq.write_table(pa.table({"subject": ["b", "a"], "image_id": ["i1", "i1"], "error_type": ["detection", "detection"],
-                             "present": [False, True]}), path)
+    pq.write_table(
+        pa.table(
+            {
+                "subject": ["b", "a"],
+                "image_id": ["i1", "i1"],
+                "error_type": ["detection", "detection"],
+                "present": [False, True],
+            }
+        ),
+        path,
+    )
     table, problems = check(path)
     assert problems == []
     assert table.to_pylist() == [  # no note column: notes are empty
@@ -505,12 +669,21 @@ def test_every_bad_hand_label_names_file_row_and_field(tmp_path):
     )
     table, problems = check(path)
     where = sorted((p.row, p.field) for p in problems)
-    assert where == [(3, "subject"), (4, "image_id"), (5, "error_type"), (6, "present"), (7, "present"), (8, "error_type")]
+    assert where == [
+        (3, "subject"),
+        (4, "image_id"),
+        (5, "error_type"),
+        (6, "present"),
+        (7, "present"),
+        (8, "error_type"),
+    ]
     assert {p.file for p in problems} == {str(path)}
     message = {p.row: p.message for p in problems}
     assert "zz" in message[3] and "i9" in message[4] and "blur" in message[5] and "maybe" in message[6]
     assert "empty" in message[7] and "first at row 2" in message[8]
-    assert table.to_pylist() == [{"subject": "a", "image_id": "i1", "error_type": "detection", "present": True, "note": ""}]
+    assert table.to_pylist() == [
+        {"subject": "a", "image_id": "i1", "error_type": "detection", "present": True, "note": ""}
+    ]
 
 
 def test_missing_column_is_a_header_problem(tmp_path):
@@ -561,8 +734,12 @@ def test_detect_rows_keep_each_image_apart():
     rows = actor_with(backend).detect(jobs("i1", "i2", "i3"), [Loaded(image(1)), "cannot decode i2", Loaded(image(3))])
     assert backend.calls == [[1, 3]]  # the undecodable image is never sent
     assert rows == [
-        {"image_id": "i1", "status": "ok", "error": "", "detections": [
-            {"label": "cat", "score": 0.8, "x0": 0.0, "y0": 0.1, "x1": 0.5, "y1": 0.6}]},
+        {
+            "image_id": "i1",
+            "status": "ok",
+            "error": "",
+            "detections": [{"label": "cat", "score": 0.8, "x0": 0.0, "y0": 0.1, "x1": 0.5, "y1": 0.6}],
+        },
         {"image_id": "i2", "status": "error", "error": "cannot decode i2", "detections": []},
         {"image_id": "i3", "status": "ok", "error": "", "detections": []},
     ]

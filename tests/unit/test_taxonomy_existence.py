@@ -33,7 +33,10 @@ def mentions(*names):
 
 
 def test_candidates_are_the_mentions_the_gold_does_not_name():
-    assert candidates(mentions("man", "flag"), mentions("man", "guitar", "gun", "guitar"), matcher()) == ["guitar", "gun"]
+    assert candidates(mentions("man", "flag"), mentions("man", "guitar", "gun", "guitar"), matcher()) == [
+        "guitar",
+        "gun",
+    ]
 
 
 def by_source(verdict):
@@ -45,28 +48,48 @@ def test_humans_other_than_the_gold_count_one_description_at_a_time():
     verdict = check("guitar", ImageEvidence(humans=humans), matcher())
     # two descriptions name it (one as a banjo, a synonym at 0.8)
     assert verdict["present"] is True
-    assert by_source(verdict)["humans"] == {"source": "humans", "descriptions": 3, "naming": 2, "min": 1, "found": True,
-                                            "named_as": ["banjo", "guitar"]}
+    assert by_source(verdict)["humans"] == {
+        "source": "humans",
+        "descriptions": 3,
+        "naming": 2,
+        "min": 1,
+        "found": True,
+        "named_as": ["banjo", "guitar"],
+    }
     assert check("guitar", ImageEvidence(humans=humans, min_humans=3), matcher())["present"] is False
     assert check("lamp", ImageEvidence(humans=humans), matcher())["present"] is False
 
 
 def test_the_locator_finds_an_object_when_its_best_box_reaches_the_minimum_score():
-    boxes = (Detection("guitar", 0.05, (0, 0, 0.5, 0.5)), Detection("guitar", 0.3, (0.1, 0.1, 0.4, 0.6)),
-             Detection("lamp", 0.08, (0.6, 0, 1, 0.2)))
+    boxes = (
+        Detection("guitar", 0.05, (0, 0, 0.5, 0.5)),
+        Detection("guitar", 0.3, (0.1, 0.1, 0.4, 0.6)),
+        Detection("lamp", 0.08, (0.6, 0, 1, 0.2)),
+    )
     assert best_located(boxes, "guitar").score == 0.3 and best_located(boxes, "gun") is None
     found = check("guitar", ImageEvidence(located=boxes, min_score=0.1), matcher())
     assert found["present"] is True
-    assert by_source(found)["locator"] == {"source": "locator", "found": True, "min_score": 0.1, "best_score": 0.3,
-                                           "box": [0.1, 0.1, 0.4, 0.6]}
+    assert by_source(found)["locator"] == {
+        "source": "locator",
+        "found": True,
+        "min_score": 0.1,
+        "best_score": 0.3,
+        "box": [0.1, 0.1, 0.4, 0.6],
+    }
     assert check("lamp", ImageEvidence(located=boxes, min_score=0.1), matcher())["present"] is False
-    assert by_source(check("gun", ImageEvidence(located=boxes, min_score=0.1), matcher()))["locator"]["best_score"] is None
+    assert (
+        by_source(check("gun", ImageEvidence(located=boxes, min_score=0.1), matcher()))["locator"]["best_score"] is None
+    )
 
 
 @pytest.mark.parametrize(
     ("answer", "present", "reading"),
-    [("Yes, by the wall.", True, "yes"), ("No, there is no gun.", False, "no"), ("It is hard to tell.", None, "unclear"),
-     (None, None, "unasked")],
+    [
+        ("Yes, by the wall.", True, "yes"),
+        ("No, there is no gun.", False, "no"),
+        ("It is hard to tell.", None, "unclear"),
+        (None, None, "unasked"),
+    ],
 )
 def test_the_verifier_model_says_whether_it_is_there(answer, present, reading):
     asked = {} if answer is None else {"gun": ("Is there a gun in this image? Answer yes or no.", answer)}
@@ -77,7 +100,11 @@ def test_the_verifier_model_says_whether_it_is_there(answer, present, reading):
 
 def test_a_locator_that_failed_on_the_image_leaves_it_undecided():
     verdict = check("gun", ImageEvidence(locator_failed=True), matcher())
-    assert verdict["present"] is None and by_source(verdict)["locator"] == {"source": "locator", "found": False, "failed": True}
+    assert verdict["present"] is None and by_source(verdict)["locator"] == {
+        "source": "locator",
+        "found": False,
+        "failed": True,
+    }
 
 
 def test_the_humans_outweigh_a_verifier_that_cannot_tell():

@@ -43,8 +43,10 @@ def names(extractor, text):
         ("Two hot dogs and a teddy bear next to a fire hydrant.", ["hot dog", "teddy bear", "fire hydrant"]),
         ("A man holding a tennis racket and a cell phone.", ["man", "tennis racket", "cell phone"]),
         ("An astronaut in an orange flight suit.", ["astronaut", "flight suit"]),
-        ("Men and women and children at a dining table with wine glasses.",
-         ["man", "woman", "child", "dining table", "wine glass"]),
+        (
+            "Men and women and children at a dining table with wine glasses.",
+            ["man", "woman", "child", "dining table", "wine glass"],
+        ),
         # "people" is the detector's "person"; quantities and pronouns are no objects
         ("A group of people with a pair of skis and three heads of broccoli.", ["person", "skis", "broccoli"]),
         ("She hands him something from her bag.", ["bag"]),
@@ -89,14 +91,19 @@ def test_template_captions_give_back_exactly_their_classes(extractor):
 
 
 def test_template_caption_with_relation(extractor):
-    dets = [Detection("person", 0.9, (0.0, 0.0, 0.4, 1.0)), Detection("cup", 0.8, (0.6, 0.5, 0.7, 0.6)),
-            Detection("cup", 0.7, (0.8, 0.5, 0.9, 0.6)), Detection("tv", 0.6, (0.5, 0.0, 0.9, 0.3))]
+    dets = [
+        Detection("person", 0.9, (0.0, 0.0, 0.4, 1.0)),
+        Detection("cup", 0.8, (0.6, 0.5, 0.7, 0.6)),
+        Detection("cup", 0.7, (0.8, 0.5, 0.9, 0.6)),
+        Detection("tv", 0.6, (0.5, 0.0, 0.9, 0.3)),
+    ]
     assert names(extractor, template_sentence(dets)) == ["person", "tv", "cup"]
 
 
 def test_demo_descriptions(extractor):
-    rows = list(csv.DictReader(resources.files("vlm_decade.demo").joinpath("data/descriptions.csv")
-                               .open(encoding="utf-8")))
+    rows = list(
+        csv.DictReader(resources.files("vlm_decade.demo").joinpath("data/descriptions.csv").open(encoding="utf-8"))
+    )
     texts = {r["description_id"]: r["text"] for r in rows}
     # Hand-read: what a person would list as the objects of each description.
     assert names(extractor, texts["astronaut-w07"]) == ["man", "jumpsuit", "rocket", "motorcycle helmet"]
@@ -104,18 +111,33 @@ def test_demo_descriptions(extractor):
     assert names(extractor, texts["coffee-w07"]) == ["cup", "tea", "milk", "plate", "fork"]
     # "a bicycle" is misparsed as a modifier and missed by the noun chunks; it still counts
     assert names(extractor, texts["motorcycle-w02"]) == [
-        "motorcycle", "kickstand", "garage", "bench", "bicycle", "storage"]
+        "motorcycle",
+        "kickstand",
+        "garage",
+        "bench",
+        "bicycle",
+        "storage",
+    ]
     many = extractor.objects_many(list(texts.values()))
     assert many == [extractor.objects(t) for t in texts.values()]
 
 
 def test_indefinite_article():
     assert [indefinite_article(w) for w in ("cat", "apple", "umbrella", "uniform", "hour", "oven", "one-way sign")] == [
-        "a", "an", "an", "a", "an", "an", "a"]
+        "a",
+        "an",
+        "an",
+        "a",
+        "an",
+        "an",
+        "a",
+    ]
 
 
 def test_people_words_share_the_person_class():
-    assert {object_class(w) for w in ("person", "man", "woman", "boy", "girl", "child", "woman astronaut")} == {"person"}
+    assert {object_class(w) for w in ("person", "man", "woman", "boy", "girl", "child", "woman astronaut")} == {
+        "person"
+    }
     assert object_class("teddy bear") == "teddy bear"
 
 
@@ -176,18 +198,42 @@ def minilm_matcher():
 
     model = SentenceTransformer(str(gt.get_model_path()), device="cpu")
     # Cosine only: the people rule is tested above; here the thresholds meet the embeddings.
-    return ObjectMatcher(lambda texts: model.encode(list(texts), normalize_embeddings=True),
-                         class_of=lambda name: name)
+    return ObjectMatcher(lambda texts: model.encode(list(texts), normalize_embeddings=True), class_of=lambda name: name)
 
 
-SYNONYMS = [("sofa", "couch"), ("cup", "mug"), ("bike", "bicycle"), ("car", "automobile"),
-            ("tv", "television"), ("plane", "airplane"), ("fridge", "refrigerator"), ("kitten", "cat"),
-            ("phone", "cell phone"), ("hydrant", "fire hydrant"), ("ski", "skis")]
-RELATED_NOT_SAME = [("cat", "dog"), ("car", "truck"), ("cup", "bowl"), ("bicycle", "motorcycle"),
-                    ("fork", "knife"), ("sofa", "chair"), ("pen", "pencil"), ("sheep", "goat"),
-                    ("lion", "tiger"), ("dog", "hot dog")]
-UNRELATED = [("person", "horse"), ("man", "woman"), ("mirror", "doorway"), ("lamp", "gun"),
-             ("frisbee", "kite"), ("car", "umbrella")]
+SYNONYMS = [
+    ("sofa", "couch"),
+    ("cup", "mug"),
+    ("bike", "bicycle"),
+    ("car", "automobile"),
+    ("tv", "television"),
+    ("plane", "airplane"),
+    ("fridge", "refrigerator"),
+    ("kitten", "cat"),
+    ("phone", "cell phone"),
+    ("hydrant", "fire hydrant"),
+    ("ski", "skis"),
+]
+RELATED_NOT_SAME = [
+    ("cat", "dog"),
+    ("car", "truck"),
+    ("cup", "bowl"),
+    ("bicycle", "motorcycle"),
+    ("fork", "knife"),
+    ("sofa", "chair"),
+    ("pen", "pencil"),
+    ("sheep", "goat"),
+    ("lion", "tiger"),
+    ("dog", "hot dog"),
+]
+UNRELATED = [
+    ("person", "horse"),
+    ("man", "woman"),
+    ("mirror", "doorway"),
+    ("lamp", "gun"),
+    ("frisbee", "kite"),
+    ("car", "umbrella"),
+]
 
 
 @pytest.mark.parametrize("a, b", SYNONYMS)

@@ -26,7 +26,7 @@ from vlm_decade.studies.decade.taxonomy.rules import summarise
 DIM = 64
 # Hand-set: sofa/couch 0.8 (synonyms), flashlight/gun 0.5 (related, no match). Any other text gets
 # its own fixed pseudo-random direction, nearly orthogonal to everything else.
-KNOWN = {"sofa": {0: 1.0}, "couch": {0: 0.8, 1: 0.6}, "flashlight": {2: 1.0}, "gun": {2: 0.5, 3: 0.75 ** 0.5}}
+KNOWN = {"sofa": {0: 1.0}, "couch": {0: 0.8, 1: 0.6}, "flashlight": {2: 1.0}, "gun": {2: 0.5, 3: 0.75**0.5}}
 
 
 def vector(name):
@@ -57,13 +57,17 @@ def test_default_templates_read_as_in_the_paper():
     # the object in the hand of ...?": the detection question points at the place, naming no object.
     t = ProbeTemplates()
     assert t.detection.format(article="a", object="flashlight", anchor="man") == (
-        "Is there an object near the man in this image? Answer yes or no.")
+        "Is there an object near the man in this image? Answer yes or no."
+    )
     assert t.recognition.format(anchor="man") == "What is the object near the man? Answer with a short noun phrase."
 
 
 def test_the_older_naming_form_can_still_be_configured():
     t = ProbeTemplates(detection="Is there {article} {object} near the {anchor}? Answer yes or no.")
-    assert t.detection.format(article="a", object="flashlight", anchor="man") == "Is there a flashlight near the man? Answer yes or no."
+    assert (
+        t.detection.format(article="a", object="flashlight", anchor="man")
+        == "Is there a flashlight near the man? Answer yes or no."
+    )
 
 
 def _ask_all(relevant, mentioned, matcher, answer):
@@ -84,7 +88,8 @@ def test_a_model_that_sees_the_object_but_would_misname_it_makes_a_recognition_e
     answered = _ask_all(mentions("man", "flashlight"), mentions("man"), matcher, script.__getitem__)
     assert [q.text for q, _ in answered] == [
         "Is there an object near the man in this image? Answer yes or no.",
-        "What is the object near the man? Answer with a short noun phrase."]
+        "What is the object near the man? Answer with a short noun phrase.",
+    ]
     (finding,) = probe_findings(answered, matcher)
     assert (finding.error_type, finding.obj, finding.evidence["named_as"]) == ("recognition", "flashlight", "gun")
 
@@ -92,8 +97,12 @@ def test_a_model_that_sees_the_object_but_would_misname_it_makes_a_recognition_e
 def test_a_model_that_says_yes_to_everything_shows_its_detection_error_as_a_misnaming(matcher):
     # Asked "Is there a flashlight near the man?" it would say yes and hide that it sees nothing; asked
     # for the object's name, it has to give one, and "a hat" is not the flashlight.
-    answered = _ask_all(mentions("man", "flashlight"), mentions("man"), matcher,
-                        lambda q: "Yes." if q.startswith("Is there") else "A hat.")
+    answered = _ask_all(
+        mentions("man", "flashlight"),
+        mentions("man"),
+        matcher,
+        lambda q: "Yes." if q.startswith("Is there") else "A hat.",
+    )
     (finding,) = probe_findings(answered, matcher)
     assert (finding.error_type, finding.evidence["named_as"]) == ("recognition", "hat")
 
@@ -116,12 +125,16 @@ def test_templates_are_checked(field, template, message):
 
 
 def test_first_round(matcher):
-    questions = first_round(mentions("man", "flashlight", "wall"), mentions("man", "umbrella"), matcher, absent=["umbrella"])
+    questions = first_round(
+        mentions("man", "flashlight", "wall"), mentions("man", "umbrella"), matcher, absent=["umbrella"]
+    )
     assert questions == [
         Question("detection", "flashlight", "man", "Is there an object near the man in this image? Answer yes or no."),
         # "man" already anchors the flashlight: a second object gets the next free anchor, so the
         # two questions and their recognition follow-ups differ
-        Question("detection", "wall", "flashlight", "Is there an object near the flashlight in this image? Answer yes or no."),
+        Question(
+            "detection", "wall", "flashlight", "Is there an object near the flashlight in this image? Answer yes or no."
+        ),
         # the umbrella, which nothing independent finds, is asked about where the description puts it: near the man
         Question("location", "umbrella", "man", "Is there an object near the man in this image? Answer yes or no."),
     ]
@@ -165,7 +178,9 @@ def test_second_round_asks_recognition_only_after_yes(matcher):
     gun = Question("location", "gun", "wall", "...")
     asked = second_round([(flashlight, "Yes."), (wall, "No."), (cat, "yes, there is"), (presence, "Yes"), (gun, "Yes")])
     assert asked == [
-        Question("recognition", "flashlight", "man", "What is the object near the man? Answer with a short noun phrase."),
+        Question(
+            "recognition", "flashlight", "man", "What is the object near the man? Answer with a short noun phrase."
+        ),
         Question("recognition", "cat", None, ProbeTemplates().recognition_no_anchor),
         Question("identification", "gun", "wall", "What is the object near the wall? Answer with a short noun phrase."),
     ]
@@ -184,12 +199,25 @@ def test_the_verifier_is_asked_about_each_object_by_name():
 @pytest.mark.parametrize(
     "text, reading",
     [
-        ("Yes.", True), ("yes, there is", True), ("YES", True), ("Yeah, on the table.", True),
-        ("There is a flashlight in his hand.", True), ("I can see a cat on the sofa.", True),
-        ("No", False), ("No.", False), ("There is no flashlight.", False), ("There isn't one.", False),
-        ("I don't see any cat.", False), ("Not that I can see.", False), ("None.", False),
-        ("I'm not sure.", None), ("Maybe.", None), ("It is hard to tell.", None), ("", None),
-        ("The image is too dark.", None), ("Possibly a cat.", None),
+        ("Yes.", True),
+        ("yes, there is", True),
+        ("YES", True),
+        ("Yeah, on the table.", True),
+        ("There is a flashlight in his hand.", True),
+        ("I can see a cat on the sofa.", True),
+        ("No", False),
+        ("No.", False),
+        ("There is no flashlight.", False),
+        ("There isn't one.", False),
+        ("I don't see any cat.", False),
+        ("Not that I can see.", False),
+        ("None.", False),
+        ("I'm not sure.", None),
+        ("Maybe.", None),
+        ("It is hard to tell.", None),
+        ("", None),
+        ("The image is too dark.", None),
+        ("Possibly a cat.", None),
     ],
 )
 def test_parse_yes_no(text, reading):
@@ -214,7 +242,9 @@ def test_answer_names(text, names):
 # -- labels from transcripts --------------------------------------------------------------------------
 
 DETECT = Question("detection", "flashlight", "man", "Is there an object near the man in this image? Answer yes or no.")
-RECOGNISE = Question("recognition", "flashlight", "man", "What is the object near the man? Answer with a short noun phrase.")
+RECOGNISE = Question(
+    "recognition", "flashlight", "man", "What is the object near the man? Answer with a short noun phrase."
+)
 PRESENT = Question("presence", "frisbee", None, "Is there a frisbee in this image? Answer yes or no.")
 
 
@@ -225,8 +255,11 @@ def labels(findings):
 def test_no_to_detection_is_a_detection_error(matcher):
     (finding,) = probe_findings([(DETECT, "No.")], matcher)
     assert (finding.error_type, finding.obj, finding.unclear) == ("detection", "flashlight", False)
-    assert finding.evidence == {"object": "flashlight", "anchor": "man", "transcript": [
-        {"kind": "detection", "question": DETECT.text, "answer": "No.", "reading": "no"}]}
+    assert finding.evidence == {
+        "object": "flashlight",
+        "anchor": "man",
+        "transcript": [{"kind": "detection", "question": DETECT.text, "answer": "No.", "reading": "no"}],
+    }
 
 
 def test_seen_and_named_right_but_left_out_is_scene_understanding(matcher):
@@ -246,13 +279,15 @@ def test_synonym_and_longer_answers_count_as_named(matcher):
     couch = Question("detection", "couch", "man", "...")
     recognise_couch = Question("recognition", "couch", "man", "...")
     assert labels(probe_findings([(couch, "Yes"), (recognise_couch, "A big sofa with cushions.")], matcher)) == [
-        ("scene_understanding", "couch", False)]
+        ("scene_understanding", "couch", False)
+    ]
 
 
 def test_anchor_named_back_is_unclear(matcher):
     # "What is the object near the man?" - "A man." says nothing about the flashlight
     assert labels(probe_findings([(DETECT, "Yes"), (RECOGNISE, "A man.")], matcher)) == [
-        ("recognition", "flashlight", True)]
+        ("recognition", "flashlight", True)
+    ]
 
 
 def test_listed_objects_without_anchor(matcher):
@@ -269,7 +304,9 @@ def verdict(obj, present):
 
 
 LOCATE_GUN = Question("location", "gun", "man", "Is there an object near the man in this image? Answer yes or no.")
-IDENTIFY_GUN = Question("identification", "gun", "man", "What is the object near the man? Answer with a short noun phrase.")
+IDENTIFY_GUN = Question(
+    "identification", "gun", "man", "What is the object near the man? Answer with a short noun phrase."
+)
 
 
 def test_a_mention_an_independent_source_found_is_no_error(matcher):
@@ -283,7 +320,9 @@ def test_a_mention_whose_existence_is_undecided_gives_no_label(matcher):
 
 
 def test_nothing_where_the_description_puts_it_is_a_hallucination(matcher):
-    (finding,) = probe_findings([(LOCATE_GUN, "No.")], matcher, {"gun": verdict("gun", False)}, ["man", "lamp"], ["man", "lamp"])
+    (finding,) = probe_findings(
+        [(LOCATE_GUN, "No.")], matcher, {"gun": verdict("gun", False)}, ["man", "lamp"], ["man", "lamp"]
+    )
     assert (finding.error_type, finding.obj, finding.unclear) == ("hallucination", "gun", False)
     assert finding.evidence["reference"] == "man" and finding.evidence["transcript"][0]["reading"] == "no"
 
@@ -301,7 +340,9 @@ def test_a_present_object_named_at_the_place_makes_the_mention_a_misidentificati
     # The paper's figure 5b: the lamp on the wall called a second gun. At the place the description
     # puts the gun the model names the lamp, which is there: a recognition error about the lamp.
     answered = [(LOCATE_GUN, "Yes."), (IDENTIFY_GUN, "A lamp on the wall.")]
-    (finding,) = probe_findings(answered, matcher, {"gun": verdict("gun", False)}, ["man", "lamp"], ["man", "lamp", "wall"])
+    (finding,) = probe_findings(
+        answered, matcher, {"gun": verdict("gun", False)}, ["man", "lamp"], ["man", "lamp", "wall"]
+    )
     assert (finding.error_type, finding.obj) == ("recognition", "lamp")
     assert finding.evidence["named_as"] == "gun" and finding.evidence["relevant"] is True
     assert finding.evidence["said_there"] == "lamp on the wall" and finding.evidence["existence"]["present"] is False
@@ -315,12 +356,16 @@ def test_a_mention_with_no_place_is_a_hallucination_by_its_existence_alone(match
 def test_the_name_given_for_a_relevant_object_is_that_misnaming_not_a_hallucination(matcher):
     # Asked about the object near the man (the flashlight) it said "a gun", and it mentions a gun.
     answered = [(DETECT, "Yes"), (RECOGNISE, "A gun.")]
-    found = probe_findings(answered, matcher, {"gun": verdict("gun", False)}, ["man", "flashlight"], ["man", "flashlight"])
+    found = probe_findings(
+        answered, matcher, {"gun": verdict("gun", False)}, ["man", "flashlight"], ["man", "flashlight"]
+    )
     assert labels(found) == [("recognition", "flashlight", False)]
 
 
 def test_unclear_answers_give_no_label_but_keep_the_transcript(matcher):
-    found = probe_findings([(DETECT, "I'm not sure."), (LOCATE_GUN, "Maybe.")], matcher, {"gun": verdict("gun", False)}, ["man"], ["man"])
+    found = probe_findings(
+        [(DETECT, "I'm not sure."), (LOCATE_GUN, "Maybe.")], matcher, {"gun": verdict("gun", False)}, ["man"], ["man"]
+    )
     assert labels(found) == [("detection", "flashlight", True), ("hallucination", "gun", True)]
     assert found[0].evidence["transcript"][0]["reading"] == "unclear"
     summary = summarise(found)
@@ -337,6 +382,11 @@ def test_yes_without_a_recognition_answer_is_unclear(matcher):
 def test_a_whole_transcript(matcher):
     cat = Question("detection", "cat", "man", "...")
     answered = [(DETECT, "Yes"), (cat, "No"), (LOCATE_GUN, "No"), (RECOGNISE, "a hat")]
-    found = probe_findings(answered, matcher, {"gun": verdict("gun", False), "hat": verdict("hat", True)}, ["man"], ["man"])
+    found = probe_findings(
+        answered, matcher, {"gun": verdict("gun", False), "hat": verdict("hat", True)}, ["man"], ["man"]
+    )
     assert labels(found) == [
-        ("recognition", "flashlight", False), ("detection", "cat", False), ("hallucination", "gun", False)]
+        ("recognition", "flashlight", False),
+        ("detection", "cat", False),
+        ("hallucination", "gun", False),
+    ]

@@ -29,17 +29,34 @@ TYPES = ("detection", "recognition", "scene_understanding", "hallucination", "sp
 
 
 def make_study(models=("m1",), demo=False):
-    return study_from_dict({
-        "name": "s", "demo": demo,
-        "data": {"images": "i.csv", "image_dir": "img", "descriptions": "d.csv"},
-        "models": [{"name": m, "backend": "imported", "model_id": m, "era": "pre-mllm", "options": {"file": "x.csv"}} for m in models],
-        "taxonomy": {},
-    })
+    return study_from_dict(
+        {
+            "name": "s",
+            "demo": demo,
+            "data": {"images": "i.csv", "image_dir": "img", "descriptions": "d.csv"},
+            "models": [
+                {"name": m, "backend": "imported", "model_id": m, "era": "pre-mllm", "options": {"file": "x.csv"}}
+                for m in models
+            ],
+            "taxonomy": {},
+        }
+    )
 
 
 def stat(subject, dataset, metric, estimate, lo=None, hi=None, n=1):
-    return {"subject": subject, "dataset": dataset, "metric": metric, "variant": "full", "estimate": estimate, "ci_low": lo,
-            "ci_high": hi, "n_images": n, "n_resamples": 200, "seed": 1, "method": "percentile"}
+    return {
+        "subject": subject,
+        "dataset": dataset,
+        "metric": metric,
+        "variant": "full",
+        "estimate": estimate,
+        "ci_low": lo,
+        "ci_high": hi,
+        "n_images": n,
+        "n_resamples": 200,
+        "seed": 1,
+        "method": "percentile",
+    }
 
 
 def drawn(path):
@@ -54,8 +71,14 @@ def drawn(path):
         [],  # nothing at all
         [stat("m1", "d1", "detection", 1.0, 1.0, 1.0)],  # one model, one dataset, one image: a CI that is a point
         [stat("m1", "d1", t, None, None, None, 0) for t in TYPES],  # no decided label: every estimate null
-        [stat("m1", "d1", "detection", 0.5, None, None, 2), stat("m1", "d1", "hallucination", None, None, None, 0)],  # budget stop
-        [stat("m1", "d1", "detection", 0.5, 0.2, 0.8, 9), stat("ghost", "d2", "detection", 0.3, 0.1, 0.5, 9)],  # an unknown subject
+        [
+            stat("m1", "d1", "detection", 0.5, None, None, 2),
+            stat("m1", "d1", "hallucination", None, None, None, 0),
+        ],  # budget stop
+        [
+            stat("m1", "d1", "detection", 0.5, 0.2, 0.8, 9),
+            stat("ghost", "d2", "detection", 0.3, 0.1, 0.5, 9),
+        ],  # an unknown subject
     ],
 )
 def test_the_error_rate_figure_draws_whatever_the_table_holds(tmp_path, rows):
@@ -65,7 +88,9 @@ def test_the_error_rate_figure_draws_whatever_the_table_holds(tmp_path, rows):
 
 def test_the_error_rate_figure_with_no_model(tmp_path):
     study = make_study()
-    error_rate_figure([stat("m1", "d1", "detection", 0.5, 0.4, 0.6)], study.model_copy(update={"models": ()}), tmp_path / "r.png")
+    error_rate_figure(
+        [stat("m1", "d1", "detection", 0.5, 0.4, 0.6)], study.model_copy(update={"models": ()}), tmp_path / "r.png"
+    )
     drawn(tmp_path / "r.png")
 
 
@@ -76,7 +101,10 @@ def test_the_error_rate_figure_with_no_model(tmp_path):
         [stat(NO_ERROR, "all", "SI", 0.7, 0.7, 0.7)],  # only pairs with no error
         [stat("error:detection", "all", "SI", 0.4, None, None)],  # no interval, no baseline
         [stat("error:detection", "all", "SI", None, None, None, 0), stat(NO_ERROR, "all", "SI", None, None, None, 0)],
-        [{**stat("error:recognition", "all", "SI", 0.5, 0.4, 0.6, 3), "n_pairs": 4}, {**stat(NO_ERROR, "all", "SI", 0.7, 0.6, 0.8, 6), "n_pairs": 9}],
+        [
+            {**stat("error:recognition", "all", "SI", 0.5, 0.4, 0.6, 3), "n_pairs": 4},
+            {**stat(NO_ERROR, "all", "SI", 0.7, 0.6, 0.8, 6), "n_pairs": 9},
+        ],
     ],
 )
 def test_the_impact_figure_draws_whatever_the_table_holds(tmp_path, rows):
@@ -85,21 +113,53 @@ def test_the_impact_figure_draws_whatever_the_table_holds(tmp_path, rows):
 
 
 def spatial_row(subject, image_id, sde, reason=""):
-    return {"subject": subject, "image_id": image_id, "dataset": "d", "mask_ids": ["m1", "m2", "m3"], "model_profile": [0.1, 0.2, 0.3],
-            "human_profile": [0.3, 0.2, 0.1], "model_r": None, "human_mean_r": None, "human_sd_r": None, "z": None, "n_human": 6,
-            "n_pseudo": 0, "sde": sde, "reason": reason}
+    return {
+        "subject": subject,
+        "image_id": image_id,
+        "dataset": "d",
+        "mask_ids": ["m1", "m2", "m3"],
+        "model_profile": [0.1, 0.2, 0.3],
+        "human_profile": [0.3, 0.2, 0.1],
+        "model_r": None,
+        "human_mean_r": None,
+        "human_sd_r": None,
+        "z": None,
+        "n_human": 6,
+        "n_pseudo": 0,
+        "sde": sde,
+        "reason": reason,
+    }
 
 
 def test_sde_counts_per_model_with_the_reasons_it_could_not_be_decided():
-    spatial = pa.Table.from_pylist([
-        spatial_row("a", "i1", True), spatial_row("a", "i2", False), spatial_row("a", "i3", None, "no masked description"),
-        spatial_row("b", "i1", None, "constant profile"), spatial_row("b", "i2", None, "constant profile"),
-        spatial_row("b", "i3", None, "no masked description"),
-    ], schema=SPATIAL_SCHEMA)
+    spatial = pa.Table.from_pylist(
+        [
+            spatial_row("a", "i1", True),
+            spatial_row("a", "i2", False),
+            spatial_row("a", "i3", None, "no masked description"),
+            spatial_row("b", "i1", None, "constant profile"),
+            spatial_row("b", "i2", None, "constant profile"),
+            spatial_row("b", "i3", None, "no masked description"),
+        ],
+        schema=SPATIAL_SCHEMA,
+    )
     assert sde_counts(spatial).to_pylist() == [
-        {"subject": "a", "images": 3, "decided": 2, "sde": 1, "undecided": 1, "why_undecided": "no masked description (1)"},
-        {"subject": "b", "images": 3, "decided": 0, "sde": 0, "undecided": 3,
-         "why_undecided": "constant profile (2); no masked description (1)"},
+        {
+            "subject": "a",
+            "images": 3,
+            "decided": 2,
+            "sde": 1,
+            "undecided": 1,
+            "why_undecided": "no masked description (1)",
+        },
+        {
+            "subject": "b",
+            "images": 3,
+            "decided": 0,
+            "sde": 0,
+            "undecided": 3,
+            "why_undecided": "constant profile (2); no masked description (1)",
+        },
     ]
     assert sde_counts(SPATIAL_SCHEMA.empty_table()).num_rows == 0
 
@@ -118,17 +178,25 @@ def section_tables(tmp_path, model="m1", said="a dog", errors=()) -> dict[str, p
     return {
         "images": pa.table({"image_id": ["i1"], "dataset": ["d1"], "path": [str(tmp_path / "i1.png")]}),
         "references": pa.Table.from_pylist([{"image_id": "i1", "role": "gold", "condition": "full", "text": "a cat"}]),
-        "responses": pa.Table.from_pylist([{"subject": model, "image_id": "i1", "variant": "full", "status": "ok",
-                                            "text": said}]),
+        "responses": pa.Table.from_pylist(
+            [{"subject": model, "image_id": "i1", "variant": "full", "status": "ok", "text": said}]
+        ),
         "errors": pa.Table.from_pylist(list(errors), schema=ERRORS_SCHEMA),
-        "error_stats": pa.Table.from_pylist([stat(model, "d1", r["error_type"], 1.0, 1.0, 1.0) for r in errors],
-                                            schema=STATS_SCHEMA),
+        "error_stats": pa.Table.from_pylist(
+            [stat(model, "d1", r["error_type"], 1.0, 1.0, 1.0) for r in errors], schema=STATS_SCHEMA
+        ),
         "error_comparisons": COMPARISONS_SCHEMA.empty_table(),
         "impact_stats": STATS_SCHEMA.empty_table(),
         "impact_comparisons": COMPARISONS_SCHEMA.empty_table(),
         "spatial": SPATIAL_SCHEMA.empty_table(),
-        "hand_agreement": pa.table({"error_type": pa.array([], pa.string()), "kappa": pa.array([], pa.float64()),
-                                    "observed_agreement": pa.array([], pa.float64()), "n": pa.array([], pa.int64())}),
+        "hand_agreement": pa.table(
+            {
+                "error_type": pa.array([], pa.string()),
+                "kappa": pa.array([], pa.float64()),
+                "observed_agreement": pa.array([], pa.float64()),
+                "n": pa.array([], pa.int64()),
+            }
+        ),
     }
 
 
@@ -139,8 +207,15 @@ def test_the_whole_section_on_empty_tables(tmp_path):
 
 
 def test_markup_in_a_model_name_its_answer_and_a_hand_label_is_shown_as_text(tmp_path):
-    label = {"subject": PAYLOAD, "image_id": "i1", "dataset": "d1", "error_type": "recognition", "present": True,
-             "method": "hand", "evidence": json.dumps({"findings": [], "hand": PAYLOAD, "auto_present": False})}
+    label = {
+        "subject": PAYLOAD,
+        "image_id": "i1",
+        "dataset": "d1",
+        "error_type": "recognition",
+        "present": True,
+        "method": "hand",
+        "evidence": json.dumps({"findings": [], "hand": PAYLOAD, "auto_present": False}),
+    }
     tables = section_tables(tmp_path, PAYLOAD, PAYLOAD, [label])
     section = Page(taxonomy_section(RunFolder(tmp_path), make_study(models=(PAYLOAD,)), tables))
     evidence = Page((tmp_path / "errors.html").read_text())
@@ -153,33 +228,98 @@ def test_markup_in_a_model_name_its_answer_and_a_hand_label_is_shown_as_text(tmp
 
 
 def test_errors_html_shows_each_labels_whole_evidence_chain(tmp_path):
-    chain = {"relevant": ["man"], "mentioned": ["man", "guitar"], "findings": [
-        {"object": "guitar", "existence": {"present": False, "checks": [{"source": "humans", "found": False},
-                                                                       {"source": "verifier", "model": "gpt-4o", "question": "Is there a guitar?",
-                                                                        "answer": "No.", "reading": "no", "found": False}]},
-         "reference": "man", "transcript": [{"kind": "location", "question": "Is there an object near the man?", "answer": "Yes.", "reading": "yes"},
-                                            {"kind": "identification", "question": "What is the object near the man?", "answer": "A guitar.",
-                                             "reading": "guitar"}]}]}
+    chain = {
+        "relevant": ["man"],
+        "mentioned": ["man", "guitar"],
+        "findings": [
+            {
+                "object": "guitar",
+                "existence": {
+                    "present": False,
+                    "checks": [
+                        {"source": "humans", "found": False},
+                        {
+                            "source": "verifier",
+                            "model": "gpt-4o",
+                            "question": "Is there a guitar?",
+                            "answer": "No.",
+                            "reading": "no",
+                            "found": False,
+                        },
+                    ],
+                },
+                "reference": "man",
+                "transcript": [
+                    {
+                        "kind": "location",
+                        "question": "Is there an object near the man?",
+                        "answer": "Yes.",
+                        "reading": "yes",
+                    },
+                    {
+                        "kind": "identification",
+                        "question": "What is the object near the man?",
+                        "answer": "A guitar.",
+                        "reading": "guitar",
+                    },
+                ],
+            }
+        ],
+    }
     hand = {"findings": [], "hand": "the saucer is called a bowl", "auto_present": False}
     sde = {"model_r": -0.5, "human_mean_r": 0.8, "human_sd_r": 0.2, "reason": ""}
     undecided = {"undecided": "the detector failed on this image"}
-    errors = pa.Table.from_pylist([
-        {"subject": "m1", "image_id": "i1", "dataset": "d1", "error_type": "hallucination", "present": True, "method": "probe",
-         "evidence": json.dumps(chain)},
-        {"subject": "m1", "image_id": "i2", "dataset": "d1", "error_type": "recognition", "present": True, "method": "hand",
-         "evidence": json.dumps(hand)},
-        {"subject": "m1", "image_id": "i2", "dataset": "d1", "error_type": "spatial_dependence", "present": True, "method": "masks",
-         "evidence": json.dumps(sde)},
-        {"subject": "m1", "image_id": "i3", "dataset": "d1", "error_type": "detection", "present": None, "method": "detector",
-         "evidence": json.dumps(undecided)},
-    ], schema=ERRORS_SCHEMA)
+    errors = pa.Table.from_pylist(
+        [
+            {
+                "subject": "m1",
+                "image_id": "i1",
+                "dataset": "d1",
+                "error_type": "hallucination",
+                "present": True,
+                "method": "probe",
+                "evidence": json.dumps(chain),
+            },
+            {
+                "subject": "m1",
+                "image_id": "i2",
+                "dataset": "d1",
+                "error_type": "recognition",
+                "present": True,
+                "method": "hand",
+                "evidence": json.dumps(hand),
+            },
+            {
+                "subject": "m1",
+                "image_id": "i2",
+                "dataset": "d1",
+                "error_type": "spatial_dependence",
+                "present": True,
+                "method": "masks",
+                "evidence": json.dumps(sde),
+            },
+            {
+                "subject": "m1",
+                "image_id": "i3",
+                "dataset": "d1",
+                "error_type": "detection",
+                "present": None,
+                "method": "detector",
+                "evidence": json.dumps(undecided),
+            },
+        ],
+        schema=ERRORS_SCHEMA,
+    )
     from vlm_decade.studies.decade.taxonomy.report import _evidence_page
 
     _evidence_page(RunFolder(tmp_path), make_study(), errors)
     page = (tmp_path / "errors.html").read_text()
     # the chain in words, step by step, then every field as JSON
     assert "<li>verifier gpt-4o: \u201cIs there a guitar?\u201d \u2192 \u201cNo.\u201d (no): not found</li>" in page
-    assert "<li>identification: \u201cWhat is the object near the man?\u201d \u2192 \u201cA guitar.\u201d (read: guitar)</li>" in page
+    assert (
+        "<li>identification: \u201cWhat is the object near the man?\u201d \u2192 \u201cA guitar.\u201d (read: guitar)</li>"
+        in page
+    )
     assert "<details><summary>all evidence (JSON)</summary>" in page and "&#34;reference&#34;: &#34;man&#34;" in page
     assert "<li>hand label: the saucer is called a bowl (the automatic label: absent)</li>" in page
     assert "<li>model r -0.500; humans&#39; mean r 0.800, SD 0.200</li>" in page

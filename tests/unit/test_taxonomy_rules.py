@@ -10,7 +10,14 @@ import pytest
 
 from vlm_decade.models.backends.detection import Detection
 from vlm_decade.studies.decade.taxonomy.objects import CONFUSABLE_THRESHOLD, MATCH_THRESHOLD, Mention, ObjectMatcher
-from vlm_decade.studies.decade.taxonomy.rules import ERROR_TYPES, Finding, detector_errors, iou, located_errors, summarise
+from vlm_decade.studies.decade.taxonomy.rules import (
+    ERROR_TYPES,
+    Finding,
+    detector_errors,
+    iou,
+    located_errors,
+    summarise,
+)
 
 
 def unit(*pairs):
@@ -26,7 +33,7 @@ def unit(*pairs):
 VECTORS = {
     "cat": unit((0, 1.0)),
     "dog": unit((0, 0.6), (1, 0.8)),
-    "lynx": unit((0, 0.7), (2, 0.51 ** 0.5)),
+    "lynx": unit((0, 0.7), (2, 0.51**0.5)),
     "sofa": unit((3, 1.0)),
     "couch": unit((3, 0.8), (4, 0.6)),
     "chair": unit((3, 0.2), (4, 0.34 / 0.6), (13, (1 - 0.04 - (0.34 / 0.6) ** 2) ** 0.5)),
@@ -70,11 +77,21 @@ def test_the_hand_set_cosines_sit_where_the_cases_need_them(matcher):
 
 
 def test_detected_but_not_mentioned_is_scene_understanding(matcher):
-    found = detector_errors(mentions("cat", "sofa"), [det("couch", 0.8), det("cat", 0.95, (0.0, 0.5, 0.25, 1.0))],
-                              mentions("sofa"), matcher)
-    assert found == [Finding("scene_understanding", "cat", {
-        "object": "cat", "phrase": "a cat", "similarity": 1.0,
-        "detection": {"label": "cat", "score": 0.95, "box": [0.0, 0.5, 0.25, 1.0]}})]
+    found = detector_errors(
+        mentions("cat", "sofa"), [det("couch", 0.8), det("cat", 0.95, (0.0, 0.5, 0.25, 1.0))], mentions("sofa"), matcher
+    )
+    assert found == [
+        Finding(
+            "scene_understanding",
+            "cat",
+            {
+                "object": "cat",
+                "phrase": "a cat",
+                "similarity": 1.0,
+                "detection": {"label": "cat", "score": 0.95, "box": [0.0, 0.5, 0.25, 1.0]},
+            },
+        )
+    ]
 
 
 def test_mentioned_absent_unrelated_object_is_hallucination(matcher):
@@ -144,9 +161,13 @@ def test_all_rules_at_once_in_error_type_order(matcher):
     dets = [det("tv"), det("cat"), det("couch"), det("car")]
     said = mentions("frisbee", "dog", "car")
     found = detector_errors(gold, dets, said, matcher)
-    assert kinds(found) == [("detection", "flashlight"), ("recognition", "cat"),
-                            ("scene_understanding", "sofa"), ("scene_understanding", "tv"),
-                            ("hallucination", "frisbee")]
+    assert kinds(found) == [
+        ("detection", "flashlight"),
+        ("recognition", "cat"),
+        ("scene_understanding", "sofa"),
+        ("scene_understanding", "tv"),
+        ("hallucination", "frisbee"),
+    ]
 
 
 def test_repeated_boxes_give_the_best_one_as_evidence(matcher):
@@ -215,14 +236,24 @@ def test_a_doorway_boxed_as_a_mirror_is_a_recognition_error_not_detection_and_ha
     assert kinds(detector_errors(gold, boxes, said, m)) == [("detection", "doorway")]
     found = located_errors(gold, boxes, said, m, locate(man=LEFT, doorway=RIGHT), 0.1, 0.5, present=["man", "doorway"])
     assert kinds(found) == [("recognition", "doorway")]
-    assert found[0].evidence["named_as"] == "mirror" and found[0].evidence["boxes_there"][0]["iou"] == pytest.approx(0.831, abs=1e-3)
+    assert found[0].evidence["named_as"] == "mirror" and found[0].evidence["boxes_there"][0]["iou"] == pytest.approx(
+        0.831, abs=1e-3
+    )
 
 
 def test_an_irrelevant_object_misidentified_and_mentioned_is_recognition():
     # A lamp on the wall (a worker named it; the gold did not) boxed as a gun, and "a gun" is said.
     m = located_matcher()
-    found = located_errors(mentions("man"), [det("person", box=LEFT), det("gun", box=NEAR_RIGHT)], mentions("man", "gun"), m,
-                           locate(man=LEFT, lamp=RIGHT), 0.1, 0.5, present=["man", "lamp"])
+    found = located_errors(
+        mentions("man"),
+        [det("person", box=LEFT), det("gun", box=NEAR_RIGHT)],
+        mentions("man", "gun"),
+        m,
+        locate(man=LEFT, lamp=RIGHT),
+        0.1,
+        0.5,
+        present=["man", "lamp"],
+    )
     assert kinds(found) == [("recognition", "lamp")]
     assert found[0].evidence["relevant"] is False and found[0].evidence["named_as"] == "gun"
 
@@ -231,19 +262,31 @@ def test_no_box_at_the_place_is_detection_and_a_box_of_its_class_is_scene_unders
     m = located_matcher()
     gold, said = mentions("man", "flashlight"), mentions("man")
     spots = locate(man=LEFT, flashlight=RIGHT)
-    assert kinds(located_errors(gold, [det("person", box=LEFT), det("flashlight", box=TOP)], said, m, spots, 0.1, 0.5)) == [
-        ("detection", "flashlight")]  # its box is elsewhere: the detector did not find it here
-    assert kinds(located_errors(gold, [det("flashlight", box=NEAR_RIGHT), det("gun", box=RIGHT)], said, m, spots, 0.1, 0.5)) == [
-        ("scene_understanding", "flashlight")]  # one box of its class suffices
+    assert kinds(
+        located_errors(gold, [det("person", box=LEFT), det("flashlight", box=TOP)], said, m, spots, 0.1, 0.5)
+    ) == [("detection", "flashlight")]  # its box is elsewhere: the detector did not find it here
+    assert kinds(
+        located_errors(gold, [det("flashlight", box=NEAR_RIGHT), det("gun", box=RIGHT)], said, m, spots, 0.1, 0.5)
+    ) == [("scene_understanding", "flashlight")]  # one box of its class suffices
     # a box barely touching the place (IoU below the threshold) is not there
-    assert kinds(located_errors(gold, [det("gun", box=NEAR_RIGHT)], said, m, spots, 0.1, 0.9)) == [("detection", "flashlight")]
+    assert kinds(located_errors(gold, [det("gun", box=NEAR_RIGHT)], said, m, spots, 0.1, 0.9)) == [
+        ("detection", "flashlight")
+    ]
 
 
 def test_a_false_positive_box_on_nothing_mentioned_is_a_hallucination():
     # The demo's hand label: "there is no mouse in the photo: the detector's 'mouse' is a false positive".
     m = located_matcher()
-    found = located_errors(mentions("man"), [det("person", box=LEFT), det("mouse", box=TOP)], mentions("man", "mouse"), m,
-                           locate(man=LEFT), 0.1, 0.5, present=["man"])
+    found = located_errors(
+        mentions("man"),
+        [det("person", box=LEFT), det("mouse", box=TOP)],
+        mentions("man", "mouse"),
+        m,
+        locate(man=LEFT),
+        0.1,
+        0.5,
+        present=["man"],
+    )
     assert kinds(found) == [("hallucination", "mouse")]
     assert found[0].evidence["detections"][0]["label"] == "mouse"
     # ... unless an independent source found a mouse: then it is there, and no error

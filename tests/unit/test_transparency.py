@@ -69,7 +69,9 @@ def test_la_and_palette_transparency_are_composited_too(tmp_path):
         assert mode == "P" and (rgb == expected).all(), name
     # An RGB PNG whose transparent colour is red (tRNS), and an opaque RGBA file: nothing composited.
     Image.fromarray(RGB).save(tmp_path / "trns.png", transparency=(250, 10, 10))
-    assert (load_rgb(tmp_path / "trns.png")[0] == np.where((RGB == (250, 10, 10)).all(axis=2)[:, :, None], 255, RGB)).all()
+    assert (
+        load_rgb(tmp_path / "trns.png")[0] == np.where((RGB == (250, 10, 10)).all(axis=2)[:, :, None], 255, RGB)
+    ).all()
     Image.fromarray(np.dstack([RGB, np.full_like(ALPHA, 255)]), "RGBA").save(tmp_path / "opaque.png")
     opaque = load_image(tmp_path / "opaque.png")
     assert not opaque.transparent and (opaque.rgb == RGB).all()
@@ -89,7 +91,10 @@ def test_the_pixels_backends_receive_are_the_composite_for_full_and_masked_varia
     path = str(rgba_png(tmp_path))
     expected = over(RGB, ALPHA, (255, 255, 255))
     spec = mask_specs(MaskConfig())[0]
-    jobs = [Job("m", "i", "full", "p", "say", path, None, "k1"), Job("m", "i", spec.mask_id, "p", "say", path, spec, "k2")]
+    jobs = [
+        Job("m", "i", "full", "p", "say", path, None, "k1"),
+        Job("m", "i", spec.mask_id, "p", "say", path, spec, "k2"),
+    ]
     full, masked = load_stimuli(jobs)
     assert (full.image == expected).all()
     keep = 1.0 - occlusion(*expected.shape[:2], spec)[:, :, None]
@@ -167,8 +172,15 @@ def test_the_studys_background_reaches_the_models_and_their_cache_keys(tmp_path)
     plan = Plan(prompts={m.name: [("p", "say")] for m in study.models})
 
     def keys(backgrounds):
-        images = pa.table({"image_id": ["a", "b"], "dataset": ["d", "d"], "path": [path, str(tmp_path / "plain.png")],
-                           "sha256": ["s1", "s2"], "background": pa.array(backgrounds, pa.string())})
+        images = pa.table(
+            {
+                "image_id": ["a", "b"],
+                "dataset": ["d", "d"],
+                "path": [path, str(tmp_path / "plain.png")],
+                "sha256": ["s1", "s2"],
+                "background": pa.array(backgrounds, pa.string()),
+            }
+        )
         table = plan_jobs(study, plan, images)
         return table.column("cache_key").to_pylist(), jobs_from(table, plan)
 

@@ -19,7 +19,18 @@ from vlm_decade.view import decade
 from vlm_decade.view.app import create_app
 from vlm_decade.view.runs import open_run
 
-from .view_runs import BOX, IMAGES, LABELS, PREDICTIONS, PRESENT, PROBE_QUESTION, SIMILARITY, STATS, decade_run, openworld_run
+from .view_runs import (
+    BOX,
+    IMAGES,
+    LABELS,
+    PREDICTIONS,
+    PRESENT,
+    PROBE_QUESTION,
+    SIMILARITY,
+    STATS,
+    decade_run,
+    openworld_run,
+)
 
 
 def client(root) -> TestClient:
@@ -47,16 +58,19 @@ def test_gallery_lists_every_image_in_id_order(app_a):
     assert '<span id="count">6 images</span>' in page.text
 
 
-@pytest.mark.parametrize("params, expected", [
-    ({"dataset": "ds-b"}, ["b1", "b2", "b3"]),
-    ({"error": "detection"}, sorted({i for m, i, t in PRESENT if t == "detection"})),
-    ({"error": "detection", "model": "alpha"}, ["a1", "b1"]),
-    ({"error": "detection", "model": "beta", "dataset": "ds-b"}, []),
-    ({"sde": "yes"}, ["a2", "b1"]),
-    ({"sde": "yes", "model": "beta"}, ["a2", "b1"]),
-    ({"sde": "no", "model": "alpha"}, ["a1", "a3", "b1", "b2", "b3"]),
-    ({"sde": "no"}, ["a1", "a3", "b2", "b3"]),
-])
+@pytest.mark.parametrize(
+    "params, expected",
+    [
+        ({"dataset": "ds-b"}, ["b1", "b2", "b3"]),
+        ({"error": "detection"}, sorted({i for m, i, t in PRESENT if t == "detection"})),
+        ({"error": "detection", "model": "alpha"}, ["a1", "b1"]),
+        ({"error": "detection", "model": "beta", "dataset": "ds-b"}, []),
+        ({"sde": "yes"}, ["a2", "b1"]),
+        ({"sde": "yes", "model": "beta"}, ["a2", "b1"]),
+        ({"sde": "no", "model": "alpha"}, ["a1", "a3", "b1", "b2", "b3"]),
+        ({"sde": "no"}, ["a1", "a3", "b2", "b3"]),
+    ],
+)
 def test_gallery_filters(app_a, params, expected):
     assert listed(app_a.get("/", params=params).text) == expected
 
@@ -75,9 +89,9 @@ def test_sort_by_gap_puts_the_largest_model_human_gap_first(app_a):
 
 def test_gallery_cards_show_the_models_similarity_and_errors(app_a):
     page = app_a.get("/", params={"model": "alpha", "dataset": "ds-a"}).text
-    card = page[page.index('data-image="a3"'):page.index('data-image="a3"') + 1500]
+    card = page[page.index('data-image="a3"') : page.index('data-image="a3"') + 1500]
     assert "0.500" in card and "recognition" in card and 'data-model="beta"' not in card
-    assert "top humans <span class=\"value\">0.900</span>" in card
+    assert 'top humans <span class="value">0.900</span>' in card
 
 
 def test_paging(app_a, monkeypatch):
@@ -106,11 +120,11 @@ def test_image_page_shows_descriptions_scores_errors_and_evidence(app_a):
     for model in ("alpha", "beta"):
         for variant in ("full", "m1", "m2", "m3"):
             assert f'data-model="{model}" data-variant="{variant}"' in text and f"{model} says a3 {variant}" in text
-    row = text[text.index('data-model="alpha" data-variant="full"'):]
-    assert '<td class="value">0.500</td>' in row[:row.index("</tr>")]
+    row = text[text.index('data-model="alpha" data-variant="full"') :]
+    assert '<td class="value">0.500</td>' in row[: row.index("</tr>")]
     # A masked variant: its similarity to the model's own full description, from the SDE profile.
-    row = text[text.index('data-model="beta" data-variant="m3"'):]
-    assert '<td class="value">0.900</td>' in row[:row.index("</tr>")] and "SIM to own full" in text
+    row = text[text.index('data-model="beta" data-variant="m3"') :]
+    assert '<td class="value">0.900</td>' in row[: row.index("</tr>")] and "SIM to own full" in text
     # The recognition label with its evidence and the detector box it cites, drawn in red.
     assert "named as <b>bowl</b>" in text and "similarity 0.610" in text
     assert f'data-box="{BOX[0]} {BOX[1]} {BOX[2]} {BOX[3]}"' in text
@@ -125,7 +139,9 @@ def test_image_page_shows_descriptions_scores_errors_and_evidence(app_a):
 
 def test_pictures_are_made_on_demand_and_cached_in_the_run(app_a, run_a):
     thumb = app_a.get("/picture/thumb/a1")
-    assert thumb.status_code == 200 and thumb.headers["content-type"] == "image/jpeg" and thumb.content[:2] == b"\xff\xd8"
+    assert (
+        thumb.status_code == 200 and thumb.headers["content-type"] == "image/jpeg" and thumb.content[:2] == b"\xff\xd8"
+    )
     assert list((run_a / ".view" / "thumbs").glob("*.jpg"))
     masked = app_a.get("/picture/m2/a1")
     assert masked.status_code == 200 and masked.headers["content-type"] == "image/jpeg"
@@ -137,13 +153,17 @@ def test_pictures_are_made_on_demand_and_cached_in_the_run(app_a, run_a):
 
 def test_model_page_numbers_are_the_stats_tables(app_a):
     page = app_a.get("/model/beta").text
-    rows = re.findall(r'<tr data-metric="SIM" data-variant="full" data-dataset="([^"]+)"\s+data-estimate="([^"]*)" '
-                      r'data-ci-low="([^"]*)" data-ci-high="([^"]*)">', page)
+    rows = re.findall(
+        r'<tr data-metric="SIM" data-variant="full" data-dataset="([^"]+)"\s+data-estimate="([^"]*)" '
+        r'data-ci-low="([^"]*)" data-ci-high="([^"]*)">',
+        page,
+    )
     assert {d: tuple(None if v == "" else float(v) for v in values) for d, *values in rows} == {
-        d: values for (m, d), values in STATS.items() if m == "beta"}
+        d: values for (m, d), values in STATS.items() if m == "beta"
+    }
     assert '<td class="value">0.483</td>' in page and "[0.200, 0.650]" in page
     assert "[–, –]" in page  # the estimate a budget stop left out
-    assert '1 failed response(s)' in page and "RateLimitError: budget reached" in page
+    assert "1 failed response(s)" in page and "RateLimitError: budget reached" in page
     assert app_a.get("/model/gamma").status_code == 404
 
 
@@ -219,8 +239,18 @@ def test_files_inside_the_run_are_served(app_a, url):
     assert app_a.get(url).status_code == 200
 
 
-@pytest.mark.parametrize("url", ["/run/%2Fetc%2Fpasswd", "/run/..%2F..%2Fetc%2Fpasswd", "/run/inputs/..%2F..%2F..%2Fetc%2Fpasswd",
-                                 "/static/..%2F..%2Fcli.py", "/picture/original/..%2F..%2Fetc%2Fpasswd", "/run/", "/run/inputs"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "/run/%2Fetc%2Fpasswd",
+        "/run/..%2F..%2Fetc%2Fpasswd",
+        "/run/inputs/..%2F..%2F..%2Fetc%2Fpasswd",
+        "/static/..%2F..%2Fcli.py",
+        "/picture/original/..%2F..%2Fetc%2Fpasswd",
+        "/run/",
+        "/run/inputs",
+    ],
+)
 def test_nothing_outside_the_run_is_served(app_a, url):
     assert app_a.get(url).status_code == 404
 
@@ -238,15 +268,18 @@ def app_b(tmp_path_factory):
     return client(openworld_run(tmp_path_factory.mktemp("view-b") / "run"))
 
 
-@pytest.mark.parametrize("params, expected", [
-    ({}, sorted(LABELS)),
-    ({"outcome": "correct"}, sorted({i for (m, i), p in PREDICTIONS.items() if p[3] == "correct"})),
-    ({"outcome": "confusion", "model": "alpha"}, ["a3", "b2"]),
-    ({"outcome": "granularity", "dataset": "ds-b"}, ["b1"]),
-    ({"granularity": "prototypical"}, ["a2", "b1", "b3"]),
-    ({"outcome": "unjudged", "prompt": "specific"}, sorted(LABELS)),
-    ({"outcome": "correct", "prompt": "specific"}, []),
-])
+@pytest.mark.parametrize(
+    "params, expected",
+    [
+        ({}, sorted(LABELS)),
+        ({"outcome": "correct"}, sorted({i for (m, i), p in PREDICTIONS.items() if p[3] == "correct"})),
+        ({"outcome": "confusion", "model": "alpha"}, ["a3", "b2"]),
+        ({"outcome": "granularity", "dataset": "ds-b"}, ["b1"]),
+        ({"granularity": "prototypical"}, ["a2", "b1", "b3"]),
+        ({"outcome": "unjudged", "prompt": "specific"}, sorted(LABELS)),
+        ({"outcome": "correct", "prompt": "specific"}, []),
+    ],
+)
 def test_openworld_gallery_filters(app_b, params, expected):
     assert listed(app_b.get("/", params=params).text) == expected
 
@@ -260,7 +293,7 @@ def test_openworld_gallery_sorts_by_cs(app_b):
 
 def test_openworld_card_and_image_page_show_every_prediction(app_b):
     page = app_b.get("/", params={"dataset": "ds-a"}).text
-    card = page[page.index('data-image="a1"'):page.index('data-image="a2"')]
+    card = page[page.index('data-image="a1"') : page.index('data-image="a2"')]
     assert "dalmatian" in card and 'data-model="beta" data-outcome="correct"' in card and "CS 0.95" in card
     image = app_b.get("/image/a2").text
     assert 'id="label">cat<' in image

@@ -29,8 +29,9 @@ def folders(tmp_path_factory):
 
 
 def config(path, **options) -> ModelConfig:
-    return ModelConfig(name="tiny", backend="hf-zero-shot", model_id="tiny/zero-shot", era="mllm", path=path,
-                       options=options)
+    return ModelConfig(
+        name="tiny", backend="hf-zero-shot", model_id="tiny/zero-shot", era="mllm", path=path, options=options
+    )
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +63,7 @@ def test_ensemble_is_the_renormalised_mean_of_normalised_embeddings():
     # two templates, two classes, 2-d: by hand
     embeddings = np.array([[[3.0, 4.0], [0.0, 2.0]], [[0.0, 5.0], [1.0, 0.0]]])
     # class 0: (0.6, 0.8) and (0, 1) -> mean (0.3, 0.9) -> /sqrt(0.9); class 1: (0, 1), (1, 0) -> (1, 1)/sqrt(2)
-    np.testing.assert_allclose(ensemble(embeddings), [[0.3 / 0.9 ** 0.5, 0.9 / 0.9 ** 0.5], [2 ** -0.5, 2 ** -0.5]])
+    np.testing.assert_allclose(ensemble(embeddings), [[0.3 / 0.9**0.5, 0.9 / 0.9**0.5], [2**-0.5, 2**-0.5]])
     # one template: just the normalised embeddings
     np.testing.assert_allclose(ensemble(embeddings[:1]), [[0.6, 0.8], [0.0, 1.0]])
 
@@ -75,13 +76,23 @@ def test_top_class_is_the_highest_cosine_not_the_highest_dot_product():
 
 
 def test_prompts_are_template_major_and_keep_names_verbatim():
-    assert class_prompts(("cat", "sea lion"), ("a {}.", "the {} here")) == ["a cat.", "a sea lion.", "the cat here",
-                                                                            "the sea lion here"]
+    assert class_prompts(("cat", "sea lion"), ("a {}.", "the {} here")) == [
+        "a cat.",
+        "a sea lion.",
+        "the cat here",
+        "the sea lion here",
+    ]
 
 
-@pytest.mark.parametrize("templates, fragment", [
-    ([], "non-empty list"), ("a {}", "valid list"), (["a photo"], "exactly one {}"), (["{} {}"], "exactly one {}"),
-])
+@pytest.mark.parametrize(
+    "templates, fragment",
+    [
+        ([], "non-empty list"),
+        ("a {}", "valid list"),
+        (["a photo"], "exactly one {}"),
+        (["{} {}"], "exactly one {}"),
+    ],
+)
 def test_bad_templates_are_refused_before_loading(folders, templates, fragment):
     cfg = config(folders["hf-clip"], templates=templates)
     (problem,) = entry_problems("hf-zero-shot", cfg.options, ("models", 0))
@@ -132,8 +143,11 @@ def test_template_ensemble_equals_a_hand_computation(folders, kind):
 
     with torch.no_grad():
         per_template = [
-            unit(net.get_text_features(**processor(text=[t.format(c) for c in THINGS], padding=PADDING[kind],
-                                                    return_tensors="pt")).pooler_output)
+            unit(
+                net.get_text_features(
+                    **processor(text=[t.format(c) for c in THINGS], padding=PADDING[kind], return_tensors="pt")
+                ).pooler_output
+            )
             for t in TEMPLATES
         ]
         hand = unit(torch.stack(per_template).mean(0))
@@ -148,8 +162,9 @@ def test_template_ensemble_equals_a_hand_computation(folders, kind):
 @pytest.mark.parametrize("kind", ["hf-clip", "hf-siglip"])
 def test_a_batch_of_two_datasets_gives_what_its_rows_give_one_by_one(backends, kind):
     backend = backends[kind]
-    mixed = [s if i % 2 else Stimulus(s.image_id, s.variant, s.image, s.prompt, ANIMALS)
-             for i, s in enumerate(stimuli())]
+    mixed = [
+        s if i % 2 else Stimulus(s.image_id, s.variant, s.image, s.prompt, ANIMALS) for i, s in enumerate(stimuli())
+    ]
     batch = backend.describe(mixed)
     assert [d.text for d in batch] == [backend.describe([s])[0].text for s in mixed]
     assert all(d.text in (ANIMALS if i % 2 == 0 else THINGS) for i, d in enumerate(batch))
@@ -159,7 +174,9 @@ def test_class_embeddings_are_computed_once_per_class_list(folders, monkeypatch)
     backend = backend_class("hf-zero-shot")(config(folders["hf-clip"]))
     calls = []
     embed = backend.net.get_text_features
-    monkeypatch.setattr(backend.net, "get_text_features", lambda **kw: calls.append(kw["input_ids"].shape[0]) or embed(**kw))
+    monkeypatch.setattr(
+        backend.net, "get_text_features", lambda **kw: calls.append(kw["input_ids"].shape[0]) or embed(**kw)
+    )
     first = backend.describe(stimuli())
     assert backend.describe(stimuli()) == first
     backend.describe(stimuli(ANIMALS, 2))

@@ -233,15 +233,24 @@ class ModelConfig(Settings):
 
     name: str = Field(min_length=1, description="The model's name in every table (its `subject`).")
     backend: str = registry_field(..., "How it runs: each backend's options are in docs/models.md.", "backend")
-    model_id: str = Field(min_length=1, description="The model: a hub id, an API model id, or a name for imported descriptions.")
+    model_id: str = Field(
+        min_length=1, description="The model: a hub id, an API model id, or a name for imported descriptions."
+    )
     era: Era | None = for_studies(None, "pre-mllm or mllm (the era comparisons).", "decade")
     prompt: str | None = for_studies(None, "This model's prompt instead of the study's.", "decade")
     variants: Literal["full", "all"] = for_studies(
-        "full", "full, or all (the full image and every masked variant).", "decade")
+        "full", "full, or all (the full image and every masked variant).", "decade"
+    )
     batch_size: int = operational(8, "Stimuli per batch in the model's actor.", ge=1)
-    path: Path | None = Field(None, description="A local folder with the weights (default: a packaged copy, then the hub).")
-    options: dict[str, Any] = Field(default_factory=dict, description="Backend options (docs/models.md), e.g. temperature, max_output_tokens, file.")
-    mode: Literal["sync", "batch"] | None = operational(None, "API models: sync or batch for this model alone (none: its provider's `mode`; docs/api.md).")
+    path: Path | None = Field(
+        None, description="A local folder with the weights (default: a packaged copy, then the hub)."
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="Backend options (docs/models.md), e.g. temperature, max_output_tokens, file."
+    )
+    mode: Literal["sync", "batch"] | None = operational(
+        None, "API models: sync or batch for this model alone (none: its provider's `mode`; docs/api.md)."
+    )
 
     @field_validator("name")
     @classmethod
@@ -260,9 +269,13 @@ class EncoderConfig(Settings):
     name: str = Field(min_length=1, description="The metric's name in every table (e.g. SBERT-SI).")
     backend: str = registry_field("sentence-transformers", "How it runs.", "encoder")
     model_id: str = Field(MINILM, description="The encoder's hub or API model id.")
-    path: Path | None = Field(None, description="A local folder with the weights (default: a packaged copy, then the hub).")
+    path: Path | None = Field(
+        None, description="A local folder with the weights (default: a packaged copy, then the hub)."
+    )
     batch_size: int = operational(64, "Texts per batch.", ge=1)
-    mode: Literal["sync", "batch"] | None = operational(None, "API encoders: sync or batch for this encoder alone (none: its provider's `mode`; docs/api.md).")
+    mode: Literal["sync", "batch"] | None = operational(
+        None, "API encoders: sync or batch for this encoder alone (none: its provider's `mode`; docs/api.md)."
+    )
 
 
 class MetricConfig(Settings):
@@ -273,8 +286,12 @@ class MetricConfig(Settings):
     encoder: EncoderConfig | None = Field(None, description="cosine: the encoder whose vectors are compared.")
     model_id: str = Field(MINILM, description="bertscore: the contextual model.")
     path: Path | None = Field(None, description="bertscore: a local folder with the model's weights.")
-    num_layers: int | None = Field(None, ge=1, description="bertscore: which layer's embeddings (default: bert-score's choice for the model).")
-    component: Literal["precision", "recall", "f1"] = Field("f1", description="bertscore: which of precision, recall, f1.")
+    num_layers: int | None = Field(
+        None, ge=1, description="bertscore: which layer's embeddings (default: bert-score's choice for the model)."
+    )
+    component: Literal["precision", "recall", "f1"] = Field(
+        "f1", description="bertscore: which of precision, recall, f1."
+    )
     batch_size: int = operational(64, "Pairs per batch.", ge=1)
 
     @model_validator(mode="after")
@@ -297,8 +314,18 @@ MAX_SEED = 2**63 - 1
 class StatisticsConfig(Settings):
     """The bootstrap over images and the FDR control (docs/statistics.md)."""
 
-    n_resamples: int = Field(10_000, ge=100, le=MAX_RESAMPLES, description="Bootstrap resamples over images (at most 1,000,000: memory grows with them).")
-    seed: int = Field(20_241_101, ge=0, le=MAX_SEED, description="Seed of every resampling stream (with each stream's name); 0 to 2**63 - 1.")
+    n_resamples: int = Field(
+        10_000,
+        ge=100,
+        le=MAX_RESAMPLES,
+        description="Bootstrap resamples over images (at most 1,000,000: memory grows with them).",
+    )
+    seed: int = Field(
+        20_241_101,
+        ge=0,
+        le=MAX_SEED,
+        description="Seed of every resampling stream (with each stream's name); 0 to 2**63 - 1.",
+    )
     confidence: float = Field(0.95, gt=0.5, lt=1.0, description="Confidence level of the intervals.")
     alpha: float = Field(0.05, gt=0.0, lt=1.0, description="FDR level of the Benjamini-Hochberg decisions.")
 
@@ -306,14 +333,29 @@ class StatisticsConfig(Settings):
 class RuntimeConfig(Settings):
     """Where work runs. No address: a local Ray; an address (or RAY_ADDRESS) joins a cluster."""
 
-    address: str | None = Field(None, description="A Ray cluster to join (also --address or RAY_ADDRESS); none: a local Ray.")
+    address: str | None = Field(
+        None, description="A Ray cluster to join (also --address or RAY_ADDRESS); none: a local Ray."
+    )
     num_cpus: int | None = Field(None, ge=1, description="CPUs of a local Ray (default: all).")
     actors_per_model: int = Field(1, ge=1, description="Actors per local model.")
     cpus_per_actor: float = Field(1.0, ge=0.0, description="CPUs each model or encoder actor reserves.")
-    gpus_per_actor: float = Field(0.0, ge=0.0, description="GPUs each model actor reserves (0.25: four small models per GPU).")
-    stall_timeout_s: float = Field(1800.0, gt=0, description="A stage that finishes no call for this long stops with a message naming what it waits for.")
-    rehash: bool = Field(False, description="Read and hash every image again, instead of trusting the run folder's record of unchanged files (also --rehash).")
-    max_restarts: int = Field(3, ge=0, description="Model or encoder actors a stage may lose (process or node) and replace before the rest of its batches become error rows.")
+    gpus_per_actor: float = Field(
+        0.0, ge=0.0, description="GPUs each model actor reserves (0.25: four small models per GPU)."
+    )
+    stall_timeout_s: float = Field(
+        1800.0,
+        gt=0,
+        description="A stage that finishes no call for this long stops with a message naming what it waits for.",
+    )
+    rehash: bool = Field(
+        False,
+        description="Read and hash every image again, instead of trusting the run folder's record of unchanged files (also --rehash).",
+    )
+    max_restarts: int = Field(
+        3,
+        ge=0,
+        description="Model or encoder actors a stage may lose (process or node) and replace before the rest of its batches become error rows.",
+    )
 
 
 # Published list prices in US$ per million tokens (standard tier, text and image input alike; the
@@ -393,19 +435,26 @@ def stale_prices(uses, providers: "ProvidersConfig", today: datetime.date, max_a
         listed = listed_price(provider, model_id)
         if listed and (today - datetime.date.fromisoformat(listed[1].as_of)).days > max_age_days:
             found[(provider, listed[0])] = listed[1].as_of
-    return [f"{provider} `{key}`: listed price read {as_of}, over a year ago; check the provider's page "
-            f"(providers.{provider}.prices overrides it)" for (provider, key), as_of in sorted(found.items())]
+    return [
+        f"{provider} `{key}`: listed price read {as_of}, over a year ago; check the provider's page "
+        f"(providers.{provider}.prices overrides it)"
+        for (provider, key), as_of in sorted(found.items())
+    ]
 
 
 def price_table_markdown(batch_discount: float) -> str:
     """The built-in prices as docs/api.md shows them, then each reading's source (a test keeps the
     two the same)."""
-    lines = ["| provider | model id (prefix) | input | output | batch input | batch output | read |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "| provider | model id (prefix) | input | output | batch input | batch output | read |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for provider, table in DEFAULT_PRICES.items():
         for model_id, p in sorted(table.items()):
-            lines.append(f"| {provider} | `{model_id}` | {p.input_per_mtok:g} | {p.output_per_mtok:g} | "
-                         f"{p.input_per_mtok * batch_discount:g} | {p.output_per_mtok * batch_discount:g} | {p.as_of} |")
+            lines.append(
+                f"| {provider} | `{model_id}` | {p.input_per_mtok:g} | {p.output_per_mtok:g} | "
+                f"{p.input_per_mtok * batch_discount:g} | {p.output_per_mtok * batch_discount:g} | {p.as_of} |"
+            )
     lines.append("")
     lines += [f"- {date}: {source}" for date, source in sorted(PRICE_SOURCES.items(), reverse=True)]
     return "\n".join(lines) + "\n"
@@ -441,16 +490,29 @@ class ProviderConfig(Settings):
     timeout_s: float = Field(60.0, gt=0, description="Seconds before a request is abandoned (and retried).")
     max_attempts: int = Field(8, ge=1, description="Attempts per request (429, 5xx and timeouts are retried).")
     base_url: str | None = Field(None, description="Send the official client elsewhere (a proxy).")
-    budget_usd: float | None = Field(10.0, ge=0, description="US$ the run folder may spend with the provider; none: no cap.")
-    prices: dict[str, Price] = Field(default_factory=dict, description="Prices by model id (prefix), over the built-in table.")
-    mode: Literal["sync", "batch"] = operational("sync", "sync: requests one by one; batch: the provider's batch interface, "
-                                                 "half the price, answers within a day (docs/api.md).")
-    batch_max_requests: int | None = operational(None, "Batch mode: requests per batch at most (default: the provider's limit).", ge=1)
-    batch_poll_s: float = operational(30.0, "Batch mode: seconds before a pending batch is looked at again (growing by half each time).", gt=0)
+    budget_usd: float | None = Field(
+        10.0, ge=0, description="US$ the run folder may spend with the provider; none: no cap."
+    )
+    prices: dict[str, Price] = Field(
+        default_factory=dict, description="Prices by model id (prefix), over the built-in table."
+    )
+    mode: Literal["sync", "batch"] = operational(
+        "sync",
+        "sync: requests one by one; batch: the provider's batch interface, "
+        "half the price, answers within a day (docs/api.md).",
+    )
+    batch_max_requests: int | None = operational(
+        None, "Batch mode: requests per batch at most (default: the provider's limit).", ge=1
+    )
+    batch_poll_s: float = operational(
+        30.0, "Batch mode: seconds before a pending batch is looked at again (growing by half each time).", gt=0
+    )
 
     def price(self, provider: str, model_id: str) -> Price | None:
-        table = {k: Price(input_per_mtok=p.input_per_mtok, output_per_mtok=p.output_per_mtok)
-                 for k, p in DEFAULT_PRICES.get(provider, {}).items()}
+        table = {
+            k: Price(input_per_mtok=p.input_per_mtok, output_per_mtok=p.output_per_mtok)
+            for k, p in DEFAULT_PRICES.get(provider, {}).items()
+        }
         table.update(self.prices)
         matches = [k for k in table if model_id == k or model_id.startswith(k + "-")]
         return table[max(matches, key=len)] if matches else None
@@ -459,10 +521,18 @@ class ProviderConfig(Settings):
 class ProvidersConfig(Settings):
     """API providers and the response cache shared across runs (default: the user's cache folder)."""
 
-    cache_dir: Path | None = Field(None, description="The API answer cache (also --cache-dir; default ~/.cache/vlm_decade/api).")
-    batch_wait: bool = operational(True, "Batch mode: wait for batches to finish (--wait); false: submit, and a later run collects (--no-wait).")
-    openai: ProviderConfig = Field(ProviderConfig(rpm=500, tpm=30_000), description="OpenAI's limits, budget and prices.")
-    gemini: ProviderConfig = Field(ProviderConfig(rpm=150, tpm=1_000_000), description="Gemini's limits, budget and prices.")
+    cache_dir: Path | None = Field(
+        None, description="The API answer cache (also --cache-dir; default ~/.cache/vlm_decade/api)."
+    )
+    batch_wait: bool = operational(
+        True, "Batch mode: wait for batches to finish (--wait); false: submit, and a later run collects (--no-wait)."
+    )
+    openai: ProviderConfig = Field(
+        ProviderConfig(rpm=500, tpm=30_000), description="OpenAI's limits, budget and prices."
+    )
+    gemini: ProviderConfig = Field(
+        ProviderConfig(rpm=150, tpm=1_000_000), description="Gemini's limits, budget and prices."
+    )
 
 
 def repeated(names: list[str]) -> list[str]:
@@ -477,7 +547,9 @@ class StudyBase(Settings):
     models: tuple[ModelConfig, ...] = Field(min_length=1, description="The models to measure.")
     statistics: StatisticsConfig = Field(StatisticsConfig(), description="The bootstrap and the FDR control.")
     runtime: RuntimeConfig = Field(RuntimeConfig(), description="Where work runs.")
-    providers: ProvidersConfig = Field(ProvidersConfig(), description="API providers: limits, budgets, prices, the cache.")
+    providers: ProvidersConfig = Field(
+        ProvidersConfig(), description="API providers: limits, budgets, prices, the cache."
+    )
     output: Path = Field(Path("runs/study"), description="The run folder (also --out).")
 
     def hash(self) -> str:
@@ -514,7 +586,10 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 break
             if seen:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"key '{key}' appears twice (lines {first[key]} and {line}): each key may be given once", key_node.start_mark
+                    None,
+                    None,
+                    f"key '{key}' appears twice (lines {first[key]} and {line}): each key may be given once",
+                    key_node.start_mark,
                 )
             first[key] = line
         return super().construct_mapping(node, deep=deep)
@@ -544,7 +619,11 @@ def output_problems(output: str | Path, field: str = "output") -> list[Problem]:
         problem = uri_problem(str(output))
         return [] if problem is None else [Problem(str(output), problem, field=field)]
     if FOLDED_URI.match(str(output)):
-        return [Problem(str(output), "looks like a URI with one slash: write s3://bucket/... or gs://bucket/...", field=field)]
+        return [
+            Problem(
+                str(output), "looks like a URI with one slash: write s3://bucket/... or gs://bucket/...", field=field
+            )
+        ]
     output = Path(output)
     if "\0" in str(output):
         return [Problem(str(output).replace("\0", "\\0"), "a path cannot hold a NUL byte", field=field)]
@@ -554,7 +633,11 @@ def output_problems(output: str | Path, field: str = "output") -> list[Problem]:
     if existing is None:
         return []
     if not existing.is_dir():
-        return [Problem(str(output), f"{existing} is a file, not a folder: the run folder cannot be made under it", field=field)]
+        return [
+            Problem(
+                str(output), f"{existing} is a file, not a folder: the run folder cannot be made under it", field=field
+            )
+        ]
     if not os.access(existing, os.W_OK | os.X_OK):
         return [Problem(str(output), f"{existing} may not be written by this user", field=field)]
     return []
@@ -618,7 +701,9 @@ def _type_text(annotation: Any) -> str:
         return "section"
     if set(args) == {Path, str}:
         return "path or URI"
-    return {Path: "path", str: "text", int: "integer", float: "number", bool: "true/false"}.get(annotation, str(annotation))
+    return {Path: "path", str: "text", int: "integer", float: "number", bool: "true/false"}.get(
+        annotation, str(annotation)
+    )
 
 
 _REQUIRED = object()
@@ -639,8 +724,13 @@ def _value_text(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def reference(cls: type[Settings], prefix: str = "", defaults: Settings | None = None, study: str | None = None,
-              registries: dict[str, list[str]] | None = None) -> list[tuple[str, str, str, str]]:
+def reference(
+    cls: type[Settings],
+    prefix: str = "",
+    defaults: Settings | None = None,
+    study: str | None = None,
+    registries: dict[str, list[str]] | None = None,
+) -> list[tuple[str, str, str, str]]:
     """(key, type, default, description) of every field of a section and the sections inside it
     that `study` takes; `defaults`: the section's default value, whose fields are the defaults
     shown; `registries`: the names of each registry, the values a `registry_field` takes."""
@@ -664,8 +754,9 @@ def reference(cls: type[Settings], prefix: str = "", defaults: Settings | None =
     return rows
 
 
-def reference_markdown(cls: type[Settings], study: str | None = None,
-                       registries: dict[str, list[str]] | None = None) -> str:
+def reference_markdown(
+    cls: type[Settings], study: str | None = None, registries: dict[str, list[str]] | None = None
+) -> str:
     """`reference` as a Markdown table (what `vlm-decade schema` prints and the docs show)."""
     cell = lambda text: text.replace("|", "\\|")  # noqa: E731
     lines = ["| key | type | default | what |", "| --- | --- | --- | --- |"]

@@ -41,13 +41,27 @@ def stalled(ray, what: str, needs: dict[str, float], seconds: float) -> Stalled:
     free = ray.available_resources()
     wants = ", ".join(f"{v:g} {k}" for k, v in needs.items() if v) or "nothing but a worker"
     short = [k for k, v in needs.items() if v and free.get(k, 0) < v]
-    why = f"the cluster has {', '.join(f'{free.get(k, 0):g} {k}' for k in short)} free" if short else "nothing is short: a worker may be stuck"
-    return Stalled(f"{what}: no call finished in {seconds:g}s (runtime.stall_timeout_s); each waits for {wants}, and {why}. "
-                   "What finished is kept: run again when the cluster has room (or lower the resources each actor asks for)")
+    why = (
+        f"the cluster has {', '.join(f'{free.get(k, 0):g} {k}' for k in short)} free"
+        if short
+        else "nothing is short: a worker may be stuck"
+    )
+    return Stalled(
+        f"{what}: no call finished in {seconds:g}s (runtime.stall_timeout_s); each waits for {wants}, and {why}. "
+        "What finished is kept: run again when the cluster has room (or lower the resources each actor asks for)"
+    )
 
 
-def bounded(ray, work: Iterable[W], submit: Callable[[W, int], Any], limit: int, *,
-            stall_timeout_s: float | None = None, what: str = "work", needs: dict[str, float] | None = None) -> Iterator[Finished[W]]:
+def bounded(
+    ray,
+    work: Iterable[W],
+    submit: Callable[[W, int], Any],
+    limit: int,
+    *,
+    stall_timeout_s: float | None = None,
+    what: str = "work",
+    needs: dict[str, float] | None = None,
+) -> Iterator[Finished[W]]:
     """Submit `work` items with `submit(item, slot)` while fewer than `limit` calls are in flight;
     yield each `Finished` call in the order they finish.
 
@@ -84,10 +98,20 @@ def bounded(ray, work: Iterable[W], submit: Callable[[W, int], Any], limit: int,
         yield done
 
 
-def pool_map(ray, make_actor: Callable[[], Any], n_actors: int, work: Iterable[W], call: Callable[[Any, W], Any], *,
-             in_flight_per_actor: int = 2, max_lost: int = 3, stall_timeout_s: float | None = None, what: str = "work",
-             needs: dict[str, float] | None = None, ready: Callable[[Any], Any] = lambda actor: actor.__ray_ready__.remote()
-             ) -> Iterator[Finished[W]]:
+def pool_map(
+    ray,
+    make_actor: Callable[[], Any],
+    n_actors: int,
+    work: Iterable[W],
+    call: Callable[[Any, W], Any],
+    *,
+    in_flight_per_actor: int = 2,
+    max_lost: int = 3,
+    stall_timeout_s: float | None = None,
+    what: str = "work",
+    needs: dict[str, float] | None = None,
+    ready: Callable[[Any], Any] = lambda actor: actor.__ray_ready__.remote(),
+) -> Iterator[Finished[W]]:
     """`bounded` over a pool of `n_actors` actors made by `make_actor`, that survives losing them.
 
     Work goes only to actors that have started (`ready`: a call that returns once the actor is up),

@@ -53,7 +53,9 @@ class InputError(Exception):
 
     def located(self, study_file) -> "InputError":
         """The same problems, with those that name the study file in general naming its path."""
-        problems = [Problem(str(study_file), p.message, p.row, p.field) if p.file == STUDY_FILE else p for p in self.problems]
+        problems = [
+            Problem(str(study_file), p.message, p.row, p.field) if p.file == STUDY_FILE else p for p in self.problems
+        ]
         return InputError(problems, self.image_ids)
 
 
@@ -109,7 +111,10 @@ def os_failure(exc: OSError, folder: Path | None = None) -> tuple[int, str]:
         message = f"no space left on the device holding {where}{_free(where)}"
         if exc.filename is not None:
             message += f", while writing {exc.filename}"
-        return ENVIRONMENT_EXIT, f"{message}. Kept there: {_kept(where)}. Free some space and run the same command again: it goes on from there."
+        return (
+            ENVIRONMENT_EXIT,
+            f"{message}. Kept there: {_kept(where)}. Free some space and run the same command again: it goes on from there.",
+        )
     if exc.errno in _PATH_ERRORS and target is not None:
         return INPUT_EXIT, f"{target}: {_PATH_ERRORS[exc.errno]}"
     return ENVIRONMENT_EXIT, f"{target}: {exc.strerror or exc}" if target is not None else str(exc)
@@ -132,7 +137,11 @@ def _kept(folder: Path) -> str:
         stages = RunFolder(folder).manifest().get("stages", {})
     except (OSError, ValueError, AttributeError):  # a manifest that is itself damaged
         stages = {}
-    done = sorted(name for name, record in stages.items() if isinstance(record, dict) and record.get("state") in ("done", "incomplete"))
+    done = sorted(
+        name
+        for name, record in stages.items()
+        if isinstance(record, dict) and record.get("state") in ("done", "incomplete")
+    )
     parts = len(list((folder / ".parts").glob("*/part-*.parquet")))
     stages_text = f"{len(done)} finished stage(s)" + (f" ({', '.join(done)})" if done else "")
     return f"{stages_text} and {parts} saved batch(es) of unfinished stages"

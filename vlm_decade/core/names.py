@@ -19,6 +19,6 @@ def closest(name: str, known: Iterable[str]) -> str | None:
 
 
 def did_you_mean(name: str, known: Iterable[str]) -> str:
-    """" (did you mean 'x'?)" for the closest known name, or "" when none is close."""
+    """ " (did you mean 'x'?)" for the closest known name, or "" when none is close."""
     near = closest(name, known)
     return f" (did you mean '{near}'?)" if near is not None else ""

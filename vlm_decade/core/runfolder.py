@@ -166,10 +166,14 @@ class RunFolder:
         """Write a table atomically. Returns its content fingerprint (the manifest's `tables`, what
         later stages' fingerprints use) and its file record (the manifest's `files`: sha256 and size,
         what `verified` checks)."""
-        fingerprint, record, _ = self.write_batches(name, table.schema, table.combine_chunks().to_batches(max_chunksize=ROW_GROUP_ROWS))
+        fingerprint, record, _ = self.write_batches(
+            name, table.schema, table.combine_chunks().to_batches(max_chunksize=ROW_GROUP_ROWS)
+        )
         return fingerprint, record
 
-    def write_batches(self, name: str, schema: pa.Schema, batches, row_group_rows: int = ROW_GROUP_ROWS) -> tuple[str, dict[str, Any], int]:
+    def write_batches(
+        self, name: str, schema: pa.Schema, batches, row_group_rows: int = ROW_GROUP_ROWS
+    ) -> tuple[str, dict[str, Any], int]:
         """Write a table from an iterator of record batches without holding it whole (row groups
         as they come), to a temporary file renamed into place; its fingerprint goes into the file's
         metadata too. Row groups hold at most `row_group_rows` rows (a reader decodes one whole
@@ -305,14 +309,18 @@ class RunFolder:
             found = self.self_verified(path.stem)
             if found is not None:
                 tables[path.stem], files[path.stem] = found
-        self.say(f"[yellow]{self.manifest_path} could not be read: kept as {aside.name}; rebuilt from the "
-                 f"{len(tables)} tables that verify, and every stage runs again[/yellow]")
+        self.say(
+            f"[yellow]{self.manifest_path} could not be read: kept as {aside.name}; rebuilt from the "
+            f"{len(tables)} tables that verify, and every stage runs again[/yellow]"
+        )
         manifest = {"tables": tables, "files": files}
         self.save_manifest(manifest)
         return manifest
 
     def save_manifest(self, manifest: dict[str, Any]) -> None:
-        atomic_write_bytes(self.manifest_path, (json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n").encode())
+        atomic_write_bytes(
+            self.manifest_path, (json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n").encode()
+        )
         if self.mirror is not None and self.repairs:
             self.mirror.push()
 
@@ -336,10 +344,14 @@ class RunFolder:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 holder = os.pread(fd, 256, 0).decode(errors="replace").strip() or "another process"
-                raise RunFolderBusy(f"{self.root} is in use by {holder}; wait for that run to end, or use another --out") from None
+                raise RunFolderBusy(
+                    f"{self.root} is in use by {holder}; wait for that run to end, or use another --out"
+                ) from None
             left = os.pread(fd, 256, 0).decode(errors="replace").strip()
             if left:
-                self.say(f"[yellow]{self.root}: an earlier run ({left}) ended without releasing the folder; taking over[/yellow]")
+                self.say(
+                    f"[yellow]{self.root}: an earlier run ({left}) ended without releasing the folder; taking over[/yellow]"
+                )
             me = f"pid {os.getpid()} on {socket.gethostname()}"
             os.ftruncate(fd, 0)
             os.pwrite(fd, me.encode(), 0)

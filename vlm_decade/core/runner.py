@@ -153,8 +153,12 @@ class StudyRun:
             raise RuntimeError(f"stage {stage.name} did not produce {sorted(missing)}")
         tables = {name: out for name, out in outputs.items() if isinstance(out, pa.Table)}
         self._tables.update(tables)
-        written = {name: self.folder.write(name, tables[name]) if name in tables else (outputs[name].fingerprint, outputs[name].file)
-                   for name in stage.tables}
+        written = {
+            name: self.folder.write(name, tables[name])
+            if name in tables
+            else (outputs[name].fingerprint, outputs[name].file)
+            for name in stage.tables
+        }
         rows = {name: tables[name].num_rows if name in tables else outputs[name].rows for name in stage.tables}
         for name in stage.tables:
             self.folder.clear_parts(name)  # folded into the table just written
@@ -233,8 +237,15 @@ def open_run(study: StudyBase, reporter: Reporter | None, summary: str, **manife
     return StudyRun(folder, reporter, LazyRay(study.runtime), lock)
 
 
-def run_study(study: StudyBase, reporter: Reporter | None, summary: str, stages: list[Stage], notes: list[str] = (),
-              opened: Callable[[Path], None] | None = None, **manifest: Any) -> RunFolder:
+def run_study(
+    study: StudyBase,
+    reporter: Reporter | None,
+    summary: str,
+    stages: list[Stage],
+    notes: list[str] = (),
+    opened: Callable[[Path], None] | None = None,
+    **manifest: Any,
+) -> RunFolder:
     """A study's run: `open_run`, then its `notes` said (what the run leaves out), `opened` given the
     folder's root (the image cache keeps its record there), and the stages run in order. Returns the folder."""
     with open_run(study, reporter, summary, **manifest) as spine:

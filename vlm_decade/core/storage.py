@@ -47,7 +47,7 @@ def uri_problem(uri: str) -> str | None:
     scheme = _URI.match(uri).group(1).lower()
     if scheme not in SCHEMES:
         return f"'{scheme}://' is not supported: use a local path, s3:// or gs://"
-    if not uri[len(scheme) + 3:].split("/", 1)[0]:
+    if not uri[len(scheme) + 3 :].split("/", 1)[0]:
         return "the URI names no bucket"
     return None
 
@@ -148,7 +148,10 @@ MANIFEST = "manifest.json"
 def working_copy(uri: str) -> Path:
     """The local working copy of the run folder at `uri`: under $VLM_DECADE_WORKING_COPIES (default
     ~/.cache/vlm_decade/runs), named by the URI's hash, made and tied to the URI on first use."""
-    base = os.environ.get("VLM_DECADE_WORKING_COPIES") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vlm_decade" / "runs"
+    base = (
+        os.environ.get("VLM_DECADE_WORKING_COPIES")
+        or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vlm_decade" / "runs"
+    )
     folder = Path(base) / hashlib.sha256(uri.encode()).hexdigest()[:16]
     record = folder / MIRROR_FILE
     if not record.exists():
@@ -278,7 +281,11 @@ class Mirror:
             rels = [p.relative_to(self.root).as_posix() for p in self.root.rglob("*") if p.is_file()]
         else:
             rels = [Path(p).relative_to(self.root).as_posix() for p in paths]
-        todo = [r for r in rels if not LOCAL_ONLY.search(r) and _local_state(self.root / r) != self.synced.get(r, {}).get("local")]
+        todo = [
+            r
+            for r in rels
+            if not LOCAL_ONLY.search(r) and _local_state(self.root / r) != self.synced.get(r, {}).get("local")
+        ]
         todo.sort(key=lambda rel: rel == MANIFEST)  # the manifest names files: they go first
         for rel in todo:
             local = self.root / rel

@@ -104,7 +104,9 @@ def _missing_columns(path: Path, header: list[str], required: tuple[str, ...], p
     return bool(missing)
 
 
-def _csv_rows(path: Path, raw: bytes, required: tuple[str, ...], problems: Problems, optional: tuple[str, ...] = ()) -> list[Row] | None:
+def _csv_rows(
+    path: Path, raw: bytes, required: tuple[str, ...], problems: Problems, optional: tuple[str, ...] = ()
+) -> list[Row] | None:
     if raw.startswith((b"\xff\xfe", b"\xfe\xff")) or b"\x00" in raw.split(b"\n", 1)[0]:
         problems.add(path, "the file looks like UTF-16 (NUL bytes in the header): save it as UTF-8", row=1)
         return None
@@ -155,10 +157,14 @@ def _csv_rows(path: Path, raw: bytes, required: tuple[str, ...], problems: Probl
             rows.append(Row(number, {c: "" for c in optional} | cells))
     except csv.Error as exc:
         if "unexpected end of data" in str(exc):
-            message = (f"a quote opens in this row (which begins at line {line + 1}) and never closes: the rest "
-                       f"of the file, to line {records.line_num}, would be one field; close the quote")
+            message = (
+                f"a quote opens in this row (which begins at line {line + 1}) and never closes: the rest "
+                f"of the file, to line {records.line_num}, would be one field; close the quote"
+            )
         else:
-            message = f"not valid CSV at line {records.line_num}: {exc} (a quote inside a quoted field is written twice: \"\")"
+            message = (
+                f'not valid CSV at line {records.line_num}: {exc} (a quote inside a quoted field is written twice: "")'
+            )
         problems.add(path, message, row=number + 1)
         return None
     return rows
@@ -186,7 +192,12 @@ def _swallowed_rows(
 
 
 def _parquet_rows(
-    path: Path, raw: bytes, required: tuple[str, ...], problems: Problems, optional: tuple[str, ...] = (), kinds: dict | None = None
+    path: Path,
+    raw: bytes,
+    required: tuple[str, ...],
+    problems: Problems,
+    optional: tuple[str, ...] = (),
+    kinds: dict | None = None,
 ) -> list[Row] | None:
     try:
         table = pq.read_table(pa.BufferReader(raw))
@@ -227,7 +238,9 @@ def _type_problem(kind: pa.DataType, allowed: tuple[str, ...]) -> str | None:
         return None
     if "lists" in allowed and (pa.types.is_list(kind) or pa.types.is_large_list(kind)) and scalar(kind.value_type):
         return None
-    expected = ["text", "integers"] + [{"numbers": "numbers", "flags": "true/false", "lists": "a list of text or integers"}[a] for a in allowed]
+    expected = ["text", "integers"] + [
+        {"numbers": "numbers", "flags": "true/false", "lists": "a list of text or integers"}[a] for a in allowed
+    ]
     return f"has type {kind}: expected {', '.join(expected[:-1])} or {expected[-1]}"
 
 

@@ -31,7 +31,15 @@ from vlm_decade.core.files import write_if_changed
 DATA_DIR = Path(__file__).resolve().parent / "data"
 STUDY_FILE = Path(__file__).resolve().parent / "study.yaml"
 OPENWORLD_STUDY_FILE = Path(__file__).resolve().parent / "openworld.yaml"
-TABLES = ("images.csv", "descriptions.csv", "votes.csv", "imported_captions.csv", "ratings.csv", "hand_labels.csv", "README.md")
+TABLES = (
+    "images.csv",
+    "descriptions.csv",
+    "votes.csv",
+    "imported_captions.csv",
+    "ratings.csv",
+    "hand_labels.csv",
+    "README.md",
+)
 
 _SOURCE = re.compile(r"^skimage\.data\.(?P<name>[a-z_]+)(?:\[(?P<index>\d+)\])?$")
 
@@ -140,4 +148,16 @@ def demo_studies(out: str | Path) -> list:
     return [decade_demo(Path(out) / "decade"), openworld_demo(Path(out) / "openworld")]
 
 
-__all__ = ["DATA_DIR", "STUDY_FILE", "OPENWORLD_STUDY_FILE", "decade_demo", "demo_studies", "drop_unkeyed", "openworld_demo", "images", "materialize", "photo", "png_bytes"]
+__all__ = [
+    "DATA_DIR",
+    "STUDY_FILE",
+    "OPENWORLD_STUDY_FILE",
+    "decade_demo",
+    "demo_studies",
+    "drop_unkeyed",
+    "openworld_demo",
+    "images",
+    "materialize",
+    "photo",
+    "png_bytes",
+]

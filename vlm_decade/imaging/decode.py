@@ -113,8 +113,10 @@ def decode_image(source: str | Path | BinaryIO, path: str | Path, background: st
                 return Decoded(rgb, mode, False)
             colour = background_rgb(background)
             if colour is None:
-                raise ImageDecodeError("has transparent pixels, and data.background is none: give a background "
-                                       "(white, a colour name or #rrggbb) or an image without transparency")
+                raise ImageDecodeError(
+                    "has transparent pixels, and data.background is none: give a background "
+                    "(white, a colour name or #rrggbb) or an image without transparency"
+                )
             return Decoded(composite(rgb, alpha, colour), mode, True)
     except ImageDecodeError as exc:
         raise ImageDecodeError(f"{exc}: {path}") from None
@@ -169,7 +171,9 @@ def to_rgb(im: Image.Image) -> np.ndarray:
             return _gray(np.rint(values * 255.0))
         if lo >= 0.0 and hi <= 255.0:
             return _gray(np.rint(values))
-        raise ImageDecodeError(f"float pixels from {lo:g} to {hi:g}, neither within 0..1 nor 0..255: no faithful 8-bit reading")
+        raise ImageDecodeError(
+            f"float pixels from {lo:g} to {hi:g}, neither within 0..1 nor 0..255: no faithful 8-bit reading"
+        )
     try:
         return np.asarray(im.convert("RGB"))
     except (ValueError, OSError) as exc:

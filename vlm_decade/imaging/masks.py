@@ -32,12 +32,16 @@ class MaskConfig(Settings):
     image's shorter side.
     """
 
-    layout: Literal["columns", "rows"] = Field("columns", description="columns (full-height strips) or rows (full-width strips).")
+    layout: Literal["columns", "rows"] = Field(
+        "columns", description="columns (full-height strips) or rows (full-width strips)."
+    )
     count: int = Field(3, ge=1, le=16, description="How many equal windows tile the image.")
     windows: tuple[tuple[float, float, float, float], ...] | None = Field(
         None, description="Explicit windows [x0, y0, x1, y1] in fractions of the image, instead of layout and count."
     )
-    feather: float = Field(0.04, ge=0.0, le=0.5, description="Width of the soft edge, a fraction of the image's shorter side.")
+    feather: float = Field(
+        0.04, ge=0.0, le=0.5, description="Width of the soft edge, a fraction of the image's shorter side."
+    )
 
     @field_validator("windows")
     @classmethod

@@ -137,13 +137,18 @@ class BERTScoreMetric(Metric):
         step = max(1, self.cfg.batch_size // 2)
         component = COMPONENTS[self.cfg.component]
         chunks = [
-            self.scorer.score(candidates[i : i + step], references[i : i + step], batch_size=self.cfg.batch_size)[component]
+            self.scorer.score(candidates[i : i + step], references[i : i + step], batch_size=self.cfg.batch_size)[
+                component
+            ]
             for i in range(0, len(candidates), step)
         ]
         return np.concatenate([c.numpy() for c in chunks]).astype(np.float64) if chunks else np.zeros(0)
 
 
-METRICS = Registry("metric kind", {"cosine": "vlm_decade.models.metrics:CosineMetric", "bertscore": "vlm_decade.models.metrics:BERTScoreMetric"})
+METRICS = Registry(
+    "metric kind",
+    {"cosine": "vlm_decade.models.metrics:CosineMetric", "bertscore": "vlm_decade.models.metrics:BERTScoreMetric"},
+)
 
 
 def build_metric(cfg: MetricConfig) -> Metric:
@@ -221,7 +226,11 @@ def caption_scores(candidates: list[str], references: list[list[str]], names=CAP
 
         _, per = Bleu(4).compute_score(gts, res, verbose=0)
         out.update({n: np.asarray(per[int(n[-1]) - 1], dtype=np.float64) for n in bleu})
-    for name, load in (("METEOR", "meteor.meteor:Meteor"), ("ROUGE-L", "rouge.rouge:Rouge"), ("CIDEr-D", "cider.cider:Cider")):
+    for name, load in (
+        ("METEOR", "meteor.meteor:Meteor"),
+        ("ROUGE-L", "rouge.rouge:Rouge"),
+        ("CIDEr-D", "cider.cider:Cider"),
+    ):
         if name in names:
             module, cls = load.split(":")
             scorer = getattr(__import__(f"pycocoevalcap.{module}", fromlist=[cls]), cls)()

@@ -41,8 +41,10 @@ def cell_text(value) -> str:
 def grid(table: pa.Table, columns: list[str], formats: dict[str, Callable] | None = None) -> Grid:
     """`columns` of `table`; `formats[column](value, row)` gives a cell's text (else `cell_text`)."""
     formats = formats or {}
-    rows = [[formats[c](row[c], row) if c in formats else cell_text(row[c]) for c in columns]
-            for row in table.select(columns).to_pylist()]
+    rows = [
+        [formats[c](row[c], row) if c in formats else cell_text(row[c]) for c in columns]
+        for row in table.select(columns).to_pylist()
+    ]
     return Grid(list(columns), rows)
 
 

@@ -45,18 +45,32 @@ def extremes(rows: Sequence[dict], key: str, n: int | None = None) -> tuple[list
     valued = [r for r in rows if r[key] is not None and not (isinstance(r[key], float) and math.isnan(r[key]))]
     ordered = sorted(valued, key=lambda r: r[key])
     low = ordered[:n]
-    high = ordered[max(n, len(ordered) - n):][::-1]
+    high = ordered[max(n, len(ordered) - n) :][::-1]
     return low, high
 
 
-def sample_tables(picked: dict[str, tuple[list[dict], list[dict]]], key: str, head: list[str],
-                  row: Callable[[str, dict], SampleRow], path_of: dict[str, str], empty: str) -> Samples:
+def sample_tables(
+    picked: dict[str, tuple[list[dict], list[dict]]],
+    key: str,
+    head: list[str],
+    row: Callable[[str, dict], SampleRow],
+    path_of: dict[str, str],
+    empty: str,
+) -> Samples:
     """The sample tables of `picked` (model -> its `extremes` by `key`, in the models' order);
     `row(model, r)` gives a row's cells."""
     ids = sorted({r["image_id"] for low, high in picked.values() for r in low + high})
-    models = [(model, [(f"{model}: {end} {key}", [row(model, r) for r in rows])
-                       for end, rows in (("lowest", low), ("highest", high)) if rows])
-              for model, (low, high) in picked.items()]
+    models = [
+        (
+            model,
+            [
+                (f"{model}: {end} {key}", [row(model, r) for r in rows])
+                for end, rows in (("lowest", low), ("highest", high))
+                if rows
+            ],
+        )
+        for model, (low, high) in picked.items()
+    ]
     return Samples(head, models, {i: thumbnail_uri(path_of[i]) if path_of.get(i) else None for i in ids}, empty)
 
 

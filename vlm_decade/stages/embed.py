@@ -66,10 +66,21 @@ def check_encoders(study: StudyBase) -> list[Problem]:
         if provider is None:
             continue
         if api_key(provider) is None:
-            problems.append(Problem("environment", f"encoder '{enc.name}' needs an API key: set {key_hint(provider)}", field=f"encoders.{i}"))
+            problems.append(
+                Problem(
+                    "environment",
+                    f"encoder '{enc.name}' needs an API key: set {key_hint(provider)}",
+                    field=f"encoders.{i}",
+                )
+            )
         if getattr(study.providers, provider).price(provider, enc.model_id) is None:
-            problems.append(Problem("study file", f"no price for {provider} model '{enc.model_id}'; add one under "
-                                    f"providers.{provider}.prices", field=f"encoders.{i}.model_id"))
+            problems.append(
+                Problem(
+                    "study file",
+                    f"no price for {provider} model '{enc.model_id}'; add one under providers.{provider}.prices",
+                    field=f"encoders.{i}.model_id",
+                )
+            )
     return problems
 
 
@@ -81,9 +92,13 @@ def texts_to_embed(references: pa.Table, responses: pa.Table) -> pa.Table:
     keys, stripped = [], []
     for start in range(0, len(texts), VECTOR_BATCH):
         values = [t.strip() if t else "" for t in texts.slice(start, VECTOR_BATCH).to_pylist()]
-        keys.append(pa.array([hashlib.sha256(t.encode("utf-8")).hexdigest() if t else None for t in values], pa.string()))
+        keys.append(
+            pa.array([hashlib.sha256(t.encode("utf-8")).hexdigest() if t else None for t in values], pa.string())
+        )
         stripped.append(pa.array(values, pa.string()))
-    table = pa.table({"text_sha256": pa.chunked_array(keys, pa.string()), "text": pa.chunked_array(stripped, pa.string())})
+    table = pa.table(
+        {"text_sha256": pa.chunked_array(keys, pa.string()), "text": pa.chunked_array(stripped, pa.string())}
+    )
     table = table.filter(pc.is_valid(table.column("text_sha256")))
     return first_per_key(table.sort_by("text_sha256"), "text_sha256")
 
@@ -132,9 +147,15 @@ def _sources(folder: RunFolder, columns: list[str] | None = None):
 
 def _encoded(folder: RunFolder, keys: list[str]) -> pa.Table:
     """(text_sha256, encoder_key) of every vector the sources hold for these encoder keys."""
-    found = [t.filter(pc.is_in(t.column("encoder_key"), pa.array(keys, pa.string())))
-             for t in _sources(folder, ["text_sha256", "encoder_key"])]
-    return pa.concat_tables(found) if found else pa.table({"text_sha256": pa.array([], pa.string()), "encoder_key": pa.array([], pa.string())})
+    found = [
+        t.filter(pc.is_in(t.column("encoder_key"), pa.array(keys, pa.string())))
+        for t in _sources(folder, ["text_sha256", "encoder_key"])
+    ]
+    return (
+        pa.concat_tables(found)
+        if found
+        else pa.table({"text_sha256": pa.array([], pa.string()), "encoder_key": pa.array([], pa.string())})
+    )
 
 
 def run_embed(study: StudyBase, texts: pa.Table, run: StudyRun) -> Written:
@@ -195,9 +216,18 @@ def _embed_local(study: StudyBase, cfg: EncoderConfig, todo: pa.Table, run: Stud
     batches = (todo.slice(i, TEXT_BATCH) for i in range(0, todo.num_rows, TEXT_BATCH))
     call = lambda actor, batch: actor.encode.remote(batch.column("text").to_pylist())  # noqa: E731
     with run.folder.parts("embeddings", EMBEDDINGS_SCHEMA, PART_ROWS, PART_S) as parts:
-        for done in pool_map(ray, lambda: actor_cls.remote(cfg), min(encoder_actors(study, ray), n_batches), batches, call,
-                             in_flight_per_actor=IN_FLIGHT_PER_ACTOR, max_lost=rt.max_restarts, stall_timeout_s=rt.stall_timeout_s,
-                             what=f"embed ({cfg.name})", needs={"CPU": rt.cpus_per_actor, "GPU": rt.gpus_per_actor}):
+        for done in pool_map(
+            ray,
+            lambda: actor_cls.remote(cfg),
+            min(encoder_actors(study, ray), n_batches),
+            batches,
+            call,
+            in_flight_per_actor=IN_FLIGHT_PER_ACTOR,
+            max_lost=rt.max_restarts,
+            stall_timeout_s=rt.stall_timeout_s,
+            what=f"embed ({cfg.name})",
+            needs={"CPU": rt.cpus_per_actor, "GPU": rt.gpus_per_actor},
+        ):
             if done.error is not None:
                 raise done.error
             parts.add(_rows(done.work.column("text_sha256"), done.value, cfg))
@@ -212,8 +242,9 @@ def _queue_embeds(ray, session: RemoteSession, cfg: EncoderConfig, keys: list[st
         pass  # what could not be queued is answered as failed when collected
 
 
-def _embed_remote(session: RemoteSession, cfg: EncoderConfig, keys: list[str], texts: dict[str, str], run: StudyRun,
-                  advance) -> None:
+def _embed_remote(
+    session: RemoteSession, cfg: EncoderConfig, keys: list[str], texts: dict[str, str], run: StudyRun, advance
+) -> None:
     """Batches of texts through the provider's gateway. In batch mode (the encoder's or its
     provider's `mode`) every text was first queued for the provider's batch interface
     (`_queue_embeds`); the vectors are collected here as batches finish. A text that fails (after
@@ -259,11 +290,15 @@ def _embed_remote(session: RemoteSession, cfg: EncoderConfig, keys: list[str], t
         pending = sum(n for (status, _), n in failed.items() if status == "pending")
         if pending == left:
             first = next(error for status, error in failed if status == "pending")
-            raise BatchesPending(f"encoder {cfg.name}: {pending} texts wait in batches ({first}); run again to collect them")
+            raise BatchesPending(
+                f"encoder {cfg.name}: {pending} texts wait in batches ({first}); run again to collect them"
+            )
         (_, common), _ = max(((k, n) for k, n in failed.items() if k[0] != "pending"), key=lambda kn: kn[1])
         kind = BudgetReached if stopped else APIStopped
-        raise kind(f"encoder {cfg.name}: {left} of {len(keys)} texts not encoded (most common: {common}); the vectors "
-                   "finished so far are kept, and the next run encodes just the rest")
+        raise kind(
+            f"encoder {cfg.name}: {left} of {len(keys)} texts not encoded (most common: {common}); the vectors "
+            "finished so far are kept, and the next run encodes just the rest"
+        )
 
 
 def _write_selected(folder: RunFolder, texts: pa.Table, encoders) -> Written:
@@ -280,8 +315,12 @@ def _write_selected(folder: RunFolder, texts: pa.Table, encoders) -> Written:
     writers: dict[int, pa.ipc.RecordBatchStreamWriter] = {}
     try:
         for table in _sources(folder):
-            table = table.filter(pc.and_(pc.is_in(table.column("encoder_key"), pa.array(list(name_of), pa.string())),
-                                         pc.is_in(table.column("text_sha256"), wanted)))
+            table = table.filter(
+                pc.and_(
+                    pc.is_in(table.column("encoder_key"), pa.array(list(name_of), pa.string())),
+                    pc.is_in(table.column("text_sha256"), wanted),
+                )
+            )
             if not table.num_rows:
                 continue
             names = [name_of[k] for k in table.column("encoder_key").to_pylist()]
@@ -301,7 +340,9 @@ def _write_selected(folder: RunFolder, texts: pa.Table, encoders) -> Written:
                     table = reader.read_all()
                 yield from first_per_key(table.sort_by("text_sha256"), "text_sha256").to_batches()
 
-        fingerprint, record, rows = folder.write_batches("embeddings", EMBEDDINGS_SCHEMA, sorted_batches(), row_group_rows=VECTOR_BATCH)
+        fingerprint, record, rows = folder.write_batches(
+            "embeddings", EMBEDDINGS_SCHEMA, sorted_batches(), row_group_rows=VECTOR_BATCH
+        )
         return Written(fingerprint, record, rows)
     finally:
         shutil.rmtree(spill, ignore_errors=True)
@@ -314,4 +355,3 @@ def stage(study: StudyBase) -> Stage:
         return {"embeddings": run_embed(study, texts_to_embed(run.table("references"), run.table("responses")), run)}
 
     return Stage("embeddings", ("references", "responses"), [e.fingerprint() for e in study.encoders], compute)
-

@@ -127,13 +127,17 @@ def embed_lines(study: StudyBase, human_texts: list[str], n_answers: int, answer
 def render(study: StudyBase, lines: list[Line], notes: tuple[str, ...] = (), today: datetime.date | None = None) -> str:
     if not lines:
         return "no API models, encoders or judge in this study: nothing to spend"
-    out = [f"{'provider':<8} {'model/encoder':<24} {'requests':>9} {'cached':>7} {'tokens in':>11} {'tokens out*':>12} "
-           f"{'US$ at least':>13} {'US$ at most':>12} {'batch mode**':>13}"]
+    out = [
+        f"{'provider':<8} {'model/encoder':<24} {'requests':>9} {'cached':>7} {'tokens in':>11} {'tokens out*':>12} "
+        f"{'US$ at least':>13} {'US$ at most':>12} {'batch mode**':>13}"
+    ]
     totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0, 0.0])
     own_modes: dict[str, list[str]] = defaultdict(list)
     for ln in lines:
-        out.append(f"{ln.provider:<8} {ln.what:<24} {ln.requests:>9} {ln.cached:>7} {ln.input_tokens:>11} {ln.output_tokens:>12} "
-                   f"{ln.usd_low:>13.4f} {ln.usd:>12.4f} {ln.usd_batch:>13.4f}")
+        out.append(
+            f"{ln.provider:<8} {ln.what:<24} {ln.requests:>9} {ln.cached:>7} {ln.input_tokens:>11} {ln.output_tokens:>12} "
+            f"{ln.usd_low:>13.4f} {ln.usd:>12.4f} {ln.usd_batch:>13.4f}"
+        )
         low, high = ln.planned(getattr(study.providers, ln.provider).mode)
         for i, value in enumerate((ln.usd, ln.usd_batch, low, high)):
             totals[ln.provider][i + 1] += value
@@ -142,15 +146,25 @@ def render(study: StudyBase, lines: list[Line], notes: tuple[str, ...] = (), tod
     for provider, (_, high, batch, low, spend) in sorted(totals.items()):
         cfg = getattr(study.providers, provider)
         budget = cfg.budget_usd
-        cap = "no budget cap" if budget is None else f"budget ${budget:g}" + (" (would stop the run)" if spend > budget else "")
+        cap = (
+            "no budget cap"
+            if budget is None
+            else f"budget ${budget:g}" + (" (would stop the run)" if spend > budget else "")
+        )
         modes = ", ".join([f"{cfg.mode} mode", *own_modes[provider]])
-        out.append(f"{provider} ({modes}): between ${low:.4f} and ${spend:.4f} "
-                   f"(all sync at most ${high:.4f}, all batch at most ${batch:.4f}); {cap}")
-    out.append("* output counted at each model's max_output_tokens (at least: none); cached requests are free; embeddings "
-               "of model answers counted at that cap too. Prices: the built-in table (docs/api.md: each price with the "
-               "date it was read) and providers.<name>.prices")
-    out.append(f"** at most, in batch mode (providers.<name>.mode, or a model's, encoder's or the judge's own `mode`): "
-               f"{BATCH_DISCOUNT:.0%} of the price; in batch mode each text to embed is a request of its own")
+        out.append(
+            f"{provider} ({modes}): between ${low:.4f} and ${spend:.4f} "
+            f"(all sync at most ${high:.4f}, all batch at most ${batch:.4f}); {cap}"
+        )
+    out.append(
+        "* output counted at each model's max_output_tokens (at least: none); cached requests are free; embeddings "
+        "of model answers counted at that cap too. Prices: the built-in table (docs/api.md: each price with the "
+        "date it was read) and providers.<name>.prices"
+    )
+    out.append(
+        f"** at most, in batch mode (providers.<name>.mode, or a model's, encoder's or the judge's own `mode`): "
+        f"{BATCH_DISCOUNT:.0%} of the price; in batch mode each text to embed is a request of its own"
+    )
     stale = stale_prices([(ln.provider, ln.model_id) for ln in lines], study.providers, today or datetime.date.today())
     out += [f"price older than a year: {s}" for s in stale]
     out += notes

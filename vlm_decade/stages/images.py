@@ -138,8 +138,9 @@ def declared_ids(table: Table) -> set[str]:
     return {image_id for row in table.rows if (image_id := cell_text(row, "image_id"))}
 
 
-def check_images(table: Table, image_dir: str | Path, problems: Problems, cache: ImageCache | None = None,
-                 background: str = WHITE) -> dict[str, CheckedImage]:
+def check_images(
+    table: Table, image_dir: str | Path, problems: Problems, cache: ImageCache | None = None, background: str = WHITE
+) -> dict[str, CheckedImage]:
     """Every row's image, read and measured; `background` (#rrggbb, or `none` to refuse images with
     transparency) is the study's `data.background`."""
     images: dict[str, CheckedImage] = {}
@@ -222,5 +223,7 @@ def transparency_note(images: pa.Table) -> str:
     backgrounds = [b for b in images.column("background").to_pylist() if b is not None]
     if not backgrounds:
         return ""
-    return (f"; {len(backgrounds)} of {images.num_rows} images have transparent pixels, composited onto "
-            f"{', '.join(sorted(set(backgrounds)))} (data.background) before any model sees them")
+    return (
+        f"; {len(backgrounds)} of {images.num_rows} images have transparent pixels, composited onto "
+        f"{', '.join(sorted(set(backgrounds)))} (data.background) before any model sees them"
+    )

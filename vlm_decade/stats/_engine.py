@@ -106,9 +106,13 @@ def resample_means_many(
 
             v_ref, m_ref = ray.put(values), ray.put(mask)
             fn = _remote("multinomial")
-            pending[name] = [fn.remote(v_ref, m_ref, streams[r.start : r.stop], sizes[r.start : r.stop]) for r in ranges]
+            pending[name] = [
+                fn.remote(v_ref, m_ref, streams[r.start : r.stop], sizes[r.start : r.stop]) for r in ranges
+            ]
         else:
-            pending[name] = [_multinomial_block(values, mask, streams[r.start : r.stop], sizes[r.start : r.stop]) for r in ranges]
+            pending[name] = [
+                _multinomial_block(values, mask, streams[r.start : r.stop], sizes[r.start : r.stop]) for r in ranges
+            ]
     out = {}
     for name, blocks in pending.items():
         if ray_on:

@@ -53,7 +53,9 @@ def validate_scores(scores) -> pa.Table:
         w = weight.cast(pa.float64()).to_numpy(zero_copy_only=False)
         bad = np.flatnonzero(~(np.isfinite(w) & (w > 0)))
         if bad.size:
-            raise StatsInputError(f"scores column 'weight' must be a positive number, got {w[bad[0]]!r} at row {int(bad[0])}")
+            raise StatsInputError(
+                f"scores column 'weight' must be a positive number, got {w[bad[0]]!r} at row {int(bad[0])}"
+            )
         cols["weight"] = pa.array(w, pa.float64())
     return pa.table(cols)
 

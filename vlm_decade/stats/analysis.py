@@ -78,9 +78,7 @@ def pivot(scores: pa.Table) -> dict[str, DatasetMatrix]:
         mask[ser_i[ok], img_i[ok]] = w[ok]
         sub, rem = np.divmod(ser_u, n_m * n_v)
         met, var = np.divmod(rem, n_v)
-        series = tuple(
-            (words["subject"][a], words["metric"][b], words["variant"][c]) for a, b, c in zip(sub, met, var)
-        )
+        series = tuple((words["subject"][a], words["metric"][b], words["variant"][c]) for a, b, c in zip(sub, met, var))
         out[name] = DatasetMatrix(name, tuple(words["image_id"][i] for i in img_u), series, values, mask)
     return out
 
@@ -126,7 +124,9 @@ def bootstrap_study(
     eras = _validate.validate_eras(eras, subjects, need_all=families is None)
     families = default_families(eras, list(mats)) if families is None else _validate.validate_families(families)
     if mode == "auto":
-        mode = "poisson" if max((len(m.images) for m in mats.values()), default=0) > POISSON_AUTO_IMAGES else "multinomial"
+        mode = (
+            "poisson" if max((len(m.images) for m in mats.values()), default=0) > POISSON_AUTO_IMAGES else "multinomial"
+        )
     if mode == "poisson" and method == "bca":
         raise _validate.StatsInputError("BCa is not available in Poisson mode (studies this large use percentile)")
 
@@ -150,13 +150,17 @@ def bootstrap_study(
         n_img = (m.mask > 0).sum(axis=1).astype(np.int64)
         for k, (subject, metric, variant) in enumerate(m.series):
             index[(subject, d, metric, variant)] = (d, k)
-            stats_rows.append((subject, d, metric, variant, theta[d][k], lo[k], hi[k], n_img[k], n_resamples, seed, label))
+            stats_rows.append(
+                (subject, d, metric, variant, theta[d][k], lo[k], hi[k], n_img[k], n_resamples, seed, label)
+            )
             if keep_distributions:
                 distributions[(subject, d, metric, variant)] = dists[d][k]
 
     def series(t, metric, variant) -> list[int]:
         """Rows of the term's subjects that have this (dataset, metric, variant)."""
-        return [index[(s, t.dataset, metric, variant)][1] for s in t.subjects if (s, t.dataset, metric, variant) in index]
+        return [
+            index[(s, t.dataset, metric, variant)][1] for s in t.subjects if (s, t.dataset, metric, variant) in index
+        ]
 
     on_shared: dict[tuple[str, bytes], tuple] = {}
 
@@ -169,9 +173,13 @@ def bootstrap_study(
             m = mats[d]
             values, mask = m.values * keep, m.mask * keep
             if mode == "poisson":
-                dist = _core.ratio(*_engine.poisson_partial_sums_many({d: (values, mask)}, n_resamples, seed, use_ray=use_ray)[d]).T
+                dist = _core.ratio(
+                    *_engine.poisson_partial_sums_many({d: (values, mask)}, n_resamples, seed, use_ray=use_ray)[d]
+                ).T
             else:
-                dist = _engine.resample_means_many({d: (values, mask)}, n_resamples, seed, use_ray=use_ray, n_tasks=n_tasks)[d]
+                dist = _engine.resample_means_many(
+                    {d: (values, mask)}, n_resamples, seed, use_ray=use_ray, n_tasks=n_tasks
+                )[d]
             jk = _core.jackknife_means(values, mask) if method == "bca" else None
             on_shared[key] = (dist, _core.masked_means(values, mask), jk)
         return on_shared[key]
@@ -214,7 +222,9 @@ def bootstrap_study(
                 thetas.append(ta[1] - tb[1])
                 if method == "bca":  # multi-sample jackknife when the datasets differ
                     jks.append([ta[2] - tb[2]] if paired else [ta[2] - tb[1], ta[1] - tb[2]])
-                rows.append((spec, ta[1], tb[1], paired, dropped, n_images(da, ka, shared_keep), n_images(db, kb, shared_keep)))
+                rows.append(
+                    (spec, ta[1], tb[1], paired, dropped, n_images(da, ka, shared_keep), n_images(db, kb, shared_keep))
+                )
             if not rows:
                 continue
             dd = np.vstack(diffs)
@@ -225,16 +235,39 @@ def bootstrap_study(
                 lo = np.empty(len(rows))
                 hi = np.empty(len(rows))
                 for i, jk in enumerate(jks):  # jackknife lengths differ between rows
-                    lo[i : i + 1], hi[i : i + 1] = _core.bca_ci(dd[i : i + 1], np.array([thetas[i]]), [j[None] for j in jk], confidence)
+                    lo[i : i + 1], hi[i : i + 1] = _core.bca_ci(
+                        dd[i : i + 1], np.array([thetas[i]]), [j[None] for j in jk], confidence
+                    )
             else:
                 lo, hi = _core.percentile_ci(dd, confidence)
             for i, (spec, ea, eb, paired, dropped, na, nb) in enumerate(rows):
                 a, b = spec.a, spec.b
                 ds = a.dataset if paired else f"{a.dataset} vs {b.dataset}"
                 comp_rows.append(
-                    (fam.name, a.label, b.label, ds, metric, variant, thetas[i], lo[i], hi[i], p[i], q[i],
-                     None if np.isnan(q[i]) else bool(q[i] <= alpha), n_resamples, a.dataset, b.dataset, ea, eb, paired, seed,
-                     na, nb, dropped)
+                    (
+                        fam.name,
+                        a.label,
+                        b.label,
+                        ds,
+                        metric,
+                        variant,
+                        thetas[i],
+                        lo[i],
+                        hi[i],
+                        p[i],
+                        q[i],
+                        None if np.isnan(q[i]) else bool(q[i] <= alpha),
+                        n_resamples,
+                        a.dataset,
+                        b.dataset,
+                        ea,
+                        eb,
+                        paired,
+                        seed,
+                        na,
+                        nb,
+                        dropped,
+                    )
                 )
                 if keep_distributions:
                     comp_dists[(fam.name, a.label, b.label, a.dataset, b.dataset, metric, variant)] = dd[i]
@@ -249,7 +282,10 @@ def bootstrap_study(
 def _rows_to_table(rows, schema: pa.Schema) -> pa.Table:
     cols = list(zip(*rows)) if rows else [[] for _ in schema]
     return pa.table(
-        [pa.array([None if isinstance(x, float) and np.isnan(x) else x for x in col], f.type) for col, f in zip(cols, schema)],
+        [
+            pa.array([None if isinstance(x, float) and np.isnan(x) else x for x in col], f.type)
+            for col, f in zip(cols, schema)
+        ],
         schema=schema,
     )
 

@@ -101,10 +101,7 @@ def vs_humans_family(eras: dict[str, str], datasets) -> Family:
     models = sorted(s for s, e in eras.items() if e in ("pre-mllm", "mllm"))
     humans = [h for h in HUMAN_GROUPS if h in eras]
     specs = [
-        ComparisonSpec(Term.subject(m, d), Term.subject(h, d))
-        for d in sorted(datasets)
-        for m in models
-        for h in humans
+        ComparisonSpec(Term.subject(m, d), Term.subject(h, d)) for d in sorted(datasets) for m in models for h in humans
     ]
     return Family("vs-humans", specs, shared_images=True)
 
@@ -136,5 +133,10 @@ def within_era_family(eras: dict[str, str], datasets) -> Family:
 
 def default_families(eras: dict[str, str], datasets) -> list[Family]:
     """The paper's families: era, dataset, vs-humans, era-vs-humans, within-era."""
-    return [era_family(eras, datasets), dataset_family(eras, datasets), vs_humans_family(eras, datasets),
-            era_vs_humans_family(eras, datasets), within_era_family(eras, datasets)]
+    return [
+        era_family(eras, datasets),
+        dataset_family(eras, datasets),
+        vs_humans_family(eras, datasets),
+        era_vs_humans_family(eras, datasets),
+        within_era_family(eras, datasets),
+    ]

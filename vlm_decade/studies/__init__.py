@@ -101,7 +101,15 @@ def study_from_dict(raw: dict) -> AnyStudy:
     kind = raw.get("study", "decade")
     if not isinstance(kind, str) or kind not in STUDIES:
         raise ValidationError.from_exception_data(
-            "StudyConfig", [{"type": "literal_error", "loc": ("study",), "input": kind, "ctx": {"expected": "'decade' or 'openworld'"}}]
+            "StudyConfig",
+            [
+                {
+                    "type": "literal_error",
+                    "loc": ("study",),
+                    "input": kind,
+                    "ctx": {"expected": "'decade' or 'openworld'"},
+                }
+            ],
         )
     return STUDIES[kind].model_validate(raw)
 

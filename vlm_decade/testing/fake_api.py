@@ -43,7 +43,9 @@ import numpy as np
 
 from vlm_decade.testing.fake_batch import BatchStore
 
-_GEMINI = re.compile(r"^/v1beta/models/(?P<model>[^:/]+):(?P<method>generateContent|batchEmbedContents|embedContent|batchGenerateContent|asyncBatchEmbedContent)$")
+_GEMINI = re.compile(
+    r"^/v1beta/models/(?P<model>[^:/]+):(?P<method>generateContent|batchEmbedContents|embedContent|batchGenerateContent|asyncBatchEmbedContent)$"
+)
 _OPENAI_BATCH = re.compile(r"^/v1/batches/(?P<id>[^/]+?)(?P<cancel>/cancel)?$")
 _GEMINI_BATCH = re.compile(r"^/v1beta/batches/(?P<id>[^/:]+?)(?P<cancel>:cancel)?$")
 REASONING_PREFIXES = ("o1", "o3", "o4", "gpt-5")
@@ -63,12 +65,16 @@ class FaultConfig:
     rate_400: float = 0.0
     first_429: int = 0  # the first n attempts of every distinct payload answer 429, whatever the rates
     first_drop: int = 0  # the first n attempts of every distinct payload: the connection is closed, no answer
-    first_status: tuple[int, ...] = ()  # the first attempts of every distinct payload answer these statuses, in order (e.g. 408, 409)
+    first_status: tuple[
+        int, ...
+    ] = ()  # the first attempts of every distinct payload answer these statuses, in order (e.g. 408, 409)
     only_if: str = ""  # faults strike only requests whose body holds this text (e.g. the judge's prompt)
     batch_delay_s: float = 0.5  # a batch is worked through this long after it was created
     batch_line_fail_rate: float = 0.0  # lines of a batch that fail (500), per line
     batch_expire_first: int = 0  # the first n batches created expire with half their lines done
-    batch_fail_first: int = 0  # the first n batches created (after those that expire) fail validation: status failed, no line run
+    batch_fail_first: int = (
+        0  # the first n batches created (after those that expire) fail validation: status failed, no line run
+    )
     seed: int = 0
 
 
@@ -173,13 +179,19 @@ class FakeAPIServer:
     def gemini_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def billed_usd(self, price, delivered_only: bool = False, provider: str | None = None, batch_discount: float = 0.5) -> float:
+    def billed_usd(
+        self, price, delivered_only: bool = False, provider: str | None = None, batch_discount: float = 0.5
+    ) -> float:
         """What the requests answered ok would cost at `price(model) -> (US$ per M input tokens, per
         M output tokens)`, as a provider bills them: every answer it produced, or only those that
         reached a connected client; all providers' or one's; batch lines at `batch_discount` of the price."""
         total = 0.0
         for r in self.received():
-            if r.outcome == "ok" and (r.delivered or not delivered_only) and (provider is None or r.endpoint.startswith(provider + ".")):
+            if (
+                r.outcome == "ok"
+                and (r.delivered or not delivered_only)
+                and (provider is None or r.endpoint.startswith(provider + "."))
+            ):
                 per_in, per_out = price(r.model)
                 factor = batch_discount if r.mode == "batch" else 1.0
                 total += factor * (r.input_tokens * per_in + r.output_tokens * per_out) / 1e6
@@ -222,7 +234,12 @@ class FakeAPIServer:
         if fixed.random() < f.rate_400:
             return "400"
         draw = np.random.default_rng([f.seed, int(digest[:15], 16), attempt + 1]).random()
-        for outcome, rate in (("429", f.rate_429), ("500", f.rate_500), ("timeout", f.rate_timeout), ("broken", f.rate_broken_json)):
+        for outcome, rate in (
+            ("429", f.rate_429),
+            ("500", f.rate_500),
+            ("timeout", f.rate_timeout),
+            ("broken", f.rate_broken_json),
+        ):
             if draw < rate:
                 return outcome
             draw -= rate
@@ -287,7 +304,9 @@ class _Handler(BaseHTTPRequestHandler):
         if outcome == "500":
             return self._send(500, _error(500, "internal error"))
         if outcome.isdigit():  # 400, or a status of `first_status`
-            return self._send(int(outcome), _error(int(outcome), "invalid request" if outcome == "400" else "try again"))
+            return self._send(
+                int(outcome), _error(int(outcome), "invalid request" if outcome == "400" else "try again")
+            )
         try:
             payload = answer(json.loads(body))
         except (KeyError, ValueError, TypeError) as exc:
@@ -312,7 +331,7 @@ class _Handler(BaseHTTPRequestHandler):
             data, filename = _multipart_file(self.headers.get("Content-Type", ""), body)
             return self._control("openai.files.create", lambda: (200, store.upload(data, filename)))
         if method == "GET" and path.startswith("/v1/files/") and path.endswith("/content"):
-            return self._file("openai.files.content", path[len("/v1/files/"):-len("/content")])
+            return self._file("openai.files.content", path[len("/v1/files/") : -len("/content")])
         if route == ("POST", "/upload/v1beta/files") and self.headers.get("X-Goog-Upload-Command") == "start":
             self._log_control("gemini.files.upload")
             url = f"http://127.0.0.1:{self.server.server_address[1]}/upload-session/{store.upload_start()}"
@@ -324,12 +343,25 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, done or {}, {"x-goog-upload-status": "final" if final else "active"})
             return True
         if method == "GET" and path.startswith("/v1beta/files/") and path.endswith(":download"):
-            return self._file("gemini.files.download", path[len("/v1beta/"):-len(":download")])
+            return self._file("gemini.files.download", path[len("/v1beta/") : -len(":download")])
         if route == ("POST", "/v1/batches"):
             return self._control("openai.batches.create", lambda: (200, store.create_openai(json.loads(body))))
         if route == ("GET", "/v1/batches"):
-            return self._control("openai.batches.list", lambda: (200, {"object": "list", "has_more": False, "data": [
-                store.openai_view(b) for b in reversed(list(store.batches.values())) if b.provider == "openai"]}))
+            return self._control(
+                "openai.batches.list",
+                lambda: (
+                    200,
+                    {
+                        "object": "list",
+                        "has_more": False,
+                        "data": [
+                            store.openai_view(b)
+                            for b in reversed(list(store.batches.values()))
+                            if b.provider == "openai"
+                        ],
+                    },
+                ),
+            )
         if m_openai:
             batch = store.get(m_openai["id"])
             if batch is None:
@@ -339,12 +371,27 @@ class _Handler(BaseHTTPRequestHandler):
             return self._control("openai.batches.retrieve", lambda: (200, store.openai_view(batch)))
         gemini = _GEMINI.match(path)
         if method == "POST" and gemini and gemini["method"] == "batchGenerateContent":
-            return self._control("gemini.batches.create", lambda: (200, store.create_gemini(gemini["model"], json.loads(body))))
+            return self._control(
+                "gemini.batches.create", lambda: (200, store.create_gemini(gemini["model"], json.loads(body)))
+            )
         if method == "POST" and gemini and gemini["method"] == "asyncBatchEmbedContent":
-            return self._control("gemini.batches.create", lambda: (200, store.create_gemini_embed(gemini["model"], json.loads(body))))
+            return self._control(
+                "gemini.batches.create", lambda: (200, store.create_gemini_embed(gemini["model"], json.loads(body)))
+            )
         if route == ("GET", "/v1beta/batches"):
-            return self._control("gemini.batches.list", lambda: (200, {"operations": [
-                store.gemini_view(b) for b in reversed(list(store.batches.values())) if b.provider == "gemini"]}))
+            return self._control(
+                "gemini.batches.list",
+                lambda: (
+                    200,
+                    {
+                        "operations": [
+                            store.gemini_view(b)
+                            for b in reversed(list(store.batches.values()))
+                            if b.provider == "gemini"
+                        ]
+                    },
+                ),
+            )
         if m_gemini:
             batch = store.get(f"batches/{m_gemini['id']}")
             if batch is None:
@@ -403,7 +450,9 @@ class _Handler(BaseHTTPRequestHandler):
             return True
         return False
 
-    def _send_raw(self, status: int, body: bytes, headers: dict | None = None, content_type: str = "application/json") -> None:
+    def _send_raw(
+        self, status: int, body: bytes, headers: dict | None = None, content_type: str = "application/json"
+    ) -> None:
         record = self.record
         if record is not None:
             record.answered, record.delivered = time.time(), not self._client_gone()
@@ -462,7 +511,9 @@ def openai_embed_answer(p: dict) -> dict:
     data = []
     for i, text in enumerate(texts):
         v = fake_vector(text, dim, unit=True)
-        emb = base64.b64encode(v.astype("<f4").tobytes()).decode() if p.get("encoding_format") == "base64" else v.tolist()
+        emb = (
+            base64.b64encode(v.astype("<f4").tobytes()).decode() if p.get("encoding_format") == "base64" else v.tolist()
+        )
         data.append({"object": "embedding", "index": i, "embedding": emb})
     n = sum(tokens(t) for t in texts)
     return {"object": "list", "model": p["model"], "data": data, "usage": {"prompt_tokens": n, "total_tokens": n}}
@@ -518,7 +569,11 @@ def usage_of(endpoint: str, answer: dict, request: dict, gemini_model: str) -> t
         return gemini_model, usage["promptTokenCount"], usage["candidatesTokenCount"] + usage["thoughtsTokenCount"]
     # Gemini reports no usage for embeddings; the gateway bills them at 4 characters a token.
     requests = request["requests"] if "requests" in request else [request]
-    return gemini_model, sum(max(1, -(-len("".join(p["text"] for p in r["content"]["parts"])) // 4)) for r in requests), 0
+    return (
+        gemini_model,
+        sum(max(1, -(-len("".join(p["text"] for p in r["content"]["parts"])) // 4)) for r in requests),
+        0,
+    )
 
 
 def _multipart_file(content_type: str, body: bytes) -> tuple[bytes, str]:
@@ -528,7 +583,7 @@ def _multipart_file(content_type: str, body: bytes) -> tuple[bytes, str]:
         head, _, data = part.partition(b"\r\n\r\n")
         name = re.search(rb'filename="([^"]*)"', head)
         if name:
-            return data[: -2] if data.endswith(b"\r\n") else data, name.group(1).decode()
+            return data[:-2] if data.endswith(b"\r\n") else data, name.group(1).decode()
     raise ValueError("no file in the upload")
 
 
@@ -548,4 +603,13 @@ def max_in_window(times: list[float], window_s: float = 60.0) -> int:
     return best
 
 
-__all__ = ["FakeAPIServer", "FaultConfig", "Received", "chat_text", "fake_vector", "image_sha", "max_in_window", "scripted"]
+__all__ = [
+    "FakeAPIServer",
+    "FaultConfig",
+    "Received",
+    "chat_text",
+    "fake_vector",
+    "image_sha",
+    "max_in_window",
+    "scripted",
+]

@@ -36,8 +36,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-GEMINI_STATE = {"validating": "BATCH_STATE_PENDING", "in_progress": "BATCH_STATE_RUNNING", "completed": "BATCH_STATE_SUCCEEDED",
-                "expired": "BATCH_STATE_EXPIRED", "cancelled": "BATCH_STATE_CANCELLED", "failed": "BATCH_STATE_FAILED"}
+GEMINI_STATE = {
+    "validating": "BATCH_STATE_PENDING",
+    "in_progress": "BATCH_STATE_RUNNING",
+    "completed": "BATCH_STATE_SUCCEEDED",
+    "expired": "BATCH_STATE_EXPIRED",
+    "cancelled": "BATCH_STATE_CANCELLED",
+    "failed": "BATCH_STATE_FAILED",
+}
 FAILED_VALIDATION = "the input file failed validation"
 
 
@@ -80,8 +86,15 @@ class BatchStore:
         with self.lock:
             file_id = self._id("file-")
             self.files[file_id] = data
-        return {"id": file_id, "object": "file", "bytes": len(data), "created_at": int(time.time()), "filename": filename,
-                "purpose": "batch", "status": "processed"}
+        return {
+            "id": file_id,
+            "object": "file",
+            "bytes": len(data),
+            "created_at": int(time.time()),
+            "filename": filename,
+            "purpose": "batch",
+            "status": "processed",
+        }
 
     def create_openai(self, body: dict) -> dict:
         data = self.files[body["input_file_id"]]
@@ -90,20 +103,40 @@ class BatchStore:
             if raw.strip():
                 line = json.loads(raw)
                 lines.append((line["custom_id"], line["body"]))
-        batch = self._new("openai", lines, label=(body.get("metadata") or {}).get("vlm_decade", ""), metadata=body.get("metadata") or {})
+        batch = self._new(
+            "openai",
+            lines,
+            label=(body.get("metadata") or {}).get("vlm_decade", ""),
+            metadata=body.get("metadata") or {},
+        )
         batch.input_file_id, batch.endpoint = body["input_file_id"], body["endpoint"]
         return self.openai_view(batch)
 
     def openai_view(self, batch: FakeBatch) -> dict:
         self._work(batch)
         done = [r for r in batch.results if r[1] is not None]
-        errors = {"object": "list", "data": [{"code": "invalid_request", "message": FAILED_VALIDATION, "line": None}]} if batch.status == "failed" else None
+        errors = (
+            {"object": "list", "data": [{"code": "invalid_request", "message": FAILED_VALIDATION, "line": None}]}
+            if batch.status == "failed"
+            else None
+        )
         return {
-            "id": batch.id, "object": "batch", "endpoint": batch.endpoint, "errors": errors,
-            "input_file_id": batch.input_file_id, "completion_window": "24h", "status": self._status(batch),
-            "output_file_id": batch.output_file_id, "error_file_id": batch.error_file_id,
-            "created_at": int(batch.created), "metadata": batch.metadata,
-            "request_counts": {"total": len(batch.lines), "completed": len(done), "failed": len(batch.results) - len(done)},
+            "id": batch.id,
+            "object": "batch",
+            "endpoint": batch.endpoint,
+            "errors": errors,
+            "input_file_id": batch.input_file_id,
+            "completion_window": "24h",
+            "status": self._status(batch),
+            "output_file_id": batch.output_file_id,
+            "error_file_id": batch.error_file_id,
+            "created_at": int(batch.created),
+            "metadata": batch.metadata,
+            "request_counts": {
+                "total": len(batch.lines),
+                "completed": len(done),
+                "failed": len(batch.results) - len(done),
+            },
         }
 
     # Gemini -------------------------------------------------------------------------------------
@@ -121,7 +154,14 @@ class BatchStore:
                 return None
             name = f"files/{self._id('f')}"
             self.files[name] = bytes(self.uploads.pop(session))
-        return {"file": {"name": name, "mimeType": "application/jsonl", "sizeBytes": str(len(self.files[name])), "state": "ACTIVE"}}
+        return {
+            "file": {
+                "name": name,
+                "mimeType": "application/jsonl",
+                "sizeBytes": str(len(self.files[name])),
+                "state": "ACTIVE",
+            }
+        }
 
     def create_gemini(self, model: str, body: dict) -> dict:
         spec = body["batch"]
@@ -139,7 +179,9 @@ class BatchStore:
     def create_gemini_embed(self, model: str, body: dict) -> dict:
         spec = body["batch"]
         requests = spec["inputConfig"]["requests"]["requests"]
-        lines = [(str(i), {**r["request"], **{k: v for k, v in r.items() if k != "request"}}) for i, r in enumerate(requests)]
+        lines = [
+            (str(i), {**r["request"], **{k: v for k, v in r.items() if k != "request"}}) for i, r in enumerate(requests)
+        ]
         batch = self._new("gemini", lines, model=model, label=spec.get("displayName", ""))
         batch.endpoint = "/v1/embeddings"
         return self.gemini_view(batch)
@@ -147,16 +189,23 @@ class BatchStore:
     def gemini_view(self, batch: FakeBatch) -> dict:
         self._work(batch)
         status = self._status(batch)
-        meta = {"@type": "type.googleapis.com/google.ai.generativelanguage.v1main.GenerateContentBatch", "name": batch.id,
-                "displayName": batch.label, "model": f"models/{batch.model}", "state": GEMINI_STATE[status],
-                "createTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(batch.created))}
+        meta = {
+            "@type": "type.googleapis.com/google.ai.generativelanguage.v1main.GenerateContentBatch",
+            "name": batch.id,
+            "displayName": batch.label,
+            "model": f"models/{batch.model}",
+            "state": GEMINI_STATE[status],
+            "createTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(batch.created)),
+        }
         if batch.output_file_id:
             meta["output"] = {"responsesFile": batch.output_file_id}
         elif batch.results:
             inlined = []
             embeddings = batch.endpoint == "/v1/embeddings"
             for key, answer, error in batch.results:
-                item = {} if embeddings else {"metadata": {"key": key}}  # embedding answers come in request order, keyless
+                item = (
+                    {} if embeddings else {"metadata": {"key": key}}
+                )  # embedding answers come in request order, keyless
                 item.update({"response": answer} if answer is not None else {"error": error})
                 inlined.append(item)
             meta["output"] = {"inlinedResponses": {"inlinedResponses": inlined}}
@@ -189,7 +238,9 @@ class BatchStore:
                 self._result_files(batch)
         return batch
 
-    def _new(self, provider: str, lines: list, model: str = "", label: str = "", metadata: dict | None = None) -> FakeBatch:
+    def _new(
+        self, provider: str, lines: list, model: str = "", label: str = "", metadata: dict | None = None
+    ) -> FakeBatch:
         with self.lock:
             batch_id = self._id("batch_") if provider == "openai" else f"batches/{self._id('b')}"
             batch = FakeBatch(batch_id, provider, time.time(), lines, model=model, label=label, metadata=metadata or {})
@@ -215,17 +266,36 @@ class BatchStore:
             self._result_files(batch)
 
     def _answer(self, batch: FakeBatch, key: str, body: dict) -> tuple[str, dict | None, dict | None]:
-        from vlm_decade.testing.fake_api import Received, gemini_answer, gemini_embed_answer, openai_chat_answer, openai_embed_answer, usage_of
+        from vlm_decade.testing.fake_api import (
+            Received,
+            gemini_answer,
+            gemini_embed_answer,
+            openai_chat_answer,
+            openai_embed_answer,
+            usage_of,
+        )
 
         fake = self.fake
         digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
         with fake.lock:
             seen = fake._seen[("batch", digest)]
             fake._seen[("batch", digest)] += 1
-        failed = np.random.default_rng([fake.faults.seed, int(digest[:15], 16), seen + 1]).random() < fake.faults.batch_line_fail_rate
+        failed = (
+            np.random.default_rng([fake.faults.seed, int(digest[:15], 16), seen + 1]).random()
+            < fake.faults.batch_line_fail_rate
+        )
         endpoint = f"{batch.provider}.batch_line"
-        record = Received(time.time(), endpoint, digest, "500" if failed else "ok", mode="batch", key=key, batch=batch.id,
-                          answered=time.time(), delivered=not failed)
+        record = Received(
+            time.time(),
+            endpoint,
+            digest,
+            "500" if failed else "ok",
+            mode="batch",
+            key=key,
+            batch=batch.id,
+            answered=time.time(),
+            delivered=not failed,
+        )
         if failed:
             error = {"code": 500, "message": "internal error", "status": "INTERNAL", "type": "server_error"}
             answer = None
@@ -237,10 +307,14 @@ class BatchStore:
             record.model, record.input_tokens, record.output_tokens = usage_of("openai.chat", answer, body, "")
         elif batch.endpoint == "/v1/embeddings":
             answer, error = gemini_embed_answer(body, "embedContent"), None
-            record.model, record.input_tokens, record.output_tokens = usage_of("gemini.embed", answer, body, batch.model)
+            record.model, record.input_tokens, record.output_tokens = usage_of(
+                "gemini.embed", answer, body, batch.model
+            )
         else:
             answer, error = gemini_answer(fake, body, batch.model), None
-            record.model, record.input_tokens, record.output_tokens = usage_of("gemini.generate", answer, body, batch.model)
+            record.model, record.input_tokens, record.output_tokens = usage_of(
+                "gemini.generate", answer, body, batch.model
+            )
         with fake.lock:
             fake.log.append(record)
         return key, answer, error
@@ -253,7 +327,10 @@ class BatchStore:
 
     def _gemini_file(self, batch: FakeBatch) -> None:
         """A file batch's results: a JSONL of {"key", "response"} or {"key", "error"} lines."""
-        lines = [{"key": key, **({"response": answer} if answer is not None else {"error": error})} for key, answer, error in batch.results]
+        lines = [
+            {"key": key, **({"response": answer} if answer is not None else {"error": error})}
+            for key, answer, error in batch.results
+        ]
         batch.output_file_id = f"files/{self._id('out')}"
         self.files[batch.output_file_id] = "".join(json.dumps(x) + "\n" for x in lines).encode()
 
@@ -264,14 +341,28 @@ class BatchStore:
             if answer is not None:
                 out.append({**line, "response": {"status_code": 200, "request_id": f"req_{i}", "body": answer}})
             else:
-                err.append({**line, "response": {"status_code": 500, "request_id": f"req_{i}", "body": {"error": error}}})
+                err.append(
+                    {**line, "response": {"status_code": 500, "request_id": f"req_{i}", "body": {"error": error}}}
+                )
         done = {k for k, _, _ in batch.results}
         for key, _ in batch.lines:  # what an expired or cancelled batch did not reach
             if key not in done:
-                err.append({"id": f"batch_req_{batch.id}_x", "custom_id": key, "response": None,
-                            "error": {"code": "batch_cancelled", "message": "This request was not executed: the batch was cancelled."}
-                            if batch.status == "cancelled" else
-                            {"code": "batch_expired", "message": "This request could not be executed before the completion window expired."}})
+                err.append(
+                    {
+                        "id": f"batch_req_{batch.id}_x",
+                        "custom_id": key,
+                        "response": None,
+                        "error": {
+                            "code": "batch_cancelled",
+                            "message": "This request was not executed: the batch was cancelled.",
+                        }
+                        if batch.status == "cancelled"
+                        else {
+                            "code": "batch_expired",
+                            "message": "This request could not be executed before the completion window expired.",
+                        },
+                    }
+                )
         for lines, attr in ((out, "output_file_id"), (err, "error_file_id")):
             if lines:
                 file_id = self._id("file-")

@@ -70,18 +70,34 @@ def create_app(view: RunView, access: Access | None = None) -> Starlette:
     def gallery(request: Request) -> Response:
         if view.kind == "openworld":
             q = openworld.GalleryQuery.parse(request.query_params, view.models, openworld.prompts(view))
-            return page(request, "openworld_gallery.html", {
-                "q": q, "result": openworld.gallery(view, q), "models": view.models, "prompts": openworld.prompts(view),
-                "datasets": datasets(view), "granularities": openworld.GRANULARITIES, "outcomes": openworld.OUTCOMES,
-                "outcome_counts": openworld.outcome_counts(view, q.prompt),
-            })
+            return page(
+                request,
+                "openworld_gallery.html",
+                {
+                    "q": q,
+                    "result": openworld.gallery(view, q),
+                    "models": view.models,
+                    "prompts": openworld.prompts(view),
+                    "datasets": datasets(view),
+                    "granularities": openworld.GRANULARITIES,
+                    "outcomes": openworld.OUTCOMES,
+                    "outcome_counts": openworld.outcome_counts(view, q.prompt),
+                },
+            )
         metrics = decade.metrics(view)
         q = decade.GalleryQuery.parse(request.query_params, metrics, view.models)
-        return page(request, "decade_gallery.html", {
-            "q": q, "result": decade.gallery(view, q), "models": view.models, "metrics": metrics,
-            "datasets": datasets(view),
-            "error_types": decade.ERROR_TYPES,
-        })
+        return page(
+            request,
+            "decade_gallery.html",
+            {
+                "q": q,
+                "result": decade.gallery(view, q),
+                "models": view.models,
+                "metrics": metrics,
+                "datasets": datasets(view),
+                "error_types": decade.ERROR_TYPES,
+            },
+        )
 
     def image_page(request: Request) -> Response:
         image_id = request.path_params["image_id"]
@@ -133,8 +149,13 @@ def create_app(view: RunView, access: Access | None = None) -> Starlette:
             target = (root / relative).resolve()
         except (OSError, RuntimeError):  # a loop of links
             target = None
-        if (relative.is_absolute() or target is None or not target.is_relative_to(root) or not target.is_file()
-                or any(part.startswith(".") for part in relative.parts + target.relative_to(root).parts)):
+        if (
+            relative.is_absolute()
+            or target is None
+            or not target.is_relative_to(root)
+            or not target.is_file()
+            or any(part.startswith(".") for part in relative.parts + target.relative_to(root).parts)
+        ):
             raise HTTPException(404, "no such file in the run folder")
         if target.parent == root and target.suffix == ".parquet":
             view.checks.require([target.stem])

@@ -16,8 +16,13 @@ from vlm_decade.view.runs import RunView
 FULL = "full"
 TOP_HUMANS = "human:top"  # the reference for the model-human gap
 ERROR_TYPES = ("detection", "recognition", "scene_understanding", "hallucination", "spatial_dependence")
-ERROR_NAMES = {"detection": "detection", "recognition": "recognition", "scene_understanding": "scene understanding",
-               "hallucination": "hallucination", "spatial_dependence": "SDE"}
+ERROR_NAMES = {
+    "detection": "detection",
+    "recognition": "recognition",
+    "scene_understanding": "scene understanding",
+    "hallucination": "hallucination",
+    "spatial_dependence": "SDE",
+}
 ROLE_ORDER = ("gold", "top", "bottom", "other")
 PAGE_SIZE = 48
 FAILED_PAGE_SIZE = 100
@@ -46,6 +51,7 @@ class GalleryQuery(Query):
     def parse(cls, params, metrics: list[str], models: list[str]) -> "GalleryQuery":
         """Read the query string; unknown filter values fall back to the defaults rather than fail, a
         page that is not a whole number from 1 is a BadRequest."""
+
         def pick(name: str, allowed) -> str:
             value = params.get(name, "")
             return value if value in allowed else ""
@@ -68,7 +74,6 @@ class GalleryQuery(Query):
         return self.order or ("desc" if self.sort.startswith("gap:") else "asc")
 
 
-
 def metrics(view: RunView) -> list[str]:
     return view.values("SELECT DISTINCT metric FROM scores ORDER BY metric") if view.has("scores") else []
 
@@ -77,7 +82,9 @@ def gallery(view: RunView, q: GalleryQuery) -> dict:
     """One page of images with each shown model's similarity and errors, and the total count."""
     where, params = ["(? = '' OR i.dataset = ?)"], [q.dataset, q.dataset]
     if q.error and view.has("errors"):
-        where.append("i.image_id IN (SELECT image_id FROM errors WHERE present AND error_type = ? AND (? = '' OR subject = ?))")
+        where.append(
+            "i.image_id IN (SELECT image_id FROM errors WHERE present AND error_type = ? AND (? = '' OR subject = ?))"
+        )
         params += [q.error, q.model, q.model]
     if q.sde and view.has("spatial"):
         with_sde = "SELECT image_id FROM spatial WHERE sde AND (? = '' OR subject = ?)"
@@ -85,8 +92,10 @@ def gallery(view: RunView, q: GalleryQuery) -> dict:
             where.append(f"i.image_id IN ({with_sde})")
             params += [q.model, q.model]
         else:  # decided, and no SDE for the model (or for any model)
-            where.append(f"i.image_id IN (SELECT image_id FROM spatial WHERE sde IS NOT NULL AND (? = '' OR subject = ?)) "
-                         f"AND i.image_id NOT IN ({with_sde})")
+            where.append(
+                f"i.image_id IN (SELECT image_id FROM spatial WHERE sde IS NOT NULL AND (? = '' OR subject = ?)) "
+                f"AND i.image_id NOT IN ({with_sde})"
+            )
             params += [q.model, q.model, q.model, q.model]
     joins, key = "", "i.image_id"
     kind, _, sort_model = q.sort.partition(":")
@@ -115,7 +124,10 @@ def gallery(view: RunView, q: GalleryQuery) -> dict:
     scores = _page_scores(view, ids, q.metric)
     errors = _page_errors(view, ids)
     for r in rows:
-        r["models"] = [{"name": m, "value": scores.get((r["image_id"], m)), "errors": errors.get((r["image_id"], m), [])} for m in shown]
+        r["models"] = [
+            {"name": m, "value": scores.get((r["image_id"], m)), "errors": errors.get((r["image_id"], m), [])}
+            for m in shown
+        ]
         r["humans"] = scores.get((r["image_id"], TOP_HUMANS))
     return {"rows": rows, "total": total, "pages": pages, "sort_kind": kind}
 
@@ -127,8 +139,10 @@ def _in_list(ids: list[str]) -> str:
 def _page_scores(view: RunView, ids: list[str], metric: str) -> dict[tuple[str, str], float]:
     if not ids or not view.has("scores"):
         return {}
-    rows = view.rows(f"SELECT image_id, subject, value FROM scores WHERE variant = 'full' AND metric = ? AND image_id IN ({_in_list(ids)})",
-                     [metric, *ids])
+    rows = view.rows(
+        f"SELECT image_id, subject, value FROM scores WHERE variant = 'full' AND metric = ? AND image_id IN ({_in_list(ids)})",
+        [metric, *ids],
+    )
     return {(r["image_id"], r["subject"]): r["value"] for r in rows}
 
 
@@ -136,8 +150,12 @@ def _page_errors(view: RunView, ids: list[str]) -> dict[tuple[str, str], list[st
     if not ids or not view.has("errors"):
         return {}
     out: dict[tuple[str, str], list[str]] = {}
-    rows = view.rows(f"SELECT image_id, subject, error_type FROM errors WHERE present AND image_id IN ({_in_list(ids)})", ids)
-    for r in sorted(rows, key=lambda r: ERROR_TYPES.index(r["error_type"]) if r["error_type"] in ERROR_TYPES else len(ERROR_TYPES)):
+    rows = view.rows(
+        f"SELECT image_id, subject, error_type FROM errors WHERE present AND image_id IN ({_in_list(ids)})", ids
+    )
+    for r in sorted(
+        rows, key=lambda r: ERROR_TYPES.index(r["error_type"]) if r["error_type"] in ERROR_TYPES else len(ERROR_TYPES)
+    ):
         out.setdefault((r["image_id"], r["subject"]), []).append(r["error_type"])
     return out
 
@@ -156,53 +174,90 @@ def image_page(view: RunView, image_id: str) -> dict | None:
         return None
     one = [image_id]
     references = view.rows('SELECT * FROM "references" WHERE image_id = ?', one) if view.has("references") else []
-    full_refs = sorted((r for r in references if r["condition"] == FULL),
-                       key=lambda r: (ROLE_ORDER.index(r["role"]) if r["role"] in ROLE_ORDER else len(ROLE_ORDER), -(r["votes"] or 0)))
+    full_refs = sorted(
+        (r for r in references if r["condition"] == FULL),
+        key=lambda r: (ROLE_ORDER.index(r["role"]) if r["role"] in ROLE_ORDER else len(ROLE_ORDER), -(r["votes"] or 0)),
+    )
     masked_refs: dict[str, list[dict]] = {}
     for r in references:
         if r["condition"] != FULL:
             masked_refs.setdefault(r["condition"], []).append(r)
-    responses = view.rows("SELECT subject, variant, prompt_id, text, status, error FROM responses WHERE image_id = ?", one) if view.has("responses") else []
-    scores = view.rows("SELECT subject, variant, metric, value FROM scores WHERE image_id = ?", one) if view.has("scores") else []
+    responses = (
+        view.rows("SELECT subject, variant, prompt_id, text, status, error FROM responses WHERE image_id = ?", one)
+        if view.has("responses")
+        else []
+    )
+    scores = (
+        view.rows("SELECT subject, variant, metric, value FROM scores WHERE image_id = ?", one)
+        if view.has("scores")
+        else []
+    )
     metric_names = sorted({s["metric"] for s in scores})
     score_of = {(s["subject"], s["variant"], s["metric"]): s["value"] for s in scores}
     said = {(r["subject"], r["variant"]): r for r in responses}
     variant_ids = variants_of(view)
-    spatial = view.rows("SELECT subject, mask_ids, model_profile, human_profile, model_r, human_mean_r, human_sd_r, z, sde, reason "
-                        "FROM spatial WHERE image_id = ? ORDER BY subject", one) if view.has("spatial") else []
+    spatial = (
+        view.rows(
+            "SELECT subject, mask_ids, model_profile, human_profile, model_r, human_mean_r, human_sd_r, z, sde, reason "
+            "FROM spatial WHERE image_id = ? ORDER BY subject",
+            one,
+        )
+        if view.has("spatial")
+        else []
+    )
     # A masked description's similarity to the model's own full-image one (the SDE profile).
-    own = {(r["subject"], mask): value for r in spatial for mask, value in zip(r["mask_ids"] or [], r["model_profile"] or [])}
+    own = {
+        (r["subject"], mask): value
+        for r in spatial
+        for mask, value in zip(r["mask_ids"] or [], r["model_profile"] or [])
+    }
     model_rows = []
     for model in view.models:
-        model_rows.append({
-            "name": model,
-            "variants": [
-                {"variant": v, "response": said.get((model, v)), "scores": [(m, score_of.get((model, v, m))) for m in metric_names],
-                 "own": own.get((model, v))}
-                for v in variant_ids if (model, v) in said or any((model, v, m) in score_of for m in metric_names)
-            ],
-        })
-    humans = [{"name": s, "scores": [(m, score_of.get((s, FULL, m))) for m in metric_names]}
-              for s in sorted({s["subject"] for s in scores if s["subject"].startswith("human:")})]
+        model_rows.append(
+            {
+                "name": model,
+                "variants": [
+                    {
+                        "variant": v,
+                        "response": said.get((model, v)),
+                        "scores": [(m, score_of.get((model, v, m))) for m in metric_names],
+                        "own": own.get((model, v)),
+                    }
+                    for v in variant_ids
+                    if (model, v) in said or any((model, v, m) in score_of for m in metric_names)
+                ],
+            }
+        )
+    humans = [
+        {"name": s, "scores": [(m, score_of.get((s, FULL, m))) for m in metric_names]}
+        for s in sorted({s["subject"] for s in scores if s["subject"].startswith("human:")})
+    ]
     errors = []
     if view.has("errors"):
         for r in view.rows("SELECT subject, error_type, present, method, evidence FROM errors WHERE image_id = ?", one):
             r["evidence"] = _json(r["evidence"])
             errors.append(r)
-        errors.sort(key=lambda r: (r["subject"], ERROR_TYPES.index(r["error_type"]) if r["error_type"] in ERROR_TYPES else 99))
+        errors.sort(
+            key=lambda r: (r["subject"], ERROR_TYPES.index(r["error_type"]) if r["error_type"] in ERROR_TYPES else 99)
+        )
     detections, detector_status = [], None
     if view.has("detections"):
         found = view.rows("SELECT status, error, detections FROM detections WHERE image_id = ?", one)
         if found:
-            detector_status = found[0]["status"] if found[0]["status"] == "ok" else f"{found[0]['status']}: {found[0]['error']}"
+            detector_status = (
+                found[0]["status"] if found[0]["status"] == "ok" else f"{found[0]['status']}: {found[0]['error']}"
+            )
             detections = found[0]["detections"] or []
     cited = _cited_boxes(errors)
     for d in detections:
         d["cited"] = cited.get(_box_key(d["label"], (d["x0"], d["y0"], d["x1"], d["y1"])))
     probes: dict[str, list[dict]] = {}
     if view.has("probes"):
-        for r in view.rows("SELECT subject, round, kind, object, question, answer, status, error FROM probes WHERE image_id = ? "
-                           "ORDER BY subject, round, object", one):
+        for r in view.rows(
+            "SELECT subject, round, kind, object, question, answer, status, error FROM probes WHERE image_id = ? "
+            "ORDER BY subject, round, object",
+            one,
+        ):
             probes.setdefault(r["subject"], []).append(r)
     return {
         "image": image,
@@ -243,7 +298,9 @@ def _cited_boxes(errors: list[dict]) -> dict[tuple, list[str]]:
         for finding in e["evidence"].get("findings", []) if isinstance(e["evidence"], dict) else []:
             det = finding.get("detection") if isinstance(finding, dict) else None
             if isinstance(det, dict) and "box" in det:
-                cited.setdefault(_box_key(det["label"], det["box"]), []).append(f"{e['subject']}: {ERROR_NAMES.get(e['error_type'], e['error_type'])}")
+                cited.setdefault(_box_key(det["label"], det["box"]), []).append(
+                    f"{e['subject']}: {ERROR_NAMES.get(e['error_type'], e['error_type'])}"
+                )
     return cited
 
 
@@ -252,17 +309,31 @@ def model_page(view: RunView, model: str, page: int = 1) -> dict | None:
     its failed responses (paged); None for a name the study does not have."""
     if model not in view.models:
         return None
-    stats = view.rows("SELECT * FROM stats WHERE subject = ? ORDER BY metric, variant, dataset", [model]) if view.has("stats") else []
-    error_stats = view.rows("SELECT * FROM error_stats WHERE subject = ? ORDER BY metric, dataset", [model]) if view.has("error_stats") else []
-    comparisons = (view.rows("SELECT * FROM comparisons WHERE a = ? OR b = ? ORDER BY family, metric, dataset", [model, model])
-                   if view.has("comparisons") else [])
+    stats = (
+        view.rows("SELECT * FROM stats WHERE subject = ? ORDER BY metric, variant, dataset", [model])
+        if view.has("stats")
+        else []
+    )
+    error_stats = (
+        view.rows("SELECT * FROM error_stats WHERE subject = ? ORDER BY metric, dataset", [model])
+        if view.has("error_stats")
+        else []
+    )
+    comparisons = (
+        view.rows("SELECT * FROM comparisons WHERE a = ? OR b = ? ORDER BY family, metric, dataset", [model, model])
+        if view.has("comparisons")
+        else []
+    )
     failed_total, failed = 0, []
     if view.has("responses"):
         failed_total = view.values("SELECT count(*) FROM responses WHERE subject = ? AND status <> 'ok'", [model])[0]
     pages = page_count(failed_total, FAILED_PAGE_SIZE, page)
     if failed_total:
-        failed = view.rows(f"SELECT image_id, variant, prompt_id, status, error FROM responses WHERE subject = ? AND status <> 'ok' "
-                           f"ORDER BY image_id, variant, prompt_id LIMIT {FAILED_PAGE_SIZE} OFFSET {(page - 1) * FAILED_PAGE_SIZE}", [model])
+        failed = view.rows(
+            f"SELECT image_id, variant, prompt_id, status, error FROM responses WHERE subject = ? AND status <> 'ok' "
+            f"ORDER BY image_id, variant, prompt_id LIMIT {FAILED_PAGE_SIZE} OFFSET {(page - 1) * FAILED_PAGE_SIZE}",
+            [model],
+        )
     config = next(m for m in view.study.models if m.name == model)
     return {
         "name": model,

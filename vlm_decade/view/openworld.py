@@ -52,7 +52,6 @@ class GalleryQuery(Query):
         return self.order or "asc"
 
 
-
 def prompts(view: RunView) -> list[str]:
     return [p.id for p in view.study.prompts]
 
@@ -60,8 +59,10 @@ def prompts(view: RunView) -> list[str]:
 def _labels(view: RunView) -> str:
     """The images with their label and granularity (empty when the run has no labels table)."""
     if view.has("labels"):
-        return ("(SELECT i.image_id, i.dataset, l.label, l.granularity FROM images AS i "
-                "LEFT JOIN labels AS l ON l.image_id = i.image_id)")
+        return (
+            "(SELECT i.image_id, i.dataset, l.label, l.granularity FROM images AS i "
+            "LEFT JOIN labels AS l ON l.image_id = i.image_id)"
+        )
     return "(SELECT image_id, dataset, NULL AS label, NULL AS granularity FROM images)"
 
 
@@ -70,13 +71,17 @@ def gallery(view: RunView, q: GalleryQuery) -> dict:
     params: list = [q.dataset, q.dataset, q.granularity, q.granularity]
     has_predictions = view.has("predictions")
     if q.outcome and has_predictions:
-        where.append("i.image_id IN (SELECT image_id FROM predictions WHERE outcome = ? AND prompt_id = ? AND (? = '' OR subject = ?))")
+        where.append(
+            "i.image_id IN (SELECT image_id FROM predictions WHERE outcome = ? AND prompt_id = ? AND (? = '' OR subject = ?))"
+        )
         params += [q.outcome, q.prompt, q.model, q.model]
     joins, key = "", "i.image_id"
     join_params: list = []
     if q.sort == "cs" and has_predictions:
-        joins = (" LEFT JOIN (SELECT image_id, min(CS) AS cs FROM predictions WHERE prompt_id = ? AND (? = '' OR subject = ?) "
-                 "GROUP BY image_id) AS p ON p.image_id = i.image_id")
+        joins = (
+            " LEFT JOIN (SELECT image_id, min(CS) AS cs FROM predictions WHERE prompt_id = ? AND (? = '' OR subject = ?) "
+            "GROUP BY image_id) AS p ON p.image_id = i.image_id"
+        )
         join_params = [q.prompt, q.model, q.model]
         key = "p.cs"
     params = join_params + params
@@ -93,7 +98,9 @@ def gallery(view: RunView, q: GalleryQuery) -> dict:
     predicted: dict[tuple[str, str], dict] = {}
     if ids and has_predictions:
         marks = ", ".join("?" for _ in ids)
-        for p in view.rows(f"SELECT * FROM predictions WHERE prompt_id = ? AND image_id IN ({marks})", [q.prompt, *ids]):
+        for p in view.rows(
+            f"SELECT * FROM predictions WHERE prompt_id = ? AND image_id IN ({marks})", [q.prompt, *ids]
+        ):
             predicted[(p["image_id"], p["subject"])] = p
     shown = [q.model] if q.model else view.models
     for r in rows:
@@ -105,19 +112,36 @@ def outcome_counts(view: RunView, prompt: str) -> dict[str, int]:
     """Predictions per outcome under `prompt` (for the filter's labels)."""
     if not view.has("predictions"):
         return {}
-    return {r["outcome"]: r["n"] for r in view.rows(
-        "SELECT outcome, count(*) AS n FROM predictions WHERE prompt_id = ? GROUP BY outcome", [prompt])}
+    return {
+        r["outcome"]: r["n"]
+        for r in view.rows(
+            "SELECT outcome, count(*) AS n FROM predictions WHERE prompt_id = ? GROUP BY outcome", [prompt]
+        )
+    }
 
 
 def image_page(view: RunView, image_id: str) -> dict | None:
-    rows = view.rows(f"SELECT i.*, l.label, l.granularity FROM images AS i JOIN {_labels(view)} AS l ON l.image_id = i.image_id "
-                     "WHERE i.image_id = ?", [image_id])
+    rows = view.rows(
+        f"SELECT i.*, l.label, l.granularity FROM images AS i JOIN {_labels(view)} AS l ON l.image_id = i.image_id "
+        "WHERE i.image_id = ?",
+        [image_id],
+    )
     if not rows:
         return None
-    predictions = view.rows("SELECT * FROM predictions WHERE image_id = ?", [image_id]) if view.has("predictions") else []
-    responses = view.rows("SELECT subject, prompt_id, text, status, error FROM responses WHERE image_id = ?", [image_id]) if view.has("responses") else []
+    predictions = (
+        view.rows("SELECT * FROM predictions WHERE image_id = ?", [image_id]) if view.has("predictions") else []
+    )
+    responses = (
+        view.rows("SELECT subject, prompt_id, text, status, error FROM responses WHERE image_id = ?", [image_id])
+        if view.has("responses")
+        else []
+    )
     by = {(p["subject"], p["prompt_id"]): p for p in predictions}
     said = {(r["subject"], r["prompt_id"]): r for r in responses}
-    table = [{"model": m, "prompt": p, "prediction": by.get((m, p)), "response": said.get((m, p))}
-             for m in view.models for p in prompts(view) if (m, p) in by or (m, p) in said]
+    table = [
+        {"model": m, "prompt": p, "prediction": by.get((m, p)), "response": said.get((m, p))}
+        for m in view.models
+        for p in prompts(view)
+        if (m, p) in by or (m, p) in said
+    ]
     return {"image": rows[0], "rows": table, "prompts": {p.id: p.text for p in view.study.prompts}}

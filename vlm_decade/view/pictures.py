@@ -31,7 +31,8 @@ JPEG_QUALITY = 82
 def placeholder(text: str, width: int = 320, height: int = 240) -> bytes:
     """An SVG that says why there is no picture."""
     lines = "".join(
-        f"<tspan x='50%' dy='{0 if i == 0 else 16}'>{html.escape(line)}</tspan>" for i, line in enumerate(_wrapped(text, 40))
+        f"<tspan x='50%' dy='{0 if i == 0 else 16}'>{html.escape(line)}</tspan>"
+        for i, line in enumerate(_wrapped(text, 40))
     )
     return (
         f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' viewBox='0 0 {width} {height}'>"
@@ -138,10 +139,13 @@ def heatmap(view: RunView, image: dict) -> bytes | None:
 
     if not view.has("spatial"):
         return None
-    rows = view.rows("SELECT subject, model_profile, human_profile FROM spatial WHERE image_id = ? AND sde IS NOT NULL ORDER BY subject",
-                     [image["image_id"]])
+    rows = view.rows(
+        "SELECT subject, model_profile, human_profile FROM spatial WHERE image_id = ? AND sde IS NOT NULL ORDER BY subject",
+        [image["image_id"]],
+    )
     if not rows:
         return None
+
     def profile(values) -> list[float]:
         return importance([math.nan if v is None else v for v in values])
 

@@ -21,8 +21,19 @@ from vlm_decade.view.verify import TableCheck
 
 # The tables a page may read; a run that lacks one simply has no such section.
 TABLES = {
-    "decade": ("images", "references", "responses", "scores", "stats", "comparisons", "detections", "probes", "errors",
-               "spatial", "error_stats"),
+    "decade": (
+        "images",
+        "references",
+        "responses",
+        "scores",
+        "stats",
+        "comparisons",
+        "detections",
+        "probes",
+        "errors",
+        "spatial",
+        "error_stats",
+    ),
     "openworld": ("images", "labels", "responses", "predictions", "stats", "comparisons"),
 }
 
@@ -93,16 +104,27 @@ def open_run(location: str | Path) -> RunView:
     folder, manifest = open_run_folder(location)
     study = recorded_study(manifest, str(folder.manifest_path))
     if not folder.has("images"):
-        raise InputError([Problem(str(folder.table_path("images")), "missing: the run has no images table yet (run the study first)")])
+        raise InputError(
+            [
+                Problem(
+                    str(folder.table_path("images")), "missing: the run has no images table yet (run the study first)"
+                )
+            ]
+        )
     # Parquet reading is built in; DuckDB must not fetch extensions from the network on its own.
-    connection = duckdb.connect(":memory:", config={"threads": 2, "autoinstall_known_extensions": False,
-                                                     "autoload_known_extensions": False})
+    connection = duckdb.connect(
+        ":memory:", config={"threads": 2, "autoinstall_known_extensions": False, "autoload_known_extensions": False}
+    )
     present = []
     for name in TABLES[study.study]:
         if folder.has(name):
             try:
-                connection.execute(f'CREATE VIEW "{name}" AS SELECT * FROM read_parquet({_quoted(folder.table_path(name))})')
+                connection.execute(
+                    f'CREATE VIEW "{name}" AS SELECT * FROM read_parquet({_quoted(folder.table_path(name))})'
+                )
             except duckdb.Error as exc:
-                raise InputError([Problem(str(folder.table_path(name)), f"not a readable Parquet table: {exc}")]) from None
+                raise InputError(
+                    [Problem(str(folder.table_path(name)), f"not a readable Parquet table: {exc}")]
+                ) from None
             present.append(name)
     return RunView(folder, study, tuple(present), connection)

@@ -37,8 +37,10 @@ class Budget:
         return self.spent_before + self.spent
 
     def message(self, worst: float) -> str:
-        return (f"budget ${self.limit:g} for {self.provider} reached (spent ${self.total_spent:.4f}; the next request "
-                f"may cost up to ${worst:.4f}); raise providers.{self.provider}.budget_usd to go on")
+        return (
+            f"budget ${self.limit:g} for {self.provider} reached (spent ${self.total_spent:.4f}; the next request "
+            f"may cost up to ${worst:.4f}); raise providers.{self.provider}.budget_usd to go on"
+        )
 
     async def reserve(self, worst: float) -> None:
         """Hold `worst` for one attempt; wait while attempts in flight may still make room;

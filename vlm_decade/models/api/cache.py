@@ -27,8 +27,12 @@ def default_cache_dir() -> Path:
 
 def vector_entry(vector: np.ndarray, model_version: str, cost_usd: float, mode: str) -> dict:
     """An embedding's cache entry: the vector as base64 little-endian float32, and how it was bought."""
-    return {"vector": base64.b64encode(vector.astype("<f4").tobytes()).decode(), "model_version": model_version,
-            "cost_usd": cost_usd, "mode": mode}
+    return {
+        "vector": base64.b64encode(vector.astype("<f4").tobytes()).decode(),
+        "model_version": model_version,
+        "cost_usd": cost_usd,
+        "mode": mode,
+    }
 
 
 def entry_vector(entry: dict) -> np.ndarray:

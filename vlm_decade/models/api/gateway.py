@@ -87,9 +87,18 @@ class DriverWatch:
 
 
 class Gateway:
-    def __init__(self, provider: str, cfg: ProviderConfig, key: Secret, cache_dir: str | Path, window_s: float = 60.0,
-                 spend_log: str | Path | None = None, driver_pid: int | None = None, run_root: str | Path | None = None,
-                 batch_wait: bool = True):
+    def __init__(
+        self,
+        provider: str,
+        cfg: ProviderConfig,
+        key: Secret,
+        cache_dir: str | Path,
+        window_s: float = 60.0,
+        spend_log: str | Path | None = None,
+        driver_pid: int | None = None,
+        run_root: str | Path | None = None,
+        batch_wait: bool = True,
+    ):
         """`window_s` is the limits' window: a minute, shorter only in tests. `spend_log` is the run
         folder's log (none: this gateway's spend is all there is); `driver_pid` the process whose
         end stops new requests. In batch mode (`cfg.mode`), `run_root` gets a copy of each batch's
@@ -104,7 +113,9 @@ class Gateway:
         self.budget = Budget(provider, cfg.budget_usd, before)  # held by the batcher too
         if before:  # their requests of the last window count against this one's limits
             now, wall = time.monotonic(), time.time()
-            self.limiter.preload([(now - (wall - t), min(n, cfg.tpm)) for t, n in before.sent if wall - t < self.limiter.window])
+            self.limiter.preload(
+                [(now - (wall - t), min(n, cfg.tpm)) for t, n in before.sent if wall - t < self.limiter.window]
+            )
         self.driver = DriverWatch(driver_pid)
         self.on_the_wire = 0  # attempts sent whose answer (or failure) is not recorded yet
         self.stats: Counter = Counter()
@@ -188,8 +199,12 @@ class Gateway:
         """One logical request, holding its concurrency slot through every attempt: (result, US$
         paid, seconds queued, seconds the answering attempt took)."""
         arrived = time.monotonic()
-        retrying = AsyncRetrying(retry=retry_if_exception(self._retryable), stop=stop_after_attempt(self.cfg.max_attempts),
-                                 wait=self._wait, reraise=True)
+        retrying = AsyncRetrying(
+            retry=retry_if_exception(self._retryable),
+            stop=stop_after_attempt(self.cfg.max_attempts),
+            wait=self._wait,
+            reraise=True,
+        )
         async with self.slots:
             async for attempt in retrying:
                 with attempt:
@@ -251,8 +266,15 @@ class Gateway:
         entry: dict = {}
 
         def keep(reply, paid: float, latency: float) -> None:
-            entry.update(text=reply.text, input_tokens=reply.input_tokens, output_tokens=reply.output_tokens,
-                         cost_usd=paid, model_version=reply.model_version, latency_s=latency, mode="sync")
+            entry.update(
+                text=reply.text,
+                input_tokens=reply.input_tokens,
+                output_tokens=reply.output_tokens,
+                cost_usd=paid,
+                model_version=reply.model_version,
+                latency_s=latency,
+                mode="sync",
+            )
             self.cache.put("chat", key, entry)
 
         try:
@@ -303,9 +325,16 @@ class Gateway:
         ok = [k not in failed for k in keys]
         done = [k for k in keys if k not in failed]
         vectors = np.stack([entry_vector(found[k]) for k in done]) if done else None
-        return {"ok": ok, "vectors": vectors, "failures": [failed[k] for k in keys if k in failed],
-                "modes": [found[k].get("mode", "sync") for k in done],  # entries cached before modes existed were bought in sync
-                "model_version": found[done[0]]["model_version"] if done else "", "paid_usd": paid}
+        return {
+            "ok": ok,
+            "vectors": vectors,
+            "failures": [failed[k] for k in keys if k in failed],
+            "modes": [
+                found[k].get("mode", "sync") for k in done
+            ],  # entries cached before modes existed were bought in sync
+            "model_version": found[done[0]]["model_version"] if done else "",
+            "paid_usd": paid,
+        }
 
     async def _embed_sync(self, model_id: str, missing: list[tuple[str, str]]):
         """One embeddings request for the (key, text) pairs `missing`: ({key: cache entry}, US$ paid,
@@ -354,10 +383,27 @@ class GatewayActor:
     nothing new, records every answer still on its way, and then ends itself (`watch`). A local
     Ray ends with its driver, and the actor with it (docs/api.md says what that loses)."""
 
-    def __init__(self, provider: str, cfg: ProviderConfig, key: Secret, cache_dir: str, spend_log: str | None, driver_pid: int | None,
-                 run_root: str | None, batch_wait: bool):
-        self.gateway = Gateway(provider, cfg, key, cache_dir, spend_log=spend_log, driver_pid=driver_pid, run_root=run_root,
-                               batch_wait=batch_wait)
+    def __init__(
+        self,
+        provider: str,
+        cfg: ProviderConfig,
+        key: Secret,
+        cache_dir: str,
+        spend_log: str | None,
+        driver_pid: int | None,
+        run_root: str | None,
+        batch_wait: bool,
+    ):
+        self.gateway = Gateway(
+            provider,
+            cfg,
+            key,
+            cache_dir,
+            spend_log=spend_log,
+            driver_pid=driver_pid,
+            run_root=run_root,
+            batch_wait=batch_wait,
+        )
         self.ending: asyncio.Task | None = None
 
     async def watch(self) -> None:
@@ -393,8 +439,18 @@ class GatewayActor:
         return self.gateway.report()
 
 
-def gateway_actor(ray, provider: str, cfg: ProviderConfig, key: Secret, cache_dir: Path, run_id: str,
-                  spend_log: Path | None = None, driver_pid: int | None = None, run_root: Path | None = None, batch_wait: bool = True):
+def gateway_actor(
+    ray,
+    provider: str,
+    cfg: ProviderConfig,
+    key: Secret,
+    cache_dir: Path,
+    run_id: str,
+    spend_log: Path | None = None,
+    driver_pid: int | None = None,
+    run_root: Path | None = None,
+    batch_wait: bool = True,
+):
     """The gateway actor named `run_id` for `provider`, created on this (the driver's) node if it is
     not there yet: everything sent under that name shares its limits and budget. Detached, it is
     ended by its session, or by itself once the driver is gone (`GatewayActor.watch`)."""
@@ -411,8 +467,16 @@ def gateway_actor(ray, provider: str, cfg: ProviderConfig, key: Secret, cache_di
             max_concurrency=ACTOR_CONCURRENCY,
             scheduling_strategy=NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False),
         )
-        .remote(provider, cfg, key, str(cache_dir), None if spend_log is None else str(spend_log), driver_pid,
-                None if run_root is None else str(run_root), batch_wait)
+        .remote(
+            provider,
+            cfg,
+            key,
+            str(cache_dir),
+            None if spend_log is None else str(spend_log),
+            driver_pid,
+            None if run_root is None else str(run_root),
+            batch_wait,
+        )
     )
     actor.watch.remote()
     return actor

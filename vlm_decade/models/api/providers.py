@@ -138,8 +138,18 @@ class Provider:
 def _transport(exc: BaseException) -> bool:
     """httpx / httpx2 / openai / aiohttp connection failures, without importing any of them here."""
     names = {c.__name__ for c in type(exc).__mro__}
-    return bool(names & {"TransportError", "TimeoutException", "APIConnectionError", "APITimeoutError", "NetworkError",
-                         "ClientConnectionError", "ClientPayloadError"})
+    return bool(
+        names
+        & {
+            "TransportError",
+            "TimeoutException",
+            "APIConnectionError",
+            "APITimeoutError",
+            "NetworkError",
+            "ClientConnectionError",
+            "ClientPayloadError",
+        }
+    )
 
 
 class OpenAIProvider(Provider):
@@ -149,7 +159,9 @@ class OpenAIProvider(Provider):
         super().__init__(cfg, key)
         import openai
 
-        self.client = openai.AsyncOpenAI(api_key=key.reveal(), base_url=cfg.base_url, max_retries=0, timeout=cfg.timeout_s)
+        self.client = openai.AsyncOpenAI(
+            api_key=key.reveal(), base_url=cfg.base_url, max_retries=0, timeout=cfg.timeout_s
+        )
 
     @staticmethod
     def reasoning(model_id: str) -> bool:
@@ -164,7 +176,10 @@ class OpenAIProvider(Provider):
             if "reasoning_effort" in options:
                 out["reasoning_effort"] = str(options["reasoning_effort"])
         else:
-            out = {"max_output_tokens": int(options.get("max_output_tokens", 300)), "temperature": float(options.get("temperature", 0.0))}
+            out = {
+                "max_output_tokens": int(options.get("max_output_tokens", 300)),
+                "temperature": float(options.get("temperature", 0.0)),
+            }
         out["detail"] = str(options.get("detail", "auto"))
         return out
 
@@ -186,7 +201,11 @@ class OpenAIProvider(Provider):
         if req.image_png is not None:
             url = "data:image/png;base64," + base64.b64encode(req.image_png).decode()
             content.append({"type": "image_url", "image_url": {"url": url, "detail": s["detail"]}})
-        body = {"model": req.model_id, "messages": [{"role": "user", "content": content}], "max_completion_tokens": s["max_output_tokens"]}
+        body = {
+            "model": req.model_id,
+            "messages": [{"role": "user", "content": content}],
+            "max_completion_tokens": s["max_output_tokens"],
+        }
         if "temperature" in s:
             body["temperature"] = s["temperature"]
         if "reasoning_effort" in s:
@@ -230,7 +249,10 @@ class GeminiProvider(Provider):
         self.types = types
         # Without retry_options the client still re-sends once, 1-10 s later, after a dropped
         # connection on its aiohttp transport; one attempt, stated, is the only way to have none.
-        http = {"timeout": int(cfg.timeout_s * 1000), "retry_options": types.HttpRetryOptions(attempts=1)}  # timeout in ms
+        http = {
+            "timeout": int(cfg.timeout_s * 1000),
+            "retry_options": types.HttpRetryOptions(attempts=1),
+        }  # timeout in ms
         if cfg.base_url:
             http.update(base_url=cfg.base_url, api_version="v1beta")
         self.client = genai.Client(api_key=key.reveal(), http_options=types.HttpOptions(**http))
@@ -280,7 +302,11 @@ class GeminiProvider(Provider):
         r = await self.client.aio.models.embed_content(
             model=model_id, contents=texts, config=self.types.EmbedContentConfig(output_dimensionality=EMBED_DIM)
         )
-        return self.unit_rows([e.values for e in r.embeddings]), sum(map(text_tokens, texts)), model_id  # no usage reported for embeddings
+        return (
+            self.unit_rows([e.values for e in r.embeddings]),
+            sum(map(text_tokens, texts)),
+            model_id,
+        )  # no usage reported for embeddings
 
     @staticmethod
     def unit_rows(values) -> np.ndarray:

@@ -34,7 +34,9 @@ def stop_if_pending(answers, what: str) -> None:
     """Raise `BatchesPending` when any answer is still in a batch."""
     pending = [a["error"] for a in answers if a["status"] == "pending"]
     if pending:
-        raise BatchesPending(f"{what}: {len(pending)} requests wait in batches ({pending[0]}); run again to collect them")
+        raise BatchesPending(
+            f"{what}: {len(pending)} requests wait in batches ({pending[0]}); run again to collect them"
+        )
 
 
 def cache_dir(providers: ProvidersConfig):
@@ -62,7 +64,9 @@ def record_spend(run: RunFolder, provider: str, tally: SpendTally) -> None:
     unresolved = {k: v for k, v in manifest.get("spend_unresolved_usd", {}).items() if k != provider}
     if spend.unresolved > 0:
         unresolved[provider] = round(spend.unresolved, 6)
-    by_mode = dict(manifest.get("spend_by_mode_usd", {}), **{provider: {m: round(v, 6) for m, v in sorted(spend.by_mode.items())}})
+    by_mode = dict(
+        manifest.get("spend_by_mode_usd", {}), **{provider: {m: round(v, 6) for m, v in sorted(spend.by_mode.items())}}
+    )
     run.update_manifest(spend_usd=paid, spend_unresolved_usd=unresolved, spend_by_mode_usd=by_mode)
 
 
@@ -76,11 +80,15 @@ def cancel_batches(providers: ProvidersConfig, run: RunFolder, provider: str) ->
         return None
     key = api_key(provider)
     if key is None:
-        raise InputError([Problem("environment", f"cancelling {provider} batches needs its API key: set {key_hint(provider)}")])
+        raise InputError(
+            [Problem("environment", f"cancelling {provider} batches needs its API key: set {key_hint(provider)}")]
+        )
     log = start_spend_log(run, provider)
 
     async def cancel() -> dict:
-        gateway = Gateway(provider, getattr(providers, provider), key, cache_dir(providers), spend_log=log, run_root=run.root)
+        gateway = Gateway(
+            provider, getattr(providers, provider), key, cache_dir(providers), spend_log=log, run_root=run.root
+        )
         return await gateway.batch.cancel(labels)
 
     done = asyncio.run(cancel())
@@ -108,9 +116,18 @@ class RemoteSession:
         # A name of its own: a gateway being ended (`ray.kill` returns before it is gone) is never reused.
         name = f"{run.root.resolve()}:{uuid.uuid4().hex}"
         self.mode = getattr(providers, provider).mode
-        self.actor = gateway_actor(ray, provider, getattr(providers, provider), key, cache_dir(providers), name,
-                                   spend_log=log.resolve(), driver_pid=os.getpid(), run_root=run.root.resolve(),
-                                   batch_wait=providers.batch_wait)
+        self.actor = gateway_actor(
+            ray,
+            provider,
+            getattr(providers, provider),
+            key,
+            cache_dir(providers),
+            name,
+            spend_log=log.resolve(),
+            driver_pid=os.getpid(),
+            run_root=run.root.resolve(),
+            batch_wait=providers.batch_wait,
+        )
 
     def batch_for(self, mode: str | None) -> bool:
         """Whether a model, judge or probe with this `mode` of its own (none: the provider's) sends

@@ -107,7 +107,9 @@ class SpendTally:
             elif kind == "carried":
                 self.paid += float(event["usd"])
                 self.by_mode["sync"] = self.by_mode.get("sync", 0.0) + float(event["usd"])
-        return Spend(self.paid, sum(self.open.values()), len(self.sent), tuple(self.sent), dict(self.by_mode), dict(self.open))
+        return Spend(
+            self.paid, sum(self.open.values()), len(self.sent), tuple(self.sent), dict(self.by_mode), dict(self.open)
+        )
 
 
 def read_spend(path: str | Path) -> Spend:

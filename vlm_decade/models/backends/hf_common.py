@@ -86,7 +86,8 @@ def packaged_copy(model_id: str) -> Path | None:
 
 def hub_offline() -> bool:
     return any(
-        os.environ.get(var, "").upper() in {"1", "ON", "YES", "TRUE"} for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+        os.environ.get(var, "").upper() in {"1", "ON", "YES", "TRUE"}
+        for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
     )
 
 
@@ -122,9 +123,13 @@ def weight_problems(model: ModelConfig) -> list[Problem]:
     reached (HF_HUB_OFFLINE=1), since online a missing model is downloaded."""
     get = f"`hf download {model.model_id} --local-dir FOLDER` on a machine with network, then set path: FOLDER"
     if model.path is not None:
-        messages = folder_problems(Path(model.path), f"{model.name}: the model's path", f"Save the model there or run {get}.")
+        messages = folder_problems(
+            Path(model.path), f"{model.name}: the model's path", f"Save the model there or run {get}."
+        )
     elif packaged_copy(model.model_id) is not None:
-        messages = folder_problems(packaged_copy(model.model_id), f"{model.name}: the packaged copy", "Reinstall its package.")
+        messages = folder_problems(
+            packaged_copy(model.model_id), f"{model.name}: the packaged copy", "Reinstall its package."
+        )
     elif hub_offline():
         from huggingface_hub import snapshot_download
 

@@ -36,7 +36,8 @@ class HFDetector(HFBackend):
     class Options(HFOptions):
         score_threshold: float = Field(0.5, ge=0.0, le=1.0, description="the lowest score an object needs")
         queries: list[str] | None = Field(
-            None, description="OWL-ViT / OWLv2: the text queries (default: the COCO labels)")
+            None, description="OWL-ViT / OWLv2: the text queries (default: the COCO labels)"
+        )
 
     def _load(self, source: str, **kwargs):
         from transformers import AutoConfig

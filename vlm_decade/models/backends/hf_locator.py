@@ -31,7 +31,11 @@ class HFLocator(HFBackend):
         self.processor = AutoProcessor.from_pretrained(source, **self.options["processor"])
         net = AutoModelForZeroShotObjectDetection.from_pretrained(source, **kwargs)
         # Names of different lengths in one query batch: padded to the longest, cut at the text tower's length.
-        self._text_kwargs = {"padding": True, "truncation": True, "max_length": net.config.text_config.max_position_embeddings}
+        self._text_kwargs = {
+            "padding": True,
+            "truncation": True,
+            "max_length": net.config.text_config.max_position_embeddings,
+        }
         return net
 
     def locate(self, images: Sequence[np.ndarray], queries: Sequence[Sequence[str]]) -> list[list[Detection]]:
@@ -53,9 +57,13 @@ class HFLocator(HFBackend):
             outputs, threshold=0.0, target_sizes=[(h, w)], text_labels=[names]
         )[0]
         per_name: dict[str, list[Detection]] = {}
-        for label, score, box in zip(found["text_labels"], found["scores"].float().tolist(), found["boxes"].float().tolist()):
+        for label, score, box in zip(
+            found["text_labels"], found["scores"].float().tolist(), found["boxes"].float().tolist()
+        ):
             x0, y0, x1, y1 = np.clip(np.asarray(box) / [w, h, w, h], 0.0, 1.0).tolist()
-            per_name.setdefault(label, []).append(Detection(label, float(score), (min(x0, x1), min(y0, y1), max(x0, x1), max(y0, y1))))
+            per_name.setdefault(label, []).append(
+                Detection(label, float(score), (min(x0, x1), min(y0, y1), max(x0, x1), max(y0, y1)))
+            )
         kept = []
         for name in names:
             kept += sorted(per_name.get(name, []), key=lambda d: (-d.score, d.box))[:PER_QUERY]

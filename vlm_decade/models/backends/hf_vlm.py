@@ -45,5 +45,5 @@ class HFVLM(HFBackend):
             return_tensors="pt",
         ).to(self.input_device, dtype=self.dtype)  # casts only the floating tensors (pixels)
         out = self.net.generate(**inputs, **self.generation)
-        new = out[:, inputs["input_ids"].shape[1]:]
+        new = out[:, inputs["input_ids"].shape[1] :]
         return [text.strip() for text in self.processor.batch_decode(new, skip_special_tokens=True)]

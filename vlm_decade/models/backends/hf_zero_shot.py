@@ -127,7 +127,7 @@ class HFZeroShot(HFBackend):
         """(texts, dim) float64 text embeddings, in chunks of `_TEXT_BATCH`."""
         chunks = []
         for start in range(0, len(texts), _TEXT_BATCH):
-            encoded = self.processor(text=texts[start:start + _TEXT_BATCH], return_tensors="pt", **self._text_kwargs)
+            encoded = self.processor(text=texts[start : start + _TEXT_BATCH], return_tensors="pt", **self._text_kwargs)
             with self._torch.inference_mode():
                 chunks.append(_features(self.net.get_text_features(**self._to_device(encoded))).float().cpu().numpy())
         return np.concatenate(chunks).astype(np.float64)
@@ -141,8 +141,10 @@ class HFZeroShot(HFBackend):
 
     def _run(self, items: list[tuple[np.ndarray, tuple[str, ...]]]) -> list[str]:
         images = self.image_embeddings([rgb for rgb, _ in items])
-        return [top_classes(image[None], self.class_embeddings(classes), classes)[0]
-                for image, (_, classes) in zip(images, items)]
+        return [
+            top_classes(image[None], self.class_embeddings(classes), classes)[0]
+            for image, (_, classes) in zip(images, items)
+        ]
 
     def _item(self, stimulus: Stimulus) -> tuple[np.ndarray, tuple[str, ...]]:
         """The image and its dataset's class names; a stimulus without classes fails its own row."""

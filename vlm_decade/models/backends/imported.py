@@ -31,7 +31,9 @@ def imported_file(model: ModelConfig) -> Path | None:
     return Path(file) if isinstance(file, str) and file else None
 
 
-def missing_rows(models: Iterable[ModelConfig], image_ids: set[str], variants_of: Callable[[ModelConfig], list[str]]) -> list[str]:
+def missing_rows(
+    models: Iterable[ModelConfig], image_ids: set[str], variants_of: Callable[[ModelConfig], list[str]]
+) -> list[str]:
     """One line per imported model whose file lacks some of the (image, variant) pairs it will be
     asked for, with the counts per variant; none when every file is complete (or unreadable: `check`
     reports those)."""
@@ -79,7 +81,11 @@ class ImportedBackend(Backend):
         for s in batch:
             text = self.texts.get((s.image_id, s.variant))
             if text is None:
-                out.append(Description("", "error", f"no description for ({s.image_id}, {s.variant}) in the file", self.version))
+                out.append(
+                    Description(
+                        "", "error", f"no description for ({s.image_id}, {s.variant}) in the file", self.version
+                    )
+                )
             else:
                 out.append(Description(text.strip(), model_version=self.version))
         return out
@@ -100,7 +106,9 @@ class ImportedBackend(Backend):
         where = f"models[{model.name}].options.file"
         path = imported_file(model)
         if path is None:
-            return [Problem(STUDY_FILE, "the imported backend needs options: {file: PATH} (CSV or Parquet)", field=where)]
+            return [
+                Problem(STUDY_FILE, "the imported backend needs options: {file: PATH} (CSV or Parquet)", field=where)
+            ]
         problems = Problems()
         table = read_table(path, COLUMNS, problems)
         if table is None:
@@ -113,7 +121,9 @@ class ImportedBackend(Backend):
             if image_ids and rec["image_id"] not in image_ids:
                 problems.add(path, f"unknown image_id '{rec['image_id']}'", row, "image_id")
             if rec["variant"] not in variants:
-                problems.add(path, f"unknown variant '{rec['variant']}' (expected one of {', '.join(variants)})", row, "variant")
+                problems.add(
+                    path, f"unknown variant '{rec['variant']}' (expected one of {', '.join(variants)})", row, "variant"
+                )
             if not (rec["text"] or "").strip():
                 problems.add(path, "empty text", row, "text")
             if key in seen:

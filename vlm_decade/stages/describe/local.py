@@ -24,9 +24,20 @@ PART_ROWS, PART_S = 4096, 10.0  # save a local model's rows as a part this often
 
 
 def _local_answer(description: Description, latency_s: float) -> dict:
-    return {"text": description.text, "status": description.status, "error": description.error, "latency_s": latency_s,
-            "queued_s": None, "input_tokens": None, "output_tokens": None, "cost_usd": 0.0, "paid_usd": 0.0, "cached": False,
-            "mode": None, "model_version": description.model_version}
+    return {
+        "text": description.text,
+        "status": description.status,
+        "error": description.error,
+        "latency_s": latency_s,
+        "queued_s": None,
+        "input_tokens": None,
+        "output_tokens": None,
+        "cost_usd": 0.0,
+        "paid_usd": 0.0,
+        "cached": False,
+        "mode": None,
+        "model_version": description.model_version,
+    }
 
 
 def describe_batch(backend: Backend, jobs: list[Job], stimuli: list[Stimulus | str]) -> list[dict]:
@@ -42,7 +53,9 @@ def describe_batch(backend: Backend, jobs: list[Job], stimuli: list[Stimulus | s
     latency = (time.perf_counter() - start) / max(len(ready), 1)
     answer = iter(answers)
     return [
-        response_row(job, _local_answer(next(answer), latency) if isinstance(stim, Stimulus) else failed_answer("error", stim))
+        response_row(
+            job, _local_answer(next(answer), latency) if isinstance(stim, Stimulus) else failed_answer("error", stim)
+        )
         for job, stim in zip(jobs, stimuli)
     ]
 
@@ -73,9 +86,18 @@ def describe_local(study: StudyBase, model: ModelConfig, jobs: pa.Table, plan: P
     work = (jobs_from(jobs.slice(i, model.batch_size), plan) for i in range(0, jobs.num_rows, model.batch_size))
     call = lambda actor, batch: actor.describe.remote(batch, loader.remote(batch) if needs_images else None)  # noqa: E731
     with run.folder.parts("responses", RESPONSES_SCHEMA, PART_ROWS, PART_S) as parts:
-        for done in pool_map(ray, lambda: actor_cls.remote(model), rt.actors_per_model, work, call, in_flight_per_actor=IN_FLIGHT_PER_ACTOR,
-                             max_lost=rt.max_restarts, stall_timeout_s=rt.stall_timeout_s, what=f"describe ({model.name})",
-                             needs={"CPU": rt.cpus_per_actor, "GPU": rt.gpus_per_actor}):
+        for done in pool_map(
+            ray,
+            lambda: actor_cls.remote(model),
+            rt.actors_per_model,
+            work,
+            call,
+            in_flight_per_actor=IN_FLIGHT_PER_ACTOR,
+            max_lost=rt.max_restarts,
+            stall_timeout_s=rt.stall_timeout_s,
+            what=f"describe ({model.name})",
+            needs={"CPU": rt.cpus_per_actor, "GPU": rt.gpus_per_actor},
+        ):
             # a batch that failed (or whose actors kept dying) is recorded per row, tried again next run
             parts.add(done.value if done.error is None else failed_batch(done.work, done.error))
             advance(len(done.work))

@@ -64,10 +64,17 @@ def check_models(study: StudyBase, image_ids: set[str] | None, variants: list[st
             problems += cls.check(model, image_ids or set(), variants)
         provider = api_provider(model.backend)
         if model.mode is not None and not provider:
-            problems.append(Problem("study file", f"`mode` is for API models; {model.backend} runs here", field=f"models.{i}.mode"))
+            problems.append(
+                Problem("study file", f"`mode` is for API models; {model.backend} runs here", field=f"models.{i}.mode")
+            )
         if provider and getattr(study.providers, provider).price(provider, model.model_id) is None:
-            problems.append(Problem("study file", f"no price for {provider} model '{model.model_id}'; add one under "
-                                    f"providers.{provider}.prices", field=f"models.{i}.model_id"))
+            problems.append(
+                Problem(
+                    "study file",
+                    f"no price for {provider} model '{model.model_id}'; add one under providers.{provider}.prices",
+                    field=f"models.{i}.model_id",
+                )
+            )
     return problems
 
 
@@ -126,23 +133,32 @@ def plan_jobs(study: StudyBase, plan: Plan, images: pa.Table) -> pa.Table:
                 classes = list(plan.classnames.get(dataset, ())) if closed else None
                 for variant in variants:
                     mask = specs.get(variant)
-                    payload = {"model": settings, "prompt": prompt, "image": sha, "mask": asdict(mask) if mask else None}
+                    payload = {
+                        "model": settings,
+                        "prompt": prompt,
+                        "image": sha,
+                        "mask": asdict(mask) if mask else None,
+                    }
                     if closed:
                         payload["classes"] = classes
                     if background is not None:  # an opaque image's key is what it always was
                         payload["background"] = background
                     keys.append(hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest())
             n = len(variants)
-            chunks.append(pa.table({
-                "subject": pa.array([model.name] * (len(ids) * n), pa.string()),
-                "image_id": pa.array([i for i in ids for _ in variants], pa.string()),
-                "variant": pa.array(variants * len(ids), pa.string()),
-                "prompt_id": pa.array([prompt_id] * (len(ids) * n), pa.string()),
-                "dataset": pa.array([d for d in datasets for _ in variants], pa.string()),
-                "path": pa.array([p for p in paths for _ in variants], pa.string()),
-                "background": pa.array([b for b in backgrounds for _ in variants], pa.string()),
-                "cache_key": pa.array(keys, pa.string()),
-            }))
+            chunks.append(
+                pa.table(
+                    {
+                        "subject": pa.array([model.name] * (len(ids) * n), pa.string()),
+                        "image_id": pa.array([i for i in ids for _ in variants], pa.string()),
+                        "variant": pa.array(variants * len(ids), pa.string()),
+                        "prompt_id": pa.array([prompt_id] * (len(ids) * n), pa.string()),
+                        "dataset": pa.array([d for d in datasets for _ in variants], pa.string()),
+                        "path": pa.array([p for p in paths for _ in variants], pa.string()),
+                        "background": pa.array([b for b in backgrounds for _ in variants], pa.string()),
+                        "cache_key": pa.array(keys, pa.string()),
+                    }
+                )
+            )
     if not chunks:
         return pa.table({c: pa.array([], pa.string()) for c in JOB_COLUMNS})
     return pa.concat_tables(chunks).combine_chunks()
@@ -153,9 +169,18 @@ def jobs_from(table: pa.Table, plan: Plan) -> list[Job]:
     specs = {s.mask_id: s for s in plan.masks}
     prompts = {(subject, pid): text for subject, pairs in plan.prompts.items() for pid, text in pairs}
     return [
-        Job(r["subject"], r["image_id"], r["variant"], r["prompt_id"], prompts[(r["subject"], r["prompt_id"])], r["path"],
-            specs.get(r["variant"]), r["cache_key"], tuple(plan.classnames.get(r["dataset"], ())) if plan.closed.get(r["subject"]) else (),
-            r.get("background"))
+        Job(
+            r["subject"],
+            r["image_id"],
+            r["variant"],
+            r["prompt_id"],
+            prompts[(r["subject"], r["prompt_id"])],
+            r["path"],
+            specs.get(r["variant"]),
+            r["cache_key"],
+            tuple(plan.classnames.get(r["dataset"], ())) if plan.closed.get(r["subject"]) else (),
+            r.get("background"),
+        )
         for r in table.to_pylist()
     ]
 

@@ -39,9 +39,14 @@ def ask_gateway(gateway, model_id: str, settings: dict, jobs: list[Job], batch: 
     from vlm_decade.models.api.providers import ChatRequest
 
     def send(req: ChatRequest):
-        return gateway.submit.remote(req, True) if batch else gateway.chat.remote(req, False)  # batch: held until the caller flushes
+        return (
+            gateway.submit.remote(req, True) if batch else gateway.chat.remote(req, False)
+        )  # batch: held until the caller flushes
 
-    refs = [png if isinstance(png, str) else send(ChatRequest(model_id, job.prompt, png, settings)) for job, png in zip(jobs, load_png(jobs))]
+    refs = [
+        png if isinstance(png, str) else send(ChatRequest(model_id, job.prompt, png, settings))
+        for job, png in zip(jobs, load_png(jobs))
+    ]
     answers = []
     for ref in refs:
         if isinstance(ref, str):
@@ -135,8 +140,10 @@ class RemoteModels:
         for name, answers in self.answers.items():
             skipped = [a["error"] for a in answers if a["status"] == "skipped"]
             if skipped:
-                self.run.reporter.say(f"     [yellow]{name}: {len(skipped)} requests not sent[/yellow]: {skipped[0]}; the "
-                                      "stages after this one use the answers that exist, and the next run sends the rest")
+                self.run.reporter.say(
+                    f"     [yellow]{name}: {len(skipped)} requests not sent[/yellow]: {skipped[0]}; the "
+                    "stages after this one use the answers that exist, and the next run sends the rest"
+                )
             try:
                 stop_if_pending(answers, f"responses of {name}")
             except BatchesPending as exc:

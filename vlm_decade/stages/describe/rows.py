@@ -38,8 +38,20 @@ RESPONSES_SCHEMA = pa.schema(
     ]
 )
 RESPONSE_KEY = ("subject", "image_id", "variant", "prompt_id")
-ANSWER_FIELDS = ("text", "status", "error", "latency_s", "queued_s", "input_tokens", "output_tokens", "cost_usd", "paid_usd",
-                 "cached", "mode", "model_version")
+ANSWER_FIELDS = (
+    "text",
+    "status",
+    "error",
+    "latency_s",
+    "queued_s",
+    "input_tokens",
+    "output_tokens",
+    "cost_usd",
+    "paid_usd",
+    "cached",
+    "mode",
+    "model_version",
+)
 
 
 class AnswerCountError(RuntimeError):
@@ -50,15 +62,23 @@ def one_for_one(jobs: Sequence, answers: list, who: str) -> list:
     """`answers`, checked to hold one answer per job: matched by place, a short or long list would
     drop rows or give rows another job's answer, so it is refused whole."""
     if len(answers) != len(jobs):
-        raise AnswerCountError(f"{who} gave {len(answers)} answers for a batch of {len(jobs)}; none of them is kept, "
-                               "and the next run tries the batch again")
+        raise AnswerCountError(
+            f"{who} gave {len(answers)} answers for a batch of {len(jobs)}; none of them is kept, "
+            "and the next run tries the batch again"
+        )
     return answers
 
 
 def response_row(job: Job, answer: dict) -> dict:
     """A `responses` row: the job's key and cache key, and the answer's fields."""
-    return {"subject": job.subject, "image_id": job.image_id, "variant": job.variant, "prompt_id": job.prompt_id,
-            **{k: answer[k] for k in ANSWER_FIELDS}, "cache_key": job.cache_key}
+    return {
+        "subject": job.subject,
+        "image_id": job.image_id,
+        "variant": job.variant,
+        "prompt_id": job.prompt_id,
+        **{k: answer[k] for k in ANSWER_FIELDS},
+        "cache_key": job.cache_key,
+    }
 
 
 def failed_batch(batch: list[Job], exc: BaseException) -> list[dict]:
@@ -75,7 +95,10 @@ def _composite(table: pa.Table, *extra: str) -> pa.ChunkedArray:
 
 def conform(table: pa.Table, schema: pa.Schema = RESPONSES_SCHEMA) -> pa.Table:
     """`table` in `schema`: a table written before a column existed gets it as nulls."""
-    columns = [table.column(f.name).cast(f.type) if f.name in table.column_names else pa.nulls(table.num_rows, f.type) for f in schema]
+    columns = [
+        table.column(f.name).cast(f.type) if f.name in table.column_names else pa.nulls(table.num_rows, f.type)
+        for f in schema
+    ]
     return pa.Table.from_arrays(columns, schema=schema)
 
 
@@ -85,14 +108,20 @@ def collect_rows(folder: RunFolder, jobs: pa.Table) -> pa.Table:
     (another cache key) are dropped. Columnar, and the rows are copied once: the choice is made on
     row numbers."""
     old = folder.previous("responses")
-    sources = [RESPONSES_SCHEMA.empty_table() if old is None else conform(old), folder.read_parts("responses", RESPONSES_SCHEMA)]
+    sources = [
+        RESPONSES_SCHEMA.empty_table() if old is None else conform(old),
+        folder.read_parts("responses", RESPONSES_SCHEMA),
+    ]
     rows = pa.concat_tables(sources)
     current = pc.is_in(_composite(rows, "cache_key"), value_set=_composite(jobs, "cache_key").combine_chunks())
     at = pa.array(np.flatnonzero(current.to_numpy(zero_copy_only=False)), pa.int64())
     ok = pc.equal(rows.column("status").take(at), "ok")
-    keys = pa.table({**{c: rows.column(c).take(at) for c in RESPONSE_KEY}, "_ok": ok,
-                     "_rank": pc.if_else(ok, at, pc.negate(at))})  # the first ok row, else the latest
-    order = pc.sort_indices(keys, sort_keys=[*((c, "ascending") for c in RESPONSE_KEY), ("_ok", "descending"), ("_rank", "ascending")])
+    keys = pa.table(
+        {**{c: rows.column(c).take(at) for c in RESPONSE_KEY}, "_ok": ok, "_rank": pc.if_else(ok, at, pc.negate(at))}
+    )  # the first ok row, else the latest
+    order = pc.sort_indices(
+        keys, sort_keys=[*((c, "ascending") for c in RESPONSE_KEY), ("_ok", "descending"), ("_rank", "ascending")]
+    )
     ranked = keys.select(list(RESPONSE_KEY)).take(order)
     ranked = ranked.append_column("_key", _composite(ranked)).append_column("_row", at.take(order))
     best = first_per_key(ranked, "_key").column("_row")

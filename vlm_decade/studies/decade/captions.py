@@ -24,17 +24,26 @@ from vlm_decade.studies.decade.score import HUMAN_GROUPS
 def caption_metric_scores(images: pa.Table, references: pa.Table, responses: pa.Table, names) -> pa.Table:
     """One row per subject, image and caption metric in `names` (the scores table's schema)."""
     if shutil.which("java") is None:
-        raise RuntimeError("the caption metrics (pycocoevalcap) need a Java runtime on PATH: install one "
-                           "(Debian: apt-get install default-jre-headless) or remove `caption_metrics` from the study")
+        raise RuntimeError(
+            "the caption metrics (pycocoevalcap) need a Java runtime on PATH: install one "
+            "(Debian: apt-get install default-jre-headless) or remove `caption_metrics` from the study"
+        )
     dataset_of = dict(zip(images.column("image_id").to_pylist(), images.column("dataset").to_pylist()))
-    full = sorted((r for r in references.to_pylist() if r["condition"] == "full"), key=lambda r: (r["image_id"], r["description_id"]))
+    full = sorted(
+        (r for r in references.to_pylist() if r["condition"] == "full"),
+        key=lambda r: (r["image_id"], r["description_id"]),
+    )
     humans: dict[str, list[dict]] = {}
     for r in full:
         humans.setdefault(r["image_id"], []).append(r)
-    calls: dict[tuple[str, int], list[tuple[str, str, list[str]]]] = {}  # (subject, slot) -> (image, candidate, references)
+    calls: dict[
+        tuple[str, int], list[tuple[str, str, list[str]]]
+    ] = {}  # (subject, slot) -> (image, candidate, references)
     for r in sorted(responses.to_pylist(), key=lambda r: (r["subject"], r["image_id"])):
         if r["status"] == "ok" and r["variant"] == "full" and r["image_id"] in humans:
-            calls.setdefault((r["subject"], 0), []).append((r["image_id"], r["text"], [h["text"] for h in humans[r["image_id"]]]))
+            calls.setdefault((r["subject"], 0), []).append(
+                (r["image_id"], r["text"], [h["text"] for h in humans[r["image_id"]]])
+            )
     for image_id, described in humans.items():
         for role, group in HUMAN_GROUPS.items():
             members = [h for h in described if h["role"] == role]
@@ -48,6 +57,15 @@ def caption_metric_scores(images: pa.Table, references: pa.Table, responses: pa.
         for name, per in scored.items():
             for (image_id, _, _), v in zip(items, per):
                 values.setdefault((subject, image_id, name), []).append(float(v))
-    rows = [{"subject": s, "image_id": i, "dataset": dataset_of[i], "variant": "full", "metric": m, "value": float(np.mean(v))}
-            for (s, i, m), v in sorted(values.items(), key=lambda kv: (kv[0][2], kv[0][0], kv[0][1]))]
+    rows = [
+        {
+            "subject": s,
+            "image_id": i,
+            "dataset": dataset_of[i],
+            "variant": "full",
+            "metric": m,
+            "value": float(np.mean(v)),
+        }
+        for (s, i, m), v in sorted(values.items(), key=lambda kv: (kv[0][2], kv[0][0], kv[0][1]))
+    ]
     return pa.Table.from_pylist(rows, schema=SCORES_SCHEMA)

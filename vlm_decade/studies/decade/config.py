@@ -8,7 +8,16 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from vlm_decade.core.config import EncoderConfig, FolderLocation, MetricConfig, ModelConfig, Settings, StudyBase, operational, repeated
+from vlm_decade.core.config import (
+    EncoderConfig,
+    FolderLocation,
+    MetricConfig,
+    ModelConfig,
+    Settings,
+    StudyBase,
+    operational,
+    repeated,
+)
 from vlm_decade.imaging.decode import WHITE, background_text
 from vlm_decade.imaging.masks import MaskConfig
 from vlm_decade.models.backends.hf_locator import HFLocator
@@ -24,11 +33,21 @@ class DataConfig(Settings):
     """Study A's input tables (docs/data-format.md)."""
 
     images: Path = Field(description="image_id, dataset, file.")
-    image_dir: FolderLocation = Field(description="The folder that `file` is relative to: a path, or an s3:// or gs:// URI (docs/cluster.md).")
+    image_dir: FolderLocation = Field(
+        description="The folder that `file` is relative to: a path, or an s3:// or gs:// URI (docs/cluster.md)."
+    )
     descriptions: Path = Field(description="description_id, image_id, worker_id, condition, text.")
-    votes: Path | None = Field(None, description="Ranking votes: image_id, rater_id, trial, shown, chosen; none: a consensus gold standard.")
-    ratings: Path | None = Field(None, description="Human ratings of model-vs-gold similarity (rater_id, subject, image_id, rating), to validate the metrics (docs/metrics.md).")
-    hand_labels: Path | None = Field(None, description="Hand error labels (subject, image_id, error_type, present, note) that override the automatic ones (docs/taxonomy.md).")
+    votes: Path | None = Field(
+        None, description="Ranking votes: image_id, rater_id, trial, shown, chosen; none: a consensus gold standard."
+    )
+    ratings: Path | None = Field(
+        None,
+        description="Human ratings of model-vs-gold similarity (rater_id, subject, image_id, rating), to validate the metrics (docs/metrics.md).",
+    )
+    hand_labels: Path | None = Field(
+        None,
+        description="Hand error labels (subject, image_id, error_type, present, note) that override the automatic ones (docs/taxonomy.md).",
+    )
     background: str = Field(
         WHITE,
         description="What transparent pixels are composited onto before any model, mask or metric sees them: "
@@ -46,7 +65,11 @@ class RankingConfig(Settings):
 
     top_k: int = Field(4, ge=1, description="Descriptions in the top-ranked human group.")
     bottom_k: int = Field(4, ge=1, description="Descriptions in the bottom-ranked human group.")
-    seed: int = Field(20_241_101, ge=0, description="Seed of the draw that orders descriptions the votes (or the consensus scores) cannot tell apart.")
+    seed: int = Field(
+        20_241_101,
+        ge=0,
+        description="Seed of the draw that orders descriptions the votes (or the consensus scores) cannot tell apart.",
+    )
 
 
 class ValidationConfig(Settings):
@@ -54,7 +77,8 @@ class ValidationConfig(Settings):
     each metric's mean correlation with the raters is tested against."""
 
     ceiling: Literal["pairwise", "leave-one-out"] = Field(
-        "pairwise", description="pairwise (the mean correlation of two raters: the paper's test) or leave-one-out (each rater against the others' mean: stricter)."
+        "pairwise",
+        description="pairwise (the mean correlation of two raters: the paper's test) or leave-one-out (each rater against the others' mean: stricter).",
     )
 
 
@@ -62,15 +86,23 @@ class DetectorConfig(Settings):
     """The object detector that stands in for a local model's visual front end in the error
     taxonomy (boxes and classes per image): `ssd-template` (packaged, offline) or `hf-detector`."""
 
-    backend: Literal["ssd-template", "hf-detector"] = Field("ssd-template", description="ssd-template (the packaged COCO SSD) or hf-detector (DETR, RT-DETR, OWL-ViT).")
+    backend: Literal["ssd-template", "hf-detector"] = Field(
+        "ssd-template", description="ssd-template (the packaged COCO SSD) or hf-detector (DETR, RT-DETR, OWL-ViT)."
+    )
     model_id: str = Field("ssd_mobilenet_v2_coco_2018_03_29", description="The detector's model id.")
     path: Path | None = Field(None, description="A local folder with the weights.")
     options: dict[str, Any] = Field(default_factory=dict, description="Backend options (docs/models.md).")
     batch_size: int = operational(8, "Images per batch.", ge=1)
 
     def as_model(self) -> ModelConfig:
-        return ModelConfig(name="detector", backend=self.backend, model_id=self.model_id, path=self.path,
-                           options=self.options, batch_size=self.batch_size)
+        return ModelConfig(
+            name="detector",
+            backend=self.backend,
+            model_id=self.model_id,
+            path=self.path,
+            options=self.options,
+            batch_size=self.batch_size,
+        )
 
 
 class ProbeTemplates(Settings):
@@ -82,7 +114,10 @@ class ProbeTemplates(Settings):
     detection_no_anchor: str | None = Field(None, description="Is the object there (no anchor object to refer to)?")
     recognition: str | None = Field(None, description="What is the object near the anchor?")
     recognition_no_anchor: str | None = Field(None, description="What is the object (no anchor)?")
-    presence: str | None = Field(None, description="The verifier model's question: is a mentioned object that the gold does not name in the image?")
+    presence: str | None = Field(
+        None,
+        description="The verifier model's question: is a mentioned object that the gold does not name in the image?",
+    )
 
     @model_validator(mode="after")
     def _usable(self) -> "ProbeTemplates":
@@ -100,14 +135,27 @@ class LocatorConfig(Settings):
 
     model_id: str = Field("google/owlv2-base-patch16-ensemble", description="The OWL-ViT / OWLv2 model id.")
     path: Path | None = Field(None, description="A local folder with the weights.")
-    options: dict[str, Any] = Field(default_factory=dict, description="dtype, device, device_map, processor (docs/models.md).")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="dtype, device, device_map, processor (docs/models.md)."
+    )
     min_score: float = Field(0.1, gt=0.0, le=1.0, description="A box scoring at least this finds the object.")
-    iou: float = Field(0.5, gt=0.0, le=1.0, description="A local model's box is at a gold object's place when its IoU with the locator's box reaches this.")
+    iou: float = Field(
+        0.5,
+        gt=0.0,
+        le=1.0,
+        description="A local model's box is at a gold object's place when its IoU with the locator's box reaches this.",
+    )
     batch_size: int = operational(4, "Images per batch.", ge=1)
 
     def as_model(self) -> ModelConfig:
-        return ModelConfig(name="locator", backend="hf-locator", model_id=self.model_id, path=self.path,
-                           options=self.options, batch_size=self.batch_size)
+        return ModelConfig(
+            name="locator",
+            backend="hf-locator",
+            model_id=self.model_id,
+            path=self.path,
+            options=self.options,
+            batch_size=self.batch_size,
+        )
 
 
 class VerifierConfig(Settings):
@@ -115,10 +163,16 @@ class VerifierConfig(Settings):
     name is in the image (docs/taxonomy.md): the `locator` queried with its name, or another MLLM
     (`model`) asked whether it is there. The human descriptions of all workers are always checked."""
 
-    kind: Literal["locator", "model"] = Field(description="locator (the taxonomy's locator) or model (an API model asked).")
+    kind: Literal["locator", "model"] = Field(
+        description="locator (the taxonomy's locator) or model (an API model asked)."
+    )
     backend: Literal["openai", "gemini"] | None = Field(None, description="model: its API.")
-    model_id: str | None = Field(None, description="model: its API model id (not one of the models it checks, ideally).")
-    options: dict[str, Any] = Field(default_factory=dict, description="model: backend options (temperature, max_output_tokens).")
+    model_id: str | None = Field(
+        None, description="model: its API model id (not one of the models it checks, ideally)."
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="model: backend options (temperature, max_output_tokens)."
+    )
 
     @model_validator(mode="after")
     def _complete(self) -> "VerifierConfig":
@@ -129,7 +183,9 @@ class VerifierConfig(Settings):
         return self
 
     def as_model(self) -> ModelConfig:
-        return ModelConfig(name=f"verifier:{self.model_id}", backend=self.backend, model_id=self.model_id, options=self.options)
+        return ModelConfig(
+            name=f"verifier:{self.model_id}", backend=self.backend, model_id=self.model_id, options=self.options
+        )
 
 
 class TaxonomyConfig(Settings):
@@ -139,17 +195,43 @@ class TaxonomyConfig(Settings):
     and the error impact use (default: the study's first encoder; the paper used Gemini-SI)."""
 
     detector: DetectorConfig = Field(DetectorConfig(), description="Boxes for local and imported models.")
-    matcher: EncoderConfig = Field(EncoderConfig(name="object-matcher"), description="The encoder whose cosine matches object names.")
-    match_threshold: float = Field(0.72, gt=0.0, le=1.0, description="Object names match at this cosine (sofa = couch).")
-    confusable_threshold: float = Field(0.45, gt=0.0, le=1.0, description="A mention this close to a seen object misnames it (recognition).")
+    matcher: EncoderConfig = Field(
+        EncoderConfig(name="object-matcher"), description="The encoder whose cosine matches object names."
+    )
+    match_threshold: float = Field(
+        0.72, gt=0.0, le=1.0, description="Object names match at this cosine (sofa = couch)."
+    )
+    confusable_threshold: float = Field(
+        0.45, gt=0.0, le=1.0, description="A mention this close to a seen object misnames it (recognition)."
+    )
     # A factory, so the templates are checked when a study is read, not while this module loads.
-    probes: ProbeTemplates = Field(default_factory=ProbeTemplates, description="Question wordings for API models; unset: the built-in ones.")
-    locator: LocatorConfig | None = Field(None, description="An open-vocabulary detector that finds objects by name; none: detector labels read the boxes' classes by name only.")
-    min_humans: int = Field(1, ge=1, description="A mentioned object the gold does not name is there when at least this many human descriptions (any worker) name it.")
-    verifier: VerifierConfig | None = Field(None, description="Checks that a mentioned object the gold does not name is there (besides all human descriptions); none: the humans only.")
-    sde_n_sd: float = Field(2.0, gt=0.0, description="SDE: the model's correlation this many SDs below the humans' mean.")
-    min_images: int = Field(5, ge=1, description="Error rates and impact: a group on fewer images is shown, flagged, and not tested (no p, q).")
-    similarity: str | None = Field(None, description="The encoder whose scores the SDE and error impact use; none: the first encoder.")
+    probes: ProbeTemplates = Field(
+        default_factory=ProbeTemplates, description="Question wordings for API models; unset: the built-in ones."
+    )
+    locator: LocatorConfig | None = Field(
+        None,
+        description="An open-vocabulary detector that finds objects by name; none: detector labels read the boxes' classes by name only.",
+    )
+    min_humans: int = Field(
+        1,
+        ge=1,
+        description="A mentioned object the gold does not name is there when at least this many human descriptions (any worker) name it.",
+    )
+    verifier: VerifierConfig | None = Field(
+        None,
+        description="Checks that a mentioned object the gold does not name is there (besides all human descriptions); none: the humans only.",
+    )
+    sde_n_sd: float = Field(
+        2.0, gt=0.0, description="SDE: the model's correlation this many SDs below the humans' mean."
+    )
+    min_images: int = Field(
+        5,
+        ge=1,
+        description="Error rates and impact: a group on fewer images is shown, flagged, and not tested (no p, q).",
+    )
+    similarity: str | None = Field(
+        None, description="The encoder whose scores the SDE and error impact use; none: the first encoder."
+    )
 
     @model_validator(mode="after")
     def _thresholds_ordered(self) -> "TaxonomyConfig":
@@ -192,17 +274,31 @@ class StudyConfig(StudyBase):
     ranking: RankingConfig = Field(RankingConfig(), description="The human groups from the ranking votes.")
     masks: MaskConfig = Field(MaskConfig(), description="The masked variants (docs/masks.md).")
     prompt: str = Field(MLLM_PROMPT, description="The prompt MLLMs are given (a model's own `prompt` wins).")
-    encoders: tuple[EncoderConfig, ...] = Field((EncoderConfig(name="SBERT-SI"),), description="One similarity metric per encoder.")
-    metrics: tuple[MetricConfig, ...] = Field((), description="Pairwise metrics beside the encoders' cosines (BERTScore).")
+    encoders: tuple[EncoderConfig, ...] = Field(
+        (EncoderConfig(name="SBERT-SI"),), description="One similarity metric per encoder."
+    )
+    metrics: tuple[MetricConfig, ...] = Field(
+        (), description="Pairwise metrics beside the encoders' cosines (BERTScore)."
+    )
     judge_metrics: tuple[JudgeMetricConfig, ...] = Field(
         (), description="LLM-judge metrics through an API model (CLAIR rating, CapArena preference)."
     )
-    validation: ValidationConfig = Field(ValidationConfig(), description="The metrics against the human ratings (`data.ratings`).")
-    caption_metrics: tuple[Literal["BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr-D"], ...] = Field(
-        (), description="Caption metrics against all human descriptions of the image (pycocoevalcap; needs Java; docs/metrics.md)."
+    validation: ValidationConfig = Field(
+        ValidationConfig(), description="The metrics against the human ratings (`data.ratings`)."
     )
-    stsb_check: bool = Field(False, description="Also check the Sentence-BERT encoders and `metrics` against STS-B's human ratings (offline).")
-    taxonomy: TaxonomyConfig | None = Field(None, description="The error taxonomy, spatial dependence and error impact; none: similarity only.")
+    caption_metrics: tuple[Literal["BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr-D"], ...] = (
+        Field(
+            (),
+            description="Caption metrics against all human descriptions of the image (pycocoevalcap; needs Java; docs/metrics.md).",
+        )
+    )
+    stsb_check: bool = Field(
+        False,
+        description="Also check the Sentence-BERT encoders and `metrics` against STS-B's human ratings (offline).",
+    )
+    taxonomy: TaxonomyConfig | None = Field(
+        None, description="The error taxonomy, spatial dependence and error impact; none: similarity only."
+    )
 
     @model_validator(mode="after")
     def _unique_names(self):
@@ -215,7 +311,9 @@ class StudyConfig(StudyBase):
                 raise ValueError(f"{kind} names must be unique; repeated: {', '.join(dupes)}")
         missing_era = [m.name for m in self.models if m.era is None]
         if missing_era:
-            raise ValueError(f"Study A needs each model's era (pre-mllm or mllm); missing for: {', '.join(missing_era)}")
+            raise ValueError(
+                f"Study A needs each model's era (pre-mllm or mllm); missing for: {', '.join(missing_era)}"
+            )
         similarity = self.taxonomy.similarity if self.taxonomy else None
         if similarity is not None and similarity not in [e.name for e in self.encoders]:
             raise ValueError(f"taxonomy.similarity '{similarity}' is not one of the encoders")

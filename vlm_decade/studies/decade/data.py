@@ -56,7 +56,9 @@ class StudyData:
     hand_labels: pa.Table | None = None  # hand error labels, when the study has them (taxonomy)
 
 
-def load_study_data(data: DataConfig, ranking: RankingConfig, masks: MaskConfig, cache: ImageCache | None = None) -> StudyData:
+def load_study_data(
+    data: DataConfig, ranking: RankingConfig, masks: MaskConfig, cache: ImageCache | None = None
+) -> StudyData:
     """Read, check and rank Study A's input; every problem is raised together as one InputError."""
     problems = Problems()
     images_t = read_table(Path(data.images), IMAGE_COLUMNS, problems)
@@ -100,7 +102,9 @@ class _Description:
     text: str
 
 
-def _check_descriptions(table: Table, known: set[str] | None, conditions: list[str], problems: Problems) -> dict[str, _Description]:
+def _check_descriptions(
+    table: Table, known: set[str] | None, conditions: list[str], problems: Problems
+) -> dict[str, _Description]:
     descriptions: dict[str, _Description] = {}
     for row in table.rows:
         ids_ok = cell_present(row, table, ("description_id", "image_id", "worker_id", "condition"), problems)
@@ -133,12 +137,18 @@ def _check_descriptions(table: Table, known: set[str] | None, conditions: list[s
             )
             ok = False
         if ok:
-            descriptions[description_id] = _Description(row.number, image_id, cell_text(row, "worker_id"), condition, text)
+            descriptions[description_id] = _Description(
+                row.number, image_id, cell_text(row, "worker_id"), condition, text
+            )
     return descriptions
 
 
 def _check_every_image_has_full(
-    table: Table, images: dict[str, CheckedImage], descriptions: dict[str, _Description], source: str, problems: Problems
+    table: Table,
+    images: dict[str, CheckedImage],
+    descriptions: dict[str, _Description],
+    source: str,
+    problems: Problems,
 ) -> None:
     with_full = {d.image_id for d in descriptions.values() if d.condition == FULL}
     for image_id, im in images.items():
@@ -256,7 +266,9 @@ def _references_table(
     for image_id, ids in by_image.items():
         full = sorted(i for i in ids if descriptions[i].condition == FULL)
         if methods[images[image_id].dataset] == VOTES:
-            roles.update(rank_by_votes(full, tally.votes, tally.shown, cfg.top_k, cfg.bottom_k, seed=cfg.seed, stream=image_id))
+            roles.update(
+                rank_by_votes(full, tally.votes, tally.shown, cfg.top_k, cfg.bottom_k, seed=cfg.seed, stream=image_id)
+            )
         else:
             texts = [descriptions[i].text for i in full]
             roles.update(rank_by_consensus(full, texts, cfg.top_k, cfg.bottom_k, seed=cfg.seed, stream=image_id))

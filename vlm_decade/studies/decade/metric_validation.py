@@ -42,7 +42,14 @@ from vlm_decade.core.runner import Stage, StudyRun
 from vlm_decade.core.tables import read_table
 from vlm_decade.report.figures import save_figure
 from vlm_decade.stats import METHOD_VERSION, format_p
-from vlm_decade.stats.resampling import bh_qvalues, bootstrap_p, percentile_ci, resample_counts, weighted_pearson, weighted_ranks
+from vlm_decade.stats.resampling import (
+    bh_qvalues,
+    bootstrap_p,
+    percentile_ci,
+    resample_counts,
+    weighted_pearson,
+    weighted_ranks,
+)
 from vlm_decade.studies.rows import FirstRows
 
 RATINGS_COLUMNS = ("rater_id", "subject", "image_id", "rating")
@@ -303,7 +310,9 @@ def validate_metrics(
         for subject in rated:
             design = _design(ratings.filter(pc.equal(ratings["subject"], subject)), scores, thin="drop")
             if design is not None:
-                more, more_raters = _validate(subject, design, n_resamples, seed, confidence, ceiling, f"{STREAM}:{subject}")
+                more, more_raters = _validate(
+                    subject, design, n_resamples, seed, confidence, ceiling, f"{STREAM}:{subject}"
+                )
                 rows += more
                 per_rater += more_raters
     summary = pa.Table.from_pylist(rows, schema=VALIDATION_SCHEMA)
@@ -311,8 +320,9 @@ def validate_metrics(
     return MetricValidation(summary, pa.Table.from_pylist(per_rater, schema=PER_RATER_SCHEMA), ceiling)
 
 
-def _validate(subject: str, d: _Design, n_resamples: int, seed: int, confidence: float, ceiling: str,
-              stream: str) -> tuple[list[dict], list[dict]]:
+def _validate(
+    subject: str, d: _Design, n_resamples: int, seed: int, confidence: float, ceiling: str, stream: str
+) -> tuple[list[dict], list[dict]]:
     """The summary and per-rater rows of one analysis (all pairs, or one model's)."""
     n_pairs = d.values.shape[1]
     full = {kind: _statistics(d, np.ones((1, n_pairs)), kind) for kind in KINDS}
@@ -337,22 +347,44 @@ def _validate(subject: str, d: _Design, n_resamples: int, seed: int, confidence:
         q = bh_qvalues(p)
         dlo, dhi = percentile_ci(diffs, confidence)
         for i, name in enumerate(names):
-            row = {"subject": subject, "metric": name, "kind": kind, "estimate": float(full[kind][name][0]), "ci_low": lo[i], "ci_high": hi[i]}
+            row = {
+                "subject": subject,
+                "metric": name,
+                "kind": kind,
+                "estimate": float(full[kind][name][0]),
+                "ci_low": lo[i],
+                "ci_high": hi[i],
+            }
             if name in (LOO, PAIRWISE):
                 row["role"] = "ceiling" if name == ref else "reference"
             else:
                 k = i - 2
-                row.update(role="metric", difference=row["estimate"] - float(full[kind][ref][0]),
-                           diff_ci_low=dlo[k], diff_ci_high=dhi[k], p=p[k], q=q[k])
-            rows.append(_nan_to_null({**row, "n_raters": len(d.raters), "n_pairs": n_pairs,
-                                      "n_resamples": n_resamples, "seed": seed}))
+                row.update(
+                    role="metric",
+                    difference=row["estimate"] - float(full[kind][ref][0]),
+                    diff_ci_low=dlo[k],
+                    diff_ci_high=dhi[k],
+                    p=p[k],
+                    q=q[k],
+                )
+            rows.append(
+                _nan_to_null(
+                    {**row, "n_raters": len(d.raters), "n_pairs": n_pairs, "n_resamples": n_resamples, "seed": seed}
+                )
+            )
         for key, value in full[kind].items():
             if isinstance(key, tuple):
                 name, rater_id = key
                 j = d.raters.index(rater_id)
                 per_rater.append(
-                    {"subject": subject, "metric": name, "kind": kind, "rater_id": rater_id, "estimate": float(value[0]),
-                     "n_pairs": int(d.rated[j].sum())}
+                    {
+                        "subject": subject,
+                        "metric": name,
+                        "kind": kind,
+                        "rater_id": rater_id,
+                        "estimate": float(value[0]),
+                        "n_pairs": int(d.rated[j].sum()),
+                    }
                 )
     return rows, per_rater
 
@@ -365,8 +397,9 @@ def agreement_summary(summary: pa.Table, judge_metrics: list[str]) -> str:
     """What the report says of the validation in words: per correlation kind, over all rated pairs,
     the metric that agrees with the raters best, with its CI; and, when the study has no judge
     metric, why none is shown."""
-    rows = [r for r in summary.to_pylist()
-            if r["subject"] == ALL and r["role"] == "metric" and r["estimate"] is not None]
+    rows = [
+        r for r in summary.to_pylist() if r["subject"] == ALL and r["role"] == "metric" and r["estimate"] is not None
+    ]
     said = []
     for kind in KINDS:
         here = [r for r in rows if r["kind"] == kind]
@@ -374,10 +407,14 @@ def agreement_summary(summary: pa.Table, judge_metrics: list[str]) -> str:
             best = max(here, key=lambda r: r["estimate"])
             lo, hi = best["ci_low"], best["ci_high"]
             ci = "" if lo is None or hi is None else f" [95% CI {lo:.3f}, {hi:.3f}]"
-            said.append(f"{kind.capitalize()}: {best['metric']} agrees with the raters best ({best['estimate']:.3f}{ci}).")
+            said.append(
+                f"{kind.capitalize()}: {best['metric']} agrees with the raters best ({best['estimate']:.3f}{ci})."
+            )
     if not judge_metrics:
-        said.append("No judge metric is shown: the study configures none (`judge_metrics`, an LLM judge through an API "
-                    "model; docs/metrics.md), and an offline run has no API model to ask.")
+        said.append(
+            "No judge metric is shown: the study configures none (`judge_metrics`, an LLM judge through an API "
+            "model; docs/metrics.md), and an offline run has no API model to ask."
+        )
     return " ".join(said)
 
 
@@ -404,7 +441,9 @@ def validation_figure(summary: pa.Table, labels: dict[str, str] | None = None, d
     fig.legend(*grid[0][0].get_legend_handles_labels(), loc="outside lower center", ncols=3, fontsize=8)
     if demo:
         fig.suptitle("DEMO DATA: simulated ratings, no findings", color="firebrick", fontweight="bold")
-        fig.text(0.5, 0.5, "DEMO DATA", fontsize=48, color="firebrick", alpha=0.15, ha="center", va="center", rotation=20)
+        fig.text(
+            0.5, 0.5, "DEMO DATA", fontsize=48, color="firebrick", alpha=0.15, ha="center", va="center", rotation=20
+        )
     return fig
 
 
@@ -421,15 +460,34 @@ def _validation_panel(ax, here: list[dict], labels: dict[str, str], kind: str, s
     shown = [r for r in metrics if r["estimate"] is not None]
     x = np.arange(len(shown))
     est = np.array([r["estimate"] for r in shown])
-    err = np.array([[r["estimate"] - (r["ci_low"] if r["ci_low"] is not None else r["estimate"]),
-                     (r["ci_high"] if r["ci_high"] is not None else r["estimate"]) - r["estimate"]] for r in shown]).reshape(-1, 2).T
+    err = (
+        np.array(
+            [
+                [
+                    r["estimate"] - (r["ci_low"] if r["ci_low"] is not None else r["estimate"]),
+                    (r["ci_high"] if r["ci_high"] is not None else r["estimate"]) - r["estimate"],
+                ]
+                for r in shown
+            ]
+        )
+        .reshape(-1, 2)
+        .T
+    )
     ax.errorbar(x, est, yerr=err, fmt="o", color="C0", capsize=4, zorder=3, label="metric vs raters (mean, 95% CI)")
     for xi, r in zip(x, shown):
-        ax.annotate(f"q {format_p(r['q'], r['n_resamples'])}", (xi, r["ci_high"] if r["ci_high"] is not None else r["estimate"]),
-                    xytext=(0, 4), textcoords="offset points", ha="center", fontsize=8)
+        ax.annotate(
+            f"q {format_p(r['q'], r['n_resamples'])}",
+            (xi, r["ci_high"] if r["ci_high"] is not None else r["estimate"]),
+            xytext=(0, 4),
+            textcoords="offset points",
+            ha="center",
+            fontsize=8,
+        )
     ax.set_xticks(x, [labels.get(r["metric"], r["metric"]) for r in shown], rotation=20, ha="right", fontsize=8)
     ax.set_xlim(-0.6, max(len(shown), 1) - 0.4)
-    ax.set_title(f"{kind.capitalize()} correlation with raters" + ("" if subject == ALL else f": {subject}"), fontsize=10)
+    ax.set_title(
+        f"{kind.capitalize()} correlation with raters" + ("" if subject == ALL else f": {subject}"), fontsize=10
+    )
     n = metrics[0] if metrics else ceiling
     ax.set_xlabel(f"{n['n_raters']} raters, {n['n_pairs']} rated pairs")
 
@@ -448,6 +506,12 @@ def stage(study, ratings: pa.Table) -> Stage:
     s, ceiling = study.statistics, study.validation.ceiling
 
     def compute(run: StudyRun) -> dict[str, pa.Table]:
-        return {"metric_validation": validate_metrics(ratings, run.table("scores"), s.n_resamples, s.seed, s.confidence, ceiling).summary}
+        return {
+            "metric_validation": validate_metrics(
+                ratings, run.table("scores"), s.n_resamples, s.seed, s.confidence, ceiling
+            ).summary
+        }
 
-    return Stage("metric_validation", ("scores",), [table_fingerprint(ratings), s.model_dump(), ceiling, METHOD_VERSION], compute)
+    return Stage(
+        "metric_validation", ("scores",), [table_fingerprint(ratings), s.model_dump(), ceiling, METHOD_VERSION], compute
+    )

@@ -59,11 +59,17 @@ def check(study: StudyConfig, cache: ImageCache | None = None) -> StudyData:
         ratings = metric_validation.check_ratings(study.data.ratings, [m.name for m in study.models], image_ids, found)
     if study.data.hand_labels is not None and image_ids is not None:
         if study.taxonomy is None:
-            found.add("study file", "hand labels need the error taxonomy: add a `taxonomy:` section", field="data.hand_labels")
+            found.add(
+                "study file", "hand labels need the error taxonomy: add a `taxonomy:` section", field="data.hand_labels"
+            )
         else:
-            hand_labels = check_hand_labels(study.data.hand_labels, [m.name for m in study.models], image_ids, ERROR_TYPES, found)
+            hand_labels = check_hand_labels(
+                study.data.hand_labels, [m.name for m in study.models], image_ids, ERROR_TYPES, found
+            )
     if study.taxonomy is not None:
-        problems += backend_class(study.taxonomy.detector.backend).check(study.taxonomy.detector.as_model(), image_ids or set(), ["full"])
+        problems += backend_class(study.taxonomy.detector.backend).check(
+            study.taxonomy.detector.as_model(), image_ids or set(), ["full"]
+        )
     problems += found.items
     if problems:
         raise InputError(problems)
@@ -91,8 +97,16 @@ def run(study: StudyConfig, reporter: Reporter | None = None) -> RunFolder:
     stages.append(report.stage(study, data, [t for s in stages for t in s.tables]))
     summary = f": {data.images.num_rows} images, {len(study.models)} models"
     masks = [asdict(s) for s in mask_specs(study.masks)]
-    return run_study(study, reporter, summary, stages, incomplete_models(study, data), cache.save,
-                     ranking_method=data.ranking_method, masks=masks)
+    return run_study(
+        study,
+        reporter,
+        summary,
+        stages,
+        incomplete_models(study, data),
+        cache.save,
+        ranking_method=data.ranking_method,
+        masks=masks,
+    )
 
 
 def estimate(study: StudyConfig, data: StudyData) -> tuple[list[Line], tuple[str, ...]]:
@@ -104,8 +118,14 @@ def estimate(study: StudyConfig, data: StudyData) -> tuple[list[Line], tuple[str
     lines += embed_lines(study, data.references.column("text").to_pylist(), n_answers, answer_tokens, cache)
     lines += judging.estimate(study, data)
     probes = probe_lines(study, data)
-    notes = ("Probe questions depend on the descriptions: from none to an upper bound (two per object of the gold "
-             "description, one per object a description could mention); see docs/api.md.",) if probes else ()
+    notes = (
+        (
+            "Probe questions depend on the descriptions: from none to an upper bound (two per object of the gold "
+            "description, one per object a description could mention); see docs/api.md.",
+        )
+        if probes
+        else ()
+    )
     return lines + probes, notes
 
 
@@ -120,7 +140,8 @@ def summary(study: StudyConfig, data: StudyData) -> tuple[str, list[str]]:
     return (
         f"{data.images.num_rows} images in {len(datasets)} datasets ({', '.join(datasets)}), "
         f"{data.references.num_rows} human descriptions, {len(study.models)} models; gold standard by "
-        + ", ".join(f"{d}: {m}" for d, m in sorted(data.ranking_method.items())) + transparency_note(data.images)
+        + ", ".join(f"{d}: {m}" for d, m in sorted(data.ranking_method.items()))
+        + transparency_note(data.images)
     ), incomplete_models(study, data)
 
 

@@ -78,7 +78,10 @@ def vote_key(votes: int, shown: int) -> tuple[int, Fraction]:
 
 
 def vote_order(
-    description_ids: Sequence[str], votes_per_id: Mapping[str, int], shown_per_id: Mapping[str, int], draw: Mapping[str, int]
+    description_ids: Sequence[str],
+    votes_per_id: Mapping[str, int],
+    shown_per_id: Mapping[str, int],
+    draw: Mapping[str, int],
 ) -> list[str]:
     """Ids best first: more votes, then higher win rate (votes / times shown), then the tie draw
     (`tie_draw`). An id missing from a mapping counts 0; a description never shown has win rate 0."""

@@ -34,8 +34,18 @@ from vlm_decade.studies.decade.taxonomy.report import taxonomy_section
 REPORT_FORMAT = 8
 # The tables every report draws from, and those it adds a section for when the run has them.
 REPORT_TABLES = ("images", "references", "responses", "scores", "stats", "comparisons")
-OPTIONAL_TABLES = ("metric_validation", "stsb", "detections", "errors", "spatial", "hand_agreement", "error_stats",
-                   "error_comparisons", "impact_stats", "impact_comparisons")
+OPTIONAL_TABLES = (
+    "metric_validation",
+    "stsb",
+    "detections",
+    "errors",
+    "spatial",
+    "hand_agreement",
+    "error_stats",
+    "error_comparisons",
+    "impact_stats",
+    "impact_comparisons",
+)
 TEMPLATES = Path(__file__).parent / "templates"
 FAILED_SHOWN = 20  # failed responses listed on the page; the view lists them all
 HUMAN_BANDS = {"human:top": ("top-ranked humans", 0.25), "human:bottom": ("bottom-ranked humans", 0.12)}
@@ -62,7 +72,14 @@ def similarity_figure(stats: pa.Table, study: StudyConfig, metric: str, path: Pa
             if r:
                 ax.axhspan(r["ci_low"], r["ci_high"], color=colour, alpha=alpha, lw=0)
                 ax.axhline(r["estimate"], color=colour, lw=1, ls="--" if subject == "human:bottom" else "-")
-                ax.annotate(f"{label} ({dataset})", (max(len(models), 1) - 0.45, r["estimate"]), fontsize=7, color=colour, va="bottom", ha="right")
+                ax.annotate(
+                    f"{label} ({dataset})",
+                    (max(len(models), 1) - 0.45, r["estimate"]),
+                    fontsize=7,
+                    color=colour,
+                    va="bottom",
+                    ha="right",
+                )
         xs, ys, lo, hi = [], [], [], []
         for m_i, model in enumerate(models):
             r = by_key.get((model, dataset))
@@ -80,7 +97,15 @@ def similarity_figure(stats: pa.Table, study: StudyConfig, metric: str, path: Pa
     if ax.get_legend_handles_labels()[0]:
         ax.legend(title="dataset", fontsize=8, loc="lower left")
     else:
-        ax.text(0.5, 0.5, "no model has an estimate with a CI", transform=ax.transAxes, ha="center", va="center", color="#777")
+        ax.text(
+            0.5,
+            0.5,
+            "no model has an estimate with a CI",
+            transform=ax.transAxes,
+            ha="center",
+            va="center",
+            color="#777",
+        )
     ax.grid(axis="y", alpha=0.3)
     title = f"Similarity to the gold standard ({metric})"
     ax.set_title(title + ("\nDEMO DATA: not a finding" if study.demo else ""), fontsize=10)
@@ -92,16 +117,25 @@ def _metric_validation(run: RunFolder, study: StudyConfig, summary: pa.Table) ->
     """Each metric's agreement with the human raters against the inter-rater ceiling (figure A.1a's shape)."""
     write_validation_figure(summary, run.root / "figures" / "metric_validation.png", demo=study.demo)
     n = study.statistics.n_resamples
-    reference = {"pairwise": "the mean correlation between two raters (the paper's test)",
-                 "leave-one-out": "each rater against the mean of the others"}[study.validation.ceiling]
+    reference = {
+        "pairwise": "the mean correlation between two raters (the paper's test)",
+        "leave-one-out": "each rater against the mean of the others",
+    }[study.validation.ceiling]
     table = grid(
         summary,
         [c for c in ("subject",) if c in summary.column_names]
         + ["metric", "kind", "role", "estimate", "ci_low", "ci_high", "difference", "p", "q", "n_raters", "n_pairs"],
-        {"p": lambda v, r: "" if v is None else format_p(v, n), "q": lambda v, r: "" if v is None else format_p(v, n),
-         "difference": lambda v, r: "" if v is None else f"{v:.3f}"},
+        {
+            "p": lambda v, r: "" if v is None else format_p(v, n),
+            "q": lambda v, r: "" if v is None else format_p(v, n),
+            "difference": lambda v, r: "" if v is None else f"{v:.3f}",
+        },
     )
-    return {"reference": reference, "table": table, "agreement": agreement_summary(summary, [j.name for j in study.judge_metrics])}
+    return {
+        "reference": reference,
+        "table": table,
+        "agreement": agreement_summary(summary, [j.name for j in study.judge_metrics]),
+    }
 
 
 def sample_metric(study: StudyConfig, scores: pa.Table) -> str | None:
@@ -110,7 +144,9 @@ def sample_metric(study: StudyConfig, scores: pa.Table) -> str | None:
     return study.taxonomy_metric if study.taxonomy_metric in scored else (scored[0] if scored else None)
 
 
-def samples(tables: dict[str, pa.Table], study: StudyConfig) -> tuple[str | None, dict[str, tuple[list[dict], list[dict]]]]:
+def samples(
+    tables: dict[str, pa.Table], study: StudyConfig
+) -> tuple[str | None, dict[str, tuple[list[dict], list[dict]]]]:
     """Per model, its worst and best full images by `sample_metric`: the only per-image rows the report shows."""
     scores = tables["scores"]
     metric = sample_metric(study, scores)
@@ -120,7 +156,9 @@ def samples(tables: dict[str, pa.Table], study: StudyConfig) -> tuple[str | None
     rows: dict[str, list[dict]] = {}
     for r in full.select(["subject", "image_id", "dataset", "value"]).to_pylist():
         rows.setdefault(r["subject"], []).append(r)
-    return metric, {m.name: extremes(sorted(rows.get(m.name, []), key=lambda r: r["image_id"]), "value") for m in study.models}
+    return metric, {
+        m.name: extremes(sorted(rows.get(m.name, []), key=lambda r: r["image_id"]), "value") for m in study.models
+    }
 
 
 def sampled_ids(picked: dict[str, tuple[list[dict], list[dict]]]) -> list[str]:
@@ -136,16 +174,25 @@ def _examples(tables: dict[str, pa.Table], metric: str, picked: dict[str, tuple[
     ids = sampled_ids(picked)
     references = only_images(tables["references"], ids).to_pylist()
     gold = {r["image_id"]: r["text"] for r in references if r["role"] == "gold" and r["condition"] == "full"}
-    said = {(r["subject"], r["image_id"]): r["text"] for r in only_images(tables["responses"], ids).to_pylist()
-            if r["variant"] == "full" and r["status"] == "ok"}
+    said = {
+        (r["subject"], r["image_id"]): r["text"]
+        for r in only_images(tables["responses"], ids).to_pylist()
+        if r["variant"] == "full" and r["status"] == "ok"
+    }
     path_of = {r["image_id"]: r["path"] for r in only_images(tables["images"], ids).to_pylist()}
 
     def row(model: str, r: dict) -> SampleRow:
         cells = [f"{r['value']:.3f}", said.get((model, r["image_id"]), "(no description)"), gold.get(r["image_id"], "")]
         return SampleRow(r["image_id"], r["dataset"], cells)
 
-    return sample_tables(picked, metric, [metric, "the model said", "gold standard (human)"], row, path_of,
-                         f"No {metric} scores for this model.")
+    return sample_tables(
+        picked,
+        metric,
+        [metric, "the model said", "gold standard (human)"],
+        row,
+        path_of,
+        f"No {metric} scores for this model.",
+    )
 
 
 def _failed_responses(responses: pa.Table, shown: int = FAILED_SHOWN) -> dict:
@@ -153,7 +200,12 @@ def _failed_responses(responses: pa.Table, shown: int = FAILED_SHOWN) -> dict:
     failed = responses.filter(pc.not_equal(responses.column("status"), "ok"))
     out = {"total": responses.num_rows, "failed": failed.num_rows, "shown": shown, "counts": None, "first": None}
     if failed.num_rows:
-        counts = failed.group_by("subject").aggregate([("image_id", "count")]).rename_columns(["subject", "failed"]).sort_by("subject")
+        counts = (
+            failed.group_by("subject")
+            .aggregate([("image_id", "count")])
+            .rename_columns(["subject", "failed"])
+            .sort_by("subject")
+        )
         out["counts"] = grid(counts, ["subject", "failed"])
         out["first"] = grid(failed.slice(0, shown), ["subject", "image_id", "variant", "error"])
     return out
@@ -174,24 +226,37 @@ def write_report(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Table]
         errors = taxonomy_section(run, study, {**tables, **per_image})
     ranking = manifest.get("ranking_method", {})
     page = render(
-        TEMPLATES, "decade_report.html", title=f"{study.name}: vlm_decade report", heading=study.name,
-        study=study, n_images=images.num_rows, n_datasets=len(set(images.column("dataset").to_pylist())),
-        config_hash=manifest.get("config_hash", "")[:12], sample_size=report_samples.SAMPLE_SIZE,
-        ranking=sorted(ranking.items()), consensus=sorted(d for d, m in ranking.items() if m == "consensus"),
+        TEMPLATES,
+        "decade_report.html",
+        title=f"{study.name}: vlm_decade report",
+        heading=study.name,
+        study=study,
+        n_images=images.num_rows,
+        n_datasets=len(set(images.column("dataset").to_pylist())),
+        config_hash=manifest.get("config_hash", "")[:12],
+        sample_size=report_samples.SAMPLE_SIZE,
+        ranking=sorted(ranking.items()),
+        consensus=sorted(d for d, m in ranking.items() if m == "consensus"),
         ties=vote_ties(tables["references"].to_pylist()),
         metrics=[(m, safe_name(m)) for m in metrics],
-        stats=grid(tables["stats"].sort_by([("metric", "ascending"), ("subject", "ascending"),
-                                            ("dataset", "ascending")]),
-                   ["subject", "dataset", "metric", "variant", "estimate", "ci_low", "ci_high", "n_images"]),
-        comparisons=grid(tables["comparisons"],
-                         ["family", "a", "b", "dataset", "metric", "difference", "ci_low", "ci_high", "p", "q",
-                          "significant"],
-                         {"p": lambda v, r: format_p(v, n), "q": lambda v, r: format_p(v, n)}),
+        stats=grid(
+            tables["stats"].sort_by([("metric", "ascending"), ("subject", "ascending"), ("dataset", "ascending")]),
+            ["subject", "dataset", "metric", "variant", "estimate", "ci_low", "ci_high", "n_images"],
+        ),
+        comparisons=grid(
+            tables["comparisons"],
+            ["family", "a", "b", "dataset", "metric", "difference", "ci_low", "ci_high", "p", "q", "significant"],
+            {"p": lambda v, r: format_p(v, n), "q": lambda v, r: format_p(v, n)},
+        ),
         validation=_metric_validation(run, study, tables["metric_validation"])
-        if "metric_validation" in tables else None,
+        if "metric_validation" in tables
+        else None,
         stsb=grid(tables["stsb"], ["label", "subset", "n_pairs", "spearman", "ci_low", "ci_high"])
-        if "stsb" in tables else None,
-        errors=errors, metric=metric, examples=_examples(tables, metric, picked) if metric is not None else None,
+        if "stsb" in tables
+        else None,
+        errors=errors,
+        metric=metric,
+        examples=_examples(tables, metric, picked) if metric is not None else None,
         responses=_failed_responses(tables["responses"]),
         csvs=write_csvs(run.root, tables, ("stats", "comparisons", "scores", "responses")),
     )

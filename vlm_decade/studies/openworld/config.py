@@ -30,8 +30,12 @@ class OpenWorldDataConfig(Settings):
     """Study B's input tables (docs/openworld-data.md)."""
 
     labels: Path = Field(description="image_id, dataset, file, label, granularity.")
-    image_dir: FolderLocation = Field(description="The folder that `file` is relative to: a path, or an s3:// or gs:// URI (docs/cluster.md).")
-    classnames: Path = Field(description="dataset, class_name: each dataset's class list (for the closed-world baselines).")
+    image_dir: FolderLocation = Field(
+        description="The folder that `file` is relative to: a path, or an s3:// or gs:// URI (docs/cluster.md)."
+    )
+    classnames: Path = Field(
+        description="dataset, class_name: each dataset's class list (for the closed-world baselines)."
+    )
     background: str = Field(
         WHITE,
         description="What transparent pixels are composited onto before any model, mask or metric sees them: "
@@ -71,12 +75,16 @@ class JudgeConfig(Settings):
     """The LI judge (docs/openworld-metrics.md): a local instruct model (`hf-judge`, the paper's
     Llama-3.2-3B-Instruct by default) or an API model (`openai`, `gemini`)."""
 
-    backend: Literal["hf-judge", "openai", "gemini"] = Field("hf-judge", description="hf-judge (a local instruct model), openai or gemini.")
+    backend: Literal["hf-judge", "openai", "gemini"] = Field(
+        "hf-judge", description="hf-judge (a local instruct model), openai or gemini."
+    )
     model_id: str = Field("meta-llama/Llama-3.2-3B-Instruct", description="The judge's hub or API model id.")
     path: Path | None = Field(None, description="A local folder with the weights.")
     options: dict[str, Any] = Field(default_factory=dict, description="Judge options (docs/openworld-metrics.md).")
     batch_size: int = operational(16, "Prompts per batch of a local judge.", ge=1)
-    mode: Literal["sync", "batch"] | None = operational(None, "An API judge: sync or batch (none: its provider's `mode`; docs/api.md).")
+    mode: Literal["sync", "batch"] | None = operational(
+        None, "An API judge: sync or batch (none: its provider's `mode`; docs/api.md)."
+    )
 
     @model_validator(mode="after")
     def _mode_for_api_judges(self) -> "JudgeConfig":
@@ -91,7 +99,9 @@ class OpenWorldMetricsConfig(Settings):
 
     encoder: EncoderConfig = Field(EncoderConfig(name="SBERT"), description="The encoder of SS and CS.")
     max_tokens: int = Field(
-        512, ge=8, le=8192,
+        512,
+        ge=8,
+        le=8192,
         description="SS and CS: wordpieces kept of each text, as the authors' tokenizer call (512; the encoder's own default is 256).",
     )
     cs_high: float = Field(0.55, gt=0.0, le=1.0, description="CS at or above this counts as high.")
@@ -106,11 +116,14 @@ class OpenWorldStudyConfig(StudyBase):
     study: Literal["openworld"] = Field(description="openworld: Study B.")
     data: OpenWorldDataConfig = Field(description="The input tables.")
     prompts: tuple[PromptConfig, ...] = Field(
-        (PromptConfig(id="default", text=OPEN_WORLD_PROMPT),), min_length=1,
+        (PromptConfig(id="default", text=OPEN_WORLD_PROMPT),),
+        min_length=1,
         description="The prompts; the first is the main one, the others make the ablation.",
     )
     judge: JudgeConfig | None = Field(JudgeConfig(), description="The LI judge; none: LI is skipped.")
-    scoring: OpenWorldMetricsConfig = Field(OpenWorldMetricsConfig(), description="SS and CS, and the error types' thresholds.")
+    scoring: OpenWorldMetricsConfig = Field(
+        OpenWorldMetricsConfig(), description="SS and CS, and the error types' thresholds."
+    )
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -121,8 +134,9 @@ class OpenWorldStudyConfig(StudyBase):
         for m in self.models:
             foreign = set_for_other_studies(m, "openworld")
             if foreign:
-                raise ValueError(f"model '{m.name}': Study B models take no {', '.join(foreign)} "
-                                 "(prompts are set under `prompts`)")
+                raise ValueError(
+                    f"model '{m.name}': Study B models take no {', '.join(foreign)} (prompts are set under `prompts`)"
+                )
         return self
 
     def option_entries(self) -> list[tuple[tuple, str, dict, type | None]]:

@@ -46,8 +46,9 @@ class OpenWorldData:
     granularity: dict[str, str]  # dataset -> one of GRANULARITIES
 
 
-def load_openworld_data(labels: Path, image_dir: str | Path, classnames: Path, cache: ImageCache | None = None,
-                        background: str = WHITE) -> OpenWorldData:
+def load_openworld_data(
+    labels: Path, image_dir: str | Path, classnames: Path, cache: ImageCache | None = None, background: str = WHITE
+) -> OpenWorldData:
     """Read and check Study B's input; every problem is raised together as one InputError."""
     problems = Problems()
     labels_t = read_table(Path(labels), LABEL_COLUMNS, problems)

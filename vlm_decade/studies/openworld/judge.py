@@ -76,7 +76,9 @@ class Judge(Protocol):
 
 def _as_model(config: JudgeConfig) -> ModelConfig:
     """The judge as the HF backends' weight resolution sees a model."""
-    return ModelConfig(name=JUDGE_NAME, backend=config.backend, model_id=config.model_id, path=config.path, options=config.options)
+    return ModelConfig(
+        name=JUDGE_NAME, backend=config.backend, model_id=config.model_id, path=config.path, options=config.options
+    )
 
 
 # availability -----------------------------------------------------------------------------------
@@ -122,8 +124,15 @@ class LocalJudge:
         device, dtype, extra = placement(self.options)
         self.tokenizer = AutoTokenizer.from_pretrained(source)
         if not self.tokenizer.chat_template:
-            raise InputError([Problem(str(config.path or config.model_id), f"{JUDGE_NAME}: the tokenizer has no chat template, "
-                                      "so this is no instruct (chat) model", field="judge.model_id")])
+            raise InputError(
+                [
+                    Problem(
+                        str(config.path or config.model_id),
+                        f"{JUDGE_NAME}: the tokenizer has no chat template, so this is no instruct (chat) model",
+                        field="judge.model_id",
+                    )
+                ]
+            )
         # Decoder-only: right padding would put pads between the prompt and the answer.
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token_id is None:  # Llama 3 has none; pads are masked out anyway
@@ -142,18 +151,26 @@ class LocalJudge:
 
     def chat_text(self, prompt: str) -> str:
         """The templated text for one user message holding `prompt`, ready for the answer."""
-        return self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
+        return self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+        )
 
     def _run(self, prompts: list[str]) -> list[JudgeAnswer]:
         # The template already holds any BOS token the model wants: adding special tokens would double it.
-        inputs = self.tokenizer([self.chat_text(p) for p in prompts], padding=True, add_special_tokens=False,
-                                return_tensors="pt").to(self.net.device)
+        inputs = self.tokenizer(
+            [self.chat_text(p) for p in prompts], padding=True, add_special_tokens=False, return_tensors="pt"
+        ).to(self.net.device)
         out = self.net.generate(**inputs, **self.generation)
-        new = out[:, inputs["input_ids"].shape[1]:].tolist()
+        new = out[:, inputs["input_ids"].shape[1] :].tolist()
         texts = self.tokenizer.batch_decode(new, skip_special_tokens=True)
         sizes = inputs["attention_mask"].sum(dim=1).tolist()
         return [
-            JudgeAnswer(text.strip(), input_tokens=int(n), output_tokens=_answer_length(tokens, self.stops), model_version=self.model_version)
+            JudgeAnswer(
+                text.strip(),
+                input_tokens=int(n),
+                output_tokens=_answer_length(tokens, self.stops),
+                model_version=self.model_version,
+            )
             for text, n, tokens in zip(texts, sizes, new)
         ]
 
@@ -166,7 +183,9 @@ class LocalJudge:
             for batch in batches(unique, self.batch_size):
                 for prompt, answer in zip(batch, run_split(self._run, batch)):
                     if isinstance(answer, Exception):
-                        answer = JudgeAnswer("", "error", f"{type(answer).__name__}: {answer}", model_version=self.model_version)
+                        answer = JudgeAnswer(
+                            "", "error", f"{type(answer).__name__}: {answer}", model_version=self.model_version
+                        )
                     answers[prompt] = answer
                 advance(len(batch))
         return [answers[p] for p in prompts]
@@ -179,7 +198,11 @@ def judge_settings(config: JudgeConfig) -> dict:
     thinks (that hidden output counts against the cap), and with no image detail, since no image is
     sent."""
     options = dict(config.options)
-    reasons = OpenAIProvider.reasoning(config.model_id) if config.backend == "openai" else config.model_id.startswith(THINKING_GEMINI)
+    reasons = (
+        OpenAIProvider.reasoning(config.model_id)
+        if config.backend == "openai"
+        else config.model_id.startswith(THINKING_GEMINI)
+    )
     if not reasons:
         options.setdefault("max_output_tokens", JUDGE_MAX_NEW_TOKENS)
     settings = provider_class(config.backend).settings(config.model_id, options)
@@ -188,12 +211,29 @@ def judge_settings(config: JudgeConfig) -> dict:
 
 
 def _from_row(row: dict) -> JudgeAnswer:
-    return JudgeAnswer(row["text"], row["status"], row["error"], row["input_tokens"], row["output_tokens"],
-                       row["cost_usd"], row["model_version"], row.get("cached", False))
+    return JudgeAnswer(
+        row["text"],
+        row["status"],
+        row["error"],
+        row["input_tokens"],
+        row["output_tokens"],
+        row["cost_usd"],
+        row["model_version"],
+        row.get("cached", False),
+    )
 
 
-def judge_remote(ray, study, folder, provider: str, model_id: str, settings: dict, prompts: list[str],
-                 reporter: Reporter, mode: str | None = None) -> list[JudgeAnswer]:
+def judge_remote(
+    ray,
+    study,
+    folder,
+    provider: str,
+    model_id: str,
+    settings: dict,
+    prompts: list[str],
+    reporter: Reporter,
+    mode: str | None = None,
+) -> list[JudgeAnswer]:
     """Answers from an API model: each distinct prompt is one text-only request to the run's gateway
     actor for `provider`, with up to twice the provider's `max_concurrency` requests in flight.
     `study` is any study config (its `providers` are used) and `folder` the run folder whose manifest
@@ -210,12 +250,19 @@ def judge_remote(ray, study, folder, provider: str, model_id: str, settings: dic
     # In batch mode every question is handed over at once: the gateway groups them into batches.
     in_flight = len(unique) if batch else 2 * cfg.max_concurrency
     answers: dict[str, JudgeAnswer] = {}
-    with RemoteSession(ray, study.providers, folder, provider) as session, reporter.track("judge", len(unique)) as advance:
+    with (
+        RemoteSession(ray, study.providers, folder, provider) as session,
+        reporter.track("judge", len(unique)) as advance,
+    ):
         submit = lambda prompt, _: session.actor.chat.remote(ChatRequest(model_id, prompt, settings=settings), batch)  # noqa: E731
         last_record = time.monotonic()
         for done in bounded(ray, unique, submit, in_flight):
             # a lost call is an error answer, asked again next run
-            answers[done.work] = _from_row(done.value) if done.error is None else JudgeAnswer("", "error", f"{type(done.error).__name__}: gateway call failed")
+            answers[done.work] = (
+                _from_row(done.value)
+                if done.error is None
+                else JudgeAnswer("", "error", f"{type(done.error).__name__}: gateway call failed")
+            )
             advance(1)
             if time.monotonic() - last_record >= RECORD_S:
                 session.record()
@@ -235,5 +282,14 @@ class RemoteJudge:
         self.settings = judge_settings(config)
 
     def judge(self, prompts: list[str]) -> list[JudgeAnswer]:
-        return judge_remote(self.ray, self.study, self.folder, self.config.backend, self.config.model_id, self.settings, prompts, self.reporter,
-                            self.config.mode)
+        return judge_remote(
+            self.ray,
+            self.study,
+            self.folder,
+            self.config.backend,
+            self.config.model_id,
+            self.settings,
+            prompts,
+            self.reporter,
+            self.config.mode,
+        )

@@ -50,8 +50,16 @@ def judge_key(study: OpenWorldStudyConfig) -> str:
 
 def _rows(pairs: list[tuple[str, str]], answers, key: str) -> pa.Table:
     rows = [
-        {"label": label, "prediction": prediction, "answer": a.text, "valid": judgement_valid(a.text) if a.status == "ok" else False,
-         "status": a.status, "error": a.error, "cost_usd": a.cost_usd, "judge_key": key}
+        {
+            "label": label,
+            "prediction": prediction,
+            "answer": a.text,
+            "valid": judgement_valid(a.text) if a.status == "ok" else False,
+            "status": a.status,
+            "error": a.error,
+            "cost_usd": a.cost_usd,
+            "judge_key": key,
+        }
         for (label, prediction), a in zip(pairs, answers)
     ]
     return pa.Table.from_pylist(rows, schema=JUDGEMENTS_SCHEMA)
@@ -81,13 +89,28 @@ def judge_pairs(study: OpenWorldStudyConfig, pairs: list[tuple[str, str]], run: 
         run.reporter.say(f"     judgements   {len(pairs) - len(todo)} of {len(pairs)} already judged, kept")
     if todo and cfg.backend == LOCAL_BACKEND:
         ray, rt = run.ray(), study.runtime
-        actor = ray.remote(LocalJudge).options(num_cpus=rt.cpus_per_actor, num_gpus=rt.gpus_per_actor, max_restarts=rt.max_restarts,
-                                               max_task_retries=rt.max_restarts).remote(cfg)
+        actor = (
+            ray.remote(LocalJudge)
+            .options(
+                num_cpus=rt.cpus_per_actor,
+                num_gpus=rt.gpus_per_actor,
+                max_restarts=rt.max_restarts,
+                max_task_retries=rt.max_restarts,
+            )
+            .remote(cfg)
+        )
         submit = lambda chunk, _: actor.judge.remote([judge_prompt(label, prediction) for label, prediction in chunk])  # noqa: E731
         try:
             with run.reporter.track("judge", len(todo)) as advance:
-                for finished in bounded(ray, batches(todo, LOCAL_CHUNK), submit, 1, stall_timeout_s=rt.stall_timeout_s, what="judge",
-                                        needs={"CPU": rt.cpus_per_actor, "GPU": rt.gpus_per_actor}):
+                for finished in bounded(
+                    ray,
+                    batches(todo, LOCAL_CHUNK),
+                    submit,
+                    1,
+                    stall_timeout_s=rt.stall_timeout_s,
+                    what="judge",
+                    needs={"CPU": rt.cpus_per_actor, "GPU": rt.gpus_per_actor},
+                ):
                     if finished.error is not None:
                         raise finished.error
                     folder.append_part("judgements", _rows(finished.work, finished.value, key))
@@ -97,7 +120,11 @@ def judge_pairs(study: OpenWorldStudyConfig, pairs: list[tuple[str, str]], run: 
     elif todo:  # the gateway's cache keeps every answer paid for, so a killed run loses none
         answers = RemoteJudge(run.ray(), study, folder, cfg, run.reporter).judge([judge_prompt(l, p) for l, p in todo])
         folder.append_part("judgements", _rows(todo, answers, key))
-    latest = {(r["label"], r["prediction"]): r for r in folder.read_parts("judgements", JUDGEMENTS_SCHEMA).to_pylist() if r["judge_key"] == key}
+    latest = {
+        (r["label"], r["prediction"]): r
+        for r in folder.read_parts("judgements", JUDGEMENTS_SCHEMA).to_pylist()
+        if r["judge_key"] == key
+    }
     rows = [latest.get(p) or done[p] for p in pairs]
     return pa.Table.from_pylist(rows, schema=JUDGEMENTS_SCHEMA)
 
@@ -111,7 +138,9 @@ def stage(study: OpenWorldStudyConfig) -> Stage:
     return Stage("judgements", ("labels", "responses"), study.judge.fingerprint(), compute)
 
 
-def estimate(study: OpenWorldStudyConfig, images: pa.Table, prompts: dict[str, tuple], labels: pa.Table | None = None) -> Line:
+def estimate(
+    study: OpenWorldStudyConfig, images: pa.Table, prompts: dict[str, tuple], labels: pa.Table | None = None
+) -> Line:
     """An upper bound on the API judge's requests: one text-only request per prediction (every
     model, image and prompt; the judge asks each distinct pair once, and a cached answer is free),
     the prompt with the image's label (`labels`; without them a label counts 4 tokens) and the
@@ -124,11 +153,19 @@ def estimate(study: OpenWorldStudyConfig, images: pa.Table, prompts: dict[str, t
     out_cap = judge_settings(judge)["max_output_tokens"]
     line = Line(provider, f"judge {judge.model_id}", mode=judge.mode, model_id=judge.model_id)
     template = text_tokens(judge_prompt("", ""))
-    label_of = dict(zip(labels.column("image_id").to_pylist(), labels.column("label").to_pylist())) if labels is not None else {}
+    label_of = (
+        dict(zip(labels.column("image_id").to_pylist(), labels.column("label").to_pylist()))
+        if labels is not None
+        else {}
+    )
     label_tokens = sum(text_tokens(label_of[i]) if i in label_of else 4 for i in images.column("image_id").to_pylist())
     for model in study.models:
         cls = backend_class(model.backend)
-        answer = cls.settings(model)["max_output_tokens"] if cls.remote else int(model.options.get("max_new_tokens", LOCAL_ANSWER_TOKENS))
+        answer = (
+            cls.settings(model)["max_output_tokens"]
+            if cls.remote
+            else int(model.options.get("max_new_tokens", LOCAL_ANSWER_TOKENS))
+        )
         n = images.num_rows * len(prompts[model.name])
         line.requests += n
         line.input_tokens += n * (template + answer) + len(prompts[model.name]) * label_tokens

@@ -27,7 +27,10 @@ def plan(study: OpenWorldStudyConfig, classnames: dict[str, tuple[str, ...]]) ->
     """Every open-world model answers every prompt, by its id; a closed-world baseline answers once,
     under the first prompt (which it does not read), choosing among its dataset's class names."""
     closed = {m.name: backend_class(m.backend).closed_world for m in study.models}
-    prompts = {m.name: tuple((p.id, p.text) for p in (study.prompts[:1] if closed[m.name] else study.prompts)) for m in study.models}
+    prompts = {
+        m.name: tuple((p.id, p.text) for p in (study.prompts[:1] if closed[m.name] else study.prompts))
+        for m in study.models
+    }
     return describe.Plan(prompts, classnames=classnames, closed=closed)
 
 
@@ -38,8 +41,9 @@ def check(study: OpenWorldStudyConfig, cache: ImageCache | None = None) -> OpenW
     problems: list[Problem] = []
     data = None
     try:
-        data = load_openworld_data(study.data.labels, study.data.image_dir, study.data.classnames, cache,
-                                   study.data.background)
+        data = load_openworld_data(
+            study.data.labels, study.data.image_dir, study.data.classnames, cache, study.data.background
+        )
         image_ids = set(data.images.column("image_id").to_pylist())
     except InputError as exc:
         problems += exc.problems
@@ -65,8 +69,9 @@ def run(study: OpenWorldStudyConfig, reporter: Reporter | None = None) -> RunFol
     ]
     summary = f" (Study B): {data.images.num_rows} images, {len(study.models)} models"
     notes = ([f"LI skipped: {no_judge}"] if no_judge is not None else []) + incomplete_models(study, data)
-    return run_study(study, reporter, summary, stages, notes, cache.save,
-                     kind="openworld", granularity=data.granularity)
+    return run_study(
+        study, reporter, summary, stages, notes, cache.save, kind="openworld", granularity=data.granularity
+    )
 
 
 def estimate(study: OpenWorldStudyConfig, data: OpenWorldData) -> tuple[list[Line], tuple[str, ...]]:

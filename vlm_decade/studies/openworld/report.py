@@ -42,13 +42,16 @@ def _cell(r: dict | None) -> str:
         return ""
     return f"{_percent(r['estimate'])} [{_percent(r['ci_low'])}, {_percent(r['ci_high'])}]"
 
-def _matrix(stats: list[dict], models: list[str], groups: list[str], metrics: list[str], variant: str,
-            label=str) -> dict:
+
+def _matrix(
+    stats: list[dict], models: list[str], groups: list[str], metrics: list[str], variant: str, label=str
+) -> dict:
     """Per model, an estimate with its CI per group and metric; the header names each (group, label(metric))."""
     by = {(r["subject"], r["dataset"], r["metric"], r["variant"]): r for r in stats}
-    return {"head": [(g, label(m)) for g in groups for m in metrics],
-            "rows": [(model, [_cell(by.get((model, g, m, variant))) for g in groups for m in metrics])
-                     for model in models]}
+    return {
+        "head": [(g, label(m)) for g in groups for m in metrics],
+        "rows": [(model, [_cell(by.get((model, g, m, variant))) for g in groups for m in metrics]) for model in models],
+    }
 
 
 def _metric_cell(value: float | None, metric: str) -> str:
@@ -59,11 +62,25 @@ def _prediction_samples(tables: dict[str, pa.Table], study: OpenWorldStudyConfig
     """Each model's lowest- and highest-CS predictions under the main prompt, with the image."""
     predictions = tables["predictions"]
     main = predictions.filter(pc.equal(predictions.column("prompt_id"), study.prompts[0].id))
-    columns = ["subject", "image_id", "dataset", "granularity", "label", "prediction", "TI", "LI", "SS", "CS", "outcome"]
+    columns = [
+        "subject",
+        "image_id",
+        "dataset",
+        "granularity",
+        "label",
+        "prediction",
+        "TI",
+        "LI",
+        "SS",
+        "CS",
+        "outcome",
+    ]
     by_model: dict[str, list[dict]] = {}
     for r in main.select(columns).to_pylist():
         by_model.setdefault(r["subject"], []).append(r)
-    picked = {m.name: extremes(sorted(by_model.get(m.name, []), key=lambda r: r["image_id"]), "CS") for m in study.models}
+    picked = {
+        m.name: extremes(sorted(by_model.get(m.name, []), key=lambda r: r["image_id"]), "CS") for m in study.models
+    }
     ids = sorted({r["image_id"] for low, high in picked.values() for r in low + high})
     images = tables["images"]
     sampled = images.filter(pc.is_in(images.column("image_id"), value_set=pa.array(ids, pa.string())))
@@ -79,9 +96,11 @@ def _prediction_samples(tables: dict[str, pa.Table], study: OpenWorldStudyConfig
 
 def _comparisons(comparisons: pa.Table, family: str, n_resamples: int) -> Grid:
     rows = comparisons.filter(pc.equal(comparisons.column("family"), family)) if comparisons.num_rows else comparisons
-    fmt = {"p": lambda v, r: "" if v is None else format_p(v, n_resamples),
-           "q": lambda v, r: "" if v is None else format_p(v, n_resamples),
-           "significant": lambda v, r: "" if v is None else ("yes" if v else "no")}
+    fmt = {
+        "p": lambda v, r: "" if v is None else format_p(v, n_resamples),
+        "q": lambda v, r: "" if v is None else format_p(v, n_resamples),
+        "significant": lambda v, r: "" if v is None else ("yes" if v else "no"),
+    }
     columns = ["a", "b", "dataset", "metric", "variant", "difference", "ci_low", "ci_high", "p", "q", "significant"]
     return grid(rows, columns, fmt)
 
@@ -97,7 +116,9 @@ def _outcome_examples(predictions: pa.Table) -> list[tuple[str, Grid]]:
     return examples
 
 
-def write_openworld_report(run: RunFolder, study: OpenWorldStudyConfig, tables: dict[str, pa.Table], no_judge: str | None = None) -> None:
+def write_openworld_report(
+    run: RunFolder, study: OpenWorldStudyConfig, tables: dict[str, pa.Table], no_judge: str | None = None
+) -> None:
     """`no_judge` says why LI was skipped, when it was."""
     stats = tables["stats"].to_pylist()
     main = study.prompts[0].id
@@ -107,36 +128,60 @@ def write_openworld_report(run: RunFolder, study: OpenWorldStudyConfig, tables: 
     datasets = sorted(present - set(GROUPS))  # each dataset's own estimates, as docs/openworld-data.md promises
     metrics = [m for m in METRICS if any(r["metric"] == m for r in stats)]
     # SS as the authors' code reports it: the share of predictions at or above 0.5 ... 0.9 and their average.
-    shares = [m for m in ("ss@0.5", "ss@0.6", "ss@0.7", "ss@0.8", "ss@0.9", "ss@avg")
-              if any(r["metric"] == m for r in stats)]
+    shares = [
+        m for m in ("ss@0.5", "ss@0.6", "ss@0.7", "ss@0.8", "ss@0.9", "ss@avg") if any(r["metric"] == m for r in stats)
+    ]
     outcome_metrics = [f"outcome:{o}" for o in OUTCOMES if any(r["metric"] == f"outcome:{o}" for r in stats)]
     n = study.statistics.n_resamples
     comparisons = tables["comparisons"]
-    open_closed = comparisons.filter(pc.equal(comparisons.column("family"), "open-vs-closed")) if comparisons.num_rows else comparisons
+    open_closed = (
+        comparisons.filter(pc.equal(comparisons.column("family"), "open-vs-closed"))
+        if comparisons.num_rows
+        else comparisons
+    )
     images, responses = tables["images"], tables["responses"]
     page = render(
-        TEMPLATES, "openworld_report.html", title=f"{study.name}: vlm_decade report",
-        heading=f"{study.name} (Study B: open-world classification)", study=study, models=models, metrics=metrics,
-        n_images=images.num_rows, n_datasets=len(set(images.column("dataset").to_pylist())),
-        no_judge=no_judge or "no judge answers", sample_size=report_samples.SAMPLE_SIZE,
+        TEMPLATES,
+        "openworld_report.html",
+        title=f"{study.name}: vlm_decade report",
+        heading=f"{study.name} (Study B: open-world classification)",
+        study=study,
+        models=models,
+        metrics=metrics,
+        n_images=images.num_rows,
+        n_datasets=len(set(images.column("dataset").to_pylist())),
+        no_judge=no_judge or "no judge answers",
+        sample_size=report_samples.SAMPLE_SIZE,
         main=_matrix(stats, models, groups, metrics, main),
         per_dataset=_matrix(stats, models, datasets, metrics, main) if datasets else None,
         shares=_matrix(stats, models, groups, shares, main) if shares else None,
-        open_closed=grid(open_closed.filter(pc.equal(open_closed.column("variant"), main)),
-                         ["a", "b", "dataset", "metric", "difference", "ci_low", "ci_high", "p", "q"],
-                         {"p": lambda v, r: format_p(v, n), "q": lambda v, r: format_p(v, n)})
-        if open_closed.num_rows else None,
+        open_closed=grid(
+            open_closed.filter(pc.equal(open_closed.column("variant"), main)),
+            ["a", "b", "dataset", "metric", "difference", "ci_low", "ci_high", "p", "q"],
+            {"p": lambda v, r: format_p(v, n), "q": lambda v, r: format_p(v, n)},
+        )
+        if open_closed.num_rows
+        else None,
         outcomes=list(OUTCOMES.values()),
         outcome_matrix=_matrix(stats, models, groups, outcome_metrics, main, lambda m: m.split(":", 1)[1])
-        if outcome_metrics else None,
+        if outcome_metrics
+        else None,
         outcome_examples=_outcome_examples(tables["predictions"]),
         model_vs_model=_comparisons(comparisons, "model-vs-model", n),
         prompt_ablation=_comparisons(comparisons, "prompt-ablation", n),
-        mcnemar=grid(tables["paired_tests"], ["a", "b", "dataset", "metric", "n_pairs", "a_only", "b_only", "p", "q", "significant"],
-                     {"p": lambda v, r: f"{v:.3g}", "q": lambda v, r: f"{v:.3g}", "significant": lambda v, r: "yes" if v else "no"}),
+        mcnemar=grid(
+            tables["paired_tests"],
+            ["a", "b", "dataset", "metric", "n_pairs", "a_only", "b_only", "p", "q", "significant"],
+            {
+                "p": lambda v, r: f"{v:.3g}",
+                "q": lambda v, r: f"{v:.3g}",
+                "significant": lambda v, r: "yes" if v else "no",
+            },
+        ),
         prompts=[(p, _matrix(stats, models, ["all"], metrics, p.id)) for p in study.prompts],
         predictions=_prediction_samples(tables, study),
-        responses=responses.num_rows, failed=pc.sum(pc.not_equal(responses.column("status"), "ok")).as_py() or 0,
+        responses=responses.num_rows,
+        failed=pc.sum(pc.not_equal(responses.column("status"), "ok")).as_py() or 0,
         csvs=write_csvs(run.root, tables, ("stats", "comparisons", "paired_tests", "predictions", "responses")),
     )
     write_page(run.root / "report.html", page)

@@ -42,7 +42,13 @@ def judgement_key(label: str, prediction: str) -> tuple[str, str]:
 
 
 def score_predictions(
-    labels: pa.Table, responses: pa.Table, judged: dict[tuple[str, str], str] | None, encode, nlp, cs_high: float, li_high: float
+    labels: pa.Table,
+    responses: pa.Table,
+    judged: dict[tuple[str, str], str] | None,
+    encode,
+    nlp,
+    cs_high: float,
+    li_high: float,
 ) -> tuple[pa.Table, pa.Table]:
     """(scores, predictions) for every successful response. `judged` maps (label, prediction) to the
     judge's raw answer; None when no judge ran (LI is then left out, and outcomes are `unjudged`)."""
@@ -58,18 +64,37 @@ def score_predictions(
         li = None if answer is None else parse_judgement(answer)
         values = {"TI": text_inclusion(label, text), "LI": li, "SS": float(s), "CS": float(c)}
         predictions.append(
-            {"subject": r["subject"], "image_id": r["image_id"], "dataset": info["dataset"], "granularity": info["granularity"],
-             "prompt_id": r["prompt_id"], "label": label, "prediction": text, **values, "best_concept": concept,
-             "judge_answer": answer, "outcome": outcome(values["CS"], li, cs_high, li_high)}
+            {
+                "subject": r["subject"],
+                "image_id": r["image_id"],
+                "dataset": info["dataset"],
+                "granularity": info["granularity"],
+                "prompt_id": r["prompt_id"],
+                "label": label,
+                "prediction": text,
+                **values,
+                "best_concept": concept,
+                "judge_answer": answer,
+                "outcome": outcome(values["CS"], li, cs_high, li_high),
+            }
         )
         scores += [
-            {"subject": r["subject"], "image_id": r["image_id"], "dataset": info["dataset"], "variant": r["prompt_id"], "metric": m, "value": v}
+            {
+                "subject": r["subject"],
+                "image_id": r["image_id"],
+                "dataset": info["dataset"],
+                "variant": r["prompt_id"],
+                "metric": m,
+                "value": v,
+            }
             for m, v in values.items()
             if v is not None
         ]
     predictions.sort(key=lambda p: (p["subject"], p["prompt_id"], p["image_id"]))
     scores.sort(key=lambda s: (s["metric"], s["subject"], s["variant"], s["image_id"]))
-    return pa.Table.from_pylist(scores, schema=SCORES_SCHEMA), pa.Table.from_pylist(predictions, schema=PREDICTIONS_SCHEMA)
+    return pa.Table.from_pylist(scores, schema=SCORES_SCHEMA), pa.Table.from_pylist(
+        predictions, schema=PREDICTIONS_SCHEMA
+    )
 
 
 def stage(study: OpenWorldStudyConfig, no_judge: str | None) -> Stage:
@@ -82,10 +107,19 @@ def stage(study: OpenWorldStudyConfig, no_judge: str | None) -> Stage:
 
         judged = None
         if no_judge is None:
-            judged = {judgement_key(r["label"], r["prediction"]): r["answer"] for r in run.table("judgements").to_pylist() if r["status"] == "ok"}
+            judged = {
+                judgement_key(r["label"], r["prediction"]): r["answer"]
+                for r in run.table("judgements").to_pylist()
+                if r["status"] == "ok"
+            }
         scores, predictions = score_predictions(
-            run.table("labels"), run.table("responses"), judged, SentenceTransformerEncoder(study.scoring.encoder, study.scoring.max_tokens).encode, load_nlp(),
-            study.scoring.cs_high, study.scoring.li_high,
+            run.table("labels"),
+            run.table("responses"),
+            judged,
+            SentenceTransformerEncoder(study.scoring.encoder, study.scoring.max_tokens).encode,
+            load_nlp(),
+            study.scoring.cs_high,
+            study.scoring.li_high,
         )
         return {"scores": scores, "predictions": predictions}
 

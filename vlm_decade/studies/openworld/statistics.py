@@ -78,13 +78,21 @@ def dataset_scores(scores: pa.Table, predictions: pa.Table) -> pa.Table:
     SS's threshold shares and each outcome's rate (0 or 1 per prediction; unjudged ones have none)."""
     rows = scores.to_pylist()
     for r in [r for r in rows if r["metric"] == "SS"]:
-        rows += [{**r, "metric": name, "value": share} for name, share in ss_threshold_shares(np.array([r["value"]])).items()]
+        rows += [
+            {**r, "metric": name, "value": share} for name, share in ss_threshold_shares(np.array([r["value"]])).items()
+        ]
     names = [o for o in OUTCOMES if o != "unjudged"]  # every rate, 0 included
     for p in predictions.to_pylist():
         if p["outcome"] != "unjudged":
             rows += [
-                {"subject": p["subject"], "image_id": p["image_id"], "dataset": p["dataset"], "variant": p["prompt_id"],
-                 "metric": f"outcome:{name}", "value": float(p["outcome"] == name)}
+                {
+                    "subject": p["subject"],
+                    "image_id": p["image_id"],
+                    "dataset": p["dataset"],
+                    "variant": p["prompt_id"],
+                    "metric": f"outcome:{name}",
+                    "value": float(p["outcome"] == name),
+                }
                 for name in names
             ]
     return pa.Table.from_pylist(rows, schema=SCORES_SCHEMA)
@@ -95,16 +103,26 @@ def group_members(granularity: dict[str, str]) -> dict[str, list[str]]:
     (or `all`) would be mistaken for it in the tables, so it is refused."""
     clash = sorted(set(granularity) & {*GROUPS, ALL})
     if clash:
-        raise ValueError(f"dataset name(s) {clash} are also granularity group names in Study B's tables: rename the dataset(s)")
+        raise ValueError(
+            f"dataset name(s) {clash} are also granularity group names in Study B's tables: rename the dataset(s)"
+        )
     members: dict[str, list[str]] = defaultdict(list)
     for dataset, group in sorted(granularity.items()):
         members[group].append(dataset)
     return {**{g: members[g] for g in GROUPS if members[g]}, ALL: sorted(granularity)}
 
 
-def analyse_groups(scores: pa.Table, granularity: dict[str, str], model_kinds: dict[str, str], prompts: list[str],
-                   n_resamples: int, seed: int, confidence: float = 0.95, alpha: float = 0.05,
-                   use_ray: bool | None = None) -> tuple[pa.Table, pa.Table]:
+def analyse_groups(
+    scores: pa.Table,
+    granularity: dict[str, str],
+    model_kinds: dict[str, str],
+    prompts: list[str],
+    n_resamples: int,
+    seed: int,
+    confidence: float = 0.95,
+    alpha: float = 0.05,
+    use_ray: bool | None = None,
+) -> tuple[pa.Table, pa.Table]:
     """(stats, comparisons): per dataset and per group (mean of its dataset means), per subject,
     metric and prompt; and the comparison families (`open-vs-closed`, `model-vs-model` under the
     main prompt `prompts[0]`, `prompt-ablation`: each other prompt against the main one, per open-world
@@ -115,19 +133,35 @@ def analyse_groups(scores: pa.Table, granularity: dict[str, str], model_kinds: d
     comparison_rows: list[dict] = []
     for metric in sorted(set(scores.column("metric").to_pylist())):
         part = scores.filter(pc.equal(scores.column("metric"), metric))
-        result = bootstrap_study(part, {}, n_resamples, seed, confidence, alpha, families=[], keep_distributions=True, use_ray=use_ray)
+        result = bootstrap_study(
+            part, {}, n_resamples, seed, confidence, alpha, families=[], keep_distributions=True, use_ray=use_ray
+        )
         per_dataset = {(r["subject"], r["dataset"], r["variant"]): r for r in result.stats.to_pylist()}
         stats_rows += result.stats.to_pylist()
         groups = _group_terms(result.distributions, per_dataset, members, metric)
         for (subject, group, variant), term in sorted(groups.items()):
             lo, hi = percentile_ci(term.dist[None], confidence)
-            stats_rows.append({"subject": subject, "dataset": group, "metric": metric, "variant": variant, "estimate": term.estimate,
-                               "ci_low": float(lo[0]), "ci_high": float(hi[0]), "n_images": term.n_images, "n_resamples": n_resamples,
-                               "seed": seed, "method": f"percentile, mean of {len(term.datasets)} dataset means"})
+            stats_rows.append(
+                {
+                    "subject": subject,
+                    "dataset": group,
+                    "metric": metric,
+                    "variant": variant,
+                    "estimate": term.estimate,
+                    "ci_low": float(lo[0]),
+                    "ci_high": float(hi[0]),
+                    "n_images": term.n_images,
+                    "n_resamples": n_resamples,
+                    "seed": seed,
+                    "method": f"percentile, mean of {len(term.datasets)} dataset means",
+                }
+            )
         for family, specs in _families(groups, model_kinds, prompts, list(members)):
             comparison_rows += _compare(family, specs, groups, metric, confidence, alpha, n_resamples, seed)
-    return (pa.Table.from_pylist(_nulls(stats_rows), schema=STATS_SCHEMA),
-            pa.Table.from_pylist(_nulls(comparison_rows), schema=COMPARISONS_SCHEMA))
+    return (
+        pa.Table.from_pylist(_nulls(stats_rows), schema=STATS_SCHEMA),
+        pa.Table.from_pylist(_nulls(comparison_rows), schema=COMPARISONS_SCHEMA),
+    )
 
 
 @dataclass(frozen=True)
@@ -140,19 +174,27 @@ class _Term:
     n_images: int
 
 
-def _group_terms(distributions: dict, per_dataset: dict, members: dict[str, list[str]], metric: str) -> dict[tuple, _Term]:
+def _group_terms(
+    distributions: dict, per_dataset: dict, members: dict[str, list[str]], metric: str
+) -> dict[tuple, _Term]:
     """(subject, group, prompt) -> the mean over the group's datasets that the subject has of their
     means, estimate and resample by resample."""
     series = sorted({(s, v) for s, _, v in per_dataset})
     out = {}
     for group, datasets in members.items():
         for subject, variant in series:
-            have = [d for d in datasets if (subject, d, variant) in per_dataset and per_dataset[(subject, d, variant)]["estimate"] is not None]
+            have = [
+                d
+                for d in datasets
+                if (subject, d, variant) in per_dataset and per_dataset[(subject, d, variant)]["estimate"] is not None
+            ]
             if not have:
                 continue
             dist = np.mean([distributions[(subject, d, metric, variant)] for d in have], axis=0)
             estimate = float(np.mean([per_dataset[(subject, d, variant)]["estimate"] for d in have]))
-            out[(subject, group, variant)] = _Term(estimate, dist, have, sum(per_dataset[(subject, d, variant)]["n_images"] for d in have))
+            out[(subject, group, variant)] = _Term(
+                estimate, dist, have, sum(per_dataset[(subject, d, variant)]["n_images"] for d in have)
+            )
     return out
 
 
@@ -165,17 +207,29 @@ def _families(groups: dict, model_kinds: dict[str, str], prompts: list[str], gro
     specs = {"open-vs-closed": [], "model-vs-model": [], "prompt-ablation": []}
     for group in group_names:
         if open_models and closed:
-            specs["open-vs-closed"].append(("open-world", [(m, main) for m in open_models], "closed-world",
-                                            [(m, main) for m in closed], group, main))
+            specs["open-vs-closed"].append(
+                (
+                    "open-world",
+                    [(m, main) for m in open_models],
+                    "closed-world",
+                    [(m, main) for m in closed],
+                    group,
+                    main,
+                )
+            )
         for a, b in combinations(sorted(model_kinds), 2):
             specs["model-vs-model"].append((a, [(a, main)], b, [(b, main)], group, main))
         for model in open_models:
             for prompt in prompts[1:]:
-                specs["prompt-ablation"].append((f"{model} [{prompt}]", [(model, prompt)], f"{model} [{main}]", [(model, main)], group, prompt))
+                specs["prompt-ablation"].append(
+                    (f"{model} [{prompt}]", [(model, prompt)], f"{model} [{main}]", [(model, main)], group, prompt)
+                )
     return [(name, s) for name, s in specs.items() if s]
 
 
-def _compare(family: str, specs: list, groups: dict, metric: str, confidence: float, alpha: float, n_resamples: int, seed: int) -> list[dict]:
+def _compare(
+    family: str, specs: list, groups: dict, metric: str, confidence: float, alpha: float, n_resamples: int, seed: int
+) -> list[dict]:
     """Each spec's difference a - b with its percentile CI and two-sided bootstrap p; q by BH within
     the family, per prompt column value except in the prompt ablation (one family across prompts)."""
     rows, diffs = [], []
@@ -186,9 +240,26 @@ def _compare(family: str, specs: list, groups: dict, metric: str, confidence: fl
             continue
         ea, eb = float(np.mean([t.estimate for t in a])), float(np.mean([t.estimate for t in b]))
         diffs.append(np.mean([t.dist for t in a], axis=0) - np.mean([t.dist for t in b], axis=0))
-        rows.append({"family": family, "a": a_label, "b": b_label, "dataset": group, "metric": metric, "variant": variant,
-                     "difference": ea - eb, "n_resamples": n_resamples, "a_dataset": group, "b_dataset": group, "estimate_a": ea,
-                     "estimate_b": eb, "paired": True, "seed": seed, "n_a": max(t.n_images for t in a), "n_b": max(t.n_images for t in b)})
+        rows.append(
+            {
+                "family": family,
+                "a": a_label,
+                "b": b_label,
+                "dataset": group,
+                "metric": metric,
+                "variant": variant,
+                "difference": ea - eb,
+                "n_resamples": n_resamples,
+                "a_dataset": group,
+                "b_dataset": group,
+                "estimate_a": ea,
+                "estimate_b": eb,
+                "paired": True,
+                "seed": seed,
+                "n_a": max(t.n_images for t in a),
+                "n_b": max(t.n_images for t in b),
+            }
+        )
     if not rows:
         return []
     d = np.vstack(diffs)
@@ -200,13 +271,19 @@ def _compare(family: str, specs: list, groups: dict, metric: str, confidence: fl
         at = [i for i, s in enumerate(strata) if s == stratum]
         q[at] = bh_qvalues(p[at])
     for i, r in enumerate(rows):
-        r.update(ci_low=float(lo[i]), ci_high=float(hi[i]), p=float(p[i]), q=float(q[i]),
-                 significant=None if np.isnan(q[i]) else bool(q[i] <= alpha))
+        r.update(
+            ci_low=float(lo[i]),
+            ci_high=float(hi[i]),
+            p=float(p[i]),
+            q=float(q[i]),
+            significant=None if np.isnan(q[i]) else bool(q[i] <= alpha),
+        )
     return rows
 
 
-def mcnemar_tests(scores: pa.Table, granularity: dict[str, str], models: list[str], prompt: str,
-                  alpha: float = 0.05) -> pa.Table:
+def mcnemar_tests(
+    scores: pa.Table, granularity: dict[str, str], models: list[str], prompt: str, alpha: float = 0.05
+) -> pa.Table:
     """McNemar's exact test of every pair of models on each binary metric under `prompt`: per dataset,
     and per granularity group and `all` with the pairs of their datasets pooled; an image counts
     when both models have a value for it. BH within the family and metric, as the bootstrap's
@@ -226,8 +303,20 @@ def mcnemar_tests(scores: pa.Table, granularity: dict[str, str], models: list[st
                 if not keys:
                     continue
                 a_only, b_only = discordant_counts(np.array([va[k] for k in keys]), np.array([vb[k] for k in keys]))
-                rows.append({"family": "model-vs-model", "a": a, "b": b, "dataset": unit, "metric": metric, "variant": prompt,
-                             "test": "McNemar exact", "n_pairs": len(keys), "a_only": a_only, "b_only": b_only})
+                rows.append(
+                    {
+                        "family": "model-vs-model",
+                        "a": a,
+                        "b": b,
+                        "dataset": unit,
+                        "metric": metric,
+                        "variant": prompt,
+                        "test": "McNemar exact",
+                        "n_pairs": len(keys),
+                        "a_only": a_only,
+                        "b_only": b_only,
+                    }
+                )
     if rows:
         p = mcnemar_exact([r["a_only"] for r in rows], [r["b_only"] for r in rows])
         q = np.empty(len(rows))
@@ -251,9 +340,16 @@ def stage(study: OpenWorldStudyConfig, granularity: dict[str, str]) -> Stage:
         run.ray()  # bootstrap blocks run as Ray tasks
         s = study.statistics
         per_dataset = dataset_scores(run.table("scores"), run.table("predictions"))
-        stats, comparisons = analyse_groups(per_dataset, granularity, kinds(study), prompts, s.n_resamples, s.seed, s.confidence, s.alpha)
+        stats, comparisons = analyse_groups(
+            per_dataset, granularity, kinds(study), prompts, s.n_resamples, s.seed, s.confidence, s.alpha
+        )
         paired = mcnemar_tests(run.table("scores"), granularity, [m.name for m in study.models], prompts[0], s.alpha)
         return {"stats": stats, "comparisons": comparisons, "paired_tests": paired}
 
-    return Stage("stats", ("scores", "predictions"), [study.statistics.model_dump(), kinds(study), granularity, prompts, STATS_FORMAT,
-                                                      METHOD_VERSION], compute, outputs=("stats", "comparisons", "paired_tests"))
+    return Stage(
+        "stats",
+        ("scores", "predictions"),
+        [study.statistics.model_dump(), kinds(study), granularity, prompts, STATS_FORMAT, METHOD_VERSION],
+        compute,
+        outputs=("stats", "comparisons", "paired_tests"),
+    )

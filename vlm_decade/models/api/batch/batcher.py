@@ -88,7 +88,9 @@ class Batcher:
         def line(price) -> Line:
             est_in = self.gw.provider.estimate_input(req)
             cap = req.settings["max_output_tokens"]
-            return Line(key, req.model_id, BATCH_DISCOUNT * cost(price, est_in, cap), est_in + cap, self.api.payload(key, req))
+            return Line(
+                key, req.model_id, BATCH_DISCOUNT * cost(price, est_in, cap), est_in + cap, self.api.payload(key, req)
+            )
 
         return await self._queue(key, req.model_id, line, hold)
 
@@ -102,7 +104,14 @@ class Batcher:
 
         def line(price) -> Line:
             tokens = text_tokens(text)
-            return Line(key, model_id, BATCH_DISCOUNT * cost(price, tokens, 0), tokens, self.api.embed_payload(key, model_id, text), "embed")
+            return Line(
+                key,
+                model_id,
+                BATCH_DISCOUNT * cost(price, tokens, 0),
+                tokens,
+                self.api.embed_payload(key, model_id, text),
+                "embed",
+            )
 
         return await self._queue(key, model_id, line, hold)
 
@@ -163,7 +172,9 @@ class Batcher:
         size = len(json.dumps(line.payload))
         name = (line.kind, line.model_id)
         group = self.groups[name]
-        if group and (len(group) >= self._max_lines(line.kind) or self.group_bytes[name] + size > self.api.max_bytes(line.kind)):
+        if group and (
+            len(group) >= self._max_lines(line.kind) or self.group_bytes[name] + size > self.api.max_bytes(line.kind)
+        ):
             full, self.groups[name], self.group_bytes[name] = group, [], 0
             asyncio.get_running_loop().create_task(self._submit(name, full))
             group = self.groups[name]
@@ -186,8 +197,16 @@ class Batcher:
             return
         kind, model_id = name
         label = f"vlm_decade-{uuid.uuid4().hex}"
-        record = {"label": label, "provider": self.gw.name, "kind": kind, "model_id": model_id, "id": None, "state": "creating",
-                  "created": time.time(), "keys": [line.key for line in lines]}
+        record = {
+            "label": label,
+            "provider": self.gw.name,
+            "kind": kind,
+            "model_id": model_id,
+            "id": None,
+            "state": "creating",
+            "created": time.time(),
+            "keys": [line.key for line in lines],
+        }
         self.records.write_lines(label, lines)
         self.records.save(record)  # before the provider hears of it: a cut-off submission is found by its label
         try:
@@ -209,7 +228,14 @@ class Batcher:
             self.tries[line.key] += 1
             self.batch_of[line.key] = label
             if self.gw.log:
-                self.gw.log.write(a=f"{record['id']}:{line.key}", e="sent", worst=line.worst, t=round(time.time(), 3), tok=line.tokens, m="batch")
+                self.gw.log.write(
+                    a=f"{record['id']}:{line.key}",
+                    e="sent",
+                    worst=line.worst,
+                    t=round(time.time(), 3),
+                    tok=line.tokens,
+                    m="batch",
+                )
         self.open[label] = record
         self._poll(label, reserved=True)
 
@@ -220,7 +246,9 @@ class Batcher:
         them in the mode its study then says. {"batches", "answered", "dropped", "unknown" (labels
         this gateway's cache folder holds no pending record of)}."""
         self.resubmit = False
-        unknown = [label for label in labels if label not in self.open]  # not in this cache folder, or collected already
+        unknown = [
+            label for label in labels if label not in self.open
+        ]  # not in this cache folder, or collected already
         labels = [label for label in labels if label in self.open]
         before = Counter(self.stats)
         for label in labels:
@@ -236,8 +264,12 @@ class Batcher:
         for label in labels:
             self._poll(label)
         await asyncio.gather(*[self.pollers[label] for label in labels])
-        return {"batches": len(labels), "answered": self.stats["answered"] - before["answered"],
-                "dropped": self.stats["dropped"] - before["dropped"], "unknown": len(unknown)}
+        return {
+            "batches": len(labels),
+            "answered": self.stats["answered"] - before["answered"],
+            "dropped": self.stats["dropped"] - before["dropped"],
+            "unknown": len(unknown),
+        }
 
     # collecting -------------------------------------------------------------------------------
     def _poll(self, label: str, reserved: bool = False) -> None:
@@ -283,7 +315,10 @@ class Batcher:
             lines = self.records.lines(label)
             for key in record["keys"]:
                 self.budget.hand_over(f"{record['id']}:{key}", lines[key].worst if key in lines else 0.0)
-        note = why or f"in {self.gw.name} batch {record['id']} (submitted {time.strftime('%Y-%m-%d %H:%M', time.gmtime(record['created']))} UTC)"
+        note = (
+            why
+            or f"in {self.gw.name} batch {record['id']} (submitted {time.strftime('%Y-%m-%d %H:%M', time.gmtime(record['created']))} UTC)"
+        )
         for key in record["keys"]:
             self._settle(key, failed_answer("pending", f"{note}; a later run collects it"))
 
@@ -299,7 +334,9 @@ class Batcher:
             return
         self.stats["dropped"] += len(lines)
         for key in lines:
-            self._settle(key, failed_answer("error", f"{self.gw.name} never received its batch; a later run sends it again"))
+            self._settle(
+                key, failed_answer("error", f"{self.gw.name} never received its batch; a later run sends it again")
+            )
 
     async def _finish(self, label: str, status: str, results: dict, reserved: bool, why: str) -> None:
         """Hand out a finished batch's answers. The requests it did not reach are submitted again
@@ -314,7 +351,9 @@ class Batcher:
             answer = results.get(key)
             paid = 0.0
             if isinstance(answer, Embedding):
-                tokens = answer.tokens or (lines[key].tokens if key in lines else 0)  # Gemini reports none: estimated, as in sync mode
+                tokens = answer.tokens or (
+                    lines[key].tokens if key in lines else 0
+                )  # Gemini reports none: estimated, as in sync mode
                 paid = BATCH_DISCOUNT * cost(self.gw.price(record["model_id"]), tokens, 0)
                 entry = vector_entry(answer.vector, answer.model_version, paid, "batch")
                 if self.gw.log:
@@ -324,10 +363,19 @@ class Batcher:
             elif isinstance(answer, Reply):
                 price = self.gw.price(record["model_id"])
                 paid = BATCH_DISCOUNT * cost(price, answer.input_tokens, answer.output_tokens)
-                entry = {"text": answer.text, "input_tokens": answer.input_tokens, "output_tokens": answer.output_tokens,
-                         "cost_usd": paid, "model_version": answer.model_version, "latency_s": None, "mode": "batch"}
+                entry = {
+                    "text": answer.text,
+                    "input_tokens": answer.input_tokens,
+                    "output_tokens": answer.output_tokens,
+                    "cost_usd": paid,
+                    "model_version": answer.model_version,
+                    "latency_s": None,
+                    "mode": "batch",
+                }
                 if self.gw.log:
-                    self.gw.log.write(a=attempt, e="paid", usd=paid, tok=answer.input_tokens + answer.output_tokens, m="batch")
+                    self.gw.log.write(
+                        a=attempt, e="paid", usd=paid, tok=answer.input_tokens + answer.output_tokens, m="batch"
+                    )
                 self.gw.cache.put("chat", key, entry)
                 row = {**entry, "status": "ok", "error": "", "queued_s": None, "paid_usd": paid, "cached": False}
             else:
@@ -344,8 +392,12 @@ class Batcher:
             elif key in lines:
                 missing.append(lines[key])
             else:
-                self._settle(key, failed_answer("error", f"{self.gw.name} batch {record['id']} {status} before this request"))
-        record.update(state=status, finished=time.time(), answered=sum(not isinstance(r, str) for r in results.values()))
+                self._settle(
+                    key, failed_answer("error", f"{self.gw.name} batch {record['id']} {status} before this request")
+                )
+        record.update(
+            state=status, finished=time.time(), answered=sum(not isinstance(r, str) for r in results.values())
+        )
         self.records.save(record)
         self.records.drop_lines(label)
         self.stats[f"batches_{status}"] += 1
@@ -355,7 +407,10 @@ class Batcher:
             return
         self.stats["dropped"] += len(missing)
         for line in missing:
-            self._settle(line.key, failed_answer("error", f"{self.gw.name} batch {record['id']} {why}; a later run sends it again"))
+            self._settle(
+                line.key,
+                failed_answer("error", f"{self.gw.name} batch {record['id']} {why}; a later run sends it again"),
+            )
 
     async def _again(self, lines: list[Line]) -> None:
         """Submit again the requests a batch did not reach (expired, cancelled, lost), up to the
@@ -363,7 +418,10 @@ class Batcher:
         again = []
         for line in lines:
             if self.tries[line.key] >= self.gw.cfg.max_attempts:
-                self._settle(line.key, failed_answer("error", f"not answered in {self.tries[line.key]} batches; a later run tries again"))
+                self._settle(
+                    line.key,
+                    failed_answer("error", f"not answered in {self.tries[line.key]} batches; a later run tries again"),
+                )
                 continue
             if line.key not in self.futures:
                 self.futures[line.key] = asyncio.get_running_loop().create_future()

@@ -41,17 +41,24 @@ class GeminiBatches:
 
     async def submit(self, kind: str, model_id: str, lines: list[Line], label: str) -> str:
         if kind == "embed":
-            src = {"inlined_requests": {"contents": [line.payload["text"] for line in lines],
-                                        "config": {"output_dimensionality": EMBED_DIM}}}
+            src = {
+                "inlined_requests": {
+                    "contents": [line.payload["text"] for line in lines],
+                    "config": {"output_dimensionality": EMBED_DIM},
+                }
+            }
             with warnings.catch_warnings():  # google-genai marks batch embeddings experimental
                 warnings.simplefilter("ignore")
-                batch = await self.client.aio.batches.create_embeddings(model=model_id, src=src, config={"display_name": label})
+                batch = await self.client.aio.batches.create_embeddings(
+                    model=model_id, src=src, config={"display_name": label}
+                )
             return batch.name
         if sum(len(json.dumps(line.payload)) for line in lines) <= GEMINI_INLINE_BYTES:
             src = [self.types.InlinedRequest.model_validate(line.payload) for line in lines]
         else:  # too large to inline: a JSONL file of {"key", "request"} lines, uploaded through the Files API
-            upload = await self.client.aio.files.upload(file=io.BytesIO(self.file_lines(lines)),
-                                                        config={"mime_type": "jsonl", "display_name": label})
+            upload = await self.client.aio.files.upload(
+                file=io.BytesIO(self.file_lines(lines)), config={"mime_type": "jsonl", "display_name": label}
+            )
             src = upload.name
         batch = await self.client.aio.batches.create(model=model_id, src=src, config={"display_name": label})
         return batch.name
@@ -60,8 +67,13 @@ class GeminiBatches:
     def file_lines(lines: list[Line]) -> bytes:
         """A batch's input file: each request as the REST API takes it (proto JSON, which accepts the
         snake_case field names and base64 bytes of the inline payload), under its key."""
-        rows = ({"key": line.key, "request": {"contents": line.payload["contents"], "generation_config": line.payload["config"]}}
-                for line in lines)
+        rows = (
+            {
+                "key": line.key,
+                "request": {"contents": line.payload["contents"], "generation_config": line.payload["config"]},
+            }
+            for line in lines
+        )
         return b"".join((json.dumps(row, separators=(",", ":")) + "\n").encode() for row in rows)
 
     async def find(self, label: str) -> str | None:
@@ -81,17 +93,23 @@ class GeminiBatches:
     async def state(self, batch_id: str):
         batch = await self.client.aio.batches.get(name=batch_id)
         name = getattr(batch.state, "value", str(batch.state))
-        status = {"JOB_STATE_SUCCEEDED": "completed", "JOB_STATE_EXPIRED": "expired", "JOB_STATE_CANCELLED": "cancelled",
-                  "JOB_STATE_FAILED": "failed"}.get(name, "pending")
+        status = {
+            "JOB_STATE_SUCCEEDED": "completed",
+            "JOB_STATE_EXPIRED": "expired",
+            "JOB_STATE_CANCELLED": "cancelled",
+            "JOB_STATE_FAILED": "failed",
+        }.get(name, "pending")
         return status, batch
 
     async def results(self, batch, record: dict) -> dict[str, Reply | Embedding | str]:
         if record.get("kind") == "embed":
             return self._embeddings(batch, record["keys"])
         if batch.dest and batch.dest.file_name:
-            return self._file_results(await self.client.aio.files.download(file=batch.dest.file_name), batch.model or "")
+            return self._file_results(
+                await self.client.aio.files.download(file=batch.dest.file_name), batch.model or ""
+            )
         out: dict[str, Reply | Embedding | str] = {}
-        for item in (batch.dest.inlined_responses if batch.dest and batch.dest.inlined_responses else []):
+        for item in batch.dest.inlined_responses if batch.dest and batch.dest.inlined_responses else []:
             key = (item.metadata or {}).get("key")
             if key is None:
                 continue
@@ -111,7 +129,9 @@ class GeminiBatches:
                 continue
             row = json.loads(raw)
             if row.get("response") is not None:
-                out[row["key"]] = self.provider.reply_from(self.types.GenerateContentResponse.model_validate(row["response"]), model)
+                out[row["key"]] = self.provider.reply_from(
+                    self.types.GenerateContentResponse.model_validate(row["response"]), model
+                )
             else:
                 error = row.get("error") or row.get("status") or {}
                 out[row["key"]] = f"batch line {error.get('code', '')}: {error.get('message', 'failed')}"
@@ -121,7 +141,11 @@ class GeminiBatches:
     def _embeddings(batch, keys: list[str]) -> dict[str, Embedding | str]:
         """An embedding batch's answers, in the order of its requests, made unit-length as in sync mode."""
         out: dict[str, Embedding | str] = {}
-        items = batch.dest.inlined_embed_content_responses if batch.dest and batch.dest.inlined_embed_content_responses else []
+        items = (
+            batch.dest.inlined_embed_content_responses
+            if batch.dest and batch.dest.inlined_embed_content_responses
+            else []
+        )
         for key, item in zip(keys, items):
             item = item if isinstance(item, dict) else item.model_dump(by_alias=False)
             response, error = item.get("response"), item.get("error")
@@ -130,5 +154,9 @@ class GeminiBatches:
                 out[key] = f"batch line {error.get('code', '')}: {error.get('message', 'failed')}"
                 continue
             vector = GeminiProvider.unit_rows([response["embedding"]["values"]])[0]
-            out[key] = Embedding(vector, response.get("token_count") or response.get("tokenCount"), (batch.model or "").removeprefix("models/"))
+            out[key] = Embedding(
+                vector,
+                response.get("token_count") or response.get("tokenCount"),
+                (batch.model or "").removeprefix("models/"),
+            )
         return out

@@ -36,8 +36,20 @@ class Line:
     kind: str = "chat"
 
     def dump(self) -> bytes:
-        return (json.dumps({"key": self.key, "model_id": self.model_id, "worst": self.worst, "tokens": self.tokens,
-                            "payload": self.payload, "kind": self.kind}, separators=(",", ":")) + "\n").encode()
+        return (
+            json.dumps(
+                {
+                    "key": self.key,
+                    "model_id": self.model_id,
+                    "worst": self.worst,
+                    "tokens": self.tokens,
+                    "payload": self.payload,
+                    "kind": self.kind,
+                },
+                separators=(",", ":"),
+            )
+            + "\n"
+        ).encode()
 
     @staticmethod
     def load(raw: bytes) -> "Line":

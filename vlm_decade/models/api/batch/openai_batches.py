@@ -36,8 +36,12 @@ class OpenAIBatches:
     async def submit(self, kind: str, model_id: str, lines: list[Line], label: str) -> str:
         data = b"".join((json.dumps(line.payload, separators=(",", ":")) + "\n").encode() for line in lines)
         upload = await self.client.files.create(file=(f"{label}.jsonl", data), purpose="batch")
-        batch = await self.client.batches.create(input_file_id=upload.id, endpoint=self.ENDPOINT[kind],
-                                                 completion_window="24h", metadata={"vlm_decade": label})
+        batch = await self.client.batches.create(
+            input_file_id=upload.id,
+            endpoint=self.ENDPOINT[kind],
+            completion_window="24h",
+            metadata={"vlm_decade": label},
+        )
         return batch.id
 
     async def find(self, label: str) -> str | None:
@@ -79,12 +83,20 @@ class OpenAIBatches:
                     out[line["custom_id"]] = self._embedding(body) if embed else self.provider.reply_from(body)
                 else:
                     error = line.get("error") or (response.get("body") or {}).get("error") or {}
-                    out[line["custom_id"]] = f"batch line {response.get('status_code', error.get('code', ''))}: {error.get('message', 'failed')}"
+                    out[line["custom_id"]] = (
+                        f"batch line {response.get('status_code', error.get('code', ''))}: {error.get('message', 'failed')}"
+                    )
         return out
 
     @staticmethod
     def _embedding(body: dict) -> Embedding:
         """An embeddings response with one input, as the sync client would decode it."""
         value = body["data"][0]["embedding"]
-        vector = np.frombuffer(base64.b64decode(value), dtype="<f4") if isinstance(value, str) else np.asarray(value, np.float32)
-        return Embedding(vector.astype(np.float32), (body.get("usage") or {}).get("prompt_tokens"), body.get("model", ""))
+        vector = (
+            np.frombuffer(base64.b64decode(value), dtype="<f4")
+            if isinstance(value, str)
+            else np.asarray(value, np.float32)
+        )
+        return Embedding(
+            vector.astype(np.float32), (body.get("usage") or {}).get("prompt_tokens"), body.get("model", "")
+        )

@@ -62,8 +62,15 @@ def run_records(run_root: str | Path, provider: str = "*"):
             if not isinstance(record, dict) or not {"label", "state", "keys"} <= record.keys():
                 raise ValueError("label, state or keys missing")
         except ValueError as exc:
-            raise InputError([Problem(str(path), f"damaged batch record ({exc}); copy it back from the cache folder's "
-                                      f"batches/{path.parent.name}/{path.name}, or remove it")]) from None
+            raise InputError(
+                [
+                    Problem(
+                        str(path),
+                        f"damaged batch record ({exc}); copy it back from the cache folder's "
+                        f"batches/{path.parent.name}/{path.name}, or remove it",
+                    )
+                ]
+            ) from None
         yield path.parent.name, record
 
 

@@ -38,8 +38,7 @@ def cohen_kappa(a: Sequence[bool], b: Sequence[bool]) -> float:
     return (agree * n - chance) / (n * n - chance)
 
 
-def apply_hand_labels(auto_rows: Sequence[Mapping], hand_rows: Sequence[Mapping]
-                      ) -> tuple[list[dict], dict[str, dict]]:
+def apply_hand_labels(auto_rows: Sequence[Mapping], hand_rows: Sequence[Mapping]) -> tuple[list[dict], dict[str, dict]]:
     """Merge hand labels into automatic ones and measure their agreement.
 
     Rows are dicts with subject, image_id, error_type and present: a bool, "true"/"false"/"1"/"0" as
@@ -53,8 +52,7 @@ def apply_hand_labels(auto_rows: Sequence[Mapping], hand_rows: Sequence[Mapping]
       one constant label).
     Raises ValueError on a key given twice in the same list, a missing field or an unreadable label."""
     auto = {key: _label(row["present"]) for key, row in _by_key(auto_rows, "automatic").items()}
-    hand_by_key = {key: row for key, row in _by_key(hand_rows, "hand").items()
-                   if _label(row["present"]) is not None}
+    hand_by_key = {key: row for key, row in _by_key(hand_rows, "hand").items() if _label(row["present"]) is not None}
     hand = {key: _label(row["present"]) for key, row in hand_by_key.items()}
 
     merged = []
@@ -76,8 +74,9 @@ def apply_hand_labels(auto_rows: Sequence[Mapping], hand_rows: Sequence[Mapping]
         agreement[error_type] = {
             "kappa": cohen_kappa(hand_labels, auto_labels) if both else math.nan,
             "n": len(both),
-            "observed_agreement": (sum(h == a for h, a in zip(hand_labels, auto_labels)) / len(both)
-                                   if both else math.nan),
+            "observed_agreement": (
+                sum(h == a for h, a in zip(hand_labels, auto_labels)) / len(both) if both else math.nan
+            ),
         }
     return merged, agreement
 
@@ -94,8 +93,7 @@ def _by_key(rows: Sequence[Mapping], what: str) -> dict[tuple, Mapping]:
             raise ValueError(f"{what} row {dict(row)} lacks {', '.join(missing)}")
         key = _key(row)
         if key in keyed:
-            raise ValueError(f"{what} label given twice for subject={key[0]} image_id={key[1]} "
-                             f"error_type={key[2]}")
+            raise ValueError(f"{what} label given twice for subject={key[0]} image_id={key[1]} error_type={key[2]}")
         keyed[key] = row
     return keyed
 

@@ -77,24 +77,51 @@ def object_labels(
         gold = [m.name for m in relevant.get(image_id, [])]
         if subject in probed:
             method, found = "probe", transcripts.get(key)
-            findings = None if found is None else probes.probe_findings(
-                found, matcher, verdicts, gold, present.get(image_id, gold))
+            findings = (
+                None
+                if found is None
+                else probes.probe_findings(found, matcher, verdicts, gold, present.get(image_id, gold))
+            )
             why = "no probe answers for this image"
         elif located is not None:
             method, boxes, spots = "detector", detections.get(image_id), located.get(image_id)
-            findings = None if boxes is None or spots is None else rules.located_errors(
-                relevant.get(image_id, []), boxes, mentioned.get(key, []), matcher, spots, min_score, min_iou, verdicts,
-                present.get(image_id, gold))
+            findings = (
+                None
+                if boxes is None or spots is None
+                else rules.located_errors(
+                    relevant.get(image_id, []),
+                    boxes,
+                    mentioned.get(key, []),
+                    matcher,
+                    spots,
+                    min_score,
+                    min_iou,
+                    verdicts,
+                    present.get(image_id, gold),
+                )
+            )
             why = "the detector failed on this image" if boxes is None else "the locator failed on this image"
         else:
             method, boxes = "detector", detections.get(image_id)
-            findings = None if boxes is None else rules.detector_errors(
-                relevant.get(image_id, []), boxes, mentioned.get(key, []), matcher, confusable, verdicts)
+            findings = (
+                None
+                if boxes is None
+                else rules.detector_errors(
+                    relevant.get(image_id, []), boxes, mentioned.get(key, []), matcher, confusable, verdicts
+                )
+            )
             why = "the detector failed on this image"
         if findings is None:
             rows += [
-                {"subject": subject, "image_id": image_id, "dataset": dataset, "error_type": t, "present": None,
-                 "method": method, "evidence": _evidence({"undecided": why})}
+                {
+                    "subject": subject,
+                    "image_id": image_id,
+                    "dataset": dataset,
+                    "error_type": t,
+                    "present": None,
+                    "method": method,
+                    "evidence": _evidence({"undecided": why}),
+                }
                 for t in rules.ERROR_TYPES
             ]
             continue
@@ -104,8 +131,15 @@ def object_labels(
             if error_type == "hallucination":
                 payload["checked"] = list(verdicts.values())
             rows.append(
-                {"subject": subject, "image_id": image_id, "dataset": dataset, "error_type": error_type, "present": present_,
-                 "method": method, "evidence": _evidence(payload)}
+                {
+                    "subject": subject,
+                    "image_id": image_id,
+                    "dataset": dataset,
+                    "error_type": error_type,
+                    "present": present_,
+                    "method": method,
+                    "evidence": _evidence(payload),
+                }
             )
     return rows
 
@@ -113,9 +147,24 @@ def object_labels(
 def spatial_labels(spatial_rows) -> list[dict]:
     """One spatial-dependence row per model and image, from the SDE computation."""
     return [
-        {"subject": r.subject, "image_id": r.image_id, "dataset": r.dataset, "error_type": SDE, "present": r.sde, "method": "masks",
-         "evidence": _evidence({"model_r": r.model_r, "human_mean_r": r.human_mean_r, "human_sd_r": r.human_sd_r,
-                                "model_profile": r.model_profile, "human_profile": r.human_profile, "reason": r.reason})}
+        {
+            "subject": r.subject,
+            "image_id": r.image_id,
+            "dataset": r.dataset,
+            "error_type": SDE,
+            "present": r.sde,
+            "method": "masks",
+            "evidence": _evidence(
+                {
+                    "model_r": r.model_r,
+                    "human_mean_r": r.human_mean_r,
+                    "human_sd_r": r.human_sd_r,
+                    "model_profile": r.model_profile,
+                    "human_profile": r.human_profile,
+                    "reason": r.reason,
+                }
+            ),
+        }
         for r in spatial_rows
     ]
 
@@ -129,7 +178,10 @@ def errors_table(auto_rows: list[dict], hand: pa.Table | None, dataset_of: dict[
         rows = [r if r.get("source") != "hand" else _hand_row(r, dataset_of) for r in merged]
     rows = sorted(rows, key=lambda r: (r["subject"], r["image_id"], ERROR_TYPES.index(r["error_type"])))
     table = pa.Table.from_pylist([{k: r.get(k) for k in ERRORS_SCHEMA.names} for r in rows], schema=ERRORS_SCHEMA)
-    agreement_rows = [{"error_type": t, "kappa": a["kappa"], "observed_agreement": a["observed_agreement"], "n": a["n"]} for t, a in sorted(agree.items())]
+    agreement_rows = [
+        {"error_type": t, "kappa": a["kappa"], "observed_agreement": a["observed_agreement"], "n": a["n"]}
+        for t, a in sorted(agree.items())
+    ]
     return table, pa.Table.from_pylist(agreement_rows, schema=AGREEMENT_SCHEMA)
 
 
@@ -144,8 +196,14 @@ def error_scores(errors: pa.Table) -> pa.Table:
     """Each label as a 0/1 score (null where undecided), so the statistics engine gives error rates
     per model and dataset with bootstrap CIs, and the era and dataset comparisons."""
     rows = [
-        {"subject": r["subject"], "image_id": r["image_id"], "dataset": r["dataset"], "variant": "full", "metric": r["error_type"],
-         "value": None if r["present"] is None else float(r["present"])}
+        {
+            "subject": r["subject"],
+            "image_id": r["image_id"],
+            "dataset": r["dataset"],
+            "variant": "full",
+            "metric": r["error_type"],
+            "value": None if r["present"] is None else float(r["present"]),
+        }
         for r in errors.to_pylist()
     ]
     return pa.Table.from_pylist(rows, schema=SCORES_SCHEMA)
@@ -186,8 +244,15 @@ def impact_scores(errors: pa.Table, scores: pa.Table, metric: str) -> pa.Table:
         for name in names:
             groups[(name, r["image_id"])].append(r["value"])
     rows = [
-        {"subject": name, "image_id": image_id, "dataset": ALL_IMAGES, "variant": "full", "metric": metric,
-         "value": float(np.mean(v)), "weight": float(len(v))}
+        {
+            "subject": name,
+            "image_id": image_id,
+            "dataset": ALL_IMAGES,
+            "variant": "full",
+            "metric": metric,
+            "value": float(np.mean(v)),
+            "weight": float(len(v)),
+        }
         for (name, image_id), v in sorted(groups.items())
     ]
     return pa.Table.from_pylist(rows, schema=IMPACT_SCHEMA)
@@ -205,8 +270,11 @@ def impact_family(impact: pa.Table) -> Family:
 
     specs = [spec(group[t], NO_ERROR) for t in ERROR_TYPES if NO_ERROR in subjects and group[t] in subjects]
     scene, sde = group["scene_understanding"], group[SDE]
-    specs += [spec(scene, group[t]) for t in ("detection", "recognition", "hallucination")
-              if scene in subjects and group[t] in subjects]
+    specs += [
+        spec(scene, group[t])
+        for t in ("detection", "recognition", "hallucination")
+        if scene in subjects and group[t] in subjects
+    ]
     specs += [spec(sde, group[t]) for t in rules.ERROR_TYPES if sde in subjects and group[t] in subjects]
     return Family("impact", specs)
 

@@ -18,10 +18,22 @@ from vlm_decade.stages.describe.plan import Job, check_actor_fit, load_stimuli
 from vlm_decade.studies.decade.config import DetectorConfig
 
 DETECTION_TYPE = pa.struct(
-    [("label", pa.string()), ("score", pa.float64()), ("x0", pa.float64()), ("y0", pa.float64()), ("x1", pa.float64()), ("y1", pa.float64())]
+    [
+        ("label", pa.string()),
+        ("score", pa.float64()),
+        ("x0", pa.float64()),
+        ("y0", pa.float64()),
+        ("x1", pa.float64()),
+        ("y1", pa.float64()),
+    ]
 )
 DETECTIONS_SCHEMA = pa.schema(
-    [("image_id", pa.string()), ("status", pa.string()), ("error", pa.string()), ("detections", pa.list_(DETECTION_TYPE))]
+    [
+        ("image_id", pa.string()),
+        ("status", pa.string()),
+        ("error", pa.string()),
+        ("detections", pa.list_(DETECTION_TYPE)),
+    ]
 )
 IN_FLIGHT = 2
 
@@ -40,9 +52,23 @@ class DetectActor:
         rows = []
         for job, stim in zip(jobs, stimuli):
             if isinstance(stim, str) or failure:
-                rows.append({"image_id": job.image_id, "status": "error", "error": stim if isinstance(stim, str) else failure, "detections": []})
+                rows.append(
+                    {
+                        "image_id": job.image_id,
+                        "status": "error",
+                        "error": stim if isinstance(stim, str) else failure,
+                        "detections": [],
+                    }
+                )
             else:
-                rows.append({"image_id": job.image_id, "status": "ok", "error": "", "detections": [detection_row(d) for d in next(found)]})
+                rows.append(
+                    {
+                        "image_id": job.image_id,
+                        "status": "ok",
+                        "error": "",
+                        "detections": [detection_row(d) for d in next(found)],
+                    }
+                )
         return rows
 
 
@@ -77,7 +103,12 @@ def image_rows(study, run: StudyRun, cfg, actor_class: type, subject: str, track
     rows: list[dict] = []
     try:
         with run.reporter.track(track, len(jobs)) as advance:
-            for done in bounded(ray, batches(jobs, cfg.batch_size), lambda batch, _: submit(actor, batch, loader.remote(batch)), IN_FLIGHT):
+            for done in bounded(
+                ray,
+                batches(jobs, cfg.batch_size),
+                lambda batch, _: submit(actor, batch, loader.remote(batch)),
+                IN_FLIGHT,
+            ):
                 if done.error is not None:
                     raise done.error
                 rows += done.value
@@ -89,5 +120,13 @@ def image_rows(study, run: StudyRun, cfg, actor_class: type, subject: str, track
 
 def run_detections(study, run: StudyRun) -> pa.Table:
     cfg = study.taxonomy.detector
-    rows = image_rows(study, run, cfg, DetectActor, "detector", "detect", lambda actor, batch, stimuli: actor.detect.remote(batch, stimuli))
+    rows = image_rows(
+        study,
+        run,
+        cfg,
+        DetectActor,
+        "detector",
+        "detect",
+        lambda actor, batch, stimuli: actor.detect.remote(batch, stimuli),
+    )
     return pa.Table.from_pylist(rows, schema=DETECTIONS_SCHEMA)

@@ -59,24 +59,50 @@ def check(obj: str, evidence: ImageEvidence, matcher: ObjectMatcher) -> dict:
     {"object", "present": True | False | None, "checks": [...]}."""
     checks = []
     named = [m for names in evidence.humans if (m := matcher.best_match(obj, list(names))) is not None]
-    checks.append({"source": "humans", "descriptions": len(evidence.humans), "naming": len(named),
-                   "min": evidence.min_humans, "found": len(named) >= evidence.min_humans,
-                   "named_as": sorted({m[0] for m in named})})
+    checks.append(
+        {
+            "source": "humans",
+            "descriptions": len(evidence.humans),
+            "naming": len(named),
+            "min": evidence.min_humans,
+            "found": len(named) >= evidence.min_humans,
+            "named_as": sorted({m[0] for m in named}),
+        }
+    )
     unclear = evidence.locator_failed
     if evidence.locator_failed:
         checks.append({"source": "locator", "found": False, "failed": True})
     elif evidence.located is not None:
         box = best_located(evidence.located, obj)
         found = box is not None and box.score >= evidence.min_score
-        checks.append({"source": "locator", "found": found, "min_score": evidence.min_score,
-                       "best_score": None if box is None else round(box.score, 3),
-                       "box": None if box is None else [round(v, 3) for v in box.box]})
+        checks.append(
+            {
+                "source": "locator",
+                "found": found,
+                "min_score": evidence.min_score,
+                "best_score": None if box is None else round(box.score, 3),
+                "box": None if box is None else [round(v, 3) for v in box.box],
+            }
+        )
     if evidence.verifier is not None:
         question, answer = evidence.verifier.get(obj, (None, None))
         reading = None if answer is None else parse_yes_no(answer)
         unclear = reading is None
-        checks.append({"source": "verifier", "model": evidence.verifier_name, "question": question, "answer": answer,
-                       "reading": "unasked" if answer is None else "unclear" if reading is None else "yes" if reading else "no",
-                       "found": reading is True})
+        checks.append(
+            {
+                "source": "verifier",
+                "model": evidence.verifier_name,
+                "question": question,
+                "answer": answer,
+                "reading": "unasked"
+                if answer is None
+                else "unclear"
+                if reading is None
+                else "yes"
+                if reading
+                else "no",
+                "found": reading is True,
+            }
+        )
     present = True if any(c["found"] for c in checks) else (None if unclear else False)
     return {"object": obj, "present": present, "checks": checks}

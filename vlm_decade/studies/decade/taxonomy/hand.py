@@ -29,7 +29,9 @@ def check_hand_labels(path: str | Path, subjects, image_ids, error_types, proble
     seen = FirstRows()
     rows = []
     for row in table.rows:
-        cells = {c: (";".join(v) if isinstance(v, list) else v).strip() for c, v in ((c, row.cells[c]) for c in HAND_COLUMNS)}
+        cells = {
+            c: (";".join(v) if isinstance(v, list) else v).strip() for c, v in ((c, row.cells[c]) for c in HAND_COLUMNS)
+        }
         bad = [(c, f"'{c}' is empty") for c, v in cells.items() if not v]
         if cells["subject"] and cells["subject"] not in subjects:
             bad.append(("subject", f"unknown subject '{cells['subject']}' (not a model of the study)"))
@@ -42,12 +44,22 @@ def check_hand_labels(path: str | Path, subjects, image_ids, error_types, proble
             bad.append(("present", f"present '{cells['present']}' is not 1/0, true/false or yes/no"))
         key = (cells["subject"], cells["image_id"], cells["error_type"])
         if all(key) and (first := seen.again(key, row.number)) is not None:
-            bad.append(("error_type", f"a second label for subject '{key[0]}', image '{key[1]}', {key[2]} (first at row {first})"))
+            bad.append(
+                (
+                    "error_type",
+                    f"a second label for subject '{key[0]}', image '{key[1]}', {key[2]} (first at row {first})",
+                )
+            )
         for field, message in bad:
             problems.add(table.file, message, row=row.number, field=field)
         if not bad:
             note = row.cells["note"]
-            rows.append({**{c: cells[c] for c in HAND_COLUMNS[:3]}, "present": present in TRUE,
-                         "note": (";".join(note) if isinstance(note, list) else note).strip()})
+            rows.append(
+                {
+                    **{c: cells[c] for c in HAND_COLUMNS[:3]},
+                    "present": present in TRUE,
+                    "note": (";".join(note) if isinstance(note, list) else note).strip(),
+                }
+            )
     rows.sort(key=lambda r: (r["subject"], r["image_id"], r["error_type"]))
     return pa.Table.from_pylist(rows, schema=HAND_SCHEMA)

@@ -92,8 +92,17 @@ def heatmap_figure(
         for spec, value in zip(specs, raw):
             x0, y0, x1, y1 = spec.box
             label = "n/a" if math.isnan(value) else f"{value:.2f}"
-            ax.text((x0 + x1) / 2 * width, (y0 + y1) / 2 * height, label, ha="center", va="center", fontsize=9,
-                    color="white", fontweight="bold", bbox={"facecolor": "black", "alpha": 0.55, "pad": 2, "lw": 0})
+            ax.text(
+                (x0 + x1) / 2 * width,
+                (y0 + y1) / 2 * height,
+                label,
+                ha="center",
+                va="center",
+                fontsize=9,
+                color="white",
+                fontweight="bold",
+                bbox={"facecolor": "black", "alpha": 0.55, "pad": 2, "lw": 0},
+            )
         ax.set_title(name, fontsize=10)
         ax.set_axis_off()
     bar = fig.colorbar(cmap, ax=list(axes), fraction=0.04, pad=0.02)

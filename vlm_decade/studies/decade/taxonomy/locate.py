@@ -18,8 +18,13 @@ from vlm_decade.stages.describe.plan import Job
 from vlm_decade.studies.decade.taxonomy.detect import DETECTION_TYPE, detection_row, image_rows
 
 LOCATIONS_SCHEMA = pa.schema(
-    [("image_id", pa.string()), ("status", pa.string()), ("error", pa.string()), ("queries", pa.list_(pa.string())),
-     ("boxes", pa.list_(DETECTION_TYPE))]
+    [
+        ("image_id", pa.string()),
+        ("status", pa.string()),
+        ("error", pa.string()),
+        ("queries", pa.list_(pa.string())),
+        ("boxes", pa.list_(DETECTION_TYPE)),
+    ]
 )
 
 
@@ -50,7 +55,8 @@ def locations_of(table: pa.Table) -> dict[str, list[Detection] | None]:
     """image_id -> the locator's boxes (label = the name asked for), or None where it failed."""
     return {
         r["image_id"]: [Detection(d["label"], d["score"], (d["x0"], d["y0"], d["x1"], d["y1"])) for d in r["boxes"]]
-        if r["status"] == "ok" else None
+        if r["status"] == "ok"
+        else None
         for r in table.to_pylist()
     }
 

@@ -39,9 +39,7 @@ PARTITIVES = frozenset(
     """lot lots group pair couple bunch number set variety piece bit head herd flock pack stack pile
     line slice handful collection series array assortment""".split()
 )
-COLOURS = frozenset(
-    "black white red green blue yellow orange purple pink brown grey gray silver gold beige".split()
-)
+COLOURS = frozenset("black white red green blue yellow orange purple pink brown grey gray silver gold beige".split())
 # People are objects. These words all name the detector's "person" class, so they match one another
 # (the class is looked up by a name's last word: "woman astronaut", "police officer").
 PEOPLE = frozenset(
@@ -111,11 +109,15 @@ def mentions_in(doc) -> list[Mention]:
     covered: set[int] = set()
     for chunk in doc.noun_chunks:
         covered.update(range(chunk.start, chunk.end))
-        heads += [(t, doc[chunk.start : t.i + 1].text) for t in chunk
-                  if t.dep_ == "poss" and t.pos_ in ("NOUN", "PROPN")]
+        heads += [
+            (t, doc[chunk.start : t.i + 1].text) for t in chunk if t.dep_ == "poss" and t.pos_ in ("NOUN", "PROPN")
+        ]
         heads.append((chunk.root, chunk.text))
-    heads += [(t, doc[t.left_edge.i : t.i + 1].text) for t in doc
-              if t.pos_ == "NOUN" and t.i not in covered and t.dep_ not in _MODIFIER_DEPS]
+    heads += [
+        (t, doc[t.left_edge.i : t.i + 1].text)
+        for t in doc
+        if t.pos_ == "NOUN" and t.i not in covered and t.dep_ not in _MODIFIER_DEPS
+    ]
     found: dict[str, Mention] = {}
     for token, phrase in sorted(heads, key=lambda head: head[0].i):
         name = None if _ends_hyphenated_modifier(token) else _object_name(token)
@@ -208,8 +210,12 @@ class ObjectMatcher:
     synonyms from related words better). Each distinct name is encoded once and cached.
     """
 
-    def __init__(self, encode: Callable[[list[str]], np.ndarray], threshold: float = MATCH_THRESHOLD,
-                 class_of: Callable[[str], str] = object_class):
+    def __init__(
+        self,
+        encode: Callable[[list[str]], np.ndarray],
+        threshold: float = MATCH_THRESHOLD,
+        class_of: Callable[[str], str] = object_class,
+    ):
         self._encode = encode
         self.threshold = threshold
         self._class_of = class_of
@@ -231,8 +237,9 @@ class ObjectMatcher:
     def matches(self, a: str, b: str) -> bool:
         return self.similarity(a, b) >= self.threshold
 
-    def best_match(self, name: str, candidates: Sequence[str],
-                   threshold: float | None = None) -> tuple[str, float] | None:
+    def best_match(
+        self, name: str, candidates: Sequence[str], threshold: float | None = None
+    ) -> tuple[str, float] | None:
         """The candidate most similar to `name` with similarity at or above `threshold` (the matcher's
         own by default), and that similarity; the earliest such candidate on a tie; None if none."""
         self._cache([name, *candidates])
@@ -243,4 +250,3 @@ class ObjectMatcher:
             if score >= floor and (best is None or score > best[1]):
                 best = (candidate, score)
         return best
-

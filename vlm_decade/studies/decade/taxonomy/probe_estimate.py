@@ -31,7 +31,11 @@ FRAMING = 10  # message framing tokens, as the providers' input estimate counts 
 
 def relevant_objects(data: StudyData) -> dict[str, list[str]]:
     """image_id -> the distinct objects of its gold description."""
-    gold = {r["image_id"]: r["text"] for r in data.references.to_pylist() if r["role"] == "gold" and r["condition"] == "full"}
+    gold = {
+        r["image_id"]: r["text"]
+        for r in data.references.to_pylist()
+        if r["role"] == "gold" and r["condition"] == "full"
+    }
     ids = sorted(gold)
     found = ObjectExtractor().objects_many([gold[i] for i in ids])
     return {i: list(dict.fromkeys(m.name for m in mentions)) for i, mentions in zip(ids, found)}
@@ -56,7 +60,9 @@ def probe_lines(study: StudyConfig, data: StudyData) -> list[Line]:
             relevant = objects.get(image_id, [])
             image = provider_class(cls.provider).image_tokens_of_size(width, height, settings) + FRAMING
             longest = max(map(text_tokens, relevant), default=0)
-            detection = max(text_tokens(t.detection), text_tokens(t.detection_no_anchor)) + 2 * longest + 1  # + object, anchor, article
+            detection = (
+                max(text_tokens(t.detection), text_tokens(t.detection_no_anchor)) + 2 * longest + 1
+            )  # + object, anchor, article
             recognition = max(text_tokens(t.recognition), text_tokens(t.recognition_no_anchor)) + longest
             presence = text_tokens(t.presence) + 1
             questions = 2 * len(relevant) + cap

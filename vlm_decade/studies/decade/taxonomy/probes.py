@@ -97,8 +97,13 @@ class Question:
             raise ValueError(f"unknown question kind {self.kind!r}; expected one of {QUESTION_KINDS}")
 
 
-def first_round(relevant: Sequence[Mention], mentioned: Sequence[Mention], matcher: ObjectMatcher,
-                templates: ProbeTemplates = ProbeTemplates(), absent: Sequence[str] = ()) -> list[Question]:
+def first_round(
+    relevant: Sequence[Mention],
+    mentioned: Sequence[Mention],
+    matcher: ObjectMatcher,
+    templates: ProbeTemplates = ProbeTemplates(),
+    absent: Sequence[str] = (),
+) -> list[Question]:
     """Detection questions for the relevant objects the description does not mention (gold order),
     then location questions for the mentioned objects in `absent` (those no independent source found
     in the image, `existence.check`; description order).
@@ -136,13 +141,17 @@ def reference(obj: str, said: Sequence[str], gold: Sequence[str], matcher: Objec
     object (so are there), the nearest to `obj` in the description's order, the earlier on a tie
     ("a man holding a frisbee" places the frisbee near the man); None when there is none."""
     at = list(said).index(obj)
-    near = [(abs(j - at), j > at, name) for j, name in enumerate(said)
-            if j != at and matcher.best_match(name, list(gold)) is not None]
+    near = [
+        (abs(j - at), j > at, name)
+        for j, name in enumerate(said)
+        if j != at and matcher.best_match(name, list(gold)) is not None
+    ]
     return min(near)[2] if near else None
 
 
-def second_round(answered: Sequence[tuple[Question, str]],
-                 templates: ProbeTemplates = ProbeTemplates()) -> list[Question]:
+def second_round(
+    answered: Sequence[tuple[Question, str]], templates: ProbeTemplates = ProbeTemplates()
+) -> list[Question]:
     """A recognition question for each detection question answered yes, and an identification
     question ("What is the object near the man?") for each location question answered yes, with the
     same anchor."""
@@ -247,8 +256,7 @@ def _name_variants(name: str) -> list[str]:
     return list(dict.fromkeys([name, core, " ".join(words[-2:]), words[-1]]))
 
 
-def _recognised(obj: str, anchor: str | None, answer: str,
-                matcher: ObjectMatcher) -> tuple[str, float] | None:
+def _recognised(obj: str, anchor: str | None, answer: str, matcher: ObjectMatcher) -> tuple[str, float] | None:
     """The name in `answer` most similar to `obj` (the earliest on a tie) and that similarity; None
     when the answer names nothing. Names of the anchor itself are skipped: "What is the object near
     the man?" - "A man." says nothing about the object."""
@@ -263,9 +271,13 @@ def _recognised(obj: str, anchor: str | None, answer: str,
     return best
 
 
-def probe_findings(answered: Sequence[tuple[Question, str]], matcher: ObjectMatcher,
-                   existence: dict[str, dict] | None = None, relevant: Sequence[str] = (),
-                   present: Sequence[str] = ()) -> list[Finding]:
+def probe_findings(
+    answered: Sequence[tuple[Question, str]],
+    matcher: ObjectMatcher,
+    existence: dict[str, dict] | None = None,
+    relevant: Sequence[str] = (),
+    present: Sequence[str] = (),
+) -> list[Finding]:
     """The errors a transcript shows, at most one finding per object, relevant objects first (question
     order), then the mentioned objects the gold does not name (`existence`: name -> verdict of
     `existence.check`, in description order).
@@ -324,8 +336,9 @@ def probe_findings(answered: Sequence[tuple[Question, str]], matcher: ObjectMatc
     return findings
 
 
-def _located_finding(obj: str, evidence: dict, by_kind: dict, matcher: ObjectMatcher, relevant: list[str],
-                     present: list[str]) -> Finding:
+def _located_finding(
+    obj: str, evidence: dict, by_kind: dict, matcher: ObjectMatcher, relevant: list[str], present: list[str]
+) -> Finding:
     """An absent mention, judged by what the model says is at the place the description puts it."""
     if ("location", obj) not in by_kind:
         evidence["location"] = "not asked: the description places it near no object the gold names"
@@ -346,21 +359,34 @@ def _located_finding(obj: str, evidence: dict, by_kind: dict, matcher: ObjectMat
     if real is None:
         return Finding("hallucination", obj, evidence, unclear=not names)
     name, thing, similarity = real
-    return Finding("recognition", thing, {
-        "object": thing, "relevant": matcher.best_match(thing, relevant) is not None, "named_as": obj,
-        "said_there": name, "similarity": round(similarity, 3), **evidence})
+    return Finding(
+        "recognition",
+        thing,
+        {
+            "object": thing,
+            "relevant": matcher.best_match(thing, relevant) is not None,
+            "named_as": obj,
+            "said_there": name,
+            "similarity": round(similarity, 3),
+            **evidence,
+        },
+    )
 
 
-def _present_object(names: Sequence[str], obj: str, anchor: str, present: Sequence[str],
-                    matcher: ObjectMatcher) -> tuple[str, str, float] | None:
+def _present_object(
+    names: Sequence[str], obj: str, anchor: str, present: Sequence[str], matcher: ObjectMatcher
+) -> tuple[str, str, float] | None:
     """The first name in an identification answer that names an object present in the image (not the
     reference, not the mention itself): (the name, the present object, their similarity)."""
     for name in names:
         variants = _name_variants(name)
         if any(matcher.matches(v, anchor) or matcher.matches(v, obj) for v in variants):
             continue
-        best = max(((thing, matcher.similarity(thing, v)) for thing in present for v in variants),
-                   key=lambda pair: pair[1], default=None)
+        best = max(
+            ((thing, matcher.similarity(thing, v)) for thing in present for v in variants),
+            key=lambda pair: pair[1],
+            default=None,
+        )
         if best is not None and best[1] >= matcher.threshold:
             return name, best[0], best[1]
     return None

@@ -52,17 +52,28 @@ def transcripts(table: pa.Table) -> dict[tuple[str, str], list[tuple[probes.Ques
     return out
 
 
-def _ask(run: StudyRun, session, model: ModelConfig, paths: dict[str, str], asks: list[tuple[str, probes.Question]], tasks: int) -> list[dict]:
+def _ask(
+    run: StudyRun,
+    session,
+    model: ModelConfig,
+    paths: dict[str, str],
+    asks: list[tuple[str, probes.Question]],
+    tasks: int,
+) -> list[dict]:
     """Send each (image_id, question) with its image; one answer per ask, in order."""
     ray = run.ray()
     settings = backend_class(model.backend).settings(model)
     jobs = [Job(model.name, i, "full", "", q.text, paths[i], None, "") for i, q in asks]
     ask = ray.remote(ask_gateway).options(num_cpus=0)
-    submit = lambda chunk, _: ask.remote(session.actor, model.model_id, settings, [jobs[k] for k in chunk], session.batch_for(model.mode))  # noqa: E731
+    submit = lambda chunk, _: ask.remote(
+        session.actor, model.model_id, settings, [jobs[k] for k in chunk], session.batch_for(model.mode)
+    )  # noqa: E731
     answers: dict[int, dict] = {}
     for done in bounded(ray, batches(list(range(len(jobs))), REMOTE_BATCH), submit, tasks):
         if done.error is not None:  # a lost task: its probes failed, asked again next run
-            answers.update({k: failed_answer("error", f"{type(done.error).__name__}: gateway call failed") for k in done.work})
+            answers.update(
+                {k: failed_answer("error", f"{type(done.error).__name__}: gateway call failed") for k in done.work}
+            )
         else:
             answers.update(zip(done.work, done.value))
     from vlm_decade.models.api.session import stop_if_pending
@@ -72,7 +83,9 @@ def _ask(run: StudyRun, session, model: ModelConfig, paths: dict[str, str], asks
     return found
 
 
-def run_probes(study: StudyConfig, run: StudyRun, verifier_asks: dict[str, list[probes.Question]], first_questions) -> pa.Table:
+def run_probes(
+    study: StudyConfig, run: StudyRun, verifier_asks: dict[str, list[probes.Question]], first_questions
+) -> pa.Table:
     """Ask the verifier model `verifier_asks` (image_id -> presence questions), then each API model
     its first-round questions (`first_questions(verifier answers)`: (subject, image_id) -> questions)
     and the follow-ups their answers call for. A question asked twice about one image (two objects
@@ -91,20 +104,39 @@ def run_probes(study: StudyConfig, run: StudyRun, verifier_asks: dict[str, list[
             return
         provider = backend_class(model.backend).provider
         tasks = max(1, 2 * getattr(study.providers, provider).max_concurrency // REMOTE_BATCH)
-        with RemoteSession(run.ray(), study.providers, run.folder, provider) as session, \
-                run.reporter.track(f"probe {model.name}", len(asks)) as advance:
+        with (
+            RemoteSession(run.ray(), study.providers, run.folder, provider) as session,
+            run.reporter.track(f"probe {model.name}", len(asks)) as advance,
+        ):
             for round_no in (1, 2):
                 distinct = list(dict.fromkeys((image_id, q.text) for image_id, q in asks))
-                sent = _ask(run, session, model, paths, [(i, probes.Question("detection", "", None, text)) for i, text in distinct], tasks)
+                sent = _ask(
+                    run,
+                    session,
+                    model,
+                    paths,
+                    [(i, probes.Question("detection", "", None, text)) for i, text in distinct],
+                    tasks,
+                )
                 answer_of = dict(zip(distinct, sent))
                 advance(len(asks) if round_no == 1 else 0)
                 answered: dict[str, list] = {}
                 for image_id, q in asks:
                     a = answer_of[(image_id, q.text)]
                     rows.append(
-                        {"subject": model.name, "image_id": image_id, "round": round_no, "kind": q.kind, "object": q.obj,
-                         "anchor": q.anchor or "", "question": q.text, "answer": a["text"], "status": a["status"],
-                         "error": a.get("error", ""), "cost_usd": a.get("cost_usd", 0.0)}
+                        {
+                            "subject": model.name,
+                            "image_id": image_id,
+                            "round": round_no,
+                            "kind": q.kind,
+                            "object": q.obj,
+                            "anchor": q.anchor or "",
+                            "question": q.text,
+                            "answer": a["text"],
+                            "status": a["status"],
+                            "error": a.get("error", ""),
+                            "cost_usd": a.get("cost_usd", 0.0),
+                        }
                     )
                     if a["status"] == "ok":
                         answered.setdefault(image_id, []).append((q, a["text"]))

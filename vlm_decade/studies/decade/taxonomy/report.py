@@ -65,7 +65,15 @@ def error_rate_figure(stats: list[dict], study: StudyConfig, path: Path) -> None
                     ys.append(point[0])
                     lo.append(point[1])
                     hi.append(point[2])
-            ax.bar(xs, ys, width=width, yerr=[lo, hi] if xs else None, capsize=2, color=COLOURS[d_i % len(COLOURS)], label=dataset)
+            ax.bar(
+                xs,
+                ys,
+                width=width,
+                yerr=[lo, hi] if xs else None,
+                capsize=2,
+                color=COLOURS[d_i % len(COLOURS)],
+                label=dataset,
+            )
         ax.set_title(NAMES[error_type], fontsize=9)
         ax.set_xticks(range(len(models)))
         ax.set_xticklabels(models, fontsize=7, rotation=30, ha="right")
@@ -74,7 +82,9 @@ def error_rate_figure(stats: list[dict], study: StudyConfig, path: Path) -> None
     axes[0].set_ylabel("share of images with the error (95% CI)")
     if datasets:
         axes[0].legend(title="dataset", fontsize=7)
-    fig.suptitle("Error rates by model and dataset" + (" (DEMO DATA: not a finding)" if study.demo else ""), fontsize=10)
+    fig.suptitle(
+        "Error rates by model and dataset" + (" (DEMO DATA: not a finding)" if study.demo else ""), fontsize=10
+    )
     fig.tight_layout()
     save_figure(fig, path)
 
@@ -92,15 +102,22 @@ def impact_figure(stats: list[dict], metric: str, demo: bool, path: Path) -> Non
     groups = [f"error:{t}" for t in ERROR_TYPES if _point(by.get(f"error:{t}")) is not None]
     points = [_point(by[g]) for g in groups]
     fig, ax = plt.subplots(figsize=(6, 3.6), dpi=110)
-    ax.bar(range(len(groups)), [p[0] for p in points], yerr=[[p[1] for p in points], [p[2] for p in points]] if points else None,
-           capsize=3, color="#7f7f7f")
+    ax.bar(
+        range(len(groups)),
+        [p[0] for p in points],
+        yerr=[[p[1] for p in points], [p[2] for p in points]] if points else None,
+        capsize=3,
+        color="#7f7f7f",
+    )
     none = _point(by.get(NO_ERROR))
     if none is not None:
         ax.axhline(none[0], ls="--", color="k", lw=1, label=f"no error ({none[0]:.2f}, {_units(by[NO_ERROR])})")
         ax.legend(fontsize=8)
     ax.set_xticks(range(len(groups)))
     # With few images a group's CI and p mean little: the counts are on the axis.
-    ax.set_xticklabels([f"{NAMES[g.split(':', 1)[1]]}\n({_units(by[g])})" for g in groups], fontsize=8, rotation=20, ha="right")
+    ax.set_xticklabels(
+        [f"{NAMES[g.split(':', 1)[1]]}\n({_units(by[g])})" for g in groups], fontsize=8, rotation=20, ha="right"
+    )
     ax.set_ylabel(f"{metric} to gold (mean, 95% CI)")
     ax.set_title("Similarity by error type" + ("\nDEMO DATA: not a finding" if demo else ""), fontsize=10)
     ax.grid(axis="y", alpha=0.3)
@@ -132,8 +149,16 @@ def heatmap_files(run: RunFolder, study: StudyConfig, images: pa.Table, spatial:
     return out
 
 
-SDE_COUNTS_SCHEMA = pa.schema([("subject", pa.string()), ("images", pa.int64()), ("decided", pa.int64()), ("sde", pa.int64()),
-                               ("undecided", pa.int64()), ("why_undecided", pa.string())])
+SDE_COUNTS_SCHEMA = pa.schema(
+    [
+        ("subject", pa.string()),
+        ("images", pa.int64()),
+        ("decided", pa.int64()),
+        ("sde", pa.int64()),
+        ("undecided", pa.int64()),
+        ("why_undecided", pa.string()),
+    ]
+)
 
 
 def sde_counts(spatial: pa.Table) -> pa.Table:
@@ -145,9 +170,18 @@ def sde_counts(spatial: pa.Table) -> pa.Table:
     rows = []
     for subject, here in sorted(by.items()):
         reasons = Counter(r["reason"] for r in here if r["sde"] is None)
-        rows.append({"subject": subject, "images": len(here), "decided": sum(r["sde"] is not None for r in here),
-                     "sde": sum(r["sde"] is True for r in here), "undecided": sum(reasons.values()),
-                     "why_undecided": "; ".join(f"{why} ({n})" for why, n in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])))})
+        rows.append(
+            {
+                "subject": subject,
+                "images": len(here),
+                "decided": sum(r["sde"] is not None for r in here),
+                "sde": sum(r["sde"] is True for r in here),
+                "undecided": sum(reasons.values()),
+                "why_undecided": "; ".join(
+                    f"{why} ({n})" for why, n in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))
+                ),
+            }
+        )
     return pa.Table.from_pylist(rows, schema=SDE_COUNTS_SCHEMA)
 
 
@@ -178,11 +212,16 @@ def _chain(error_type: str, finding: dict) -> list[str]:
     if isinstance(finding.get("detection"), dict):
         steps.append(f"detector box: {finding['detection'].get('label')} {finding['detection'].get('box')}")
     for t in finding.get("transcript", []):
-        steps.append(f"{t.get('kind')}: \u201c{t.get('question')}\u201d \u2192 \u201c{t.get('answer')}\u201d (read: {t.get('reading')})")
+        steps.append(
+            f"{t.get('kind')}: \u201c{t.get('question')}\u201d \u2192 \u201c{t.get('answer')}\u201d (read: {t.get('reading')})"
+        )
     if "location" in finding:
         steps.append(f"location: {finding['location']}")
     if finding.get("named_as"):
-        steps.append(f"named as: {finding['named_as']}" + (f" (similarity {finding['similarity']})" if "similarity" in finding else ""))
+        steps.append(
+            f"named as: {finding['named_as']}"
+            + (f" (similarity {finding['similarity']})" if "similarity" in finding else "")
+        )
     if not steps and error_type == "detection":
         steps.append("not mentioned, and no detector box names it")
     if not steps and error_type == "hallucination":
@@ -203,15 +242,24 @@ def _chain_items(error_type: str, evidence: dict) -> list[dict]:
         items.append({"text": f"hand label{note} (the automatic label: {said})"})
     if "model_r" in evidence:
         r = {k: _number(evidence.get(k), None) or "none" for k in ("model_r", "human_mean_r", "human_sd_r")}
-        items.append({"text": f"model r {r['model_r']}; humans' mean r {r['human_mean_r']}, SD {r['human_sd_r']}"
-                              f"{'; ' + evidence['reason'] if evidence.get('reason') else ''}"})
+        items.append(
+            {
+                "text": f"model r {r['model_r']}; humans' mean r {r['human_mean_r']}, SD {r['human_sd_r']}"
+                f"{'; ' + evidence['reason'] if evidence.get('reason') else ''}"
+            }
+        )
     if "undecided" in evidence:
         items.append({"text": f"undecided: {evidence['undecided']}"})
     for f in evidence.get("findings", []) if isinstance(evidence.get("findings"), list) else []:
         items.append({"object": str(f.get("object", "")), "text": "", "steps": _chain(error_type, f)})
     for c in [c for c in evidence.get("checked", []) if c.get("present") is True]:
-        items.append({"object": c["object"], "text": " (mentioned, there: no error)",
-                      "steps": [_check_words(x) for x in c.get("checks", [])]})
+        items.append(
+            {
+                "object": c["object"],
+                "text": " (mentioned, there: no error)",
+                "steps": [_check_words(x) for x in c.get("checks", [])],
+            }
+        )
     return items
 
 
@@ -219,11 +267,23 @@ def _evidence_page(run: RunFolder, study: StudyConfig, errors: pa.Table) -> None
     rows = []
     for r in errors.to_pylist():
         evidence = json.loads(r["evidence"])
-        rows.append({**r, "state": "undecided" if r["present"] is None else ("yes" if r["present"] else "no"),
-                     "name": NAMES[r["error_type"]], "chain": _chain_items(r["error_type"], evidence),
-                     "json": json.dumps(evidence, indent=1)})
-    page = render(TEMPLATES, "errors.html", title=f"{study.name}: error labels",
-                  heading="Error labels and their evidence", page_style=EVIDENCE_STYLE, rows=rows)
+        rows.append(
+            {
+                **r,
+                "state": "undecided" if r["present"] is None else ("yes" if r["present"] else "no"),
+                "name": NAMES[r["error_type"]],
+                "chain": _chain_items(r["error_type"], evidence),
+                "json": json.dumps(evidence, indent=1),
+            }
+        )
+    page = render(
+        TEMPLATES,
+        "errors.html",
+        title=f"{study.name}: error labels",
+        heading="Error labels and their evidence",
+        page_style=EVIDENCE_STYLE,
+        rows=rows,
+    )
     write_page(run.root / "errors.html", page)
 
 
@@ -234,22 +294,39 @@ def _finding_words(error_type: str, evidence: dict) -> str:
     words = []
     for f in evidence["findings"]:
         said = f.get("named_as")
-        words.append(f"{said} (for {f['object']})" if error_type == "recognition" and said else str(f.get("object", "")))
+        words.append(
+            f"{said} (for {f['object']})" if error_type == "recognition" and said else str(f.get("object", ""))
+        )
     return ", ".join(w for w in words if w)
 
 
 def examples_table(tables: dict[str, pa.Table], per_type: int = 3) -> list[dict]:
     """A few labelled examples of each object error type (the paper's figures 5-6 show examples)."""
-    gold = {r["image_id"]: r["text"] for r in tables["references"].to_pylist() if r["role"] == "gold" and r["condition"] == "full"}
-    said = {(r["subject"], r["image_id"]): r["text"] for r in tables["responses"].to_pylist() if r["variant"] == "full" and r["status"] == "ok"}
+    gold = {
+        r["image_id"]: r["text"]
+        for r in tables["references"].to_pylist()
+        if r["role"] == "gold" and r["condition"] == "full"
+    }
+    said = {
+        (r["subject"], r["image_id"]): r["text"]
+        for r in tables["responses"].to_pylist()
+        if r["variant"] == "full" and r["status"] == "ok"
+    }
     labels = [r for r in tables["errors"].to_pylist() if r["present"]]
     rows = []
     for error_type in ERROR_TYPES[:-1]:
         for r in [r for r in labels if r["error_type"] == error_type][:per_type]:
-            rows.append({"error": NAMES[error_type], "image_id": r["image_id"], "subject": r["subject"],
-                         "method": r["method"],
-                         "objects": _finding_words(error_type, json.loads(r["evidence"])),
-                         "said": said.get((r["subject"], r["image_id"]), ""), "gold": gold.get(r["image_id"], "")})
+            rows.append(
+                {
+                    "error": NAMES[error_type],
+                    "image_id": r["image_id"],
+                    "subject": r["subject"],
+                    "method": r["method"],
+                    "objects": _finding_words(error_type, json.loads(r["evidence"])),
+                    "said": said.get((r["subject"], r["image_id"]), ""),
+                    "gold": gold.get(r["image_id"], ""),
+                }
+            )
     return rows
 
 
@@ -268,7 +345,8 @@ def stat_formats(n_resamples: int, min_images: int) -> dict:
         return f"not tested (< {min_images} images)" if small else "n/a"
 
     return {
-        "p": p_cell, "q": p_cell,
+        "p": p_cell,
+        "q": p_cell,
         "significant": lambda v, r: "" if v is None else ("yes" if v else "no"),
         "n_images": lambda v, r: "" if v is None else (f"{v} (too few: not tested)" if v < min_images else str(v)),
         **{c: _number for c in ("estimate", "ci_low", "ci_high", "difference")},
@@ -281,8 +359,10 @@ def checks(study: StudyConfig) -> dict[str, str]:
     if cfg.locator is not None:
         boxes = f"read at each object's place, found by the open-vocabulary locator {cfg.locator.model_id}"
     else:
-        boxes = ("read by name: no locator is configured (an open-vocabulary detector such as OWL-ViT finds each object's "
-                 "place; its weights cannot be had offline, so the demo runs without one)")
+        boxes = (
+            "read by name: no locator is configured (an open-vocabulary detector such as OWL-ViT finds each object's "
+            "place; its weights cannot be had offline, so the demo runs without one)"
+        )
     if cfg.verifier is None:
         verifier = " (no verifier is configured: no second check)"
     elif cfg.verifier.kind == "locator":
@@ -306,18 +386,36 @@ def taxonomy_section(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Ta
     impact_stats = tables["impact_stats"]
     counts = sde_counts(tables["spatial"])
     return render(
-        TEMPLATES, "errors_section.html",
-        study=study, checks=checks(study), examples=examples_table(tables), heatmaps=heatmaps, impact=bool(impact),
-        error_stats=grid(tables["error_stats"].sort_by([("metric", "ascending"), ("subject", "ascending"),
-                                                        ("dataset", "ascending")]),
-                         ["subject", "dataset", "metric", "estimate", "ci_low", "ci_high", "n_images"], fmt),
-        error_comparisons=grid(tables["error_comparisons"],
-                               ["family", "a", "b", "dataset", "metric", "difference", "n_a", "n_b", "p", "q",
-                                "significant"], fmt),
-        impact_stats=grid(impact_stats, ["subject", "estimate", "ci_low", "ci_high", "n_images"]
-                          + (["n_pairs"] if "n_pairs" in impact_stats.column_names else []), fmt),
-        impact_comparisons=grid(tables["impact_comparisons"],
-                                ["a", "b", "metric", "difference", "ci_low", "ci_high", "n_a", "n_b", "p", "q"], fmt),
+        TEMPLATES,
+        "errors_section.html",
+        study=study,
+        checks=checks(study),
+        examples=examples_table(tables),
+        heatmaps=heatmaps,
+        impact=bool(impact),
+        error_stats=grid(
+            tables["error_stats"].sort_by(
+                [("metric", "ascending"), ("subject", "ascending"), ("dataset", "ascending")]
+            ),
+            ["subject", "dataset", "metric", "estimate", "ci_low", "ci_high", "n_images"],
+            fmt,
+        ),
+        error_comparisons=grid(
+            tables["error_comparisons"],
+            ["family", "a", "b", "dataset", "metric", "difference", "n_a", "n_b", "p", "q", "significant"],
+            fmt,
+        ),
+        impact_stats=grid(
+            impact_stats,
+            ["subject", "estimate", "ci_low", "ci_high", "n_images"]
+            + (["n_pairs"] if "n_pairs" in impact_stats.column_names else []),
+            fmt,
+        ),
+        impact_comparisons=grid(
+            tables["impact_comparisons"],
+            ["a", "b", "metric", "difference", "ci_low", "ci_high", "n_a", "n_b", "p", "q"],
+            fmt,
+        ),
         sde_counts=grid(counts, counts.column_names),
         hand_agreement=grid(tables["hand_agreement"], ["error_type", "kappa", "observed_agreement", "n"]),
     )

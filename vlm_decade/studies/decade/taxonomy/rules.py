@@ -50,9 +50,14 @@ class Finding:
             raise ValueError(f"unknown error type {self.error_type!r}; expected one of {ERROR_TYPES}")
 
 
-def detector_errors(relevant: Sequence[Mention], detections: Sequence[Detection],
-                      mentioned: Sequence[Mention], matcher: ObjectMatcher,
-                      confusable: float = CONFUSABLE_THRESHOLD, existence: dict[str, dict] | None = None) -> list[Finding]:
+def detector_errors(
+    relevant: Sequence[Mention],
+    detections: Sequence[Detection],
+    mentioned: Sequence[Mention],
+    matcher: ObjectMatcher,
+    confusable: float = CONFUSABLE_THRESHOLD,
+    existence: dict[str, dict] | None = None,
+) -> list[Finding]:
     """The errors of one description, in ERROR_TYPES order: detection and scene understanding in the
     gold's order, recognition relevant objects first (gold order) then irrelevant ones (detection
     order), hallucination in the description's order. `confusable` is the least similarity of a
@@ -69,30 +74,55 @@ def detector_errors(relevant: Sequence[Mention], detections: Sequence[Detection]
     missed = [g for g in gold if matcher.best_match(g.name, said_names) is None]
     seen = {g.name: matcher.best_match(g.name, labels) for g in missed}
     verdicts = existence or {}
-    unexplained = [m for m in said if matcher.best_match(m.name, gold_names) is None
-                   and matcher.best_match(m.name, labels) is None
-                   and verdicts.get(m.name, {}).get("present") is not True]
-    ignored = [label for label in labels if matcher.best_match(label, gold_names) is None
-               and matcher.best_match(label, said_names) is None]
+    unexplained = [
+        m
+        for m in said
+        if matcher.best_match(m.name, gold_names) is None
+        and matcher.best_match(m.name, labels) is None
+        and verdicts.get(m.name, {}).get("present") is not True
+    ]
+    ignored = [
+        label
+        for label in labels
+        if matcher.best_match(label, gold_names) is None and matcher.best_match(label, said_names) is None
+    ]
 
     # Objects the detector saw that the description does not name, each with its detection label.
     targets = [(g.name, g.phrase, seen[g.name][0], True) for g in missed if seen[g.name] is not None]
     targets += [(label, label, label, False) for label in ignored]
     pairs = _pair(unexplained, targets, matcher, confusable)
 
-    detection = [Finding("detection", g.name, {"object": g.name, "phrase": g.phrase})
-                 for g in missed if seen[g.name] is None]
+    detection = [
+        Finding("detection", g.name, {"object": g.name, "phrase": g.phrase}) for g in missed if seen[g.name] is None
+    ]
     recognition, scene = [], []
     for t, (obj, phrase, label, is_relevant) in enumerate(targets):
         box = _box_evidence(best_box[label])
         if t in pairs:
             mention, score = pairs[t]
-            recognition.append(Finding("recognition", obj, {
-                "object": obj, "phrase": phrase, "relevant": is_relevant, "named_as": mention.name,
-                "named_phrase": mention.phrase, "similarity": round(score, 3), "detection": box}))
+            recognition.append(
+                Finding(
+                    "recognition",
+                    obj,
+                    {
+                        "object": obj,
+                        "phrase": phrase,
+                        "relevant": is_relevant,
+                        "named_as": mention.name,
+                        "named_phrase": mention.phrase,
+                        "similarity": round(score, 3),
+                        "detection": box,
+                    },
+                )
+            )
         elif is_relevant:
-            scene.append(Finding("scene_understanding", obj, {
-                "object": obj, "phrase": phrase, "similarity": round(seen[obj][1], 3), "detection": box}))
+            scene.append(
+                Finding(
+                    "scene_understanding",
+                    obj,
+                    {"object": obj, "phrase": phrase, "similarity": round(seen[obj][1], 3), "detection": box},
+                )
+            )
     misnamed = {mention.name for mention, _ in pairs.values()}
     hallucination = [_hallucination(m, verdicts.get(m.name)) for m in unexplained if m.name not in misnamed]
     return detection + recognition + scene + hallucination
@@ -107,9 +137,17 @@ def iou(a: tuple[float, float, float, float], b: tuple[float, float, float, floa
     return inter / union if union > 0 else 0.0
 
 
-def located_errors(relevant: Sequence[Mention], detections: Sequence[Detection], mentioned: Sequence[Mention],
-                   matcher: ObjectMatcher, located: Sequence[Detection], min_score: float, min_iou: float,
-                   existence: dict[str, dict] | None = None, present: Sequence[str] = ()) -> list[Finding]:
+def located_errors(
+    relevant: Sequence[Mention],
+    detections: Sequence[Detection],
+    mentioned: Sequence[Mention],
+    matcher: ObjectMatcher,
+    located: Sequence[Detection],
+    min_score: float,
+    min_iou: float,
+    existence: dict[str, dict] | None = None,
+    present: Sequence[str] = (),
+) -> list[Finding]:
     """The errors of one description read from where things are (the paper's 2.5.1 with boxes):
     `located` are the locator's boxes (label = the object's name asked for), a find when scoring at
     least `min_score`; a local model's box is at an object's place when its IoU with the object's
@@ -148,7 +186,9 @@ def located_errors(relevant: Sequence[Mention], detections: Sequence[Detection],
             evidence["located"] = "not found: read by name"
             if own:
                 best = max(own, key=lambda d: d.score)
-                findings["scene_understanding"].append(Finding("scene_understanding", g.name, {**evidence, "detection": _box_evidence(best)}))
+                findings["scene_understanding"].append(
+                    Finding("scene_understanding", g.name, {**evidence, "detection": _box_evidence(best)})
+                )
             else:
                 findings["detection"].append(Finding("detection", g.name, evidence))
             continue
@@ -161,7 +201,9 @@ def located_errors(relevant: Sequence[Mention], detections: Sequence[Detection],
             findings["scene_understanding"].append(Finding("scene_understanding", g.name, evidence))
         else:
             label = max(there, key=lambda pair: (pair[1], pair[0].score))[0].label
-            findings["recognition"].append(Finding("recognition", g.name, {**evidence, "relevant": True, "named_as": label}))
+            findings["recognition"].append(
+                Finding("recognition", g.name, {**evidence, "relevant": True, "named_as": label})
+            )
             misclassified.add(g.name)
     others = [name for name in dict.fromkeys(present) if matcher.best_match(name, said_names) is None]
     gold_names = [g.name for g in gold]
@@ -169,22 +211,37 @@ def located_errors(relevant: Sequence[Mention], detections: Sequence[Detection],
         if matcher.best_match(m.name, gold_names) is not None or verdicts.get(m.name, {}).get("present") is True:
             continue
         own = [d for d in detections if matcher.matches(d.label, m.name)]
-        lies_on = [(thing, d, iou(d.box, spot.box)) for d in own for thing in others
-                   if (spot := place(thing)) is not None and iou(d.box, spot.box) >= min_iou]
+        lies_on = [
+            (thing, d, iou(d.box, spot.box))
+            for d in own
+            for thing in others
+            if (spot := place(thing)) is not None and iou(d.box, spot.box) >= min_iou
+        ]
         if lies_on:
             thing, box, overlap = max(lies_on, key=lambda t: (t[2], t[1].score))
             if thing not in misclassified:
-                findings["recognition"].append(Finding("recognition", thing, {
-                    "object": thing, "relevant": matcher.best_match(thing, gold_names) is not None, "named_as": m.name,
-                    "named_phrase": m.phrase, "detection": {**_box_evidence(box), "iou": round(overlap, 3)},
-                    "located": _box_evidence(place(thing))}))
+                findings["recognition"].append(
+                    Finding(
+                        "recognition",
+                        thing,
+                        {
+                            "object": thing,
+                            "relevant": matcher.best_match(thing, gold_names) is not None,
+                            "named_as": m.name,
+                            "named_phrase": m.phrase,
+                            "detection": {**_box_evidence(box), "iou": round(overlap, 3)},
+                            "located": _box_evidence(place(thing)),
+                        },
+                    )
+                )
             continue
         verdict = verdicts.get(m.name)
         evidence = {"object": m.name, "phrase": m.phrase, "detections": [_box_evidence(d) for d in own]}
         if verdict is not None:
             evidence["existence"] = verdict
         findings["hallucination"].append(
-            Finding("hallucination", m.name, evidence, unclear=verdict is not None and verdict["present"] is None))
+            Finding("hallucination", m.name, evidence, unclear=verdict is not None and verdict["present"] is None)
+        )
     return [f for t in ERROR_TYPES for f in findings[t]]
 
 
@@ -201,7 +258,9 @@ def _hallucination(mention: Mention, verdict: dict | None) -> Finding:
     evidence = {"object": mention.name, "phrase": mention.phrase}
     if verdict is None:
         return Finding("hallucination", mention.name, evidence)
-    return Finding("hallucination", mention.name, {**evidence, "existence": verdict}, unclear=verdict["present"] is None)
+    return Finding(
+        "hallucination", mention.name, {**evidence, "existence": verdict}, unclear=verdict["present"] is None
+    )
 
 
 def summarise(findings: Sequence[Finding]) -> dict[str, tuple[bool, str]]:
@@ -211,13 +270,16 @@ def summarise(findings: Sequence[Finding]) -> dict[str, tuple[bool, str]]:
     for error_type in ERROR_TYPES:
         mine = [f for f in findings if f.error_type == error_type]
         evidence = [{**f.evidence, "unclear": True} if f.unclear else f.evidence for f in mine]
-        summary[error_type] = (any(not f.unclear for f in mine),
-                               json.dumps(evidence, separators=(",", ":"), ensure_ascii=False))
+        summary[error_type] = (
+            any(not f.unclear for f in mine),
+            json.dumps(evidence, separators=(",", ":"), ensure_ascii=False),
+        )
     return summary
 
 
-def _pair(mentions: list[Mention], targets: list[tuple[str, str, str, bool]], matcher: ObjectMatcher,
-          confusable: float) -> dict[int, tuple[Mention, float]]:
+def _pair(
+    mentions: list[Mention], targets: list[tuple[str, str, str, bool]], matcher: ObjectMatcher, confusable: float
+) -> dict[int, tuple[Mention, float]]:
     """Greedy one-to-one pairing of unexplained mentions with unnamed detected objects, most similar
     first (ties: earlier object, then earlier mention). A mention's similarity to an object is the
     larger of its similarity to the object's name and to the detection label that found it."""

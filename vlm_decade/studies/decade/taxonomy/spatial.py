@@ -274,12 +274,16 @@ def _model_texts(rows: list[dict]) -> dict[tuple[str, str], dict[str, str]]:
 
 
 def _model_row(
-    subject: str, image_id: str, human: _HumanSide, texts: dict[str, str], similarity, mask_ids: tuple[str, ...], n_sd: float
+    subject: str,
+    image_id: str,
+    human: _HumanSide,
+    texts: dict[str, str],
+    similarity,
+    mask_ids: tuple[str, ...],
+    n_sd: float,
 ) -> SpatialRow:
     full = texts.get(FULL)
-    model_profile = tuple(
-        similarity(texts[m], full) if full is not None and m in texts else math.nan for m in mask_ids
-    )
+    model_profile = tuple(similarity(texts[m], full) if full is not None and m in texts else math.nan for m in mask_ids)
     missing = [m for m in mask_ids if m not in texts]
     model_r = pearson(model_profile, human.profile) if len(mask_ids) >= 2 else None
     ref = human.reference

@@ -55,7 +55,9 @@ def model_texts(study: StudyConfig, images: pa.Table, responses: pa.Table) -> li
 def objects(references: pa.Table, pairs) -> tuple[dict, dict]:
     """Relevant objects per image (from its gold description) and mentioned objects per pair."""
     extractor = ObjectExtractor()
-    gold = {r["image_id"]: r["text"] for r in references.to_pylist() if r["role"] == "gold" and r["condition"] == "full"}
+    gold = {
+        r["image_id"]: r["text"] for r in references.to_pylist() if r["role"] == "gold" and r["condition"] == "full"
+    }
     gold_ids = sorted(gold)
     relevant = dict(zip(gold_ids, extractor.objects_many([gold[i] for i in gold_ids])))
     mentioned = dict(zip([(s, i) for s, i, _, _ in pairs], extractor.objects_many([t for *_, t in pairs])))
@@ -66,7 +68,10 @@ def human_objects(references: pa.Table) -> dict[str, tuple[tuple[str, ...], ...]
     """Per image, the objects each of its human descriptions of the full image names (every worker,
     the gold included): what people saw, beside the gold."""
     extractor = ObjectExtractor()
-    full = sorted((r for r in references.to_pylist() if r["condition"] == "full"), key=lambda r: (r["image_id"], r["description_id"]))
+    full = sorted(
+        (r for r in references.to_pylist() if r["condition"] == "full"),
+        key=lambda r: (r["image_id"], r["description_id"]),
+    )
     found: dict[str, list[tuple[str, ...]]] = {}
     for r, objs in zip(full, extractor.objects_many([r["text"] for r in full])):
         found.setdefault(r["image_id"], []).append(tuple(m.name for m in objs))
@@ -82,7 +87,9 @@ def verifier_answers(table: pa.Table | None) -> dict[str, dict[str, tuple[str, s
     return out
 
 
-def evidence_for(study: StudyConfig, humans: dict, located: dict | None, answers: dict | None) -> dict[str, existence.ImageEvidence]:
+def evidence_for(
+    study: StudyConfig, humans: dict, located: dict | None, answers: dict | None
+) -> dict[str, existence.ImageEvidence]:
     """Per image, what `existence.check` reads: the human objects, and the verifier's finds."""
     verifier = study.taxonomy.verifier
     by_locator = verifier is not None and verifier.kind == "locator"
@@ -91,7 +98,8 @@ def evidence_for(study: StudyConfig, humans: dict, located: dict | None, answers
     for image_id, described in humans.items():
         boxes = (located or {}).get(image_id) if by_locator else None
         out[image_id] = existence.ImageEvidence(
-            humans=described, min_humans=study.taxonomy.min_humans,
+            humans=described,
+            min_humans=study.taxonomy.min_humans,
             located=None if not by_locator else tuple(boxes or ()),
             locator_failed=by_locator and located is not None and boxes is None,
             min_score=study.taxonomy.locator.min_score if by_locator else 0.0,
@@ -101,11 +109,15 @@ def evidence_for(study: StudyConfig, humans: dict, located: dict | None, answers
     return out
 
 
-def verdicts_for(pairs, relevant: dict, mentioned: dict, evidence: dict, matcher) -> dict[tuple[str, str], dict[str, dict]]:
+def verdicts_for(
+    pairs, relevant: dict, mentioned: dict, evidence: dict, matcher
+) -> dict[tuple[str, str], dict[str, dict]]:
     """(subject, image_id) -> name -> the existence verdict of each mention outside the gold."""
     return {
-        (s, i): {name: existence.check(name, evidence.get(i, existence.ImageEvidence()), matcher)
-                 for name in existence.candidates(relevant.get(i, []), mentioned[(s, i)], matcher)}
+        (s, i): {
+            name: existence.check(name, evidence.get(i, existence.ImageEvidence()), matcher)
+            for name in existence.candidates(relevant.get(i, []), mentioned[(s, i)], matcher)
+        }
         for s, i, _, _ in pairs
     }
 
@@ -125,7 +137,9 @@ def absent(verdicts: dict[str, dict]) -> list[str]:
     return [name for name, v in verdicts.items() if v["present"] is False]
 
 
-def probe_transcripts(study: StudyConfig, table: pa.Table, pairs, relevant: dict, mentioned: dict, verdicts: dict, matcher) -> dict:
+def probe_transcripts(
+    study: StudyConfig, table: pa.Table, pairs, relevant: dict, mentioned: dict, verdicts: dict, matcher
+) -> dict:
     """(subject, image_id) -> the answered questions of each probed pair. A pair whose description
     names every relevant object and nothing absent had nothing to ask: its empty transcript decides
     "no error", where a pair whose questions all failed stays undecided."""
@@ -133,8 +147,9 @@ def probe_transcripts(study: StudyConfig, table: pa.Table, pairs, relevant: dict
     templates = study.taxonomy.probes.templates()
     for subject, image_id, _, _ in pairs:
         key = (subject, image_id)
-        if key not in found and not probes.first_round(relevant.get(image_id, []), mentioned[key], matcher, templates,
-                                                       absent(verdicts[key])):
+        if key not in found and not probes.first_round(
+            relevant.get(image_id, []), mentioned[key], matcher, templates, absent(verdicts[key])
+        ):
             found[key] = []
     return found
 
@@ -147,8 +162,10 @@ def existence_inputs(study: StudyConfig, tables, pairs, relevant, mentioned, mat
     has_answers = study.taxonomy.verifier is not None and study.taxonomy.verifier.kind == "model"
     evidence = evidence_for(study, humans, located, verifier_answers(tables("probes")) if has_answers else None)
     verdicts = verdicts_for(pairs, relevant, mentioned, evidence, matcher)
-    present = {i: list(dict.fromkeys([m.name for m in relevant.get(i, [])] + [n for names in described for n in names]))
-               for i, described in humans.items()}
+    present = {
+        i: list(dict.fromkeys([m.name for m in relevant.get(i, [])] + [n for names in described for n in names]))
+        for i, described in humans.items()
+    }
     return verdicts, present, located
 
 
@@ -162,7 +179,11 @@ def compute_errors(study: StudyConfig, tables, hand: pa.Table | None) -> dict[st
     verdicts, present, located = existence_inputs(study, tables, pairs, relevant, mentioned, matcher)
     locator = study.taxonomy.locator
     probed_pairs = [p for p in pairs if p[0] in probed]
-    answered = probe_transcripts(study, tables("probes"), probed_pairs, relevant, mentioned, verdicts, matcher) if probed else {}
+    answered = (
+        probe_transcripts(study, tables("probes"), probed_pairs, relevant, mentioned, verdicts, matcher)
+        if probed
+        else {}
+    )
     rows = analysis.object_labels(
         pairs,
         relevant,
@@ -213,8 +234,12 @@ def compute_probes(study: StudyConfig, run: StudyRun) -> pa.Table:
     def first_questions(answers: dict) -> dict[tuple[str, str], list[probes.Question]]:
         evidence = evidence_for(study, humans, located, answers)
         verdicts = verdicts_for(probed_pairs, relevant, mentioned, evidence, matcher)
-        return {(s, i): probes.first_round(relevant.get(i, []), mentioned[(s, i)], matcher, templates, absent(verdicts[(s, i)]))
-                for s, i, _, _ in probed_pairs}
+        return {
+            (s, i): probes.first_round(
+                relevant.get(i, []), mentioned[(s, i)], matcher, templates, absent(verdicts[(s, i)])
+            )
+            for s, i, _, _ in probed_pairs
+        }
 
     return run_probes(study, run, asks, first_questions)
 
@@ -225,7 +250,10 @@ def locator_queries(study: StudyConfig, tables) -> dict[str, list[str]]:
     verifier, the mentions outside the gold that no human named."""
     humans = human_objects(tables("references"))
     relevant, _ = objects(tables("references"), [])
-    queries = {i: [m.name for m in relevant.get(i, [])] + [n for names in described for n in names] for i, described in humans.items()}
+    queries = {
+        i: [m.name for m in relevant.get(i, [])] + [n for names in described for n in names]
+        for i, described in humans.items()
+    }
     verifier = study.taxonomy.verifier
     if verifier is not None and verifier.kind == "locator":
         pairs = model_texts(study, tables("images"), tables("responses"))
@@ -245,7 +273,9 @@ def compute_error_stats(study: StudyConfig, errors: pa.Table, scores: pa.Table) 
     if impact.num_rows:
         impact_stats, impact_comparisons = analyse(impact, {}, **settings, families=[analysis.impact_family(impact)])
         pairs = analysis.impact_pairs(impact)
-        impact_stats = impact_stats.append_column("n_pairs", pa.array([pairs[s] for s in impact_stats.column("subject").to_pylist()], pa.int64()))
+        impact_stats = impact_stats.append_column(
+            "n_pairs", pa.array([pairs[s] for s in impact_stats.column("subject").to_pylist()], pa.int64())
+        )
     else:
         impact_stats = error_stats.schema.append(pa.field("n_pairs", pa.int64())).empty_table()
         impact_comparisons = error_comparisons.schema.empty_table()
@@ -262,11 +292,22 @@ def stages(study: StudyConfig, hand: pa.Table | None) -> list[Stage]:
     with spatial dependence, and their statistics."""
     cfg = study.taxonomy
     matching = [cfg.matcher.fingerprint(), cfg.match_threshold, cfg.confusable_threshold, LABELS_FORMAT]
-    checking = [None if cfg.locator is None else cfg.locator.fingerprint(), None if cfg.verifier is None else cfg.verifier.fingerprint(),
-                cfg.min_humans]
-    out = [Stage("detections", ("images",), cfg.detector.fingerprint(), lambda run: {"detections": run_detections(study, run)})]
+    checking = [
+        None if cfg.locator is None else cfg.locator.fingerprint(),
+        None if cfg.verifier is None else cfg.verifier.fingerprint(),
+        cfg.min_humans,
+    ]
+    out = [
+        Stage(
+            "detections",
+            ("images",),
+            cfg.detector.fingerprint(),
+            lambda run: {"detections": run_detections(study, run)},
+        )
+    ]
     error_inputs = ("images", "references", "responses", "embeddings", "detections")
     if cfg.locator is not None:
+
         def locate(run: StudyRun) -> dict[str, pa.Table]:
             return {"locations": run_locations(study, run, locator_queries(study, run.table))}
 
@@ -276,8 +317,14 @@ def stages(study: StudyConfig, hand: pa.Table | None) -> list[Stage]:
         # The effective wordings, defaults included: a new default question asks again.
         wordings = dataclasses.asdict(cfg.probes.templates())
         probe_inputs = ("images", "references", "responses") + (("locations",) if cfg.locator is not None else ())
-        out.append(Stage("probes", probe_inputs, [matching, checking, wordings, api_budgets(study)],
-                         lambda run: {"probes": compute_probes(study, run)}))
+        out.append(
+            Stage(
+                "probes",
+                probe_inputs,
+                [matching, checking, wordings, api_budgets(study)],
+                lambda run: {"probes": compute_probes(study, run)},
+            )
+        )
         error_inputs += ("probes",)
 
     def error_stats(run: StudyRun) -> dict[str, pa.Table]:
@@ -285,12 +332,31 @@ def stages(study: StudyConfig, hand: pa.Table | None) -> list[Stage]:
         return compute_error_stats(study, run.table("errors"), run.table("scores"))
 
     hand_fp = None if hand is None else table_fingerprint(hand)
-    out.append(Stage("errors", error_inputs, [matching, checking, cfg.sde_n_sd, study.taxonomy_metric, hand_fp],
-                     lambda run: compute_errors(study, _with_optional(run, error_inputs), hand),
-                     outputs=("errors", "spatial", "hand_agreement")))
-    out.append(Stage("error_stats", ("errors", "scores"), [study.statistics.model_dump(), study.eras, study.taxonomy_metric,
-                                                           cfg.min_images, STATS_FORMAT, METHOD_VERSION], error_stats,
-                     outputs=("error_stats", "error_comparisons", "impact_stats", "impact_comparisons")))
+    out.append(
+        Stage(
+            "errors",
+            error_inputs,
+            [matching, checking, cfg.sde_n_sd, study.taxonomy_metric, hand_fp],
+            lambda run: compute_errors(study, _with_optional(run, error_inputs), hand),
+            outputs=("errors", "spatial", "hand_agreement"),
+        )
+    )
+    out.append(
+        Stage(
+            "error_stats",
+            ("errors", "scores"),
+            [
+                study.statistics.model_dump(),
+                study.eras,
+                study.taxonomy_metric,
+                cfg.min_images,
+                STATS_FORMAT,
+                METHOD_VERSION,
+            ],
+            error_stats,
+            outputs=("error_stats", "error_comparisons", "impact_stats", "impact_comparisons"),
+        )
+    )
     return out
 
 
