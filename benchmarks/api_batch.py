@@ -31,11 +31,11 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from vlm_decade.core.config import ProviderConfig  # noqa: E402
-from vlm_decade.models.api.gateway import Gateway  # noqa: E402
-from vlm_decade.models.api.keys import Secret  # noqa: E402
-from vlm_decade.models.api.providers import ChatRequest, OpenAIProvider  # noqa: E402
-from vlm_decade.testing.fake_api import FakeAPIServer, FaultConfig  # noqa: E402
+from vlm_decade.core.config import ProviderConfig
+from vlm_decade.models.api.gateway import Gateway
+from vlm_decade.models.api.keys import Secret
+from vlm_decade.models.api.providers import ChatRequest, OpenAIProvider
+from vlm_decade.testing.fake_api import FakeAPIServer, FaultConfig
 
 MODEL = "gpt-4o-mini"
 ENCODER = "text-embedding-3-large"

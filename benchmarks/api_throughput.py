@@ -34,12 +34,12 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from vlm_decade.core.config import ProviderConfig  # noqa: E402
-from vlm_decade.core.runtime import start_ray  # noqa: E402
-from vlm_decade.models.api.gateway import gateway_actor  # noqa: E402
-from vlm_decade.models.api.keys import Secret  # noqa: E402
-from vlm_decade.models.api.providers import ChatRequest, OpenAIProvider  # noqa: E402
-from vlm_decade.testing.fake_api import FakeAPIServer, FaultConfig, max_in_window  # noqa: E402
+from vlm_decade.core.config import ProviderConfig
+from vlm_decade.core.runtime import start_ray
+from vlm_decade.models.api.gateway import gateway_actor
+from vlm_decade.models.api.keys import Secret
+from vlm_decade.models.api.providers import ChatRequest, OpenAIProvider
+from vlm_decade.testing.fake_api import FakeAPIServer, FaultConfig, max_in_window
 
 
 def png() -> bytes:

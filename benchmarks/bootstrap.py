@@ -119,7 +119,8 @@ def scaling(sizes=(10**3, 10**4, 10**5, 10**6), n_series=6, n_resamples=1000):
         v = rng.random((n_series, n))
         m = np.ones_like(v)
         t, _ = best_of(
-            lambda: _engine.poisson_resample_means(v, m, n_resamples, 0, f"n{n}", use_ray=True), 1 if n >= 10**5 else 3
+            lambda v=v, m=m, n=n: _engine.poisson_resample_means(v, m, n_resamples, 0, f"n{n}", use_ray=True),
+            1 if n >= 10**5 else 3,
         )
         rows.append((n, t))
         emit(

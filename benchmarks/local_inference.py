@@ -39,9 +39,9 @@ from vlm_decade.core.config import ModelConfig  # noqa: E402
 from vlm_decade.core.progress import Reporter  # noqa: E402
 from vlm_decade.core.runfolder import RunFolder  # noqa: E402
 from vlm_decade.core.runner import StudyRun, given  # noqa: E402
-from vlm_decade.core.runtime import (
-    LazyRay,  # noqa: E402
-    start_ray,  # noqa: E402
+from vlm_decade.core.runtime import (  # noqa: E402
+    LazyRay,
+    start_ray,
 )
 from vlm_decade.demo import materialize  # noqa: E402
 from vlm_decade.imaging.masks import apply_mask  # noqa: E402

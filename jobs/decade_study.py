@@ -11,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the uploaded working dir
 
-from vlm_decade.job import main  # noqa: E402
+from vlm_decade.job import main
 
 if __name__ == "__main__":
     sys.exit(main("decade", __doc__))

@@ -12,7 +12,6 @@ import functools
 import os
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -25,7 +24,7 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 err = Console(stderr=True)
 
 
-def _fail(exc: InputError, study_file: Optional[Path] = None) -> None:
+def _fail(exc: InputError, study_file: Path | None = None) -> None:
     if study_file is not None:
         exc = exc.located(study_file)
     err.print(f"[bold red]{len(exc.problems)} problem(s) in the input; nothing was run or written:[/bold red]")
@@ -89,9 +88,7 @@ def _options(
     """Measure vision-language models against people."""
 
 
-def _load(
-    study_file: Path, out: Optional[str], address: Optional[str], cache_dir: Optional[Path] = None, wait: bool = True
-):
+def _load(study_file: Path, out: str | None, address: str | None, cache_dir: Path | None = None, wait: bool = True):
     """The study, with the command line's overrides (its run folder, `--out` or `output`, checked
     alike by `load_study`)."""
     from vlm_decade.studies import load_study
@@ -104,7 +101,7 @@ def _load(
     return _with_cache_dir(study, cache_dir)
 
 
-def _with_cache_dir(study, cache_dir: Optional[Path]):
+def _with_cache_dir(study, cache_dir: Path | None):
     if cache_dir is None:
         return study
     providers = study.providers.model_copy(update={"cache_dir": cache_dir.resolve()})
@@ -134,7 +131,7 @@ def _run(study) -> None:
     except (APIStopped, RunFolderBusy, Stalled) as exc:
         err.print(f"[bold red]stopped:[/bold red] {exc}", highlight=False)
         _say_unfinished(study.output)
-        raise typer.Exit(1)
+        raise typer.Exit(1) from None
     except OSError as exc:  # the run folder is known here: a full disk says what it kept
         _exit(*os_failure(exc, Path(study.output)))
     _say_unfinished(study.output)
@@ -151,7 +148,7 @@ def _say_unfinished(run_dir: Path) -> None:
             err.print(line, highlight=False, markup=False)
 
 
-def _checked(study_file: Path, cache_dir: Optional[Path] = None):
+def _checked(study_file: Path, cache_dir: Path | None = None):
     """The study and its checked data, or every problem and exit status 2."""
     from vlm_decade.studies import pipeline_of
 
@@ -162,13 +159,13 @@ def _checked(study_file: Path, cache_dir: Optional[Path] = None):
 @app.command()
 def run(
     study_file: Path = typer.Argument(..., help="The study's YAML file."),
-    out: Optional[str] = typer.Option(
+    out: str | None = typer.Option(
         None, "--out", help="Run folder, a path or an s3:// or gs:// URI (default: the study's `output`)."
     ),
-    address: Optional[str] = typer.Option(
+    address: str | None = typer.Option(
         None, "--address", help="Ray cluster to join (default: RAY_ADDRESS, else a local Ray)."
     ),
-    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help=CACHE_DIR_HELP),
+    cache_dir: Path | None = typer.Option(None, "--cache-dir", help=CACHE_DIR_HELP),
     rehash: bool = typer.Option(
         False,
         "--rehash",
@@ -190,7 +187,7 @@ def run(
 @app.command()
 def estimate(
     study_file: Path = typer.Argument(..., help="The study's YAML file."),
-    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help=CACHE_DIR_HELP),
+    cache_dir: Path | None = typer.Option(None, "--cache-dir", help=CACHE_DIR_HELP),
 ) -> None:
     """Print the API requests, tokens and dollars a study would take, before spending any."""
     from vlm_decade.stages.estimate import render
@@ -222,7 +219,7 @@ def validate(
 @app.command()
 def demo(
     out: str = typer.Option("runs/demo", "--out", help="Run folder (a local path)."),
-    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help=CACHE_DIR_HELP),
+    cache_dir: Path | None = typer.Option(None, "--cache-dir", help=CACHE_DIR_HELP),
 ) -> None:
     """Run both bundled offline demo studies: Study A into OUT/decade, Study B into OUT/openworld."""
     from vlm_decade.core.config import output_problems
@@ -314,7 +311,7 @@ def status(run_dir: str = typer.Argument(..., help=RUN_DIR_HELP)) -> None:
 @app.command()
 def cancel(
     run_dir: str = typer.Argument(..., help=RUN_DIR_HELP),
-    provider: Optional[str] = typer.Option(None, "--provider", help="openai or gemini (default: both)."),
+    provider: str | None = typer.Option(None, "--provider", help="openai or gemini (default: both)."),
 ) -> None:
     """Cancel the run folder's pending batches. What they answered before the provider stopped them
     is kept (cache, spend); the rest is sent by the next run, in the mode its study then says."""
@@ -348,7 +345,7 @@ def cancel(
 def masks(
     image: Path = typer.Argument(..., help="An image file."),
     out: Path = typer.Option(..., "--out", help="Folder for the PNGs and masks.json."),
-    study_file: Optional[Path] = typer.Option(None, "--study", help="Take the mask settings from this study."),
+    study_file: Path | None = typer.Option(None, "--study", help="Take the mask settings from this study."),
 ) -> None:
     """Write an image's masked variants as PNGs, to look at."""
     from vlm_decade.imaging.masks import MaskConfig, write_previews

@@ -22,15 +22,15 @@ from vlm_decade.core.runtime import offline_env
 os.environ.update(offline_env())
 os.environ["HF_HUB_OFFLINE"] = "1"
 
-import pyarrow.parquet as pq  # noqa: E402
+import pyarrow.parquet as pq
 
-from vlm_decade.core.progress import Reporter  # noqa: E402
-from vlm_decade.core.runfolder import RunFolder  # noqa: E402
-from vlm_decade.core.runner import StudyRun, given  # noqa: E402
-from vlm_decade.core.runtime import LazyRay, start_ray  # noqa: E402
-from vlm_decade.demo import decade_demo  # noqa: E402
-from vlm_decade.stages import describe, embed  # noqa: E402
-from vlm_decade.studies.decade.pipeline import check, plan  # noqa: E402
+from vlm_decade.core.progress import Reporter
+from vlm_decade.core.runfolder import RunFolder
+from vlm_decade.core.runner import StudyRun, given
+from vlm_decade.core.runtime import LazyRay, start_ray
+from vlm_decade.demo import decade_demo
+from vlm_decade.stages import describe, embed
+from vlm_decade.studies.decade.pipeline import check, plan
 
 
 class Progress(Reporter):

@@ -17,12 +17,11 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from tests import required
 from vlm_decade.core import storage
 from vlm_decade.core.errors import InputError, Problems
 from vlm_decade.core.tables import read_table
 from vlm_decade.stages.images import IMAGE_COLUMNS, ImageCache, check_images
-
-from tests import required
 
 from .conftest import BIN, cli_env, vlm_decade
 
@@ -33,9 +32,9 @@ FOLDER = f"s3://{BUCKET}/example"
 
 @pytest.fixture(scope="module")
 def s3_server():
-    ThreadedMotoServer = required.module("moto.server", "moto").ThreadedMotoServer
+    moto_server = required.module("moto.server", "moto").ThreadedMotoServer
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server = moto_server(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
     yield f"http://{host}:{port}"
@@ -387,9 +386,9 @@ def test_a_store_started_again_empty_stops_the_run_and_once_back_is_given_the_wo
     run exits 1 saying so, before it takes the folder, with no traceback, and the working copy as it
     was, file for file; with the bucket made again, the run after saves the working copy there and
     finishes without running any stage again."""
-    ThreadedMotoServer = required.module("moto.server", "moto").ThreadedMotoServer
+    moto_server = required.module("moto.server", "moto").ThreadedMotoServer
     boto3 = required.module("boto3", "moto")
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server = moto_server(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
@@ -414,7 +413,7 @@ def test_a_store_started_again_empty_stops_the_run_and_once_back_is_given_the_wo
         assert {"manifest.json", "responses.parquet", "scores.parquet", "stats.parquet", "report.html"} <= set(finished)
 
         server.stop()
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+        server = moto_server(ip_address="127.0.0.1", port=port, verbose=False)
         server.start()
         _forget_everything(endpoint)  # moto keeps its objects in this process: a store started again empty
         stopped = vlm_decade("run", study, "--out", uri)

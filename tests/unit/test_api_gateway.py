@@ -152,7 +152,7 @@ class FakeClock:
     async def wait_for(self, waiter, timeout):
         waiter.close()  # never awaited: the time passes at once
         self.now += timeout
-        raise asyncio.TimeoutError
+        raise TimeoutError
 
 
 def test_token_limit_holds_with_reconciled_usage(monkeypatch):

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from vlm_decade.core.config import EncoderConfig, ModelConfig
 import vlm_decade.studies
+from vlm_decade.core.config import EncoderConfig, ModelConfig
 from vlm_decade.studies import STUDIES, Pipeline, schema_markdown
 from vlm_decade.studies.decade.config import TaxonomyConfig
 

@@ -10,8 +10,8 @@ import pyarrow as pa
 import pytest
 
 from tests import required
-from vlm_decade.models.metrics import CAPTION_METRICS, caption_scores  # noqa: E402
-from vlm_decade.studies.decade.captions import caption_metric_scores  # noqa: E402
+from vlm_decade.models.metrics import CAPTION_METRICS, caption_scores
+from vlm_decade.studies.decade.captions import caption_metric_scores
 
 
 @pytest.fixture(autouse=True)

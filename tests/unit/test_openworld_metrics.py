@@ -167,8 +167,8 @@ def test_each_distinct_text_is_encoded_once_and_ss_cs_are_numpy_cosines(minilm, 
 
     v = encode.vectors
     stripped = [p.strip() for p in predictions]
-    np.testing.assert_allclose(ss, [cosine(v[l], v[p]) for l, p in zip(labels, stripped)], rtol=1e-12)
-    expected_cs = [max(cosine(v[l], v[c]) for c in concepts(p, nlp)) for l, p in zip(labels, stripped)]
+    np.testing.assert_allclose(ss, [cosine(v[label], v[p]) for label, p in zip(labels, stripped)], rtol=1e-12)
+    expected_cs = [max(cosine(v[label], v[c]) for c in concepts(p, nlp)) for label, p in zip(labels, stripped)]
     np.testing.assert_allclose(cs, expected_cs, rtol=1e-12)
     assert best == ["sofa", "small dog", "sofa", "dog"]
     assert cs[0] == pytest.approx(1.0)  # the concept "sofa" is the label itself

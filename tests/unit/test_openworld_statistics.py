@@ -10,10 +10,9 @@ import pyarrow as pa
 import pytest
 from scipy import stats as scipy_stats
 
-from vlm_decade.stats import SCORES_SCHEMA, _core, _streams
+from vlm_decade.stats import SCORES_SCHEMA, _core, _streams, mcnemar_exact
 from vlm_decade.studies.openworld.metrics import ss_threshold_shares
 from vlm_decade.studies.openworld.scoring import PREDICTIONS_SCHEMA
-from vlm_decade.stats import mcnemar_exact
 from vlm_decade.studies.openworld.statistics import analyse_groups, dataset_scores, group_members, mcnemar_tests
 
 B, SEED = 1000, 11

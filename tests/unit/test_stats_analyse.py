@@ -71,7 +71,7 @@ def test_default_families_and_bh_within_each():
     assert len(per["era"]) == 2  # one per dataset
     assert len(per["dataset"]) == 6 + 2  # each subject and each era mean, coco vs csb
     assert len(per["vs-humans"]) == 4 * 2 * 2  # 4 models x {top, bottom} x 2 datasets
-    for f, xs in per.items():
+    for xs in per.values():
         p = np.array([x["p"] for x in xs])
         np.testing.assert_array_equal([x["q"] for x in xs], stats.false_discovery_control(p))
         assert all(x["significant"] == (x["q"] <= 0.05) for x in xs)

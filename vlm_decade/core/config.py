@@ -84,12 +84,12 @@ def taken_by(field: Any, study: str | None) -> bool:
     return study is None or studies is None or study in studies
 
 
-def set_for_other_studies(section: "Settings", study: str) -> list[str]:
+def set_for_other_studies(section: Settings, study: str) -> list[str]:
     """The fields set in `section` that `study` does not take (the study refuses them)."""
     return sorted(name for name in section.model_fields_set if not taken_by(type(section).model_fields[name], study))
 
 
-def _settings_in(annotation: Any) -> type["Settings"] | None:
+def _settings_in(annotation: Any) -> type[Settings] | None:
     """The Settings class a field holds, directly or as the items of a tuple (or None-able)."""
     candidates = [annotation, *getattr(annotation, "__args__", ())]
     return next((c for c in candidates if isinstance(c, type) and issubclass(c, Settings)), None)
@@ -295,7 +295,7 @@ class MetricConfig(Settings):
     batch_size: int = operational(64, "Pairs per batch.", ge=1)
 
     @model_validator(mode="after")
-    def _fields_match_kind(self) -> "MetricConfig":
+    def _fields_match_kind(self) -> MetricConfig:
         if self.kind == "cosine" and self.encoder is None:
             raise ValueError(f"metric '{self.name}': a cosine metric needs an 'encoder'")
         if self.kind == "bertscore" and self.encoder is not None:
@@ -424,7 +424,7 @@ DEFAULT_PRICES: dict[str, dict[str, ListedPrice]] = {
 }
 
 
-def stale_prices(uses, providers: "ProvidersConfig", today: datetime.date, max_age_days: int = 365) -> list[str]:
+def stale_prices(uses, providers: ProvidersConfig, today: datetime.date, max_age_days: int = 365) -> list[str]:
     """What `estimate` warns of: each (provider, model id) in `uses` priced by a built-in entry read
     more than `max_age_days` before `today` (a study's own price is the user's to keep)."""
     found = {}
@@ -602,7 +602,7 @@ def read_study_file(path: str | Path) -> dict:
     if problem is not None:
         raise InputError([Problem(str(path), f"study file {problem}")])
     try:
-        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 - a safe loader
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
     except OSError as exc:
         raise InputError([Problem(str(path), f"study file cannot be read: {exc.strerror or exc}")]) from None
     except (yaml.YAMLError, UnicodeDecodeError, RecursionError) as exc:

@@ -51,7 +51,7 @@ class InputError(Exception):
         self.image_ids = image_ids
         super().__init__("\n".join(str(p) for p in self.problems))
 
-    def located(self, study_file) -> "InputError":
+    def located(self, study_file) -> InputError:
         """The same problems, with those that name the study file in general naming its path."""
         problems = [
             Problem(str(study_file), p.message, p.row, p.field) if p.file == STUDY_FILE else p for p in self.problems
@@ -68,7 +68,7 @@ class Problems:
     def add(self, file, message: str, row: int | None = None, field: str | None = None) -> None:
         self.items.append(Problem(str(file), message, row, field))
 
-    def extend(self, other: "Problems | list[Problem]") -> None:
+    def extend(self, other: Problems | list[Problem]) -> None:
         self.items.extend(other.items if isinstance(other, Problems) else other)
 
     def __bool__(self) -> bool:

@@ -26,9 +26,10 @@ import os
 import re
 import socket
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -270,7 +271,7 @@ class RunFolder:
         tables = list(self.iter_parts(name, schema))
         return pa.concat_tables(tables) if tables else schema.empty_table()
 
-    def parts(self, name: str, schema: pa.Schema, rows: int = 1, seconds: float = 0.0, on_save=None) -> "PartWriter":
+    def parts(self, name: str, schema: pa.Schema, rows: int = 1, seconds: float = 0.0, on_save=None) -> PartWriter:
         """A buffer of finished rows for table `name`, saved as a part every `rows` rows or `seconds`."""
         return PartWriter(self, name, schema, rows, seconds, on_save)
 
@@ -435,7 +436,7 @@ class PartWriter:
                 self.on_save()
         self.since = time.monotonic()
 
-    def __enter__(self) -> "PartWriter":
+    def __enter__(self) -> PartWriter:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -20,11 +20,12 @@ import json
 import platform
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -49,7 +50,7 @@ def release_memory() -> None:
 
 
 def now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def fingerprint(payload: Any) -> str:
@@ -74,7 +75,7 @@ class Stage:
     name: str
     inputs: tuple[str, ...]
     settings: Any
-    compute: Callable[["StudyRun"], dict[str, "pa.Table | Written"]]
+    compute: Callable[[StudyRun], dict[str, pa.Table | Written]]
     outputs: tuple[str, ...] | None = None
     files: tuple[str, ...] = ()
 
@@ -184,7 +185,7 @@ class StudyRun:
             self.reporter.say(f"     [yellow]{name}: {said} rows[/yellow], tried again on the next run")
         return True
 
-    def __enter__(self) -> "StudyRun":
+    def __enter__(self) -> StudyRun:
         return self
 
     def __exit__(self, exc_type, *_) -> None:

@@ -23,7 +23,7 @@ import os
 import posixpath
 import re
 import shutil
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import BinaryIO
 
@@ -63,7 +63,7 @@ def join(folder: str | Path, name: str) -> str:
     return f"{scheme}://{bucket}/{key}"
 
 
-@lru_cache(maxsize=None)
+@cache
 def _store(scheme: str, bucket: str) -> fs.FileSystem:
     return fs.FileSystem.from_uri(f"{scheme}://{bucket}")[0]  # one client per bucket and process
 
@@ -194,7 +194,7 @@ class Mirror:
         self.store, self.prefix = _object(self.uri)
 
     @classmethod
-    def of(cls, root: Path) -> "Mirror | None":
+    def of(cls, root: Path) -> Mirror | None:
         """The mirror of a working copy, or None for a plain run folder."""
         return cls(root) if (Path(root) / MIRROR_FILE).exists() else None
 

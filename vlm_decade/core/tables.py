@@ -201,7 +201,7 @@ def _parquet_rows(
 ) -> list[Row] | None:
     try:
         table = pq.read_table(pa.BufferReader(raw))
-    except Exception as exc:  # pyarrow reports a damaged file with several exception types
+    except Exception as exc:  # noqa: BLE001 - pyarrow reports a damaged file with several exception types
         problems.add(path, f"not a readable Parquet file: {exc}")
         return None
     if _missing_columns(path, table.column_names, required, problems):

@@ -128,7 +128,7 @@ def decode_image(source: str | Path | BinaryIO, path: str | Path, background: st
         if exc.errno is not None:  # reading the file failed, not decoding it
             raise ImageDecodeError(f"cannot read image file {path}: {exc.strerror or exc}") from None
         raise ImageDecodeError(f"not a readable image ({exc}): {path}") from None
-    except Exception as exc:  # Pillow signals a damaged image with many exception types
+    except Exception as exc:  # noqa: BLE001 - Pillow signals a damaged image with many exception types
         raise ImageDecodeError(f"not a readable image ({type(exc).__name__}: {exc}): {path}") from None
 
 

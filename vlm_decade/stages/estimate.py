@@ -13,13 +13,12 @@ LI judge) the low end is nothing and the high end an upper bound on how many the
 
 from __future__ import annotations
 
+import datetime
 from collections import defaultdict
 from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
-
-import datetime
 
 from vlm_decade.core.config import StudyBase, stale_prices
 from vlm_decade.models.api.batch import BATCH_DISCOUNT

@@ -46,7 +46,7 @@ class Gateways:
         for session in self.sessions.values():
             session.record()
 
-    def __enter__(self) -> "Gateways":
+    def __enter__(self) -> Gateways:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -29,9 +29,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from vlm_decade.core import storage
 from vlm_decade.core.errors import Problems
 from vlm_decade.core.files import atomic_write_bytes
-from vlm_decade.core import storage
 from vlm_decade.core.tables import Table, cell_present, cell_text
 from vlm_decade.imaging.decode import NO_BACKGROUND, WHITE, ImageDecodeError, decode_image
 
@@ -89,7 +89,7 @@ class ImageCache:
         self.found: dict[tuple[str, int, int], Found] = {}
 
     @classmethod
-    def of(cls, run_folder: str | Path, rehash: bool = False) -> "ImageCache":
+    def of(cls, run_folder: str | Path, rehash: bool = False) -> ImageCache:
         """The cache a run folder keeps (none yet, unreadable, or `rehash`: an empty one)."""
         path = Path(run_folder) / CACHE_FILE
         if rehash or not path.is_file():

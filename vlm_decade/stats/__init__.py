@@ -20,13 +20,9 @@ See docs/statistics.md for the definitions.
 """
 
 from vlm_decade.stats._core import bh_qvalues, bootstrap_p, p_floor
-
-# What the engine computes, as a version: stages put it in their settings, so a change of method
-# (2: the standard two-sided p-value, min_images, unit weights) recomputes existing runs.
-METHOD_VERSION = 2
 from vlm_decade.stats._validate import StatsInputError
-from vlm_decade.stats.exact import discordant_counts, mcnemar_exact
 from vlm_decade.stats.analysis import analyse, bootstrap_study, correlation_ci, format_p, pivot
+from vlm_decade.stats.exact import discordant_counts, mcnemar_exact
 from vlm_decade.stats.families import (
     ComparisonSpec,
     Family,
@@ -39,6 +35,10 @@ from vlm_decade.stats.families import (
     within_era_family,
 )
 from vlm_decade.stats.results import COMPARISONS_SCHEMA, SCORES_SCHEMA, STATS_SCHEMA, Estimate, StudyResult
+
+# What the engine computes, as a version: stages put it in their settings, so a change of method
+# (2: the standard two-sided p-value, min_images, unit weights) recomputes existing runs.
+METHOD_VERSION = 2
 
 __all__ = [
     "METHOD_VERSION",

@@ -23,11 +23,11 @@ class Term:
     dataset: str
 
     @classmethod
-    def subject(cls, subject: str, dataset: str) -> "Term":
+    def subject(cls, subject: str, dataset: str) -> Term:
         return cls(subject, (subject,), dataset)
 
     @classmethod
-    def group(cls, label: str, subjects, dataset: str) -> "Term":
+    def group(cls, label: str, subjects, dataset: str) -> Term:
         return cls(label, tuple(sorted(subjects)), dataset)
 
 

@@ -28,9 +28,9 @@ from vlm_decade.core.config import (
     resolve_paths,
 )
 from vlm_decade.core.errors import InputError, Problem
+from vlm_decade.core.storage import is_uri, uri_problem, working_copy
 from vlm_decade.models.backends import BACKENDS, entry_problems
 from vlm_decade.models.encoders import ENCODERS
-from vlm_decade.core.storage import is_uri, uri_problem, working_copy
 from vlm_decade.studies.decade.config import StudyConfig
 from vlm_decade.studies.openworld.config import OpenWorldStudyConfig
 

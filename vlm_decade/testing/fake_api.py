@@ -153,7 +153,7 @@ class FakeAPIServer:
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="fake-api", daemon=True)
 
     # lifecycle ------------------------------------------------------------------------------
-    def start(self) -> "FakeAPIServer":
+    def start(self) -> FakeAPIServer:
         self.thread.start()
         return self
 
@@ -161,7 +161,7 @@ class FakeAPIServer:
         self.httpd.shutdown()
         self.httpd.server_close()
 
-    def __enter__(self) -> "FakeAPIServer":
+    def __enter__(self) -> FakeAPIServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -261,11 +261,11 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, *args) -> None:  # keep test output clean
         pass
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:
         self.record = None
         self._batch_route("GET", self.path.split("?")[0], b"")
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+    def do_POST(self) -> None:
         self.record = None
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length)

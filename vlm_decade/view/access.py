@@ -64,7 +64,7 @@ class Access:
     cookie: str
 
     @classmethod
-    def bound(cls, host: str, port: int, allow: tuple[str, ...] | list[str] = (), token: str | None = None) -> "Access":
+    def bound(cls, host: str, port: int, allow: tuple[str, ...] | list[str] = (), token: str | None = None) -> Access:
         """For a viewer bound to `host`:`port` (port in the cookie's name: cookies do not tell ports apart)."""
         hosts = frozenset(
             {*LOOPBACK_NAMES, host_name(host) or host.lower(), *(host_name(a) for a in allow if a.strip())}

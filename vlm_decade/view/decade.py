@@ -48,7 +48,7 @@ class GalleryQuery(Query):
     page: int = 1
 
     @classmethod
-    def parse(cls, params, metrics: list[str], models: list[str]) -> "GalleryQuery":
+    def parse(cls, params, metrics: list[str], models: list[str]) -> GalleryQuery:
         """Read the query string; unknown filter values fall back to the defaults rather than fail, a
         page that is not a whole number from 1 is a BadRequest."""
 

@@ -31,7 +31,7 @@ class GalleryQuery(Query):
     page: int = 1
 
     @classmethod
-    def parse(cls, params, models: list[str], prompts: list[str]) -> "GalleryQuery":
+    def parse(cls, params, models: list[str], prompts: list[str]) -> GalleryQuery:
         def pick(name: str, allowed) -> str:
             value = params.get(name, "")
             return value if value in allowed else ""

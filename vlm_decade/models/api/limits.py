@@ -75,7 +75,7 @@ class RateLimiter:
                         break
                     try:
                         await asyncio.wait_for(self.changed.wait(), wait)
-                    except asyncio.TimeoutError:
+                    except TimeoutError:
                         pass
             except BaseException:  # cancelled: leave the queue to the others
                 self.queue.remove(ticket)

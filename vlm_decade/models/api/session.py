@@ -10,8 +10,8 @@ import uuid
 from vlm_decade.core.config import ProvidersConfig
 from vlm_decade.core.errors import InputError, Problem
 from vlm_decade.core.runfolder import RunFolder
-from vlm_decade.models.api.cache import default_cache_dir
 from vlm_decade.models.api.batch import run_batch_labels
+from vlm_decade.models.api.cache import default_cache_dir
 from vlm_decade.models.api.gateway import Gateway, gateway_actor
 from vlm_decade.models.api.keys import api_key, key_hint
 from vlm_decade.models.api.spend import SpendLog, SpendTally, spend_log_path
@@ -141,7 +141,7 @@ class RemoteSession:
         """The gateway's counts (attempts, cache hits, failures by kind)."""
         return self.ray.get(self.actor.report.remote(), timeout=60)
 
-    def __enter__(self) -> "RemoteSession":
+    def __enter__(self) -> RemoteSession:
         return self
 
     def __exit__(self, *exc) -> None:

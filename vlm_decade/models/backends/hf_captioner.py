@@ -9,9 +9,7 @@ study's MLLM prompt unless `use_prompt: true`; then the prompt is the text the c
 
 from __future__ import annotations
 
-
 import numpy as np
-
 from pydantic import Field
 
 from vlm_decade.models.backends.hf_common import GenerationOptions, HFBackend, generation_kwargs

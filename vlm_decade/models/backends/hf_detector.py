@@ -13,13 +13,11 @@ detections as its images one by one.
 
 from __future__ import annotations
 
-
 import numpy as np
+from pydantic import Field
 
 from vlm_decade.models.backends.coco_labels import COCO_LABELS
 from vlm_decade.models.backends.detection import Detection
-from pydantic import Field
-
 from vlm_decade.models.backends.hf_common import HFBackend, HFOptions
 from vlm_decade.models.backends.ssd_template import template_sentence
 

@@ -9,7 +9,6 @@ answer), so a batch gives the same answers as the rows one by one.
 
 from __future__ import annotations
 
-
 import numpy as np
 
 from vlm_decade.models.backends.hf_common import GenerationOptions, HFBackend, generation_kwargs

@@ -150,7 +150,7 @@ class RemoteModels:
                 stops.append(exc)
         raise_stops(stops)
 
-    def __enter__(self) -> "RemoteModels":
+    def __enter__(self) -> RemoteModels:
         return self
 
     def __exit__(self, *exc) -> None:

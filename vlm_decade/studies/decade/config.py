@@ -120,7 +120,7 @@ class ProbeTemplates(Settings):
     )
 
     @model_validator(mode="after")
-    def _usable(self) -> "ProbeTemplates":
+    def _usable(self) -> ProbeTemplates:
         self.templates()  # raises ValueError naming the template and its problem
         return self
 
@@ -175,7 +175,7 @@ class VerifierConfig(Settings):
     )
 
     @model_validator(mode="after")
-    def _complete(self) -> "VerifierConfig":
+    def _complete(self) -> VerifierConfig:
         if self.kind == "model" and (self.backend is None or not self.model_id):
             raise ValueError("a model verifier needs `backend` (openai or gemini) and `model_id`")
         if self.kind == "locator" and (self.backend is not None or self.model_id is not None):
@@ -234,7 +234,7 @@ class TaxonomyConfig(Settings):
     )
 
     @model_validator(mode="after")
-    def _thresholds_ordered(self) -> "TaxonomyConfig":
+    def _thresholds_ordered(self) -> TaxonomyConfig:
         if self.confusable_threshold > self.match_threshold:
             raise ValueError("confusable_threshold must not exceed match_threshold")
         if self.verifier is not None and self.verifier.kind == "locator" and self.locator is None:

@@ -18,13 +18,12 @@ import numpy as np
 import pyarrow as pa
 
 from vlm_decade.core.config import ModelConfig
-from vlm_decade.core.dispatch import bounded
+from vlm_decade.core.dispatch import batches, bounded
 from vlm_decade.core.errors import Problem
 from vlm_decade.core.runner import Stage, StudyRun
 from vlm_decade.models.api.answers import failed_answer
 from vlm_decade.models.api.providers import ChatRequest, provider_class
 from vlm_decade.models.backends import backend_class
-from vlm_decade.core.dispatch import batches
 from vlm_decade.stages.describe.plan import Job
 from vlm_decade.stages.describe.remote import REMOTE_BATCH, ask_gateway, finish_queued
 from vlm_decade.stages.estimate import Line

@@ -87,7 +87,7 @@ class JudgeConfig(Settings):
     )
 
     @model_validator(mode="after")
-    def _mode_for_api_judges(self) -> "JudgeConfig":
+    def _mode_for_api_judges(self) -> JudgeConfig:
         if self.mode is not None and self.backend == "hf-judge":
             raise ValueError("`mode` is for an API judge (openai, gemini); hf-judge runs here")
         return self

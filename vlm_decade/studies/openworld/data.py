@@ -16,8 +16,8 @@ import pyarrow as pa
 
 from vlm_decade.core.errors import InputError, Problems
 from vlm_decade.core.names import closest
-from vlm_decade.imaging.decode import WHITE
 from vlm_decade.core.tables import Table, cell_present, cell_text, read_table
+from vlm_decade.imaging.decode import WHITE
 from vlm_decade.stages.images import IMAGES_SCHEMA, ImageCache, check_images, declared_ids, images_table
 from vlm_decade.studies.rows import FirstRows
 

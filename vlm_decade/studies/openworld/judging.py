@@ -118,7 +118,9 @@ def judge_pairs(study: OpenWorldStudyConfig, pairs: list[tuple[str, str]], run: 
         finally:
             ray.kill(actor)
     elif todo:  # the gateway's cache keeps every answer paid for, so a killed run loses none
-        answers = RemoteJudge(run.ray(), study, folder, cfg, run.reporter).judge([judge_prompt(l, p) for l, p in todo])
+        answers = RemoteJudge(run.ray(), study, folder, cfg, run.reporter).judge(
+            [judge_prompt(label, p) for label, p in todo]
+        )
         folder.append_part("judgements", _rows(todo, answers, key))
     latest = {
         (r["label"], r["prediction"]): r

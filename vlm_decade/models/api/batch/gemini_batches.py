@@ -13,7 +13,7 @@ import io
 import json
 import warnings
 
-from vlm_decade.models.api.batch.lines import FINISHED, Embedding, Limits, Line
+from vlm_decade.models.api.batch.lines import Embedding, Limits, Line
 from vlm_decade.models.api.providers import EMBED_DIM, ChatRequest, GeminiProvider, Reply
 
 GEMINI_INLINE_BYTES = 20 * 2**20  # larger Gemini chat batches go as an uploaded file

@@ -52,7 +52,7 @@ class Line:
         ).encode()
 
     @staticmethod
-    def load(raw: bytes) -> "Line":
+    def load(raw: bytes) -> Line:
         d = json.loads(raw)
         return Line(d["key"], d["model_id"], d["worst"], d["tokens"], d["payload"], d.get("kind", "chat"))
 

@@ -65,9 +65,12 @@ def _ask(
     settings = backend_class(model.backend).settings(model)
     jobs = [Job(model.name, i, "full", "", q.text, paths[i], None, "") for i, q in asks]
     ask = ray.remote(ask_gateway).options(num_cpus=0)
-    submit = lambda chunk, _: ask.remote(
-        session.actor, model.model_id, settings, [jobs[k] for k in chunk], session.batch_for(model.mode)
-    )  # noqa: E731
+
+    def submit(chunk, _):
+        return ask.remote(
+            session.actor, model.model_id, settings, [jobs[k] for k in chunk], session.batch_for(model.mode)
+        )
+
     answers: dict[int, dict] = {}
     for done in bounded(ray, batches(list(range(len(jobs))), REMOTE_BATCH), submit, tasks):
         if done.error is not None:  # a lost task: its probes failed, asked again next run
