@@ -20,6 +20,7 @@ from pydantic import Field, field_validator
 
 from vlm_decade.core.config import Settings
 from vlm_decade.core.errors import InputError, Problem
+from vlm_decade.core.files import atomic_file, atomic_write_bytes
 from vlm_decade.imaging.decode import WHITE, ImageDecodeError, background_rgb, composite, load_rgb
 
 
@@ -181,7 +182,8 @@ def write_previews(image_path: str | Path, out_dir: str | Path, cfg: MaskConfig)
     written = []
     for name, array in variants(rgb, cfg).items():
         path = out_dir / f"{name}.png"
-        Image.fromarray(array).save(path)
+        with atomic_file(path) as out:
+            Image.fromarray(array).save(out, format="PNG")
         written.append(path)
     height, width = rgb.shape[:2]
     record = {
@@ -193,6 +195,6 @@ def write_previews(image_path: str | Path, out_dir: str | Path, cfg: MaskConfig)
         "masks": [geometry(spec, height, width) for spec in mask_specs(cfg)],
     }
     path = out_dir / "masks.json"
-    path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    atomic_write_bytes(path, (json.dumps(record, indent=2) + "\n").encode("utf-8"))
     written.append(path)
     return written
