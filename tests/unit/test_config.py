@@ -1,5 +1,6 @@
 """The study file: paths resolve against its folder, and every problem names the field."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -459,3 +460,14 @@ def test_version_is_the_installed_distributions():
 
     done = CliRunner().invoke(app, ["--version"])
     assert done.exit_code == 0 and done.output == f"vlm-decade {version('vlm-decade')}\n"
+
+
+@pytest.mark.parametrize("kind", ["decade", "openworld"])
+def test_a_study_reads_back_from_what_its_manifest_records(kind):
+    """A run folder's manifest records every field, defaults included (Study B's models' `variants:
+    full`): reading it back must give the same study, so report, view and status open the run."""
+    raw = yaml.safe_load(MINIMAL if kind == "decade" else OPEN_WORLD)
+    study = study_from_dict(raw)
+    recorded = json.loads(json.dumps(study.model_dump(mode="json")))
+    assert recorded["models"][0]["variants"] == "full"
+    assert study_from_dict(recorded) == study

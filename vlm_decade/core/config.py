@@ -85,8 +85,16 @@ def taken_by(field: Any, study: str | None) -> bool:
 
 
 def set_for_other_studies(section: Settings, study: str) -> list[str]:
-    """The fields set in `section` that `study` does not take (the study refuses them)."""
-    return sorted(name for name in section.model_fields_set if not taken_by(type(section).model_fields[name], study))
+    """The fields set in `section` to other than their default that `study` does not take (the study
+    refuses them). A default written out, as a run folder's manifest records every field, is no
+    request for anything."""
+    fields = type(section).model_fields
+    return sorted(
+        name
+        for name in section.model_fields_set
+        if not taken_by(fields[name], study)
+        and getattr(section, name) != fields[name].get_default(call_default_factory=True)
+    )
 
 
 def _settings_in(annotation: Any) -> type[Settings] | None:
