@@ -31,10 +31,11 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Annotated, BinaryIO
 
 import numpy as np
 from PIL import Image, ImageColor, ImageOps, UnidentifiedImageError
+from pydantic import AfterValidator, Field
 
 from vlm_decade.core import storage
 
@@ -57,6 +58,17 @@ def background_text(value: str) -> str:
     except ValueError:
         raise ValueError(f"'{value}' is no colour: give a colour name (white, black, gray), #rrggbb, or none") from None
     return "#{:02x}{:02x}{:02x}".format(*rgb[:3])
+
+
+# A study's `data.background`: one spelling (#rrggbb, or `none`) whatever the study file wrote.
+Background = Annotated[
+    str,
+    AfterValidator(background_text),
+    Field(
+        description="What transparent pixels are composited onto before any model, mask or metric sees them: "
+        "a colour name or #rrggbb; none: images with transparency are refused."
+    ),
+]
 
 
 def background_rgb(text: str | None) -> tuple[int, int, int] | None:

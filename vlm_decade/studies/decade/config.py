@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from vlm_decade.core.config import (
     EncoderConfig,
@@ -18,7 +18,7 @@ from vlm_decade.core.config import (
     operational,
     repeated,
 )
-from vlm_decade.imaging.decode import WHITE, background_text
+from vlm_decade.imaging.decode import WHITE, Background
 from vlm_decade.imaging.masks import MaskConfig
 from vlm_decade.models.backends.hf_locator import HFLocator
 from vlm_decade.studies.decade.taxonomy.probes import ProbeTemplates as Templates
@@ -48,16 +48,7 @@ class DataConfig(Settings):
         None,
         description="Hand error labels (subject, image_id, error_type, present, note) that override the automatic ones (docs/taxonomy.md).",
     )
-    background: str = Field(
-        WHITE,
-        description="What transparent pixels are composited onto before any model, mask or metric sees them: "
-        "a colour name or #rrggbb; none: images with transparency are refused.",
-    )
-
-    @field_validator("background")
-    @classmethod
-    def _one_spelling(cls, value: str) -> str:
-        return background_text(value)
+    background: Background = WHITE
 
 
 class RankingConfig(Settings):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from vlm_decade.core.config import (
     BackendOptions,
@@ -18,7 +18,7 @@ from vlm_decade.core.config import (
     repeated,
     set_for_other_studies,
 )
-from vlm_decade.imaging.decode import WHITE, background_text
+from vlm_decade.imaging.decode import WHITE, Background
 from vlm_decade.models.backends.api import GeminiOptions, OpenAITextOptions
 from vlm_decade.models.backends.hf_common import Generation, PlacementOptions
 from vlm_decade.studies.openworld.metrics import JUDGE_MAX_NEW_TOKENS
@@ -36,16 +36,7 @@ class OpenWorldDataConfig(Settings):
     classnames: Path = Field(
         description="dataset, class_name: each dataset's class list (for the closed-world baselines)."
     )
-    background: str = Field(
-        WHITE,
-        description="What transparent pixels are composited onto before any model, mask or metric sees them: "
-        "a colour name or #rrggbb; none: images with transparency are refused.",
-    )
-
-    @field_validator("background")
-    @classmethod
-    def _one_spelling(cls, value: str) -> str:
-        return background_text(value)
+    background: Background = WHITE
 
 
 class PromptConfig(Settings):
