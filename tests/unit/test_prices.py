@@ -7,7 +7,7 @@ import datetime as dt
 
 import pytest
 
-from vlm_decade.core.config import DEFAULT_PRICES, ProvidersConfig, listed_price
+from vlm_decade.core.config import DEFAULT_PRICES, ProvidersConfig, longest_prefix
 
 SEED_MLLMS = [
     # (provider, model id as a study names it, US$ per million input, output tokens)
@@ -40,8 +40,8 @@ def test_every_listed_price_is_dated_and_a_study_price_overrides_it():
     for provider, table in DEFAULT_PRICES.items():
         for model_id, listed in table.items():
             assert dt.date.fromisoformat(listed.as_of) <= dt.date(2026, 12, 1), (provider, model_id)
-    assert listed_price("openai", "gpt-4-turbo-preview")[0] == "gpt-4-turbo"
-    assert listed_price("openai", "gpt-3.5-turbo") is None
+    assert longest_prefix("gpt-4-turbo-preview", DEFAULT_PRICES["openai"]) == "gpt-4-turbo"
+    assert longest_prefix("gpt-3.5-turbo", DEFAULT_PRICES["openai"]) is None
     own = ProvidersConfig.model_validate({"openai": {"rpm": 1, "tpm": 1, "prices": {"gpt-4": {"input_per_mtok": 1.0}}}})
     assert own.openai.price("openai", "gpt-4-0613").input_per_mtok == 1.0
 
@@ -76,6 +76,15 @@ def test_estimate_names_listed_prices_over_a_year_old_and_leaves_a_studys_own_al
     warned = stale_prices(uses, providers, dt.date(2026, 3, 21))
     assert [w.split(":")[0] for w in warned] == ["gemini `gemini-1.5-flash`", "openai `gpt-4-turbo`"]
     assert stale_prices([("openai", "gpt-4-turbo")], providers, dt.date(2025, 11, 20)) == []  # 365 days: not over
+    # A study's price for a shorter prefix does not price a model a longer listed entry prices.
+    own_gpt4 = ProvidersConfig.model_validate(
+        {"openai": {"rpm": 1, "tpm": 1, "prices": {"gpt-4": {"input_per_mtok": 1}}}}
+    )
+    assert own_gpt4.openai.price("openai", "gpt-4-turbo").input_per_mtok == 10.0
+    assert [
+        w.split(":")[0]
+        for w in stale_prices([("openai", "gpt-4-turbo"), ("openai", "gpt-4-0613")], own_gpt4, dt.date(2026, 3, 21))
+    ] == ["openai `gpt-4-turbo`"]
 
 
 def test_the_estimate_says_which_prices_are_over_a_year_old():

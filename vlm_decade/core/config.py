@@ -437,12 +437,12 @@ def stale_prices(uses, providers: ProvidersConfig, today: datetime.date, max_age
     more than `max_age_days` before `today` (a study's own price is the user's to keep)."""
     found = {}
     for provider, model_id in uses:
-        own = getattr(providers, provider).prices
-        if any(model_id == k or model_id.startswith(k + "-") for k in own):
+        own, table = getattr(providers, provider).prices, DEFAULT_PRICES.get(provider, {})
+        key = longest_prefix(model_id, {**table, **own})  # the entry `price` charges by
+        if key is None or key in own:
             continue
-        listed = listed_price(provider, model_id)
-        if listed and (today - datetime.date.fromisoformat(listed[1].as_of)).days > max_age_days:
-            found[(provider, listed[0])] = listed[1].as_of
+        if (today - datetime.date.fromisoformat(table[key].as_of)).days > max_age_days:
+            found[(provider, key)] = table[key].as_of
     return [
         f"{provider} `{key}`: listed price read {as_of}, over a year ago; check the provider's page "
         f"(providers.{provider}.prices overrides it)"
@@ -468,11 +468,10 @@ def price_table_markdown(batch_discount: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-def listed_price(provider: str, model_id: str) -> tuple[str, ListedPrice] | None:
-    """The built-in table's entry for a model id (its longest listed prefix), with that prefix."""
-    table = DEFAULT_PRICES.get(provider, {})
-    matches = [k for k in table if model_id == k or model_id.startswith(k + "-")]
-    return (key := max(matches, key=len), table[key]) if matches else None
+def longest_prefix(model_id: str, keys) -> str | None:
+    """The key a model id is priced by: itself, or the longest key it extends with `-...`."""
+    matches = [k for k in keys if model_id == k or model_id.startswith(k + "-")]
+    return max(matches, key=len) if matches else None
 
 
 class Price(Settings):
@@ -522,8 +521,8 @@ class ProviderConfig(Settings):
             for k, p in DEFAULT_PRICES.get(provider, {}).items()
         }
         table.update(self.prices)
-        matches = [k for k in table if model_id == k or model_id.startswith(k + "-")]
-        return table[max(matches, key=len)] if matches else None
+        key = longest_prefix(model_id, table)
+        return None if key is None else table[key]
 
 
 class ProvidersConfig(Settings):

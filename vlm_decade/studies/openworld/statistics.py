@@ -293,11 +293,11 @@ def mcnemar_tests(
     for r in scores.filter(pc.equal(scores.column("variant"), prompt)).to_pylist():
         if r["metric"] in BINARY_METRICS and r["value"] is not None:
             outcome[(r["subject"], r["metric"])][(r["dataset"], r["image_id"])] = r["value"]
+    units = {name: [name] for name in sorted(granularity)} | members  # each dataset, then the groups
     rows = []
     for metric in BINARY_METRICS:
         for a, b in combinations(sorted(models), 2):
             va, vb = outcome.get((a, metric), {}), outcome.get((b, metric), {})
-            units = {name: [name] for name in sorted(granularity)} | {g: ds for g, ds in members.items()}
             for unit, datasets in units.items():
                 keys = sorted(k for k in va.keys() & vb.keys() if k[0] in datasets)
                 if not keys:
