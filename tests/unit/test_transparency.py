@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import shutil
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -75,6 +76,21 @@ def test_la_and_palette_transparency_are_composited_too(tmp_path):
     Image.fromarray(np.dstack([RGB, np.full_like(ALPHA, 255)]), "RGBA").save(tmp_path / "opaque.png")
     opaque = load_image(tmp_path / "opaque.png")
     assert not opaque.transparent and (opaque.rgb == RGB).all()
+
+
+def test_a_palette_with_partial_transparency_is_composited_without_a_warning(tmp_path):
+    # An 8-bit PNG whose palette has an alpha per entry (tRNS as bytes), as many cut-outs are saved:
+    # Pillow warns when such an image is converted straight to RGB, on every image of a study.
+    indices = np.where(ALPHA == 0, 0, np.where(ALPHA == 255, 2, 1)).astype(np.uint8)
+    palette = Image.fromarray(indices, "P")
+    palette.putpalette([250, 10, 10, 0, 200, 60, 20, 40, 230] + [0] * 759)
+    palette.save(tmp_path / "pa.png", transparency=bytes([0, 128, 255]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rgb, mode = load_rgb(tmp_path / "pa.png", "#000000")
+    colours = np.array([[250, 10, 10], [0, 200, 60], [20, 40, 230]], np.uint8)[indices]
+    alpha = np.array([0, 128, 255], np.uint8)[indices]
+    assert mode == "P" and (rgb == over(colours, alpha, (0, 0, 0))).all()
 
 
 def test_background_none_refuses_an_image_with_transparency(tmp_path):

@@ -119,8 +119,7 @@ def decode_image(source: str | Path | BinaryIO, path: str | Path, background: st
             im.load()  # a full decode: a truncated file fails here, not just a bad header
             mode = im.mode
             ImageOps.exif_transpose(im, in_place=True)
-            alpha = _alpha(im)
-            rgb = to_rgb(im)
+            rgb, alpha = _rgb_and_alpha(im)
             if alpha is None:
                 return Decoded(rgb, mode, False)
             colour = background_rgb(background)
@@ -144,15 +143,19 @@ def decode_image(source: str | Path | BinaryIO, path: str | Path, background: st
         raise ImageDecodeError(f"not a readable image ({type(exc).__name__}: {exc}): {path}") from None
 
 
-def _alpha(im: Image.Image) -> np.ndarray | None:
-    """The image's alpha (H x W uint8) when it has transparency data and some pixel is not opaque;
-    None otherwise (a fully opaque alpha channel changes nothing)."""
+def _rgb_and_alpha(im: Image.Image) -> tuple[np.ndarray, np.ndarray | None]:
+    """The image's RGB pixels and its alpha (H x W uint8), the alpha None when the image has no
+    transparency data or every pixel is opaque (a fully opaque alpha channel changes nothing).
+    An 8-bit image with transparency is converted once, to RGBA: converting a palette image with
+    a transparency entry straight to RGB makes Pillow warn to every user."""
     if not im.has_transparency_data:
-        return None
-    alpha = (
-        np.asarray(im.convert("RGBA"))[:, :, 3] if im.mode not in ("LA", "La", "PA") else np.asarray(im.getchannel("A"))
-    )
-    return alpha if (alpha < 255).any() else None
+        return to_rgb(im), None
+    if im.mode in SIXTEEN_BIT or im.mode in ("I", "F"):
+        rgb, alpha = to_rgb(im), np.asarray(im.convert("RGBA"))[:, :, 3]
+    else:
+        rgba = np.asarray(im.convert("RGBA"))
+        rgb, alpha = rgba[:, :, :3], rgba[:, :, 3]
+    return rgb, (alpha if (alpha < 255).any() else None)
 
 
 def composite(rgb: np.ndarray, alpha: np.ndarray, background: tuple[int, int, int]) -> np.ndarray:
