@@ -34,7 +34,7 @@ test: setup browser
 	$(BIN)/ruff format --check vlm_decade tests benchmarks jobs
 	$(BIN)/ruff check vlm_decade tests benchmarks jobs
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q -rs
+	$(BIN)/python -m pytest -q -rs --durations=25
 
 clean:
 	rm -rf $(VENV) runs
