@@ -156,6 +156,7 @@ def test_unknown_granularity_lists_the_allowed_ones(study):
     assert study.problems() == {("labels.csv", 4, "granularity")}
     [message] = study.messages()
     assert "prototypical, fine-grained, very fine-grained" in message
+    assert "(did you mean 'very fine-grained'?)" in message
 
 
 def test_a_dataset_with_two_granularities_is_reported_at_the_disagreeing_row(study):

@@ -15,7 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from vlm_decade.core.errors import InputError, Problems
-from vlm_decade.core.names import closest
+from vlm_decade.core.names import closest, did_you_mean
 from vlm_decade.core.tables import Table, cell_present, cell_text, read_table
 from vlm_decade.imaging.decode import WHITE
 from vlm_decade.stages.images import IMAGES_SCHEMA, ImageCache, check_images, declared_ids, images_table
@@ -99,7 +99,10 @@ def _check_labels(table: Table, problems: Problems) -> dict[str, str]:
             continue
         value = cell_text(row, "granularity")
         if value not in GRANULARITIES:
-            message = f"unknown granularity '{value}': expected one of {', '.join(GRANULARITIES)}"
+            message = (
+                f"unknown granularity '{value}'{did_you_mean(value, GRANULARITIES)}: "
+                f"expected one of {', '.join(GRANULARITIES)}"
+            )
             problems.add(table.file, message, row=row.number, field="granularity")
             continue
         dataset = cell_text(row, "dataset")
