@@ -22,7 +22,7 @@ from vlm_decade.stages.estimate import Line, describe_lines, embed_lines, respon
 from vlm_decade.stages.images import ImageCache, transparency_note
 from vlm_decade.studies.decade import judging, metric_validation, report, score, statistics, stsb
 from vlm_decade.studies.decade.config import StudyConfig
-from vlm_decade.studies.decade.data import StudyData, load_study_data
+from vlm_decade.studies.decade.data import StudyData, load_study_data, thin_human_data
 from vlm_decade.studies.decade.taxonomy import stages as taxonomy
 from vlm_decade.studies.decade.taxonomy.analysis import ERROR_TYPES
 from vlm_decade.studies.decade.taxonomy.hand import check_hand_labels
@@ -135,14 +135,16 @@ def incomplete_models(study: StudyConfig, data: StudyData) -> list[str]:
 
 
 def summary(study: StudyConfig, data: StudyData) -> tuple[str, list[str]]:
-    """What `validate` says of a study that passed its checks, and its warnings (incomplete imported models)."""
+    """What `validate` says of a study that passed its checks, and its warnings (incomplete imported
+    models, human data too thin for what the study asks)."""
     datasets = sorted(set(data.images.column("dataset").to_pylist()))
+    thin = [t.message for t in thin_human_data(study, data.references, data.ranking_method)]
     return (
         f"{data.images.num_rows} images in {len(datasets)} datasets ({', '.join(datasets)}), "
         f"{data.references.num_rows} human descriptions, {len(study.models)} models; gold standard by "
         + ", ".join(f"{d}: {m}" for d, m in sorted(data.ranking_method.items()))
         + transparency_note(data.images)
-    ), incomplete_models(study, data)
+    ), incomplete_models(study, data) + thin
 
 
 def redraw_report(folder: RunFolder, study: StudyConfig) -> list[str]:
