@@ -149,6 +149,21 @@ def test_an_empty_spatial_panel_says_why():
     assert spatial_empty(masked, empty, []) == "this run has no spatial-dependence rows for the images shown."
 
 
+def test_sde_counts_cover_every_image_and_the_empty_panel_the_images_shown(tmp_path):
+    tables = section_tables(tmp_path)
+    tables["spatial"] = pa.Table.from_pylist(
+        [spatial_row("m1", "i1", None, "constant profile"), spatial_row("m1", "i2", None, "no masked description")],
+        schema=SPATIAL_SCHEMA,
+    )
+    page = Page(taxonomy_section(RunFolder(tmp_path), make_study(variants="all"), tables, shown=["i1"]))
+    counts = "".join(page.sections["Errors"].split("decided and undecided images")[1].split())
+    # subject, images, decided, sde, undecided and why: over both images
+    assert "m12002constantprofile(1);nomaskeddescription(1)" in counts
+    assert page.sections["Which regions matter"].strip() == (
+        "No heat map: no image shown has a decided spatial dependence: constant profile (1)"
+    )
+
+
 def test_the_section_says_why_there_is_no_heat_map_where_the_heat_maps_would_be(tmp_path):
     note = "d.csv has no masked descriptions (condition m1, m2, m3) and m1 describes the masked variants"
     page = taxonomy_section(

@@ -285,9 +285,10 @@ def write_report(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Table]
     metric, picked = samples(tables, study)
     errors = None
     if "errors" in tables:
-        # Per-image parts of the error section (heat maps, examples, errors.html) cover the sampled images.
+        # Per-image parts of the error section (heat maps, examples, errors.html) cover the sampled images;
+        # the SDE counts, every image.
         ids = sampled_ids(picked)
-        per_image = {name: only_images(tables[name], ids) for name in ("errors", "spatial", "references", "responses")}
+        per_image = {name: only_images(tables[name], ids) for name in ("errors", "references", "responses")}
         error_comparisons, error_era_note = _without_repeats(tables["error_comparisons"], study.eras)
         errors = taxonomy_section(
             run,
@@ -295,6 +296,7 @@ def write_report(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Table]
             {**tables, **per_image, "error_comparisons": error_comparisons},
             era_note=error_era_note,
             spatial_notes=thin["masked"],
+            shown=ids,
         )
     comparisons, era_note = _without_repeats(tables["comparisons"], study.eras)
     page = render(

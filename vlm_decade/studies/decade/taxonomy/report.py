@@ -12,6 +12,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import pyarrow as pa
+import pyarrow.compute as pc
 from markupsafe import Markup
 from matplotlib.patches import Patch
 
@@ -419,17 +420,22 @@ def taxonomy_section(
     tables: dict[str, pa.Table],
     era_note: str | None = None,
     spatial_notes: tuple[str, ...] | list[str] = (),
+    shown: list[str] | None = None,
 ) -> Markup:
     """The section of report.html; draws its figures and writes errors.html. `era_note`: the line
     that says which era comparisons were left out; `spatial_notes`: what the human data is too thin
-    for in spatial dependence (`data.thin_human_data`)."""
+    for in spatial dependence (`data.thin_human_data`); `shown`: the images that get a heat map
+    (None: all), while the SDE counts are over every image."""
     figures = run.root / "figures"
     error_stats = tables["error_stats"].to_pylist()
     error_rate_figure(error_stats, study, figures / "error_rates.png")
     impact = tables["impact_stats"].to_pylist()
     if impact:
         impact_figure(impact, study.taxonomy_metric, study.demo, figures / "impact.png")
-    heatmaps = heatmap_files(run, study, tables["images"], tables["spatial"])
+    spatial = tables["spatial"]
+    if shown is not None:
+        spatial = spatial.filter(pc.is_in(spatial.column("image_id"), value_set=pa.array(shown, pa.string())))
+    heatmaps = heatmap_files(run, study, tables["images"], spatial)
     _evidence_page(run, study, tables["errors"])
     fmt = stat_formats(study.statistics.n_resamples, study.taxonomy.min_images)
     impact_stats = tables["impact_stats"]
@@ -441,7 +447,7 @@ def taxonomy_section(
         checks=checks(study),
         examples=examples_table(tables),
         heatmaps=heatmaps,
-        spatial_empty=None if heatmaps else spatial_empty(study, tables["spatial"], list(spatial_notes)),
+        spatial_empty=None if heatmaps else spatial_empty(study, spatial, list(spatial_notes)),
         spatial_notes=list(spatial_notes) if heatmaps else [],
         era_note=era_note,
         impact=bool(impact),
