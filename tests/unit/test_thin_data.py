@@ -148,7 +148,7 @@ def test_masked_variants_without_masked_human_descriptions_leave_the_spatial_pan
         "humans.csv has no masked descriptions (condition m1, m2, m3) and old describes the masked variants "
         "(variants: all);"
     )
-    assert masked.endswith("the report will have no spatial dependence labels and no heat maps")
+    assert masked.endswith("the report has no spatial dependence labels and no heat maps")
     # No taxonomy, or no model that describes the masked variants: no spatial panel to be empty.
     assert said(thin_human_data(study(), refs, {"ds": "votes"}), MASKED_NOTE) == []
     assert said(thin_human_data(study(taxonomy={}), refs, {"ds": "votes"}), MASKED_NOTE) == []
@@ -164,12 +164,12 @@ def test_too_few_masked_descriptions_per_mask_or_too_few_masks_are_said():
     assert masked.startswith(
         "humans.csv: 1 of 2 images have fewer than 2 masked descriptions of some mask (m1, m2, m3)"
     )
-    assert "spatial dependence is undecided and there is no heat map" in masked and "panel will be empty" not in masked
+    assert "spatial dependence is undecided and there is no heat map" in masked and "panel is empty" not in masked
     all_short = {k: 1 for k in enough}
     (masked,) = said(
         thin_human_data(masked_study(), references({"a": 9, "b": 9}, all_short), {"ds": "votes"}), MASKED_NOTE
     )
-    assert masked.startswith("humans.csv: 2 of 2 images") and masked.endswith("; the spatial panel will be empty")
+    assert masked.startswith("humans.csv: 2 of 2 images") and masked.endswith("; the spatial panel is empty")
     two_masks = masked_study({"count": 2})
     (masked,) = said(
         thin_human_data(two_masks, references({"a": 9}, {("a", "m1"): 2, ("a", "m2"): 2}), {}), MASKED_NOTE

@@ -420,20 +420,20 @@ def _thin_masked(study: StudyConfig, source: str, images: list[str], masked: Cou
     if len(masks) < MIN_MASKS:
         message = (
             f"masks: {len(masks)} masked variant(s) and {who}; spatial dependence correlates profiles over at "
-            f"least {MIN_MASKS} regions: the report will have no spatial dependence labels and no heat maps"
+            f"least {MIN_MASKS} regions: the report has no spatial dependence labels and no heat maps"
         )
         return [ThinData(MASKED_NOTE, None, message)]
     if not masked:
         message = (
             f"{source} has no masked descriptions (condition {', '.join(masks)}) and {who}; spatial dependence "
-            "compares a model's masked descriptions with people's: the report will have no spatial dependence "
+            "compares a model's masked descriptions with people's: the report has no spatial dependence "
             "labels and no heat maps"
         )
         return [ThinData(MASKED_NOTE, None, message)]
     few = [i for i in images if any(masked[(i, m)] < MIN_MASKED_PER_MASK for m in masks)]
     if not few:
         return []
-    empty = "; the spatial panel will be empty" if len(few) == len(images) else ""
+    empty = "; the spatial panel is empty" if len(few) == len(images) else ""
     message = (
         f"{source}: {len(few)} of {len(images)} images have fewer than {MIN_MASKED_PER_MASK} masked descriptions "
         f"of some mask ({', '.join(masks)}) and {who}; the inter-human reference needs {MIN_MASKED_PER_MASK} per "
