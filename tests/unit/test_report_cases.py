@@ -20,7 +20,7 @@ from vlm_decade.stages.images import IMAGES_SCHEMA
 from vlm_decade.stats import COMPARISONS_SCHEMA, SCORES_SCHEMA, STATS_SCHEMA
 from vlm_decade.studies import study_from_dict
 from vlm_decade.studies.decade.data import REFERENCES_SCHEMA
-from vlm_decade.studies.decade.report import write_report
+from vlm_decade.studies.decade.report import era_repeats, write_report
 from vlm_decade.studies.openworld.data import LABELS_SCHEMA
 from vlm_decade.studies.openworld.report import write_openworld_report
 from vlm_decade.studies.openworld.scoring import PREDICTIONS_SCHEMA
@@ -372,3 +372,72 @@ def test_openworld_report_shows_mcnemars_tests_of_the_binary_metrics(tmp_path, o
     text = "".join(page.sections["McNemar's exact test"].split())  # the cells, run together
     for r in paired.to_pylist():
         assert f"alphabeta{r['dataset'].replace(' ', '')}TI{r['n_pairs']}{r['a_only']}{r['b_only']}{r['p']:.3g}" in text
+
+
+def comparison(family, a, b, dataset="ds-a", metric="SIM", difference=0.1) -> dict:
+    row = {f.name: None for f in COMPARISONS_SCHEMA}
+    row.update(family=family, a=a, b=b, dataset=dataset, metric=metric, variant="full", difference=difference)
+    return row
+
+
+ONE_PER_ERA = {"alpha": "pre-mllm", "beta": "mllm", "human:top": "human", "human:bottom": "human"}
+ROWS = [
+    comparison("era", "era:pre-mllm", "era:mllm"),
+    comparison("dataset", "alpha", "alpha", "ds-a vs ds-b"),
+    comparison("dataset", "era:pre-mllm", "era:pre-mllm", "ds-a vs ds-b"),
+    comparison("dataset", "beta", "beta", "ds-a vs ds-b"),
+    comparison("dataset", "era:mllm", "era:mllm", "ds-a vs ds-b"),
+    comparison("vs-humans", "alpha", "human:bottom"),
+    comparison("era-vs-humans", "era:pre-mllm", "human:bottom"),
+    comparison("era-vs-humans", "era:mllm", "human:top"),  # no row of beta against human:top
+    comparison("era-vs-humans", "era:pre-mllm", "human:bottom", metric="OTHER"),  # no alpha row on OTHER
+]
+
+
+def test_era_comparisons_of_one_model_eras_that_repeat_a_models_are_left_out():
+    kept, single = era_repeats(ROWS, ONE_PER_ERA)
+    assert kept == [ROWS[i] for i in (0, 1, 3, 5, 7, 8)]
+    assert single == {"era:mllm": "beta", "era:pre-mllm": "alpha"}
+    # An era of two models is their mean: its rows ask something new and stay; the one-model era's go.
+    two_pre = {**ONE_PER_ERA, "gamma": "pre-mllm"}
+    kept, single = era_repeats(ROWS, two_pre)
+    assert kept == [r for i, r in enumerate(ROWS) if i != 4] and single == {"era:mllm": "beta"}
+    assert era_repeats(ROWS, {**two_pre, "delta": "mllm"}) == (ROWS, {})
+
+
+def test_decade_report_says_in_one_line_which_era_comparisons_it_left_out(tmp_path, decade_tables):
+    page = Page(
+        _decade(tmp_path, {**decade_tables, "comparisons": pa.Table.from_pylist(ROWS, schema=COMPARISONS_SCHEMA)})
+    )
+    section = page.sections["Comparisons"]
+    assert (
+        "An era of one model is that model (era:mllm is beta; era:pre-mllm is alpha): 3 era comparisons that repeat "
+        "the model's are left out here (the comparisons table keeps them)." in " ".join(section.split())
+    )
+    assert "era:pre-mllmera:pre-mllm" not in "".join(section.split()) and "era:pre-mllmera:mllm" in "".join(
+        section.split()
+    )
+
+
+def test_decade_report_says_why_the_human_bands_are_missing_where_they_would_be(tmp_path, decade_tables):
+    """One description per image (the gold standard alone): the page says, under each dataset's gold
+    standard and right after the similarity figure, what the descriptions are too few for."""
+    tables = _keep(decade_tables, subject=["alpha", "beta"], role=["gold"])
+    out = RunFolder(tmp_path / "out")
+    out.save_manifest({"ranking_method": {"ds-a": "consensus", "ds-b": "votes"}})
+    write_report(out, study_from_dict(copy.deepcopy(DECADE_CONFIG)), tables)
+    text = (out.root / "report.html").read_text()
+    page = Page(text)
+    gold = " ".join(page.sections["Gold standard"].split())
+    assert "/nowhere/d.csv: 3 of 3 images of dataset 'ds-a' have 1 description; the consensus rule" in gold
+    assert "/nowhere/d.csv: 3 of 3 images of dataset 'ds-b' have 1 description; votes choose between" in gold
+    similarity = " ".join(page.sections["Similarity to the gold standard"].split())
+    for dataset in ("ds-a", "ds-b"):
+        assert f"the report has no top- or bottom-ranked human bands for '{dataset}'" in similarity
+    # Right where the bands would be: after the figure, before the table of estimates.
+    figure, note = text.index("figures/similarity_SIM.png"), text.index("no top- or bottom-ranked human bands")
+    assert figure < note < text.index("<table", figure)
+    # With every description the study asks for (a gold standard, one top, one bottom), nothing of the kind is said.
+    config = {**copy.deepcopy(DECADE_CONFIG), "ranking": {"top_k": 1, "bottom_k": 1}}
+    page = _decade(tmp_path, decade_tables, config)
+    assert "human bands" not in page and "needs at least" not in page

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import matplotlib.image as mpimg
+import matplotlib.pyplot as plt
 import pyarrow as pa
 import pytest
 
@@ -16,8 +17,10 @@ from vlm_decade.studies import study_from_dict
 from vlm_decade.studies.decade.taxonomy.analysis import ERRORS_SCHEMA, NO_ERROR
 from vlm_decade.studies.decade.taxonomy.report import (
     error_rate_figure,
+    error_rate_plot,
     impact_figure,
     sde_counts,
+    spatial_empty,
     stat_formats,
     taxonomy_section,
 )
@@ -28,14 +31,21 @@ from .pages import PAYLOAD, Page
 TYPES = ("detection", "recognition", "scene_understanding", "hallucination", "spatial_dependence")
 
 
-def make_study(models=("m1",), demo=False):
+def make_study(models=("m1",), demo=False, variants="full"):
     return study_from_dict(
         {
             "name": "s",
             "demo": demo,
             "data": {"images": "i.csv", "image_dir": "img", "descriptions": "d.csv"},
             "models": [
-                {"name": m, "backend": "imported", "model_id": m, "era": "pre-mllm", "options": {"file": "x.csv"}}
+                {
+                    "name": m,
+                    "backend": "imported",
+                    "model_id": m,
+                    "era": "pre-mllm",
+                    "variants": variants,
+                    "options": {"file": "x.csv"},
+                }
                 for m in models
             ],
             "taxonomy": {},
@@ -92,6 +102,74 @@ def test_the_error_rate_figure_with_no_model(tmp_path):
         [stat("m1", "d1", "detection", 0.5, 0.4, 0.6)], study.model_copy(update={"models": ()}), tmp_path / "r.png"
     )
     drawn(tmp_path / "r.png")
+
+
+def test_the_error_rate_figure_is_large_and_its_legend_clear_of_every_bar():
+    models = ("m1", "m2", "m3")
+    # Tall bars in every corner of every panel with a rate: a legend inside a panel would cover one.
+    rows = [stat(m, d, t, 0.95, 0.9, 1.0, 9) for m in models for d in ("d1", "d2") for t in TYPES[:-1]]
+    fig = error_rate_plot(rows, make_study(models=models))
+    renderer = fig.canvas.get_renderer()
+    fig.draw(renderer)
+    (legend,) = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+    box = legend.get_window_extent(renderer)
+    panels = [ax for ax in fig.axes if ax.get_title()]
+    assert len(panels) == len(TYPES) and [t.get_text() for t in legend.get_texts()] == ["d1", "d2"]
+    for ax in panels:
+        assert not box.overlaps(ax.get_window_extent(renderer)), ax.get_title()
+        assert ax.get_window_extent(renderer).width > 300  # pixels: each panel readable at the page's size
+    assert sum(len(ax.patches) for ax in panels) == len(rows)
+    # The SDE panel has no rate, and says so.
+    sde = next(ax for ax in panels if ax.get_title() == "spatial dependence (SDE)")
+    assert [t.get_text() for t in sde.texts] == ["no decided labels"] and not sde.patches
+    width, height = fig.get_size_inches() * fig.dpi
+    assert width >= 1200 and height >= 800
+    plt.close(fig)
+
+
+def test_an_empty_spatial_panel_says_why():
+    no_masks = make_study()
+    masked = make_study(variants="all")
+    empty = SPATIAL_SCHEMA.empty_table()
+    assert spatial_empty(no_masks, empty, []).startswith("no model describes the masked variants (a model's")
+    thin = ["d.csv has no masked descriptions (condition m1, m2, m3) and m1 describes the masked variants"]
+    assert spatial_empty(masked, empty, thin) == thin[0]
+    undecided = pa.Table.from_pylist(
+        [
+            spatial_row("m1", "i1", None, "constant profile"),
+            spatial_row("m1", "i2", None, "constant profile"),
+            spatial_row("m1", "i3", None, "no masked description"),
+            spatial_row("m1", "i4", True),
+        ],
+        schema=SPATIAL_SCHEMA,
+    )
+    assert spatial_empty(masked, undecided, []) == (
+        "no image shown has a decided spatial dependence: constant profile (2); no masked description (1)"
+    )
+    assert spatial_empty(masked, empty, []) == "this run has no spatial-dependence rows for the images shown."
+
+
+def test_sde_counts_cover_every_image_and_the_empty_panel_the_images_shown(tmp_path):
+    tables = section_tables(tmp_path)
+    tables["spatial"] = pa.Table.from_pylist(
+        [spatial_row("m1", "i1", None, "constant profile"), spatial_row("m1", "i2", None, "no masked description")],
+        schema=SPATIAL_SCHEMA,
+    )
+    page = Page(taxonomy_section(RunFolder(tmp_path), make_study(variants="all"), tables, shown=["i1"]))
+    counts = "".join(page.sections["Errors"].split("decided and undecided images")[1].split())
+    # subject, images, decided, sde, undecided and why: over both images
+    assert "m12002constantprofile(1);nomaskeddescription(1)" in counts
+    assert page.sections["Which regions matter"].strip() == (
+        "No heat map: no image shown has a decided spatial dependence: constant profile (1)"
+    )
+
+
+def test_the_section_says_why_there_is_no_heat_map_where_the_heat_maps_would_be(tmp_path):
+    note = "d.csv has no masked descriptions (condition m1, m2, m3) and m1 describes the masked variants"
+    page = taxonomy_section(
+        RunFolder(tmp_path), make_study(variants="all"), section_tables(tmp_path), spatial_notes=[note]
+    )
+    assert Page(page).sections["Which regions matter"].strip() == f"No heat map: {note}"
 
 
 @pytest.mark.parametrize(

@@ -5,12 +5,18 @@ everything before it ranks anything: all problems (file, spreadsheet row, field)
 as one InputError, which also carries the image ids the images table names (for the checks of the
 files that refer to images). It writes nothing. The result is the `images` and `references` tables of the run
 folder (DESIGN.md) and, per dataset, which ranking method was used ("votes" or "consensus").
+
+`thin_human_data` says what the human data is too thin to support (a gold standard chosen by votes
+or consensus, the top- and bottom-ranked groups, spatial dependence): `validate` warns of it and
+the report says it where the missing figure would be.
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import count
 from pathlib import Path
 
 import pyarrow as pa
@@ -19,8 +25,9 @@ from vlm_decade.core.errors import InputError, Problems
 from vlm_decade.core.tables import Table, cell_present, cell_text, read_table
 from vlm_decade.imaging.masks import MaskConfig, mask_ids
 from vlm_decade.stages.images import IMAGE_COLUMNS, CheckedImage, ImageCache, check_images, declared_ids, images_table
-from vlm_decade.studies.decade.config import DataConfig, RankingConfig
-from vlm_decade.studies.decade.ranking import rank_by_consensus, rank_by_votes
+from vlm_decade.studies.decade.config import DataConfig, RankingConfig, StudyConfig
+from vlm_decade.studies.decade.ranking import group_sizes, rank_by_consensus, rank_by_votes
+from vlm_decade.studies.decade.taxonomy.spatial import MIN_MASKED_PER_MASK, MIN_MASKS
 from vlm_decade.studies.rows import FirstRows
 
 DESCRIPTION_COLUMNS = ("description_id", "image_id", "worker_id", "condition", "text")
@@ -285,3 +292,151 @@ def _references_table(
         "text": [descriptions[i].text for i in order],
     }
     return pa.table(columns, schema=REFERENCES_SCHEMA)
+
+
+# --- what the human data can support -----------------------------------------------------------------
+
+# Votes choose between an image's descriptions: a lone description is the gold standard by no vote.
+MIN_FOR_VOTES = 2
+# Two descriptions are exactly as similar to each other: the consensus rule needs a third to choose.
+MIN_FOR_CONSENSUS = 3
+# The gold standard and one description for each of the top and bottom groups (`group_sizes`).
+MIN_FOR_GROUPS = next(n for n in count(1) if min(group_sizes(n, 1, 1)) > 0)
+GOLD_NOTE, GROUPS_NOTE, MASKED_NOTE = "gold", "groups", "masked"
+
+
+@dataclass(frozen=True)
+class ThinData:
+    """One thing the human data cannot support: `validate` warns of it (an error with --strict) and the
+    report says it where the missing figure would be. `topic`: the gold standard (`GOLD_NOTE`), the
+    top- and bottom-ranked groups (`GROUPS_NOTE`) or spatial dependence (`MASKED_NOTE`); `dataset`:
+    the dataset it concerns (None: all of them)."""
+
+    topic: str
+    dataset: str | None
+    message: str
+
+
+def thin_human_data(study: StudyConfig, references: pa.Table, methods: Mapping[str, str]) -> list[ThinData]:
+    """What the descriptions (the `references` table) are too few for, given the study's ranking,
+    masks and models and each dataset's ranking method (`methods`); each says the file, the counts,
+    and what the report will lack and why."""
+    source = str(study.data.descriptions)
+    dataset_of: dict[str, str] = {}
+    full: Counter = Counter()
+    masked: Counter = Counter()  # (image, mask) -> descriptions
+    for r in references.select(["image_id", "dataset", "condition"]).to_pylist():
+        dataset_of[r["image_id"]] = r["dataset"]
+        if r["condition"] == FULL:
+            full[r["image_id"]] += 1
+        else:
+            masked[(r["image_id"], r["condition"])] += 1
+    found: list[ThinData] = []
+    for dataset in sorted(set(dataset_of.values())):
+        images = sorted(i for i, d in dataset_of.items() if d == dataset)
+        counts = [full[i] for i in images]
+        found += _thin_gold(source, dataset, counts, methods.get(dataset))
+        found += _thin_groups(source, dataset, counts, study.ranking)
+    found += _thin_masked(study, source, sorted(dataset_of), masked)
+    return found
+
+
+def _images_with(few: list[int], of: int, dataset: str, below: int) -> str:
+    """ "3 of 5 images of dataset 'x' have 1 description", or "... have fewer than 3 (2 have 1, 1 has 2)"."""
+    where = f"{len(few)} of {of} images" + (f" of dataset '{dataset}'" if dataset else "")
+    by = sorted(Counter(few).items())
+    if len(by) == 1:
+        n = by[0][0]
+        return f"{where} {'has' if len(few) == 1 else 'have'} {n} description{'' if n == 1 else 's'}"
+    counted = ", ".join(f"{k} {'has' if k == 1 else 'have'} {n}" for n, k in by)
+    return f"{where} have fewer than {below} descriptions ({counted})"
+
+
+def _thin_gold(source: str, dataset: str, counts: list[int], method: str | None) -> list[ThinData]:
+    if method == CONSENSUS:
+        few = [n for n in counts if n < MIN_FOR_CONSENSUS]
+        why = (
+            f"the consensus rule (the description most similar to the others) needs at least {MIN_FOR_CONSENSUS} "
+            "to choose: on those images the report's gold standard was chosen by no one (the only description, "
+            "or a seeded draw between two)"
+        )
+        need = MIN_FOR_CONSENSUS
+    elif method == VOTES:
+        few = [n for n in counts if n < MIN_FOR_VOTES]
+        why = (
+            f"votes choose between at least {MIN_FOR_VOTES} descriptions: on those images the report's gold "
+            "standard is the only description, chosen by no vote"
+        )
+        need = MIN_FOR_VOTES
+    else:
+        return []
+    if not few:
+        return []
+    return [ThinData(GOLD_NOTE, dataset, f"{source}: {_images_with(few, len(counts), dataset, need)}; {why}")]
+
+
+def _thin_groups(source: str, dataset: str, counts: list[int], ranking: RankingConfig) -> list[ThinData]:
+    found = []
+    few = [n for n in counts if n < MIN_FOR_GROUPS]
+    if few:
+        rest = len(counts) - len(few)
+        missing = (
+            f"the report has no top- or bottom-ranked human bands for '{dataset}' and no comparison with them"
+            if not rest
+            else f"the human bands and comparisons of '{dataset}' rest on the other {rest} images"
+        )
+        found.append(
+            ThinData(
+                GROUPS_NOTE,
+                dataset,
+                f"{source}: {_images_with(few, len(counts), dataset, MIN_FOR_GROUPS)}; the top- and bottom-ranked "
+                f"human groups need at least {MIN_FOR_GROUPS} (the gold standard and one for each): {missing}",
+            )
+        )
+    asked = 1 + ranking.top_k + ranking.bottom_k
+    small = [n for n in counts if MIN_FOR_GROUPS <= n < asked]
+    if small:
+        found.append(
+            ThinData(
+                GROUPS_NOTE,
+                dataset,
+                f"{source}: {_images_with(small, len(counts), dataset, asked)}; groups of ranking.top_k "
+                f"{ranking.top_k} and ranking.bottom_k {ranking.bottom_k} need {asked} (with the gold standard): "
+                f"on those images each group has at most (n - 1) // 2, so the human bands of '{dataset}' are drawn "
+                "from smaller groups than asked",
+            )
+        )
+    return found
+
+
+def _thin_masked(study: StudyConfig, source: str, images: list[str], masked: Counter) -> list[ThinData]:
+    """Spatial dependence (a taxonomy with models that describe the masked variants) needs at least
+    MIN_MASKS masks and MIN_MASKED_PER_MASK human descriptions of each mask of an image."""
+    models = [m.name for m in study.models if m.variants == "all"]
+    if study.taxonomy is None or not models:
+        return []
+    masks = mask_ids(study.masks)
+    who = f"{', '.join(models)} describe{'s' if len(models) == 1 else ''} the masked variants (variants: all)"
+    if len(masks) < MIN_MASKS:
+        message = (
+            f"masks: {len(masks)} masked variant(s) and {who}; spatial dependence correlates profiles over at "
+            f"least {MIN_MASKS} regions: the report has no spatial dependence labels and no heat maps"
+        )
+        return [ThinData(MASKED_NOTE, None, message)]
+    if not masked:
+        message = (
+            f"{source} has no masked descriptions (condition {', '.join(masks)}) and {who}; spatial dependence "
+            "compares a model's masked descriptions with people's: the report has no spatial dependence "
+            "labels and no heat maps"
+        )
+        return [ThinData(MASKED_NOTE, None, message)]
+    few = [i for i in images if any(masked[(i, m)] < MIN_MASKED_PER_MASK for m in masks)]
+    if not few:
+        return []
+    empty = "; the spatial panel is empty" if len(few) == len(images) else ""
+    message = (
+        f"{source}: {len(few)} of {len(images)} images have fewer than {MIN_MASKED_PER_MASK} masked descriptions "
+        f"of some mask ({', '.join(masks)}) and {who}; the inter-human reference needs {MIN_MASKED_PER_MASK} per "
+        f"mask: on those images spatial dependence is undecided and there is no heat map{empty}"
+    )
+    return [ThinData(MASKED_NOTE, None, message)]

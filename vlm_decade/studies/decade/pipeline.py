@@ -22,7 +22,7 @@ from vlm_decade.stages.estimate import Line, describe_lines, embed_lines, respon
 from vlm_decade.stages.images import ImageCache, transparency_note
 from vlm_decade.studies.decade import judging, metric_validation, report, score, statistics, stsb
 from vlm_decade.studies.decade.config import StudyConfig
-from vlm_decade.studies.decade.data import StudyData, load_study_data
+from vlm_decade.studies.decade.data import StudyData, load_study_data, thin_human_data
 from vlm_decade.studies.decade.taxonomy import stages as taxonomy
 from vlm_decade.studies.decade.taxonomy.analysis import ERROR_TYPES
 from vlm_decade.studies.decade.taxonomy.hand import check_hand_labels
@@ -102,7 +102,7 @@ def run(study: StudyConfig, reporter: Reporter | None = None) -> RunFolder:
         reporter,
         summary,
         stages,
-        incomplete_models(study, data),
+        input_warnings(study, data),
         cache.save,
         ranking_method=data.ranking_method,
         masks=masks,
@@ -134,15 +134,22 @@ def incomplete_models(study: StudyConfig, data: StudyData) -> list[str]:
     return missing_rows(study.models, set(data.images.column("image_id").to_pylist()), plan(study).variants)
 
 
+def input_warnings(study: StudyConfig, data: StudyData) -> list[str]:
+    """What `validate` warns of and a run says before it starts: imported models that lack rows, and
+    human data too thin for what the study asks (`thin_human_data`)."""
+    thin = thin_human_data(study, data.references, data.ranking_method)
+    return incomplete_models(study, data) + [t.message for t in thin]
+
+
 def summary(study: StudyConfig, data: StudyData) -> tuple[str, list[str]]:
-    """What `validate` says of a study that passed its checks, and its warnings (incomplete imported models)."""
+    """What `validate` says of a study that passed its checks, and its warnings (`input_warnings`)."""
     datasets = sorted(set(data.images.column("dataset").to_pylist()))
     return (
         f"{data.images.num_rows} images in {len(datasets)} datasets ({', '.join(datasets)}), "
         f"{data.references.num_rows} human descriptions, {len(study.models)} models; gold standard by "
         + ", ".join(f"{d}: {m}" for d, m in sorted(data.ranking_method.items()))
         + transparency_note(data.images)
-    ), incomplete_models(study, data)
+    ), input_warnings(study, data)
 
 
 def redraw_report(folder: RunFolder, study: StudyConfig) -> list[str]:

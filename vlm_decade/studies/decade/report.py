@@ -4,6 +4,10 @@ The main figure has the shape of the paper's figure 4b: mean similarity to the g
 model with bootstrap CIs, datasets side by side, and the top- and bottom-ranked humans drawn as
 bands. A demo run says on the page that its human data were written for the demo.
 
+Where the human data is too thin for a figure (`data.thin_human_data`), the page says so where the
+figure would be; an era of one model is that model, so the era comparisons that repeat a model's
+are left out of the page (`era_repeats`), with a line that says so.
+
 The page stays a few MB at any number of images: figures and statistics tables, and per image only
 a sample (each model's worst and best images, thumbnails embedded); `vlm-decade view` shows the rest.
 """
@@ -11,6 +15,7 @@ a sample (each model's worst and best images, thumbnails embedded); `vlm-decade 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -25,13 +30,15 @@ from vlm_decade.report.figures import COLOURS, save_figure
 from vlm_decade.report.html import grid, render, write_csvs, write_page
 from vlm_decade.report.samples import SampleRow, Samples, extremes, sample_tables
 from vlm_decade.stats import format_p
+from vlm_decade.stats.families import era_label
 from vlm_decade.studies.decade.config import StudyConfig
+from vlm_decade.studies.decade.data import GOLD_NOTE, GROUPS_NOTE, MASKED_NOTE, thin_human_data
 from vlm_decade.studies.decade.metric_validation import agreement_summary, write_validation_figure
 from vlm_decade.studies.decade.ranking import vote_ties
 from vlm_decade.studies.decade.taxonomy.report import taxonomy_section
 
 # Part of the report stage's settings: bump it when the page changes, so existing runs redraw it.
-REPORT_FORMAT = 8
+REPORT_FORMAT = 9
 # The tables every report draws from, and those it adds a section for when the run has them.
 REPORT_TABLES = ("images", "references", "responses", "scores", "stats", "comparisons")
 OPTIONAL_TABLES = (
@@ -211,20 +218,87 @@ def _failed_responses(responses: pa.Table, shown: int = FAILED_SHOWN) -> dict:
     return out
 
 
+def era_repeats(rows: list[dict], eras: Mapping[str, str]) -> tuple[list[dict], dict[str, str]]:
+    """The comparison rows worth showing, and {era label: its model} of the eras whose rows were left out.
+
+    An era of one model is that model: its mean is the model's mean. A row with such an era as a
+    term is left out when, read with the model in its place, it is another row of `rows` (the same
+    a, b, dataset, metric and variant), as the dataset comparisons of an era and the era against
+    the humans repeat the model's; a row that asks something no other row does (one era against
+    the other) is kept."""
+    single = {}
+    for era in ("pre-mllm", "mllm"):
+        members = [s for s, e in eras.items() if e == era]
+        if len(members) == 1:
+            single[era_label(era)] = members[0]
+
+    def read(r: dict) -> tuple:
+        return single.get(r["a"], r["a"]), single.get(r["b"], r["b"]), r["dataset"], r["metric"], r["variant"]
+
+    plain = {read(r) for r in rows if not {r["a"], r["b"]} & single.keys()}
+    kept, left_out = [], set()
+    for r in rows:
+        eras_here = {r["a"], r["b"]} & single.keys()
+        if eras_here and read(r) in plain:
+            left_out |= eras_here
+        else:
+            kept.append(r)
+    return kept, {e: single[e] for e in sorted(left_out)}
+
+
+def _without_repeats(table: pa.Table, eras: Mapping[str, str]) -> tuple[pa.Table, str | None]:
+    """`table` (comparisons) less the era rows that repeat a model's (`era_repeats`), and the line that says so."""
+    kept, single = era_repeats(table.to_pylist(), eras)
+    if not single:
+        return table, None
+    who = "; ".join(f"{era} is {model}" for era, model in single.items())
+    note = (
+        f"An era of one model is that model ({who}): {table.num_rows - len(kept)} era comparisons that repeat "
+        "the model's are left out here (the comparisons table keeps them)."
+    )
+    return pa.Table.from_pylist(kept, schema=table.schema), note
+
+
+def thin_notes(study: StudyConfig, references: pa.Table, ranking: Mapping[str, str]) -> dict:
+    """What the human data is too thin for (`thin_human_data`), by the place the report says it: per
+    dataset under its gold standard, under the similarity figures, and in the spatial panel."""
+    thin = thin_human_data(study, references, ranking)
+    gold: dict[str, list[str]] = {}
+    for t in thin:
+        if t.topic == GOLD_NOTE:
+            gold.setdefault(t.dataset, []).append(t.message)
+    return {
+        "gold": gold,
+        "groups": [t.message for t in thin if t.topic == GROUPS_NOTE],
+        "masked": [t.message for t in thin if t.topic == MASKED_NOTE],
+    }
+
+
 def write_report(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Table]) -> None:
     metrics = sorted(set(tables["stats"].column("metric").to_pylist()))
     for metric in metrics:
         similarity_figure(tables["stats"], study, metric, run.file("figures", f"similarity_{safe_name(metric)}.png"))
     manifest = run.manifest()
     images, n = tables["images"], study.statistics.n_resamples
+    ranking = manifest.get("ranking_method", {})
+    thin = thin_notes(study, tables["references"], ranking)
     metric, picked = samples(tables, study)
     errors = None
     if "errors" in tables:
-        # Per-image parts of the error section (heat maps, examples, errors.html) cover the sampled images.
+        # Per-image parts of the error section (heat maps, examples, errors.html) cover the sampled images;
+        # the SDE counts, every image.
         ids = sampled_ids(picked)
-        per_image = {name: only_images(tables[name], ids) for name in ("errors", "spatial", "references", "responses")}
-        errors = taxonomy_section(run, study, {**tables, **per_image})
-    ranking = manifest.get("ranking_method", {})
+        per_image = {name: only_images(tables[name], ids) for name in ("errors", "references", "responses")}
+        error_comparisons, error_era_note = _without_repeats(tables["error_comparisons"], study.eras)
+        errors = taxonomy_section(
+            run,
+            study,
+            {**tables, **per_image, "error_comparisons": error_comparisons},
+            era_note=error_era_note,
+            spatial_notes=thin["masked"],
+            shown=ids,
+        )
+    comparisons, era_note = _without_repeats(tables["comparisons"], study.eras)
     page = render(
         TEMPLATES,
         "decade_report.html",
@@ -238,13 +312,15 @@ def write_report(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Table]
         ranking=sorted(ranking.items()),
         consensus=sorted(d for d, m in ranking.items() if m == "consensus"),
         ties=vote_ties(tables["references"].to_pylist()),
+        thin=thin,
         metrics=[(m, safe_name(m)) for m in metrics],
         stats=grid(
             tables["stats"].sort_by([("metric", "ascending"), ("subject", "ascending"), ("dataset", "ascending")]),
             ["subject", "dataset", "metric", "variant", "estimate", "ci_low", "ci_high", "n_images"],
         ),
+        era_note=era_note,
         comparisons=grid(
-            tables["comparisons"],
+            comparisons,
             ["family", "a", "b", "dataset", "metric", "difference", "ci_low", "ci_high", "p", "q", "significant"],
             {"p": lambda v, r: format_p(v, n), "q": lambda v, r: format_p(v, n)},
         ),

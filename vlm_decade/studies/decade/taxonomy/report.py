@@ -12,7 +12,9 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import pyarrow as pa
+import pyarrow.compute as pc
 from markupsafe import Markup
+from matplotlib.patches import Patch
 
 from vlm_decade.core.files import safe_name
 from vlm_decade.core.runfolder import RunFolder
@@ -49,13 +51,25 @@ def _point(r: dict | None) -> tuple[float, float, float] | None:
 
 
 def error_rate_figure(stats: list[dict], study: StudyConfig, path: Path) -> None:
-    """Figures 5-6 and 7b's shape: one panel per error type, each model's rate per dataset with CIs."""
+    """Figures 5-6 and 7b's shape (`error_rate_plot`), written to `path`."""
+    save_figure(error_rate_plot(stats, study), path)
+
+
+def error_rate_plot(stats: list[dict], study: StudyConfig):
+    """One panel per error type, each model's rate per dataset with CIs: two rows of panels sized
+    by the number of models and datasets, and the legend in a cell of its own, so no bar is hidden;
+    a panel without a rate says so."""
     models = [m.name for m in study.models]
     datasets = sorted({r["dataset"] for r in stats})
     by = {(r["subject"], r["dataset"], r["metric"]): r for r in stats}
-    fig, axes = plt.subplots(1, len(ERROR_TYPES), figsize=(3.2 * len(ERROR_TYPES), 3.6), dpi=110, sharey=True)
-    width = 0.7 / max(len(datasets), 1)
-    for ax, error_type in zip(axes, ERROR_TYPES):
+    panel_width = max(3.8, 0.3 * len(models) * max(len(datasets), 1) + 1.8)
+    columns = 3 if panel_width <= 5.5 else 2  # wide panels two abreast, so the page need not shrink them
+    rows = math.ceil((len(ERROR_TYPES) + 1) / columns)  # one cell more: the legend's
+    fig, grid_axes = plt.subplots(rows, columns, figsize=(panel_width * columns, 4.1 * rows), dpi=110, squeeze=False)
+    axes = list(grid_axes.flat)
+    width = 0.8 / max(len(datasets), 1)
+    for i, (ax, error_type) in enumerate(zip(axes, ERROR_TYPES)):
+        drawn = False
         for d_i, dataset in enumerate(datasets):
             xs, ys, lo, hi = [], [], [], []
             for m_i, model in enumerate(models):
@@ -65,28 +79,40 @@ def error_rate_figure(stats: list[dict], study: StudyConfig, path: Path) -> None
                     ys.append(point[0])
                     lo.append(point[1])
                     hi.append(point[2])
+            drawn = drawn or bool(xs)
             ax.bar(
                 xs,
                 ys,
                 width=width,
                 yerr=[lo, hi] if xs else None,
-                capsize=2,
+                capsize=3,
                 color=COLOURS[d_i % len(COLOURS)],
                 label=dataset,
             )
-        ax.set_title(NAMES[error_type], fontsize=9)
+        if not drawn:
+            ax.text(0.5, 0.5, "no decided labels", transform=ax.transAxes, ha="center", va="center", color="#777")
+        ax.set_title(NAMES[error_type], fontsize=11)
         ax.set_xticks(range(len(models)))
-        ax.set_xticklabels(models, fontsize=7, rotation=30, ha="right")
+        ax.set_xticklabels(
+            models, fontsize=9, rotation=30 if len(models) > 2 else 0, ha="right" if len(models) > 2 else "center"
+        )
+        ax.set_xlim(-0.6, max(len(models), 1) - 0.4)
         ax.set_ylim(0, 1)
+        ax.tick_params(axis="y", labelsize=9)
         ax.grid(axis="y", alpha=0.3)
-    axes[0].set_ylabel("share of images with the error (95% CI)")
+        if i % columns == 0:
+            ax.set_ylabel("share of images with the error (95% CI)", fontsize=10)
+    legend_cell = axes[len(ERROR_TYPES)]
+    for ax in axes[len(ERROR_TYPES) :]:
+        ax.axis("off")
     if datasets:
-        axes[0].legend(title="dataset", fontsize=7)
+        handles = [Patch(color=COLOURS[d_i % len(COLOURS)], label=d) for d_i, d in enumerate(datasets)]
+        legend_cell.legend(handles=handles, title="dataset", fontsize=10, title_fontsize=10, loc="center")
     fig.suptitle(
-        "Error rates by model and dataset" + (" (DEMO DATA: not a finding)" if study.demo else ""), fontsize=10
+        "Error rates by model and dataset" + (" (DEMO DATA: not a finding)" if study.demo else ""), fontsize=12
     )
     fig.tight_layout()
-    save_figure(fig, path)
+    return fig
 
 
 def _units(r: dict) -> str:
@@ -372,15 +398,44 @@ def checks(study: StudyConfig) -> dict[str, str]:
     return {"boxes": boxes, "verifier": verifier}
 
 
-def taxonomy_section(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Table]) -> Markup:
-    """The section of report.html; draws its figures and writes errors.html."""
+def spatial_empty(study: StudyConfig, spatial: pa.Table, thin: list[str]) -> str:
+    """Why the report has no heat map, said where the heat maps would be: no model describes the
+    masked variants, the human data is too thin for them (`thin`: `data.thin_human_data`'s
+    messages), or else why the spatial dependence of the images shown was left undecided."""
+    if not any(m.variants == "all" for m in study.models):
+        return "no model describes the masked variants (a model's `variants: all`), so there is no spatial dependence."
+    if thin:
+        return " ".join(thin)
+    reasons = Counter(r["reason"] for r in spatial.to_pylist() if r["sde"] is None)
+    if not reasons:
+        return "this run has no spatial-dependence rows for the images shown."
+    return "no image shown has a decided spatial dependence: " + "; ".join(
+        f"{why} ({n})" for why, n in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))
+    )
+
+
+def taxonomy_section(
+    run: RunFolder,
+    study: StudyConfig,
+    tables: dict[str, pa.Table],
+    era_note: str | None = None,
+    spatial_notes: tuple[str, ...] | list[str] = (),
+    shown: list[str] | None = None,
+) -> Markup:
+    """The section of report.html; draws its figures and writes errors.html. `era_note`: the line
+    that says which era comparisons were left out; `spatial_notes`: what the human data is too thin
+    for in spatial dependence (`data.thin_human_data`); `shown`: the images that get a heat map
+    (None: all), while the SDE counts are over every image."""
     figures = run.root / "figures"
     error_stats = tables["error_stats"].to_pylist()
     error_rate_figure(error_stats, study, figures / "error_rates.png")
     impact = tables["impact_stats"].to_pylist()
     if impact:
         impact_figure(impact, study.taxonomy_metric, study.demo, figures / "impact.png")
-    heatmaps = heatmap_files(run, study, tables["images"], tables["spatial"])
+    spatial = tables["spatial"]
+    if shown is not None:
+        spatial = spatial.filter(pc.is_in(spatial.column("image_id"), value_set=pa.array(shown, pa.string())))
+    heatmaps = heatmap_files(run, study, tables["images"], spatial)
     _evidence_page(run, study, tables["errors"])
     fmt = stat_formats(study.statistics.n_resamples, study.taxonomy.min_images)
     impact_stats = tables["impact_stats"]
@@ -392,6 +447,9 @@ def taxonomy_section(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Ta
         checks=checks(study),
         examples=examples_table(tables),
         heatmaps=heatmaps,
+        spatial_empty=None if heatmaps else spatial_empty(study, spatial, list(spatial_notes)),
+        spatial_notes=list(spatial_notes) if heatmaps else [],
+        era_note=era_note,
         impact=bool(impact),
         error_stats=grid(
             tables["error_stats"].sort_by(

@@ -30,6 +30,7 @@ OK = "ok"
 HUMANS = "humans"  # the panel name of the people in heat maps
 
 MIN_MASKS = 3  # a correlation over 2 regions is always +-1: no evidence of agreement
+MIN_MASKED_PER_MASK = 2  # a leave-one-out reference needs another description of each mask
 CONSTANT_ATOL = 1e-12  # a profile whose range is below this has no correlation
 MAX_EXACT_PSEUDO = 100_000  # enumerate every pseudo-worker up to this many (the paper's 20^3 = 8,000)
 SAMPLED_PSEUDO = 20_000  # beyond it, a seeded sample of this many
@@ -150,8 +151,8 @@ def inter_human_reference(
     pseudo-workers, and needs no randomness); otherwise `n_sampled` combinations are drawn from the
     stream of (`seed`, `stream`), the caller's image id. Each mask needs at least 2 descriptions.
     """
-    if any(len(v) < 2 for v in values_by_mask):
-        raise ValueError("every mask needs at least 2 descriptions for a leave-one-out reference")
+    if any(len(v) < MIN_MASKED_PER_MASK for v in values_by_mask):
+        raise ValueError(f"every mask needs at least {MIN_MASKED_PER_MASK} descriptions for a leave-one-out reference")
     # Sorted: the pseudo-workers are a multiset of values, so this only fixes what a sample draws.
     own = [np.sort(np.asarray(v, dtype=np.float64)) for v in values_by_mask]
     rest = [(v.sum() - v) / (v.size - 1) for v in own]  # the other descriptions' mean, per choice
@@ -242,14 +243,14 @@ def _human_side(
     image_id: str, dataset: str, has_gold: bool, values_by_mask: tuple[tuple[float, ...], ...], mask_ids, seed: int
 ) -> _HumanSide:
     profile = tuple(mean_profile(values_by_mask))
-    thin = [m for m, v in zip(mask_ids, values_by_mask) if len(v) < 2]
+    thin = [m for m, v in zip(mask_ids, values_by_mask) if len(v) < MIN_MASKED_PER_MASK]
     problem, reference = "", None
     if not has_gold:
         problem = "no gold standard description for the image"
     elif len(mask_ids) < MIN_MASKS:
         problem = f"{len(mask_ids)} masks: a correlation needs at least {MIN_MASKS} regions"
     elif thin:
-        problem = f"fewer than 2 human descriptions for {', '.join(thin)}: no inter-human reference"
+        problem = f"fewer than {MIN_MASKED_PER_MASK} human descriptions for {', '.join(thin)}: no inter-human reference"
     elif _is_constant(np.asarray(profile)):
         problem = "the humans' mean profile is constant: no region stands out, no correlation"
     else:
