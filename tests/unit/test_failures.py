@@ -45,7 +45,7 @@ def test_escape_codes_are_removed_and_an_error_is_its_type_and_first_line():
 def test_the_error_of_an_actors_constructor_is_found_in_rays_text():
     found = raised_in(CREATION_FAILED)
     assert error_text(found) == "ValueError: ssd-template: score_threshold: at most 1"
-    assert str(found).endswith("and a second line of the message")
+    assert found.message.endswith("and a second line of the message") and str(found).startswith("ValueError: ")
     assert raised_in("The actor died unexpectedly before finishing this task.") is None
 
 
@@ -134,3 +134,21 @@ def test_the_failures_of_a_manifest_in_pipeline_order(pipeline):
         "stages": {"a": {"failed": [{**record, "subject": "x"}]}, "b": {"failed": [{**record, "subject": "y"}]}},
     }
     assert [f.subject for f in run_failures(manifest)] == (["y", "x"] if pipeline else ["x", "y"])
+
+
+def test_failed_rows_end_the_command_with_status_3_unless_allowed(capsys):
+    import typer
+
+    from vlm_decade.cli import _end
+
+    failed = [Failed("responses", "m", 4, 4, "ValueError: no weights", 4)]
+    with pytest.raises(typer.Exit) as ended:
+        _end(failed, allow_failures=False)
+    assert ended.value.exit_code == 3
+    said = " ".join(capsys.readouterr().err.split())
+    assert "m: 4 of 4 responses failed (every one); most common (4): ValueError: no weights" in said
+    _end(failed, allow_failures=True)  # said, and the command goes on to exit 0
+    said = " ".join(capsys.readouterr().err.split())
+    assert "exit status 0 (--allow-failures)" in said and "m: 4 of 4 responses failed" in said
+    _end([], allow_failures=False)
+    assert capsys.readouterr().err == ""

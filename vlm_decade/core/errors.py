@@ -34,15 +34,15 @@ class RemoteError(Exception):
     actor's creation task as text): the name of its type and its message."""
 
     def __init__(self, type_name: str, message: str):
-        super().__init__(message)
-        self.type_name = type_name
+        super().__init__(f"{type_name}: {message}" if message else type_name)
+        self.type_name, self.message = type_name, message
 
 
 def error_text(exc: BaseException) -> str:
     """'TheType: the first line of its message', without escape codes: how a failure is said in an
     error row, in the manifest, in the report and on the terminal."""
-    name = exc.type_name if isinstance(exc, RemoteError) else type(exc).__name__
-    lines = [line.strip() for line in plain(str(exc)).splitlines() if line.strip()]
+    name, message = (exc.type_name, exc.message) if isinstance(exc, RemoteError) else (type(exc).__name__, str(exc))
+    lines = [line.strip() for line in plain(message).splitlines() if line.strip()]
     return f"{name}: {lines[0]}" if lines else name
 
 
