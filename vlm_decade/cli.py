@@ -3,7 +3,8 @@
 Bad input ends with every problem listed (file, row, field) and exit status 2, before anything
 is written. Every command runs inside one handler (`_handled`), which turns each expected error
 into a message and an exit status, never a traceback: 2 for the input (tables, the study file, a
-path given on the command line), 1 for the environment (a full disk, too little memory).
+path given on the command line), 1 for the environment (a full disk, too little memory); a run
+that finished with failed rows ends with 3 (docs/cli.md lists them all).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from vlm_decade.core.errors import ENVIRONMENT_EXIT, INPUT_EXIT, InputError, Problem, os_failure
+from vlm_decade.core.errors import ENVIRONMENT_EXIT, INPUT_EXIT, RUN_FAILED_EXIT, InputError, Problem, os_failure
 
 # Each stage shows its own progress; the model libraries' loading bars would only interleave with it.
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -113,21 +114,22 @@ CACHE_DIR_HELP = (
 )
 
 
-def _run(study) -> None:
+def _run(study) -> list:
     """Run a study of either kind; an API stage that stopped (a budget reached, a provider
-    refusing) says why."""
+    refusing) says why. Returns the failed rows the run left (`core.runner.Failed`)."""
     from vlm_decade.core.dispatch import Stalled
     from vlm_decade.core.runfolder import RunFolderBusy
+    from vlm_decade.core.runner import run_failures
     from vlm_decade.models.api.session import APIStopped, BatchesPending
     from vlm_decade.studies import pipeline_of
 
     try:
-        pipeline_of(study).run(study)
+        folder = pipeline_of(study).run(study)
     except BatchesPending as exc:  # submitted, not finished: the stages after wait for a later run
         err.print(
             f"[yellow]waiting for batches:[/yellow] {exc}; the stages that need them did not start", highlight=False
         )
-        return
+        return []
     except (APIStopped, RunFolderBusy, Stalled) as exc:
         err.print(f"[bold red]stopped:[/bold red] {exc}", highlight=False)
         _say_unfinished(study.output)
@@ -135,6 +137,22 @@ def _run(study) -> None:
     except OSError as exc:  # the run folder is known here: a full disk says what it kept
         _exit(*os_failure(exc, Path(study.output)))
     _say_unfinished(study.output)
+    return run_failures(folder.manifest())
+
+
+ALLOW_FAILURES_HELP = "Exit 0 even when a model or stage left failed rows (else exit status 3, docs/cli.md)."
+
+
+def _end(failed: list, allow_failures: bool) -> None:
+    """After the report: per model its failed rows and most common error; exit status 3 unless allowed."""
+    if not failed:
+        return
+    status = "exit status 0 (--allow-failures)" if allow_failures else f"exit status {RUN_FAILED_EXIT}"
+    err.print(f"[bold red]failed rows[/bold red], named at the top of the report too; {status}:", highlight=False)
+    for failure in failed:
+        err.print(f"  {failure.line()}", highlight=False, markup=False)
+    if not allow_failures:
+        raise typer.Exit(RUN_FAILED_EXIT)
 
 
 def _say_unfinished(run_dir: Path) -> None:
@@ -176,12 +194,13 @@ def run(
         "--wait/--no-wait",
         help="Batch mode: wait for the batches, or submit them and exit (a later run collects).",
     ),
+    allow_failures: bool = typer.Option(False, "--allow-failures", help=ALLOW_FAILURES_HELP),
 ) -> None:
     """Run a study; re-running resumes and skips every unchanged stage."""
     study = _load(study_file, out, address, cache_dir, wait=wait)
     if rehash:
         study = study.model_copy(update={"runtime": study.runtime.model_copy(update={"rehash": True})})
-    _run(study)
+    _end(_run(study), allow_failures)
 
 
 @app.command()
@@ -220,6 +239,7 @@ def validate(
 def demo(
     out: str = typer.Option("runs/demo", "--out", help="Run folder (a local path)."),
     cache_dir: Path | None = typer.Option(None, "--cache-dir", help=CACHE_DIR_HELP),
+    allow_failures: bool = typer.Option(False, "--allow-failures", help=ALLOW_FAILURES_HELP),
 ) -> None:
     """Run both bundled offline demo studies: Study A into OUT/decade, Study B into OUT/openworld."""
     from vlm_decade.core.config import output_problems
@@ -236,10 +256,12 @@ def demo(
     out = Path(out)
     # The demo runs offline: API models whose key is missing are left out, and it says so.
     studies = [drop_unkeyed(_with_cache_dir(s, cache_dir)) for s in demo_studies(out)]
+    failed = []
     for study, notes in studies:
         for note in notes:
             err.print(f"[yellow]{note}[/yellow]", highlight=False)
-        _run(study)
+        failed += _run(study)
+    _end(failed, allow_failures)
 
 
 RUN_DIR_HELP = "A run folder: a path, or the s3:// or gs:// URI a run wrote to."

@@ -101,3 +101,37 @@ def test_more_actors_than_cpus_is_a_clear_error_not_a_hang(small_study, tmp_path
     study, images = small_study
     with pytest.raises(InputError, match=r"3 actors x 1 CPU = 3 CPU, but this Ray has 2"):
         _describe(study, images, tmp_path / "run", actors=3)
+
+
+def test_a_model_that_cannot_start_gives_rows_that_say_its_own_error(small_study, tmp_path):
+    """An option `validate` refuses, given straight to the stage: the actors' constructor raises, and
+    every row says what the backend said when built here, not Ray's wrapper."""
+    study, images = small_study
+    model = study.models[0].model_copy(update={"options": {"score_threshold": 5}})
+    with pytest.raises(ValueError) as raised:
+        backend_class("ssd-template")(model)
+    table = describe_stage(study.model_copy(update={"models": (model,)}), images, tmp_path / "run")
+    assert table.num_rows == len(KEEP) * 4 and set(table.column("status").to_pylist()) == {"error"}
+    (said,) = set(table.column("error").to_pylist())
+    assert said == f"ValueError: {str(raised.value).splitlines()[0]}" and "score_threshold" in said
+    assert not any(wrapper in said for wrapper in ("\x1b", "ActorDiedError", "RayTaskError", "ray::"))
+
+
+class Halting:
+    """An actor whose work raises for one item."""
+
+    def work(self, item: int) -> int:
+        if item == 2:
+            raise ValueError(f"\x1b[31mitem {item}\x1b[0m cannot be done")
+        return item
+
+
+def test_work_that_raises_in_an_actor_is_handed_back_as_its_own_exception(ray_session):
+    from vlm_decade.core.dispatch import pool_map
+    from vlm_decade.core.errors import error_text
+
+    actor = ray_session.remote(Halting).options(num_cpus=0)
+    done = list(pool_map(ray_session, actor.remote, 1, range(4), lambda a, item: a.work.remote(item)))
+    assert sorted((d.work, d.value) for d in done if d.error is None) == [(0, 0), (1, 1), (3, 3)]
+    (failed,) = [d.error for d in done if d.error is not None]
+    assert type(failed) is ValueError and error_text(failed) == "ValueError: item 2 cannot be done"

@@ -137,3 +137,31 @@ def test_an_actor_that_never_starts_holds_no_work():
     ray = PoolRay(dead=(), unplaced=(0,))  # the only actor never starts: said, not hung
     with pytest.raises(Stalled):
         list(pool_map(ray, ray.make, 1, range(3), ray.call, stall_timeout_s=5, ready=ray.ready))
+
+
+class BrokenRay(PoolRay):
+    """Every actor's constructor raises (a model that cannot load), as Ray reports it: in text."""
+
+    def __init__(self):
+        super().__init__(dead=range(100))
+
+    def get(self, ref):
+        from ray.exceptions import ActorDiedError, RayActorError
+
+        self.in_flight.discard(ref)
+        died = ActorDiedError()
+        trace = f'ray::A.__init__() (pid=1)\n  File "a.py", line 1, in __init__\n    load()\nOSError: no weights in {ref[2]}'
+        RayActorError.__init__(died, "id", f"The actor died because of an error raised in its creation task, {trace}")
+        died._actor_init_failed = True
+        raise died
+
+
+def test_an_actor_whose_constructor_raises_is_not_made_again_and_the_work_fails_with_its_error():
+    from vlm_decade.core.dispatch import pool_map
+    from vlm_decade.core.errors import error_text
+
+    ray = BrokenRay()
+    done = list(pool_map(ray, ray.make, 2, range(5), ray.call, max_lost=3, ready=ray.ready))
+    assert sorted(d.work for d in done) == list(range(5)) and ray.made == 2  # no third actor tried
+    # the cause the first failed actor gave (the fake finishes the newest call first: actor 1)
+    assert {error_text(d.error) for d in done} == {"OSError: no weights in 1"}

@@ -441,3 +441,26 @@ def test_decade_report_says_why_the_human_bands_are_missing_where_they_would_be(
     config = {**copy.deepcopy(DECADE_CONFIG), "ranking": {"top_k": 1, "bottom_k": 1}}
     page = _decade(tmp_path, decade_tables, config)
     assert "human bands" not in page and "needs at least" not in page
+
+
+def test_both_reports_name_the_failed_models_at_the_top(tmp_path, decade_tables, openworld_tables):
+    """The failed rows the manifest's stages record (as the run recorded them) head both pages."""
+    from dataclasses import asdict
+
+    from vlm_decade.core.runner import Failed
+
+    failed = Failed("responses", "beta", 4, 4, "ValueError: no <weights>", 4)
+    pages = []
+    for name, write, tables, config in (
+        ("a", write_report, decade_tables, DECADE_CONFIG),
+        ("b", write_openworld_report, openworld_tables, OPENWORLD_CONFIG),
+    ):
+        out = RunFolder(tmp_path / name)
+        out.update_manifest(pipeline=["responses"], stages={"responses": {"failed": [asdict(failed)]}})
+        write(out, study_from_dict(copy.deepcopy(config)), tables)
+        pages.append((out.root / "report.html").read_text())
+    for page in pages:
+        note = page[page.index("<div class='failed'>") : page.index("</div>")]
+        assert page.index("<div class='failed'>") < page.index("<h2>") and "<b>Failed:</b> beta." in note
+        assert "beta: 4 of 4 responses failed (every one); most common (4): ValueError: no &lt;weights&gt;" in note
+    assert "class='failed'" not in _decade(tmp_path / "clean", decade_tables)  # no failures recorded: no note

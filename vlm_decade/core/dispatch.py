@@ -4,15 +4,20 @@ Every stage that hands batches to Ray actors or tasks (describe, embed, detectio
 probes) goes through `bounded` (or `pool_map`, for a pool of actors that may be lost): it submits
 work while fewer than `limit` calls are pending, and yields each call's outcome as it finishes, so
 memory stays flat whatever the amount of work and a stage can save each result at once. A call
-that fails yields its exception instead of a value: the stage decides what a failure means for its
-rows. Neither waits forever: when nothing finishes for the stall timeout, `Stalled` says why.
+that fails yields its exception instead of a value: the exception the work itself raised, not Ray's
+wrapper around it (`original`), so that rows and messages say the real cause; the stage decides
+what a failure means for its rows. Neither waits forever: when nothing finishes for the stall
+timeout, `Stalled` says why.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
+
+from vlm_decade.core.errors import RemoteError, plain
 
 W = TypeVar("W")
 _END = object()
@@ -29,6 +34,41 @@ class Finished(Generic[W]):
 
 class Stalled(RuntimeError):
     """No call finished for the stall timeout: the work waits for something the cluster lacks."""
+
+
+def original(exc: BaseException) -> BaseException:
+    """The exception a worker raised, under Ray's wrappers: a failed task's cause (and its cause,
+    when the task failed on an argument that failed), with the worker's traceback as a note; for an
+    actor whose constructor raised, the type and message its traceback ends with (Ray brings that
+    error back only as text). Any other exception (an actor lost with its node, say) is itself."""
+    from ray.exceptions import RayActorError, RayTaskError
+
+    while isinstance(exc, RayTaskError) and exc.cause is not None and exc.cause is not exc:
+        cause = exc.cause
+        if isinstance(cause, Exception):
+            cause.add_note(plain(str(exc)).rstrip())  # where in the worker it was raised
+        exc = cause
+    if isinstance(exc, RayActorError) and exc.actor_init_failed:
+        return raised_in(str(exc)) or exc
+    return exc
+
+
+_EXCEPTION_LINE = re.compile(r"([A-Za-z_][\w.]*)(?::[ ]?(.*))?")
+
+
+def raised_in(traceback_text: str) -> RemoteError | None:
+    """The exception a Python traceback's text ends with: the first line at the margin after its
+    last frame (a qualified type is named by its class alone, as `type(exc).__name__` does)."""
+    lines = plain(traceback_text).splitlines()
+    frames = [i for i, line in enumerate(lines) if line.startswith("  File ")]
+    if not frames:
+        return None
+    tail = lines[frames[-1] + 1 :]
+    for i, line in enumerate(tail):
+        if line and not line[0].isspace() and (found := _EXCEPTION_LINE.fullmatch(line)):
+            message = "\n".join([found[2] or "", *tail[i + 1 :]]).strip()
+            return RemoteError(found[1].rsplit(".", 1)[-1], message)
+    return None
 
 
 def batches(items: list[W], size: int) -> list[list[W]]:
@@ -93,7 +133,7 @@ def bounded(
         try:
             done = Finished(item, ray.get(ref))
         except Exception as exc:  # noqa: BLE001 - handed to the stage, which records it per row
-            done = Finished(item, error=exc)
+            done = Finished(item, error=original(exc))
         fill()  # keep the cluster busy while the caller saves this result
         yield done
 
@@ -119,9 +159,10 @@ def pool_map(
     while the others finish it. A call whose actor died (its process or its node lost) is not an
     outcome: its work goes back to the queue and the actor leaves the pool, so the others take it
     over; when none is left, a new actor is made (it waits for room on the cluster, within the stall
-    timeout). After `max_lost` actors are lost (an actor that cannot even start, say), the rest of
-    the work is handed back failed with the last loss, to become error rows that a later run tries
-    again. Other failures are handed back as usual. The actors are killed when the work is done.
+    timeout). After `max_lost` actors are lost, or at once when an actor's constructor raised (a
+    model that cannot load: every new actor would raise the same), the rest of the work is handed
+    back failed with that cause, to become error rows that a later run tries again. Other failures
+    are handed back as usual. The actors are killed when the work is done.
     """
     from ray.exceptions import RayActorError
 
@@ -131,19 +172,24 @@ def pool_map(
     queue = iter(work)
     retry: list[W] = []
     pending: dict[Any, tuple[W, int]] = {}
-    made, lost, last_loss, exhausted = n_actors, 0, None, False
+    made, lost, last_loss, broken, exhausted = n_actors, 0, None, False, False
 
-    def lose(slot: int, exc: BaseException) -> None:
-        nonlocal lost, last_loss
+    def lose(slot: int, exc: RayActorError) -> None:
+        nonlocal lost, last_loss, broken
         if slot in actors:
             ray.kill(actors.pop(slot))
             load.pop(slot, None)
             lost += 1
-        last_loss = exc
+        if not broken:  # the constructor's error stays the cause said for the rest
+            last_loss = original(exc)
+        broken = broken or exc.actor_init_failed
+
+    def makes_more() -> bool:
+        return lost <= max_lost and not broken
 
     def fill() -> None:
         nonlocal made, exhausted
-        while lost <= max_lost:
+        while makes_more():
             if not actors:
                 actors[made] = make_actor()
                 starting[ready(actors[made])] = made
@@ -162,7 +208,7 @@ def pool_map(
 
     try:
         fill()
-        while pending or (starting and lost <= max_lost and (retry or not exhausted)):
+        while pending or (starting and makes_more() and (retry or not exhausted)):
             ready_refs, _ = ray.wait([*pending, *starting], num_returns=1, timeout=stall_timeout_s)
             if not ready_refs:
                 raise stalled(ray, what, needs or {}, stall_timeout_s)
@@ -184,16 +230,16 @@ def pool_map(
                 done = Finished(item, ray.get(ref))
             except RayActorError as exc:
                 lose(slot, exc)
-                if lost <= max_lost:
+                if makes_more():
                     retry.append(item)
                     fill()
                     continue
-                done = Finished(item, error=exc)
+                done = Finished(item, error=original(exc))
             except Exception as exc:  # noqa: BLE001 - handed to the stage, which records it per row
-                done = Finished(item, error=exc)
+                done = Finished(item, error=original(exc))
             fill()
             yield done
-        for item in [*retry, *queue]:  # left when too many actors were lost
+        for item in [*retry, *queue]:  # left when too many actors were lost, or they cannot start
             yield Finished(item, error=last_loss)
     finally:
         for actor in actors.values():

@@ -1,19 +1,49 @@
 """Input problems that name the file, row and field, collected so a user sees them all at once; and
-what an error of the machine (a full disk, an unwritable folder) says, with its exit status.
+what an error of the machine (a full disk, an unwritable folder) says, with its exit status; and the
+one way an exception is said in a row, a file or on the terminal (`error_text`).
 
 Exit status 2 is the user's input (a table, the study file, a path given on the command line), 1 the
-environment (a full disk, an I/O error, too little memory).
+environment (a full disk, an I/O error, too little memory), 3 a run that finished with failed rows
+(docs/cli.md).
 """
 
 from __future__ import annotations
 
 import errno
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 INPUT_EXIT = 2
 ENVIRONMENT_EXIT = 1
+RUN_FAILED_EXIT = 3
+
+# Terminal escape sequences: CSI (colours, cursor moves), OSC (titles, links), and the two-byte ones.
+_ESCAPES = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[0-~])")
+
+
+def plain(text: str) -> str:
+    """`text` without terminal escape codes (Ray colours its workers' names and tracebacks): what a
+    table, a file or a message may hold."""
+    return _ESCAPES.sub("", text).replace("\x1b", "")
+
+
+class RemoteError(Exception):
+    """An exception raised in a worker of which only the text came back (Ray keeps the error of an
+    actor's creation task as text): the name of its type and its message."""
+
+    def __init__(self, type_name: str, message: str):
+        super().__init__(f"{type_name}: {message}" if message else type_name)
+        self.type_name, self.message = type_name, message
+
+
+def error_text(exc: BaseException) -> str:
+    """'TheType: the first line of its message', without escape codes: how a failure is said in an
+    error row, in the manifest, in the report and on the terminal."""
+    name, message = (exc.type_name, exc.message) if isinstance(exc, RemoteError) else (type(exc).__name__, str(exc))
+    lines = [line.strip() for line in plain(message).splitlines() if line.strip()]
+    return f"{name}: {lines[0]}" if lines else name
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,9 @@ its fingerprint hashes the settings and the content fingerprints of its input ta
 the manifest), so a change anywhere upstream flows down and an unchanged stage is skipped.
 Incremental stages keep their finished rows across crashes (`runfolder`), so the skip-or-run decision
 is per stage and the resume is per row. A stage whose table has rows it could not finish (`status`
-error or skipped) is recorded `incomplete`, never skipped: the next run redoes just those rows.
+error or skipped) is recorded `incomplete`, never skipped: the next run redoes just those rows. Its
+failed rows (`status` error), per model with their most common error, are recorded with it
+(`failed_rows`): a run that leaves any is a failed run (`run_failures`, exit status 3).
 
 `open_run` begins a run (the run folder and the manifest's record of it) and returns a `StudyRun`:
 what every compute function is given (the tables stages hand on, the run folder, the reporter, and
@@ -20,8 +22,9 @@ import json
 import platform
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
@@ -31,6 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from vlm_decade.core.config import StudyBase
+from vlm_decade.core.errors import plain
 from vlm_decade.core.progress import Reporter
 from vlm_decade.core.runfolder import RunFolder, table_fingerprint
 from vlm_decade.core.runtime import LazyRay
@@ -91,6 +95,61 @@ def unfinished_rows(table: pa.Table) -> dict[str, int]:
         return {}
     counts = pc.value_counts(table.column("status")).to_pylist()
     return {c["values"]: c["counts"] for c in counts if c["values"] != "ok"}
+
+
+@dataclass(frozen=True)
+class Failed:
+    """One model's failed rows (`status` error) in one table: how many of its rows, and its most
+    common error with how many rows say it. `subject` is None in a table without one (the judge's)."""
+
+    table: str
+    subject: str | None
+    failed: int
+    rows: int
+    error: str
+    count: int
+
+    @property
+    def who(self) -> str:
+        """The model, or the table when its rows have none (the judge's)."""
+        return self.subject if self.subject is not None else self.table
+
+    def line(self) -> str:
+        """'ssd-template: 12 of 12 responses failed (every one); most common (12): ValueError: ...'"""
+        who = f"{self.subject}: " if self.subject is not None else ""
+        every = " (every one)" if self.failed == self.rows else ""
+        return f"{who}{self.failed} of {self.rows} {self.table} failed{every}; most common ({self.count}): {self.error}"
+
+
+def failed_rows(name: str, table: pa.Table) -> list[Failed]:
+    """Per subject (in order of name), the rows of table `name` whose `status` is error, out of the
+    subject's rows, and their most common error (ties: the first in order of text)."""
+    if "status" not in table.column_names:
+        return []
+    n = table.num_rows
+    columns = {
+        c: table.column(c) if c in table.column_names else pa.nulls(n, pa.string()) for c in ("subject", "error")
+    }
+    rows = pa.table({**columns, "error": pc.fill_null(columns["error"], ""), "status": table.column("status")})
+    totals = {
+        r["subject"]: r["status_count"] for r in rows.group_by("subject").aggregate([("status", "count")]).to_pylist()
+    }
+    errors = rows.filter(pc.equal(rows.column("status"), "error"))
+    said: dict[str | None, Counter] = {}
+    for r in errors.group_by(["subject", "error"]).aggregate([("status", "count")]).to_pylist():
+        said.setdefault(r["subject"], Counter())[plain(r["error"])] += r["status_count"]
+    out = []
+    for subject in sorted(said, key=lambda s: (s is not None, s or "")):
+        error, count = min(said[subject].items(), key=lambda text_count: (-text_count[1], text_count[0]))
+        out.append(Failed(name, subject, sum(said[subject].values()), totals[subject], error, count))
+    return out
+
+
+def run_failures(manifest: dict) -> list[Failed]:
+    """The failed rows the manifest's stages record, in pipeline order: a run that leaves any failed."""
+    stages = manifest.get("stages", {})
+    order = [n for n in manifest.get("pipeline", []) if n in stages] or sorted(stages)
+    return [Failed(**f) for name in order for f in stages[name].get("failed", [])]
 
 
 def given(name: str, table: pa.Table) -> Stage:
@@ -164,6 +223,7 @@ class StudyRun:
         for name in stage.tables:
             self.folder.clear_parts(name)  # folded into the table just written
         unfinished = {name: counts for name in tables if (counts := unfinished_rows(tables[name]))}
+        failed = [asdict(f) for name in unfinished for f in failed_rows(name, tables[name])]
         manifest = self.folder.manifest()
         manifest.setdefault("tables", {}).update({name: fp for name, (fp, _) in written.items()})
         manifest.setdefault("files", {}).update({name: record for name, (_, record) in written.items()})
@@ -175,6 +235,7 @@ class StudyRun:
             "seconds": round(time.monotonic() - start, 3),
             "rows": rows,
             **({"unfinished": unfinished} if unfinished else {}),
+            **({"failed": failed} if failed else {}),
         }
         self.folder.save_manifest(manifest)
         release_memory()

@@ -21,7 +21,7 @@ STYLE = Markup("""
 body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;font-size:13px;margin:0.5em 0 1.5em}th,td{border:1px solid #ccc;padding:3px 8px;text-align:left}
 th{background:#f3f3f3}.demo{background:#fff3cd;border:1px solid #e0b400;padding:0.8em 1em;border-radius:4px}
-.note{color:#555;font-size:14px}img{max-width:100%}
+.failed{background:#fde2e1;border:1px solid #c0392b;padding:0.8em 1em;border-radius:4px}.note{color:#555;font-size:14px}img{max-width:100%}
 """)
 
 

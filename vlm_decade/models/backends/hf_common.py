@@ -25,7 +25,7 @@ import numpy as np
 from pydantic import Field
 
 from vlm_decade.core.config import BackendOptions, ModelConfig
-from vlm_decade.core.errors import InputError, Problem
+from vlm_decade.core.errors import InputError, Problem, error_text
 from vlm_decade.imaging.masks import as_rgb
 from vlm_decade.models.backends import Backend, Description, Stimulus, parsed_options
 
@@ -294,7 +294,7 @@ class HFBackend(Backend):
             answers = run_split(self._run, [item for _, item in usable])
         for (i, _), answer in zip(usable, answers):
             if isinstance(answer, Exception):
-                results[i] = Description("", "error", f"{type(answer).__name__}: {answer}", self.model_version)
+                results[i] = Description("", "error", error_text(answer), self.model_version)
             else:
                 results[i] = Description(answer, model_version=self.model_version)
         return results

@@ -13,6 +13,7 @@ import pyarrow as pa
 
 from vlm_decade.core.config import ModelConfig, StudyBase
 from vlm_decade.core.dispatch import pool_map
+from vlm_decade.core.errors import error_text
 from vlm_decade.core.runner import StudyRun
 from vlm_decade.models.api.answers import failed_answer
 from vlm_decade.models.backends import Backend, Description, Stimulus, backend_class
@@ -49,7 +50,7 @@ def describe_batch(backend: Backend, jobs: list[Job], stimuli: list[Stimulus | s
     try:
         answers = one_for_one(ready, list(backend.describe(ready)), f"model {jobs[0].subject}") if ready else []
     except Exception as exc:  # noqa: BLE001 - a batch that fails is recorded, not fatal
-        answers = [Description("", "error", f"{type(exc).__name__}: {exc}")] * len(ready)
+        answers = [Description("", "error", error_text(exc))] * len(ready)
     latency = (time.perf_counter() - start) / max(len(ready), 1)
     answer = iter(answers)
     return [

@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections import defaultdict
 
 from vlm_decade.core.config import ModelConfig, StudyBase
-from vlm_decade.core.dispatch import batches, bounded
+from vlm_decade.core.dispatch import batches, bounded, original
+from vlm_decade.core.errors import error_text
 from vlm_decade.core.runner import StudyRun
 from vlm_decade.models.api.answers import failed_answer
 from vlm_decade.models.api.session import BatchesPending, stop_if_pending
@@ -55,7 +56,7 @@ def ask_gateway(gateway, model_id: str, settings: dict, jobs: list[Job], batch: 
         try:
             answers.append(ray.get(ref))
         except Exception as exc:  # noqa: BLE001 - a lost call is an error row, tried again next run
-            answers.append(failed_answer("error", f"{type(exc).__name__}: gateway call failed"))
+            answers.append(failed_answer("error", f"gateway call failed: {error_text(original(exc))}"))
     return answers
 
 
@@ -125,7 +126,7 @@ class RemoteModels:
         result = lambda item, _: self.gateways[item[1]].actor.result.remote(item[2])  # noqa: E731
         for done in bounded(self.gateways.ray, self.waiting, result, max(1, len(self.waiting))):
             lost = done.error is not None
-            answer = failed_answer("error", f"{type(done.error).__name__}: gateway call failed") if lost else done.value
+            answer = failed_answer("error", f"gateway call failed: {error_text(done.error)}") if lost else done.value
             job = done.work[0]
             self.answers[job.subject].append(answer)
             self.parts.add([response_row(job, answer)])

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from vlm_decade.core.columns import first_per_key
+from vlm_decade.core.errors import error_text
 from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.models.api.answers import failed_answer
 from vlm_decade.stages.describe.plan import Job
@@ -82,9 +83,9 @@ def response_row(job: Job, answer: dict) -> dict:
 
 
 def failed_batch(batch: list[Job], exc: BaseException) -> list[dict]:
-    """Every job of a batch that failed as a whole, as an error row (tried again by the next run)."""
-    first_line = str(exc).splitlines()[0] if str(exc) else ""
-    return [response_row(job, failed_answer("error", f"{type(exc).__name__}: {first_line}")) for job in batch]
+    """Every job of a batch that failed as a whole, as an error row (tried again by the next run)
+    saying the cause (`error_text`)."""
+    return [response_row(job, failed_answer("error", error_text(exc))) for job in batch]
 
 
 # the rows kept so far ---------------------------------------------------------------------------

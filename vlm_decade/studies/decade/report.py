@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 
 from vlm_decade.core.files import safe_name
 from vlm_decade.core.runfolder import RunFolder
-from vlm_decade.core.runner import Stage
+from vlm_decade.core.runner import Stage, run_failures
 from vlm_decade.report import samples as report_samples
 from vlm_decade.report.figures import COLOURS, save_figure
 from vlm_decade.report.html import grid, render, write_csvs, write_page
@@ -38,7 +38,7 @@ from vlm_decade.studies.decade.ranking import vote_ties
 from vlm_decade.studies.decade.taxonomy.report import taxonomy_section
 
 # Part of the report stage's settings: bump it when the page changes, so existing runs redraw it.
-REPORT_FORMAT = 9
+REPORT_FORMAT = 10  # 10: the failed models at the top; 9: the thin-data notes
 # The tables every report draws from, and those it adds a section for when the run has them.
 REPORT_TABLES = ("images", "references", "responses", "scores", "stats", "comparisons")
 OPTIONAL_TABLES = (
@@ -304,6 +304,7 @@ def write_report(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Table]
         "decade_report.html",
         title=f"{study.name}: vlm_decade report",
         heading=study.name,
+        failed_rows=run_failures(manifest),
         study=study,
         n_images=images.num_rows,
         n_datasets=len(set(images.column("dataset").to_pylist())),

@@ -27,7 +27,7 @@ from typing import Protocol
 
 from vlm_decade.core.config import ModelConfig, ProvidersConfig
 from vlm_decade.core.dispatch import batches, bounded
-from vlm_decade.core.errors import InputError, Problem
+from vlm_decade.core.errors import InputError, Problem, error_text
 from vlm_decade.core.progress import Reporter
 from vlm_decade.models.api.keys import api_key, key_hint
 from vlm_decade.models.api.providers import OpenAIProvider, provider_class
@@ -183,9 +183,7 @@ class LocalJudge:
             for batch in batches(unique, self.batch_size):
                 for prompt, answer in zip(batch, run_split(self._run, batch)):
                     if isinstance(answer, Exception):
-                        answer = JudgeAnswer(
-                            "", "error", f"{type(answer).__name__}: {answer}", model_version=self.model_version
-                        )
+                        answer = JudgeAnswer("", "error", error_text(answer), model_version=self.model_version)
                     answers[prompt] = answer
                 advance(len(batch))
         return [answers[p] for p in prompts]

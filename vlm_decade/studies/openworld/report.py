@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from vlm_decade.core.runfolder import RunFolder
-from vlm_decade.core.runner import Stage
+from vlm_decade.core.runner import Stage, run_failures
 from vlm_decade.report import samples as report_samples
 from vlm_decade.report.html import Grid, grid, render, write_csvs, write_page
 from vlm_decade.report.samples import SampleRow, Samples, extremes, sample_tables
@@ -21,7 +21,7 @@ from vlm_decade.studies.openworld.config import OpenWorldStudyConfig
 from vlm_decade.studies.openworld.scoring import METRICS
 
 # Bump when the page changes, so existing runs redraw it.
-REPORT_FORMAT = 4  # 4: McNemar's tests
+REPORT_FORMAT = 5  # 4: McNemar's tests; 5: the failed models at the top
 TEMPLATES = Path(__file__).parent / "templates"
 REPORT_TABLES = ("images", "labels", "responses", "predictions", "stats", "comparisons", "paired_tests")
 GROUPS = ("prototypical", "fine-grained", "very fine-grained", "all")
@@ -145,6 +145,7 @@ def write_openworld_report(
         "openworld_report.html",
         title=f"{study.name}: vlm_decade report",
         heading=f"{study.name} (Study B: open-world classification)",
+        failed_rows=run_failures(run.manifest()),
         study=study,
         models=models,
         metrics=metrics,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from vlm_decade.core.dispatch import batches, bounded
+from vlm_decade.core.errors import error_text
 from vlm_decade.core.runner import StudyRun
 from vlm_decade.models.backends import backend_class
 from vlm_decade.models.backends.detection import Detection
@@ -48,7 +49,7 @@ class DetectActor:
             found = iter(self.backend.detect([s.image for s in ready]))
             failure = ""
         except Exception as exc:  # noqa: BLE001 - a failing batch is recorded per image
-            found, failure = iter(()), f"{type(exc).__name__}: {exc}"
+            found, failure = iter(()), error_text(exc)
         rows = []
         for job, stim in zip(jobs, stimuli):
             if isinstance(stim, str) or failure:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from vlm_decade.core.errors import error_text
 from vlm_decade.core.runner import StudyRun
 from vlm_decade.models.backends.detection import Detection
 from vlm_decade.stages.describe.plan import Job
@@ -45,7 +46,7 @@ class LocateActor:
             try:
                 (found,) = self.locator.locate([stim.image], [names])
             except Exception as exc:  # noqa: BLE001 - recorded per image
-                rows.append({**row, "status": "error", "error": f"{type(exc).__name__}: {exc}"})
+                rows.append({**row, "status": "error", "error": error_text(exc)})
                 continue
             rows.append({**row, "status": "ok", "error": "", "boxes": [detection_row(d) for d in found]})
         return rows
