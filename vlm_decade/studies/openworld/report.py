@@ -116,6 +116,7 @@ def metrics_figure(
         dpi=110,
         squeeze=False,
         sharey=True,
+        layout="constrained",
     )
     width = 0.7 / max(len(groups), 1)
     drawn: dict[str, object] = {}  # group -> a handle for the legend
@@ -142,9 +143,10 @@ def metrics_figure(
     axes[0][0].set_ylabel("percent (mean, 95% CI)")
     if drawn:
         order = [g for g in groups if g in drawn]
-        fig.legend([drawn[g] for g in order], order, fontsize=8, loc="lower center", ncol=len(order), frameon=False)
+        fig.legend(
+            [drawn[g] for g in order], order, fontsize=8, loc="outside lower center", ncol=len(order), frameon=False
+        )
     _title(fig, f"Each metric per model (prompt {prompt})", demo)
-    fig.tight_layout(rect=(0, 0.07, 1, 1))
     save_figure(fig, path)
 
 
@@ -153,7 +155,7 @@ def ss_thresholds_figure(stats: list[dict], models: list[str], prompt: str, demo
     by = {
         (r["subject"], r["metric"]): r for r in stats if r[PROMPT] == prompt and r["dataset"] == "all" and _complete(r)
     }
-    fig, ax = plt.subplots(figsize=(6.4, 3.8), dpi=110)
+    fig, ax = plt.subplots(figsize=(6.4, 3.8), dpi=110, layout="constrained")
     cuts = [float(t.split("@")[1]) for t in THRESHOLDS]
     for m_i, model in enumerate(models):
         points = [(c, by[(model, t)]) for c, t in zip(cuts, THRESHOLDS) if (model, t) in by]
@@ -179,7 +181,7 @@ def ss_thresholds_figure(stats: list[dict], models: list[str], prompt: str, demo
     else:
         _empty(ax, "no SS threshold shares with a CI")
     _title(fig, f"SS at thresholds, all images (prompt {prompt})", demo)
-    save_figure(fig, path, bbox_inches="tight")
+    save_figure(fig, path)
 
 
 def outcome_counts(predictions: pa.Table, prompt: str) -> dict[str, dict[str, int]]:
@@ -193,7 +195,7 @@ def outcome_counts(predictions: pa.Table, prompt: str) -> dict[str, dict[str, in
 
 def outcomes_figure(counts: dict[str, dict[str, int]], models: list[str], prompt: str, demo: bool, path: Path) -> None:
     """Each model's predictions as shares of the outcomes, one stacked bar per model."""
-    fig, ax = plt.subplots(figsize=(6.4, max(2.2, 0.45 * len(models) + 1.4)), dpi=110)
+    fig, ax = plt.subplots(figsize=(6.4, max(2.6, 0.45 * len(models) + 1.8)), dpi=110, layout="constrained")
     shown = [m for m in models if sum(counts.get(m, {}).values())]
     present = [name for name in OUTCOME_NAMES if any(counts[m].get(name) for m in shown)]
     for y, model in enumerate(shown):
@@ -208,11 +210,11 @@ def outcomes_figure(counts: dict[str, dict[str, int]], models: list[str], prompt
     ax.set_xlim(0, 100)
     ax.set_xlabel("share of the model's predictions (%)")
     if shown:
-        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=len(present), frameon=False)
+        fig.legend(fontsize=8, loc="outside lower center", ncol=len(present), frameon=False)
     else:
         _empty(ax, "no predictions")
     _title(fig, f"Outcomes per model (prompt {prompt})", demo)
-    save_figure(fig, path, bbox_inches="tight")
+    save_figure(fig, path)
 
 
 def _metric_cell(value: float | None, metric: str) -> str:
