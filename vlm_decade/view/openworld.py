@@ -93,7 +93,8 @@ def gallery(view: RunView, q: GalleryQuery) -> dict:
         params.append(q.label)
     if q.prediction and has_predictions:
         where.append(
-            "i.image_id IN (SELECT image_id FROM predictions WHERE prediction = ? AND prompt_id = ? AND (? = '' OR subject = ?))"
+            "i.image_id IN (SELECT image_id FROM predictions "
+            "WHERE prediction = ? AND prompt_id = ? AND (? = '' OR subject = ?))"
         )
         params += [q.prediction, q.prompt, q.model, q.model]
     joins, key = "", "i.image_id"
