@@ -229,6 +229,7 @@ PREFIXES = (
     "/",
     "/image/",
     "/model/",
+    "/confusions",
     "/picture/thumb/",
     "/picture/full/",
     "/picture/original/",
@@ -267,6 +268,9 @@ QUERY_KEYS = (
     "granularity",
     "prompt",
     "outcome",
+    "label",
+    "prediction",
+    "show",
     "token",
 )
 

@@ -1,7 +1,8 @@
 """`vlm-decade view` on the demo's run folders, driven in a real headless Chromium: every page of
 both studies with every picture loaded, no answer 5xx and no console error; the gallery and its
 filters, an image page (the image, its variants, the descriptions, the error evidence), a model
-page against stats.parquet, Study B's gallery by outcome, and requests for paths outside the run.
+page of each study against stats.parquet, Study B's gallery by outcome, its confusion view against
+predictions.parquet, its report within a 1,400-pixel window, and requests for paths outside the run.
 A screenshot of each page is saved under the demo run's temporary folder.
 
 Chromium and chromedriver come from the system (Debian: chromium, chromium-driver; `make browser`);
@@ -20,11 +21,13 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+
+from vlm_decade.studies.openworld.statistics import PROMPT
 
 from ..unit.view_runs import write
 from .conftest import BIN, cli_env, vlm_decade
@@ -222,21 +225,35 @@ def page_problems(driver, url: str) -> list[str]:
     return problems
 
 
+def confusions_of(run: Path, prompt: str = "default", model: str = "") -> dict[tuple[str, str], int]:
+    """(label, predicted name) -> predictions under `prompt` that miss the label (TI 0), from predictions.parquet."""
+    counts: dict[tuple[str, str], int] = {}
+    for r in pq.read_table(run / "predictions.parquet").to_pylist():
+        if r["prompt_id"] == prompt and r["TI"] == 0 and model in ("", r["subject"]) and r["prediction"] is not None:
+            counts[(r["label"], r["prediction"])] = counts.get((r["label"], r["prediction"]), 0) + 1
+    return counts
+
+
 def every_page(server: Server, run: Path) -> list[str]:
-    """Every page type of a study's viewer on a run: the gallery, each image, each model (where the
-    study has model pages) and the report."""
+    """Every page type of a study's viewer on a run: the gallery, each image, each model and the
+    report; for Study B also the confusion view and the gallery of one of its confusions."""
     images = sorted(pq.read_table(run / "images.parquet").column("image_id").to_pylist())
     models = [r["subject"] for r in pq.read_table(run / "responses.parquet").select(["subject"]).to_pylist()]
     pages = ["/", *(f"/image/{quote(i, safe='')}" for i in images), "/run/report.html"]
-    candidates = [f"/model/{quote(m, safe='')}" for m in sorted(set(models))]
-    return pages + [p for p in candidates if status_of(server.url + p) == 200]
+    pages += [f"/model/{quote(m, safe='')}" for m in sorted(set(models))]
+    if (run / "labels.parquet").exists():
+        label, name = min(confusions_of(run))
+        pages += ["/confusions", "/?" + urlencode({"label": label, "prediction": name, "prompt": "default"})]
+    return pages
 
 
 @pytest.mark.parametrize("study", ["decade", "openworld"])
 def test_every_page_shows_its_pictures_without_errors(browser, request, demo_run, study):
     server = request.getfixturevalue(f"{study}_server")
     pages = every_page(server, demo_run[0] / study)
-    assert len(pages) > 3 and (study == "openworld" or any(p.startswith("/model/") for p in pages))
+    assert len(pages) > 3 and any(p.startswith("/model/") for p in pages)
+    answers = {page: status_of(server.url + page) for page in pages}
+    assert set(answers.values()) == {200}, answers
     problems = {page: found for page in pages if (found := page_problems(browser, server.url + page))}
     assert problems == {}
 
@@ -377,6 +394,89 @@ def test_study_b_gallery_filters_by_outcome(browser, openworld_server, demo_run,
     for r in predictions:
         lowest[r["image_id"]] = min(lowest.get(r["image_id"], 1e9), r["CS"])
     assert cards(browser) == sorted(lowest, key=lambda i: (lowest[i], i))
+
+
+def test_study_b_model_page_shows_the_numbers_of_stats_parquet_and_its_confusions(
+    browser, openworld_server, demo_run, shots
+):
+    from selenium.webdriver.common.by import By
+
+    run = demo_run[0] / "openworld"
+    model = "efficientnet-lite3-imagenet"
+    browser.get(f"{openworld_server.url}/model/{model}")
+    stats = {
+        (r[PROMPT], r["dataset"], r["metric"]): r["estimate"]
+        for r in pq.read_table(run / "stats.parquet").to_pylist()
+        if r["subject"] == model and r["metric"] in ("TI", "LI", "SS", "CS") and r["estimate"] is not None
+    }
+    shown = {
+        (row.get_attribute("data-prompt"), row.get_attribute("data-dataset"), cell.get_attribute("data-metric")): float(
+            cell.get_attribute("data-estimate")
+        )
+        for row in browser.find_elements(By.CSS_SELECTOR, "#stats tbody tr")
+        for cell in row.find_elements(By.CSS_SELECTOR, "td[data-estimate]")
+        if cell.get_attribute("data-estimate")
+    }
+    assert shown == stats and len(stats) > 3
+    names = {
+        (a.find_element(By.XPATH, "ancestor::tr").get_attribute("data-label"), a.get_attribute("data-prediction")): int(
+            a.get_attribute("data-count")
+        )
+        for a in browser.find_elements(By.CSS_SELECTOR, "#confusions a.predicted")
+    }
+    expected = confusions_of(run, model=model)
+    labels = sorted(
+        {label for label, _ in expected}, key=lambda k: (-sum(n for (a, _), n in expected.items() if a == k), k)
+    )
+    assert names == {k: n for k, n in expected.items() if k[0] in labels[:20]} and names
+    screenshot(browser, shots / "openworld-model.png")
+
+
+def test_the_confusion_view_counts_predictions_and_opens_their_images(browser, openworld_server, demo_run, shots):
+    from selenium.webdriver.common.by import By
+
+    run = demo_run[0] / "openworld"
+    browser.get(f"{openworld_server.url}/confusions")
+    links = browser.find_elements(By.CSS_SELECTOR, "#confusions a.predicted")
+    shown = {
+        (a.find_element(By.XPATH, "ancestor::tr").get_attribute("data-label"), a.get_attribute("data-prediction")): int(
+            a.get_attribute("data-count")
+        )
+        for a in links
+    }
+    assert shown == confusions_of(run)
+    screenshot(browser, shots / "openworld-confusions.png")
+    label, name = (
+        links[0].find_element(By.XPATH, "ancestor::tr").get_attribute("data-label"),
+        links[0].get_attribute("data-prediction"),
+    )
+    links[0].click()
+    wait_for(browser, lambda d: "prediction=" in d.current_url, "the gallery of one confusion")
+    predictions = pq.read_table(run / "predictions.parquet").to_pylist()
+    assert cards(browser) == sorted(
+        {
+            r["image_id"]
+            for r in predictions
+            if r["prompt_id"] == "default" and r["label"] == label and r["prediction"] == name
+        }
+    )
+    assert cards(browser)
+
+
+def test_study_b_report_fits_a_1400_pixel_window(browser, openworld_server):
+    from selenium.webdriver.common.by import By
+
+    browser.get(f"{openworld_server.url}/run/report.html")
+    width = browser.execute_script("return window.innerWidth")
+    table = browser.find_element(By.ID, "ss-thresholds")
+    assert width <= 1400 and browser.execute_script("return document.documentElement.scrollWidth") <= width
+    assert table.rect["x"] + table.rect["width"] <= width
+    shown = browser.execute_script("return [...document.images].map(i => i.getAttribute('src'))")
+    assert {
+        "figures/openworld_metrics.png",
+        "figures/openworld_ss_thresholds.png",
+        "figures/openworld_outcomes.png",
+    } <= set(shown)
 
 
 def test_study_b_gallery_filters_a_judged_run_by_outcome(browser, demo_run, tmp_path, shots):

@@ -464,3 +464,51 @@ def test_both_reports_name_the_failed_models_at_the_top(tmp_path, decade_tables,
         assert page.index("<div class='failed'>") < page.index("<h2>") and "<b>Failed:</b> beta." in note
         assert "beta: 4 of 4 responses failed (every one); most common (4): ValueError: no &lt;weights&gt;" in note
     assert "class='failed'" not in _decade(tmp_path / "clean", decade_tables)  # no failures recorded: no note
+
+
+def _pixels_of(path, colour: str) -> int:
+    """How many pixels of a figure have `colour` (#rrggbb)."""
+    from PIL import Image
+
+    rgb = tuple(int(colour[i : i + 2], 16) for i in (1, 3, 5))
+    return sum(n for n, c in Image.open(path).convert("RGB").getcolors(1 << 24) if c == rgb)
+
+
+def test_openworld_report_draws_its_figures_and_shows_ss_thresholds_a_row_per_model_and_group(
+    tmp_path, openworld_tables
+):
+    from vlm_decade.studies.openworld.report import FIGURES, OUTCOME_COLOURS, outcome_counts
+
+    # Hand-given SS threshold shares for alpha on all images.
+    shares = {"ss@0.5": 0.9, "ss@0.6": 0.8, "ss@0.7": 0.5, "ss@0.8": 0.25, "ss@0.9": 0.125, "ss@avg": 0.515}
+    rows = openworld_tables["stats"].to_pylist()
+    first = next(r for r in rows if r["subject"] == "alpha" and r["dataset"] == "all")
+    rows += [{**first, "metric": m, "estimate": v, "ci_low": v - 0.05, "ci_high": v + 0.05} for m, v in shares.items()]
+    text = _openworld(tmp_path, {**openworld_tables, "stats": pa.Table.from_pylist(rows, schema=STATS_SCHEMA)})
+    page = Page(text)
+    shown = [a["src"] for tag, a in page.tags if tag == "img"]
+    for name, file in FIGURES.items():
+        path = tmp_path / "out" / file
+        assert file in shown and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+    # The thresholds table: one row for alpha's `all`, its cells the shares in percent.
+    table = text[text.index("<table id='ss-thresholds'>") :]
+    table = table[: table.index("</table>")]
+    assert re.findall(r"<th>([^<]*)</th>", table) == ["model", "group", *shares]
+    cells = [f"{100 * v:.1f} [{100 * (v - 0.05):.1f}, {100 * (v + 0.05):.1f}]" for v in shares.values()]
+    assert re.findall(r"<tr>(.*?)</tr>", table)[1:] == ["".join(f"<td>{c}</td>" for c in ["alpha", "all", *cells])]
+    # Each model's outcomes counted by hand from view_runs' predictions, and drawn: ambiguity only beta had.
+    counts = outcome_counts(openworld_tables["predictions"], "default")
+    for model in ("alpha", "beta"):
+        expected: dict[str, int] = {}
+        for (m, _), (*_, outcome) in PREDICTIONS.items():
+            if m == model:
+                expected[outcome] = expected.get(outcome, 0) + 1
+        assert counts[model] == expected
+    figure = tmp_path / "out" / FIGURES["outcomes"]
+    # A bar is thousands of pixels; a colour drawn nowhere may still turn up in a few antialiased ones.
+    assert (
+        _pixels_of(figure, OUTCOME_COLOURS["ambiguity"]) > 1000 > 100 > _pixels_of(figure, OUTCOME_COLOURS["unjudged"])
+    )
+    # The viewer's model pages and confusion view, linked for when the report is opened through it.
+    links = {a["href"] for tag, a in page.tags if tag == "a"}
+    assert {"../model/alpha", "../model/beta", "../confusions"} <= links

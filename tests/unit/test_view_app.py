@@ -21,8 +21,10 @@ from vlm_decade.view.runs import open_run
 
 from .view_runs import (
     BOX,
+    FAILED_B,
     IMAGES,
     LABELS,
+    OPENWORLD_STATS,
     PREDICTIONS,
     PRESENT,
     PROBE_QUESTION,
@@ -301,4 +303,89 @@ def test_openworld_card_and_image_page_show_every_prediction(app_b):
         for prompt in ("default", "specific"):
             assert f'data-model="{model}" data-prompt="{prompt}"' in image
     assert "kitten" in image and "ambiguity" in image
-    assert app_b.get("/model/alpha").status_code == 404
+
+
+def hand_confusions(model: str = "", prompt: str = "default") -> dict[str, dict[str, int]]:
+    """label -> name -> predictions, counted from view_runs' PREDICTIONS: those that miss the label."""
+    counts: dict[str, dict[str, int]] = {}
+    for (m, i), (name, *_) in PREDICTIONS.items():
+        label = LABELS[i][0]
+        if model in ("", m) and label not in name and (m, i, prompt) != FAILED_B:
+            counts.setdefault(label, {}).setdefault(name, 0)
+            counts[label][name] += 1
+    return counts
+
+
+def shown_confusions(page: str) -> dict[str, dict[str, int]]:
+    rows = re.findall(r'<tr data-label="([^"]+)">(.*?)</tr>', page, re.S)
+    return {
+        label: {n: int(c) for n, c in re.findall(r'data-prediction="([^"]+)" data-count="(\d+)"', cells)}
+        for label, cells in rows
+    }
+
+
+@pytest.mark.parametrize("model", ["", "alpha", "beta"])
+def test_confusion_view_counts_each_label_s_wrong_names_by_hand(app_b, model):
+    page = app_b.get("/confusions", params={"model": model}).text
+    assert shown_confusions(page) == hand_confusions(model)
+    if not model:  # both models said tent for the yurt, the most confused label comes first
+        assert shown_confusions(page)["yurt"] == {"tent": 2}
+        assert re.findall(r'<tr data-label="([^"]+)">', page)[0] == "yurt"
+        assert "7 predictions." in page
+
+
+def test_confusion_view_filters_and_shows_every_prediction_when_asked(app_b):
+    assert shown_confusions(app_b.get("/confusions", params={"dataset": "ds-b", "model": "alpha"}).text) == {
+        "spoonbill": {"heron": 1}
+    }
+    everything = shown_confusions(app_b.get("/confusions", params={"show": "all", "model": "alpha"}).text)
+    assert everything == {LABELS[i][0]: {p[0]: 1} for (m, i), p in PREDICTIONS.items() if m == "alpha"}
+    assert (
+        "No prediction matches"
+        in app_b.get("/confusions", params={"granularity": "fine-grained", "dataset": "ds-x"}).text
+    )
+
+
+def test_a_confusion_opens_the_images_with_that_label_and_prediction(app_b):
+    page = app_b.get("/confusions").text
+    link = html.unescape(re.search(r'data-prediction="tent" data-count="2" href="([^"]+)"', page).group(1))
+    assert link == "/?label=yurt&prediction=tent&prompt=default"
+    gallery = app_b.get(link).text
+    assert listed(gallery) == ["a3"] and 'name="label" value="yurt"' in gallery
+    assert listed(app_b.get("/", params={"label": "dog", "prediction": "animal", "model": "alpha"}).text) == []
+    assert listed(app_b.get("/", params={"label": "dog", "prediction": "animal", "model": "beta"}).text) == ["b1"]
+    assert listed(app_b.get("/", params={"prediction": "dog"}).text) == ["a1", "b1"]
+
+
+def test_openworld_model_page_shows_its_estimates_confusions_and_failures(app_b):
+    page = app_b.get("/model/alpha").text
+    cells = re.findall(
+        r'<tr data-prompt="([^"]+)" data-dataset="([^"]+)"[^>]*>(.*?)</tr>',
+        page[: page.index('id="outcome-stats"')],
+        re.S,
+    )
+    shown = {}
+    for prompt, dataset, row in cells:
+        for metric, values in re.findall(r'data-metric="([^"]+)"((?: data-[a-z-]+="[^"]*")*)>', row):
+            found = dict(re.findall(r'data-([a-z-]+)="([^"]*)"', values))
+            if found:
+                shown[(prompt, dataset, metric)] = tuple(
+                    None if found[k] == "" else float(found[k]) for k in ("estimate", "ci-low", "ci-high")
+                )
+    assert shown == {k[1:]: v for k, v in OPENWORLD_STATS.items() if k[0] == "alpha" and k[3] in ("TI", "CS")}
+    # Groups before datasets, prompts in the study's order; the estimate a budget stop left out reads –.
+    assert [(p, d) for p, d, _ in cells] == [
+        ("default", "prototypical"),
+        ("default", "all"),
+        ("default", "ds-a"),
+        ("specific", "all"),
+    ]
+    assert '0.943 <span class="ci">[0.900, 0.980]</span>' in page and '– <span class="ci">[–, –]</span>' in page
+    assert 'data-metric="outcome:confusion" data-estimate="0.3333333333333333"' in page
+    assert shown_confusions(page) == hand_confusions("alpha")
+    assert "0 failed response(s)" in page
+    beta = app_b.get("/model/beta").text
+    assert "1 failed response(s)" in beta and "TimeoutError: no answer in 60 s" in beta
+    assert shown_confusions(beta) == hand_confusions("beta")
+    assert app_b.get("/model/gamma").status_code == 404
+    assert app_b.get("/model/alpha", params={"page": "2"}).status_code == 404

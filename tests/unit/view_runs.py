@@ -13,6 +13,7 @@ from PIL import Image
 
 from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.stats import STATS_SCHEMA
+from vlm_decade.studies.openworld.statistics import PROMPT
 
 MODELS = ("alpha", "beta")
 VARIANTS = ("full", "m1", "m2", "m3")
@@ -332,7 +333,7 @@ PREDICTIONS = {
     ("alpha", "a2"): ("cat", 1.0, 0.99, "correct"),
     ("beta", "a2"): ("kitten", 1.0, 0.45, "ambiguity"),
     ("alpha", "a3"): ("tent", 0.0, 0.30, "confusion"),
-    ("beta", "a3"): ("house", 0.0, 0.20, "confusion"),
+    ("beta", "a3"): ("tent", 0.0, 0.20, "confusion"),
     ("alpha", "b1"): ("dog", 1.0, 0.98, "correct"),
     ("beta", "b1"): ("animal", 0.0, 0.60, "granularity"),
     ("alpha", "b2"): ("heron", 0.0, 0.40, "confusion"),
@@ -342,7 +343,21 @@ PREDICTIONS = {
 }
 
 
+FAILED_B = ("beta", "b3", "specific")  # a response that failed: no prediction
+# Study B's stats: (model, prompt, dataset or group, metric) -> estimate, ci_low, ci_high
+OPENWORLD_STATS = {
+    ("alpha", "default", "prototypical", "TI"): (2 / 3, 0.0, 1.0),
+    ("alpha", "default", "prototypical", "CS"): (0.943, 0.9, 0.98),
+    ("alpha", "default", "all", "TI"): (0.5, 0.2, 0.8),
+    ("alpha", "default", "ds-a", "TI"): (1 / 3, 0.0, 1.0),
+    ("alpha", "specific", "all", "TI"): (None, None, None),
+    ("alpha", "default", "all", "outcome:confusion"): (1 / 3, 0.0, 0.67),
+    ("beta", "default", "all", "TI"): (1 / 3, 0.0, 0.67),
+}
+
+
 def openworld_run(root: Path) -> Path:
+    """A Study B run folder: images (files too), labels, responses (one failed), predictions and stats."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "manifest.json").write_text(json.dumps({"config": OPENWORLD_CONFIG}))
     dataset_of = {i: d for i, (d, _) in IMAGES.items()}
@@ -361,9 +376,9 @@ def openworld_run(root: Path) -> Path:
                 "image_id": i,
                 "variant": "full",
                 "prompt_id": p,
-                "text": PREDICTIONS[(m, i)][0],
-                "status": "ok",
-                "error": "",
+                "text": None if (m, i, p) == FAILED_B else PREDICTIONS[(m, i)][0],
+                "status": "error" if (m, i, p) == FAILED_B else "ok",
+                "error": "TimeoutError: no answer in 60 s" if (m, i, p) == FAILED_B else "",
             }
             for (m, i) in PREDICTIONS
             for p in ("default", "specific")
@@ -391,6 +406,28 @@ def openworld_run(root: Path) -> Path:
             }
             for (m, i), (pred, li, cs, outcome) in PREDICTIONS.items()
             for p in ("default", "specific")
+            if (m, i, p) != FAILED_B
         ],
+    )
+    write(
+        root,
+        "stats",
+        [
+            {
+                "subject": m,
+                "dataset": d,
+                "metric": metric,
+                PROMPT: p,
+                "estimate": e,
+                "ci_low": lo,
+                "ci_high": hi,
+                "n_images": 3,
+                "n_resamples": 1000,
+                "seed": 1,
+                "method": "percentile",
+            }
+            for (m, p, d, metric), (e, lo, hi) in OPENWORLD_STATS.items()
+        ],
+        STATS_SCHEMA,
     )
     return root

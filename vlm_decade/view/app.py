@@ -108,12 +108,28 @@ def create_app(view: RunView, access: Access | None = None) -> Starlette:
         return page(request, f"{view.kind}_image.html", data)
 
     def model_page(request: Request) -> Response:
-        if view.kind != "decade":
-            raise HTTPException(404, "model pages are Study A's")
-        data = decade.model_page(view, request.path_params["name"], page_number(request.query_params))
+        study = openworld if view.kind == "openworld" else decade
+        data = study.model_page(view, request.path_params["name"], page_number(request.query_params))
         if data is None:
             raise HTTPException(404, f"the study has no model '{request.path_params['name']}'")
-        return page(request, "decade_model.html", data)
+        return page(request, f"{view.kind}_model.html", data)
+
+    def confusion_page(request: Request) -> Response:
+        if view.kind != "openworld":
+            raise HTTPException(404, "the confusion view is Study B's")
+        q = openworld.ConfusionQuery.parse(request.query_params, view.models, openworld.prompts(view))
+        return page(
+            request,
+            "openworld_confusions.html",
+            {
+                "q": q,
+                "result": openworld.confusion_page(view, q),
+                "models": view.models,
+                "prompts": openworld.prompts(view),
+                "datasets": datasets(view),
+                "granularities": openworld.GRANULARITIES,
+            },
+        )
 
     def picture(request: Request) -> Response:
         kind, image = request.path_params["kind"], image_of(request.path_params["image_id"])
@@ -179,6 +195,7 @@ def create_app(view: RunView, access: Access | None = None) -> Starlette:
         Route("/", gallery),
         Route("/image/{image_id:path}", image_page),
         Route("/model/{name:path}", model_page),
+        Route("/confusions", confusion_page),
         Route("/picture/{kind}/{image_id:path}", picture),
         Route("/heatmap/{image_id:path}", heatmap),
         Route("/run/{path:path}", run_file),

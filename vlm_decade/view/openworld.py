@@ -1,18 +1,27 @@
 """Study B's pages as queries: the gallery of labelled images with each model's prediction, its
-TI/LI/SS/CS and outcome (filter by dataset, granularity, model, prompt and outcome; sort by CS),
-and one image with every model's prediction under every prompt."""
+TI/LI/SS/CS and outcome (filter by dataset, granularity, model, prompt, outcome, label and predicted
+name; sort by CS), one image with every model's prediction under every prompt, one model with its
+estimates, confusions and failed responses, and the confusions (label -> the names predicted for it).
+
+The statistics table's prompt column is named once, `statistics.PROMPT`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vlm_decade.studies.openworld.statistics import ALL, PROMPT
+from vlm_decade.studies.openworld.statistics import GROUPS as GROUP_NAMES
 from vlm_decade.view.gallery import Query, page_count, page_number
 from vlm_decade.view.runs import RunView
 
 OUTCOMES = ("correct", "granularity", "ambiguity", "confusion", "unjudged")
 GRANULARITIES = ("prototypical", "fine-grained", "very fine-grained")
 METRICS = ("TI", "LI", "SS", "CS")
+STAT_GROUPS = (*GROUP_NAMES, ALL)  # the stats table's rows per granularity group, before its datasets'
 PAGE_SIZE = 48
+FAILED_PAGE_SIZE = 100
+CONFUSION_PAGE_SIZE = 50  # labels per page of the confusion view
+MODEL_CONFUSIONS = 20  # labels on a model page; the confusion view has them all
 
 
 @dataclass(frozen=True)
@@ -26,6 +35,8 @@ class GalleryQuery(Query):
     model: str = ""
     prompt: str = ""
     outcome: str = ""
+    label: str = ""  # the images with this label
+    prediction: str = ""  # ... that the model (any model) named so under the prompt
     sort: str = "image"  # image or cs
     order: str = ""
     page: int = 1
@@ -42,6 +53,8 @@ class GalleryQuery(Query):
             model=pick("model", models),
             prompt=pick("prompt", prompts) or (prompts[0] if prompts else ""),
             outcome=pick("outcome", OUTCOMES),
+            label=params.get("label", ""),
+            prediction=params.get("prediction", ""),
             sort=pick("sort", ("image", "cs")) or "image",
             order=pick("order", ("asc", "desc")),
             page=page_number(params),
@@ -75,6 +88,15 @@ def gallery(view: RunView, q: GalleryQuery) -> dict:
             "i.image_id IN (SELECT image_id FROM predictions WHERE outcome = ? AND prompt_id = ? AND (? = '' OR subject = ?))"
         )
         params += [q.outcome, q.prompt, q.model, q.model]
+    if q.label:
+        where.append("i.label = ?")
+        params.append(q.label)
+    if q.prediction and has_predictions:
+        where.append(
+            "i.image_id IN (SELECT image_id FROM predictions "
+            "WHERE prediction = ? AND prompt_id = ? AND (? = '' OR subject = ?))"
+        )
+        params += [q.prediction, q.prompt, q.model, q.model]
     joins, key = "", "i.image_id"
     join_params: list = []
     if q.sort == "cs" and has_predictions:
@@ -145,3 +167,121 @@ def image_page(view: RunView, image_id: str) -> dict | None:
         if (m, p) in by or (m, p) in said
     ]
     return {"image": rows[0], "rows": table, "prompts": {p.id: p.text for p in view.study.prompts}}
+
+
+@dataclass(frozen=True)
+class ConfusionQuery(Query):
+    """Which predictions the confusion view counts: one model's (every model's when empty) under one
+    prompt, in one dataset or granularity group; `show` is `wrong` (the label not in the answer, TI 0)
+    or `all`."""
+
+    model: str = ""
+    prompt: str = ""
+    dataset: str = ""
+    granularity: str = ""
+    show: str = "wrong"
+    page: int = 1
+
+    @classmethod
+    def parse(cls, params, models: list[str], prompts: list[str]) -> ConfusionQuery:
+        model, prompt = params.get("model", ""), params.get("prompt", "")
+        return cls(
+            model=model if model in models else "",
+            prompt=prompt if prompt in prompts else (prompts[0] if prompts else ""),
+            dataset=params.get("dataset", ""),
+            granularity=params.get("granularity", "") if params.get("granularity", "") in GRANULARITIES else "",
+            show="all" if params.get("show") == "all" else "wrong",
+            page=page_number(params),
+        )
+
+    def gallery(self, label: str, prediction: str) -> dict:
+        """The gallery's query string for the images behind one count."""
+        asked = {"label": label, "prediction": prediction, "model": self.model, "prompt": self.prompt}
+        asked |= {"dataset": self.dataset, "granularity": self.granularity}
+        return {k: v for k, v in asked.items() if v}
+
+
+def confusions(view: RunView, q: ConfusionQuery) -> list[dict]:
+    """Per label, the names predicted for it with how many predictions (model x image) gave each,
+    most first; labels with the most such predictions first."""
+    if not view.has("predictions"):
+        return []
+    rows = view.rows(
+        "SELECT label, prediction, count(*) AS n FROM predictions WHERE prompt_id = ? AND (? = '' OR subject = ?) "
+        "AND (? = '' OR dataset = ?) AND (? = '' OR granularity = ?) AND label IS NOT NULL AND prediction IS NOT NULL "
+        "AND (? OR TI = 0) GROUP BY label, prediction ORDER BY label, n DESC, prediction",
+        [q.prompt, q.model, q.model, q.dataset, q.dataset, q.granularity, q.granularity, q.show == "all"],
+    )
+    by_label: dict[str, list[tuple[str, int]]] = {}
+    for r in rows:
+        by_label.setdefault(r["label"], []).append((r["prediction"], r["n"]))
+    out = [{"label": k, "total": sum(n for _, n in v), "predictions": v} for k, v in by_label.items()]
+    return sorted(out, key=lambda r: (-r["total"], r["label"]))
+
+
+def confusion_page(view: RunView, q: ConfusionQuery) -> dict:
+    found = confusions(view, q)
+    pages = page_count(len(found), CONFUSION_PAGE_SIZE, q.page)
+    start = (q.page - 1) * CONFUSION_PAGE_SIZE
+    return {
+        "rows": found[start : start + CONFUSION_PAGE_SIZE],
+        "labels": len(found),
+        "total": sum(r["total"] for r in found),
+        "pages": pages,
+    }
+
+
+def _estimates(stats: list[dict], metrics: tuple[str, ...] | list[str], prompt_order: list[str]) -> dict:
+    """`metrics` per (prompt, dataset or group) row: groups first, then the datasets by name."""
+    cells: dict[tuple[str, str], dict[str, dict]] = {}
+    for r in stats:
+        if r["metric"] in metrics:
+            cells.setdefault((r[PROMPT], r["dataset"]), {})[r["metric"]] = r
+
+    def order(key: tuple[str, str]):
+        prompt, dataset = key
+        at = prompt_order.index(prompt) if prompt in prompt_order else len(prompt_order)
+        return (at, prompt, STAT_GROUPS.index(dataset) if dataset in STAT_GROUPS else len(STAT_GROUPS), dataset)
+
+    shown = [m for m in metrics if any(m in row for row in cells.values())]
+    rows = [
+        {"prompt": p, "dataset": d, "group": d in STAT_GROUPS, "cells": [(m, cells[(p, d)].get(m)) for m in shown]}
+        for p, d in sorted(cells, key=order)
+    ]
+    return {"metrics": shown, "rows": rows}
+
+
+def model_page(view: RunView, model: str, page: int = 1) -> dict | None:
+    """One model: its estimates with CIs per prompt, granularity group and dataset (the stats table),
+    the names it gave instead of the labels, and its failed responses (paged); None for a name the
+    study does not have."""
+    if model not in view.models:
+        return None
+    stats = view.rows("SELECT * FROM stats WHERE subject = ?", [model]) if view.has("stats") else []
+    order = prompts(view)
+    outcome_metrics = [f"outcome:{o}" for o in OUTCOMES]
+    failed_total, failed = 0, []
+    if view.has("responses"):
+        failed_total = view.values("SELECT count(*) FROM responses WHERE subject = ? AND status <> 'ok'", [model])[0]
+    pages = page_count(failed_total, FAILED_PAGE_SIZE, page)
+    if failed_total:
+        failed = view.rows(
+            f"SELECT image_id, prompt_id, status, error FROM responses WHERE subject = ? AND status <> 'ok' "
+            f"ORDER BY image_id, prompt_id LIMIT {FAILED_PAGE_SIZE} OFFSET {(page - 1) * FAILED_PAGE_SIZE}",
+            [model],
+        )
+    confused = ConfusionQuery(model=model, prompt=order[0] if order else "")
+    found = confusions(view, confused)
+    return {
+        "name": model,
+        "config": next(m for m in view.study.models if m.name == model),
+        "metrics": _estimates(stats, METRICS, order),
+        "outcomes": _estimates(stats, outcome_metrics, order),
+        "confused": confused,
+        "confusions": found[:MODEL_CONFUSIONS],
+        "confusion_labels": len(found),
+        "failed": failed,
+        "failed_total": failed_total,
+        "page": page,
+        "pages": pages,
+    }

@@ -44,6 +44,7 @@ from vlm_decade.studies.openworld.metrics import ss_threshold_shares
 from vlm_decade.studies.openworld.outcomes import OUTCOMES
 
 ALL = "all"
+PROMPT = "variant"  # the column of stats, comparisons and paired_tests that names the prompt
 GROUPS = ("prototypical", "fine-grained", "very fine-grained")
 # Part of the stage's settings: bump it when what is estimated or compared changes
 # (3: McNemar's exact tests of the binary metrics).
