@@ -10,10 +10,9 @@ import pytest
 
 from tests import required
 from vlm_decade.models.api.keys import KEY_ENV
-from vlm_decade.stats import SCORES_SCHEMA
 from vlm_decade.studies import study_from_dict
 from vlm_decade.studies.openworld.judging import judge_unavailable, pairs_to_judge
-from vlm_decade.studies.openworld.scoring import PREDICTIONS_SCHEMA, score_predictions
+from vlm_decade.studies.openworld.scoring import PREDICTIONS_SCHEMA, SCORES_B_SCHEMA, score_predictions
 from vlm_decade.studies.openworld.statistics import kinds
 
 spacy = required.module("spacy")
@@ -114,7 +113,7 @@ def score(nlp, judged, encoder=None):
 def test_every_prediction_gets_its_hand_worked_values_and_outcome(nlp):
     encoder = HandEncoder()
     scores, predictions = score(nlp, JUDGED, encoder)
-    assert predictions.schema == PREDICTIONS_SCHEMA and scores.schema == SCORES_SCHEMA
+    assert predictions.schema == PREDICTIONS_SCHEMA and scores.schema == SCORES_B_SCHEMA
     rows = predictions.to_pylist()
     assert [(p["subject"], p["prompt_id"], p["image_id"]) for p in rows] == list(EXPECTED)
     for p in rows:
@@ -135,7 +134,7 @@ def test_every_prediction_gets_its_hand_worked_values_and_outcome(nlp):
 
 def test_scores_hold_the_four_metrics_per_prediction_under_the_prompt_id(nlp):
     scores, _ = score(nlp, JUDGED)
-    got = {(r["subject"], r["variant"], r["image_id"], r["metric"]): r["value"] for r in scores.to_pylist()}
+    got = {(r["subject"], r["prompt_id"], r["image_id"], r["metric"]): r["value"] for r in scores.to_pylist()}
     want = {
         (s, prompt, image, metric): value
         for (s, prompt, image), values in EXPECTED.items()
@@ -207,3 +206,4 @@ def test_why_no_judge_can_run(monkeypatch, tmp_path):
     assert "needs an API key" in judge_unavailable(api_judge)
     monkeypatch.setenv(KEY_ENV["openai"][0], "sk-test-not-a-real-key")
     assert judge_unavailable(api_judge) is None
+

@@ -44,13 +44,13 @@ def _cell(r: dict | None) -> str:
 
 
 def _matrix(
-    stats: list[dict], models: list[str], groups: list[str], metrics: list[str], variant: str, label=str
+    stats: list[dict], models: list[str], groups: list[str], metrics: list[str], prompt: str, label=str
 ) -> dict:
     """Per model, an estimate with its CI per group and metric; the header names each (group, label(metric))."""
-    by = {(r["subject"], r["dataset"], r["metric"], r["variant"]): r for r in stats}
+    by = {(r["subject"], r["dataset"], r["metric"], r["prompt_id"]): r for r in stats}
     return {
         "head": [(g, label(m)) for g in groups for m in metrics],
-        "rows": [(model, [_cell(by.get((model, g, m, variant))) for g in groups for m in metrics]) for model in models],
+        "rows": [(model, [_cell(by.get((model, g, m, prompt))) for g in groups for m in metrics]) for model in models],
     }
 
 
@@ -99,9 +99,8 @@ def _comparisons(comparisons: pa.Table, family: str, n_resamples: int) -> Grid:
     fmt = {
         "p": lambda v, r: "" if v is None else format_p(v, n_resamples),
         "q": lambda v, r: "" if v is None else format_p(v, n_resamples),
-        "significant": lambda v, r: "" if v is None else ("yes" if v else "no"),
     }
-    columns = ["a", "b", "dataset", "metric", "variant", "difference", "ci_low", "ci_high", "p", "q", "significant"]
+    columns = ["a", "b", "dataset", "metric", "prompt_id", "difference", "ci_low", "ci_high", "p", "q", "significant"]
     return grid(rows, columns, fmt)
 
 
@@ -156,7 +155,7 @@ def write_openworld_report(
         per_dataset=_matrix(stats, models, datasets, metrics, main) if datasets else None,
         shares=_matrix(stats, models, groups, shares, main) if shares else None,
         open_closed=grid(
-            open_closed.filter(pc.equal(open_closed.column("variant"), main)),
+            open_closed.filter(pc.equal(open_closed.column("prompt_id"), main)),
             ["a", "b", "dataset", "metric", "difference", "ci_low", "ci_high", "p", "q"],
             {"p": lambda v, r: format_p(v, n), "q": lambda v, r: format_p(v, n)},
         )
@@ -172,11 +171,7 @@ def write_openworld_report(
         mcnemar=grid(
             tables["paired_tests"],
             ["a", "b", "dataset", "metric", "n_pairs", "a_only", "b_only", "p", "q", "significant"],
-            {
-                "p": lambda v, r: f"{v:.3g}",
-                "q": lambda v, r: f"{v:.3g}",
-                "significant": lambda v, r: "yes" if v else "no",
-            },
+            {"p": lambda v, r: f"{v:.3g}", "q": lambda v, r: f"{v:.3g}"},
         ),
         prompts=[(p, _matrix(stats, models, ["all"], metrics, p.id)) for p in study.prompts],
         predictions=_prediction_samples(tables, study),
