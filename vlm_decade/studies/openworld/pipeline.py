@@ -13,7 +13,7 @@ from vlm_decade.core.progress import Reporter
 from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.core.runner import given, run_study
 from vlm_decade.models.backends import backend_class
-from vlm_decade.models.backends.imported import missing_rows
+from vlm_decade.models.backends.imported import missing_rows, prompt_problems
 from vlm_decade.stages import describe
 from vlm_decade.stages.estimate import Line, describe_lines, response_cache
 from vlm_decade.stages.images import ImageCache, transparency_note
@@ -49,6 +49,7 @@ def check(study: OpenWorldStudyConfig, cache: ImageCache | None = None) -> OpenW
         problems += exc.problems
         image_ids = exc.image_ids  # the ids the table names, when it could be read
     problems += describe.check_models(study, image_ids, ["full"])
+    problems += prompt_problems(study.models, [p.id for p in study.prompts])
     if problems:
         raise InputError(problems)
     return data
@@ -86,7 +87,8 @@ def estimate(study: OpenWorldStudyConfig, data: OpenWorldData) -> tuple[list[Lin
 
 def incomplete_models(study: OpenWorldStudyConfig, data: OpenWorldData) -> list[str]:
     """Imported models whose files lack some of the answers the study asks for."""
-    return missing_rows(study.models, set(data.images.column("image_id").to_pylist()), lambda model: ["full"])
+    ids = set(data.images.column("image_id").to_pylist())
+    return missing_rows(study.models, ids, lambda model: ["full"], tuple(p.id for p in study.prompts))
 
 
 def summary(study: OpenWorldStudyConfig, data: OpenWorldData) -> tuple[str, list[str]]:
