@@ -1,12 +1,14 @@
 """Study B as one function: check everything, then run its stages in order over the shared spine.
 
-The same spine and the same five functions as Study A's pipeline (`check`, `run`, `estimate`,
-`summary`, `redraw_report`): every input is checked before anything is written, each stage runs
+The same spine and the same six functions as Study A's pipeline (`check`, `run`, `estimate`,
+`summary`, `redraw_report`, `export`): every input is checked before anything is written, each stage runs
 only when its inputs or settings changed, responses resume per row, and Ray starts only when a
 stage needs it.
 """
 
 from __future__ import annotations
+
+import pyarrow as pa
 
 from vlm_decade.core.errors import InputError, Problem
 from vlm_decade.core.progress import Reporter
@@ -20,6 +22,7 @@ from vlm_decade.stages.images import ImageCache, transparency_note
 from vlm_decade.studies.openworld import judging, report, scoring, statistics
 from vlm_decade.studies.openworld.config import OpenWorldStudyConfig
 from vlm_decade.studies.openworld.data import OpenWorldData, load_openworld_data
+from vlm_decade.studies.openworld.export import tidy
 from vlm_decade.studies.openworld.judging import judge_unavailable
 
 
@@ -100,6 +103,11 @@ def summary(study: OpenWorldStudyConfig, data: OpenWorldData) -> tuple[str, list
         f"({', '.join(f'{d}: {data.granularity[d]}' for d in datasets)}), {len(study.models)} models, {len(study.prompts)} prompts"
     ) + transparency_note(data.images)
     return text, ([f"LI will be skipped: {no_judge}"] if no_judge else []) + incomplete_models(study, data)
+
+
+def export(folder: RunFolder, study: OpenWorldStudyConfig) -> pa.Table:
+    """The run as one tidy table (`studies/openworld/export.py`); InputError naming a table it lacks."""
+    return tidy(folder)
 
 
 def redraw_report(folder: RunFolder, study: OpenWorldStudyConfig) -> list[str]:
