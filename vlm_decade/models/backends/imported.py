@@ -71,8 +71,8 @@ def missing_rows(
             asked = "(image, variant)" if prompts == (EVERY_PROMPT,) else "(image, variant, prompt)"
             lines.append(
                 f"model '{model.name}': {path.name} has no description for {sum(lacking.values())} of the "
-                f"{each * len(variants)} {asked} answers the study asks for ({counts}); those rows will be errors, and every "
-                "comparison with this model uses only the images both sides have"
+                f"{each * len(variants)} {asked} answers the study asks for ({counts}); those rows will be errors, "
+                "and every comparison with this model uses only the images both sides have"
             )
     return lines
 
