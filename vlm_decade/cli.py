@@ -1,4 +1,4 @@
-"""The `vlm-decade` command line: demo, run, validate, estimate, report, view, masks, schema, validate-metric.
+"""The `vlm-decade` command line: demo, run, validate, estimate, report, export, view, masks, schema, validate-metric.
 
 Bad input ends with every problem listed (file, row, field) and exit status 2, before anything
 is written. Every command runs inside one handler (`_handled`), which turns each expected error
@@ -282,6 +282,32 @@ def report(run_dir: str = typer.Argument(..., help=RUN_DIR_HELP)) -> None:
     if folder.mirror is not None:
         folder.mirror.push()
     err.print(f"report: {folder.location}/report.html")
+
+
+@app.command()
+def export(
+    run_dir: str = typer.Argument(..., help=RUN_DIR_HELP),
+    fmt: str = typer.Option("parquet", "--format", help="parquet or csv."),
+    out: Path | None = typer.Option(
+        None, "--out", help="The file to write (default: <run folder's name>-export.<format> in this folder)."
+    ),
+) -> None:
+    """One tidy table of a run: a row per model x image x variant (Study A) or prompt (Study B), with
+    the image's metadata, the response, each metric's score and the error labels or the outcome."""
+    from vlm_decade.core.runfolder import open_run_folder
+    from vlm_decade.studies import pipeline_of, recorded_study
+    from vlm_decade.studies.export import FORMATS, write_export
+
+    if fmt not in FORMATS:
+        raise InputError(
+            [Problem("command line", f"unknown format '{fmt}'; known: {', '.join(FORMATS)}", field="--format")]
+        )
+    folder, manifest = open_run_folder(run_dir)
+    study = recorded_study(manifest, str(folder.manifest_path))
+    table = pipeline_of(study).export(folder, study)
+    path = out if out is not None else Path(f"{folder.root.name}-export.{fmt}")
+    write_export(table, path, fmt)
+    err.print(f"export: {path} ({table.num_rows} rows, {table.num_columns} columns)")
 
 
 @app.command()

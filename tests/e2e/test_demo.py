@@ -184,6 +184,31 @@ def test_demo_runs_study_b(demo_run):
     assert "LI skipped" in " ".join(result.stderr.split())
 
 
+def test_export_of_both_demo_runs_holds_every_response_with_its_scores_labels_and_outcome(demo_run, tmp_path):
+    """The tidy export of the real runs: a row per response, each cell the one its table holds."""
+    root, _ = demo_run
+    for study in ("decade", "openworld"):
+        done = vlm_decade("export", str(root / study), "--out", str(tmp_path / f"{study}.parquet"))
+        assert done.returncode == 0, done.stderr[-3000:]
+    rows = pq.read_table(tmp_path / "decade.parquet").to_pylist()
+    assert len(rows) == pq.read_table(root / "decade" / "responses.parquet").num_rows
+    by_row = {(r["model"], r["image_id"], r["variant"]): r for r in rows}
+    for s in pq.read_table(root / "decade" / "scores.parquet").to_pylist():
+        if not s["subject"].startswith("human:"):
+            assert by_row[(s["subject"], s["image_id"], s["variant"])][s["metric"]] == s["value"]
+    labels = pq.read_table(root / "decade" / "errors.parquet").to_pylist()
+    assert labels and all(
+        by_row[(e["subject"], e["image_id"], "full")][f"error:{e['error_type']}"] == e["present"] for e in labels
+    )
+    outcomes = {
+        (r["model"], r["image_id"], r["prompt_id"]): r["outcome"]
+        for r in pq.read_table(tmp_path / "openworld.parquet").to_pylist()
+    }
+    predictions = pq.read_table(root / "openworld" / "predictions.parquet").to_pylist()
+    assert len(outcomes) == len(predictions) == 2 * 40
+    assert all(outcomes[(p["subject"], p["image_id"], p["prompt_id"])] == p["outcome"] for p in predictions)
+
+
 def test_second_run_does_no_work_and_says_so(demo_run):
     root, _ = demo_run
     studies = ((root / "decade", TABLES), (root / "openworld", OPENWORLD_TABLES))

@@ -114,7 +114,7 @@ def test_study_b_runs_with_a_tiny_vlm_a_closed_world_baseline_and_an_api_judge(s
     li_all = next(
         s
         for s in stats
-        if (s["subject"], s["dataset"], s["metric"], s["variant"]) == ("tiny-vlm", "all", "LI", "specific")
+        if (s["subject"], s["dataset"], s["metric"], s["prompt_id"]) == ("tiny-vlm", "all", "LI", "specific")
     )
     mine = [p for p in predictions if p["subject"] == "tiny-vlm" and p["prompt_id"] == "specific"]
     by_dataset = {d: [p["LI"] for p in mine if p["dataset"] == d] for d in {p["dataset"] for p in mine}}

@@ -32,7 +32,7 @@ def test_import_layers_hold():
 def test_each_pipeline_offers_the_pipeline_protocol_and_the_docs_name_only_its_functions(kind):
     module = importlib.import_module(f"vlm_decade.studies.{kind}.pipeline")
     members = {name: f for name, f in vars(Pipeline).items() if inspect.isfunction(f) and not name.startswith("_")}
-    assert sorted(members) == ["check", "estimate", "redraw_report", "run", "summary"]
+    assert sorted(members) == ["check", "estimate", "export", "redraw_report", "run", "summary"]
     for name, protocol in members.items():
         function = getattr(module, name, None)
         assert inspect.isfunction(function) and function.__module__ == module.__name__, f"{kind} pipeline lacks {name}"

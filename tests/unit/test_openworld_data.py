@@ -311,6 +311,65 @@ def test_materialize_is_idempotent(demo):
 # --- one fault, one problem (docs/openworld-data.md) -----------------------------------------------
 
 
+def _imported_study(study, answers: Path):
+    from vlm_decade.studies import study_from_dict
+
+    labels, classnames = study.write()
+    return study_from_dict(
+        {
+            "name": "b",
+            "study": "openworld",
+            "judge": None,
+            "data": {"labels": str(labels), "image_dir": str(study.image_dir), "classnames": str(classnames)},
+            "models": [{"name": "old", "backend": "imported", "model_id": "old", "options": {"file": str(answers)}}],
+            "prompts": [{"id": "default", "text": "What is it?"}, {"id": "specific", "text": "Be specific."}],
+        }
+    )
+
+
+def test_prompt_ids_in_the_variant_column_are_one_problem_that_says_where_they_belong(study):
+    from vlm_decade.studies.openworld import pipeline
+
+    rows = [[i, p, f"{i} under {p}"] for i in ("toy_a", "toy_b", "bird_c") for p in ("default", "specific")]
+    answers = write_csv(study.root / "answers.csv", ["image_id", "variant", "text"], rows)
+    with pytest.raises(InputError) as caught:
+        pipeline.check(_imported_study(study, answers))
+    (problem,) = caught.value.problems
+    assert (Path(problem.file).name, problem.row, problem.field) == ("answers.csv", 2, "variant")
+    assert "'default' (3 rows, first row 2), 'specific' (3 rows, first row 3)" in problem.message
+    assert "if these are prompt ids, put them in a `prompt` column" in problem.message
+
+
+def test_an_unknown_prompt_in_the_prompt_column_is_one_problem(study):
+    from vlm_decade.studies.openworld import pipeline
+
+    rows = [
+        ["toy_a", "full", "defualt", "a dog"],
+        ["toy_b", "full", "defualt", "a cat"],
+        ["bird_c", "full", "", "a bird"],
+    ]
+    answers = write_csv(study.root / "answers.csv", ["image_id", "variant", "prompt", "text"], rows)
+    with pytest.raises(InputError) as caught:
+        pipeline.check(_imported_study(study, answers))
+    (problem,) = caught.value.problems
+    assert (Path(problem.file).name, problem.row, problem.field) == ("answers.csv", 2, "prompt")
+    assert "unknown prompt 'defualt' (2 rows, first row 2)" in problem.message
+
+
+def test_an_imported_file_with_answers_per_prompt_is_warned_of_the_answers_it_lacks(study):
+    from vlm_decade.studies.openworld import pipeline
+
+    rows = [
+        ["toy_a", "full", "default", "a dog"],
+        ["toy_a", "full", "specific", "a puppy"],
+        ["toy_b", "full", "", "a cat"],
+    ]
+    answers = write_csv(study.root / "answers.csv", ["image_id", "variant", "prompt", "text"], rows)
+    config = _imported_study(study, answers)
+    (line,) = pipeline.incomplete_models(config, pipeline.check(config))
+    assert "no description for 2 of the 6 (image, variant, prompt) answers" in line and "full: 2 of 6" in line
+
+
 def test_one_bad_labels_row_is_one_problem_with_an_imported_model(study):
     from vlm_decade.studies import study_from_dict
     from vlm_decade.studies.openworld import pipeline

@@ -10,10 +10,9 @@ import pytest
 
 from tests import required
 from vlm_decade.models.api.keys import KEY_ENV
-from vlm_decade.stats import SCORES_SCHEMA
 from vlm_decade.studies import study_from_dict
 from vlm_decade.studies.openworld.judging import judge_unavailable, pairs_to_judge
-from vlm_decade.studies.openworld.scoring import PREDICTIONS_SCHEMA, score_predictions
+from vlm_decade.studies.openworld.scoring import PREDICTIONS_SCHEMA, SCORES_B_SCHEMA, score_predictions
 from vlm_decade.studies.openworld.statistics import kinds
 
 spacy = required.module("spacy")
@@ -114,7 +113,7 @@ def score(nlp, judged, encoder=None):
 def test_every_prediction_gets_its_hand_worked_values_and_outcome(nlp):
     encoder = HandEncoder()
     scores, predictions = score(nlp, JUDGED, encoder)
-    assert predictions.schema == PREDICTIONS_SCHEMA and scores.schema == SCORES_SCHEMA
+    assert predictions.schema == PREDICTIONS_SCHEMA and scores.schema == SCORES_B_SCHEMA
     rows = predictions.to_pylist()
     assert [(p["subject"], p["prompt_id"], p["image_id"]) for p in rows] == list(EXPECTED)
     for p in rows:
@@ -135,7 +134,7 @@ def test_every_prediction_gets_its_hand_worked_values_and_outcome(nlp):
 
 def test_scores_hold_the_four_metrics_per_prediction_under_the_prompt_id(nlp):
     scores, _ = score(nlp, JUDGED)
-    got = {(r["subject"], r["variant"], r["image_id"], r["metric"]): r["value"] for r in scores.to_pylist()}
+    got = {(r["subject"], r["prompt_id"], r["image_id"], r["metric"]): r["value"] for r in scores.to_pylist()}
     want = {
         (s, prompt, image, metric): value
         for (s, prompt, image), values in EXPECTED.items()
@@ -207,3 +206,47 @@ def test_why_no_judge_can_run(monkeypatch, tmp_path):
     assert "needs an API key" in judge_unavailable(api_judge)
     monkeypatch.setenv(KEY_ENV["openai"][0], "sk-test-not-a-real-key")
     assert judge_unavailable(api_judge) is None
+
+
+def test_an_imported_file_answers_per_prompt_and_a_row_without_prompt_answers_every_prompt(tmp_path, nlp):
+    """An imported model's answers reach the predictions under their own prompt; the answer left without
+    a prompt serves both; a (image, prompt) the file lacks is an error response, not a prediction."""
+    from vlm_decade.stages.describe.local import DescribeActor
+    from vlm_decade.stages.describe.plan import jobs_from, plan_jobs
+    from vlm_decade.studies.openworld.pipeline import plan
+
+    answers = tmp_path / "answers.csv"
+    answers.write_text(
+        "image_id,variant,prompt,text\n"
+        "i1,full,p1,a red bird\n"
+        "i1,full,p2,a cardinal\n"
+        "i2,full,,a tabby cat\n"  # every prompt
+        "i3,full,p1,sparrow\n"  # none for p2
+    )
+    study = study_from_dict(
+        {
+            "study": "openworld",
+            "name": "imported",
+            "data": {"image_dir": str(tmp_path), "labels": "labels.csv", "classnames": "classnames.csv"},
+            "judge": None,
+            "models": [{"name": "m", "backend": "imported", "model_id": "m", "options": {"file": str(answers)}}],
+            "prompts": [{"id": "p1", "text": "What is it?"}, {"id": "p2", "text": "Be specific."}],
+        }
+    )
+    images = LABELS.select(["image_id", "dataset"]).append_column("path", pa.array(["x.png"] * 3))
+    images = images.append_column("sha256", pa.array(["0" * 64] * 3))
+    steps = plan(study, {})
+    jobs = jobs_from(plan_jobs(study, steps, images), steps)
+    responses = pa.Table.from_pylist(DescribeActor(study.models[0]).describe(jobs, None))
+    failed = [(r["image_id"], r["prompt_id"], r["error"]) for r in responses.to_pylist() if r["status"] != "ok"]
+    assert failed == [("i3", "p2", "no description for (i3, full, prompt p2) in the file")]
+    _, predictions = score_predictions(LABELS, responses, None, HandEncoder(), nlp, CS_HIGH, LI_HIGH)
+    got = {(p["prompt_id"], p["image_id"]): (p["prediction"], round(p["CS"], 9)) for p in predictions.to_pylist()}
+    # CS of each answer as worked by hand from VECTORS above (EXPECTED)
+    assert got == {
+        ("p1", "i1"): ("a red bird", 0.7),
+        ("p2", "i1"): ("a cardinal", 0.5),
+        ("p1", "i2"): ("a tabby cat", 0.9),
+        ("p2", "i2"): ("a tabby cat", 0.9),
+        ("p1", "i3"): ("sparrow", 0.3),
+    }

@@ -10,9 +10,9 @@ import pyarrow as pa
 import pytest
 from scipy import stats as scipy_stats
 
-from vlm_decade.stats import SCORES_SCHEMA, _core, _streams, mcnemar_exact
+from vlm_decade.stats import _core, _streams, mcnemar_exact
 from vlm_decade.studies.openworld.metrics import ss_threshold_shares
-from vlm_decade.studies.openworld.scoring import PREDICTIONS_SCHEMA
+from vlm_decade.studies.openworld.scoring import PREDICTIONS_SCHEMA, SCORES_B_SCHEMA
 from vlm_decade.studies.openworld.statistics import analyse_groups, dataset_scores, group_members, mcnemar_tests
 
 B, SEED = 1000, 11
@@ -23,11 +23,11 @@ KINDS = {"m": "open-world", "n": "open-world", "clip": "closed-world"}
 def scores_of(values: dict[tuple[str, str, str, str], list[float]]) -> pa.Table:
     """(subject, dataset, prompt, metric) -> one value per image of the dataset (ids d0, d1, ...)."""
     rows = [
-        {"subject": s, "image_id": f"{d}{k}", "dataset": d, "variant": v, "metric": m, "value": x}
+        {"subject": s, "image_id": f"{d}{k}", "dataset": d, "prompt_id": v, "metric": m, "value": x}
         for (s, d, v, m), xs in values.items()
         for k, x in enumerate(xs)
     ]
-    return pa.Table.from_pylist(rows, schema=SCORES_SCHEMA)
+    return pa.Table.from_pylist(rows, schema=SCORES_B_SCHEMA)
 
 
 VALUES = {
@@ -70,11 +70,11 @@ def engine_means(dataset: str, values: list[float]) -> np.ndarray:
     return counts @ np.asarray(values) / n
 
 
-def stat(result, subject, dataset, metric="TI", variant="default"):
+def stat(result, subject, dataset, metric="TI", prompt="default"):
     (row,) = [
         r
         for r in result[0].to_pylist()
-        if (r["subject"], r["dataset"], r["metric"], r["variant"]) == (subject, dataset, metric, variant)
+        if (r["subject"], r["dataset"], r["metric"], r["prompt_id"]) == (subject, dataset, metric, prompt)
     ]
     return row
 
@@ -104,7 +104,7 @@ def test_model_vs_model_within_each_group_with_bh_over_the_family(result):
     assert {(r["a"], r["b"]) for r in rows} == {("clip", "m"), ("clip", "n"), ("m", "n")}
     assert {r["dataset"] for r in rows} == {"prototypical", "fine-grained", "all"}
     mn = next(r for r in rows if (r["a"], r["b"], r["dataset"]) == ("m", "n", "prototypical"))
-    assert mn["difference"] == pytest.approx(0.5 - 0.625) and mn["paired"] and mn["variant"] == "default"
+    assert mn["difference"] == pytest.approx(0.5 - 0.625) and mn["paired"] and mn["prompt_id"] == "default"
     diff = (
         engine_means("A", VALUES[("m", "A", "default", "TI")])
         + engine_means("Bd", VALUES[("m", "Bd", "default", "TI")])
@@ -128,7 +128,7 @@ def test_the_prompt_ablation_is_one_family_across_prompts(result):
     m_all = next(r for r in rows if r["a"] == "m [specific]" and r["dataset"] == "all")
     specific = (1 + 0.75 + 2 / 3) / 3
     default = (1 + 0 + 1 / 3) / 3
-    assert m_all["difference"] == pytest.approx(specific - default) and m_all["variant"] == "specific"
+    assert m_all["difference"] == pytest.approx(specific - default) and m_all["prompt_id"] == "specific"
     np.testing.assert_allclose(
         [r["q"] for r in rows], scipy_stats.false_discovery_control([r["p"] for r in rows], method="bh")
     )
@@ -170,13 +170,13 @@ def test_ss_threshold_shares_per_dataset_and_group():
                 "subject": "m",
                 "image_id": p["image_id"],
                 "dataset": p["dataset"],
-                "variant": "default",
+                "prompt_id": "default",
                 "metric": "SS",
                 "value": p["SS"],
             }
             for p in preds
         ],
-        schema=SCORES_SCHEMA,
+        schema=SCORES_B_SCHEMA,
     )
     table = dataset_scores(scores, pa.Table.from_pylist(preds, schema=PREDICTIONS_SCHEMA))
     st, _ = analyse_groups(
@@ -233,9 +233,11 @@ def test_mcnemar_tests_pair_images_per_dataset_and_pool_groups():
 def test_mcnemar_tests_use_only_images_both_models_answered():
     values = {("m", "A", "default", "TI"): [1.0, 1.0, 0.0], ("n", "A", "default", "TI"): [0.0, 0.0]}
     rows = scores_of(values).to_pylist()
-    rows.append({"subject": "n", "image_id": "A2", "dataset": "A", "variant": "default", "metric": "TI", "value": None})
+    rows.append(
+        {"subject": "n", "image_id": "A2", "dataset": "A", "prompt_id": "default", "metric": "TI", "value": None}
+    )
     table = mcnemar_tests(
-        pa.Table.from_pylist(rows, schema=SCORES_SCHEMA), {"A": "prototypical"}, ["m", "n"], "default"
+        pa.Table.from_pylist(rows, schema=SCORES_B_SCHEMA), {"A": "prototypical"}, ["m", "n"], "default"
     )
     first = table.to_pylist()[0]
     assert (first["n_pairs"], first["a_only"], first["b_only"]) == (2, 2, 0)

@@ -23,8 +23,13 @@ from vlm_decade.studies.decade.data import REFERENCES_SCHEMA
 from vlm_decade.studies.decade.report import era_repeats, write_report
 from vlm_decade.studies.openworld.data import LABELS_SCHEMA
 from vlm_decade.studies.openworld.report import write_openworld_report
-from vlm_decade.studies.openworld.scoring import PREDICTIONS_SCHEMA
-from vlm_decade.studies.openworld.statistics import PAIRED_TESTS_SCHEMA, mcnemar_tests
+from vlm_decade.studies.openworld.scoring import PREDICTIONS_SCHEMA, SCORES_B_SCHEMA
+from vlm_decade.studies.openworld.statistics import (
+    COMPARISONS_B_SCHEMA,
+    PAIRED_TESTS_SCHEMA,
+    STATS_B_SCHEMA,
+    mcnemar_tests,
+)
 
 from .pages import PAYLOAD, Page
 from .view_runs import DECADE_CONFIG, OPENWORLD_CONFIG, PREDICTIONS, SIMILARITY, decade_run, openworld_run
@@ -190,7 +195,7 @@ def openworld_tables(tmp_path):
                         "subject": model,
                         "dataset": group,
                         "metric": metric,
-                        "variant": "default",
+                        "prompt_id": "default",
                         "estimate": mean,
                         "ci_low": mean - 0.1,
                         "ci_high": mean + 0.1,
@@ -200,8 +205,8 @@ def openworld_tables(tmp_path):
                         "method": "percentile",
                     }
                 )
-    tables["stats"] = pa.Table.from_pylist(stats, schema=STATS_SCHEMA)
-    tables["comparisons"] = COMPARISONS_SCHEMA.empty_table()
+    tables["stats"] = pa.Table.from_pylist(stats, schema=STATS_B_SCHEMA)
+    tables["comparisons"] = COMPARISONS_B_SCHEMA.empty_table()
     tables["paired_tests"] = PAIRED_TESTS_SCHEMA.empty_table()
     return tables
 
@@ -357,13 +362,13 @@ def test_openworld_report_shows_mcnemars_tests_of_the_binary_metrics(tmp_path, o
                 "subject": p["subject"],
                 "image_id": p["image_id"],
                 "dataset": p["dataset"],
-                "variant": p["prompt_id"],
+                "prompt_id": p["prompt_id"],
                 "metric": "TI",
                 "value": p["TI"],
             }
             for p in openworld_tables["predictions"].to_pylist()
         ],
-        schema=SCORES_SCHEMA,
+        schema=SCORES_B_SCHEMA,
     )
     granularity = {p["dataset"]: p["granularity"] for p in openworld_tables["predictions"].to_pylist()}
     paired = mcnemar_tests(scores, granularity, ["alpha", "beta"], "default")
@@ -371,7 +376,8 @@ def test_openworld_report_shows_mcnemars_tests_of_the_binary_metrics(tmp_path, o
     page = Page(_openworld(tmp_path, {**openworld_tables, "paired_tests": paired}))
     text = "".join(page.sections["McNemar's exact test"].split())  # the cells, run together
     for r in paired.to_pylist():
-        assert f"alphabeta{r['dataset'].replace(' ', '')}TI{r['n_pairs']}{r['a_only']}{r['b_only']}{r['p']:.3g}" in text
+        cells = f"{r['n_pairs']}{r['a_only']}{r['b_only']}{r['p']:.3g}{r['q']:.3g}{r['significant']}"
+        assert f"alphabeta{r['dataset'].replace(' ', '')}TI{cells}" in text  # significant: True or False, as in Study A
 
 
 def comparison(family, a, b, dataset="ds-a", metric="SIM", difference=0.1) -> dict:

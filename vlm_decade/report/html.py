@@ -1,6 +1,7 @@
 """The report pages' parts: the one Jinja environment they are rendered with (autoescaping on, the
 shared macros of `report/templates/` beside a study's own templates), tables from Arrow as cells,
-and the CSV copies the pages link."""
+and the one CSV writer (the CSV copies the pages link, the export), whose text cells a spreadsheet
+cannot evaluate."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import jinja2
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 from markupsafe import Markup
 
@@ -66,9 +68,29 @@ def write_page(path: Path, page: str) -> None:
     atomic_write_bytes(path, page.encode("utf-8"))
 
 
+# A spreadsheet evaluates a cell whose text begins with one of these (`=HYPERLINK(...)`, `+1+cmd|...`,
+# `@SUM(...)`; a leading tab or carriage return hides one): such a text cell gets a leading single quote,
+# which spreadsheets show as text and do not evaluate. Text is text whatever it looks like, so "-3" in
+# a text column is prefixed too; number columns are numbers and are written as they are.
+_FORMULA_START = r"^([=+\-@\t\r])"
+
+
+def spreadsheet_safe(table: pa.Table) -> pa.Table:
+    """`table` with every text cell that a spreadsheet would evaluate prefixed with `'` (other columns as they are)."""
+    columns = []
+    for column in table.columns:
+        if pa.types.is_dictionary(column.type):
+            column = column.cast(column.type.value_type)
+        if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+            column = pc.replace_substring_regex(column, pattern=_FORMULA_START, replacement="'\\1")
+        columns.append(column)
+    return pa.table(columns, names=table.column_names)
+
+
 def write_csv(table: pa.Table, path: Path) -> None:
+    """`table` as CSV at `path`, made `spreadsheet_safe`: every CSV the package writes is written here."""
     sink = pa.BufferOutputStream()
-    pacsv.write_csv(table, sink)
+    pacsv.write_csv(spreadsheet_safe(table), sink)
     atomic_write_bytes(path, sink.getvalue().to_pybytes())
 
 

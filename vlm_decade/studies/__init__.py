@@ -2,9 +2,9 @@
 against people) and `openworld` (Study B, LMMs as open-world classifiers).
 
 Each study is a package with its config, its own stages and a `pipeline` module that offers the
-same five functions, the `Pipeline` protocol: `check` (config, data and models, before anything is
-written), `run`, `estimate` (API spend before any), `summary` (what `validate` says of it) and
-`redraw_report`. The command line and the Ray job scripts reach a study only through `pipeline_of`.
+same six functions, the `Pipeline` protocol: `check` (config, data and models, before anything is
+written), `run`, `estimate` (API spend before any), `summary` (what `validate` says of it),
+`redraw_report` and `export` (the run as one tidy table). The command line and the Ray job scripts reach a study only through `pipeline_of`.
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ from vlm_decade.studies.decade.config import StudyConfig
 from vlm_decade.studies.openworld.config import OpenWorldStudyConfig
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from vlm_decade.core.progress import Reporter
     from vlm_decade.core.runfolder import RunFolder
     from vlm_decade.stages.estimate import Line
@@ -89,6 +91,8 @@ class Pipeline(Protocol):
     def summary(self, study: Any, data: Any) -> tuple[str, list[str]]: ...
 
     def redraw_report(self, folder: RunFolder, study: Any) -> list[str]: ...
+
+    def export(self, folder: RunFolder, study: Any) -> pa.Table: ...
 
 
 def pipeline_of(study: AnyStudy) -> Pipeline:

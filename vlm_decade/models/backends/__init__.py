@@ -27,6 +27,7 @@ class Stimulus:
     image: np.ndarray
     prompt: str
     classes: tuple[str, ...] = ()
+    prompt_id: str = ""  # the prompt's id in the study (an imported file's answers are keyed by it)
 
 
 @dataclass(frozen=True)

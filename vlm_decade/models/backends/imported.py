@@ -2,7 +2,9 @@
 
 Study A's early captioners (UDC, M2M, OSCAR) cannot be run on current platforms; labs keep their
 outputs as files. The file has columns image_id, variant (`full` or a mask id) and text; the model
-entry names it with `options: {file: ...}`.
+entry names it with `options: {file: ...}`. An optional `prompt` column (Study B) holds a prompt's
+id: that row answers that prompt only; a row with the cell empty, or a file without the column,
+answers every prompt (docs/openworld.md).
 
 A file may lack some (image, variant) the study asks for: those responses become error rows, and the
 statistics compare the model with others only on the images both have. `missing_rows` counts them, so
@@ -24,6 +26,8 @@ from vlm_decade.core.tables import read_table
 from vlm_decade.models.backends import Backend, Description, Stimulus
 
 COLUMNS = ("image_id", "variant", "text")
+OPTIONAL = ("prompt",)
+EVERY_PROMPT = ""  # the prompt cell of a row that answers every prompt
 
 
 def imported_file(model: ModelConfig) -> Path | None:
@@ -31,30 +35,44 @@ def imported_file(model: ModelConfig) -> Path | None:
     return Path(file) if isinstance(file, str) and file else None
 
 
+def _answers(rows) -> dict[tuple[str, str, str], str]:
+    """(image_id, variant, prompt id or EVERY_PROMPT) -> text."""
+    return {(r.cells["image_id"], r.cells["variant"], r.cells["prompt"].strip()): r.cells["text"] for r in rows}
+
+
+def answer(texts: dict[tuple[str, str, str], str], image_id: str, variant: str, prompt_id: str) -> str | None:
+    """The file's answer to one question: the row for its prompt, else the row for every prompt."""
+    return texts.get((image_id, variant, prompt_id), texts.get((image_id, variant, EVERY_PROMPT)))
+
+
 def missing_rows(
-    models: Iterable[ModelConfig], image_ids: set[str], variants_of: Callable[[ModelConfig], list[str]]
+    models: Iterable[ModelConfig],
+    image_ids: set[str],
+    variants_of: Callable[[ModelConfig], list[str]],
+    prompts: tuple[str, ...] = (EVERY_PROMPT,),
 ) -> list[str]:
-    """One line per imported model whose file lacks some of the (image, variant) pairs it will be
-    asked for, with the counts per variant; none when every file is complete (or unreadable: `check`
-    reports those)."""
+    """One line per imported model whose file lacks some of the (image, variant, prompt) answers it
+    will be asked for, with the counts per variant; none when every file is complete (or unreadable:
+    `check` reports those)."""
     lines = []
     for model in models:
         path = imported_file(model)
         if model.backend != "imported" or path is None:
             continue
-        table = read_table(path, COLUMNS, Problems())
+        table = read_table(path, COLUMNS, Problems(), OPTIONAL)
         if table is None:
             continue
-        have = {(r.cells["image_id"], r.cells["variant"]) for r in table.rows if r.cells["text"].strip()}
+        texts = _answers(r for r in table.rows if r.cells["text"].strip())
         variants = variants_of(model)
-        lacking = Counter(v for v in variants for i in image_ids if (i, v) not in have)
+        lacking = Counter(v for v in variants for i in image_ids for p in prompts if answer(texts, i, v, p) is None)
         if lacking:
-            total = len(image_ids) * len(variants)
-            counts = ", ".join(f"{v}: {lacking[v]} of {len(image_ids)}" for v in variants if lacking[v])
+            each = len(image_ids) * len(prompts)
+            counts = ", ".join(f"{v}: {lacking[v]} of {each}" for v in variants if lacking[v])
+            asked = "(image, variant)" if prompts == (EVERY_PROMPT,) else "(image, variant, prompt)"
             lines.append(
-                f"model '{model.name}': {path.name} has no description for {sum(lacking.values())} of the {total} "
-                f"(image, variant) pairs the study asks for ({counts}); those rows will be errors, and every "
-                "comparison with this model uses only the images both sides have"
+                f"model '{model.name}': {path.name} has no description for {sum(lacking.values())} of the "
+                f"{each * len(variants)} {asked} answers the study asks for ({counts}); those rows will be errors, "
+                "and every comparison with this model uses only the images both sides have"
             )
     return lines
 
@@ -64,28 +82,27 @@ class ImportedBackend(Backend):
 
     class Options(BackendOptions):
         file: str | None = Field(
-            None, description="the CSV or Parquet file of descriptions (image_id, variant, text); required"
+            None,
+            description="the CSV or Parquet file of descriptions (image_id, variant, text; optional prompt); required",
         )
 
     def __init__(self, model: ModelConfig):
         super().__init__(model)
         path = imported_file(model)
         problems = Problems()
-        table = read_table(path, COLUMNS, problems)
+        table = read_table(path, COLUMNS, problems, OPTIONAL)
         problems.raise_if_any()
-        self.texts = {(r.cells["image_id"], r.cells["variant"]): r.cells["text"] for r in table.rows}
+        self.texts = _answers(table.rows)
+        self.per_prompt = any(prompt != EVERY_PROMPT for _, _, prompt in self.texts)
         self.version = f"{path.name}@sha256:{hashlib.sha256(path.read_bytes()).hexdigest()[:12]}"
 
     def describe(self, batch: list[Stimulus]) -> list[Description]:
         out = []
         for s in batch:
-            text = self.texts.get((s.image_id, s.variant))
+            text = answer(self.texts, s.image_id, s.variant, s.prompt_id)
             if text is None:
-                out.append(
-                    Description(
-                        "", "error", f"no description for ({s.image_id}, {s.variant}) in the file", self.version
-                    )
-                )
+                what = f"({s.image_id}, {s.variant}" + (f", prompt {s.prompt_id})" if self.per_prompt else ")")
+                out.append(Description("", "error", f"no description for {what} in the file", self.version))
             else:
                 out.append(Description(text.strip(), model_version=self.version))
         return out
@@ -110,23 +127,66 @@ class ImportedBackend(Backend):
                 Problem(STUDY_FILE, "the imported backend needs options: {file: PATH} (CSV or Parquet)", field=where)
             ]
         problems = Problems()
-        table = read_table(path, COLUMNS, problems)
+        table = read_table(path, COLUMNS, problems, OPTIONAL)
         if table is None:
             return problems.items
         if not image_ids:
             problems.add(path, "image_id not checked: the images table could not be read", field="image_id")
-        seen: set[tuple[str, str]] = set()
+        seen: set[tuple[str, str, str]] = set()
+        unknown: dict[str, list[int]] = {}  # variant -> rows: one problem for them all
         for row, rec in ((r.number, r.cells) for r in table.rows):
-            key = (rec["image_id"], rec["variant"])
+            key = (rec["image_id"], rec["variant"], rec["prompt"].strip())
             if image_ids and rec["image_id"] not in image_ids:
                 problems.add(path, f"unknown image_id '{rec['image_id']}'", row, "image_id")
             if rec["variant"] not in variants:
-                problems.add(
-                    path, f"unknown variant '{rec['variant']}' (expected one of {', '.join(variants)})", row, "variant"
-                )
+                unknown.setdefault(rec["variant"], []).append(row)
             if not (rec["text"] or "").strip():
                 problems.add(path, "empty text", row, "text")
             if key in seen:
-                problems.add(path, f"duplicate description for image '{key[0]}', variant '{key[1]}'", row, "image_id")
+                prompt = f", prompt '{key[2]}'" if key[2] else ""
+                problems.add(
+                    path, f"duplicate description for image '{key[0]}', variant '{key[1]}'{prompt}", row, "image_id"
+                )
             seen.add(key)
+        if unknown:
+            problems.add(path, _unknown_variants(unknown, variants), min(min(r) for r in unknown.values()), "variant")
         return problems.items
+
+
+def _unknown_variants(unknown: dict[str, list[int]], variants: list[str]) -> str:
+    """One problem for every row whose variant the study does not have: a file that puts prompt ids
+    in the variant column is one mistake, not one per row."""
+    values = ", ".join(f"'{v}' ({len(rows)} rows, first row {rows[0]})" for v, rows in sorted(unknown.items()))
+    message = f"unknown variant {values}: expected one of {', '.join(variants)}"
+    if variants == ["full"]:
+        message += (
+            "; the variant of an answer to the whole image is 'full': if these are prompt ids, put them in a "
+            "`prompt` column (docs/openworld.md)"
+        )
+    return message
+
+
+def prompt_problems(models: Iterable[ModelConfig], prompt_ids: list[str]) -> list[Problem]:
+    """Prompt ids in imported files' `prompt` columns that the study has not (one problem per file)."""
+    problems = Problems()
+    for model in models:
+        path = imported_file(model)
+        if model.backend != "imported" or path is None:
+            continue
+        table = read_table(path, COLUMNS, Problems(), OPTIONAL)  # unreadable: `check` says so
+        if table is None:
+            continue
+        unknown: dict[str, list[int]] = {}
+        for r in table.rows:
+            prompt = r.cells["prompt"].strip()
+            if prompt != EVERY_PROMPT and prompt not in prompt_ids:
+                unknown.setdefault(prompt, []).append(r.number)
+        if unknown:
+            values = ", ".join(f"'{p}' ({len(rows)} rows, first row {rows[0]})" for p, rows in sorted(unknown.items()))
+            problems.add(
+                path,
+                f"unknown prompt {values}: expected one of the study's prompt ids {', '.join(prompt_ids)}",
+                min(min(r) for r in unknown.values()),
+                "prompt",
+            )
+    return problems.items

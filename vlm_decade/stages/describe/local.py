@@ -70,7 +70,9 @@ class DescribeActor:
     def describe(self, jobs: list[Job], stimuli: list[Stimulus | str] | None) -> list[dict]:
         """`stimuli` None: the backend needs no images (it is given empty ones)."""
         if stimuli is None:
-            stimuli = [Stimulus(j.image_id, j.variant, np.empty(0, np.uint8), j.prompt, j.classes) for j in jobs]
+            stimuli = [
+                Stimulus(j.image_id, j.variant, np.empty(0, np.uint8), j.prompt, j.classes, j.prompt_id) for j in jobs
+            ]
         return describe_batch(self.backend, jobs, stimuli)
 
 

@@ -196,7 +196,7 @@ def load_stimuli(jobs: list[Job]) -> list[Stimulus | str]:
         try:
             rgb, _ = load_rgb(job.path, job.background or WHITE)
             image = apply_mask(rgb, job.mask) if job.mask else rgb
-            out.append(Stimulus(job.image_id, job.variant, image, job.prompt, job.classes))
+            out.append(Stimulus(job.image_id, job.variant, image, job.prompt, job.classes, job.prompt_id))
         except Exception as exc:  # noqa: BLE001 - recorded per row; the run goes on
             out.append(f"could not read image {job.path}: {exc}")
     return out

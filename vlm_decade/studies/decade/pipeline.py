@@ -1,14 +1,16 @@
 """Study A as one function: check everything, then run its stages in order over the shared spine.
 
 Everything is checked before anything is written (`check`); each stage then runs only if its
-inputs or settings changed, and Ray starts only when a stage needs it. The same five functions as
-Study B's pipeline: `check`, `run`, `estimate`, `summary`, `redraw_report`.
+inputs or settings changed, and Ray starts only when a stage needs it. The same six functions as
+Study B's pipeline: `check`, `run`, `estimate`, `summary`, `redraw_report`, `export`.
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import asdict, replace
+
+import pyarrow as pa
 
 from vlm_decade.core.errors import InputError, Problem, Problems
 from vlm_decade.core.progress import Reporter
@@ -23,6 +25,7 @@ from vlm_decade.stages.images import ImageCache, transparency_note
 from vlm_decade.studies.decade import judging, metric_validation, report, score, statistics, stsb
 from vlm_decade.studies.decade.config import StudyConfig
 from vlm_decade.studies.decade.data import StudyData, load_study_data, thin_human_data
+from vlm_decade.studies.decade.export import tidy
 from vlm_decade.studies.decade.taxonomy import stages as taxonomy
 from vlm_decade.studies.decade.taxonomy.analysis import ERROR_TYPES
 from vlm_decade.studies.decade.taxonomy.hand import check_hand_labels
@@ -150,6 +153,11 @@ def summary(study: StudyConfig, data: StudyData) -> tuple[str, list[str]]:
         + ", ".join(f"{d}: {m}" for d, m in sorted(data.ranking_method.items()))
         + transparency_note(data.images)
     ), input_warnings(study, data)
+
+
+def export(folder: RunFolder, study: StudyConfig) -> pa.Table:
+    """The run as one tidy table (`studies/decade/export.py`); InputError naming a table it lacks."""
+    return tidy(folder)
 
 
 def redraw_report(folder: RunFolder, study: StudyConfig) -> list[str]:

@@ -40,7 +40,7 @@ class OpenWorldDataConfig(Settings):
 
 
 class PromptConfig(Settings):
-    """One prompt of Study B; its `id` is the `variant` of its rows in `scores` and `stats`."""
+    """One prompt of Study B; its `id` is the `prompt_id` of its rows in every table."""
 
     id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="The prompt's id in every table.")
     text: str = Field(min_length=1, description="The question every open-world model answers.")

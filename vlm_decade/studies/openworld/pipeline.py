@@ -1,25 +1,28 @@
 """Study B as one function: check everything, then run its stages in order over the shared spine.
 
-The same spine and the same five functions as Study A's pipeline (`check`, `run`, `estimate`,
-`summary`, `redraw_report`): every input is checked before anything is written, each stage runs
+The same spine and the same six functions as Study A's pipeline (`check`, `run`, `estimate`,
+`summary`, `redraw_report`, `export`): every input is checked before anything is written, each stage runs
 only when its inputs or settings changed, responses resume per row, and Ray starts only when a
 stage needs it.
 """
 
 from __future__ import annotations
 
+import pyarrow as pa
+
 from vlm_decade.core.errors import InputError, Problem
 from vlm_decade.core.progress import Reporter
 from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.core.runner import given, run_study
 from vlm_decade.models.backends import backend_class
-from vlm_decade.models.backends.imported import missing_rows
+from vlm_decade.models.backends.imported import missing_rows, prompt_problems
 from vlm_decade.stages import describe
 from vlm_decade.stages.estimate import Line, describe_lines, response_cache
 from vlm_decade.stages.images import ImageCache, transparency_note
 from vlm_decade.studies.openworld import judging, report, scoring, statistics
 from vlm_decade.studies.openworld.config import OpenWorldStudyConfig
 from vlm_decade.studies.openworld.data import OpenWorldData, load_openworld_data
+from vlm_decade.studies.openworld.export import tidy
 from vlm_decade.studies.openworld.judging import judge_unavailable
 
 
@@ -49,6 +52,7 @@ def check(study: OpenWorldStudyConfig, cache: ImageCache | None = None) -> OpenW
         problems += exc.problems
         image_ids = exc.image_ids  # the ids the table names, when it could be read
     problems += describe.check_models(study, image_ids, ["full"])
+    problems += prompt_problems(study.models, [p.id for p in study.prompts])
     if problems:
         raise InputError(problems)
     return data
@@ -86,7 +90,8 @@ def estimate(study: OpenWorldStudyConfig, data: OpenWorldData) -> tuple[list[Lin
 
 def incomplete_models(study: OpenWorldStudyConfig, data: OpenWorldData) -> list[str]:
     """Imported models whose files lack some of the answers the study asks for."""
-    return missing_rows(study.models, set(data.images.column("image_id").to_pylist()), lambda model: ["full"])
+    ids = set(data.images.column("image_id").to_pylist())
+    return missing_rows(study.models, ids, lambda model: ["full"], tuple(p.id for p in study.prompts))
 
 
 def summary(study: OpenWorldStudyConfig, data: OpenWorldData) -> tuple[str, list[str]]:
@@ -98,6 +103,11 @@ def summary(study: OpenWorldStudyConfig, data: OpenWorldData) -> tuple[str, list
         f"({', '.join(f'{d}: {data.granularity[d]}' for d in datasets)}), {len(study.models)} models, {len(study.prompts)} prompts"
     ) + transparency_note(data.images)
     return text, ([f"LI will be skipped: {no_judge}"] if no_judge else []) + incomplete_models(study, data)
+
+
+def export(folder: RunFolder, study: OpenWorldStudyConfig) -> pa.Table:
+    """The run as one tidy table (`studies/openworld/export.py`); InputError naming a table it lacks."""
+    return tidy(folder)
 
 
 def redraw_report(folder: RunFolder, study: OpenWorldStudyConfig) -> list[str]:

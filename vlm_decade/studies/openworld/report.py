@@ -66,13 +66,13 @@ def _cell(r: dict | None) -> str:
 
 
 def _matrix(
-    stats: list[dict], models: list[str], groups: list[str], metrics: list[str], variant: str, label=str
+    stats: list[dict], models: list[str], groups: list[str], metrics: list[str], prompt: str, label=str
 ) -> dict:
     """Per model, an estimate with its CI per group and metric; the header names each (group, label(metric))."""
     by = {(r["subject"], r["dataset"], r["metric"], r[PROMPT]): r for r in stats}
     return {
         "head": [(g, label(m)) for g in groups for m in metrics],
-        "rows": [(model, [_cell(by.get((model, g, m, variant))) for g in groups for m in metrics]) for model in models],
+        "rows": [(model, [_cell(by.get((model, g, m, prompt))) for g in groups for m in metrics]) for model in models],
     }
 
 
@@ -262,7 +262,6 @@ def _comparisons(comparisons: pa.Table, family: str, n_resamples: int) -> Grid:
     fmt = {
         "p": lambda v, r: "" if v is None else format_p(v, n_resamples),
         "q": lambda v, r: "" if v is None else format_p(v, n_resamples),
-        "significant": lambda v, r: "" if v is None else ("yes" if v else "no"),
     }
     columns = ["a", "b", "dataset", "metric", PROMPT, "difference", "ci_low", "ci_high", "p", "q", "significant"]
     return grid(rows, columns, fmt)
@@ -339,11 +338,7 @@ def write_openworld_report(
         mcnemar=grid(
             tables["paired_tests"],
             ["a", "b", "dataset", "metric", "n_pairs", "a_only", "b_only", "p", "q", "significant"],
-            {
-                "p": lambda v, r: f"{v:.3g}",
-                "q": lambda v, r: f"{v:.3g}",
-                "significant": lambda v, r: "yes" if v else "no",
-            },
+            {"p": lambda v, r: f"{v:.3g}", "q": lambda v, r: f"{v:.3g}"},
         ),
         prompts=[(p, _matrix(stats, models, ["all"], metrics, p.id)) for p in study.prompts],
         predictions=_prediction_samples(tables, study),

@@ -1,7 +1,8 @@
 """Study B's score stage: TI, LI, SS and CS for every prediction, and its outcome.
 
-`scores` has one row per prediction and metric (Study A's schema; `variant` holds the prompt id, so
-the prompt ablation falls out of the statistics engine); `predictions` keeps, per prediction, the
+`scores` has one row per prediction and metric (the statistics engine's schema, its `variant`
+column named `prompt_id` as in `responses` and `predictions`; the stats stage hands it to the engine
+under the engine's name, so the prompt ablation falls out of the engine); `predictions` keeps, per prediction, the
 label, the answer, the four values, the concept that matched best, the judge's raw answer and the
 outcome (correct, granularity, ambiguity, confusion), the evidence a reader checks.
 """
@@ -17,6 +18,15 @@ from vlm_decade.studies.openworld.metrics import parse_judgement, similarities, 
 from vlm_decade.studies.openworld.outcomes import outcome
 
 METRICS = ("TI", "LI", "SS", "CS")
+
+
+def prompt_named(schema: pa.Schema) -> pa.Schema:
+    """A statistics-engine schema as Study B's tables have it: the `variant` column, which holds the
+    prompt, is `prompt_id`, the prompt's one name in every Study B table."""
+    return pa.schema([f.with_name("prompt_id") if f.name == "variant" else f for f in schema])
+
+
+SCORES_B_SCHEMA = prompt_named(SCORES_SCHEMA)
 PREDICTIONS_SCHEMA = pa.schema(
     [
         ("subject", pa.string()),
@@ -35,6 +45,10 @@ PREDICTIONS_SCHEMA = pa.schema(
         ("outcome", pa.string()),
     ]
 )
+
+
+# Part of the stage's settings: bump it when the tables' columns change (2: the prompt is `prompt_id` in `scores`).
+SCORES_FORMAT = 2
 
 
 def judgement_key(label: str, prediction: str) -> tuple[str, str]:
@@ -83,7 +97,7 @@ def score_predictions(
                 "subject": r["subject"],
                 "image_id": r["image_id"],
                 "dataset": info["dataset"],
-                "variant": r["prompt_id"],
+                "prompt_id": r["prompt_id"],
                 "metric": m,
                 "value": v,
             }
@@ -91,8 +105,8 @@ def score_predictions(
             if v is not None
         ]
     predictions.sort(key=lambda p: (p["subject"], p["prompt_id"], p["image_id"]))
-    scores.sort(key=lambda s: (s["metric"], s["subject"], s["variant"], s["image_id"]))
-    return pa.Table.from_pylist(scores, schema=SCORES_SCHEMA), pa.Table.from_pylist(
+    scores.sort(key=lambda s: (s["metric"], s["subject"], s["prompt_id"], s["image_id"]))
+    return pa.Table.from_pylist(scores, schema=SCORES_B_SCHEMA), pa.Table.from_pylist(
         predictions, schema=PREDICTIONS_SCHEMA
     )
 
@@ -123,4 +137,10 @@ def stage(study: OpenWorldStudyConfig, no_judge: str | None) -> Stage:
         )
         return {"scores": scores, "predictions": predictions}
 
-    return Stage("scores", inputs, [study.scoring.fingerprint(), no_judge], compute, outputs=("scores", "predictions"))
+    return Stage(
+        "scores",
+        inputs,
+        [study.scoring.fingerprint(), no_judge, SCORES_FORMAT],
+        compute,
+        outputs=("scores", "predictions"),
+    )

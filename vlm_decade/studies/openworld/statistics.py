@@ -32,7 +32,6 @@ from vlm_decade.models.backends import backend_class
 from vlm_decade.stats import (
     COMPARISONS_SCHEMA,
     METHOD_VERSION,
-    SCORES_SCHEMA,
     STATS_SCHEMA,
     bootstrap_study,
     discordant_counts,
@@ -42,13 +41,16 @@ from vlm_decade.stats.resampling import bh_qvalues, bootstrap_p, percentile_ci
 from vlm_decade.studies.openworld.config import OpenWorldStudyConfig
 from vlm_decade.studies.openworld.metrics import ss_threshold_shares
 from vlm_decade.studies.openworld.outcomes import OUTCOMES
+from vlm_decade.studies.openworld.scoring import SCORES_B_SCHEMA, prompt_named
 
 ALL = "all"
-PROMPT = "variant"  # the column of stats, comparisons and paired_tests that names the prompt
+PROMPT = "prompt_id"  # the column of stats, comparisons and paired_tests that names the prompt
 GROUPS = ("prototypical", "fine-grained", "very fine-grained")
 # Part of the stage's settings: bump it when what is estimated or compared changes
-# (3: McNemar's exact tests of the binary metrics).
-STATS_FORMAT = 3
+# (3: McNemar's exact tests of the binary metrics; 4: the prompt is `prompt_id` in every table).
+STATS_FORMAT = 4
+STATS_B_SCHEMA = prompt_named(STATS_SCHEMA)
+COMPARISONS_B_SCHEMA = prompt_named(COMPARISONS_SCHEMA)
 BINARY_METRICS = ("TI", "LI")
 PAIRED_TESTS_SCHEMA = pa.schema(
     [
@@ -57,7 +59,7 @@ PAIRED_TESTS_SCHEMA = pa.schema(
         ("b", pa.string()),
         ("dataset", pa.string()),  # a dataset, a granularity group (its datasets' pairs pooled) or `all`
         ("metric", pa.string()),
-        ("variant", pa.string()),  # the prompt
+        ("prompt_id", pa.string()),
         ("test", pa.string()),
         ("n_pairs", pa.int64()),  # images both models have a value for
         ("a_only", pa.int64()),  # pairs where a is right and b wrong
@@ -90,13 +92,13 @@ def dataset_scores(scores: pa.Table, predictions: pa.Table) -> pa.Table:
                     "subject": p["subject"],
                     "image_id": p["image_id"],
                     "dataset": p["dataset"],
-                    "variant": p["prompt_id"],
+                    "prompt_id": p["prompt_id"],
                     "metric": f"outcome:{name}",
                     "value": float(p["outcome"] == name),
                 }
                 for name in names
             ]
-    return pa.Table.from_pylist(rows, schema=SCORES_SCHEMA)
+    return pa.Table.from_pylist(rows, schema=SCORES_B_SCHEMA)
 
 
 def group_members(granularity: dict[str, str]) -> dict[str, list[str]]:
@@ -128,8 +130,10 @@ def analyse_groups(
     metric and prompt; and the comparison families (`open-vs-closed`, `model-vs-model` under the
     main prompt `prompts[0]`, `prompt-ablation`: each other prompt against the main one, per open-world
     model), each with BH q within the family and metric (and prompt, but for the ablation, whose
-    family spans the prompts)."""
+    family spans the prompts). The engine calls the prompt `variant`: it gets `scores` and gives its
+    tables under that name, and they are named back (`prompt_id`) here."""
     members = group_members(granularity)
+    scores = scores.rename_columns({"prompt_id": "variant"})
     stats_rows: list[dict] = []
     comparison_rows: list[dict] = []
     for metric in sorted(set(scores.column("metric").to_pylist())):
@@ -159,10 +163,9 @@ def analyse_groups(
             )
         for family, specs in _families(groups, model_kinds, prompts, list(members)):
             comparison_rows += _compare(family, specs, groups, metric, confidence, alpha, n_resamples, seed)
-    return (
-        pa.Table.from_pylist(_nulls(stats_rows), schema=STATS_SCHEMA),
-        pa.Table.from_pylist(_nulls(comparison_rows), schema=COMPARISONS_SCHEMA),
-    )
+    stats = pa.Table.from_pylist(_nulls(stats_rows), schema=STATS_SCHEMA)
+    comparisons = pa.Table.from_pylist(_nulls(comparison_rows), schema=COMPARISONS_SCHEMA)
+    return stats.rename_columns(STATS_B_SCHEMA.names), comparisons.rename_columns(COMPARISONS_B_SCHEMA.names)
 
 
 @dataclass(frozen=True)
@@ -291,7 +294,7 @@ def mcnemar_tests(
     model-vs-model comparisons."""
     members = group_members(granularity)
     outcome: dict[tuple, dict[tuple[str, str], float]] = defaultdict(dict)
-    for r in scores.filter(pc.equal(scores.column("variant"), prompt)).to_pylist():
+    for r in scores.filter(pc.equal(scores.column("prompt_id"), prompt)).to_pylist():
         if r["metric"] in BINARY_METRICS and r["value"] is not None:
             outcome[(r["subject"], r["metric"])][(r["dataset"], r["image_id"])] = r["value"]
     units = {name: [name] for name in sorted(granularity)} | members  # each dataset, then the groups
@@ -311,7 +314,7 @@ def mcnemar_tests(
                         "b": b,
                         "dataset": unit,
                         "metric": metric,
-                        "variant": prompt,
+                        "prompt_id": prompt,
                         "test": "McNemar exact",
                         "n_pairs": len(keys),
                         "a_only": a_only,

@@ -373,7 +373,6 @@ def stat_formats(n_resamples: int, min_images: int) -> dict:
     return {
         "p": p_cell,
         "q": p_cell,
-        "significant": lambda v, r: "" if v is None else ("yes" if v else "no"),
         "n_images": lambda v, r: "" if v is None else (f"{v} (too few: not tested)" if v < min_images else str(v)),
         **{c: _number for c in ("estimate", "ci_low", "ci_high", "difference")},
     }

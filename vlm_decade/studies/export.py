@@ -1,0 +1,62 @@
+"""What both studies' exports share (`vlm-decade export`): a DuckDB connection over a run folder's
+Parquet tables, the tidy table a study's query gives, and how it is written (Parquet, or CSV made
+spreadsheet-safe by the one CSV writer). Each study's `export` module says what its table holds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+
+from vlm_decade.core.errors import InputError, Problem
+from vlm_decade.core.files import atomic_write_bytes
+from vlm_decade.core.runfolder import RunFolder, table_bytes
+from vlm_decade.report.html import write_csv
+
+FORMATS = ("parquet", "csv")
+
+
+def identifier(name: str) -> str:
+    """`name` as a DuckDB identifier, whatever it holds (a metric named by the user)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def connect(folder: RunFolder, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB with one view per table of the run folder; a required table the run has not
+    written yet is an InputError naming its file (every missing one together)."""
+    missing = [name for name in required if not folder.has(name)]
+    if missing:
+        raise InputError(
+            [
+                Problem(str(folder.table_path(n)), "missing: the run has not written it yet (run the study first)")
+                for n in missing
+            ]
+        )
+    # Parquet reading is built in; DuckDB must not fetch extensions from the network on its own.
+    connection = duckdb.connect(
+        ":memory:", config={"threads": 2, "autoinstall_known_extensions": False, "autoload_known_extensions": False}
+    )
+    for name in required + tuple(n for n in optional if folder.has(n)):
+        path = folder.table_path(name)
+        try:
+            connection.execute(f"CREATE VIEW {identifier(name)} AS SELECT * FROM read_parquet({literal(str(path))})")
+        except duckdb.Error as exc:
+            raise InputError([Problem(str(path), f"not a readable Parquet table: {exc}")]) from None
+    return connection
+
+
+def columns(connection: duckdb.DuckDBPyConnection, table: str) -> list[str]:
+    return [row[0] for row in connection.execute(f"DESCRIBE {identifier(table)}").fetchall()]
+
+
+def write_export(table: pa.Table, path: Path, fmt: str) -> None:
+    """The export at `path`, whole or not at all: Parquet as the run's tables are written, or CSV."""
+    if fmt == "csv":
+        write_csv(table, path)
+    else:
+        atomic_write_bytes(path, table_bytes(table))

@@ -1,0 +1,31 @@
+"""Study B's tidy table (`vlm-decade export`): one row per model x image x prompt, with every column
+of the image's row in `images` and in `labels` (its label, granularity and metadata), the model's
+response, and what scoring made of it: every column of its row in `predictions` (TI, LI, SS, CS,
+the best-matching concept, the judge's answer, the outcome); a response that failed has none."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from vlm_decade.core.runfolder import RunFolder
+from vlm_decade.studies.export import columns, connect, identifier
+
+# Columns `predictions` repeats from the responses (`prediction` is the response's text), images or labels.
+REPEATED = ("subject", "image_id", "prompt_id", "dataset", "granularity", "label", "prediction")
+
+
+def tidy(folder: RunFolder) -> pa.Table:
+    db = connect(folder, ("images", "labels", "responses", "predictions"))
+    image_columns = "".join(f", i.{identifier(c)}" for c in columns(db, "images") if c != "image_id")
+    label_columns = "".join(f", l.{identifier(c)}" for c in columns(db, "labels") if c not in columns(db, "images"))
+    scored = "".join(f", p.{identifier(c)}" for c in columns(db, "predictions") if c not in REPEATED)
+    query = f"""
+        SELECT r.subject AS model, r.image_id{image_columns}{label_columns}, r.prompt_id,
+               r.text AS response, r.status AS response_status, r.error AS response_error{scored}
+        FROM responses r
+        JOIN images i ON i.image_id = r.image_id
+        LEFT JOIN labels l ON l.image_id = r.image_id
+        LEFT JOIN predictions p ON p.subject = r.subject AND p.image_id = r.image_id AND p.prompt_id = r.prompt_id
+        ORDER BY model, r.image_id, r.prompt_id
+    """
+    return db.sql(query).to_arrow_table()
