@@ -490,7 +490,7 @@ def test_openworld_report_draws_its_figures_and_shows_ss_thresholds_a_row_per_mo
     rows = openworld_tables["stats"].to_pylist()
     first = next(r for r in rows if r["subject"] == "alpha" and r["dataset"] == "all")
     rows += [{**first, "metric": m, "estimate": v, "ci_low": v - 0.05, "ci_high": v + 0.05} for m, v in shares.items()]
-    text = _openworld(tmp_path, {**openworld_tables, "stats": pa.Table.from_pylist(rows, schema=STATS_SCHEMA)})
+    text = _openworld(tmp_path, {**openworld_tables, "stats": pa.Table.from_pylist(rows, schema=STATS_B_SCHEMA)})
     page = Page(text)
     shown = [a["src"] for tag, a in page.tags if tag == "img"]
     for name, file in FIGURES.items():

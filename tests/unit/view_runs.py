@@ -13,7 +13,7 @@ from PIL import Image
 
 from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.stats import STATS_SCHEMA
-from vlm_decade.studies.openworld.statistics import PROMPT
+from vlm_decade.studies.openworld.statistics import PROMPT, STATS_B_SCHEMA
 
 MODELS = ("alpha", "beta")
 VARIANTS = ("full", "m1", "m2", "m3")
@@ -428,6 +428,6 @@ def openworld_run(root: Path) -> Path:
             }
             for (m, p, d, metric), (e, lo, hi) in OPENWORLD_STATS.items()
         ],
-        STATS_SCHEMA,
+        STATS_B_SCHEMA,
     )
     return root
