@@ -1,35 +1,60 @@
 """The `vlm-decade` command line: demo, run, validate, estimate, report, view, masks, schema, validate-metric.
 
 Bad input ends with every problem listed (file, row, field) and exit status 2, before anything
-is written. Every command runs inside one handler (`_handled`), which turns each expected error
-into a message and an exit status, never a traceback: 2 for the input (tables, the study file, a
-path given on the command line), 1 for the environment (a full disk, too little memory).
+is written (a problem on many rows is shown a few times and counted; the full list then goes to a
+file next to the study file). Every command runs inside one handler (`_handled`), which turns each
+expected error into a message and an exit status, never a traceback: 2 for the input (tables, the
+study file, a path given on the command line), 1 for the environment (a full disk, too little
+memory, a local Ray that would not start). A run stopped with Ctrl-C ends with 130, saying what it
+kept and the command that goes on from there.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import shlex
 import sys
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
 from vlm_decade.core.errors import ENVIRONMENT_EXIT, INPUT_EXIT, InputError, Problem, os_failure
+from vlm_decade.core.progress import collapsed, console
 
 # Each stage shows its own progress; the model libraries' loading bars would only interleave with it.
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
-err = Console(stderr=True)
+err = console()
+INTERRUPTED_EXIT = 130  # as a shell reports a command stopped by SIGINT
+
+
+def problems_file(study_file: Path) -> Path:
+    """Where the full list of a study's input problems goes when the screen shows them collapsed:
+    next to the study file (no run folder exists yet), `<name>.problems.txt`."""
+    return study_file.with_name(f"{study_file.stem}.problems.txt")
 
 
 def _fail(exc: InputError, study_file: Path | None = None) -> None:
     if study_file is not None:
         exc = exc.located(study_file)
-    err.print(f"[bold red]{len(exc.problems)} problem(s) in the input; nothing was run or written:[/bold red]")
-    for problem in exc.problems:
-        err.print(f"  - {problem}", highlight=False, markup=False)
+    every = [f"  - {problem}" for problem in exc.problems]
+    shown = collapsed(((p.file, p.field, p.message), line) for p, line in zip(exc.problems, every))
+    listed = None
+    if len(shown) < len(every) and study_file is not None:
+        try:
+            listed = problems_file(study_file)
+            listed.write_text("\n".join(every) + "\n", encoding="utf-8")
+        except OSError:  # a folder that cannot be written: the screen shows them all instead
+            shown, listed = every, None
+    elif len(shown) < len(every):
+        shown = every
+    done = "nothing was run" + ("" if listed else " or written")
+    err.print(f"[bold red]{len(exc.problems)} problem(s) in the input; {done}:[/bold red]", highlight=False)
+    for line in shown:
+        err.print(line, highlight=False, markup=False)
+    if listed is not None:
+        err.print(f"the full list: {listed}", highlight=False, markup=False)
     raise typer.Exit(INPUT_EXIT)
 
 
@@ -56,6 +81,12 @@ def _handled(command):
             _exit(
                 ENVIRONMENT_EXIT, "out of memory: give the run more memory, or fewer actors (runtime.actors_per_model)"
             )
+        except Exception as exc:
+            from vlm_decade.core.runtime import RayStartFailed  # imported here: it loads the config models
+
+            if not isinstance(exc, RayStartFailed):
+                raise
+            _exit(ENVIRONMENT_EXIT, str(exc))
 
     return handled
 
@@ -84,21 +115,50 @@ def _options(
     version: bool = typer.Option(
         False, "--version", callback=_say_version, is_eager=True, help="Print the version and exit."
     ),
+    verbose: bool = typer.Option(
+        False, "--verbose", help="Show Ray's own lines (its warnings, its workers' output) as Ray prints them."
+    ),
 ) -> None:
     """Measure vision-language models against people."""
+    if verbose:  # read where Ray starts; otherwise those lines go to the run folder's logs/ray.log
+        from vlm_decade.core.runtime import VERBOSE_ENV
+
+        os.environ[VERBOSE_ENV] = "1"
 
 
-def _load(study_file: Path, out: str | None, address: str | None, cache_dir: Path | None = None, wait: bool = True):
+def _load(
+    study_file: Path,
+    out: str | None,
+    address: str | None,
+    cache_dir: Path | None = None,
+    wait: bool = True,
+    limit: int | None = None,
+):
     """The study, with the command line's overrides (its run folder, `--out` or `output`, checked
-    alike by `load_study`)."""
+    alike by `load_study`; a smoke run's `limit`, whose run folder is by default the study's with
+    `-smokeN` added)."""
     from vlm_decade.studies import load_study
 
     study = load_study(study_file, output=out)
+    if limit is not None:
+        if out is None:
+            study = load_study(study_file, output=_smoke_output(study, limit))
+        study = study.model_copy(update={"limit": limit})
     if address:
         study = study.model_copy(update={"runtime": study.runtime.model_copy(update={"address": address})})
     if not wait:
         study = study.model_copy(update={"providers": study.providers.model_copy(update={"batch_wait": False})})
     return _with_cache_dir(study, cache_dir)
+
+
+def _smoke_output(study, limit: int) -> str:
+    """The default run folder of a smoke run of `study`: its own (a path, or the URI of a bucket's)
+    named `-smokeN`."""
+    from vlm_decade.core.smoke import smoke_folder
+    from vlm_decade.core.storage import Mirror
+
+    mirror = Mirror.of(study.output)
+    return smoke_folder(mirror.uri if mirror is not None else str(Path(study.output).absolute()), limit)
 
 
 def _with_cache_dir(study, cache_dir: Path | None):
@@ -134,7 +194,21 @@ def _run(study) -> None:
         raise typer.Exit(1) from None
     except OSError as exc:  # the run folder is known here: a full disk says what it kept
         _exit(*os_failure(exc, Path(study.output)))
+    except KeyboardInterrupt:
+        _say_interrupted(Path(study.output))
+        raise typer.Exit(INTERRUPTED_EXIT) from None
     _say_unfinished(study.output)
+
+
+def _say_interrupted(run_dir: Path) -> None:
+    """A run stopped with Ctrl-C: what it kept (`stages.status.kept_lines`) and the command that
+    goes on from there."""
+    from vlm_decade.stages.status import kept_lines
+
+    err.print("[bold yellow]stopped (Ctrl-C)[/bold yellow]", highlight=False)
+    for line in kept_lines(run_dir):
+        err.print(line, highlight=False, markup=False)
+    err.print(f"to go on from there: vlm-decade {shlex.join(sys.argv[1:])}", highlight=False, markup=False)
 
 
 def _say_unfinished(run_dir: Path) -> None:
@@ -176,9 +250,16 @@ def run(
         "--wait/--no-wait",
         help="Batch mode: wait for the batches, or submit them and exit (a later run collects).",
     ),
+    limit: int | None = typer.Option(
+        None,
+        "--limit",
+        min=1,
+        help="A smoke run: only the first N images of each dataset, into its own run folder (default: the "
+        "study's with -smokeN added), marked as one in the manifest, the report and `status`.",
+    ),
 ) -> None:
     """Run a study; re-running resumes and skips every unchanged stage."""
-    study = _load(study_file, out, address, cache_dir, wait=wait)
+    study = _load(study_file, out, address, cache_dir, wait=wait, limit=limit)
     if rehash:
         study = study.model_copy(update={"runtime": study.runtime.model_copy(update={"rehash": True})})
     _run(study)
@@ -210,7 +291,7 @@ def validate(
     study, data = _checked(study_file)
     text, warnings = pipeline_of(study).summary(study, data)
     if strict and warnings:
-        _fail(InputError([Problem(str(study_file), f"(--strict) {warning}") for warning in warnings]))
+        _fail(InputError([Problem(str(study_file), f"(--strict) {warning}") for warning in warnings]), study_file)
     for warning in warnings:
         err.print(f"[yellow]{warning}[/yellow]", highlight=False)
     err.print(f"[green]ok[/green] {study_file}: {text}", highlight=False)
@@ -407,7 +488,7 @@ def validate_metric(
             f"{r['spearman']:.4f}",
             f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}]",
         )
-    Console(stderr=True).print(view)
+    err.print(view)
     print(json.dumps(summary))
 
 

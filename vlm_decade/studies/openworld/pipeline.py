@@ -12,6 +12,7 @@ from vlm_decade.core.errors import InputError, Problem
 from vlm_decade.core.progress import Reporter
 from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.core.runner import given, run_study
+from vlm_decade.core.smoke import first_images
 from vlm_decade.models.backends import backend_class
 from vlm_decade.models.backends.imported import missing_rows
 from vlm_decade.stages import describe
@@ -51,7 +52,7 @@ def check(study: OpenWorldStudyConfig, cache: ImageCache | None = None) -> OpenW
     problems += describe.check_models(study, image_ids, ["full"])
     if problems:
         raise InputError(problems)
-    return data
+    return first_images(data, study.limit)
 
 
 def run(study: OpenWorldStudyConfig, reporter: Reporter | None = None) -> RunFolder:
