@@ -1,8 +1,8 @@
 """The `vlm-decade` command line: demo, run, validate, estimate, report, view, masks, schema, validate-metric.
 
 Bad input ends with every problem listed (file, row, field) and exit status 2, before anything
-is written (a problem on many rows is shown a few times and counted; the full list then goes to a
-file next to the study file). Every command runs inside one handler (`_handled`), which turns each
+is written (a problem on many rows is shown a few times and counted; `validate --all` lists every
+one). Every command runs inside one handler (`_handled`), which turns each
 expected error into a message and an exit status, never a traceback: 2 for the input (tables, the
 study file, a path given on the command line), 1 for the environment (a full disk, too little
 memory, a local Ray that would not start). A run stopped with Ctrl-C ends with 130, saying what it
@@ -20,7 +20,7 @@ from pathlib import Path
 import typer
 
 from vlm_decade.core.errors import ENVIRONMENT_EXIT, INPUT_EXIT, InputError, Problem, os_failure
-from vlm_decade.core.progress import collapsed, console
+from vlm_decade.core.progress import collapsed, console, shape
 
 # Each stage shows its own progress; the model libraries' loading bars would only interleave with it.
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -29,32 +29,22 @@ err = console()
 INTERRUPTED_EXIT = 130  # as a shell reports a command stopped by SIGINT
 
 
-def problems_file(study_file: Path) -> Path:
-    """Where the full list of a study's input problems goes when the screen shows them collapsed:
-    next to the study file (no run folder exists yet), `<name>.problems.txt`."""
-    return study_file.with_name(f"{study_file.stem}.problems.txt")
-
-
-def _fail(exc: InputError, study_file: Path | None = None) -> None:
+def _fail(exc: InputError, study_file: Path | None = None, every: bool = False) -> None:
+    """Every problem and exit status 2; one problem on many rows is shown a few times and counted
+    (`every`: all of them). Nothing is written: a refused command leaves no file behind."""
     if study_file is not None:
         exc = exc.located(study_file)
-    every = [f"  - {problem}" for problem in exc.problems]
-    shown = collapsed(((p.file, p.field, p.message), line) for p, line in zip(exc.problems, every))
-    listed = None
-    if len(shown) < len(every) and study_file is not None:
-        try:
-            listed = problems_file(study_file)
-            listed.write_text("\n".join(every) + "\n", encoding="utf-8")
-        except OSError:  # a folder that cannot be written: the screen shows them all instead
-            shown, listed = every, None
-    elif len(shown) < len(every):
-        shown = every
-    done = "nothing was run" + ("" if listed else " or written")
-    err.print(f"[bold red]{len(exc.problems)} problem(s) in the input; {done}:[/bold red]", highlight=False)
+    lines = [f"  - {problem}" for problem in exc.problems]
+    shown = lines if every else collapsed(((p.file, p.field, shape(p.message)), s) for p, s in zip(exc.problems, lines))
+    err.print(
+        f"[bold red]{len(exc.problems)} problem(s) in the input; nothing was run or written:[/bold red]",
+        highlight=False,
+    )
     for line in shown:
         err.print(line, highlight=False, markup=False)
-    if listed is not None:
-        err.print(f"the full list: {listed}", highlight=False, markup=False)
+    if len(shown) < len(lines):
+        listing = f"vlm-decade validate {shlex.quote(str(study_file))} --all" if study_file else "validate --all"
+        err.print(f"every one of them: {listing}", highlight=False, markup=False)
     raise typer.Exit(INPUT_EXIT)
 
 
@@ -284,14 +274,24 @@ def validate(
     strict: bool = typer.Option(
         False, "--strict", help="Warnings (e.g. an imported file lacking rows) are errors: exit status 2."
     ),
+    every: bool = typer.Option(
+        False,
+        "--all",
+        help="List every problem (by default one problem on many rows is shown a few times and counted).",
+    ),
 ) -> None:
     """Check the config and the data and report every problem at once; runs nothing."""
     from vlm_decade.studies import pipeline_of
 
-    study, data = _checked(study_file)
+    try:
+        study, data = _checked(study_file)
+    except InputError as exc:
+        _fail(exc, study_file, every)
     text, warnings = pipeline_of(study).summary(study, data)
     if strict and warnings:
-        _fail(InputError([Problem(str(study_file), f"(--strict) {warning}") for warning in warnings]), study_file)
+        _fail(
+            InputError([Problem(str(study_file), f"(--strict) {warning}") for warning in warnings]), study_file, every
+        )
     for warning in warnings:
         err.print(f"[yellow]{warning}[/yellow]", highlight=False)
     err.print(f"[green]ok[/green] {study_file}: {text}", highlight=False)

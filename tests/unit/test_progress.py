@@ -6,7 +6,7 @@ import re
 
 from rich.console import Console
 
-from vlm_decade.core.progress import Reporter, collapsed, console, progress_line
+from vlm_decade.core.progress import Reporter, collapsed, console, progress_line, shape
 
 
 def test_progress_line_says_count_share_rate_and_time_left():
@@ -29,6 +29,8 @@ def test_a_message_on_many_rows_is_shown_a_few_times_then_counted():
         "    ... and 148 more rows like it",
         "f.csv, row 9: empty description",
     ]
+    assert shape("image 'coffee' has no 'full' description") == shape("image 'moon' has no 'full' description")
+    assert shape("image 'coffee' has no 'full' description") != shape("image 'coffee' has no file")
     few = [("k", f"line {i}") for i in range(5)]
     assert collapsed(few, shown=3, least=5) == [line for _, line in few]  # five is not collapsed
 

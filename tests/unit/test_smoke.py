@@ -47,4 +47,5 @@ def test_a_run_folder_is_never_resumed_by_the_other_kind_of_run():
 def test_the_report_says_it_is_a_smoke_run():
     macros = environment().get_template("_report.html").module
     assert "Only the first 4 images of each" in str(macros.smoke({"limit": 4}))
+    assert "Only the first 1 image of each" in str(macros.smoke({"limit": 1}))
     assert str(macros.smoke({"limit": None})).strip() == ""

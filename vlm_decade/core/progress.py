@@ -8,6 +8,7 @@ in a log stays whole, so grep finds it.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Hashable, Iterable
 from contextlib import contextmanager
@@ -26,6 +27,7 @@ from rich.progress import (
 COLLAPSE_FROM = 5
 SHOWN = 3
 PLAIN_EVERY_S = 60.0  # off a terminal, a progress line at least this often
+_QUOTED = re.compile(r"'[^']*'")
 
 
 def console(stderr: bool = True) -> Console:
@@ -51,6 +53,12 @@ def collapsed(items: Iterable[tuple[Hashable, str]], shown: int = SHOWN, least: 
         else:
             lines += group
     return lines
+
+
+def shape(message: str) -> str:
+    """A message with its quoted values blanked: the messages of one kind of problem on many rows
+    ("image 'coffee' has no 'full' description") share it."""
+    return _QUOTED.sub("'…'", message)
 
 
 def progress_line(description: str, done: int, total: int, seconds: float) -> str:

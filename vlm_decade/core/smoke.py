@@ -41,8 +41,12 @@ def smoke_folder(output: str, limit: int) -> str:
     return f"{output.rstrip('/')}-smoke{limit}"
 
 
+def _first(limit: int) -> str:
+    return f"the first {limit} image{'s' if limit != 1 else ''} of each dataset"
+
+
 def smoke_note(limit: int) -> str:
-    return f"smoke run: only the first {limit} images of each dataset (run --limit {limit}); not the full study"
+    return f"smoke run: only {_first(limit)} (run --limit {limit}); not the full study"
 
 
 def resume_problem(manifest: dict, limit: int | None, location: str) -> str | None:
@@ -58,6 +62,6 @@ def resume_problem(manifest: dict, limit: int | None, location: str) -> str | No
             f"{location} holds a run of the full study; a smoke run (--limit {limit}) would mix its few images "
             "into it: give the smoke run its own folder (leave out --out for the default one)"
         )
-    then = f"a smoke run of the first {before} images of each dataset (--limit {before})"
+    then = f"a smoke run of {_first(before)} (--limit {before})"
     wanted = "the full study" if limit is None else f"a smoke run with --limit {limit}"
     return f"{location} holds {then}; {wanted} goes into another folder: give --out"
