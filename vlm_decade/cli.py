@@ -89,7 +89,14 @@ class _Commands(typer.Typer):
         return lambda function: register(_handled(function))
 
 
-app = _Commands(add_completion=False, no_args_is_help=True, help="Measure vision-language models against people.")
+# An unexpected error's traceback: rich's boxed one on a terminal; in a log or a pipe, Python's plain
+# one (rich would draw it 80 columns wide, breaking paths and lines mid-word).
+app = _Commands(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Measure vision-language models against people.",
+    pretty_exceptions_enable=sys.stderr.isatty(),
+)
 
 
 def _say_version(asked: bool) -> None:
