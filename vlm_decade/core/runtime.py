@@ -208,13 +208,15 @@ class LazyRay:
         self.runtime = runtime
         self.log_dir = log_dir  # where Ray's own lines go (the run folder's logs/)
         self.ray = None
-        self.started = False
+        self.started = self.local = False
 
     def __call__(self):
         if self.ray is None:
             import ray
 
             self.started = not ray.is_initialized()
+            # Only a local Ray's session folder holds this run's workers alone (a cluster's, other jobs' too).
+            self.local = self.started and not (self.runtime.address or os.environ.get("RAY_ADDRESS"))
             self.ray = start_ray(self.runtime.address, self.runtime.num_cpus, log_dir=self.log_dir)
         return self.ray
 
@@ -222,5 +224,5 @@ class LazyRay:
         if self.ray is not None and self.started:
             logs = ray_logs_dir(self.ray)
             self.ray.shutdown()
-            if logs is not None and self.log_dir is not None and not verbose():
+            if self.local and logs is not None and self.log_dir is not None and not verbose():
                 keep_worker_logs(logs, self.log_dir)
