@@ -85,3 +85,17 @@ def test_ray_warnings_go_to_the_log_not_the_terminal(tmp_path, capsys):
             logger.removeHandler(handler)
             handler.close()
         logger.handlers[:], logger.propagate, logger.level = saved[0], saved[1], saved[2]
+
+
+def test_verbose_on_the_command_line_lets_ray_speak(monkeypatch):
+    from typer.testing import CliRunner
+
+    from vlm_decade import cli
+    from vlm_decade.core.runtime import VERBOSE_ENV, verbose
+
+    monkeypatch.setenv(VERBOSE_ENV, "0")  # restored after the test
+    assert not verbose()
+    assert CliRunner().invoke(cli.app, ["schema", "decade"]).exit_code == 0
+    assert not verbose()
+    assert CliRunner().invoke(cli.app, ["--verbose", "schema", "decade"]).exit_code == 0
+    assert verbose()
