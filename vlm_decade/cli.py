@@ -1,36 +1,51 @@
 """The `vlm-decade` command line: demo, run, validate, estimate, report, export, view, masks, schema, validate-metric.
 
 Bad input ends with every problem listed (file, row, field) and exit status 2, before anything
-is written. Every command runs inside one handler (`_handled`), which turns each expected error
-into a message and an exit status, never a traceback: 2 for the input (tables, the study file, a
-path given on the command line), 1 for the environment (a full disk, too little memory); a run
-that finished with failed rows ends with 3 (docs/cli.md lists them all).
+is written (a problem on many rows is shown a few times and counted; `validate --all` lists every
+one). Every command runs inside one handler (`_handled`), which turns each
+expected error into a message and an exit status, never a traceback: 2 for the input (tables, the
+study file, a path given on the command line), 1 for the environment (a full disk, too little
+memory, a local Ray that would not start); a run that finished with failed rows ends with 3. A run
+stopped with Ctrl-C ends with 130, saying what it kept and the command that goes on from there
+(docs/cli.md lists them all).
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import shlex
 import sys
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
 from vlm_decade.core.errors import ENVIRONMENT_EXIT, INPUT_EXIT, RUN_FAILED_EXIT, InputError, Problem, os_failure
+from vlm_decade.core.progress import collapsed, console, shape
 
 # Each stage shows its own progress; the model libraries' loading bars would only interleave with it.
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
-err = Console(stderr=True)
+err = console()
+INTERRUPTED_EXIT = 130  # as a shell reports a command stopped by SIGINT
 
 
-def _fail(exc: InputError, study_file: Path | None = None) -> None:
+def _fail(exc: InputError, study_file: Path | None = None, every: bool = False) -> None:
+    """Every problem and exit status 2; one problem on many rows is shown a few times and counted
+    (`every`: all of them). Nothing is written: a refused command leaves no file behind."""
     if study_file is not None:
         exc = exc.located(study_file)
-    err.print(f"[bold red]{len(exc.problems)} problem(s) in the input; nothing was run or written:[/bold red]")
-    for problem in exc.problems:
-        err.print(f"  - {problem}", highlight=False, markup=False)
+    lines = [f"  - {problem}" for problem in exc.problems]
+    shown = lines if every else collapsed(((p.file, p.field, shape(p.message)), s) for p, s in zip(exc.problems, lines))
+    err.print(
+        f"[bold red]{len(exc.problems)} problem(s) in the input; nothing was run or written:[/bold red]",
+        highlight=False,
+    )
+    for line in shown:
+        err.print(line, highlight=False, markup=False)
+    if len(shown) < len(lines):
+        listing = f"vlm-decade validate {shlex.quote(str(study_file))} --all" if study_file else "validate --all"
+        err.print(f"every one of them: {listing}", highlight=False, markup=False)
     raise typer.Exit(INPUT_EXIT)
 
 
@@ -57,6 +72,12 @@ def _handled(command):
             _exit(
                 ENVIRONMENT_EXIT, "out of memory: give the run more memory, or fewer actors (runtime.actors_per_model)"
             )
+        except Exception as exc:
+            from vlm_decade.core.runtime import RayStartFailed  # imported here: it loads the config models
+
+            if not isinstance(exc, RayStartFailed):
+                raise
+            _exit(ENVIRONMENT_EXIT, str(exc))
 
     return handled
 
@@ -69,7 +90,14 @@ class _Commands(typer.Typer):
         return lambda function: register(_handled(function))
 
 
-app = _Commands(add_completion=False, no_args_is_help=True, help="Measure vision-language models against people.")
+# An unexpected error's traceback: rich's boxed one on a terminal; in a log or a pipe, Python's plain
+# one (rich would draw it 80 columns wide, breaking paths and lines mid-word).
+app = _Commands(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Measure vision-language models against people.",
+    pretty_exceptions_enable=sys.stderr.isatty(),
+)
 
 
 def _say_version(asked: bool) -> None:
@@ -85,21 +113,50 @@ def _options(
     version: bool = typer.Option(
         False, "--version", callback=_say_version, is_eager=True, help="Print the version and exit."
     ),
+    verbose: bool = typer.Option(
+        False, "--verbose", help="Show Ray's own lines (its warnings, its workers' output) as Ray prints them."
+    ),
 ) -> None:
     """Measure vision-language models against people."""
+    if verbose:  # read where Ray starts; otherwise those lines go to the run folder's logs/ray.log
+        from vlm_decade.core.runtime import VERBOSE_ENV
+
+        os.environ[VERBOSE_ENV] = "1"
 
 
-def _load(study_file: Path, out: str | None, address: str | None, cache_dir: Path | None = None, wait: bool = True):
+def _load(
+    study_file: Path,
+    out: str | None,
+    address: str | None,
+    cache_dir: Path | None = None,
+    wait: bool = True,
+    limit: int | None = None,
+):
     """The study, with the command line's overrides (its run folder, `--out` or `output`, checked
-    alike by `load_study`)."""
+    alike by `load_study`; a smoke run's `limit`, whose run folder is by default the study's with
+    `-smokeN` added)."""
     from vlm_decade.studies import load_study
 
     study = load_study(study_file, output=out)
+    if limit is not None:
+        if out is None:
+            study = load_study(study_file, output=_smoke_output(study, limit))
+        study = study.model_copy(update={"limit": limit})
     if address:
         study = study.model_copy(update={"runtime": study.runtime.model_copy(update={"address": address})})
     if not wait:
         study = study.model_copy(update={"providers": study.providers.model_copy(update={"batch_wait": False})})
     return _with_cache_dir(study, cache_dir)
+
+
+def _smoke_output(study, limit: int) -> str:
+    """The default run folder of a smoke run of `study`: its own (a path, or the URI of a bucket's)
+    named `-smokeN`."""
+    from vlm_decade.core.smoke import smoke_folder
+    from vlm_decade.core.storage import Mirror
+
+    mirror = Mirror.of(study.output)
+    return smoke_folder(mirror.uri if mirror is not None else str(Path(study.output).absolute()), limit)
 
 
 def _with_cache_dir(study, cache_dir: Path | None):
@@ -136,6 +193,9 @@ def _run(study) -> list:
         raise typer.Exit(1) from None
     except OSError as exc:  # the run folder is known here: a full disk says what it kept
         _exit(*os_failure(exc, Path(study.output)))
+    except KeyboardInterrupt:
+        _say_interrupted(Path(study.output))
+        raise typer.Exit(INTERRUPTED_EXIT) from None
     _say_unfinished(study.output)
     return run_failures(folder.manifest())
 
@@ -153,6 +213,17 @@ def _end(failed: list, allow_failures: bool) -> None:
         err.print(f"  {failure.line()}", highlight=False, markup=False)
     if not allow_failures:
         raise typer.Exit(RUN_FAILED_EXIT)
+
+
+def _say_interrupted(run_dir: Path) -> None:
+    """A run stopped with Ctrl-C: what it kept (`stages.status.kept_lines`) and the command that
+    goes on from there."""
+    from vlm_decade.stages.status import kept_lines
+
+    err.print("[bold yellow]stopped (Ctrl-C)[/bold yellow]", highlight=False)
+    for line in kept_lines(run_dir):
+        err.print(line, highlight=False, markup=False)
+    err.print(f"to go on from there: vlm-decade {shlex.join(sys.argv[1:])}", highlight=False, markup=False)
 
 
 def _say_unfinished(run_dir: Path) -> None:
@@ -194,10 +265,17 @@ def run(
         "--wait/--no-wait",
         help="Batch mode: wait for the batches, or submit them and exit (a later run collects).",
     ),
+    limit: int | None = typer.Option(
+        None,
+        "--limit",
+        min=1,
+        help="A smoke run: only the first N images of each dataset, into its own run folder (default: the "
+        "study's with -smokeN added), marked as one in the manifest, the report and `status`.",
+    ),
     allow_failures: bool = typer.Option(False, "--allow-failures", help=ALLOW_FAILURES_HELP),
 ) -> None:
     """Run a study; re-running resumes and skips every unchanged stage."""
-    study = _load(study_file, out, address, cache_dir, wait=wait)
+    study = _load(study_file, out, address, cache_dir, wait=wait, limit=limit)
     if rehash:
         study = study.model_copy(update={"runtime": study.runtime.model_copy(update={"rehash": True})})
     _end(_run(study), allow_failures)
@@ -222,14 +300,24 @@ def validate(
     strict: bool = typer.Option(
         False, "--strict", help="Warnings (e.g. an imported file lacking rows) are errors: exit status 2."
     ),
+    every: bool = typer.Option(
+        False,
+        "--all",
+        help="List every problem (by default one problem on many rows is shown a few times and counted).",
+    ),
 ) -> None:
     """Check the config and the data and report every problem at once; runs nothing."""
     from vlm_decade.studies import pipeline_of
 
-    study, data = _checked(study_file)
+    try:
+        study, data = _checked(study_file)
+    except InputError as exc:
+        _fail(exc, study_file, every)
     text, warnings = pipeline_of(study).summary(study, data)
     if strict and warnings:
-        _fail(InputError([Problem(str(study_file), f"(--strict) {warning}") for warning in warnings]))
+        _fail(
+            InputError([Problem(str(study_file), f"(--strict) {warning}") for warning in warnings]), study_file, every
+        )
     for warning in warnings:
         err.print(f"[yellow]{warning}[/yellow]", highlight=False)
     err.print(f"[green]ok[/green] {study_file}: {text}", highlight=False)
@@ -455,7 +543,7 @@ def validate_metric(
             f"{r['spearman']:.4f}",
             f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}]",
         )
-    Console(stderr=True).print(view)
+    err.print(view)
     print(json.dumps(summary))
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.stages.describe.rows import RESPONSES_SCHEMA
-from vlm_decade.stages.status import status_lines, unfinished_lines
+from vlm_decade.stages.status import kept_lines, status_lines, unfinished_lines
 from vlm_decade.studies import study_from_dict
 
 from .view_runs import DECADE_CONFIG
@@ -134,3 +134,21 @@ def test_the_rows_a_run_left_unfinished_are_counted_per_table_and_model(tmp_path
         "  responses alpha: 2 error, 1 skipped; most common: timeout",
         "  responses beta: 1 error; most common: refused",
     ]
+
+
+def test_a_smoke_run_says_so_first(tmp_path):
+    lines = _status(_folder(tmp_path, {"stages": STAGES, "pipeline": PIPELINE, "limit": 2}))
+    assert lines[0] == "smoke run: only the first 2 images of each dataset (run --limit 2); not the full study"
+    assert lines[1].startswith("stage images")
+
+
+def test_a_stopped_run_says_the_stages_it_finished_and_the_rows_it_saved(tmp_path):
+    folder = _folder(tmp_path, {"stages": STAGES, "pipeline": PIPELINE, "started": "2026-01-01T10:00:00+00:00"})
+    rows = pa.table({"image_id": ["a", "b", "c"]})
+    folder.append_part("responses", rows)
+    folder.append_part("responses", rows.slice(0, 2))
+    assert kept_lines(tmp_path) == [
+        "kept: the stages finished (images, references, embeddings)",
+        "kept: 5 rows of responses, saved before the stop (not done again)",
+    ]
+    assert kept_lines(tmp_path / "never-run") == ["nothing was kept: the run had not begun"]

@@ -558,6 +558,11 @@ class StudyBase(Settings):
         ProvidersConfig(), description="API providers: limits, budgets, prices, the cache."
     )
     output: Path = Field(Path("runs/study"), description="The run folder (also --out).")
+    limit: int | None = Field(
+        None,
+        ge=1,
+        description="A smoke run: only the first N images of each dataset (also run --limit); its run folder says so.",
+    )
 
     def hash(self) -> str:
         """A stable hash of everything that decides the results (not where they are written)."""

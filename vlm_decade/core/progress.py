@@ -1,20 +1,115 @@
-"""What a run tells the person watching it: stage lines and progress bars.
+"""What the person watching is told: stage lines, progress per model with its rate and time left, and
+long lists of messages with the repeats collapsed.
 
-On a terminal, rich progress bars; elsewhere (CI logs, `ray job logs`) a plain line at each tenth.
+On a terminal, rich progress bars; elsewhere (CI logs, `ray job logs`, a pipe) plain lines, one at
+each tenth of the work (or a minute at most), and no line is ever hard-wrapped (`console`): a path
+in a log stays whole, so grep finds it.
 """
 
 from __future__ import annotations
 
+import re
 import time
+from collections.abc import Hashable, Iterable
 from contextlib import contextmanager
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+# A message repeated on more than COLLAPSE_FROM rows is shown SHOWN times, then counted.
+COLLAPSE_FROM = 5
+SHOWN = 3
+PLAIN_EVERY_S = 60.0  # off a terminal, a progress line at least this often
+_QUOTED = re.compile(r"'[^']*'")
+
+
+def console(stderr: bool = True) -> Console:
+    """The one way a Console is made: off a terminal, lines are never wrapped (rich would wrap at
+    80 columns and break a path mid-word)."""
+    made = Console(stderr=stderr)
+    if not made.is_terminal:
+        made.soft_wrap = True
+    return made
+
+
+def collapsed(items: Iterable[tuple[Hashable, str]], shown: int = SHOWN, least: int = COLLAPSE_FROM) -> list[str]:
+    """The lines of `items` ((key, line) pairs), the lines of one key together in the order the keys
+    first come: a key with more than `least` lines shows its first `shown`, then '... and N more rows
+    like it'."""
+    groups: dict[Hashable, list[str]] = {}
+    for key, line in items:
+        groups.setdefault(key, []).append(line)
+    lines = []
+    for group in groups.values():
+        if len(group) > least:
+            lines += [*group[:shown], f"    ... and {len(group) - shown} more rows like it"]
+        else:
+            lines += group
+    return lines
+
+
+def shape(message: str) -> str:
+    """A message with its quoted values blanked: the messages of one kind of problem on many rows
+    ("image 'coffee' has no 'full' description") share it."""
+    return _QUOTED.sub("'…'", message)
+
+
+def progress_line(description: str, done: int, total: int, seconds: float) -> str:
+    """'describe ssd-label   40/150  27%  3.1/s  about 35s left (13s so far)': a plain progress line."""
+    line = f"{description:<24} {done}/{total} {100 * done / total:3.0f}%"
+    if seconds > 0 and done:
+        rate = done / seconds
+        line += f"  {rate:.3g}/s"
+        if done < total:
+            line += f"  about {_duration((total - done) / rate)} left"
+    return f"{line} ({_duration(seconds)} so far)"
+
+
+def _duration(seconds: float) -> str:
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, seconds = divmod(seconds, 60)
+    return f"{minutes}m{seconds:02d}s" if minutes < 60 else f"{minutes // 60}h{minutes % 60:02d}m"
+
+
+class _Meter:
+    """One count of work off a terminal: says when a line is due (each tenth, and at least every
+    PLAIN_EVERY_S seconds while work goes on)."""
+
+    def __init__(self, total: int, start: float):
+        self.total, self.start, self.done = total, start, 0
+        self.tenths, self.last_said = 0, start  # tenths of the work said so far
+
+    def advance(self, n: int, now: float) -> bool:
+        self.done += n
+        tenths = 10 * self.done // self.total  # whole numbers: 3 of 10 is three tenths, exactly
+        due = tenths > self.tenths or now - self.last_said >= PLAIN_EVERY_S
+        self.tenths = max(self.tenths, tenths)
+        if due:
+            self.last_said = now
+        return due
+
+
+def _counts(description: str, total: int, parts: dict[str, int]):
+    """(key, (name, total)) of each count shown: the whole (key None) and each part; one part alone
+    is the whole."""
+    if len(parts) == 1:
+        ((name, _),) = parts.items()
+        return [(None, (f"{description} {name}", total))]
+    return [(None, (description, total))] + [(name, (f"{description} {name}", n)) for name, n in parts.items()]
 
 
 class Reporter:
-    def __init__(self, console: Console | None = None, quiet: bool = False):
-        self.console = console or Console(stderr=True)
+    def __init__(self, console_: Console | None = None, quiet: bool = False):
+        self.console = console_ or console()
         self.quiet = quiet
 
     def say(self, message: str) -> None:
@@ -26,32 +121,44 @@ class Reporter:
         self.say(f"{mark} {name:<17} {detail}")
 
     @contextmanager
-    def track(self, description: str, total: int):
-        """Yields an `advance(n)` function."""
+    def track(self, description: str, total: int, parts: dict[str, int] | None = None):
+        """Yields `advance(n=1, part=None)`. `parts`: the work per model (or other part), each with its
+        own count, rate and time left; `advance` then names the part it counts."""
+        parts = {name: n for name, n in (parts or {}).items() if n}
         if self.quiet or total == 0:
-            yield lambda n=1: None
+            yield lambda n=1, part=None: None
             return
         if self.console.is_terminal:
             with Progress(
-                TextColumn("     {task.description:<17}"),
+                TextColumn("     {task.description:<24}"),
                 BarColumn(),
                 MofNCompleteColumn(),
+                TextColumn("{task.fields[rate]:>9}"),
                 TimeElapsedColumn(),
                 TimeRemainingColumn(),
                 console=self.console,
                 transient=True,
             ) as bar:
-                task = bar.add_task(description, total=total)
-                yield lambda n=1: bar.advance(task, n)
-            return
-        done, next_mark, start = 0, 0.1, time.monotonic()
+                tasks = {
+                    key: bar.add_task(name, total=n, rate="") for key, (name, n) in _counts(description, total, parts)
+                }
 
-        def advance(n: int = 1) -> None:
-            nonlocal done, next_mark
-            done += n
-            if done / total >= next_mark or done == total:
-                self.say(f"     {description:<17} {done}/{total} ({time.monotonic() - start:.0f}s)")
-                while next_mark <= done / total:
-                    next_mark += 0.1
+                def advance(n: int = 1, part: str | None = None) -> None:
+                    for key in {None, part} & set(tasks):
+                        bar.advance(tasks[key], n)
+                        speed = bar.tasks[tasks[key]].speed
+                        bar.update(tasks[key], rate=f"{speed:.3g}/s" if speed else "")
+
+                yield advance
+            return
+        now = time.monotonic()
+        meters = {key: (name, _Meter(n, now)) for key, (name, n) in _counts(description, total, parts)}
+
+        def advance(n: int = 1, part: str | None = None) -> None:
+            now = time.monotonic()
+            for key in [k for k in (part, None) if k in meters]:
+                name, meter = meters[key]
+                if meter.advance(n, now):
+                    self.say(f"     {progress_line(name, meter.done, meter.total, now - meter.start)}")
 
         yield advance

@@ -123,7 +123,7 @@ def _pause_for_a_kill(table: str) -> None:
     not all of a stage's work, whatever the machine's speed."""
     hook = os.environ.get("VLM_DECADE_PAUSE_AFTER_PART", "")
     wanted, _, signal_file = hook.partition(":")
-    if wanted == table and signal_file:
+    if wanted == table and signal_file and not Path(signal_file).exists():  # once: a stop may save the rest
         atomic_write_bytes(Path(signal_file), str(os.getpid()).encode())
         while True:
             time.sleep(60)

@@ -34,10 +34,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from vlm_decade.core.config import StudyBase
-from vlm_decade.core.errors import plain
+from vlm_decade.core.errors import InputError, Problem, plain
 from vlm_decade.core.progress import Reporter
 from vlm_decade.core.runfolder import RunFolder, table_fingerprint
 from vlm_decade.core.runtime import LazyRay
+from vlm_decade.core.smoke import resume_problem, smoke_note
 
 REPORTED_PACKAGES = ("vlm-decade", "ray", "torch", "transformers", "sentence-transformers", "numpy", "scipy", "pyarrow")
 
@@ -281,6 +282,9 @@ def open_run(study: StudyBase, reporter: Reporter | None, summary: str, **manife
     lock = folder.lock()
     lock.__enter__()  # RunFolderBusy when another run holds the folder; released by StudyRun.__exit__
     try:
+        refused = resume_problem(folder.manifest(), study.limit, folder.location)
+        if refused is not None:
+            raise InputError([Problem(folder.location, refused, field="--limit")])
         folder.update_manifest(
             study=study.name,
             demo=study.demo,
@@ -289,6 +293,7 @@ def open_run(study: StudyBase, reporter: Reporter | None, summary: str, **manife
             versions=package_versions(),
             started=now(),
             finished=None,
+            limit=study.limit,  # a smoke run (`core.smoke`), or None
             spend_usd=folder.manifest().get("spend_usd", {}),  # the run folder's total across resumed runs
             **manifest,
         )
@@ -296,7 +301,9 @@ def open_run(study: StudyBase, reporter: Reporter | None, summary: str, **manife
         lock.__exit__(*sys.exc_info())  # released now, not when the lock is collected
         raise
     reporter.say(f"[bold]{study.name}[/bold]{summary} -> {folder.location}")
-    return StudyRun(folder, reporter, LazyRay(study.runtime), lock)
+    if study.limit is not None:
+        reporter.say(f"     [yellow]{smoke_note(study.limit)}[/yellow]")
+    return StudyRun(folder, reporter, LazyRay(study.runtime, folder.root / "logs"), lock)
 
 
 def run_study(

@@ -5,12 +5,21 @@ metadata.google.internal) unless `~/ray_bootstrap_config.yaml` names a provider,
 posts usage statistics unless told not to (and, told not to, still posts that it was told). A scientific tool should not phone home, so a local
 Ray here runs with usage stats off and a private HOME for the Ray processes that holds a
 `provider: {type: local}` bootstrap file. Cache folders keep pointing at the user's real ones.
+
+Ray's own lines (its warnings, workers' output with colour codes, native libraries' notices printed in
+actors) stay off the user's terminal unless `VERBOSE_ENV` is set (`vlm-decade --verbose`): they go
+to `logs/ray.log` in the run folder. A local Ray that times out while starting (it happens on a
+loaded machine) is tried once more after a pause, then reported as `RayStartFailed`.
 """
 
 from __future__ import annotations
 
+import logging
 import os
-from contextlib import contextmanager
+import re
+import time
+from collections.abc import Callable
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from vlm_decade.core.config import RuntimeConfig
@@ -25,6 +34,90 @@ QUIET_RAY_ENV = {
     # Our own progress bars speak for each stage; transformers' weight-loading bars only add noise.
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",
 }
+
+
+# Set (to "1") by `vlm-decade --verbose`: Ray's own lines reach the terminal as Ray prints them.
+VERBOSE_ENV = "VLM_DECADE_VERBOSE"
+RAY_LOG = "ray.log"  # in the run folder's logs/
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# Ray waits a fixed 30 s for its raylet to register; on a loaded machine that is sometimes too short.
+STARTUP_TIMEOUT = "timed out during startup"
+
+
+class RayStartFailed(Exception):
+    """A local Ray did not start, twice: an error of the environment, with what to try."""
+
+
+def verbose() -> bool:
+    return os.environ.get(VERBOSE_ENV) == "1"
+
+
+def start_with_retry(start: Callable[[int], object], pause_s: float = 10.0, sleep=time.sleep):
+    """`start(attempt)` (attempt 0, then 1), tried once more, after `pause_s`, when the first attempt
+    timed out during startup; a second time-out (or one on the retry) becomes `RayStartFailed`. Any
+    other error passes through: it is no matter of load."""
+    for attempt in (0, 1):
+        try:
+            return start(attempt)
+        except Exception as exc:  # Ray raises a bare Exception for the time-out
+            if STARTUP_TIMEOUT not in str(exc):
+                raise
+            if attempt == 1:
+                raise RayStartFailed(
+                    f"a local Ray did not start ({exc}), twice. The machine is probably too loaded: run again when "
+                    "it is less busy, give the run fewer CPUs (runtime.num_cpus in the study file), or start Ray "
+                    "yourself (`ray start --head`) and pass its address with --address"
+                ) from None
+            sleep(pause_s)
+
+
+def without_ansi(text: str) -> str:
+    """`text` with terminal colour codes taken out (Ray colours its workers' lines)."""
+    return _ANSI.sub("", text)
+
+
+def ray_log_handler(log_dir: Path | None) -> logging.Handler:
+    """Where Ray's own Python logging goes instead of the terminal: `log_dir/ray.log` (nowhere when
+    there is no run folder to hold it)."""
+    if log_dir is None:
+        return logging.NullHandler()
+    log_dir.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(log_dir / RAY_LOG, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    return handler
+
+
+@contextmanager
+def ray_logging_into(handler: logging.Handler):
+    """Ray's logging (its warnings, "Token authentication is enabled ...") into `handler` alone, from
+    the start of `ray.init` on. `ray.init(configure_logging=False)` clears the "ray" logger's
+    handlers, so while it runs the handler sits on "ray._private", where its start-up lines come from."""
+    ray_logger, private = logging.getLogger("ray"), logging.getLogger("ray._private")
+    for logger in (ray_logger, private):
+        for old in [h for h in logger.handlers if getattr(h, "vlm_decade", False)]:
+            logger.removeHandler(old)
+            old.close()
+    handler.vlm_decade = True
+    private.addHandler(handler)
+    try:
+        yield
+    finally:
+        private.removeHandler(handler)
+        ray_logger.handlers[:] = [handler]
+        ray_logger.setLevel(logging.INFO)
+        ray_logger.propagate = False
+
+
+def keep_worker_logs(logs_dir: Path, log_dir: Path) -> None:
+    """Append what Ray's workers printed (their .out and .err files in Ray's session folder) to
+    `log_dir/ray.log`, colour codes taken out, each file under its name."""
+    files = sorted(p for p in logs_dir.glob("worker-*") if p.suffix in (".out", ".err") and p.stat().st_size)
+    if not files:
+        return
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with open(log_dir / RAY_LOG, "a", encoding="utf-8") as log:
+        for path in files:
+            log.write(f"--- {path.name}\n{without_ansi(path.read_text(errors='replace'))}")
 
 
 def private_ray_home(root: Path | None = None) -> Path:
@@ -63,50 +156,73 @@ def _environ(overrides: dict[str, str]):
                 os.environ[key] = value
 
 
-def start_ray(address: str | None = None, num_cpus: int | None = None, num_gpus: int | None = None):
-    """Join the cluster at `address` (or RAY_ADDRESS), else start a local, offline Ray. Idempotent."""
+def start_ray(
+    address: str | None = None, num_cpus: int | None = None, num_gpus: int | None = None, log_dir: Path | None = None
+):
+    """Join the cluster at `address` (or RAY_ADDRESS), else start a local, offline Ray. Idempotent.
+    Unless `verbose()`, Ray's own lines go to `log_dir/ray.log` instead of the terminal."""
     import ray
 
     if ray.is_initialized():
         return ray
     address = address or os.environ.get("RAY_ADDRESS")
     os.environ.update({k: os.environ.get(k, v) for k, v in QUIET_RAY_ENV.items()})
+    loud = verbose()
+    quiet = {"log_to_driver": loud, "configure_logging": loud, **({"logging_level": "WARNING"} if loud else {})}
+    logging_into = nullcontext() if loud else ray_logging_into(ray_log_handler(log_dir))
     if address:
-        ray.init(address=address, log_to_driver=True)
+        with logging_into:
+            ray.init(address=address, **quiet)
         return ray
-    env = offline_env()
-    with _environ(env):
-        ray.init(
-            # "local": a new Ray of our own, even when another one (`ray start`) runs on this machine;
-            # without it, ray.init would quietly join that one.
-            address="local",
-            num_cpus=num_cpus,
-            num_gpus=num_gpus,
-            include_dashboard=False,
-            log_to_driver=True,
-            configure_logging=True,
-            logging_level="WARNING",
-        )
+
+    def start(attempt: int):
+        if attempt:
+            ray.shutdown()  # what the timed-out start left
+        with _environ(offline_env()):
+            ray.init(
+                # "local": a new Ray of our own, even when another one (`ray start`) runs on this machine;
+                # without it, ray.init would quietly join that one.
+                address="local",
+                num_cpus=num_cpus,
+                num_gpus=num_gpus,
+                include_dashboard=False,
+                **quiet,
+            )
+
+    with logging_into:
+        start_with_retry(start)
     return ray
+
+
+def ray_logs_dir(ray) -> Path | None:
+    """The session folder where a local Ray keeps its processes' logs (None when not known)."""
+    node = getattr(ray._private.worker, "_global_node", None)
+    return Path(node.get_logs_dir_path()) if node is not None else None
 
 
 class LazyRay:
     """Starts (or joins) Ray the first time a stage needs it; shuts down only what it started.
     Call it for the `ray` module."""
 
-    def __init__(self, runtime: RuntimeConfig):
+    def __init__(self, runtime: RuntimeConfig, log_dir: Path | None = None):
         self.runtime = runtime
+        self.log_dir = log_dir  # where Ray's own lines go (the run folder's logs/)
         self.ray = None
-        self.started = False
+        self.started = self.local = False
 
     def __call__(self):
         if self.ray is None:
             import ray
 
             self.started = not ray.is_initialized()
-            self.ray = start_ray(self.runtime.address, self.runtime.num_cpus)
+            # Only a local Ray's session folder holds this run's workers alone (a cluster's, other jobs' too).
+            self.local = self.started and not (self.runtime.address or os.environ.get("RAY_ADDRESS"))
+            self.ray = start_ray(self.runtime.address, self.runtime.num_cpus, log_dir=self.log_dir)
         return self.ray
 
     def close(self) -> None:
         if self.ray is not None and self.started:
+            logs = ray_logs_dir(self.ray)
             self.ray.shutdown()
+            if self.local and logs is not None and self.log_dir is not None and not verbose():
+                keep_worker_logs(logs, self.log_dir)

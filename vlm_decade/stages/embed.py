@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+from functools import partial
 
 import numpy as np
 import pyarrow as pa
@@ -172,7 +173,10 @@ def run_embed(study: StudyBase, texts: pa.Table, run: StudyRun) -> Written:
     remote = {cfg.name: cfg for cfg in encoders if todo[cfg.name].num_rows and encoder_class(cfg.backend).remote}
     providers = sorted({encoder_class(cfg.backend).provider for cfg in remote.values()})
     stops: list[APIStopped] = []
-    with run.reporter.track("embed", total) as advance, Gateways(run, study.providers, providers) as gateways:
+    with (
+        run.reporter.track("embed", total, {n: t.num_rows for n, t in todo.items()}) as advance,
+        Gateways(run, study.providers, providers) as gateways,
+    ):
         session = {name: gateways[encoder_class(cfg.backend).provider] for name, cfg in remote.items()}
         work = {}
         for name in remote:
@@ -187,11 +191,11 @@ def run_embed(study: StudyBase, texts: pa.Table, run: StudyRun) -> Written:
         for cfg in encoders:
             if cfg.name in remote:
                 try:
-                    _embed_remote(session[cfg.name], cfg, *work.pop(cfg.name), run, advance)
+                    _embed_remote(session[cfg.name], cfg, *work.pop(cfg.name), run, partial(advance, part=cfg.name))
                 except APIStopped as exc:  # the other encoders go on; the stage stops after them, naming each
                     stops.append(exc)
             elif todo[cfg.name].num_rows:
-                _embed_local(study, cfg, todo[cfg.name], run, advance)
+                _embed_local(study, cfg, todo[cfg.name], run, partial(advance, part=cfg.name))
     raise_stops(stops)
     return _write_selected(run.folder, texts, encoders)
 

@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 
 from vlm_decade.core.config import StudyBase
 from vlm_decade.core.runfolder import RunFolder
+from vlm_decade.core.smoke import smoke_note
 from vlm_decade.models.api.batch import run_batches, run_records
 from vlm_decade.models.api.batch.lines import OPEN
 from vlm_decade.models.backends import api_provider
@@ -64,11 +65,12 @@ def response_counts(states: Counter, records: list[dict], model_id: str) -> Coun
 
 
 def status_lines(folder: RunFolder, manifest: dict, study: StudyBase) -> list[str]:
-    """`vlm-decade status`: each stage in pipeline order with its state, time and rows; per API
+    """`vlm-decade status`: a smoke run's banner, each stage in pipeline order with its state, time and rows; per API
     provider its batches by state, its spend and, per model of the `study` (the manifest's), its
     responses by state."""
     stages = manifest.get("stages", {})
-    lines = [stage_line(name, stages[name]) for name in stage_order(manifest)]
+    lines = [smoke_note(manifest["limit"])] if manifest.get("limit") else []
+    lines += [stage_line(name, stages[name]) for name in stage_order(manifest)]
     batches = run_batches(folder.root)
     records: dict[str, list[dict]] = defaultdict(list)
     for provider, record in run_records(folder.root):
@@ -92,6 +94,22 @@ def status_lines(folder: RunFolder, manifest: dict, study: StudyBase) -> list[st
             states = response_counts(rows[subject], records[provider], models[subject].model_id)
             said = ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
             lines.append(f"  responses {subject}: {rows[subject]['ok']} of {sum(rows[subject].values())} done ({said})")
+    return lines
+
+
+def kept_lines(run_dir: str | Path) -> list[str]:
+    """What a run that was stopped midway (Ctrl-C) kept: the stages it finished, and per table of
+    the stage it was in, the rows saved so far (the next run keeps them and does the rest)."""
+    manifest = RunFolder(run_dir).manifest()
+    if not manifest.get("started"):
+        return ["nothing was kept: the run had not begun"]
+    stages = manifest.get("stages", {})
+    finished = [name for name in stage_order(manifest) if stages[name].get("state") in ("done", "incomplete")]
+    lines = [f"kept: the stages finished ({', '.join(finished) or 'none'})"]
+    for parts in sorted((Path(run_dir) / ".parts").glob("*")):
+        rows = sum(pq.read_metadata(part).num_rows for part in parts.glob("part-*.parquet"))
+        if rows:
+            lines.append(f"kept: {rows} rows of {parts.name}, saved before the stop (not done again)")
     return lines
 
 

@@ -13,6 +13,7 @@ all its models.
 from __future__ import annotations
 
 from dataclasses import asdict
+from functools import partial
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -51,7 +52,8 @@ def run_describe(study: StudyBase, plan: Plan, run: StudyRun) -> pa.Table:
         check_actor_fit(study, run.ray())  # before any batch is submitted
     total = todo.num_rows
     del todo
-    with run.reporter.track("describe", total) as advance, RemoteModels(study, run, remote, advance) as api:
+    per_model = {m.name: work[m.name].num_rows for m in models}
+    with run.reporter.track("describe", total, per_model) as advance, RemoteModels(study, run, remote, advance) as api:
         batched = {m.name for m in remote if api.in_batches(m)}
         for model in remote:
             if model.name in batched:
@@ -63,7 +65,7 @@ def run_describe(study: StudyBase, plan: Plan, run: StudyRun) -> pa.Table:
             if backend_class(model.backend).remote:
                 api.send(model, jobs_from(work.pop(model.name), plan))
             else:
-                describe_local(study, model, work.pop(model.name), plan, run, advance)
+                describe_local(study, model, work.pop(model.name), plan, run, partial(advance, part=model.name))
         api.collect()
         api.stop()
     return collect_rows(run.folder, jobs)

@@ -105,13 +105,13 @@ class RemoteModels:
                     error = exc
             if error is not None:  # the batch's rows are errors, tried again next run
                 self.parts.add(failed_batch(done.work, error))
-                self.advance(len(done.work))
+                self.advance(len(done.work), model.name)
                 continue
             self.waiting += [(j, cls.provider, a["key"]) for j, a in zip(done.work, answers) if a["status"] == "queued"]
             ready = [(j, a) for j, a in zip(done.work, answers) if a["status"] != "queued"]
             self.answers[model.name] += [a for _, a in ready]
             self.parts.add([response_row(j, a) for j, a in ready])
-            self.advance(len(ready))
+            self.advance(len(ready), model.name)
 
     def submit(self) -> None:
         """Every request that waits goes to its provider in a batch now; the rows known so far are saved."""
@@ -130,7 +130,7 @@ class RemoteModels:
             job = done.work[0]
             self.answers[job.subject].append(answer)
             self.parts.add([response_row(job, answer)])
-            self.advance(1)
+            self.advance(1, job.subject)
         self.waiting = []
 
     def stop(self) -> None:

@@ -16,6 +16,7 @@ from vlm_decade.core.errors import InputError, Problem, Problems
 from vlm_decade.core.progress import Reporter
 from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.core.runner import given, run_study
+from vlm_decade.core.smoke import first_images
 from vlm_decade.imaging.masks import mask_specs
 from vlm_decade.models.backends import backend_class
 from vlm_decade.models.backends.imported import missing_rows
@@ -76,7 +77,7 @@ def check(study: StudyConfig, cache: ImageCache | None = None) -> StudyData:
     problems += found.items
     if problems:
         raise InputError(problems)
-    return replace(data, ratings=ratings, hand_labels=hand_labels)
+    return first_images(replace(data, ratings=ratings, hand_labels=hand_labels), study.limit)
 
 
 def run(study: StudyConfig, reporter: Reporter | None = None) -> RunFolder:

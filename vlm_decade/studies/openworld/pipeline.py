@@ -14,6 +14,7 @@ from vlm_decade.core.errors import InputError, Problem
 from vlm_decade.core.progress import Reporter
 from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.core.runner import given, run_study
+from vlm_decade.core.smoke import first_images
 from vlm_decade.models.backends import backend_class
 from vlm_decade.models.backends.imported import missing_rows, prompt_problems
 from vlm_decade.stages import describe
@@ -55,7 +56,7 @@ def check(study: OpenWorldStudyConfig, cache: ImageCache | None = None) -> OpenW
     problems += prompt_problems(study.models, [p.id for p in study.prompts])
     if problems:
         raise InputError(problems)
-    return data
+    return first_images(data, study.limit)
 
 
 def run(study: OpenWorldStudyConfig, reporter: Reporter | None = None) -> RunFolder:

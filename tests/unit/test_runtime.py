@@ -1,0 +1,101 @@
+"""Starting Ray: a start that times out is tried once more, then said as an environment error; Ray's
+own lines are kept, colour codes out, in the run folder's log."""
+
+import logging
+
+import pytest
+
+from vlm_decade.core.runtime import (
+    RAY_LOG,
+    RayStartFailed,
+    keep_worker_logs,
+    ray_log_handler,
+    ray_logging_into,
+    start_with_retry,
+)
+
+TIMED_OUT = Exception("The current node timed out during startup. This could happen because ...")
+
+
+def starter(*outcomes):
+    """A start function that meets `outcomes` in turn (an exception is raised), recording attempts."""
+    attempts = []
+
+    def start(attempt):
+        attempts.append(attempt)
+        outcome = outcomes[len(attempts) - 1]
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    return start, attempts
+
+
+def test_a_timed_out_start_is_tried_once_more_after_a_pause():
+    start, attempts = starter(TIMED_OUT, "ray")
+    pauses = []
+    assert start_with_retry(start, pause_s=7, sleep=pauses.append) == "ray"
+    assert attempts == [0, 1] and pauses == [7]
+
+
+def test_two_time_outs_are_an_environment_error_that_says_what_to_try():
+    start, attempts = starter(TIMED_OUT, TIMED_OUT)
+    with pytest.raises(RayStartFailed) as caught:
+        start_with_retry(start, sleep=lambda s: None)
+    assert attempts == [0, 1]
+    said = str(caught.value)
+    assert "timed out during startup" in said and "runtime.num_cpus" in said and "--address" in said
+
+
+def test_another_error_is_not_retried():
+    start, attempts = starter(ValueError("bad resources"))
+    with pytest.raises(ValueError, match="bad resources"):
+        start_with_retry(start, sleep=lambda s: None)
+    assert attempts == [0]
+
+
+def test_workers_output_lands_in_the_run_folder_log_without_colour_codes(tmp_path):
+    session = tmp_path / "session"
+    session.mkdir()
+    (session / "worker-ab-1.out").write_text("\x1b[36m(DescribeActor pid=1)\x1b[0m loaded\n")
+    (session / "worker-ab-1.err").write_text("INFO: Created TensorFlow Lite XNNPACK delegate for CPU.\n")
+    (session / "worker-cd-2.out").write_text("")  # nothing printed: no header
+    (session / "raylet.out").write_text("not a worker's\n")
+    keep_worker_logs(session, tmp_path / "logs")
+    assert (tmp_path / "logs" / RAY_LOG).read_text() == (
+        "--- worker-ab-1.err\nINFO: Created TensorFlow Lite XNNPACK delegate for CPU.\n"
+        "--- worker-ab-1.out\n(DescribeActor pid=1) loaded\n"
+    )
+
+
+def test_ray_warnings_go_to_the_log_not_the_terminal(tmp_path, capsys):
+    logger = logging.getLogger("ray")
+    saved = logger.handlers[:], logger.propagate, logger.level
+    try:
+        with ray_logging_into(ray_log_handler(tmp_path)):
+            logger.handlers.clear()  # as ray.init(configure_logging=False) does
+            logging.getLogger("ray._private.authentication").warning("Token authentication is enabled")
+        logging.getLogger("ray.actor").warning("an actor's warning")
+        assert capsys.readouterr().err == ""
+        logged = (tmp_path / RAY_LOG).read_text()
+        assert "WARNING ray._private.authentication: Token authentication is enabled" in logged
+        assert "WARNING ray.actor: an actor's warning" in logged
+    finally:
+        for handler in logger.handlers[:]:
+            logger.removeHandler(handler)
+            handler.close()
+        logger.handlers[:], logger.propagate, logger.level = saved[0], saved[1], saved[2]
+
+
+def test_verbose_on_the_command_line_lets_ray_speak(monkeypatch):
+    from typer.testing import CliRunner
+
+    from vlm_decade import cli
+    from vlm_decade.core.runtime import VERBOSE_ENV, verbose
+
+    monkeypatch.setenv(VERBOSE_ENV, "0")  # restored after the test
+    assert not verbose()
+    assert CliRunner().invoke(cli.app, ["schema", "decade"]).exit_code == 0
+    assert not verbose()
+    assert CliRunner().invoke(cli.app, ["--verbose", "schema", "decade"]).exit_code == 0
+    assert verbose()

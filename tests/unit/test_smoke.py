@@ -1,0 +1,51 @@
+"""A smoke run (`run --limit N`): the first N images of each dataset and what refers to them, its own
+run folder, and no resuming across the two kinds of run."""
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from vlm_decade.core.smoke import first_images, resume_problem, smoke_folder
+from vlm_decade.report.html import environment
+
+
+@dataclass(frozen=True)
+class Data:
+    images: pa.Table
+    references: pa.Table
+    ranking: dict
+    ratings: pa.Table | None = None
+
+
+def test_the_first_n_images_of_each_dataset_and_only_their_rows_are_kept():
+    images = pa.table({"image_id": ["a1", "b1", "a2", "a3", "b2"], "dataset": ["A", "B", "A", "A", "B"]})
+    references = pa.table({"image_id": ["a3", "a1", "b2", "a2", "b1"], "text": ["3", "1", "B2", "2", "B1"]})
+    data = Data(images, references, {"A": "votes"})
+    cut = first_images(data, 2)
+    assert cut.images.to_pydict() == {"image_id": ["a1", "b1", "a2", "b2"], "dataset": ["A", "B", "A", "B"]}
+    assert cut.references.to_pydict() == {"image_id": ["a1", "b2", "a2", "b1"], "text": ["1", "B2", "2", "B1"]}
+    assert cut.ranking == {"A": "votes"} and cut.ratings is None
+    assert first_images(data, None) is data
+
+
+def test_a_smoke_run_has_its_own_folder_by_default():
+    assert smoke_folder("/runs/study", 5) == "/runs/study-smoke5"
+    assert smoke_folder("s3://bucket/runs/study/", 2) == "s3://bucket/runs/study-smoke2"
+
+
+def test_a_run_folder_is_never_resumed_by_the_other_kind_of_run():
+    full, smoke = {"started": "t", "limit": None}, {"started": "t", "limit": 5}
+    assert resume_problem({}, 5, "/r") is None  # a new folder takes either
+    assert resume_problem(full, None, "/r") is None and resume_problem(smoke, 5, "/r") is None
+    assert resume_problem({"started": "t"}, None, "/r") is None  # written before runs recorded a limit: full
+    assert "holds a run of the full study" in resume_problem(full, 5, "/r")
+    refused = resume_problem(smoke, None, "/r")
+    assert "/r holds a smoke run of the first 5 images of each dataset" in refused and "the full study" in refused
+    assert "--limit 3" in resume_problem(smoke, 3, "/r")
+
+
+def test_the_report_says_it_is_a_smoke_run():
+    macros = environment().get_template("_report.html").module
+    assert "Only the first 4 images of each" in str(macros.smoke({"limit": 4}))
+    assert "Only the first 1 image of each" in str(macros.smoke({"limit": 1}))
+    assert str(macros.smoke({"limit": None})).strip() == ""
