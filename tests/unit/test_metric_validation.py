@@ -307,3 +307,23 @@ def test_a_run_scores_table_counts_only_its_full_variant():
     a = validate_metrics(ratings, scores, n_resamples=200, seed=5).summary
     b = validate_metrics(ratings, mixed, n_resamples=200, seed=5).summary
     assert a.equals(b)
+
+
+def test_ratings_too_few_for_a_validation_are_said_and_are_what_the_analysis_refuses():
+    """`too_few_ratings` decides before a run (a smoke run's cut ratings, a rater who rated little)
+    exactly what the analysis would refuse, so a run leaves the stage out instead of failing in it."""
+    from vlm_decade.studies.decade.metric_validation import too_few_ratings
+
+    scores = scores_table({"x": np.arange(4.0)})
+    assert too_few_ratings(ratings_table(TOY), "r.csv") is None
+    validate_metrics(ratings_table(TOY), scores, n_resamples=100, seed=1)  # runs
+    thin = TOY.copy()
+    thin[1, 2:] = np.nan  # r1 rated two descriptions
+    said = too_few_ratings(ratings_table(thin), "r.csv")
+    assert said.startswith("r.csv: rater r1 rated fewer than 3 descriptions") and "no metric_validation" in said
+    with pytest.raises(ValueError, match="at least 3 scored pairs per rater"):
+        validate_metrics(ratings_table(thin), scores, n_resamples=100, seed=1)
+    one = too_few_ratings(ratings_table(TOY[:1]), "r.csv")
+    assert one.startswith("r.csv: 1 rater, and inter-rater agreement needs 2")
+    with pytest.raises(ValueError, match="at least 2 raters"):
+        validate_metrics(ratings_table(TOY[:1]), scores, n_resamples=100, seed=1)

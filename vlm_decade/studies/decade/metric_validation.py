@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -281,6 +282,23 @@ def _statistics(d: _Design, weights: np.ndarray, kind: str) -> dict[str, np.ndar
     ]
     out[PAIRWISE] = _nanmean(np.vstack(pairwise))
     return out
+
+
+def too_few_ratings(ratings: pa.Table, where: str) -> str | None:
+    """Why the ratings cannot support a metric validation (None: they can): it needs 2 raters, each
+    with 3 rated descriptions (a correlation of fewer pairs says nothing). A study whose images were
+    cut (`run --limit`) or whose raters rated little is run without the stage and says so."""
+    per_rater = Counter(ratings.column("rater_id").to_pylist())  # one rating per (rater, pair): checked
+    thin = sorted(r for r, n in per_rater.items() if n < 3)
+    if len(per_rater) >= 2 and not thin:
+        return None
+    why = (
+        f"{len(per_rater)} rater{'s' if len(per_rater) != 1 else ''}, and inter-rater agreement needs 2"
+        if len(per_rater) < 2
+        else f"rater{'s' if len(thin) > 1 else ''} {', '.join(thin[:5])}{' ...' if len(thin) > 5 else ''} "
+        "rated fewer than 3 descriptions, and a correlation needs 3"
+    )
+    return f"{where}: {why}: the metrics are not validated against the ratings in this run (no metric_validation)"
 
 
 def validate_metrics(

@@ -92,7 +92,7 @@ def run(study: StudyConfig, reporter: Reporter | None = None) -> RunFolder:
         score.stage(study),
         statistics.stage(study),
     ]
-    if data.ratings is not None:
+    if data.ratings is not None and metric_validation.too_few_ratings(data.ratings, "") is None:
         stages.append(metric_validation.stage(study, data.ratings))
     if study.stsb_check:
         stages.append(stsb.stage(study))
@@ -142,7 +142,8 @@ def input_warnings(study: StudyConfig, data: StudyData) -> list[str]:
     """What `validate` warns of and a run says before it starts: imported models that lack rows, and
     human data too thin for what the study asks (`thin_human_data`)."""
     thin = thin_human_data(study, data.references, data.ranking_method)
-    return incomplete_models(study, data) + [t.message for t in thin]
+    few = data.ratings is not None and metric_validation.too_few_ratings(data.ratings, str(study.data.ratings))
+    return incomplete_models(study, data) + [t.message for t in thin] + ([few] if few else [])
 
 
 def summary(study: StudyConfig, data: StudyData) -> tuple[str, list[str]]:
