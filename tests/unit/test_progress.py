@@ -63,6 +63,18 @@ def test_one_model_alone_is_counted_once_under_its_name():
     assert re.fullmatch(r"\s+embed sbert\s+4/4 100%.*\n", out.getvalue())
 
 
+def test_work_without_parts_is_counted_once():
+    # A stage with no per-model parts (the detector) advances its one count, not twice.
+    reporter, out = plain_reporter()
+    with reporter.track("detect", 4) as advance:
+        advance(2)
+        advance(2)
+    assert [re.match(r"\s+detect\s+(\d+/\d+)", line).group(1) for line in out.getvalue().splitlines()] == [
+        "2/4",
+        "4/4",
+    ]
+
+
 def test_off_a_terminal_a_long_line_is_never_wrapped(monkeypatch):
     monkeypatch.delenv("COLUMNS", raising=False)  # rich would take its width from it
     out = io.StringIO()

@@ -156,7 +156,7 @@ class Reporter:
 
         def advance(n: int = 1, part: str | None = None) -> None:
             now = time.monotonic()
-            for key in [k for k in (part, None) if k in meters]:
+            for key in [k for k in dict.fromkeys((part, None)) if k in meters]:  # part None: the total once
                 name, meter = meters[key]
                 if meter.advance(n, now):
                     self.say(f"     {progress_line(name, meter.done, meter.total, now - meter.start)}")
