@@ -237,9 +237,10 @@ def _study(folder: Path, image_dir: str) -> Path:
     return folder / "study.yaml"
 
 
-def test_a_study_reads_its_images_from_the_bucket(store, local_run, tmp_path):
-    """The same study with its images in the bucket and on disk: equal tables but the images' paths."""
-    folder = f"{store.scheme}://{BUCKET}/example"
+def test_a_study_reads_its_images_from_the_bucket(bucket, local_run, tmp_path):
+    """The same study with its images in the bucket and on disk: equal tables but the images' paths
+    (gs:// reads them in the round trip below)."""
+    folder = FOLDER
     study = _study(tmp_path / "remote-study", folder)
     remote = vlm_decade("run", str(study), "--out", str(tmp_path / "remote"))
     assert remote.returncode == 0, remote.stderr[-3000:]
@@ -434,12 +435,14 @@ def test_a_held_lease_is_renewed_and_one_taken_over_is_not_released(store, monke
 def test_a_run_folder_in_a_bucket_survives_a_kill_and_the_loss_of_its_working_copy(
     store, local_run, tmp_path, monkeypatch
 ):
-    """Killed right after the first part of its responses reached the bucket, the run's working copy
-    then lost with its machine: a second run resumes from the bucket alone (the killed run's lease
-    taken over: its process is gone), keeps the part's rows, and leaves in the bucket the tables a
-    local run writes; `status` and `report` work from the URI."""
+    """Its images in the bucket, its run folder too; killed right after the first part of its
+    responses reached the bucket, the run's working copy then lost with its machine: a second run
+    resumes from the bucket alone (the killed run's lease taken over: its process is gone), keeps
+    the part's rows, and leaves in the bucket the tables a local run writes; `status` and `report`
+    work from the URI."""
     monkeypatch.setenv("VLM_DECADE_WORKING_COPIES", str(tmp_path / "copies"))
-    study = str(EXAMPLE / "study.yaml")
+    images = f"{store.scheme}://{BUCKET}/example"
+    study = str(_study(tmp_path / "study", images))
     uri = f"{store.scheme}://{BUCKET}/runs/example"
 
     paused = tmp_path / "paused"
@@ -473,6 +476,8 @@ def test_a_run_folder_in_a_bucket_survives_a_kill_and_the_loss_of_its_working_co
         k for k in keys if "/.parts/" in k or "/.spill/" in k or k.endswith((".lock", ".lease", ".tmp", ".mirror.json"))
     ]
     assert "runs/example/report.html" in keys
+    paths = pq.read_table(pa.BufferReader(store.get("runs/example/images.parquet"))).column("path").to_pylist()
+    assert paths == [f"{images}/images/{i}.png" for i in ("coco_1", "coco_2", "csb_1")]
     for name, volatile in (("responses", ["latency_s"]), ("embeddings", []), ("scores", []), ("stats", [])):
         remote = pq.read_table(pa.BufferReader(store.get(f"runs/example/{name}.parquet"))).drop_columns(volatile)
         assert remote.equals(pq.read_table(local_run / f"{name}.parquet").drop_columns(volatile)), name

@@ -338,6 +338,10 @@ class LeaseHeld(RuntimeError):
     """Another run holds the run folder's lease; the message names it."""
 
 
+class _Unsupported(Exception):
+    """The store does not take conditional writes."""
+
+
 class _Conditional:
     """Conditional writes of one small object in one store: what pyarrow's file systems do not offer.
     `token` is the version of the object a write saw (S3: its ETag; GCS: its generation)."""
@@ -370,8 +374,11 @@ class _S3Conditional(_Conditional):
             return self.client.put_object(Bucket=self.bucket, Key=key, Body=body, **condition)["ETag"]
         except self.error as exc:
             # 412: the condition failed; 409: a concurrent conditional write won
-            if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") in (409, 412):
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if status in (409, 412):
                 return None
+            if status == 501:  # an S3-compatible store without conditional writes
+                raise _Unsupported(str(exc)) from None
             raise OSError(str(exc)) from None
         except self.failure as exc:  # no credentials, no answer
             raise OSError(str(exc)) from None
@@ -535,8 +542,9 @@ class Lease:
         try:
             self.store = _S3Conditional(self.bucket) if self.scheme == "s3" else _GcsConditional(self.bucket)
             self.token = self._claim()
-        except ImportError as exc:
+        except (ImportError, _Unsupported) as exc:
             self.say(f"[yellow]{self.uri}: not guarded against a run on another machine ({exc})[/yellow]")
+            self.store = None
             return
         except OSError as exc:
             raise StoreError(f"{self.uri}: could not take the run folder's lease {LEASE}: {exc}") from None
@@ -554,7 +562,9 @@ class Lease:
             try:
                 record = json.loads(found[0])
             except ValueError:
-                record = {}
+                record = None
+            if not isinstance(record, dict):
+                record = {}  # not a lease this code wrote: as good as stale
             gone = _gone(record, time.time())
             if gone is None:
                 raise LeaseHeld(
