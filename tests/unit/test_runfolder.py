@@ -268,6 +268,7 @@ def test_a_run_that_cannot_begin_releases_the_folder_at_once(tmp_path, monkeypat
     monkeypatch.setattr(storage.Mirror, "__init__", offline)
     monkeypatch.setattr(storage.Mirror, "check", lambda self: None)
     monkeypatch.setattr(storage.Mirror, "pull", lambda self: 0)
+    monkeypatch.setattr(storage.Lease, "take", lambda self: None)  # nor a lease
 
     def push(self, paths=None):
         raise StoreError("s3://bucket/run: could not save the working copy there: the store went away")

@@ -11,7 +11,8 @@ old file or the new one, never half of one. Nothing is trusted because it exists
   (truncated by a crash or a full disk) is discarded and its rows are done again;
 - a manifest that cannot be read is set aside under another name and rebuilt from what verifies.
 One run at a time: `lock()` holds an exclusive lock on the folder (a lock file that names the pid
-and host; the operating system releases it when that process dies, however it dies).
+and host; the operating system releases it when that process dies, however it dies), and for a run
+folder in a bucket, the bucket's lease too (`storage.Lease`: one run per URI across machines).
 A run folder in object storage is this folder as its local working copy, kept in step with the
 bucket by a `storage.Mirror`: pulled when a run takes the lock, each part pushed as it is saved,
 everything else with each manifest save (the manifest last) and when the lock is released.
@@ -36,7 +37,7 @@ import pyarrow.parquet as pq
 
 from vlm_decade.core.errors import InputError, Problem
 from vlm_decade.core.files import FILE_MODE, atomic_file, atomic_write_bytes, file_sha256
-from vlm_decade.core.storage import Mirror, is_uri, uri_problem, working_copy
+from vlm_decade.core.storage import Lease, LeaseHeld, Mirror, is_uri, uri_problem, working_copy
 
 FINGERPRINT_KEY = b"vlm_decade.fingerprint"
 PART = re.compile(r"^part-(\d{20})-([0-9a-f]{16})\.parquet$")
@@ -357,8 +358,14 @@ class RunFolder:
             os.ftruncate(fd, 0)
             os.pwrite(fd, me.encode(), 0)
             pulled = False
+            lease = Lease(self.mirror.uri, self.say) if self.mirror is not None else None
             try:
-                if self.mirror is not None:
+                if lease is not None:
+                    self.mirror.check()  # a store that does not answer is said as such, not as a lease problem
+                    try:
+                        lease.take()
+                    except LeaseHeld as exc:
+                        raise RunFolderBusy(str(exc)) from None
                     count = self.mirror.pull()
                     pulled = True
                     if count:
@@ -370,6 +377,8 @@ class RunFolder:
                     if pulled:
                         self.mirror.push()  # what the run wrote since its last manifest save, however it ended
                 finally:
+                    if lease is not None:
+                        lease.release()
                     os.ftruncate(fd, 0)
         finally:
             self.repairs = False

@@ -14,6 +14,15 @@ check found is kept in the run folder (`ImageCache`, `.cache/images.parquet`) un
 size and modification time: a later check reuses it while those three are unchanged, and reads the
 file again otherwise (or always, with `runtime.rehash`).
 
+The files the cache does not know are read, decoded and hashed on a pool of threads in the driver,
+as many as Python's default (cores + 4, at most 32): reading, Pillow's decoders, zlib and sha256
+release the GIL, so the threads use every core and overlap a bucket's latency. Not a pool of
+processes: measured at 2,000 images on 2 cores (benchmarks/image_checks.py) it was no faster than
+one thread, as each process pays seconds of imports before its first image. Not Ray tasks:
+`validate` checks the images without starting Ray, and a run checks them before it starts Ray, so
+that bad input is refused in seconds. The cache times the checks and shows their progress
+(`ImageCache.seconds`, `track`), which the `images` stage reports as its time.
+
 `image_dir` may be a local folder or an object-storage URI (`vlm_decade.core.storage`); the `path`
 column then holds each image's URI, which the workers read directly.
 """
@@ -22,7 +31,10 @@ from __future__ import annotations
 
 import hashlib
 import io
+import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,23 +93,34 @@ CACHE_SCHEMA = pa.schema(
 Found = tuple[str, int, int, str, bool]
 
 
-class ImageCache:
-    """What earlier checks found, per (path, size, modification time), and what this one found."""
+# A progress display: given a description and a total, a context yielding `advance(n)` (`Reporter.track`).
+Track = Callable[[str, int], AbstractContextManager[Callable[[int], None]]]
 
-    def __init__(self, known: dict[tuple[str, int, int], Found] | None = None):
+
+def _no_track(description: str, total: int) -> AbstractContextManager[Callable[[int], None]]:
+    return nullcontext(lambda n=1: None)
+
+
+class ImageCache:
+    """What earlier checks found, per (path, size, modification time), and what this one found;
+    `seconds` the checks took, their progress shown through `track`."""
+
+    def __init__(self, known: dict[tuple[str, int, int], Found] | None = None, track: Track | None = None):
         self.known = known or {}
         self.found: dict[tuple[str, int, int], Found] = {}
+        self.track = track or _no_track
+        self.seconds = 0.0
 
     @classmethod
-    def of(cls, run_folder: str | Path, rehash: bool = False) -> ImageCache:
+    def of(cls, run_folder: str | Path, rehash: bool = False, track: Track | None = None) -> ImageCache:
         """The cache a run folder keeps (none yet, unreadable, or `rehash`: an empty one)."""
         path = Path(run_folder) / CACHE_FILE
         if rehash or not path.is_file():
-            return cls()
+            return cls(track=track)
         try:
             rows = pq.read_table(path).cast(CACHE_SCHEMA).to_pylist()
         except Exception:  # noqa: BLE001 - a damaged cache (or one from before `transparent`) only costs a fresh check
-            return cls()
+            return cls(track=track)
         return cls(
             {
                 (r["path"], r["bytes"], r["mtime_ns"]): (
@@ -108,19 +131,28 @@ class ImageCache:
                     r["transparent"],
                 )
                 for r in rows
-            }
+            },
+            track,
         )
 
-    def inspect(self, path: str) -> Found | str:
-        """`_inspect_image`'s answer, from the cache while the file's size and time are unchanged."""
-        try:
-            key = (path, *storage.stat(path))
-        except (OSError, ValueError):
-            return _inspect_image(path)  # says what is wrong with the path
-        result = self.known.get(key) or _inspect_image(path)
-        if not isinstance(result, str):
-            self.found[key] = result
-        return result
+    def inspect(self, paths: list[str], workers: int | None = None) -> list[Found | str]:
+        """`_inspect_image`'s answer for each path, in order: from the cache while the file's size
+        and time are unchanged, else read on `workers` threads (`_inspect_all`)."""
+        start = time.monotonic()
+        with ThreadPoolExecutor() as pool:  # a stat is I/O (a request per object in a bucket)
+            keys = list(pool.map(_key, paths))
+        results: list[Found | str | None] = [self.known.get(key) if key else None for key in keys]
+        todo = [i for i, result in enumerate(results) if result is None]
+        with self.track("images", len(paths)) as advance:
+            advance(len(paths) - len(todo))
+            for i, result in zip(todo, _inspect_all([paths[i] for i in todo], workers)):
+                results[i] = result
+                advance(1)
+        for key, result in zip(keys, results):
+            if key is not None and not isinstance(result, str):
+                self.found[key] = result
+        self.seconds += time.monotonic() - start
+        return results
 
     def save(self, run_folder: str | Path) -> None:
         rows = [
@@ -139,10 +171,16 @@ def declared_ids(table: Table) -> set[str]:
 
 
 def check_images(
-    table: Table, image_dir: str | Path, problems: Problems, cache: ImageCache | None = None, background: str = WHITE
+    table: Table,
+    image_dir: str | Path,
+    problems: Problems,
+    cache: ImageCache | None = None,
+    background: str = WHITE,
+    workers: int | None = None,
 ) -> dict[str, CheckedImage]:
-    """Every row's image, read and measured; `background` (#rrggbb, or `none` to refuse images with
-    transparency) is the study's `data.background`."""
+    """Every row's image, read and measured (on `workers` threads: `ImageCache.inspect`);
+    `background` (#rrggbb, or `none` to refuse images with transparency) is the study's
+    `data.background`."""
     images: dict[str, CheckedImage] = {}
     for row in table.rows:
         if not cell_present(row, table, IMAGE_COLUMNS, problems):
@@ -164,9 +202,7 @@ def check_images(
         # One problem for the folder, not one per image.
         problems.add(str(image_dir), "image folder not found", field="data.image_dir")
         return images
-    # Reading and hashing release the GIL, and so does Pillow's decoder: threads keep thousands cheap.
-    with ThreadPoolExecutor() as pool:
-        results = list(pool.map((cache or ImageCache()).inspect, [im.path for im in images.values()]))
+    results = (cache or ImageCache()).inspect([im.path for im in images.values()], workers)
     for im, result in zip(images.values(), results):
         if isinstance(result, str):
             problems.add(table.file, result, row=im.row, field="file")
@@ -181,6 +217,24 @@ def check_images(
                 field="file",
             )
     return images
+
+
+def _key(path: str) -> tuple[str, int, int] | None:
+    """A file's cache key (path, size, modification time), or None when it cannot be read."""
+    try:
+        return (path, *storage.stat(path))
+    except (OSError, ValueError):
+        return None  # `_inspect_image` says what is wrong with the path
+
+
+def _inspect_all(paths: list[str], workers: int | None) -> Iterator[Found | str]:
+    """`_inspect_image` of each path, in order, yielded as each is done: on `workers` threads
+    (default: Python's, cores + 4), or in this thread with 1."""
+    if workers == 1:
+        yield from map(_inspect_image, paths)
+        return
+    with ThreadPoolExecutor(workers) as pool:
+        yield from pool.map(_inspect_image, paths)
 
 
 def _inspect_image(path: str) -> Found | str:

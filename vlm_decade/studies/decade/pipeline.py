@@ -81,10 +81,11 @@ def check(study: StudyConfig, cache: ImageCache | None = None) -> StudyData:
 
 
 def run(study: StudyConfig, reporter: Reporter | None = None) -> RunFolder:
-    cache = ImageCache.of(study.output, study.runtime.rehash)
+    reporter = reporter or Reporter()  # from here: the image checks show their progress
+    cache = ImageCache.of(study.output, study.runtime.rehash, reporter.track)
     data = check(study, cache)
     stages = [
-        given("images", data.images),
+        given("images", data.images, cache.seconds),  # its time: the image checks
         given("references", data.references),
         describe.stage(study, plan(study)),
         embed.stage(study),

@@ -60,11 +60,12 @@ def check(study: OpenWorldStudyConfig, cache: ImageCache | None = None) -> OpenW
 
 
 def run(study: OpenWorldStudyConfig, reporter: Reporter | None = None) -> RunFolder:
-    cache = ImageCache.of(study.output, study.runtime.rehash)
+    reporter = reporter or Reporter()  # from here: the image checks show their progress
+    cache = ImageCache.of(study.output, study.runtime.rehash, reporter.track)
     data = check(study, cache)
     no_judge = judge_unavailable(study)
     stages = [
-        given("images", data.images),
+        given("images", data.images, cache.seconds),  # its time: the image checks
         given("labels", data.labels),
         describe.stage(study, plan(study, data.classnames)),
         *([judging.stage(study)] if no_judge is None else []),

@@ -1,0 +1,117 @@
+"""The image checks on a pool of threads find what they find in one thread: the same `images` table
+and the same problems in the same order, for hand-built images among which some are bad; the
+cache's time and progress cover the checks."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+from contextlib import nullcontext
+
+import numpy as np
+import pyarrow as pa
+from PIL import Image
+
+from vlm_decade.core.errors import Problems
+from vlm_decade.core.tables import read_table
+from vlm_decade.stages.images import IMAGE_COLUMNS, ImageCache, check_images, images_table
+
+
+def _png(width: int, height: int, seed: int, mode: str = "RGB") -> bytes:
+    channels = {"RGB": 3, "RGBA": 4, "L": 1}[mode]
+    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, channels), dtype=np.uint8)
+    if mode == "RGBA":
+        pixels[0, 0, 3] = 0  # one transparent pixel
+    buf = io.BytesIO()
+    Image.fromarray(pixels.squeeze(), mode=mode).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _study(tmp_path) -> tuple[dict[str, bytes], object]:
+    whole = _png(40, 30, 5)
+    files = {
+        "a.png": _png(12, 8, 1),
+        "b.png": _png(9, 21, 2, "L"),
+        "broken.png": whole[: len(whole) // 2],
+        "c.png": _png(16, 16, 3, "RGBA"),
+        "text.png": b"this is not a png",
+    }
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    rows = [["a", "d1", "a.png"], ["broken", "d1", "broken.png"], ["b", "d2", "b.png"]]
+    rows += [["gone", "d2", "missing.png"], ["c", "d1", "c.png"], ["text", "d2", "text.png"]]
+    with open(tmp_path / "images.csv", "w", newline="") as fh:
+        csv.writer(fh).writerows([list(IMAGE_COLUMNS), *rows])
+    return files, tmp_path / "images.csv"
+
+
+def _check(csv_path, folder, workers, cache=None):
+    problems = Problems()
+    images = check_images(read_table(csv_path, IMAGE_COLUMNS, problems), folder, problems, cache, workers=workers)
+    return images_table(images), [(p.file, p.row, p.field, p.message) for p in problems.items]
+
+
+def test_parallel_checks_find_what_serial_ones_do(tmp_path):
+    files, csv_path = _study(tmp_path)
+    serial_table, serial_problems = _check(csv_path, tmp_path, workers=1)
+    shown = []
+
+    def track(description, total):
+        shown.append((description, total))
+        return nullcontext(lambda n=1: shown.append(n))
+
+    cache = ImageCache(track=track)
+    parallel_table, parallel_problems = _check(csv_path, tmp_path, workers=2, cache=cache)
+    assert parallel_table.equals(serial_table)
+    assert parallel_problems == serial_problems
+    assert shown[0] == ("images", 6) and sum(shown[1:]) == 6 and cache.seconds > 0  # shown as the pool goes
+    # ... and what they find is what the files are, worked out here by hand.
+    good = {
+        "a": ("a.png", 12, 8, "RGB", None),
+        "b": ("b.png", 9, 21, "L", None),
+        "c": ("c.png", 16, 16, "RGBA", "#ffffff"),
+    }
+    rows = {r["image_id"]: r for r in serial_table.to_pylist()}
+    for image_id, (name, width, height, mode, background) in good.items():
+        row = rows[image_id]
+        assert row["sha256"] == hashlib.sha256(files[name]).hexdigest()
+        assert (row["width"], row["height"], row["mode"], row["background"]) == (width, height, mode, background)
+    assert [(row, field) for _, row, field, _ in serial_problems] == [(3, "file"), (5, "file"), (7, "file")]
+    assert serial_problems[1][3] == f"image file not found: {tmp_path / 'missing.png'}"
+    assert "not a readable image" in serial_problems[0][3] and "not a readable image" in serial_problems[2][3]
+
+
+def test_the_checks_are_timed_and_their_progress_shown(tmp_path):
+    _, csv_path = _study(tmp_path)
+    shown = []
+
+    def track(description, total):
+        shown.append((description, total))
+        return nullcontext(lambda n=1: shown.append(n))
+
+    cache = ImageCache(track=track)
+    _check(csv_path, tmp_path, workers=1, cache=cache)
+    assert shown[0] == ("images", 6) and shown[1:] == [0, 1, 1, 1, 1, 1, 1]
+    assert cache.seconds > 0
+    # Again with what the first check found: the good images come from the cache, in one step.
+    again, shown[:] = ImageCache(cache.found, track), []
+    _check(csv_path, tmp_path, workers=1, cache=again)
+    assert shown == [("images", 6), 3, 1, 1, 1]
+
+
+def test_the_images_stage_takes_the_time_of_the_checks(tmp_path):
+    """The checks run before the stage; the stage's recorded and said time is theirs."""
+    from vlm_decade.core.config import RuntimeConfig
+    from vlm_decade.core.progress import Reporter
+    from vlm_decade.core.runfolder import RunFolder
+    from vlm_decade.core.runner import StudyRun, given
+    from vlm_decade.core.runtime import LazyRay
+
+    said = []
+    reporter = Reporter(quiet=True)
+    reporter.say = said.append
+    folder = RunFolder(tmp_path / "run")
+    StudyRun(folder, reporter, LazyRay(RuntimeConfig())).run_stage(given("images", pa.table({"x": [1]}), 12.5))
+    assert 12.5 <= folder.manifest()["stages"]["images"]["seconds"] < 13.5
+    assert said[-1].endswith("1 images in 12.5s")
