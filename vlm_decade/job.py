@@ -2,8 +2,9 @@
 
 The job's driver joins the cluster that runs it (Ray sets RAY_ADDRESS for submitted jobs) and
 alone writes the run folder. Bad input ends with every problem listed and exit status 2; an error of
-the environment (a full disk) with what it says and exit status 1; as on the command line, never a
-traceback for either.
+the environment (a full disk) with what it says and exit status 1; a run that left failed rows with
+the per-model summary and exit status 3 (unless `--allow-failures`); as on the command line, never
+a traceback for any of them (docs/cli.md).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import socket
 import sys
 from pathlib import Path
 
-from vlm_decade.core.errors import ENVIRONMENT_EXIT, INPUT_EXIT, InputError, Problem, os_failure
+from vlm_decade.core.errors import ENVIRONMENT_EXIT, INPUT_EXIT, RUN_FAILED_EXIT, InputError, Problem, os_failure
 from vlm_decade.core.storage import Mirror, is_uri
 
 SCRIPTS = {"decade": "jobs/decade_study.py", "openworld": "jobs/openworld_study.py"}
@@ -88,6 +89,7 @@ def main(kind: str, description: str, argv: list[str] | None = None) -> int:
     """Run a study of `kind` (`decade` or `openworld`); the exit status."""
     from vlm_decade.core.dispatch import Stalled
     from vlm_decade.core.runfolder import RunFolderBusy
+    from vlm_decade.core.runner import run_failures
     from vlm_decade.models.api.session import APIStopped
     from vlm_decade.studies import pipeline_of
 
@@ -99,12 +101,15 @@ def main(kind: str, description: str, argv: list[str] | None = None) -> int:
         "--out",
         help=f"run folder, a path or an s3:// or gs:// URI (default: the study's `output`, or runs/demo/{kind})",
     )
+    parser.add_argument(
+        "--allow-failures", action="store_true", help="exit 0 when the run finished with failed rows (else 3)"
+    )
     args = parser.parse_args(argv)
     study = None
     try:
         study = _study(kind, args)
         print(f"run folder: {_where(study.output)}", flush=True)
-        pipeline_of(study).run(study)
+        folder = pipeline_of(study).run(study)
     except InputError as exc:
         exc = exc.located(args.config) if args.config is not None else exc
         print(f"{len(exc.problems)} problem(s) in the input; nothing was run or written:", file=sys.stderr)
@@ -121,4 +126,10 @@ def main(kind: str, description: str, argv: list[str] | None = None) -> int:
     except (APIStopped, RunFolderBusy, Stalled) as exc:
         print(f"stopped: {exc}", file=sys.stderr)
         return ENVIRONMENT_EXIT
-    return 0
+    failed = run_failures(folder.manifest())
+    if failed:
+        status = 0 if args.allow_failures else RUN_FAILED_EXIT
+        print(f"failed rows, named at the top of the report too; exit status {status}:", file=sys.stderr)
+        for failure in failed:
+            print(f"  {failure.line()}", file=sys.stderr)
+    return 0 if not failed or args.allow_failures else RUN_FAILED_EXIT
