@@ -48,6 +48,7 @@ def test_an_endpoint_needs_only_its_url_and_a_cloud_base_url_alone_keeps_the_def
     vllm = p.of("vllm")
     assert (vllm.rpm, vllm.tpm, vllm.budget_usd, vllm.key_env, p.api("vllm")) == (None, None, None, None, "openai")
     assert p.names() == ["openai", "gemini", "vllm"]
+    assert ProvidersConfig.model_validate({"openai": {"rpm": None}}).openai.rpm is None  # said: no limit
     with pytest.raises(KeyError, match="known: openai, gemini, vllm"):
         p.of("vlm")
 
@@ -137,8 +138,37 @@ def test_an_endpoint_key_comes_from_its_variable_and_is_written_nowhere(tmp_path
         ok = ask(endpoint_gateway("vllm", cfg, tmp_path, KEY), "qwen", "a judge's question")
         wrong = ask(endpoint_gateway("vllm", cfg, tmp_path, "sk-wrong-0123456789abc"), "qwen", "another")
     assert ok["status"] == "ok" and wrong["status"] == "error" and "401" in wrong["error"]
+    assert "sk-wrong" not in wrong["error"]
     written = b"".join(p.read_bytes() for p in tmp_path.rglob("*") if p.is_file())
     assert written and KEY.encode() not in written and b"sk-wrong" not in written
+
+
+def test_an_endpoints_embeddings_keep_the_models_width_and_are_unit_length(tmp_path):
+    import numpy as np
+
+    with FakeAPIServer() as server:
+        gw = endpoint_gateway("tei", EndpointConfig(base_url=server.openai_url, free=True), tmp_path)
+        out = run(gw.embed("bge-small", ["a cat", "a dog"]))
+    # No `dimensions` asked: the fake answers a "small" model at its own 1,536 (else 3,072 was asked).
+    assert out["ok"] == [True, True] and out["vectors"].shape == (2, 1536)
+    np.testing.assert_allclose(np.linalg.norm(out["vectors"], axis=1), 1.0, rtol=1e-5)
+
+
+def test_a_judge_on_an_endpoint_that_does_not_serve_its_model_is_skipped_saying_where():
+    from vlm_decade.studies.openworld.config import JudgeConfig
+    from vlm_decade.studies.openworld.judge import judge_available
+
+    with FakeAPIServer(models=("Llama-3.2-3B-Instruct",)) as server:
+        p = providers(judge={"base_url": server.openai_url, "free": True})
+        served = JudgeConfig(backend="openai", model_id="Llama-3.2-3B-Instruct", endpoint="judge")
+        other = JudgeConfig(backend="openai", model_id="Llama-3.1-8B", endpoint="judge")
+        assert judge_available(served, p) is None
+        assert judge_available(other, p) == (
+            f"LI judge (judge Llama-3.1-8B): endpoint 'judge' at {server.openai_url} does not serve "
+            "'Llama-3.1-8B'; it serves: Llama-3.2-3B-Instruct"
+        )
+    with pytest.raises(ValidationError, match="`endpoint` is for an API judge"):
+        JudgeConfig(backend="hf-judge", endpoint="judge")
 
 
 def test_an_endpoint_without_limits_lets_every_request_go_at_once():

@@ -17,7 +17,10 @@ Faults come at configured rates (and `first_429` / `first_drop`: the first attem
 payload answer 429, or lose their connection with no answer) and are deterministic: whether an attempt fails is drawn from a
 RNG seeded by (seed, payload hash, how many times this payload came before), so the same requests
 meet the same faults in any order. `rate_400` is drawn from the payload alone: a request
-refused once is refused again, as a real 4xx is.
+refused once is refused again, as a real 4xx is. `capacity` and `overload_at` make a server of a
+size the client is not told: past `capacity` requests at once each answer is slower in proportion,
+past `overload_at` a request is refused at once (429). `models` is what GET /v1/models lists, and
+`key` the one key the server takes (401 otherwise).
 
 Everything received is counted per endpoint and logged (time, endpoint, payload sha256, outcome,
 and for an ok answer the model and the usage it reported, when it was written and whether the
