@@ -369,3 +369,36 @@ def test_on_a_cluster_the_gateway_keeps_every_answer_in_flight_when_the_driver_i
         billed = server.billed_usd(price_table(provider), provider=provider)
         assert manifest["spend_usd"][provider] == pytest.approx(billed, abs=1e-6)  # the manifest keeps 6 decimals
         assert provider not in manifest.get("spend_unresolved_usd", {})
+
+
+def test_a_cloud_model_and_an_endpoint_model_run_side_by_side_and_validate_asks_the_endpoint(server, tmp_path):
+    from vlm_decade.core.errors import InputError
+    from vlm_decade.studies import pipeline_of
+
+    with FakeAPIServer(FaultConfig(latency_s=0.05), models=("Qwen2-VL-2B",)) as engine:
+        path = study_file(tmp_path, server)
+        raw = yaml.safe_load(path.read_text())
+        raw["models"] = [
+            raw["models"][0],
+            {"name": "qwen", "backend": "openai", "model_id": "Qwen2-VL-2B", "era": "mllm", "endpoint": "engine"},
+        ]
+        raw["encoders"] = []
+        raw["providers"]["endpoints"] = {"engine": {"base_url": engine.openai_url, "free": True, "adaptive": True}}
+        path.write_text(yaml.safe_dump(raw))
+        pipeline_of(load_study(path)).check(load_study(path))  # the endpoint answers and serves the model
+        study, _, table = describe(path, tmp_path / "run")
+        by_subject = Counter((r["subject"], r["status"]) for r in table.to_pylist())
+        assert by_subject == Counter({("gpt", "ok"): 64, ("qwen", "ok"): 16})
+        qwen = [r for r in table.to_pylist() if r["subject"] == "qwen"]
+        assert {r["model_version"] for r in qwen} == {"Qwen2-VL-2B-2025-01-01+fp_fake"}
+        assert all(r["cost_usd"] == 0.0 for r in qwen)
+        # Each server got only its own model's requests.
+        assert engine.counts() == Counter({"openai.chat": 16, "openai.models": 1})
+        assert server.counts() == Counter({"openai.chat": 64})
+        assert RunFolder(tmp_path / "run").manifest()["spend_usd"]["engine"] == 0.0
+        raw["models"][1]["model_id"] = "Qwen2-VL-7B"
+        path.write_text(yaml.safe_dump(raw))
+        with pytest.raises(InputError) as refused:
+            pipeline_of(load_study(path)).check(load_study(path))
+    assert f"endpoint 'engine' at {engine.openai_url} does not serve 'Qwen2-VL-7B'" in str(refused.value)
+    assert "models.1.model_id" in str(refused.value)

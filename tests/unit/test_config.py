@@ -414,6 +414,7 @@ MODEL_FIELDS = {
     "path": "w",
     "options": {},
     "mode": "sync",
+    "endpoint": "vllm",
 }
 
 

@@ -259,6 +259,9 @@ class ModelConfig(Settings):
     mode: Literal["sync", "batch"] | None = operational(
         None, "API models: sync or batch for this model alone (none: its provider's `mode`; docs/api.md)."
     )
+    endpoint: str | None = Field(
+        None, min_length=1, description="API models: the named endpoint that serves it (providers.endpoints)."
+    )
 
     @field_validator("name")
     @classmethod
@@ -283,6 +286,9 @@ class EncoderConfig(Settings):
     batch_size: int = operational(64, "Texts per batch.", ge=1)
     mode: Literal["sync", "batch"] | None = operational(
         None, "API encoders: sync or batch for this encoder alone (none: its provider's `mode`; docs/api.md)."
+    )
+    endpoint: str | None = Field(
+        None, min_length=1, description="API encoders: the named endpoint that serves it (providers.endpoints)."
     )
 
 
@@ -437,7 +443,7 @@ def stale_prices(uses, providers: ProvidersConfig, today: datetime.date, max_age
     more than `max_age_days` before `today` (a study's own price is the user's to keep)."""
     found = {}
     for provider, model_id in uses:
-        own, table = getattr(providers, provider).prices, DEFAULT_PRICES.get(provider, {})
+        own, table = providers.of(provider).prices, DEFAULT_PRICES.get(provider, {})
         key = longest_prefix(model_id, {**table, **own})  # the entry `price` charges by
         if key is None or key in own:
             continue
@@ -491,9 +497,14 @@ class ProviderConfig(Settings):
     provider's batch interface instead, at half the price.
     """
 
-    rpm: int = Field(ge=1, description="Requests per minute, for the whole cluster.")
-    tpm: int = Field(ge=1, description="Tokens per minute, for the whole cluster.")
-    max_concurrency: int = Field(32, ge=1, description="Requests in flight at once.")
+    rpm: int | None = Field(None, ge=1, description="Requests per minute, for the whole cluster (none: no limit).")
+    tpm: int | None = Field(None, ge=1, description="Tokens per minute, for the whole cluster (none: no limit).")
+    max_concurrency: int = Field(32, ge=1, description="Requests in flight at once (with `adaptive`: the ceiling).")
+    adaptive: bool = operational(
+        False,
+        "Size the requests in flight from the answers: start low, grow while latency holds, "
+        "halve on 429, 503 and timeouts, never above max_concurrency (docs/engines.md).",
+    )
     timeout_s: float = Field(60.0, gt=0, description="Seconds before a request is abandoned (and retried).")
     max_attempts: int = Field(8, ge=1, description="Attempts per request (429, 5xx and timeouts are retried).")
     base_url: str | None = Field(None, description="Send the official client elsewhere (a proxy).")
@@ -525,6 +536,43 @@ class ProviderConfig(Settings):
         return None if key is None else table[key]
 
 
+ENDPOINT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+CLOUD_PROVIDERS = ("openai", "gemini")
+# A cloud provider's limits when its section leaves them out (a first paid tier).
+CLOUD_LIMITS = {"openai": {"rpm": 500, "tpm": 30_000}, "gemini": {"rpm": 150, "tpm": 1_000_000}}
+
+
+class EndpointConfig(ProviderConfig):
+    """A named server that speaks a provider's API (vLLM, SGLang, Ray Serve LLM, TGI, llama.cpp, Ollama:
+    the OpenAI chat and embeddings API), with its own gateway: limits, budget, prices, cache entries."""
+
+    api: Literal["openai"] = Field(
+        "openai", description="The API it speaks: openai (chat completions and embeddings, OpenAI-compatible)."
+    )
+    base_url: str = Field(min_length=1, description="Its URL up to the API's version, e.g. http://host:8000/v1.")
+    key_env: str | None = Field(
+        None, min_length=1, description="The environment variable that holds its key (none: no key is sent)."
+    )
+    budget_usd: float | None = Field(
+        None, ge=0, description="US$ the run folder may spend with the endpoint; none: no cap."
+    )
+    prices: dict[str, Price] = Field(default_factory=dict, description="Prices by model id (prefix); zero allowed.")
+    free: bool = Field(False, description="A model it serves without a price costs nothing (a local server).")
+    revision: str | None = Field(
+        None,
+        min_length=1,
+        description="What it serves (e.g. the weights' commit): part of the cache key, so a new one is asked anew.",
+    )
+    mode: Literal["sync"] = operational("sync", "sync only: an endpoint has no batch interface.")
+
+    def price(self, provider: str, model_id: str) -> Price | None:
+        """Its own prices only (no built-in table); free when declared so and none is given."""
+        key = longest_prefix(model_id, self.prices)
+        if key is not None:
+            return self.prices[key]
+        return Price(input_per_mtok=0.0) if self.free else None
+
+
 class ProvidersConfig(Settings):
     """API providers and the response cache shared across runs (default: the user's cache folder)."""
 
@@ -535,11 +583,59 @@ class ProvidersConfig(Settings):
         True, "Batch mode: wait for batches to finish (--wait); false: submit, and a later run collects (--no-wait)."
     )
     openai: ProviderConfig = Field(
-        ProviderConfig(rpm=500, tpm=30_000), description="OpenAI's limits, budget and prices."
+        ProviderConfig(**CLOUD_LIMITS["openai"]), description="OpenAI's limits, budget and prices."
     )
     gemini: ProviderConfig = Field(
-        ProviderConfig(rpm=150, tpm=1_000_000), description="Gemini's limits, budget and prices."
+        ProviderConfig(**CLOUD_LIMITS["gemini"]), description="Gemini's limits, budget and prices."
     )
+    endpoints: dict[str, EndpointConfig] = Field(
+        default_factory=dict,
+        description="Named OpenAI-compatible servers (docs/engines.md); a model, encoder or judge names one.",
+        json_schema_extra={"key": "<name>"},
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _cloud_limits(cls, raw: Any) -> Any:
+        """A cloud provider's section that leaves out rpm or tpm keeps the default ones (so `base_url`
+        alone may be set); `rpm: null` says no limit."""
+        if isinstance(raw, dict):
+            raw = dict(raw)
+            for name in CLOUD_PROVIDERS:
+                if isinstance(raw.get(name), dict):
+                    raw[name] = {**CLOUD_LIMITS[name], **raw[name]}
+        return raw
+
+    @field_validator("endpoints")
+    @classmethod
+    def _endpoint_names(cls, endpoints: dict) -> dict:
+        for name in endpoints:
+            if name in CLOUD_PROVIDERS:
+                raise ValueError(f"'{name}' is a cloud provider's name; call the endpoint something else")
+            if not ENDPOINT_NAME.match(name):
+                raise ValueError(f"endpoint name '{name}' may hold only letters, digits, '.', '_' and '-'")
+        return endpoints
+
+    def names(self) -> list[str]:
+        """Every provider a study may send to: the cloud ones, then the endpoints."""
+        return [*CLOUD_PROVIDERS, *self.endpoints]
+
+    def of(self, name: str) -> ProviderConfig:
+        """The section of provider or endpoint `name`; KeyError naming the known ones."""
+        if name in CLOUD_PROVIDERS:
+            return getattr(self, name)
+        if name in self.endpoints:
+            return self.endpoints[name]
+        raise KeyError(f"unknown provider or endpoint '{name}'; known: {', '.join(self.names())}")
+
+    def api(self, name: str) -> str:
+        """The API provider `name` speaks (openai or gemini): its request and answer format."""
+        return api_of(name, self.of(name))
+
+
+def api_of(name: str, cfg: ProviderConfig) -> str:
+    """The API the provider `name` with section `cfg` speaks: an endpoint's `api`, else its own name."""
+    return cfg.api if isinstance(cfg, EndpointConfig) else name
 
 
 def repeated(names: list[str]) -> list[str]:
@@ -761,7 +857,8 @@ def reference(
         inner = _settings_in(field.annotation)
         if inner is not None:
             origin = getattr(field.annotation, "__origin__", None)
-            nested = {tuple: "[].", dict: ".<model id>."}.get(origin, ".")
+            label = _extra(field, "key") or "<model id>"  # what a mapping's keys are
+            nested = {tuple: "[].", dict: f".{label}."}.get(origin, ".")
             rows += reference(inner, key + nested, value if isinstance(value, Settings) else None, study, registries)
     return rows
 

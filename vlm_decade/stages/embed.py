@@ -25,6 +25,7 @@ from vlm_decade.core.dispatch import batches, bounded, pool_map
 from vlm_decade.core.errors import Problem
 from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.core.runner import Stage, StudyRun, Written
+from vlm_decade.models.api.endpoints import endpoint_problems, sending_problems
 from vlm_decade.models.api.keys import api_key, key_hint
 from vlm_decade.models.api.session import APIStopped, BatchesPending, BudgetReached, RemoteSession
 from vlm_decade.models.encoders import api_provider, encoder_class
@@ -57,7 +58,7 @@ def encoder_key(cfg: EncoderConfig) -> str:
 
 def check_encoders(study: StudyBase) -> list[Problem]:
     """An API key and a price for every API encoder, before any work."""
-    problems = []
+    problems, wanted = [], {}
     for i, enc in enumerate(getattr(study, "encoders", ())):
         try:
             provider = api_provider(enc.backend)
@@ -65,6 +66,20 @@ def check_encoders(study: StudyBase) -> list[Problem]:
             problems.append(Problem("study file", exc.args[0], field=f"encoders.{i}.backend"))
             continue
         if provider is None:
+            if enc.endpoint is not None:
+                problems.append(
+                    Problem(
+                        "study file",
+                        f"`endpoint` is for API encoders; {enc.backend} runs here",
+                        field=f"encoders.{i}.endpoint",
+                    )
+                )
+            continue
+        mine = sending_problems(study.providers, provider, enc.endpoint, enc.model_id, f"encoders.{i}")
+        problems += mine
+        if enc.endpoint is not None:  # its key and the model it serves: `endpoint_problems`
+            if not mine:
+                wanted.setdefault(enc.endpoint, {}).setdefault(enc.model_id, f"encoders.{i}.model_id")
             continue
         if api_key(provider) is None:
             problems.append(
@@ -74,15 +89,7 @@ def check_encoders(study: StudyBase) -> list[Problem]:
                     field=f"encoders.{i}",
                 )
             )
-        if getattr(study.providers, provider).price(provider, enc.model_id) is None:
-            problems.append(
-                Problem(
-                    "study file",
-                    f"no price for {provider} model '{enc.model_id}'; add one under providers.{provider}.prices",
-                    field=f"encoders.{i}.model_id",
-                )
-            )
-    return problems
+    return problems + endpoint_problems(study.providers, wanted)
 
 
 def texts_to_embed(references: pa.Table, responses: pa.Table) -> pa.Table:
@@ -171,13 +178,13 @@ def run_embed(study: StudyBase, texts: pa.Table, run: StudyRun) -> Written:
     if total < texts.num_rows * len(encoders):
         run.reporter.say(f"     embeddings   {texts.num_rows * len(encoders) - total} already encoded, kept")
     remote = {cfg.name: cfg for cfg in encoders if todo[cfg.name].num_rows and encoder_class(cfg.backend).remote}
-    providers = sorted({encoder_class(cfg.backend).provider for cfg in remote.values()})
+    providers = sorted({api_provider(cfg.backend, cfg.endpoint) for cfg in remote.values()})
     stops: list[APIStopped] = []
     with (
         run.reporter.track("embed", total, {n: t.num_rows for n, t in todo.items()}) as advance,
         Gateways(run, study.providers, providers) as gateways,
     ):
-        session = {name: gateways[encoder_class(cfg.backend).provider] for name, cfg in remote.items()}
+        session = {name: gateways[api_provider(cfg.backend, cfg.endpoint)] for name, cfg in remote.items()}
         work = {}
         for name in remote:
             keys = todo[name].column("text_sha256").to_pylist()

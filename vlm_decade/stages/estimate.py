@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 from vlm_decade.core.config import StudyBase, stale_prices
 from vlm_decade.models.api.batch import BATCH_DISCOUNT
 from vlm_decade.models.api.cache import ResponseCache
+from vlm_decade.models.api.endpoints import cache_revision, is_free, served_by
 from vlm_decade.models.api.session import cache_dir
 from vlm_decade.models.backends import backend_class
 from vlm_decade.models.encoders import encoder_class
@@ -76,8 +77,9 @@ def describe_lines(study: StudyBase, plan: Plan, images: pa.Table, cache) -> tup
     for name, model_jobs in by_model.items():
         model = api_models[name]
         cls = backend_class(model.backend)
-        provider, settings = cls.provider, cls.settings(model)
-        price = getattr(study.providers, provider).price(provider, model.model_id)
+        provider, settings = served_by(cls.provider, model.endpoint), cls.settings(model)
+        cfg = study.providers.of(provider)
+        price, revision = cfg.price(provider, model.model_id), cache_revision(cfg)
         line = Line(provider, name, mode=model.mode, model_id=model.model_id)
         for job, png in zip(model_jobs, load_png(model_jobs)):
             if isinstance(png, str):
@@ -85,10 +87,10 @@ def describe_lines(study: StudyBase, plan: Plan, images: pa.Table, cache) -> tup
             req = ChatRequest(model.model_id, job.prompt, png, settings)
             line.requests += 1
             answer_tokens += settings["max_output_tokens"]
-            if cache.has("chat", chat_key(provider, req)):
+            if cache.has("chat", chat_key(provider, req, revision)):
                 line.cached += 1
                 continue
-            n_in = provider_class(provider).estimate_input(req)
+            n_in = provider_class(study.providers.api(provider)).estimate_input(req)
             line.input_tokens += n_in
             line.output_tokens += settings["max_output_tokens"]
             line.usd += cost(price, n_in, settings["max_output_tokens"]) if price else 0.0
@@ -108,10 +110,11 @@ def embed_lines(study: StudyBase, human_texts: list[str], n_answers: int, answer
         cls = encoder_class(enc.backend)
         if not cls.remote:
             continue
-        provider = getattr(study.providers, cls.provider)
-        price = provider.price(cls.provider, enc.model_id)
-        line = Line(cls.provider, enc.name, mode=enc.mode, model_id=enc.model_id)
-        todo = [t for t in human if not cache.has("embed", embed_key(cls.provider, enc.model_id, t))]
+        name = served_by(cls.provider, enc.endpoint)
+        provider = study.providers.of(name)
+        price, revision = provider.price(name, enc.model_id), cache_revision(provider)
+        line = Line(name, enc.name, mode=enc.mode, model_id=enc.model_id)
+        todo = [t for t in human if not cache.has("embed", embed_key(name, enc.model_id, t, revision))]
         human_tokens = sum(map(text_tokens, todo))
         per_request = 1 if (enc.mode or provider.mode) == "batch" else enc.batch_size  # a batch line is one text
         line.requests = -(-(len(todo) + n_answers) // per_request)
@@ -137,13 +140,13 @@ def render(study: StudyBase, lines: list[Line], notes: tuple[str, ...] = (), tod
             f"{ln.provider:<8} {ln.what:<24} {ln.requests:>9} {ln.cached:>7} {ln.input_tokens:>11} {ln.output_tokens:>12} "
             f"{ln.usd_low:>13.4f} {ln.usd:>12.4f} {ln.usd_batch:>13.4f}"
         )
-        low, high = ln.planned(getattr(study.providers, ln.provider).mode)
+        low, high = ln.planned(study.providers.of(ln.provider).mode)
         for i, value in enumerate((ln.usd, ln.usd_batch, low, high)):
             totals[ln.provider][i + 1] += value
         if ln.mode is not None:
             own_modes[ln.provider].append(f"{ln.what}: {ln.mode}")
     for provider, (_, high, batch, low, spend) in sorted(totals.items()):
-        cfg = getattr(study.providers, provider)
+        cfg = study.providers.of(provider)
         budget = cfg.budget_usd
         cap = (
             "no budget cap"
@@ -151,6 +154,10 @@ def render(study: StudyBase, lines: list[Line], notes: tuple[str, ...] = (), tod
             else f"budget ${budget:g}" + (" (would stop the run)" if spend > budget else "")
         )
         modes = ", ".join([f"{cfg.mode} mode", *own_modes[provider]])
+        free = [ln for ln in lines if ln.provider == provider and is_free(cfg, provider, ln.model_id)]
+        if free and len(free) == sum(ln.provider == provider for ln in lines):
+            out.append(f"{provider} (endpoint {cfg.base_url}): free: every model it serves is priced at zero")
+            continue
         out.append(
             f"{provider} ({modes}): between ${low:.4f} and ${spend:.4f} "
             f"(all sync at most ${high:.4f}, all batch at most ${batch:.4f}); {cap}"

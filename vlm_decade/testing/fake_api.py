@@ -7,6 +7,7 @@ It speaks the wire formats the official clients use (`openai.AsyncOpenAI(base_ur
     POST /v1/embeddings                                OpenAI embeddings (base64 float32 or floats)
     POST /v1beta/models/{model}:generateContent        Gemini, images as inlineData
     POST /v1beta/models/{model}:batchEmbedContents     Gemini embeddings
+    GET  /v1/models                                    the models it serves (`models`), as an OpenAI-compatible server lists them
 
 Answers are derived from the request, so a test can check what arrived: a chat answer names the
 sha256 of each image's bytes and of the prompt (`chat_text`), or is whatever the server's `answer`
@@ -16,7 +17,10 @@ Faults come at configured rates (and `first_429` / `first_drop`: the first attem
 payload answer 429, or lose their connection with no answer) and are deterministic: whether an attempt fails is drawn from a
 RNG seeded by (seed, payload hash, how many times this payload came before), so the same requests
 meet the same faults in any order. `rate_400` is drawn from the payload alone: a request
-refused once is refused again, as a real 4xx is.
+refused once is refused again, as a real 4xx is. `capacity` and `overload_at` make a server of a
+size the client is not told: past `capacity` requests at once each answer is slower in proportion,
+past `overload_at` a request is refused at once (429). `models` is what GET /v1/models lists, and
+`key` the one key the server takes (401 otherwise).
 
 Everything received is counted per endpoint and logged (time, endpoint, payload sha256, outcome,
 and for an ok answer the model and the usage it reported, when it was written and whether the
@@ -75,6 +79,8 @@ class FaultConfig:
     batch_fail_first: int = (
         0  # the first n batches created (after those that expire) fail validation: status failed, no line run
     )
+    capacity: int = 0  # past this many chat or embeddings requests at once, each is slower in proportion
+    overload_at: int = 0  # past this many at once, a request is refused at once: 429, no Retry-After
     seed: int = 0
 
 
@@ -140,8 +146,19 @@ class FakeAPIServer:
     """`with FakeAPIServer(FaultConfig(...)) as server:` serves on 127.0.0.1 on a free port; `answer`
     makes each chat answer from the prompt and the images received."""
 
-    def __init__(self, faults: FaultConfig | None = None, port: int = 0, answer: ChatAnswer = chat_text):
+    def __init__(
+        self,
+        faults: FaultConfig | None = None,
+        port: int = 0,
+        answer: ChatAnswer = chat_text,
+        models: tuple[str, ...] = (),
+        key: str | None = None,
+    ):
+        """`models`: what GET /v1/models lists; `key`: the one key it takes (none: any)."""
         self.faults = faults or FaultConfig()
+        self.models, self.key = models, key
+        self.in_flight = 0
+        self.most_in_flight = 0
         self.answer = answer
         self.lock = threading.Lock()
         self.log: list[Received] = []
@@ -261,9 +278,24 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, *args) -> None:  # keep test output clean
         pass
 
+    def _refused(self) -> bool:
+        """A request without the server's key (when it has one) is refused: 401."""
+        key = self.fake.key
+        if key is not None and self.headers.get("Authorization") != f"Bearer {key}":
+            self._send(401, _error(401, "invalid api key"))
+            return True
+        return False
+
     def do_GET(self) -> None:
         self.record = None
-        self._batch_route("GET", self.path.split("?")[0], b"")
+        path = self.path.split("?")[0]
+        if self._refused():
+            return
+        if path == "/v1/models":
+            self._log_control("openai.models")
+            listed = [{"id": m, "object": "model", "created": 0, "owned_by": "fake"} for m in self.fake.models]
+            return self._send(200, {"object": "list", "data": listed})
+        self._batch_route("GET", path, b"")
 
     def do_POST(self) -> None:
         self.record = None
@@ -273,7 +305,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         path = self.path.split("?")[0]
-        if self._batch_route("POST", path, body):
+        if self._refused() or self._batch_route("POST", path, body):
             return
         digest = hashlib.sha256(body).hexdigest()
         gemini = _GEMINI.match(path)
@@ -296,7 +328,22 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             self.record.answered, self.record.delivered = time.time(), False
             return
-        time.sleep(fake.faults.latency_s)
+        with fake.lock:
+            fake.in_flight += 1
+            at_once = fake.in_flight
+            fake.most_in_flight = max(fake.most_in_flight, at_once)
+        try:
+            if fake.faults.overload_at and at_once > fake.faults.overload_at:
+                self.record.outcome = "429"
+                return self._send(429, _error(429, "server overloaded"))
+            time.sleep(fake.faults.latency_s * max(1.0, at_once / (fake.faults.capacity or at_once)))
+            return self._answer(outcome, answer, body, endpoint, gemini)
+        finally:
+            with fake.lock:
+                fake.in_flight -= 1
+
+    def _answer(self, outcome: str, answer, body: bytes, endpoint: str, gemini) -> None:
+        fake = self.fake
         if outcome == "timeout":
             time.sleep(fake.faults.timeout_sleep_s)
         if outcome == "429":
@@ -588,7 +635,9 @@ def _multipart_file(content_type: str, body: bytes) -> tuple[bytes, str]:
 
 
 def _error(code: int, message: str) -> dict:
-    status = {400: "INVALID_ARGUMENT", 429: "RESOURCE_EXHAUSTED", 500: "INTERNAL"}[code]
+    status = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 429: "RESOURCE_EXHAUSTED", 500: "INTERNAL"}.get(
+        code, "UNKNOWN"
+    )
     return {"error": {"code": code, "message": message, "status": status, "type": status.lower()}}
 
 

@@ -40,11 +40,13 @@ from pathlib import Path
 import numpy as np
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
-from vlm_decade.core.config import ProviderConfig
+from vlm_decade.core.config import ProviderConfig, api_of
+from vlm_decade.models.api.adaptive import ConcurrencyGate
 from vlm_decade.models.api.answers import cached_answer, failed_answer
 from vlm_decade.models.api.batch import Batcher
 from vlm_decade.models.api.budget import Budget, BudgetStop
 from vlm_decade.models.api.cache import ResponseCache, entry_vector, vector_entry
+from vlm_decade.models.api.endpoints import cache_revision, prices_field
 from vlm_decade.models.api.keys import Secret, scrub
 from vlm_decade.models.api.limits import RateLimiter
 from vlm_decade.models.api.providers import ChatRequest, chat_key, cost, embed_key, provider_class, text_tokens
@@ -104,9 +106,11 @@ class Gateway:
         end stops new requests. In batch mode (`cfg.mode`), `run_root` gets a copy of each batch's
         record, and `batch_wait` false answers `pending` for a batch not finished."""
         self.name, self.cfg, self.key = provider, cfg, key
-        self.provider = provider_class(provider)(cfg, key)
+        self.provider = provider_class(api_of(provider, cfg))(cfg, key)
         self.limiter = RateLimiter(cfg.rpm, cfg.tpm, window_s)
-        self.slots = asyncio.Semaphore(cfg.max_concurrency)
+        self.slots = ConcurrencyGate(cfg.max_concurrency, cfg.adaptive)
+        # what an endpoint says it serves: part of its cache keys (a cloud provider's keys have none)
+        self.revision = cache_revision(cfg)
         self.cache = ResponseCache(cache_dir)
         self.log = SpendLog(spend_log) if spend_log is not None else None
         before = read_spend(spend_log) if spend_log is not None else None
@@ -114,7 +118,7 @@ class Gateway:
         if before:  # their requests of the last window count against this one's limits
             now, wall = time.monotonic(), time.time()
             self.limiter.preload(
-                [(now - (wall - t), min(n, cfg.tpm)) for t, n in before.sent if wall - t < self.limiter.window]
+                [(now - (wall - t), min(n, cfg.tpm or n)) for t, n in before.sent if wall - t < self.limiter.window]
             )
         self.driver = DriverWatch(driver_pid)
         self.on_the_wire = 0  # attempts sent whose answer (or failure) is not recorded yet
@@ -141,7 +145,9 @@ class Gateway:
         """The price of `model_id`; LookupError when the config has none."""
         price = self.cfg.price(self.name, model_id)
         if price is None:
-            raise LookupError(f"no price for {self.name} model '{model_id}'; add it under providers.{self.name}.prices")
+            raise LookupError(
+                f"no price for {self.name} model '{model_id}'; add it under {prices_field(self.name, self.cfg)}"
+            )
         return price
 
     # sending ----------------------------------------------------------------------------------
@@ -174,16 +180,20 @@ class Gateway:
             self.stats["attempts"] += 1
             start = time.monotonic()
             self.on_the_wire += 1
+            ticket = self.slots.ticket()
             try:
                 try:
                     # A guard above the client's own timeout, for a connection that never closes.
                     result = await asyncio.wait_for(call(), timeout=self.cfg.timeout_s + 5)
                 except BaseException as exc:
+                    if self.provider.overload(exc):
+                        self.slots.overloaded(ticket)
                     self.stats[f"failed:{type(exc).__name__}"] += 1
                     if self.log:
                         self.log.write(a=attempt, e="failed")
                     raise
                 latency = time.monotonic() - start
+                await self.slots.answered(ticket, latency)
                 paid, used = price_of(result)
                 if self.log:
                     self.log.write(a=attempt, e="paid", usd=paid, tok=used)
@@ -246,7 +256,7 @@ class Gateway:
         paid_usd (what this call paid: 0 from the cache), model_version, cached. `batch`: through
         the batch interface (none: as the provider's `mode` says). A request an earlier run left in
         a pending batch is collected from that batch in either mode, never bought again."""
-        key = chat_key(self.name, req)
+        key = chat_key(self.name, req, self.revision)
         if (self.cfg.mode == "batch" if batch is None else batch) or key in self.batch.batch_of:
             return await self.batch.chat(req)
         hit = self.cache.get("chat", key)
@@ -300,7 +310,7 @@ class Gateway:
         (none: as the provider's `mode` says) each goes through the batch interface, and one failed
         line fails only its text. A text an earlier run left in a pending batch is collected from
         that batch in either mode."""
-        keys = [embed_key(self.name, model_id, t) for t in texts]
+        keys = [embed_key(self.name, model_id, t, self.revision) for t in texts]
         found = {k: self.cache.get("embed", k) for k in keys}
         batch = self.cfg.mode == "batch" if batch is None else batch
         todo = {k: t for k, t in zip(keys, texts) if found[k] is None}

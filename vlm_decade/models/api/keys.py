@@ -32,16 +32,34 @@ class Secret:
     __str__ = __repr__
 
 
-def api_key(provider: str) -> Secret | None:
-    for name in KEY_ENV[provider]:
+# What an endpoint without a key is sent: the OpenAI client needs some key, and servers without one ignore it.
+NO_KEY = "no-key"
+
+
+def key_names(provider: str, cfg=None) -> tuple[str, ...]:
+    """The environment variables that may hold `provider`'s key: an endpoint's `key_env` (none for
+    an endpoint without one), else the cloud provider's own."""
+    if provider in KEY_ENV:
+        return KEY_ENV[provider]
+    key_env = getattr(cfg, "key_env", None)
+    return (key_env,) if key_env else ()
+
+
+def api_key(provider: str, cfg=None) -> Secret | None:
+    """`provider`'s key from the environment (`cfg`: its section, for an endpoint's `key_env`); an
+    endpoint that names no variable gets `NO_KEY`; None when the variable is not set."""
+    names = key_names(provider, cfg)
+    if not names:
+        return Secret(NO_KEY)
+    for name in names:
         value = os.environ.get(name)
         if value:
             return Secret(value)
     return None
 
 
-def key_hint(provider: str) -> str:
-    return " or ".join(KEY_ENV[provider])
+def key_hint(provider: str, cfg=None) -> str:
+    return " or ".join(key_names(provider, cfg))
 
 
 def scrub(text: str, *secrets: Secret | None) -> str:

@@ -10,6 +10,8 @@ Tokens are reserved before a request at an estimate (input plus the output cap) 
 corrected to the usage the provider reports afterwards, so a run of short answers is not held to
 its worst case for long.
 
+A limit that is None (an endpoint's rpm or tpm left out) is no limit.
+
 Waiters are served by priority, then first come first served: a retry (`urgent`) goes ahead of
 every request not tried yet, so it leaves as soon as its Retry-After and the limits allow instead of
 queueing behind the whole backlog.
@@ -25,10 +27,10 @@ from collections import deque
 
 
 class RateLimiter:
-    def __init__(self, rpm: int, tpm: int, window_s: float = 60.0):
+    def __init__(self, rpm: int | None, tpm: int | None, window_s: float = 60.0):
         self.rpm, self.tpm = rpm, tpm
         self.window = window_s + max(0.01 * window_s, 0.25)
-        self.interval = self.window / rpm
+        self.interval = self.window / rpm if rpm else 0.0
         self.starts: deque[float] = deque()
         self.spent: deque[list] = deque()  # [start time, tokens], corrected by `reconcile`
         self.next_start = 0.0
@@ -44,10 +46,10 @@ class RateLimiter:
 
     def _wait(self, now: float, tokens: int) -> float:
         wait = self.next_start - now
-        if len(self.starts) >= self.rpm:
+        if self.rpm and len(self.starts) >= self.rpm:
             wait = max(wait, self.starts[-self.rpm] + self.window - now)
         used = sum(n for _, n in self.spent)
-        if used + tokens > self.tpm:
+        if self.tpm and used + tokens > self.tpm:
             for t, n in self.spent:  # the first moment enough reserved tokens have left the window
                 used -= n
                 if used + tokens <= self.tpm:
@@ -58,7 +60,7 @@ class RateLimiter:
     async def acquire(self, tokens: int, urgent: bool = False) -> list:
         """Wait for a slot; return the token entry to `reconcile`. The head of the queue (urgent
         first, then by arrival) waits for the limits; the others wait for their turn."""
-        tokens = min(tokens, self.tpm)  # one request larger than the limit still gets its turn
+        tokens = min(tokens, self.tpm or tokens)  # one request larger than the limit still gets its turn
         ticket = (0 if urgent else 1, next(self.order))
         async with self.changed:
             heapq.heappush(self.queue, ticket)

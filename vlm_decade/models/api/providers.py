@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from vlm_decade.core.config import Price, ProviderConfig
+from vlm_decade.core.config import EndpointConfig, Price, ProviderConfig
 from vlm_decade.models.api.keys import Secret
 
 OPENAI_REASONING = ("o1", "o3", "o4", "gpt-5")
@@ -45,17 +45,22 @@ class Reply:
     model_version: str
 
 
-def chat_key(provider: str, req: ChatRequest) -> str:
-    """The cache key: provider, model, prompt, the exact image bytes sent, and the settings. A
-    text-only request has no image field at all, so image requests keep the keys they always had."""
+def chat_key(provider: str, req: ChatRequest, revision: str | None = None) -> str:
+    """The cache key: provider (a cloud provider's or an endpoint's name), model, prompt, the exact
+    image bytes sent, the settings, and what an endpoint says it serves (`revision`). A text-only
+    request has no image field, and a cloud request no revision field, so their keys stay as they were."""
     payload = {"provider": provider, "model": req.model_id, "prompt": req.prompt, "settings": req.settings}
     if req.image_png is not None:
         payload["image_sha256"] = hashlib.sha256(req.image_png).hexdigest()
+    if revision is not None:
+        payload["revision"] = revision
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
-def embed_key(provider: str, model_id: str, text: str) -> str:
+def embed_key(provider: str, model_id: str, text: str, revision: str | None = None) -> str:
     payload = {"provider": provider, "model": model_id, "dim": EMBED_DIM, "text": text}
+    if revision is not None:
+        payload["revision"] = revision
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
@@ -119,6 +124,17 @@ class Provider:
         if status is not None:
             return status in (408, 409, 429) or status >= 500
         return isinstance(exc, (TimeoutError, asyncio.TimeoutError, ConnectionError, ValueError)) or _transport(exc)
+
+    @staticmethod
+    def overload(exc: BaseException) -> bool:
+        """Whether a failure says the server has too much to do: 429, 503, or no answer in time."""
+        status = _status(exc)
+        if status is not None:
+            return status in (429, 503)
+        names = {c.__name__ for c in type(exc).__mro__}
+        return isinstance(exc, (TimeoutError, asyncio.TimeoutError)) or bool(
+            names & {"APITimeoutError", "TimeoutException"}
+        )
 
     @staticmethod
     def retry_after(exc: BaseException) -> float | None:
@@ -232,9 +248,14 @@ class OpenAIProvider(Provider):
         return self.reply_from(await self.client.chat.completions.create(**self.chat_body(req)))
 
     async def embed(self, model_id: str, texts: list[str]) -> tuple[np.ndarray, int, str]:
-        # The client asks for base64 float32 and decodes it; 3,072 is the native width of -large.
-        r = await self.client.embeddings.create(model=model_id, input=texts, dimensions=EMBED_DIM)
+        # The client asks for base64 float32 and decodes it; 3,072 is the native width of -large. An
+        # endpoint's model has a width of its own (most refuse `dimensions`): its vectors are made unit-length.
+        own = isinstance(self.cfg, EndpointConfig)
+        extra = {} if own else {"dimensions": EMBED_DIM}
+        r = await self.client.embeddings.create(model=model_id, input=texts, **extra)
         vectors = np.asarray([d.embedding for d in sorted(r.data, key=lambda d: d.index)], dtype=np.float32)
+        if own:
+            vectors = GeminiProvider.unit_rows(vectors)
         return vectors, (r.usage.prompt_tokens if r.usage else sum(map(text_tokens, texts))), r.model
 
 
@@ -316,5 +337,6 @@ class GeminiProvider(Provider):
         return vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
 
 
-def provider_class(name: str) -> type[Provider]:
-    return {"openai": OpenAIProvider, "gemini": GeminiProvider}[name]
+def provider_class(api: str) -> type[Provider]:
+    """The provider class of an API (openai or gemini; an endpoint's `api`)."""
+    return {"openai": OpenAIProvider, "gemini": GeminiProvider}[api]

@@ -86,9 +86,7 @@ def cancel_batches(providers: ProvidersConfig, run: RunFolder, provider: str) ->
     log = start_spend_log(run, provider)
 
     async def cancel() -> dict:
-        gateway = Gateway(
-            provider, getattr(providers, provider), key, cache_dir(providers), spend_log=log, run_root=run.root
-        )
+        gateway = Gateway(provider, providers.of(provider), key, cache_dir(providers), spend_log=log, run_root=run.root)
         return await gateway.batch.cancel(labels)
 
     done = asyncio.run(cancel())
@@ -107,19 +105,22 @@ class RemoteSession:
     """
 
     def __init__(self, ray, providers: ProvidersConfig, run: RunFolder, provider: str):
-        key = api_key(provider)
+        cfg = providers.of(provider)
+        key = api_key(provider, cfg)
         if key is None:
-            raise InputError([Problem("environment", f"{provider} models need an API key: set {key_hint(provider)}")])
+            raise InputError(
+                [Problem("environment", f"{provider} models need an API key: set {key_hint(provider, cfg)}")]
+            )
         self.ray, self.run, self.provider = ray, run, provider
         log = start_spend_log(run, provider)
         self.tally = SpendTally(log)
         # A name of its own: a gateway being ended (`ray.kill` returns before it is gone) is never reused.
         name = f"{run.root.resolve()}:{uuid.uuid4().hex}"
-        self.mode = getattr(providers, provider).mode
+        self.mode = cfg.mode
         self.actor = gateway_actor(
             ray,
             provider,
-            getattr(providers, provider),
+            cfg,
             key,
             cache_dir(providers),
             name,

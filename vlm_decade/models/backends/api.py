@@ -65,13 +65,13 @@ class APIBackend(Backend):
 
     @classmethod
     def fingerprint(cls, model: ModelConfig) -> dict:
-        return {"provider": cls.provider, "model_id": model.model_id, "settings": cls.settings(model)}
+        return {"provider": model.endpoint or cls.provider, "model_id": model.model_id, "settings": cls.settings(model)}
 
     @classmethod
     def check(cls, model: ModelConfig, image_ids: set[str], variants: list[str]) -> list[Problem]:
         where = f"models[{model.name}]"
         problems = []
-        if api_key(cls.provider) is None:
+        if model.endpoint is None and api_key(cls.provider) is None:  # an endpoint's key: `endpoint_problems`
             problems.append(
                 Problem(
                     "environment", f"model '{model.name}' needs an API key: set {key_hint(cls.provider)}", field=where

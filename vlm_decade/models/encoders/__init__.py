@@ -58,7 +58,8 @@ def normalise(vectors: np.ndarray) -> np.ndarray:
     return vectors / np.where(norms == 0, 1, norms)
 
 
-def api_provider(backend: str) -> str | None:
-    """The API provider whose gateway an encoder's requests go through; None for a local encoder."""
+def api_provider(backend: str, endpoint: str | None = None) -> str | None:
+    """The API provider whose gateway an encoder's requests go through (its `endpoint`, else the
+    encoder's provider); None for a local encoder."""
     cls = encoder_class(backend)
-    return getattr(cls, "provider", None) if cls.remote else None
+    return (endpoint or getattr(cls, "provider", None)) if cls.remote else None

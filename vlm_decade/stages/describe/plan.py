@@ -14,6 +14,7 @@ import pyarrow as pa
 from vlm_decade.core.config import ModelConfig, StudyBase
 from vlm_decade.core.errors import InputError, Problem
 from vlm_decade.imaging.masks import MaskSpec
+from vlm_decade.models.api.endpoints import endpoint_problems, sending_problems
 from vlm_decade.models.backends import Stimulus, api_provider, backend_class
 
 
@@ -53,7 +54,7 @@ def check_models(study: StudyBase, image_ids: set[str] | None, variants: list[st
     """Each model's backend and what its `check` finds before any work (weights, files, keys), and a
     price for every API model. Checks that need the images wait until the data could be read
     (`image_ids` None: it could not)."""
-    problems = []
+    problems, wanted = [], {}
     for i, model in enumerate(study.models):
         try:
             cls = backend_class(model.backend)
@@ -63,26 +64,28 @@ def check_models(study: StudyBase, image_ids: set[str] | None, variants: list[st
         if image_ids is not None or not cls.needs_images:
             problems += cls.check(model, image_ids or set(), variants)
         provider = api_provider(model.backend)
-        if model.mode is not None and not provider:
-            problems.append(
-                Problem("study file", f"`mode` is for API models; {model.backend} runs here", field=f"models.{i}.mode")
-            )
-        if provider and getattr(study.providers, provider).price(provider, model.model_id) is None:
-            problems.append(
-                Problem(
-                    "study file",
-                    f"no price for {provider} model '{model.model_id}'; add one under providers.{provider}.prices",
-                    field=f"models.{i}.model_id",
+        for own in ("mode", "endpoint"):
+            if getattr(model, own) is not None and not provider:
+                problems.append(
+                    Problem(
+                        "study file",
+                        f"`{own}` is for API models; {model.backend} runs here",
+                        field=f"models.{i}.{own}",
+                    )
                 )
-            )
-    return problems
+        if provider:
+            mine = sending_problems(study.providers, provider, model.endpoint, model.model_id, f"models.{i}")
+            problems += mine
+            if model.endpoint and not mine:
+                wanted.setdefault(model.endpoint, {}).setdefault(model.model_id, f"models.{i}.model_id")
+    return problems + endpoint_problems(study.providers, wanted)
 
 
 def api_budgets(study: StudyBase) -> dict[str, float | None]:
     """Budgets of the providers a study's models use: part of the stage's settings, so a run with a
     higher budget takes up the rows an earlier budget skipped."""
-    used = {p for m in study.models if (p := api_provider(m.backend))}
-    return {p: getattr(study.providers, p).budget_usd for p in sorted(used)}
+    used = {p for m in study.models if (p := api_provider(m.backend, m.endpoint))}
+    return {p: study.providers.of(p).budget_usd for p in sorted(used)}
 
 
 def model_fingerprint(model: ModelConfig) -> dict:

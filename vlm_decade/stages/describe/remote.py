@@ -21,7 +21,7 @@ from vlm_decade.core.errors import error_text
 from vlm_decade.core.runner import StudyRun
 from vlm_decade.models.api.answers import failed_answer
 from vlm_decade.models.api.session import BatchesPending, stop_if_pending
-from vlm_decade.models.backends import backend_class
+from vlm_decade.models.backends import api_provider, backend_class
 from vlm_decade.stages.describe.plan import Job, load_png
 from vlm_decade.stages.describe.rows import RESPONSES_SCHEMA, AnswerCountError, failed_batch, one_for_one, response_row
 from vlm_decade.stages.gateways import Gateways, raise_stops
@@ -79,35 +79,36 @@ class RemoteModels:
 
     def __init__(self, study: StudyBase, run: StudyRun, models: list[ModelConfig], advance):
         self.study, self.run, self.advance = study, run, advance
-        self.gateways = Gateways(run, study.providers, sorted({backend_class(m.backend).provider for m in models}))
+        self.gateways = Gateways(run, study.providers, sorted({api_provider(m.backend, m.endpoint) for m in models}))
         self.parts = run.folder.parts("responses", RESPONSES_SCHEMA, FLUSH_ROWS, FLUSH_S, on_save=self.gateways.record)
         self.waiting: list[tuple[Job, str, str]] = []  # (job, provider, request key) of answers that wait in batches
         self.answers: dict[str, list[dict]] = defaultdict(list)  # model -> the answers it was given
 
     def in_batches(self, model: ModelConfig) -> bool:
-        return self.gateways[backend_class(model.backend).provider].batch_for(model.mode)
+        return self.gateways[api_provider(model.backend, model.endpoint)].batch_for(model.mode)
 
     def send(self, model: ModelConfig, jobs: list[Job]) -> None:
         """Every job of `model` through its gateway, a few Ray tasks at a time; the answers known at
         once are saved as rows, the others wait for `collect`."""
         cls = backend_class(model.backend)
-        session, ray = self.gateways[cls.provider], self.gateways.ray
+        provider = api_provider(model.backend, model.endpoint)
+        session, ray = self.gateways[provider], self.gateways.ray
         settings, batch = cls.settings(model), session.batch_for(model.mode)
-        tasks = max(1, 2 * getattr(self.study.providers, cls.provider).max_concurrency // REMOTE_BATCH)
+        tasks = max(1, 2 * self.study.providers.of(provider).max_concurrency // REMOTE_BATCH)
         ask = ray.remote(ask_gateway).options(num_cpus=0)
         submit = lambda jobs, _: ask.remote(session.actor, model.model_id, settings, jobs, batch)  # noqa: E731
         for done in bounded(ray, batches(jobs, REMOTE_BATCH), submit, tasks):
             error = done.error
             if error is None:
                 try:
-                    answers = one_for_one(done.work, done.value, f"the {cls.provider} gateway")
+                    answers = one_for_one(done.work, done.value, f"the {provider} gateway")
                 except AnswerCountError as exc:
                     error = exc
             if error is not None:  # the batch's rows are errors, tried again next run
                 self.parts.add(failed_batch(done.work, error))
                 self.advance(len(done.work), model.name)
                 continue
-            self.waiting += [(j, cls.provider, a["key"]) for j, a in zip(done.work, answers) if a["status"] == "queued"]
+            self.waiting += [(j, provider, a["key"]) for j, a in zip(done.work, answers) if a["status"] == "queued"]
             ready = [(j, a) for j, a in zip(done.work, answers) if a["status"] != "queued"]
             self.answers[model.name] += [a for _, a in ready]
             self.parts.add([response_row(j, a) for j, a in ready])

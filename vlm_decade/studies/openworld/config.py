@@ -76,11 +76,15 @@ class JudgeConfig(Settings):
     mode: Literal["sync", "batch"] | None = operational(
         None, "An API judge: sync or batch (none: its provider's `mode`; docs/api.md)."
     )
+    endpoint: str | None = Field(
+        None, min_length=1, description="An API judge: the named endpoint that serves it (providers.endpoints)."
+    )
 
     @model_validator(mode="after")
     def _mode_for_api_judges(self) -> JudgeConfig:
-        if self.mode is not None and self.backend == "hf-judge":
-            raise ValueError("`mode` is for an API judge (openai, gemini); hf-judge runs here")
+        for own in ("mode", "endpoint"):
+            if getattr(self, own) is not None and self.backend == "hf-judge":
+                raise ValueError(f"`{own}` is for an API judge (openai, gemini); hf-judge runs here")
         return self
 
 

@@ -29,6 +29,7 @@ from vlm_decade.core.config import ModelConfig, ProvidersConfig
 from vlm_decade.core.dispatch import batches, bounded
 from vlm_decade.core.errors import InputError, Problem, error_text
 from vlm_decade.core.progress import Reporter
+from vlm_decade.models.api.endpoints import endpoint_problems, prices_field, route_problems, served_by
 from vlm_decade.models.api.keys import api_key, key_hint
 from vlm_decade.models.api.providers import OpenAIProvider, provider_class
 from vlm_decade.models.backends import parsed_options
@@ -88,12 +89,19 @@ def judge_available(config: JudgeConfig, providers: ProvidersConfig) -> str | No
     is loaded or sent."""
     if config.backend == LOCAL_BACKEND:
         return " ".join(p.message for p in weight_problems(_as_model(config))) or None
-    where = f"{JUDGE_NAME} ({config.backend} {config.model_id})"
-    if api_key(config.backend) is None:
-        return f"{where} needs an API key: set {key_hint(config.backend)}"
-    if getattr(providers, config.backend).price(config.backend, config.model_id) is None:
-        return f"{where} has no price; add it under providers.{config.backend}.prices"
-    return None
+    provider = served_by(config.backend, config.endpoint)
+    where = f"{JUDGE_NAME} ({provider} {config.model_id})"
+    if config.endpoint is None and api_key(provider) is None:
+        return f"{where} needs an API key: set {key_hint(provider)}"
+    problems = route_problems(providers, config.backend, config.endpoint, "judge.endpoint")
+    if problems:
+        return f"{where}: {problems[0].message}"
+    cfg = providers.of(provider)
+    if cfg.price(provider, config.model_id) is None:
+        return f"{where} has no price; add it under {prices_field(provider, cfg)}"
+    if config.endpoint is not None:  # its key, and whether it answers and serves the model
+        problems = endpoint_problems(providers, {config.endpoint: {config.model_id: "judge.model_id"}})
+    return f"{where}: {problems[0].message}" if problems else None
 
 
 # local ------------------------------------------------------------------------------------------
@@ -243,7 +251,7 @@ def judge_remote(
     if not prompts:
         return []  # no gateway actor for nothing
     unique = list(dict.fromkeys(prompts))
-    cfg = getattr(study.providers, provider)
+    cfg = study.providers.of(provider)
     batch = (mode or cfg.mode) == "batch"
     # In batch mode every question is handed over at once: the gateway groups them into batches.
     in_flight = len(unique) if batch else 2 * cfg.max_concurrency
@@ -284,7 +292,7 @@ class RemoteJudge:
             self.ray,
             self.study,
             self.folder,
-            self.config.backend,
+            served_by(self.config.backend, self.config.endpoint),
             self.config.model_id,
             self.settings,
             prompts,

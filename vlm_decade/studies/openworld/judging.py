@@ -13,6 +13,7 @@ import pyarrow as pa
 
 from vlm_decade.core.dispatch import batches, bounded
 from vlm_decade.core.runner import Stage, StudyRun
+from vlm_decade.models.api.endpoints import served_by
 from vlm_decade.models.backends import backend_class
 from vlm_decade.stages.estimate import Line
 from vlm_decade.studies.openworld.config import OpenWorldStudyConfig
@@ -150,8 +151,9 @@ def estimate(
     LOCAL_ANSWER_TOKENS), each answer at the judge's cap. The low end is no request at all."""
     from vlm_decade.models.api.providers import cost, text_tokens
 
-    judge, provider = study.judge, study.judge.backend
-    price = getattr(study.providers, provider).price(provider, judge.model_id)
+    judge = study.judge
+    provider = served_by(judge.backend, judge.endpoint)
+    price = study.providers.of(provider).price(provider, judge.model_id)
     out_cap = judge_settings(judge)["max_output_tokens"]
     line = Line(provider, f"judge {judge.model_id}", mode=judge.mode, model_id=judge.model_id)
     template = text_tokens(judge_prompt("", ""))

@@ -80,7 +80,7 @@ class Batcher:
         """The answer when it is known at once (cache, budget, price), else {"status": "queued"}.
         `hold`: more requests are coming and the caller will `flush`, so no group is submitted
         after a pause, only when it is full."""
-        key = chat_key(self.gw.name, req)
+        key = chat_key(self.gw.name, req, self.gw.revision)
         hit = self.gw.cache.get("chat", key)
         if hit is not None:
             return cached_answer(hit)
@@ -97,7 +97,7 @@ class Batcher:
     async def submit_embed(self, model_id: str, text: str, hold: bool = False) -> dict:
         """One text to embed: {"status": "ok", "entry"} (its cache entry) when the cache has it, a
         failed answer when it cannot be sent, else {"status": "queued"}; `hold` as for `submit`."""
-        key = embed_key(self.gw.name, model_id, text)
+        key = embed_key(self.gw.name, model_id, text, self.gw.revision)
         hit = self.gw.cache.get("embed", key)
         if hit is not None:
             return {"status": "ok", "error": "", "entry": hit, "paid_usd": 0.0}
@@ -118,7 +118,7 @@ class Batcher:
     async def embed(self, model_id: str, text: str) -> dict:
         """The answer for one text: from the cache, or from its batch once finished (submitted now
         unless this gateway has it already). The answer is let go once given: a vector is large."""
-        key = embed_key(self.gw.name, model_id, text)
+        key = embed_key(self.gw.name, model_id, text, self.gw.revision)
         if key not in self.futures:
             first = await self.submit_embed(model_id, text)
             if first["status"] != "queued":

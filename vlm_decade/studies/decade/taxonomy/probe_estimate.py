@@ -54,8 +54,9 @@ def probe_lines(study: StudyConfig, data: StudyData) -> list[Line]:
         cls = backend_class(model.backend)
         settings = cls.settings(model)
         cap = settings["max_output_tokens"]
-        price = getattr(study.providers, cls.provider).price(cls.provider, model.model_id)
-        line = Line(cls.provider, f"probes {model.name}", mode=model.mode, model_id=model.model_id)
+        provider = model.endpoint or cls.provider  # the probes go where the model's descriptions went
+        price = study.providers.of(provider).price(provider, model.model_id)
+        line = Line(provider, f"probes {model.name}", mode=model.mode, model_id=model.model_id)
         for image_id, (width, height) in sorted(sizes.items()):
             relevant = objects.get(image_id, [])
             image = provider_class(cls.provider).image_tokens_of_size(width, height, settings) + FRAMING

@@ -105,8 +105,8 @@ def run_probes(
         asks = [(image_id, q) for (_, image_id), qs in sorted(per_pair.items()) for q in qs]
         if not asks:
             return
-        provider = backend_class(model.backend).provider
-        tasks = max(1, 2 * getattr(study.providers, provider).max_concurrency // REMOTE_BATCH)
+        provider = model.endpoint or backend_class(model.backend).provider
+        tasks = max(1, 2 * study.providers.of(provider).max_concurrency // REMOTE_BATCH)
         with (
             RemoteSession(run.ray(), study.providers, run.folder, provider) as session,
             run.reporter.track(f"probe {model.name}", len(asks)) as advance,
