@@ -135,3 +135,50 @@ def test_work_that_raises_in_an_actor_is_handed_back_as_its_own_exception(ray_se
     assert sorted((d.work, d.value) for d in done if d.error is None) == [(0, 0), (1, 1), (3, 3)]
     (failed,) = [d.error for d in done if d.error is not None]
     assert type(failed) is ValueError and error_text(failed) == "ValueError: item 2 cannot be done"
+
+
+def test_an_imported_model_redoes_only_the_rows_of_its_file_that_are_new_or_changed(tmp_path):
+    """Rows for new images added to the file: the old responses are kept, not done again; one old
+    row's text changed: that response alone is done again."""
+    import csv
+
+    study = load_study(materialize(tmp_path / "study"))
+    model = next(m for m in study.models if m.backend == "imported")
+    captions = tmp_path / "captions.csv"
+    with open(tmp_path / "study" / "imported_captions.csv", newline="") as f:
+        all_rows = list(csv.DictReader(f))
+    model = model.model_copy(update={"options": {"file": str(captions)}})
+    study = study.model_copy(update={"models": (model,)})
+    images = load_study_data(study.data, study.ranking, study.masks).images
+    first, added = sorted(KEEP)[:3], sorted(KEEP)[3:]
+    out = tmp_path / "run"
+
+    def describe(ids, rows):
+        with open(captions, "w", newline="") as f:
+            writer = csv.DictWriter(f, ["image_id", "variant", "text"])
+            writer.writeheader()
+            writer.writerows(r for r in rows if r["image_id"] in ids)
+        table = describe_stage(study, images.filter(pa.compute.is_in(images.column("image_id"), pa.array(ids))), out)
+        folder = RunFolder(out)
+        done = folder.read_parts("responses", table.schema)  # this run's work, as run_stage folds it
+        manifest = folder.manifest()
+        manifest.setdefault("files", {})["responses"] = folder.write("responses", table)[1]
+        folder.save_manifest(manifest)
+        folder.clear_parts("responses")
+        return table, sorted(zip(done.column("image_id").to_pylist(), done.column("variant").to_pylist()))
+
+    table, done = describe(first, all_rows)
+    assert table.num_rows == len(first) * 4 and len(done) == table.num_rows
+    table, done = describe(first + added, all_rows)
+    assert done == sorted((i, v) for i in added for v in ("full", "m1", "m2", "m3"))
+    texts = {(r["image_id"], r["variant"]): r["text"] for r in table.to_pylist()}
+    assert texts == {(r["image_id"], r["variant"]): r["text"] for r in all_rows if r["image_id"] in KEEP}
+    changed = [
+        dict(r, text="a cat on a red sofa") if (r["image_id"], r["variant"]) == ("chelsea", "m2") else r
+        for r in all_rows
+    ]
+    table, done = describe(first + added, changed)
+    assert done == [("chelsea", "m2")]
+    assert {(r["image_id"], r["variant"]): r["text"] for r in table.to_pylist()}[
+        ("chelsea", "m2")
+    ] == "a cat on a red sofa"

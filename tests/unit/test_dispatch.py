@@ -113,6 +113,37 @@ def test_a_lost_actor_leaves_the_pool_and_the_others_take_its_work():
     assert ray.killed.count(0) == 1 and ray.made == 2
 
 
+class NodeLostRay(PoolRay):
+    """Actor 1 starts, then its node is lost: every call it holds dies, as Ray says it (with the IP)."""
+
+    def __init__(self):
+        super().__init__(dead=())
+
+    def get(self, ref):
+        from ray.exceptions import ActorDiedError, RayActorError
+
+        if ref[0] == "ref" and ref[2] == 1:
+            self.in_flight.discard(ref)
+            died = ActorDiedError()
+            RayActorError.__init__(died, "id", "The actor died unexpectedly.\n\tclass_name: A\n\tip: 10.0.0.12\nlost")
+            raise died
+        return super().get(ref)
+
+
+def test_a_lost_actor_is_told_once_with_its_node_and_the_batches_others_redo():
+    from vlm_decade.core.dispatch import LostActor, pool_map
+
+    ray, told = NodeLostRay(), []
+    done = list(
+        pool_map(
+            ray, ray.make, 2, range(8), ray.call, in_flight_per_actor=2, ready=ray.ready, what="w", on_lost=told.append
+        )
+    )
+    assert sorted(d.work for d in done) == list(range(8)) and all(d.error is None for d in done)
+    assert {d.value[1] for d in done} == {0}
+    assert told == [LostActor("w", "10.0.0.12", 2)]  # both calls it held, told once
+
+
 def test_when_every_actor_is_lost_a_new_one_is_made_and_losses_are_capped():
     from vlm_decade.core.dispatch import pool_map
 
@@ -161,7 +192,19 @@ def test_an_actor_whose_constructor_raises_is_not_made_again_and_the_work_fails_
     from vlm_decade.core.errors import error_text
 
     ray = BrokenRay()
-    done = list(pool_map(ray, ray.make, 2, range(5), ray.call, max_lost=3, ready=ray.ready))
+    told = []
+    done = list(pool_map(ray, ray.make, 2, range(5), ray.call, max_lost=3, ready=ray.ready, on_lost=told.append))
     assert sorted(d.work for d in done) == list(range(5)) and ray.made == 2  # no third actor tried
+    assert told == []  # not lost: it could not start
     # the cause the first failed actor gave (the fake finishes the newest call first: actor 1)
     assert {error_text(d.error) for d in done} == {"OSError: no weights in 1"}
+
+
+def test_the_node_a_lost_actor_was_on_is_read_from_rays_message():
+    from ray.exceptions import ActorDiedError, RayActorError
+
+    from vlm_decade.core.dispatch import lost_node
+
+    died = ActorDiedError()
+    RayActorError.__init__(died, "id", "The actor died unexpectedly.\n\tclass_name: A\n\tpid: 7\n\tip: 10.0.0.12\nlost")
+    assert lost_node(died) == "10.0.0.12" and lost_node(ActorDiedError()) is None

@@ -32,6 +32,16 @@ class Finished(Generic[W]):
     error: BaseException | None = None
 
 
+@dataclass(frozen=True)
+class LostActor:
+    """An actor of a pool that was lost (its process or its node died) and replaced: the pool's
+    `what`, the node's address where Ray said it, and how many of its batches went to the others."""
+
+    what: str
+    node: str | None
+    batches_redone: int
+
+
 class Stalled(RuntimeError):
     """No call finished for the stall timeout: the work waits for something the cluster lacks."""
 
@@ -69,6 +79,15 @@ def raised_in(traceback_text: str) -> RemoteError | None:
             message = "\n".join([found[2] or "", *tail[i + 1 :]]).strip()
             return RemoteError(found[1].rsplit(".", 1)[-1], message)
     return None
+
+
+_NODE_IP = re.compile(r"^\s*ip: (\S+)$", re.MULTILINE)
+
+
+def lost_node(exc: BaseException) -> str | None:
+    """The address of the node an actor died on, where Ray's message names it."""
+    found = _NODE_IP.search(str(exc))
+    return found[1] if found else None
 
 
 def batches(items: list[W], size: int) -> list[list[W]]:
@@ -151,6 +170,7 @@ def pool_map(
     what: str = "work",
     needs: dict[str, float] | None = None,
     ready: Callable[[Any], Any] = lambda actor: actor.__ray_ready__.remote(),
+    on_lost: Callable[[LostActor], None] = lambda lost: None,
 ) -> Iterator[Finished[W]]:
     """`bounded` over a pool of `n_actors` actors made by `make_actor`, that survives losing them.
 
@@ -162,7 +182,9 @@ def pool_map(
     timeout). After `max_lost` actors are lost, or at once when an actor's constructor raised (a
     model that cannot load: every new actor would raise the same), the rest of the work is handed
     back failed with that cause, to become error rows that a later run tries again. Other failures
-    are handed back as usual. The actors are killed when the work is done.
+    are handed back as usual. Each actor lost (not one whose constructor raised) is told to
+    `on_lost` once all its calls have come back, with the batches it had that others redo. The
+    actors are killed when the work is done.
     """
     from ray.exceptions import RayActorError
 
@@ -173,16 +195,34 @@ def pool_map(
     retry: list[W] = []
     pending: dict[Any, tuple[W, int]] = {}
     made, lost, last_loss, broken, exhausted = n_actors, 0, None, False, False
+    losing: dict[int, LostActor] = {}  # lost actors whose calls have not all come back yet
 
-    def lose(slot: int, exc: RayActorError) -> None:
+    def lose(slot: int, exc: RayActorError, item: Any = _END) -> bool:
+        """The actor in `slot` leaves the pool; its call's `item` goes back to the queue while more
+        actors may be made (said by the return)."""
         nonlocal lost, last_loss, broken
         if slot in actors:
             ray.kill(actors.pop(slot))
             load.pop(slot, None)
             lost += 1
+            if not exc.actor_init_failed:
+                losing[slot] = LostActor(what, None, 0)
         if not broken:  # the constructor's error stays the cause said for the rest
             last_loss = original(exc)
         broken = broken or exc.actor_init_failed
+        requeued = item is not _END and makes_more()
+        if requeued:
+            retry.append(item)
+        if slot in losing:
+            was = losing[slot]
+            losing[slot] = LostActor(what, was.node or lost_node(exc), was.batches_redone + requeued)
+            settle(slot)
+        return requeued
+
+    def settle(slot: int) -> None:
+        """A lost actor is told once none of its calls is still out."""
+        if slot in losing and all(s != slot for _, s in pending.values()):
+            on_lost(losing.pop(slot))
 
     def makes_more() -> bool:
         return lost <= max_lost and not broken
@@ -229,14 +269,13 @@ def pool_map(
             try:
                 done = Finished(item, ray.get(ref))
             except RayActorError as exc:
-                lose(slot, exc)
-                if makes_more():
-                    retry.append(item)
+                if lose(slot, exc, item):
                     fill()
                     continue
                 done = Finished(item, error=original(exc))
             except Exception as exc:  # noqa: BLE001 - handed to the stage, which records it per row
                 done = Finished(item, error=original(exc))
+            settle(slot)  # a call its lost actor finished after all
             fill()
             yield done
         for item in [*retry, *queue]:  # left when too many actors were lost, or they cannot start

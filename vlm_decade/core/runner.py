@@ -34,6 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from vlm_decade.core.config import StudyBase
+from vlm_decade.core.dispatch import LostActor
 from vlm_decade.core.errors import InputError, Problem, plain
 from vlm_decade.core.progress import Reporter
 from vlm_decade.core.runfolder import RunFolder, table_fingerprint
@@ -169,6 +170,21 @@ class StudyRun:
         self.ray = ray  # call it for the `ray` module, started or joined on first use
         self._lock = lock  # the folder's lock, held until the run ends
         self._tables: dict[str, pa.Table] = {}
+        self._stage: str | None = None  # the stage running now
+        self._lost: list[dict] = []  # its actors lost and replaced
+
+    def actor_lost(self, lost: LostActor) -> None:
+        """Said, and kept in the running stage's manifest record (`lost_actors`) as it happens, so
+        that a stage that fails later still shows it."""
+        where = f"on node {lost.node}" if lost.node else "on an unnamed node"
+        self.reporter.say(
+            f"     [yellow]{self._stage}: an actor of {lost.what} was lost {where} and replaced; "
+            f"{lost.batches_redone} of its batches done again[/yellow]"
+        )
+        self._lost.append({"actor": lost.what, "node": lost.node, "batches_redone": lost.batches_redone, "at": now()})
+        manifest = self.folder.manifest()
+        manifest["stages"][self._stage]["lost_actors"] = self._lost
+        self.folder.save_manifest(manifest)
 
     def table(self, name: str) -> pa.Table:
         """A table a stage of this run produced, else the run folder's (read once; the stage that
@@ -209,6 +225,7 @@ class StudyRun:
         manifest.setdefault("stages", {})[stage.name] = {"state": "running", "fingerprint": fp, "started": now()}
         self.folder.save_manifest(manifest)
         self.reporter.stage(stage.name, "run")
+        self._stage, self._lost = stage.name, []
         start = time.monotonic() - stage.before_s
         outputs = stage.compute(self)
         missing = set(stage.tables) - set(outputs)
@@ -239,6 +256,7 @@ class StudyRun:
             "rows": rows,
             **({"unfinished": unfinished} if unfinished else {}),
             **({"failed": failed} if failed else {}),
+            **({"lost_actors": self._lost} if self._lost else {}),
         }
         self.folder.save_manifest(manifest)
         release_memory()

@@ -238,6 +238,7 @@ def _embed_local(study: StudyBase, cfg: EncoderConfig, todo: pa.Table, run: Stud
             stall_timeout_s=rt.stall_timeout_s,
             what=f"embed ({cfg.name})",
             needs={"CPU": rt.cpus_per_actor, "GPU": rt.gpus_per_actor},
+            on_lost=run.actor_lost,
         ):
             if done.error is not None:
                 raise done.error

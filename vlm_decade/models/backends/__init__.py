@@ -7,6 +7,7 @@ describe stage owns batching, retries of failed rows, resume and persistence.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,6 +63,13 @@ class Backend:
         """What decides this model's answers (its display name, batch size and variants do not);
         part of every response's cache key."""
         return model.model_dump(mode="json", exclude={"name", "batch_size", "variants"})
+
+    @classmethod
+    def answer_keys(cls, model: ModelConfig) -> tuple[dict, Callable[[str, str, str], str | None] | None]:
+        """What goes into each response's cache key: the settings all its answers share, and, for a
+        backend whose answers are rows of a file, the key of one (image_id, variant, prompt id)'s own
+        row (None where the file has none), so that only the rows that change are done again."""
+        return cls.fingerprint(model), None
 
     @classmethod
     def check(cls, model: ModelConfig, image_ids: set[str], variants: list[str]) -> list[Problem]:

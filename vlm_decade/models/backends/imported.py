@@ -40,6 +40,11 @@ def _answers(rows) -> dict[tuple[str, str, str], str]:
     return {(r.cells["image_id"], r.cells["variant"], r.cells["prompt"].strip()): r.cells["text"] for r in rows}
 
 
+def answer_key(text: str) -> str:
+    """One row's answer, hashed: its part of the response's cache key and model_version."""
+    return hashlib.sha256(text.strip().encode()).hexdigest()
+
+
 def answer(texts: dict[tuple[str, str, str], str], image_id: str, variant: str, prompt_id: str) -> str | None:
     """The file's answer to one question: the row for its prompt, else the row for every prompt."""
     return texts.get((image_id, variant, prompt_id), texts.get((image_id, variant, EVERY_PROMPT)))
@@ -94,7 +99,7 @@ class ImportedBackend(Backend):
         problems.raise_if_any()
         self.texts = _answers(table.rows)
         self.per_prompt = any(prompt != EVERY_PROMPT for _, _, prompt in self.texts)
-        self.version = f"{path.name}@sha256:{hashlib.sha256(path.read_bytes()).hexdigest()[:12]}"
+        self.file = path.name
 
     def describe(self, batch: list[Stimulus]) -> list[Description]:
         out = []
@@ -102,9 +107,9 @@ class ImportedBackend(Backend):
             text = answer(self.texts, s.image_id, s.variant, s.prompt_id)
             if text is None:
                 what = f"({s.image_id}, {s.variant}" + (f", prompt {s.prompt_id})" if self.per_prompt else ")")
-                out.append(Description("", "error", f"no description for {what} in the file", self.version))
-            else:
-                out.append(Description(text.strip(), model_version=self.version))
+                out.append(Description("", "error", f"no description for {what} in the file", self.file))
+            else:  # the row's own hash: rows other than it may change without it
+                out.append(Description(text.strip(), model_version=f"{self.file}@sha256:{answer_key(text)[:12]}"))
         return out
 
     @classmethod
@@ -114,6 +119,21 @@ class ImportedBackend(Backend):
         path = imported_file(model)
         settings["options"] = {**settings["options"], "file": hashlib.sha256(path.read_bytes()).hexdigest()}
         return settings
+
+    @classmethod
+    def answer_keys(cls, model: ModelConfig) -> tuple[dict, Callable[[str, str, str], str | None]]:
+        """Each response is keyed by its own row, not the whole file: adding rows for new images, or
+        changing one row, does again only the responses whose rows are new or changed."""
+        settings = super().fingerprint(model)
+        settings["options"] = {k: v for k, v in settings["options"].items() if k != "file"}
+        table = read_table(imported_file(model), COLUMNS, Problems(), OPTIONAL)  # unreadable: `check` said so
+        texts = _answers(table.rows) if table is not None else {}
+
+        def key(image_id: str, variant: str, prompt_id: str) -> str | None:
+            text = answer(texts, image_id, variant, prompt_id)
+            return None if text is None else answer_key(text)
+
+        return settings, key
 
     @classmethod
     def check(cls, model: ModelConfig, image_ids: set[str], variants: list[str]) -> list[Problem]:

@@ -100,6 +100,7 @@ def describe_local(study: StudyBase, model: ModelConfig, jobs: pa.Table, plan: P
             stall_timeout_s=rt.stall_timeout_s,
             what=f"describe ({model.name})",
             needs={"CPU": rt.cpus_per_actor, "GPU": rt.gpus_per_actor},
+            on_lost=run.actor_lost,
         ):
             # a batch that failed (or whose actors kept dying) is recorded per row, tried again next run
             parts.add(done.value if done.error is None else failed_batch(done.work, done.error))

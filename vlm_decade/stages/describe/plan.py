@@ -127,12 +127,12 @@ def plan_jobs(study: StudyBase, plan: Plan, images: pa.Table) -> pa.Table:
     backgrounds = images.column("background").to_pylist() if "background" in images.column_names else [None] * len(ids)
     chunks = []
     for model in study.models:
-        settings = model_fingerprint(model)
+        settings, row_key = backend_class(model.backend).answer_keys(model)
         closed = plan.closed.get(model.name, False)
         variants = plan.variants(model)
         for prompt_id, prompt in plan.prompts[model.name]:
             keys = []
-            for dataset, sha, background in zip(datasets, shas, backgrounds):
+            for image_id, dataset, sha, background in zip(ids, datasets, shas, backgrounds):
                 classes = list(plan.classnames.get(dataset, ())) if closed else None
                 for variant in variants:
                     mask = specs.get(variant)
@@ -146,6 +146,8 @@ def plan_jobs(study: StudyBase, plan: Plan, images: pa.Table) -> pa.Table:
                         payload["classes"] = classes
                     if background is not None:  # an opaque image's key is what it always was
                         payload["background"] = background
+                    if row_key is not None:  # keyed by its own row of a file, not the whole file
+                        payload["answer"] = row_key(image_id, variant, prompt_id)
                     keys.append(hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest())
             n = len(variants)
             chunks.append(

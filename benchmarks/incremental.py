@@ -1,0 +1,113 @@
+"""Incremental-run benchmark: a finished synthetic Study A (benchmarks/scale.py's shape: two
+`imported` models, five human descriptions per image, the tiny sentence encoder), then 10% more
+images added to its files and the run done again into the same run folder, timed against a fresh
+run of all the images; and the two run folders' tables compared (floats within 1e-6).
+
+Prints one JSON object: the base, incremental and fresh runs' seconds and per-stage seconds,
+`incremental_over_fresh`, and `tables_equal` with the largest float difference per table. Run
+from the repository root:
+    .venv/bin/python benchmarks/incremental.py [--images 1000] [--added 0.1] [--work DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from scale import make_study, run_once
+
+# What a run measures of itself (times, its own version), not what it found.
+VOLATILE = {"latency_s"}
+
+
+def subset(full: Path, base: Path, keep: set[str]) -> Path:
+    """`full`'s study with only the images in `keep` (its files filtered, its images shared)."""
+    base.mkdir(parents=True, exist_ok=True)
+    for name in ("images.csv", "descriptions.csv", "model_a.csv", "model_b.csv"):
+        with open(full / name, newline="") as f_in, open(base / name, "w", newline="") as f_out:
+            rows = csv.DictReader(f_in)
+            writer = csv.DictWriter(f_out, rows.fieldnames)
+            writer.writeheader()
+            writer.writerows(r for r in rows if r["image_id"] in keep)
+    study = json.loads((full / "study.json").read_text())
+    study["data"]["image_dir"] = str(full / "images")
+    (base / "study.json").write_text(json.dumps(study, indent=1))
+    return base / "study.json"
+
+
+def compare(a: Path, b: Path) -> dict:
+    """Per table of run folder `a`: None where `b`'s equals it (floats within 1e-6), else why not;
+    and the largest float difference seen."""
+    out = {}
+    for path in sorted(a.glob("*.parquet")):
+        ta, tb = pq.read_table(path), pq.read_table(b / path.name)
+        keep = [c for c in ta.column_names if c not in VOLATILE]
+        ta, tb = ta.select(keep), tb.select(keep)
+        if ta.num_rows != tb.num_rows or ta.schema != tb.schema:
+            out[path.stem] = f"rows {ta.num_rows} vs {tb.num_rows}, or other columns"
+            continue
+        plain = [c for c in keep if not pa.types.is_list(ta.schema.field(c).type)]
+        order = [(c, "ascending") for c in plain if not pa.types.is_floating(ta.schema.field(c).type)]
+        ta, tb = (t.take(pc.sort_indices(t, sort_keys=order)) if order else t for t in (ta, tb))
+        worst, differs = 0.0, []
+        for c in keep:
+            kind = ta.schema.field(c).type
+            if pa.types.is_floating(kind) or (pa.types.is_list(kind) and pa.types.is_floating(kind.value_type)):
+                x, y = (
+                    np.asarray(t.column(c).combine_chunks().flatten() if pa.types.is_list(kind) else t.column(c), float)
+                    for t in (ta, tb)
+                )
+                same = np.isnan(x) == np.isnan(y)
+                gap = float(np.nanmax(np.abs(x - y))) if x.size and not np.isnan(x).all() else 0.0
+                worst = max(worst, gap)
+                if not same.all() or gap > 1e-6:
+                    differs.append(c)
+            elif not ta.column(c).equals(tb.column(c)):
+                differs.append(c)
+        out[path.stem] = {"max_float_diff": worst, **({"differs": differs} if differs else {})}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--images", type=int, default=1000, help="images of the finished run")
+    parser.add_argument("--added", type=float, default=0.1, help="the share of images added")
+    parser.add_argument("--work", type=Path)
+    args = parser.parse_args()
+    from tests.hf_tiny import save_sentence_encoder
+
+    work = args.work or Path(tempfile.mkdtemp(prefix="vlm-incremental-"))
+    encoder = work / "encoder"
+    if not (encoder / "modules.json").exists():
+        save_sentence_encoder(encoder)
+    n_all = round(args.images * (1 + args.added))
+    full = make_study(work / "full", n_all, encoder)
+    base = subset(full.parent, work / "base", {f"img{i:07d}" for i in range(args.images)})
+    start = time.monotonic()
+    runs = {"base": run_once(base, work / "run-incremental")}
+    runs["incremental"] = run_once(full, work / "run-incremental")
+    runs["fresh"] = run_once(full, work / "run-fresh")
+    tables = compare(work / "run-fresh", work / "run-incremental")
+    result = {
+        "images": args.images,
+        "added": n_all - args.images,
+        **{f"{k}_s": r["total_s"] for k, r in runs.items()},
+        "incremental_over_fresh": round(runs["incremental"]["total_s"] / runs["fresh"]["total_s"], 3),
+        "stages_s": {k: r["stages_s"] for k, r in runs.items()},
+        "tables_equal": all(isinstance(v, dict) and "differs" not in v for v in tables.values()),
+        "tables": tables,
+        "wall_s": round(time.monotonic() - start, 1),
+    }
+    print(json.dumps(result, indent=1), flush=True)
+
+
+if __name__ == "__main__":
+    main()
