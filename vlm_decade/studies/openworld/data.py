@@ -16,12 +16,15 @@ import pyarrow as pa
 
 from vlm_decade.core.errors import InputError, Problems
 from vlm_decade.core.names import closest
-from vlm_decade.core.tables import Table, cell_present, cell_text, read_table
+from vlm_decade.core.tables import Row, Table, cell_present, cell_text, read_table
 from vlm_decade.imaging.decode import WHITE
 from vlm_decade.stages.images import IMAGES_SCHEMA, ImageCache, check_images, declared_ids, images_table
 from vlm_decade.studies.rows import FirstRows
 
 LABEL_COLUMNS = ("image_id", "dataset", "file", "label", "granularity")
+# Optional: the label's accepted alternative names, separated by `|` (or a Parquet list of names).
+ACCEPTED_COLUMN = "accepted"
+ACCEPTED_SEPARATOR = "|"
 CLASSNAME_COLUMNS = ("dataset", "class_name")
 # The paper groups its datasets by how specific their labels are.
 GRANULARITIES = ("prototypical", "fine-grained", "very fine-grained")
@@ -32,6 +35,7 @@ LABELS_SCHEMA = pa.schema(
         ("dataset", pa.string()),
         ("label", pa.string()),
         ("granularity", pa.string()),
+        ("accepted", pa.list_(pa.string())),  # the label's accepted alternatives; empty for most labels
     ]
 )
 
@@ -41,7 +45,7 @@ class OpenWorldData:
     """Study B's checked input; both tables are sorted by image_id, the dicts by dataset."""
 
     images: pa.Table  # IMAGES_SCHEMA: image_id, dataset, path, sha256, width, height, mode
-    labels: pa.Table  # LABELS_SCHEMA: image_id, dataset, label, granularity
+    labels: pa.Table  # LABELS_SCHEMA: image_id, dataset, label, granularity, accepted
     classnames: dict[str, tuple[str, ...]]  # dataset -> its class names, in the table's order
     granularity: dict[str, str]  # dataset -> one of GRANULARITIES
 
@@ -51,7 +55,7 @@ def load_openworld_data(
 ) -> OpenWorldData:
     """Read and check Study B's input; every problem is raised together as one InputError."""
     problems = Problems()
-    labels_t = read_table(Path(labels), LABEL_COLUMNS, problems)
+    labels_t = read_table(Path(labels), LABEL_COLUMNS, problems, (ACCEPTED_COLUMN,), lists=(ACCEPTED_COLUMN,))
     classes_t = read_table(Path(classnames), CLASSNAME_COLUMNS, problems)
     class_lists = _check_classnames(classes_t, problems) if classes_t is not None else None
 
@@ -142,13 +146,24 @@ def _check_labels_in_class_lists(
             problems.add(table.file, message, row=row.number, field="label")
 
 
+def accepted_names(row: Row) -> list[str]:
+    """The row's accepted alternatives to its label: the `accepted` cell split at `|` (a Parquet
+    list as it is), each stripped; blanks, repeats and the label itself are dropped."""
+    value = row.cells[ACCEPTED_COLUMN]
+    names = value if isinstance(value, list) else value.split(ACCEPTED_SEPARATOR)
+    label = cell_text(row, "label")
+    return [n for n in dict.fromkeys(str(n).strip() for n in names) if n and n != label]
+
+
 def _labels_table(table: Table) -> pa.Table:
     rows = sorted(table.rows, key=lambda r: cell_text(r, "image_id"))
-    columns = {c: [cell_text(r, c) for r in rows] for c in LABELS_SCHEMA.names}
+    columns = {c: [cell_text(r, c) for r in rows] for c in LABELS_SCHEMA.names if c != ACCEPTED_COLUMN}
+    columns[ACCEPTED_COLUMN] = [accepted_names(r) for r in rows]
     return pa.table(columns, schema=LABELS_SCHEMA)
 
 
 __all__ = [
+    "ACCEPTED_COLUMN",
     "CLASSNAME_COLUMNS",
     "GRANULARITIES",
     "IMAGES_SCHEMA",

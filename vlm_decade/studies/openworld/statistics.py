@@ -12,7 +12,8 @@ series of one dataset share its resamples, so comparisons within a group are pai
 Beside the bootstrap comparisons, `mcnemar_tests` gives McNemar's exact test of each pair of models
 on the binary metrics (TI, LI), over the images both answered (`paired_tests`).
 
-Metrics: TI, LI, SS, CS; SS's share of predictions at or above 0.5, ..., 0.9 and their average
+Metrics: TI, LI, SS, CS (and their accepted-name forms, `TI_accepted` ..., when some label has
+accepted alternatives: scoring.py); SS's share of predictions at or above 0.5, ..., 0.9 and their average
 (`ss@0.5` ... `ss@avg`, as the authors' code reports SS: per prediction `ss_threshold_shares` of its
 own SS, so the group statistics are shares); and each outcome's rate (`outcome:<name>`).
 """
@@ -48,7 +49,7 @@ GROUPS = ("prototypical", "fine-grained", "very fine-grained")
 # Part of the stage's settings: bump it when what is estimated or compared changes
 # (3: McNemar's exact tests of the binary metrics).
 STATS_FORMAT = 3
-BINARY_METRICS = ("TI", "LI")
+BINARY_METRICS = ("TI", "LI", "TI_accepted", "LI_accepted")  # the last two when labels have alternatives
 PAIRED_TESTS_SCHEMA = pa.schema(
     [
         ("family", pa.string()),
