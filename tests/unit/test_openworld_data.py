@@ -140,6 +140,23 @@ def test_accepted_names_are_split_at_bars_or_read_as_a_parquet_list(study):
     assert parquet.labels.equals(data.labels)
 
 
+def test_the_labels_tables_further_columns_are_kept_as_metadata_and_can_group(study):
+    data = study.load()
+    assert data.metadata.to_pylist() == [
+        {"image_id": "bird_c", "note": ""},
+        {"image_id": "toy_a", "note": ""},
+        {"image_id": "toy_b", "note": "x"},
+    ]
+    labels, classnames = study.write()
+    assert load_openworld_data(labels, study.image_dir, classnames, group_by=("note",)).metadata.equals(data.metadata)
+    with pytest.raises(InputError) as caught:
+        load_openworld_data(labels, study.image_dir, classnames, group_by=("notes",))
+    assert [str(p) for p in caught.value.problems] == [
+        "study file, field 'analysis.group_by': 'notes' is no metadata column of labels.csv; "
+        "its metadata columns: note (did you mean 'note'?)"
+    ]
+
+
 def test_parquet_tables_load_like_csv(study):
     csv_data = study.load()
     labels = study.root / "labels.parquet"

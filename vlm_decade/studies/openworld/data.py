@@ -18,7 +18,15 @@ from vlm_decade.core.errors import InputError, Problems
 from vlm_decade.core.names import closest
 from vlm_decade.core.tables import Row, Table, cell_present, cell_text, read_table
 from vlm_decade.imaging.decode import WHITE
-from vlm_decade.stages.images import IMAGES_SCHEMA, ImageCache, check_images, declared_ids, images_table
+from vlm_decade.stages.images import (
+    IMAGES_SCHEMA,
+    ImageCache,
+    check_group_by,
+    check_images,
+    declared_ids,
+    images_table,
+    metadata_table,
+)
 from vlm_decade.studies.rows import FirstRows
 
 LABEL_COLUMNS = ("image_id", "dataset", "file", "label", "granularity")
@@ -48,14 +56,23 @@ class OpenWorldData:
     labels: pa.Table  # LABELS_SCHEMA: image_id, dataset, label, granularity, accepted
     classnames: dict[str, tuple[str, ...]]  # dataset -> its class names, in the table's order
     granularity: dict[str, str]  # dataset -> one of GRANULARITIES
+    metadata: pa.Table | None = None  # image_id and the labels table's further columns (stages.images.metadata_table)
 
 
 def load_openworld_data(
-    labels: Path, image_dir: str | Path, classnames: Path, cache: ImageCache | None = None, background: str = WHITE
+    labels: Path,
+    image_dir: str | Path,
+    classnames: Path,
+    cache: ImageCache | None = None,
+    background: str = WHITE,
+    group_by: tuple[str, ...] = (),
 ) -> OpenWorldData:
-    """Read and check Study B's input; every problem is raised together as one InputError."""
+    """Read and check Study B's input; every problem is raised together as one InputError.
+    `group_by`: the study's `analysis.group_by`, each a column the labels table must have."""
     problems = Problems()
-    labels_t = read_table(Path(labels), LABEL_COLUMNS, problems, (ACCEPTED_COLUMN,), lists=(ACCEPTED_COLUMN,))
+    labels_t = read_table(
+        Path(labels), LABEL_COLUMNS, problems, (ACCEPTED_COLUMN,), lists=(ACCEPTED_COLUMN,), extra=True
+    )
     classes_t = read_table(Path(classnames), CLASSNAME_COLUMNS, problems)
     class_lists = _check_classnames(classes_t, problems) if classes_t is not None else None
 
@@ -66,6 +83,7 @@ def load_openworld_data(
         images = check_images(labels_t, image_dir, problems, cache, background)
         known = declared_ids(labels_t)
         granularity = _check_labels(labels_t, problems)
+        check_group_by(group_by, labels_t, problems)
         if class_lists is not None:
             _check_labels_in_class_lists(labels_t, class_lists, classes_t.name, problems)
     if problems:
@@ -79,6 +97,7 @@ def load_openworld_data(
         # A class list of a dataset with no labelled image is not needed: it is left out.
         classnames={d: tuple(class_lists[d]) for d in datasets},
         granularity={d: granularity[d] for d in datasets},
+        metadata=metadata_table(labels_t, images),
     )
 
 
