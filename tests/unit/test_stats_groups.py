@@ -112,7 +112,9 @@ def test_openworld_groups_are_the_analysis_of_their_images_alone():
         for column in ("a", "b", "dataset", "metric", "difference", "ci_low", "ci_high", "p"):
             assert of_group(out["comparisons"], group)[column].equals(alone["comparisons"][column])
         assert of_group(out["paired_tests"], group)["p"].equals(alone["paired_tests"]["p"])
-    tests = out["paired_tests"].filter(pc.is_valid(out["paired_tests"]["group"])).to_pylist()
+    grouped = {name: out[name].filter(pc.is_valid(out[name]["group"])) for name in out}
+    assert {n: t.num_rows > 0 for n, t in grouped.items()} == {"stats": True, "comparisons": True, "paired_tests": True}
+    tests = grouped["paired_tests"].to_pylist()
     for metric in ("TI",):
         rows = [r for r in tests if r["metric"] == metric]
         _, q, _, _ = multipletests([r["p"] for r in rows], method="fdr_bh")
