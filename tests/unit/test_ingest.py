@@ -21,7 +21,7 @@ from vlm_decade.studies.decade.data import load_study_data
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "study_a"
 
-IMAGE_HEADER = ["image_id", "dataset", "file", "note"]  # "note": extra columns are ignored
+IMAGE_HEADER = ["image_id", "dataset", "file", "note"]  # "note": a further column, kept as metadata
 DESCRIPTION_HEADER = ["description_id", "image_id", "worker_id", "condition", "text"]
 VOTE_HEADER = ["image_id", "rater_id", "trial", "shown", "chosen"]
 
@@ -223,6 +223,37 @@ def test_a_dataset_with_votes_for_only_some_images_is_an_error(study):
     problem = only(study.problems(), file=study.path("votes.csv"))
     assert problem.field == "image_id"
     assert "dataset 'coco'" in problem.message and "im2" in problem.message and "im1" not in problem.message
+
+
+def test_the_images_tables_further_columns_are_kept_as_metadata(study):
+    write_csv(
+        study.root / "meta.csv", IMAGE_HEADER + ["category", "source"], [r + ["dog", "web"] for r in study.images]
+    )
+    data = study.write().model_copy(update={"images": study.root / "meta.csv"})
+    metadata = study.load(data).metadata
+    assert metadata.to_pylist() == [
+        {"image_id": "im1", "note": "x", "category": "dog", "source": "web"},
+        {"image_id": "im2", "note": "", "category": "dog", "source": "web"},
+    ]
+    # Parquet metadata may be numbers or flags; it is kept as text.
+    columns = {c: [r[i] for r in study.images] for i, c in enumerate(IMAGE_HEADER)}
+    pq.write_table(pa.table({**columns, "difficulty": [0.5, 2.0], "hard": [False, True]}), study.root / "m.parquet")
+    data = data.model_copy(update={"images": study.root / "m.parquet"})
+    assert study.load(data).metadata.to_pylist() == [
+        {"image_id": "im1", "note": "x", "difficulty": "0.5", "hard": "False"},
+        {"image_id": "im2", "note": "", "difficulty": "2.0", "hard": "True"},
+    ]
+
+
+def test_an_unknown_group_by_column_names_the_field_and_the_columns(study):
+    write_csv(study.root / "meta.csv", IMAGE_HEADER + ["category"], [r + ["dog"] for r in study.images])
+    data = study.write().model_copy(update={"images": study.root / "meta.csv"})
+    with pytest.raises(InputError) as info:
+        load_study_data(data, study.ranking, MaskConfig(count=3), group_by=("categroy",))
+    problem = only(info.value.problems, field="analysis.group_by")
+    assert problem.message == (
+        "'categroy' is no metadata column of meta.csv; its metadata columns: note, category (did you mean 'category'?)"
+    )
 
 
 def test_parquet_tables_and_list_valued_shown(study):

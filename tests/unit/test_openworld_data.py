@@ -51,6 +51,7 @@ class Study:
         self.image_dir.mkdir()
         self.files = {"b.png": png_bytes(12, 8, 1), "a.png": png_bytes(10, 6, 2), "sub/c.png": png_bytes(7, 5, 3)}
         # Deliberately not in image_id order, with an extra column that must be ignored.
+        self.extra_column = "note"
         self.labels = [
             ["toy_b", "toys", "b.png", "cat", "prototypical", "x"],
             ["toy_a", "toys", "a.png", "dog", "prototypical", ""],
@@ -68,7 +69,7 @@ class Study:
         for name, content in self.files.items():
             (self.image_dir / name).parent.mkdir(parents=True, exist_ok=True)
             (self.image_dir / name).write_bytes(content)
-        labels = write_csv(self.root / "labels.csv", LABEL_HEADER + ["note"], self.labels)
+        labels = write_csv(self.root / "labels.csv", LABEL_HEADER + [self.extra_column], self.labels)
         classnames = write_csv(self.root / "classnames.csv", ["dataset", "class_name"], self.classnames)
         return labels, classnames
 
@@ -101,9 +102,15 @@ def test_good_data_builds_sorted_tables_with_file_hashes(study):
     assert data.labels.schema == LABELS_SCHEMA
     assert data.images["image_id"].to_pylist() == ["bird_c", "toy_a", "toy_b"]
     assert data.labels.to_pylist() == [
-        {"image_id": "bird_c", "dataset": "birds", "label": "scarlet tanager", "granularity": "very fine-grained"},
-        {"image_id": "toy_a", "dataset": "toys", "label": "dog", "granularity": "prototypical"},
-        {"image_id": "toy_b", "dataset": "toys", "label": "cat", "granularity": "prototypical"},
+        {
+            "image_id": "bird_c",
+            "dataset": "birds",
+            "label": "scarlet tanager",
+            "granularity": "very fine-grained",
+            "accepted": [],
+        },
+        {"image_id": "toy_a", "dataset": "toys", "label": "dog", "granularity": "prototypical", "accepted": []},
+        {"image_id": "toy_b", "dataset": "toys", "label": "cat", "granularity": "prototypical", "accepted": []},
     ]
     files = {"bird_c": "sub/c.png", "toy_a": "a.png", "toy_b": "b.png"}
     sizes = {"bird_c": (7, 5), "toy_a": (10, 6), "toy_b": (12, 8)}
@@ -115,6 +122,39 @@ def test_good_data_builds_sorted_tables_with_file_hashes(study):
     # Class lists keep the table's order; a list of a dataset with no labelled image is left out.
     assert data.classnames == {"birds": ("scarlet tanager", "summer tanager"), "toys": ("dog", "cat")}
     assert list(data.granularity.items()) == [("birds", "very fine-grained"), ("toys", "prototypical")]
+
+
+def test_accepted_names_are_split_at_bars_or_read_as_a_parquet_list(study):
+    # Blanks, a repeat and the label itself are dropped; a name need not be in the class list.
+    cells = {"toy_b": "kitten|cat", "toy_a": "", "bird_c": " red tanager | | tanager|red tanager"}
+    study.extra_column = "accepted"
+    study.labels = [r[:5] + [cells[r[0]]] for r in study.labels]
+    data = study.load()
+    expected = {"bird_c": ["red tanager", "tanager"], "toy_a": [], "toy_b": ["kitten"]}
+    assert dict(zip(data.labels["image_id"].to_pylist(), data.labels["accepted"].to_pylist())) == expected
+    lists = {"bird_c": ["red tanager", " tanager"], "toy_a": None, "toy_b": ["kitten", "cat"]}
+    columns = {c: [r[i] for r in study.labels] for i, c in enumerate(LABEL_HEADER)}
+    columns["accepted"] = [lists[r[0]] for r in study.labels]
+    pq.write_table(pa.table(columns), study.root / "labels.parquet")
+    parquet = load_openworld_data(study.root / "labels.parquet", study.image_dir, study.root / "classnames.csv")
+    assert parquet.labels.equals(data.labels)
+
+
+def test_the_labels_tables_further_columns_are_kept_as_metadata_and_can_group(study):
+    data = study.load()
+    assert data.metadata.to_pylist() == [
+        {"image_id": "bird_c", "note": ""},
+        {"image_id": "toy_a", "note": ""},
+        {"image_id": "toy_b", "note": "x"},
+    ]
+    labels, classnames = study.write()
+    assert load_openworld_data(labels, study.image_dir, classnames, group_by=("note",)).metadata.equals(data.metadata)
+    with pytest.raises(InputError) as caught:
+        load_openworld_data(labels, study.image_dir, classnames, group_by=("notes",))
+    assert [str(p) for p in caught.value.problems] == [
+        "study file, field 'analysis.group_by': 'notes' is no metadata column of labels.csv; "
+        "its metadata columns: note (did you mean 'note'?)"
+    ]
 
 
 def test_parquet_tables_load_like_csv(study):

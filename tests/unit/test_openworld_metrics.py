@@ -10,6 +10,7 @@ import pytest
 
 from tests import required
 from vlm_decade.studies.openworld.metrics import (
+    accepted_inclusion,
     concepts,
     judge_prompt,
     judgement_valid,
@@ -238,6 +239,33 @@ def test_judge_prompt_is_the_papers_question():
         'the answer, reply positively. Reply only with "1" if yes, or "0" if no.'
     )
     assert judge_prompt("scarlet tanager", "bird") == expected
+    assert judge_prompt("scarlet tanager", "bird", ()) == expected  # no alternatives: the paper's prompt
+
+
+def test_the_judge_is_told_a_labels_accepted_names_on_one_line_after_the_target():
+    expected = (
+        "You are a model that determines whether an answer is a good reply to a question given also "
+        "its target value.\n\nThis is the question: What type of object is in this photo?\n"
+        "This is the answer: a peacock\nThis is the target value: peahen\n"
+        "Also accepted as the target value: peafowl; pavo\n\n"
+        "If the answer describes the target, reply positively. If the answer includes the target "
+        "value or a synonym of it, reply positively. If the target is generic but it is related to "
+        'the answer, reply positively. Reply only with "1" if yes, or "0" if no.'
+    )
+    assert judge_prompt("peahen", "a peacock", ("peafowl", "pavo")) == expected
+
+
+@pytest.mark.parametrize(
+    "names, prediction, expected",
+    [
+        (("doe", "deer"), "a young deer", 1.0),  # an alternative is included
+        (("doe", "deer"), "a doe", 1.0),  # the label itself
+        (("doe", "deer"), "an elk", 0.0),
+        (("doe",), "a doe", 1.0),  # no alternatives: TI itself
+    ],
+)
+def test_text_inclusion_over_accepted_names_is_a_hit_if_any_is_included(names, prediction, expected):
+    assert accepted_inclusion(names, prediction) == expected
 
 
 @pytest.mark.parametrize(

@@ -6,13 +6,21 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from tests import required
 from vlm_decade.models.api.keys import KEY_ENV
 from vlm_decade.studies import study_from_dict
+from vlm_decade.studies.openworld.data import LABELS_SCHEMA
 from vlm_decade.studies.openworld.judging import judge_unavailable, pairs_to_judge
-from vlm_decade.studies.openworld.scoring import PREDICTIONS_SCHEMA, SCORES_B_SCHEMA, score_predictions
+from vlm_decade.studies.openworld.scoring import (
+    ACCEPTED_METRICS,
+    METRICS,
+    PREDICTIONS_SCHEMA,
+    SCORES_B_SCHEMA,
+    score_predictions,
+)
 from vlm_decade.studies.openworld.statistics import kinds
 
 spacy = required.module("spacy")
@@ -41,6 +49,7 @@ VECTORS = {
     "tabby cat": axis_vector((5, 0.8), (7, 0.6)),
     "dog": axis_vector((8, 1.0)),
     "sparrow": axis_vector((8, 0.3), (9, 0.91**0.5)),
+    "songbird": axis_vector((9, 1.0)),  # an accepted name below: cosine with "sparrow" is 0.91 ** 0.5
 }
 
 
@@ -69,7 +78,9 @@ LABELS = pa.table(
         "dataset": ["birds", "pets", "pets"],
         "label": ["scarlet tanager", "cat", "dog"],
         "granularity": ["very fine-grained", "prototypical", "prototypical"],
-    }
+        "accepted": [[], [], []],
+    },
+    schema=LABELS_SCHEMA,
 )
 GRANULARITY = {"birds": "very fine-grained", "pets": "prototypical"}
 GROUP_OF = dict(zip(LABELS.column("image_id").to_pylist(), LABELS.column("granularity").to_pylist()))
@@ -90,10 +101,10 @@ RESPONSES = pa.Table.from_pylist(
     ]
 )
 JUDGED = {
-    ("scarlet tanager", "a red bird"): "0",
-    ("cat", "a tabby cat"): "1",
-    ("scarlet tanager", "a cardinal"): "0",
-    ("dog", "sparrow"): " 1\n",
+    ("scarlet tanager", "a red bird", ()): "0",
+    ("cat", "a tabby cat", ()): "1",
+    ("scarlet tanager", "a cardinal", ()): "0",
+    ("dog", "sparrow", ()): " 1\n",
 }
 # (subject, prompt_id, image_id) -> TI, LI, SS, CS, best concept, outcome; worked from VECTORS:
 # CS is the best of the concepts and the whole prediction; high CS is >= 0.55, high LI >= 0.5.
@@ -153,12 +164,80 @@ def test_without_a_judge_li_is_absent_and_outcomes_unjudged(nlp):
 
 
 def test_a_pair_the_judge_did_not_answer_is_unjudged_alone(nlp):
-    judged = {k: v for k, v in JUDGED.items() if k != ("dog", "sparrow")}
+    judged = {k: v for k, v in JUDGED.items() if k != ("dog", "sparrow", ())}
     scores, predictions = score(nlp, judged)
     outcome = {(p["subject"], p["image_id"]): p["outcome"] for p in predictions.to_pylist()}
     assert outcome[("n", "i3")] == "unjudged" and outcome[("m", "i1")] == "granularity"
     li = {(r["subject"], r["image_id"]) for r in scores.to_pylist() if r["metric"] == "LI"}
     assert ("n", "i3") not in li and len(li) == len(EXPECTED) - 1
+
+
+# -- accepted names ----------------------------------------------------------------------------------
+
+# i1 also accepts "red bird", i3 "songbird"; i2 has no alternative.
+ACCEPTED = LABELS.set_column(4, "accepted", pa.array([["red bird"], [], ["songbird"]], pa.list_(pa.string())))
+JUDGED_ACCEPTED = {
+    **JUDGED,
+    ("scarlet tanager", "a red bird", ("red bird",)): "1",
+    ("scarlet tanager", "a cardinal", ("red bird",)): "0",
+    ("dog", "sparrow", ("songbird",)): "1",
+}
+# (subject, prompt_id, image_id) -> TI, LI, SS, CS and best concept over the accepted names, from VECTORS:
+# m/i1: "red bird" is in "a red bird" and is its concept (CS 1); SS stays the label's 0.6 (0.7 * 0.6 =
+# 0.42 for "red bird"). n/i1: "red bird" scores below the label (SS 0.28, CS 0.35), so the label's values
+# stay. n/i3: "songbird" . "sparrow" = 0.91 ** 0.5 for SS and CS, but no inclusion. i2: the label alone.
+EXPECTED_ACCEPTED = {
+    ("m", "p1", "i1"): (1.0, 1.0, 0.6, 1.0, "red bird"),
+    ("m", "p1", "i2"): (1.0, 1.0, 0.9, 0.9, "a tabby cat"),
+    ("n", "p1", "i1"): (0.0, 0.0, 0.4, 0.5, "cardinal"),
+    ("n", "p1", "i3"): (0.0, 1.0, 0.91**0.5, 0.91**0.5, "sparrow"),
+    ("n", "p2", "i2"): (1.0, 1.0, 0.9, 0.9, "a tabby cat"),
+}
+
+
+def test_accepted_names_count_in_ti_and_the_best_name_in_ss_and_cs(nlp):
+    encoder = HandEncoder()
+    scores, predictions = score_predictions(ACCEPTED, RESPONSES, JUDGED_ACCEPTED, encoder, nlp, CS_HIGH, LI_HIGH)
+    assert len(encoder.calls) == 1
+    for p in predictions.to_pylist():
+        key = (p["subject"], p["prompt_id"], p["image_id"])
+        ti, li, ss, cs, concept = EXPECTED_ACCEPTED[key]
+        assert (p["TI_accepted"], p["LI_accepted"], p["best_concept_accepted"]) == (ti, li, concept)
+        assert (p["SS_accepted"], p["CS_accepted"]) == pytest.approx((ss, cs))
+        # The paper's single-label values and outcome are unchanged beside them.
+        assert (p["TI"], p["LI"], p["SS"], p["CS"], p["best_concept"], p["outcome"]) == pytest.approx(EXPECTED[key])
+    assert predictions.column("accepted").to_pylist() == ["red bird", "", "red bird", "songbird", ""]
+    got = {(r["subject"], r["variant"], r["image_id"], r["metric"]): r["value"] for r in scores.to_pylist()}
+    want = {
+        (s, prompt, image, metric): value
+        for (s, prompt, image), values in EXPECTED_ACCEPTED.items()
+        for metric, value in zip(ACCEPTED_METRICS, values)
+    }
+    assert {k: v for k, v in got.items() if k[3] in ACCEPTED_METRICS} == pytest.approx(want)
+
+
+def test_without_alternatives_the_accepted_values_are_the_papers_and_scores_keep_four_metrics(nlp):
+    encoder = HandEncoder()
+    scores, predictions = score(nlp, JUDGED, encoder)
+    for p in predictions.to_pylist():
+        assert [p[f"{m}_accepted"] for m in METRICS] == [p[m] for m in METRICS]  # exactly, not approximately
+        assert (p["best_concept_accepted"], p["judge_answer_accepted"]) == (p["best_concept"], p["judge_answer"])
+    assert set(scores.column("metric").to_pylist()) == set(METRICS)
+    # The encoder sees the texts of the single-label metrics, in their order: labels, predictions, concepts.
+    labels = ["scarlet tanager", "cat", "scarlet tanager", "dog", "cat"]
+    predictions = ["a red bird", "a tabby cat", "a cardinal", "sparrow", "a tabby cat"]
+    concepts = ["red bird", "tabby cat", "cardinal"]
+    assert encoder.calls == [list(dict.fromkeys(labels + predictions + concepts))]
+
+
+def test_a_label_with_alternatives_is_judged_with_and_without_them():
+    assert pairs_to_judge(ACCEPTED, RESPONSES.filter(pc.equal(RESPONSES["subject"], "n"))) == [
+        ("cat", "a tabby cat", ()),
+        ("dog", "sparrow", ()),
+        ("dog", "sparrow", ("songbird",)),
+        ("scarlet tanager", "a cardinal", ()),
+        ("scarlet tanager", "a cardinal", ("red bird",)),
+    ]
 
 
 # -- the pipeline's helpers --------------------------------------------------------------------------
@@ -189,9 +268,9 @@ def test_judge_pairs_are_distinct_and_stripped():
         ]
     )
     assert pairs_to_judge(LABELS, responses) == [
-        ("cat", "a dog"),
-        ("cat", "a tabby cat"),
-        ("scarlet tanager", "a bird"),
+        ("cat", "a dog", ()),
+        ("cat", "a tabby cat", ()),
+        ("scarlet tanager", "a bird", ()),
     ]
 
 

@@ -18,6 +18,7 @@ from vlm_decade.report.samples import extremes, thumbnail_uri
 from vlm_decade.stages.describe.rows import RESPONSES_SCHEMA
 from vlm_decade.stages.images import IMAGES_SCHEMA
 from vlm_decade.stats import COMPARISONS_SCHEMA, SCORES_SCHEMA, STATS_SCHEMA
+from vlm_decade.stats.groups import with_group
 from vlm_decade.studies import study_from_dict
 from vlm_decade.studies.decade.data import REFERENCES_SCHEMA
 from vlm_decade.studies.decade.report import era_repeats, write_report
@@ -232,6 +233,21 @@ def test_openworld_report_with_one_image_one_model_one_group(tmp_path, openworld
     cs = next(r for r in tables["stats"].to_pylist() if r["metric"] == "CS")
     assert f"{100 * cs['estimate']:.1f} [{100 * cs['ci_low']:.1f}, {100 * cs['ci_high']:.1f}]" in page
     assert len(re.findall(r"<td>a2<br>", page)) == 1 and "alpha: highest CS" not in page
+
+
+def test_openworld_report_shows_the_rows_about_all_images_not_a_groups(tmp_path, openworld_tables):
+    config = copy.deepcopy(OPENWORLD_CONFIG)
+    config["models"] = config["models"][:1]
+    tables = _keep(openworld_tables, image_id=["a2"], subject=["alpha"])
+    stats = _keep({"s": openworld_tables["stats"]}, dataset=["prototypical"], subject=["alpha"])["s"]
+    # A grouped study's table: the same rows about all images, and one group's with other estimates.
+    group = stats.set_column(stats.schema.get_field_index("estimate"), "estimate", pa.array([0.0123] * stats.num_rows))
+    tables["stats"] = pa.concat_tables([with_group(stats, None, None), with_group(group, "category", "hard")])
+    page = _openworld(tmp_path, tables, config)
+    cs = next(r for r in stats.to_pylist() if r["metric"] == "CS")
+    assert f"{100 * cs['estimate']:.1f} [{100 * cs['ci_low']:.1f}, {100 * cs['ci_high']:.1f}]" in page
+    assert "1.2 [" not in page
+    assert "hard" in (tmp_path / "out" / "tables" / "stats.csv").read_text()  # the CSV keeps every row
 
 
 def test_openworld_report_with_estimates_a_budget_stop_left_null(tmp_path, openworld_tables):

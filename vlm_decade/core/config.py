@@ -344,6 +344,16 @@ class StatisticsConfig(Settings):
     alpha: float = Field(0.05, gt=0.0, lt=1.0, description="FDR level of the Benjamini-Hochberg decisions.")
 
 
+class AnalysisConfig(Settings):
+    """How the results are sliced beyond the study's own groups (docs/data-format.md#metadata)."""
+
+    group_by: tuple[str, ...] = Field(
+        (),
+        description="Metadata columns (the user's own columns of the images or labels table) to group the "
+        "statistics and comparisons by, each on its own.",
+    )
+
+
 class RuntimeConfig(Settings):
     """Where work runs. No address: a local Ray; an address (or RAY_ADDRESS) joins a cluster."""
 
@@ -649,6 +659,7 @@ class StudyBase(Settings):
     demo: bool = Field(False, description="Demo data: the report says its numbers are no findings.")
     models: tuple[ModelConfig, ...] = Field(min_length=1, description="The models to measure.")
     statistics: StatisticsConfig = Field(StatisticsConfig(), description="The bootstrap and the FDR control.")
+    analysis: AnalysisConfig = Field(AnalysisConfig(), description="Statistics per group of a metadata column.")
     runtime: RuntimeConfig = Field(RuntimeConfig(), description="Where work runs.")
     providers: ProvidersConfig = Field(
         ProvidersConfig(), description="API providers: limits, budgets, prices, the cache."

@@ -56,6 +56,7 @@ class Table:
     file: str
     name: str  # the file name, for messages that point from one table to another
     rows: list[Row]
+    extra: tuple[str, ...] = ()  # with `extra=True`: the user's own further columns, in the file's order
 
 
 def read_table(
@@ -67,12 +68,15 @@ def read_table(
     lists: tuple[str, ...] = (),
     numbers: tuple[str, ...] = (),
     flags: tuple[str, ...] = (),
+    extra: bool = False,
 ) -> Table | None:
     """Rows of a CSV or Parquet table, or None (with problems added) when it cannot be used at all.
     `optional` columns are read when the table has them, and are empty cells when it does not.
+    `extra`: every further column (the user's metadata) is read too, as text, and named in `Table.extra`.
 
     A Parquet column must hold text or integers; those named in `lists` may also hold lists of them
-    (a list cell stays a list), in `numbers` floats, in `flags` booleans. Any other type is named."""
+    (a list cell stays a list), in `numbers` floats, in `flags` booleans (extra columns: any of the
+    three but lists). Any other type is named."""
     kind = path.suffix.lower()
     if kind not in (".csv", ".parquet", ".pq"):
         problems.add(path, f"unsupported table format '{path.suffix}': use .csv or .parquet")
@@ -86,15 +90,30 @@ def read_table(
     except OSError as exc:
         problems.add(path, f"cannot be read: {exc.strerror or exc}")
         return None
+    header = _header(path, raw, kind) if extra else []
+    named = set(required) | set(optional)
+    others = tuple(dict.fromkeys(c for c in header if c and c not in named))
+    optional = tuple(optional) + others
     if kind == ".csv":
         rows = _csv_rows(path, raw, required, problems, optional)
     else:
-        kinds: dict[str, tuple[str, ...]] = {}
+        kinds: dict[str, tuple[str, ...]] = {c: ("numbers", "flags") for c in others}
         for allowed, columns in (("lists", lists), ("numbers", numbers), ("flags", flags)):
             for column in columns:
                 kinds[column] = kinds.get(column, ()) + (allowed,)
         rows = _parquet_rows(path, raw, required, problems, optional, kinds)
-    return None if rows is None else Table(str(path), path.name, rows)
+    return None if rows is None else Table(str(path), path.name, rows, others)
+
+
+def _header(path: Path, raw: bytes, kind: str) -> list[str]:
+    """The table's column names, stripped ([] when the file cannot be read: its reader says why)."""
+    try:
+        if kind == ".csv":
+            text = raw.decode("utf-8-sig", errors="surrogateescape")
+            return [h.strip() for h in next(csv.reader(io.StringIO(text, newline="")), [])]
+        return list(pq.read_schema(pa.BufferReader(raw)).names)
+    except Exception:  # noqa: BLE001 - a damaged file: _csv_rows or _parquet_rows reports it
+        return []
 
 
 def _missing_columns(path: Path, header: list[str], required: tuple[str, ...], problems: Problems) -> bool:
@@ -125,7 +144,7 @@ def _csv_rows(
     header = [h.strip() for h in header]
     if any(_UNDECODABLE.search(h) for h in header):
         problems.add(path, "header is not valid UTF-8 (save the file as UTF-8)", row=1)
-    repeated = sorted(c for c, n in Counter(header).items() if n > 1 and c in required)
+    repeated = sorted(c for c, n in Counter(header).items() if n > 1 and (c in required or c in optional))
     for column in repeated:
         problems.add(path, f"column '{column}' appears more than once", row=1, field=column)
     if _missing_columns(path, header, required, problems) or repeated:

@@ -44,6 +44,7 @@ import pyarrow.parquet as pq
 from vlm_decade.core import storage
 from vlm_decade.core.errors import Problems
 from vlm_decade.core.files import atomic_write_bytes
+from vlm_decade.core.names import did_you_mean
 from vlm_decade.core.tables import Table, cell_present, cell_text
 from vlm_decade.imaging.decode import NO_BACKGROUND, WHITE, ImageDecodeError, decode_image
 
@@ -281,3 +282,26 @@ def transparency_note(images: pa.Table) -> str:
         f"; {len(backgrounds)} of {images.num_rows} images have transparent pixels, composited onto "
         f"{', '.join(sorted(set(backgrounds)))} (data.background) before any model sees them"
     )
+
+
+def metadata_table(table: Table, image_ids) -> pa.Table:
+    """The `metadata` table: `image_id` and the user's own further columns of the images (Study A) or
+    labels (Study B) table, as text, for the images that passed their checks, sorted by image_id."""
+    keep = set(image_ids)
+    rows = sorted((r for r in table.rows if cell_text(r, "image_id") in keep), key=lambda r: cell_text(r, "image_id"))
+    columns = {"image_id": [cell_text(r, "image_id") for r in rows]}
+    columns |= {c: [cell_text(r, c) for r in rows] for c in table.extra}
+    return pa.table(columns, schema=pa.schema([(c, pa.string()) for c in columns]))
+
+
+def check_group_by(group_by, table: Table, problems: Problems) -> None:
+    """Every `analysis.group_by` variable is one of the table's own further columns."""
+    for name in group_by:
+        if name not in table.extra:
+            have = ", ".join(table.extra) if table.extra else "none (it has only the columns the study reads)"
+            problems.add(
+                "study file",
+                f"'{name}' is no metadata column of {table.name}; its metadata columns: {have}"
+                + did_you_mean(name, table.extra),
+                field="analysis.group_by",
+            )

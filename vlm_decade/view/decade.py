@@ -324,6 +324,8 @@ def model_page(view: RunView, model: str, page: int = 1) -> dict | None:
         if view.has("comparisons")
         else []
     )
+    # The rows about all images (a grouped study's per-group rows stay in the tables).
+    stats, comparisons = ([r for r in rows if r.get("group") is None] for rows in (stats, comparisons))
     failed_total, failed = 0, []
     if view.has("responses"):
         failed_total = view.values("SELECT count(*) FROM responses WHERE subject = ? AND status <> 'ok'", [model])[0]

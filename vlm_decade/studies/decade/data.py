@@ -24,7 +24,16 @@ import pyarrow as pa
 from vlm_decade.core.errors import InputError, Problems
 from vlm_decade.core.tables import Table, cell_present, cell_text, read_table
 from vlm_decade.imaging.masks import MaskConfig, mask_ids
-from vlm_decade.stages.images import IMAGE_COLUMNS, CheckedImage, ImageCache, check_images, declared_ids, images_table
+from vlm_decade.stages.images import (
+    IMAGE_COLUMNS,
+    CheckedImage,
+    ImageCache,
+    check_group_by,
+    check_images,
+    declared_ids,
+    images_table,
+    metadata_table,
+)
 from vlm_decade.studies.decade.config import DataConfig, RankingConfig, StudyConfig
 from vlm_decade.studies.decade.ranking import group_sizes, rank_by_consensus, rank_by_votes
 from vlm_decade.studies.decade.taxonomy.spatial import MIN_MASKED_PER_MASK, MIN_MASKS
@@ -59,16 +68,22 @@ class StudyData:
     images: pa.Table
     references: pa.Table
     ranking_method: dict[str, str]  # dataset -> "votes" | "consensus"
+    metadata: pa.Table | None = None  # image_id and the images table's further columns (stages.images.metadata_table)
     ratings: pa.Table | None = None  # human similarity ratings, when the study has them (metric_validation)
     hand_labels: pa.Table | None = None  # hand error labels, when the study has them (taxonomy)
 
 
 def load_study_data(
-    data: DataConfig, ranking: RankingConfig, masks: MaskConfig, cache: ImageCache | None = None
+    data: DataConfig,
+    ranking: RankingConfig,
+    masks: MaskConfig,
+    cache: ImageCache | None = None,
+    group_by: tuple[str, ...] = (),
 ) -> StudyData:
-    """Read, check and rank Study A's input; every problem is raised together as one InputError."""
+    """Read, check and rank Study A's input; every problem is raised together as one InputError.
+    `group_by`: the study's `analysis.group_by`, each a column the images table must have."""
     problems = Problems()
-    images_t = read_table(Path(data.images), IMAGE_COLUMNS, problems)
+    images_t = read_table(Path(data.images), IMAGE_COLUMNS, problems, extra=True)
     descriptions_t = read_table(Path(data.descriptions), DESCRIPTION_COLUMNS, problems)
     votes_t = read_table(Path(data.votes), VOTE_COLUMNS, problems, lists=("shown",)) if data.votes is not None else None
 
@@ -78,6 +93,7 @@ def load_study_data(
         # References are checked against every id the table names, so one bad images row is one
         # problem, not one more for each description and vote of its image.
         known = declared_ids(images_t)
+        check_group_by(group_by, images_t, problems)
     if descriptions_t is not None:
         descriptions = _check_descriptions(descriptions_t, known, [FULL, *mask_ids(masks)], problems)
     if images is not None and descriptions is not None:
@@ -94,6 +110,7 @@ def load_study_data(
         images=images_table(images, data.background),
         references=_references_table(images, descriptions, tally, methods, ranking),
         ranking_method=methods,
+        metadata=metadata_table(images_t, images),
     )
 
 

@@ -49,7 +49,7 @@ def check(study: StudyConfig, cache: ImageCache | None = None) -> StudyData:
     problems: list[Problem] = []
     data = None
     try:
-        data = load_study_data(study.data, study.ranking, study.masks, cache)
+        data = load_study_data(study.data, study.ranking, study.masks, cache, study.analysis.group_by)
         image_ids = set(data.images.column("image_id").to_pylist())
     except InputError as exc:
         problems += exc.problems
@@ -87,6 +87,7 @@ def run(study: StudyConfig, reporter: Reporter | None = None) -> RunFolder:
     stages = [
         given("images", data.images, cache.seconds),  # its time: the image checks
         given("references", data.references),
+        given("metadata", data.metadata),
         describe.stage(study, plan(study)),
         embed.stage(study),
         *([judging.stage(study)] if study.judge_metrics else []),

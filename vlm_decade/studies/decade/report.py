@@ -31,6 +31,7 @@ from vlm_decade.report.html import grid, render, write_csvs, write_page
 from vlm_decade.report.samples import SampleRow, Samples, extremes, sample_tables
 from vlm_decade.stats import format_p
 from vlm_decade.stats.families import era_label
+from vlm_decade.stats.groups import GROUPED_TABLES, ungrouped
 from vlm_decade.studies.decade.config import StudyConfig
 from vlm_decade.studies.decade.data import GOLD_NOTE, GROUPS_NOTE, MASKED_NOTE, thin_human_data
 from vlm_decade.studies.decade.metric_validation import agreement_summary, write_validation_figure
@@ -275,6 +276,8 @@ def thin_notes(study: StudyConfig, references: pa.Table, ranking: Mapping[str, s
 
 
 def write_report(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Table]) -> None:
+    # The page shows the analysis of all images; the tables' CSVs keep the per-group rows too.
+    all_rows, tables = tables, {**tables, **{n: ungrouped(t) for n, t in tables.items() if n in GROUPED_TABLES}}
     metrics = sorted(set(tables["stats"].column("metric").to_pylist()))
     for metric in metrics:
         similarity_figure(tables["stats"], study, metric, run.file("figures", f"similarity_{safe_name(metric)}.png"))
@@ -335,7 +338,7 @@ def write_report(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Table]
         metric=metric,
         examples=_examples(tables, metric, picked) if metric is not None else None,
         responses=_failed_responses(tables["responses"]),
-        csvs=write_csvs(run.root, tables, ("stats", "comparisons", "scores", "responses")),
+        csvs=write_csvs(run.root, all_rows, ("stats", "comparisons", "scores", "responses")),
     )
     write_page(run.root / "report.html", page)
 

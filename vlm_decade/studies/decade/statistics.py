@@ -1,5 +1,6 @@
 """Study A's stats stage: the bootstrap over images of every score, with the paper's comparison
-families (era, dataset, against the humans) and BH q-values within each (docs/statistics.md)."""
+families (era, dataset, against the humans) and BH q-values within each (docs/statistics.md); and
+the same again per group of each `analysis.group_by` metadata column (`stats.groups`)."""
 
 from __future__ import annotations
 
@@ -7,19 +8,43 @@ import pyarrow as pa
 
 from vlm_decade.core.runner import Stage, StudyRun
 from vlm_decade.stats import METHOD_VERSION, analyse
+from vlm_decade.stats.groups import grouped_tables
 from vlm_decade.studies.decade.config import StudyConfig
+
+COMPARISON_STRATA = ["family", "metric", "variant"]  # as analyse corrects a family without groups
+
+
+def grouped_analysis(
+    scores: pa.Table, metadata: pa.Table | None, eras: dict[str, str], group_by, statistics: dict
+) -> tuple[pa.Table, pa.Table]:
+    """(stats, comparisons) on all images, then per group of each `group_by` column of `metadata`."""
+
+    def analyse_all(inputs: dict[str, pa.Table]) -> dict[str, pa.Table]:
+        stats, comparisons = analyse(inputs["scores"], eras, **statistics)
+        return {"stats": stats, "comparisons": comparisons}
+
+    out = grouped_tables(
+        analyse_all, {"scores": scores}, metadata, group_by, {"comparisons": COMPARISON_STRATA}, statistics["alpha"]
+    )
+    return out["stats"], out["comparisons"]
 
 
 def stage(study: StudyConfig) -> Stage:
+    group_by = study.analysis.group_by
+
     def compute(run: StudyRun) -> dict[str, pa.Table]:
         run.ray()  # bootstrap blocks run as Ray tasks
-        stats, comparisons = analyse(run.table("scores"), study.eras, **study.statistics.model_dump())
+        metadata = run.table("metadata") if group_by else None
+        stats, comparisons = grouped_analysis(
+            run.table("scores"), metadata, study.eras, group_by, study.statistics.model_dump()
+        )
         return {"stats": stats, "comparisons": comparisons}
 
     return Stage(
         "stats",
-        ("scores",),
-        [study.statistics.model_dump(), study.eras, METHOD_VERSION],
+        ("scores", "metadata") if group_by else ("scores",),
+        # A study without groups keeps its fingerprint, so its earlier stats stay valid.
+        [study.statistics.model_dump(), study.eras, METHOD_VERSION] + ([list(group_by)] if group_by else []),
         compute,
         outputs=("stats", "comparisons"),
     )

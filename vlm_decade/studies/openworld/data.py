@@ -16,12 +16,23 @@ import pyarrow as pa
 
 from vlm_decade.core.errors import InputError, Problems
 from vlm_decade.core.names import closest, did_you_mean
-from vlm_decade.core.tables import Table, cell_present, cell_text, read_table
+from vlm_decade.core.tables import Row, Table, cell_present, cell_text, read_table
 from vlm_decade.imaging.decode import WHITE
-from vlm_decade.stages.images import IMAGES_SCHEMA, ImageCache, check_images, declared_ids, images_table
+from vlm_decade.stages.images import (
+    IMAGES_SCHEMA,
+    ImageCache,
+    check_group_by,
+    check_images,
+    declared_ids,
+    images_table,
+    metadata_table,
+)
 from vlm_decade.studies.rows import FirstRows
 
 LABEL_COLUMNS = ("image_id", "dataset", "file", "label", "granularity")
+# Optional: the label's accepted alternative names, separated by `|` (or a Parquet list of names).
+ACCEPTED_COLUMN = "accepted"
+ACCEPTED_SEPARATOR = "|"
 CLASSNAME_COLUMNS = ("dataset", "class_name")
 # The paper groups its datasets by how specific their labels are.
 GRANULARITIES = ("prototypical", "fine-grained", "very fine-grained")
@@ -32,6 +43,7 @@ LABELS_SCHEMA = pa.schema(
         ("dataset", pa.string()),
         ("label", pa.string()),
         ("granularity", pa.string()),
+        ("accepted", pa.list_(pa.string())),  # the label's accepted alternatives; empty for most labels
     ]
 )
 
@@ -41,17 +53,26 @@ class OpenWorldData:
     """Study B's checked input; both tables are sorted by image_id, the dicts by dataset."""
 
     images: pa.Table  # IMAGES_SCHEMA: image_id, dataset, path, sha256, width, height, mode
-    labels: pa.Table  # LABELS_SCHEMA: image_id, dataset, label, granularity
+    labels: pa.Table  # LABELS_SCHEMA: image_id, dataset, label, granularity, accepted
     classnames: dict[str, tuple[str, ...]]  # dataset -> its class names, in the table's order
     granularity: dict[str, str]  # dataset -> one of GRANULARITIES
+    metadata: pa.Table | None = None  # image_id and the labels table's further columns (stages.images.metadata_table)
 
 
 def load_openworld_data(
-    labels: Path, image_dir: str | Path, classnames: Path, cache: ImageCache | None = None, background: str = WHITE
+    labels: Path,
+    image_dir: str | Path,
+    classnames: Path,
+    cache: ImageCache | None = None,
+    background: str = WHITE,
+    group_by: tuple[str, ...] = (),
 ) -> OpenWorldData:
-    """Read and check Study B's input; every problem is raised together as one InputError."""
+    """Read and check Study B's input; every problem is raised together as one InputError.
+    `group_by`: the study's `analysis.group_by`, each a column the labels table must have."""
     problems = Problems()
-    labels_t = read_table(Path(labels), LABEL_COLUMNS, problems)
+    labels_t = read_table(
+        Path(labels), LABEL_COLUMNS, problems, (ACCEPTED_COLUMN,), lists=(ACCEPTED_COLUMN,), extra=True
+    )
     classes_t = read_table(Path(classnames), CLASSNAME_COLUMNS, problems)
     class_lists = _check_classnames(classes_t, problems) if classes_t is not None else None
 
@@ -62,6 +83,7 @@ def load_openworld_data(
         images = check_images(labels_t, image_dir, problems, cache, background)
         known = declared_ids(labels_t)
         granularity = _check_labels(labels_t, problems)
+        check_group_by(group_by, labels_t, problems)
         if class_lists is not None:
             _check_labels_in_class_lists(labels_t, class_lists, classes_t.name, problems)
     if problems:
@@ -75,6 +97,7 @@ def load_openworld_data(
         # A class list of a dataset with no labelled image is not needed: it is left out.
         classnames={d: tuple(class_lists[d]) for d in datasets},
         granularity={d: granularity[d] for d in datasets},
+        metadata=metadata_table(labels_t, images),
     )
 
 
@@ -145,13 +168,24 @@ def _check_labels_in_class_lists(
             problems.add(table.file, message, row=row.number, field="label")
 
 
+def accepted_names(row: Row) -> list[str]:
+    """The row's accepted alternatives to its label: the `accepted` cell split at `|` (a Parquet
+    list as it is), each stripped; blanks, repeats and the label itself are dropped."""
+    value = row.cells[ACCEPTED_COLUMN]
+    names = value if isinstance(value, list) else value.split(ACCEPTED_SEPARATOR)
+    label = cell_text(row, "label")
+    return [n for n in dict.fromkeys(str(n).strip() for n in names) if n and n != label]
+
+
 def _labels_table(table: Table) -> pa.Table:
     rows = sorted(table.rows, key=lambda r: cell_text(r, "image_id"))
-    columns = {c: [cell_text(r, c) for r in rows] for c in LABELS_SCHEMA.names}
+    columns = {c: [cell_text(r, c) for r in rows] for c in LABELS_SCHEMA.names if c != ACCEPTED_COLUMN}
+    columns[ACCEPTED_COLUMN] = [accepted_names(r) for r in rows]
     return pa.table(columns, schema=LABELS_SCHEMA)
 
 
 __all__ = [
+    "ACCEPTED_COLUMN",
     "CLASSNAME_COLUMNS",
     "GRANULARITIES",
     "IMAGES_SCHEMA",

@@ -1,4 +1,5 @@
-"""Study B's judgements stage: the LI judge on each distinct (label, prediction), once.
+"""Study B's judgements stage: the LI judge on each distinct (label, prediction), once, and once more
+with the label's accepted alternatives where it has some (`LI_accepted`).
 
 A local judge runs in a Ray actor (a GPU per actor where the study gives one); an API judge sends
 text-only requests through the provider's gateway, so its answers are cached and paid for once.
@@ -25,6 +26,7 @@ JUDGEMENTS_SCHEMA = pa.schema(
     [
         ("label", pa.string()),
         ("prediction", pa.string()),
+        ("accepted", pa.list_(pa.string())),  # the alternatives named in the question; empty: the paper's
         ("answer", pa.string()),
         ("valid", pa.bool_()),
         ("status", pa.string()),
@@ -49,11 +51,15 @@ def judge_key(study: OpenWorldStudyConfig) -> str:
     return study.judge.key()
 
 
-def _rows(pairs: list[tuple[str, str]], answers, key: str) -> pa.Table:
+Pair = tuple[str, str, tuple[str, ...]]  # `scoring.judgement_key`: label, prediction, accepted alternatives
+
+
+def _rows(pairs: list[Pair], answers, key: str) -> pa.Table:
     rows = [
         {
             "label": label,
             "prediction": prediction,
+            "accepted": list(accepted),
             "answer": a.text,
             "valid": judgement_valid(a.text) if a.status == "ok" else False,
             "status": a.status,
@@ -61,28 +67,51 @@ def _rows(pairs: list[tuple[str, str]], answers, key: str) -> pa.Table:
             "cost_usd": a.cost_usd,
             "judge_key": key,
         }
-        for (label, prediction), a in zip(pairs, answers)
+        for (label, prediction, accepted), a in zip(pairs, answers)
     ]
     return pa.Table.from_pylist(rows, schema=JUDGEMENTS_SCHEMA)
 
 
-def _done(run, key: str) -> dict[tuple[str, str], dict]:
+def _pair(row: dict) -> Pair:
+    return row["label"], row["prediction"], tuple(row["accepted"])
+
+
+def _current(table: pa.Table) -> pa.Table:
+    """A judgements table (or part) in today's schema: one written before accepted names holds the
+    paper's questions alone."""
+    if "accepted" not in table.column_names:
+        table = table.append_column("accepted", pa.array([[]] * table.num_rows, pa.list_(pa.string())))
+    return table.select(JUDGEMENTS_SCHEMA.names).cast(JUDGEMENTS_SCHEMA)
+
+
+def _parts(folder) -> pa.Table:
+    parts = [_current(t) for t in folder.iter_parts("judgements", JUDGEMENTS_SCHEMA)]
+    return pa.concat_tables(parts) if parts else JUDGEMENTS_SCHEMA.empty_table()
+
+
+def _done(run, key: str) -> dict[Pair, dict]:
     """Answers this judge already gave, from the previous table and the parts of a killed run."""
     old = run.previous("judgements")
     if old is None or "judge_key" not in old.column_names:
         old = JUDGEMENTS_SCHEMA.empty_table()
-    rows = pa.concat_tables([old.cast(JUDGEMENTS_SCHEMA), run.read_parts("judgements", JUDGEMENTS_SCHEMA)]).to_pylist()
-    return {(r["label"], r["prediction"]): r for r in rows if r["judge_key"] == key and r["status"] == "ok"}
+    rows = pa.concat_tables([_current(old), _parts(run)]).to_pylist()
+    return {_pair(r): r for r in rows if r["judge_key"] == key and r["status"] == "ok"}
 
 
-def pairs_to_judge(labels: pa.Table, responses: pa.Table) -> list[tuple[str, str]]:
-    """Each distinct (label, prediction) the judge must see, once."""
-    label_of = dict(zip(labels.column("image_id").to_pylist(), labels.column("label").to_pylist()))
+def pairs_to_judge(labels: pa.Table, responses: pa.Table) -> list[Pair]:
+    """Each distinct question the judge must see, once: (label, prediction) with no alternatives (the
+    paper's), and again with the label's accepted alternatives where it has some."""
+    label_of = {r["image_id"]: r for r in labels.select(["image_id", "label", "accepted"]).to_pylist()}
     ok = [r for r in responses.to_pylist() if r["status"] == "ok" and r["image_id"] in label_of]
-    return sorted({judgement_key(label_of[r["image_id"]], r["text"]) for r in ok})
+    pairs = set()
+    for r in ok:
+        info = label_of[r["image_id"]]
+        pairs.add(judgement_key(info["label"], r["text"]))
+        pairs.add(judgement_key(info["label"], r["text"], info["accepted"]))
+    return sorted(pairs)
 
 
-def judge_pairs(study: OpenWorldStudyConfig, pairs: list[tuple[str, str]], run: StudyRun) -> pa.Table:
+def judge_pairs(study: OpenWorldStudyConfig, pairs: list[Pair], run: StudyRun) -> pa.Table:
     cfg, key, folder = study.judge, judge_key(study), run.folder
     done = _done(folder, key)
     todo = [p for p in pairs if p not in done]
@@ -100,7 +129,7 @@ def judge_pairs(study: OpenWorldStudyConfig, pairs: list[tuple[str, str]], run: 
             )
             .remote(cfg)
         )
-        submit = lambda chunk, _: actor.judge.remote([judge_prompt(label, prediction) for label, prediction in chunk])  # noqa: E731
+        submit = lambda chunk, _: actor.judge.remote([judge_prompt(*p) for p in chunk])  # noqa: E731
         try:
             with run.reporter.track("judge", len(todo)) as advance:
                 for finished in bounded(
@@ -119,15 +148,9 @@ def judge_pairs(study: OpenWorldStudyConfig, pairs: list[tuple[str, str]], run: 
         finally:
             ray.kill(actor)
     elif todo:  # the gateway's cache keeps every answer paid for, so a killed run loses none
-        answers = RemoteJudge(run.ray(), study, folder, cfg, run.reporter).judge(
-            [judge_prompt(label, p) for label, p in todo]
-        )
+        answers = RemoteJudge(run.ray(), study, folder, cfg, run.reporter).judge([judge_prompt(*p) for p in todo])
         folder.append_part("judgements", _rows(todo, answers, key))
-    latest = {
-        (r["label"], r["prediction"]): r
-        for r in folder.read_parts("judgements", JUDGEMENTS_SCHEMA).to_pylist()
-        if r["judge_key"] == key
-    }
+    latest = {_pair(r): r for r in _parts(folder).to_pylist() if r["judge_key"] == key}
     rows = [latest.get(p) or done[p] for p in pairs]
     return pa.Table.from_pylist(rows, schema=JUDGEMENTS_SCHEMA)
 
@@ -148,7 +171,8 @@ def estimate(
     model, image and prompt; the judge asks each distinct pair once, and a cached answer is free),
     the prompt with the image's label (`labels`; without them a label counts 4 tokens) and the
     prediction at its model's answer cap (local models: their `max_new_tokens`, else
-    LOCAL_ANSWER_TOKENS), each answer at the judge's cap. The low end is no request at all."""
+    LOCAL_ANSWER_TOKENS), each answer at the judge's cap; a label with accepted alternatives asks
+    once more, with them. The low end is no request at all."""
     from vlm_decade.models.api.providers import cost, text_tokens
 
     judge = study.judge
@@ -162,7 +186,15 @@ def estimate(
         if labels is not None
         else {}
     )
-    label_tokens = sum(text_tokens(label_of[i]) if i in label_of else 4 for i in images.column("image_id").to_pylist())
+    ids = images.column("image_id").to_pylist()
+    label_tokens = sum(text_tokens(label_of[i]) if i in label_of else 4 for i in ids)
+    alternatives = (
+        dict(zip(labels.column("image_id").to_pylist(), labels.column("accepted").to_pylist()))
+        if labels is not None
+        else {}
+    )
+    again = [i for i in ids if alternatives.get(i)]  # asked a second time, with the accepted names
+    again_tokens = sum(text_tokens(judge_prompt(label_of[i], "", alternatives[i])) for i in again)
     for model in study.models:
         cls = backend_class(model.backend)
         answer = (
@@ -170,9 +202,10 @@ def estimate(
             if cls.remote
             else int(model.options.get("max_new_tokens", LOCAL_ANSWER_TOKENS))
         )
-        n = images.num_rows * len(prompts[model.name])
-        line.requests += n
+        n, n_again = images.num_rows * len(prompts[model.name]), len(again) * len(prompts[model.name])
+        line.requests += n + n_again
         line.input_tokens += n * (template + answer) + len(prompts[model.name]) * label_tokens
-        line.output_tokens += n * out_cap
+        line.input_tokens += n_again * answer + len(prompts[model.name]) * again_tokens
+        line.output_tokens += (n + n_again) * out_cap
     line.usd = cost(price, line.input_tokens, line.output_tokens) if price else 0.0
     return line

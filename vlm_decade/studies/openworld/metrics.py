@@ -8,6 +8,11 @@
   noun chunks and named entities, and the whole prediction), so a long answer that names the label
   among other things is not diluted as SS is.
 
+A label may carry accepted alternative names (docs/openworld-data.md). The paper's metrics read the
+label alone; their accepted-name forms read every name: TI is a hit if any name is included, SS and
+CS take the best over the names (`name_similarities` gives each name's values), and the judge is
+told the other names (`judge_prompt`). With no alternatives both forms are the same computation.
+
 The metrics are pure functions: the caller supplies the encoder (`encode(texts) -> rows of unit
 length`, all-MiniLM-L6-v2 with mean pooling in the paper) and the spaCy pipeline (`load_nlp` loads
 it once), and runs the judge.
@@ -16,6 +21,7 @@ it once), and runs the judge.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from itertools import chain
 
 import numpy as np
@@ -96,6 +102,27 @@ def _without_leading_word(concept: str) -> str:
     return concept
 
 
+def accepted_inclusion(names: Sequence[str], prediction: str) -> float:
+    """TI over a label's accepted names: 1.0 if any of them is included in the prediction."""
+    return max(text_inclusion(name, prediction) for name in names)
+
+
+@dataclass(frozen=True)
+class NameSimilarities:
+    """One prediction against each of its label's names (the label first): SS and CS per name, and
+    the concept that gave each CS."""
+
+    ss: np.ndarray
+    cs: np.ndarray
+    best: list[str]
+
+    def accepted(self) -> tuple[float, float, str]:
+        """SS and CS over all names (the best of each), and the concept of the best CS; a tie goes
+        to the earlier name."""
+        k = int(np.argmax(self.cs))
+        return float(np.max(self.ss)), float(self.cs[k]), self.best[k]
+
+
 def similarities(
     labels: Sequence[str],
     predictions: Sequence[str],
@@ -108,36 +135,60 @@ def similarities(
     together) is encoded once, in one call of `encode`. Rows are normalised again here, so the
     values are cosines whatever the encoder returns. A tie in CS goes to the earlier concept.
     """
-    labels = [label.strip() for label in labels]
+    pairs = name_similarities([(label,) for label in labels], predictions, encode, nlp)
+    return (
+        np.array([p.ss[0] for p in pairs], dtype=np.float64),
+        np.array([p.cs[0] for p in pairs], dtype=np.float64),
+        [p.best[0] for p in pairs],
+    )
+
+
+def name_similarities(
+    names: Sequence[Sequence[str]],
+    predictions: Sequence[str],
+    encode: Callable[[list[str]], np.ndarray],
+    nlp,
+) -> list[NameSimilarities]:
+    """`similarities` of each prediction against each of its label's names (`names[i]`: the label,
+    then its accepted alternatives), with every distinct text encoded once, in one call."""
+    names = [[name.strip() for name in group] for group in names]
     predictions = [prediction.strip() for prediction in predictions]
-    if len(labels) != len(predictions):
-        raise ValueError(f"{len(labels)} labels but {len(predictions)} predictions")
-    if not all(labels):
+    if len(names) != len(predictions):
+        raise ValueError(f"{len(names)} labels but {len(predictions)} predictions")
+    if not all(group and all(group) for group in names):
         raise ValueError("blank label")
-    if not labels:
-        return np.zeros(0), np.zeros(0), []
+    if not names:
+        return []
 
     concept_lists = [_concepts_of(doc, p) for doc, p in zip(nlp.pipe(predictions), predictions)]
-    texts = list(dict.fromkeys(chain(labels, predictions, *concept_lists)))
+    # The labels first, in order, then the alternatives: without alternatives exactly the texts
+    # (and so the encoder call) of the single-label metrics.
+    texts = list(dict.fromkeys(chain((g[0] for g in names), predictions, *concept_lists, chain.from_iterable(names))))
     vectors = np.asarray(encode(texts), dtype=np.float64)
     if vectors.shape[0] != len(texts):
         raise ValueError(f"encode returned {vectors.shape[0]} rows for {len(texts)} texts")
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     row = {text: i for i, text in enumerate(texts)}
 
-    ss = np.array([vectors[row[label]] @ vectors[row[p]] for label, p in zip(labels, predictions)])
-    cs = np.empty(len(labels))
-    best: list[str] = []
-    for i, (label, found) in enumerate(zip(labels, concept_lists)):
-        cosines = vectors[[row[c] for c in found]] @ vectors[row[label]]
-        k = int(np.argmax(cosines))
-        cs[i] = cosines[k]
-        best.append(found[k])
-    return ss, cs, best
+    out = []
+    for group, prediction, found in zip(names, predictions, concept_lists):
+        concept_vectors = vectors[[row[c] for c in found]]
+        ss, cs, best = [], [], []
+        for name in group:
+            ss.append(vectors[row[name]] @ vectors[row[prediction]])
+            cosines = concept_vectors @ vectors[row[name]]
+            k = int(np.argmax(cosines))
+            cs.append(cosines[k])
+            best.append(found[k])
+        out.append(NameSimilarities(np.array(ss), np.array(cs), best))
+    return out
 
 
-def judge_prompt(label: str, prediction: str) -> str:
-    """The paper's LI question about one prediction and its label."""
+def judge_prompt(label: str, prediction: str, accepted: Sequence[str] = ()) -> str:
+    """The paper's LI question about one prediction and its label; a label's accepted alternatives
+    are named on one more line after the target value (with none, the paper's prompt exactly)."""
+    if accepted:
+        label += f"\nAlso accepted as the target value: {'; '.join(accepted)}"
     return JUDGE_TEMPLATE.format(prediction=prediction, label=label)
 
 

@@ -46,7 +46,12 @@ def check(study: OpenWorldStudyConfig, cache: ImageCache | None = None) -> OpenW
     data = None
     try:
         data = load_openworld_data(
-            study.data.labels, study.data.image_dir, study.data.classnames, cache, study.data.background
+            study.data.labels,
+            study.data.image_dir,
+            study.data.classnames,
+            cache,
+            study.data.background,
+            study.analysis.group_by,
         )
         image_ids = set(data.images.column("image_id").to_pylist())
     except InputError as exc:
@@ -67,6 +72,7 @@ def run(study: OpenWorldStudyConfig, reporter: Reporter | None = None) -> RunFol
     stages = [
         given("images", data.images, cache.seconds),  # its time: the image checks
         given("labels", data.labels),
+        given("metadata", data.metadata),
         describe.stage(study, plan(study, data.classnames)),
         *([judging.stage(study)] if no_judge is None else []),
         scoring.stage(study, no_judge),

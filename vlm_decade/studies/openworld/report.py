@@ -23,6 +23,7 @@ from vlm_decade.report.figures import COLOURS, save_figure
 from vlm_decade.report.html import Grid, grid, render, write_csvs, write_page
 from vlm_decade.report.samples import SampleRow, Samples, extremes, sample_tables
 from vlm_decade.stats import format_p
+from vlm_decade.stats.groups import GROUPED_TABLES, ungrouped
 from vlm_decade.studies.openworld.config import OpenWorldStudyConfig
 from vlm_decade.studies.openworld.outcomes import OUTCOMES as OUTCOME_NAMES
 from vlm_decade.studies.openworld.scoring import METRICS
@@ -282,6 +283,8 @@ def write_openworld_report(
     run: RunFolder, study: OpenWorldStudyConfig, tables: dict[str, pa.Table], no_judge: str | None = None
 ) -> None:
     """`no_judge` says why LI was skipped, when it was."""
+    # The page shows the analysis of all images; the tables' CSVs keep the per-group rows too.
+    all_rows, tables = tables, {**tables, **{n: ungrouped(t) for n, t in tables.items() if n in GROUPED_TABLES}}
     stats = tables["stats"].to_pylist()
     main = study.prompts[0].id
     models = [m.name for m in study.models]
@@ -344,7 +347,7 @@ def write_openworld_report(
         predictions=_prediction_samples(tables, study),
         responses=responses.num_rows,
         failed=pc.sum(pc.not_equal(responses.column("status"), "ok")).as_py() or 0,
-        csvs=write_csvs(run.root, tables, ("stats", "comparisons", "paired_tests", "predictions", "responses")),
+        csvs=write_csvs(run.root, all_rows, ("stats", "comparisons", "paired_tests", "predictions", "responses")),
     )
     write_page(run.root / "report.html", page)
 

@@ -9,10 +9,13 @@ mean of its datasets' resampled means, resample by resample; the group's CI, and
 difference and p, come from those combined distributions. `all` is the mean over every dataset. All
 series of one dataset share its resamples, so comparisons within a group are paired.
 
+With `analysis.group_by`, all of it again per group of each metadata column (`stats.groups`).
+
 Beside the bootstrap comparisons, `mcnemar_tests` gives McNemar's exact test of each pair of models
 on the binary metrics (TI, LI), over the images both answered (`paired_tests`).
 
-Metrics: TI, LI, SS, CS; SS's share of predictions at or above 0.5, ..., 0.9 and their average
+Metrics: TI, LI, SS, CS (and their accepted-name forms, `TI_accepted` ..., when some label has
+accepted alternatives: scoring.py); SS's share of predictions at or above 0.5, ..., 0.9 and their average
 (`ss@0.5` ... `ss@avg`, as the authors' code reports SS: per prediction `ss_threshold_shares` of its
 own SS, so the group statistics are shares); and each outcome's rate (`outcome:<name>`).
 """
@@ -37,6 +40,7 @@ from vlm_decade.stats import (
     discordant_counts,
     mcnemar_exact,
 )
+from vlm_decade.stats.groups import grouped_tables
 from vlm_decade.stats.resampling import bh_qvalues, bootstrap_p, percentile_ci
 from vlm_decade.studies.openworld.config import OpenWorldStudyConfig
 from vlm_decade.studies.openworld.metrics import ss_threshold_shares
@@ -51,7 +55,7 @@ GROUPS = ("prototypical", "fine-grained", "very fine-grained")
 STATS_FORMAT = 4
 STATS_B_SCHEMA = prompt_named(STATS_SCHEMA)
 COMPARISONS_B_SCHEMA = prompt_named(COMPARISONS_SCHEMA)
-BINARY_METRICS = ("TI", "LI")
+BINARY_METRICS = ("TI", "LI", "TI_accepted", "LI_accepted")  # the last two when labels have alternatives
 PAIRED_TESTS_SCHEMA = pa.schema(
     [
         ("family", pa.string()),
@@ -337,23 +341,62 @@ def _nulls(rows: list[dict]) -> list[dict]:
     return [{k: None if isinstance(v, float) and np.isnan(v) else v for k, v in r.items()} for r in rows]
 
 
+def _strata_of_comparisons(row: dict) -> tuple:
+    """How `_compare` corrects a family: per metric and prompt, but the prompt ablation across prompts."""
+    return row["family"], row["metric"], None if row["family"] == "prompt-ablation" else row[PROMPT]
+
+
+def grouped_analysis(
+    scores: pa.Table,
+    predictions: pa.Table,
+    metadata: pa.Table | None,
+    group_by,
+    granularity: dict[str, str],
+    model_kinds: dict[str, str],
+    prompts: list[str],
+    statistics,
+    use_ray: bool | None = None,
+) -> dict[str, pa.Table]:
+    """`stats`, `comparisons` and `paired_tests` on all images, then per group of each `group_by`
+    column of `metadata` (`stats.groups`)."""
+    s = statistics
+
+    def analyse_all(inputs: dict[str, pa.Table]) -> dict[str, pa.Table]:
+        per_dataset = dataset_scores(inputs["scores"], inputs["predictions"])
+        stats, comparisons = analyse_groups(
+            per_dataset, granularity, model_kinds, prompts, s.n_resamples, s.seed, s.confidence, s.alpha, use_ray
+        )
+        paired = mcnemar_tests(inputs["scores"], granularity, sorted(model_kinds), prompts[0], s.alpha)
+        return {"stats": stats, "comparisons": comparisons, "paired_tests": paired}
+
+    strata = {"comparisons": _strata_of_comparisons, "paired_tests": ["family", "metric"]}
+    inputs = {"scores": scores, "predictions": predictions}
+    return grouped_tables(analyse_all, inputs, metadata, group_by, strata, s.alpha)
+
+
 def stage(study: OpenWorldStudyConfig, granularity: dict[str, str]) -> Stage:
     prompts = [p.id for p in study.prompts]
+    group_by = study.analysis.group_by
 
     def compute(run: StudyRun) -> dict[str, pa.Table]:
         run.ray()  # bootstrap blocks run as Ray tasks
-        s = study.statistics
-        per_dataset = dataset_scores(run.table("scores"), run.table("predictions"))
-        stats, comparisons = analyse_groups(
-            per_dataset, granularity, kinds(study), prompts, s.n_resamples, s.seed, s.confidence, s.alpha
+        return grouped_analysis(
+            run.table("scores"),
+            run.table("predictions"),
+            run.table("metadata") if group_by else None,
+            group_by,
+            granularity,
+            kinds(study),
+            prompts,
+            study.statistics,
         )
-        paired = mcnemar_tests(run.table("scores"), granularity, [m.name for m in study.models], prompts[0], s.alpha)
-        return {"stats": stats, "comparisons": comparisons, "paired_tests": paired}
 
     return Stage(
         "stats",
-        ("scores", "predictions"),
-        [study.statistics.model_dump(), kinds(study), granularity, prompts, STATS_FORMAT, METHOD_VERSION],
+        ("scores", "predictions", "metadata") if group_by else ("scores", "predictions"),
+        # A study without groups keeps its fingerprint, so its earlier stats stay valid.
+        [study.statistics.model_dump(), kinds(study), granularity, prompts, STATS_FORMAT, METHOD_VERSION]
+        + ([list(group_by)] if group_by else []),
         compute,
         outputs=("stats", "comparisons", "paired_tests"),
     )
