@@ -207,7 +207,7 @@ def test_accepted_names_count_in_ti_and_the_best_name_in_ss_and_cs(nlp):
         # The paper's single-label values and outcome are unchanged beside them.
         assert (p["TI"], p["LI"], p["SS"], p["CS"], p["best_concept"], p["outcome"]) == pytest.approx(EXPECTED[key])
     assert predictions.column("accepted").to_pylist() == ["red bird", "", "red bird", "songbird", ""]
-    got = {(r["subject"], r["variant"], r["image_id"], r["metric"]): r["value"] for r in scores.to_pylist()}
+    got = {(r["subject"], r["prompt_id"], r["image_id"], r["metric"]): r["value"] for r in scores.to_pylist()}
     want = {
         (s, prompt, image, metric): value
         for (s, prompt, image), values in EXPECTED_ACCEPTED.items()

@@ -11,11 +11,11 @@ import pytest
 from statsmodels.stats.multitest import multipletests
 
 from vlm_decade.core.config import StatisticsConfig
-from vlm_decade.stats import SCORES_SCHEMA, analyse
+from vlm_decade.stats import analyse
 from vlm_decade.stats.groups import GROUP_COLUMNS, image_groups, ungrouped
 from vlm_decade.studies.decade.statistics import grouped_analysis
 from vlm_decade.studies.openworld import statistics as openworld
-from vlm_decade.studies.openworld.scoring import PREDICTIONS_SCHEMA
+from vlm_decade.studies.openworld.scoring import PREDICTIONS_SCHEMA, SCORES_B_SCHEMA
 
 ERAS = {"UDC": "pre-mllm", "OFA": "pre-mllm", "GPT-4": "mllm", "human:top": "human", "human:bottom": "human"}
 SETTINGS = {"n_resamples": 400, "seed": 11, "confidence": 0.95, "alpha": 0.05}
@@ -92,9 +92,11 @@ def test_openworld_groups_are_the_analysis_of_their_images_alone():
             for s in model_kinds:
                 for metric in ("TI", "CS"):
                     value = float(rng.random() < 0.6) if metric == "TI" else float(rng.random())
-                    rows.append({"subject": s, "image_id": f"{d}{i}", "dataset": d, "variant": "p1", "metric": metric})
+                    rows.append(
+                        {"subject": s, "image_id": f"{d}{i}", "dataset": d, "prompt_id": "p1", "metric": metric}
+                    )
                     rows[-1]["value"] = value
-    scores = pa.Table.from_pylist(rows, schema=SCORES_SCHEMA)
+    scores = pa.Table.from_pylist(rows, schema=SCORES_B_SCHEMA)
     predictions = PREDICTIONS_SCHEMA.empty_table()  # no outcomes: unjudged
     ids = sorted(set(scores["image_id"].to_pylist()))
     metadata = metadata_of(ids)
