@@ -148,3 +148,18 @@ def test_the_command_writes_parquet_or_safe_csv_and_names_a_missing_table(tmp_pa
     said = missing.output.replace("\n", "")  # the console wraps long lines
     assert missing.exit_code == 2 and f"{root}/scores.parquet: missing" in said and "run the study first" in said
     assert not (tmp_path / "x.parquet").exists()
+
+
+def test_list_columns_go_to_csv_as_text_joined_by_bars():
+    """A labels table's `accepted` names are a list in Parquet; in a CSV cell they are written as the
+    labels table takes them in CSV: joined by `|`."""
+    import pyarrow as pa
+
+    from vlm_decade.studies.export import joined_lists
+
+    table = pa.table({"id": ["a", "b", "c"], "accepted": pa.array([["doe", "deer"], [], None], pa.list_(pa.string()))})
+    assert joined_lists(table).to_pylist() == [
+        {"id": "a", "accepted": "doe|deer"},
+        {"id": "b", "accepted": ""},
+        {"id": "c", "accepted": None},
+    ]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from vlm_decade.core.errors import InputError, Problem
 from vlm_decade.core.files import atomic_write_bytes
@@ -54,9 +55,19 @@ def columns(connection: duckdb.DuckDBPyConnection, table: str) -> list[str]:
     return [row[0] for row in connection.execute(f"DESCRIBE {identifier(table)}").fetchall()]
 
 
+def joined_lists(table: pa.Table) -> pa.Table:
+    """`table` with each list column as text, its items joined by `|` (as a labels table's
+    `accepted` is written in CSV): a CSV cell holds no list."""
+    for i, field in enumerate(table.schema):
+        if pa.types.is_list(field.type) or pa.types.is_large_list(field.type):
+            items = table.column(i).cast(pa.list_(pa.string()))
+            table = table.set_column(i, field.name, pc.binary_join(items, "|"))
+    return table
+
+
 def write_export(table: pa.Table, path: Path, fmt: str) -> None:
     """The export at `path`, whole or not at all: Parquet as the run's tables are written, or CSV."""
     if fmt == "csv":
-        write_csv(table, path)
+        write_csv(joined_lists(table), path)
     else:
         atomic_write_bytes(path, table_bytes(table))

@@ -10,15 +10,19 @@ import pyarrow as pa
 from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.studies.export import columns, connect, identifier
 
-# Columns `predictions` repeats from the responses (`prediction` is the response's text), images or labels.
-REPEATED = ("subject", "image_id", "prompt_id", "dataset", "granularity", "label", "prediction")
+# Columns `predictions` repeats from the responses (`prediction` is the response's text) or images; of
+# those it shares with labels (`accepted`, text there, a list in labels) the labels' are kept.
+REPEATED = ("subject", "image_id", "prompt_id", "dataset", "prediction")
 
 
 def tidy(folder: RunFolder) -> pa.Table:
     db = connect(folder, ("images", "labels", "responses", "predictions"))
     image_columns = "".join(f", i.{identifier(c)}" for c in columns(db, "images") if c != "image_id")
-    label_columns = "".join(f", l.{identifier(c)}" for c in columns(db, "labels") if c not in columns(db, "images"))
-    scored = "".join(f", p.{identifier(c)}" for c in columns(db, "predictions") if c not in REPEATED)
+    labels = [c for c in columns(db, "labels") if c not in columns(db, "images")]
+    label_columns = "".join(f", l.{identifier(c)}" for c in labels)
+    scored = "".join(
+        f", p.{identifier(c)}" for c in columns(db, "predictions") if c not in REPEATED and c not in labels
+    )
     query = f"""
         SELECT r.subject AS model, r.image_id{image_columns}{label_columns}, r.prompt_id,
                r.text AS response, r.status AS response_status, r.error AS response_error{scored}
