@@ -42,14 +42,14 @@ class Progress(Reporter):
         self.done, self.total, self.after = 0, 0, after
         self.reached, self.killed = threading.Event(), threading.Event()
 
-    def track(self, description, total):
+    def track(self, description, total, parts=None):
         from contextlib import contextmanager
 
         @contextmanager
         def tracker():
             self.total = total
 
-            def advance(n=1):
+            def advance(n=1, part=None):
                 self.done += n
                 if self.done >= self.after and not self.killed.is_set():
                     self.reached.set()
