@@ -87,7 +87,7 @@ def test_a_smoke_run_stopped_with_ctrl_c_says_what_it_kept_and_how_to_go_on(tmp_
     assert pq.read_table(run / "images.parquet").num_rows == 4  # the first 2 of each of the 2 datasets
     saved = sum(pq.read_metadata(p).num_rows for p in (run / ".parts" / "responses").glob("part-*.parquet"))
     lines = stderr.splitlines()
-    assert "kept: the stages finished (images, references)" in lines
+    assert "kept: the stages finished (images, references, metadata)" in lines
     assert f"kept: {saved} rows of responses, saved before the stop (not done again)" in lines
     assert f"to go on from there: vlm-decade run {study} --limit 2" in lines
     # Ray's own lines went to the run folder's log, not to the user
