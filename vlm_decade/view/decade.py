@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from vlm_decade.view.gallery import Query, page_count, page_number
+from vlm_decade.view.gallery import Query, failed_responses, page_count, page_number
 from vlm_decade.view.runs import RunView
 
 FULL = "full"
@@ -25,7 +25,6 @@ ERROR_NAMES = {
 }
 ROLE_ORDER = ("gold", "top", "bottom", "other")
 PAGE_SIZE = 48
-FAILED_PAGE_SIZE = 100
 
 
 @dataclass(frozen=True)
@@ -326,16 +325,7 @@ def model_page(view: RunView, model: str, page: int = 1) -> dict | None:
     )
     # The rows about all images (a grouped study's per-group rows stay in the tables).
     stats, comparisons = ([r for r in rows if r.get("group") is None] for rows in (stats, comparisons))
-    failed_total, failed = 0, []
-    if view.has("responses"):
-        failed_total = view.values("SELECT count(*) FROM responses WHERE subject = ? AND status <> 'ok'", [model])[0]
-    pages = page_count(failed_total, FAILED_PAGE_SIZE, page)
-    if failed_total:
-        failed = view.rows(
-            f"SELECT image_id, variant, prompt_id, status, error FROM responses WHERE subject = ? AND status <> 'ok' "
-            f"ORDER BY image_id, variant, prompt_id LIMIT {FAILED_PAGE_SIZE} OFFSET {(page - 1) * FAILED_PAGE_SIZE}",
-            [model],
-        )
+    failed_total, pages, failed = failed_responses(view, model, "variant, prompt_id", page)
     config = next(m for m in view.study.models if m.name == model)
     return {
         "name": model,

@@ -37,6 +37,26 @@ def page_count(total: int, size: int, page: int) -> int:
     return pages
 
 
+FAILED_PAGE_SIZE = 100
+
+
+def failed_responses(view: RunView, model: str, keys: str, page: int) -> tuple[int, int, list[dict]]:
+    """A model page's failed responses: (how many, pages, the rows of `page`), each row its `keys`
+    (the responses' key columns, comma-separated, also their order), status and error."""
+    total = 0
+    if view.has("responses"):
+        total = view.values("SELECT count(*) FROM responses WHERE subject = ? AND status <> 'ok'", [model])[0]
+    pages = page_count(total, FAILED_PAGE_SIZE, page)
+    if not total:
+        return total, pages, []
+    rows = view.rows(
+        f"SELECT image_id, {keys}, status, error FROM responses WHERE subject = ? AND status <> 'ok' "
+        f"ORDER BY image_id, {keys} LIMIT {FAILED_PAGE_SIZE} OFFSET {(page - 1) * FAILED_PAGE_SIZE}",
+        [model],
+    )
+    return total, pages, rows
+
+
 class Query:
     """A mixin for a gallery's frozen query dataclass (with a `page` field): its links."""
 

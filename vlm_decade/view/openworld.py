@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from vlm_decade.studies.openworld.statistics import ALL, PROMPT
 from vlm_decade.studies.openworld.statistics import GROUPS as GROUP_NAMES
-from vlm_decade.view.gallery import Query, page_count, page_number
+from vlm_decade.view.gallery import Query, failed_responses, page_count, page_number
 from vlm_decade.view.runs import RunView
 
 OUTCOMES = ("correct", "granularity", "ambiguity", "confusion", "unjudged")
@@ -19,7 +19,6 @@ GRANULARITIES = ("prototypical", "fine-grained", "very fine-grained")
 METRICS = ("TI", "LI", "SS", "CS")
 STAT_GROUPS = (*GROUP_NAMES, ALL)  # the stats table's rows per granularity group, before its datasets'
 PAGE_SIZE = 48
-FAILED_PAGE_SIZE = 100
 CONFUSION_PAGE_SIZE = 50  # labels per page of the confusion view
 MODEL_CONFUSIONS = 20  # labels on a model page; the confusion view has them all
 
@@ -260,16 +259,7 @@ def model_page(view: RunView, model: str, page: int = 1) -> dict | None:
     stats = view.rows("SELECT * FROM stats WHERE subject = ?", [model]) if view.has("stats") else []
     order = prompts(view)
     outcome_metrics = [f"outcome:{o}" for o in OUTCOMES]
-    failed_total, failed = 0, []
-    if view.has("responses"):
-        failed_total = view.values("SELECT count(*) FROM responses WHERE subject = ? AND status <> 'ok'", [model])[0]
-    pages = page_count(failed_total, FAILED_PAGE_SIZE, page)
-    if failed_total:
-        failed = view.rows(
-            f"SELECT image_id, prompt_id, status, error FROM responses WHERE subject = ? AND status <> 'ok' "
-            f"ORDER BY image_id, prompt_id LIMIT {FAILED_PAGE_SIZE} OFFSET {(page - 1) * FAILED_PAGE_SIZE}",
-            [model],
-        )
+    failed_total, pages, failed = failed_responses(view, model, "prompt_id", page)
     confused = ConfusionQuery(model=model, prompt=order[0] if order else "")
     found = confusions(view, confused)
     return {
