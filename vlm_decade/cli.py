@@ -196,8 +196,10 @@ def _run(study) -> list:
     except KeyboardInterrupt:
         _say_interrupted(Path(study.output))
         raise typer.Exit(INTERRUPTED_EXIT) from None
-    _say_unfinished(study.output)
-    return run_failures(folder.manifest())
+    failed = run_failures(folder.manifest())
+    # Failed rows are said once, after the report (`_end`); here only the others (skipped).
+    _say_unfinished(study.output, frozenset({"error"}) if failed else frozenset())
+    return failed
 
 
 ALLOW_FAILURES_HELP = "Exit 0 even when a model or stage left failed rows (else exit status 3, docs/cli.md)."
@@ -208,7 +210,11 @@ def _end(failed: list, allow_failures: bool) -> None:
     if not failed:
         return
     status = "exit status 0 (--allow-failures)" if allow_failures else f"exit status {RUN_FAILED_EXIT}"
-    err.print(f"[bold red]failed rows[/bold red], named at the top of the report too; {status}:", highlight=False)
+    err.print(
+        f"[bold red]failed rows[/bold red] (the next run retries just these), named at the top of the report too; "
+        f"{status}:",
+        highlight=False,
+    )
     for failure in failed:
         err.print(f"  {failure.line()}", highlight=False, markup=False)
     if not allow_failures:
@@ -226,11 +232,12 @@ def _say_interrupted(run_dir: Path) -> None:
     err.print(f"to go on from there: vlm-decade {shlex.join(sys.argv[1:])}", highlight=False, markup=False)
 
 
-def _say_unfinished(run_dir: Path) -> None:
-    """The run's last lines: the rows it left unfinished (`stages.status.unfinished_lines`)."""
+def _say_unfinished(run_dir: Path, left_out: frozenset[str] = frozenset()) -> None:
+    """The run's last lines: the rows it left unfinished (`stages.status.unfinished_lines`), but for
+    those whose status is in `left_out`."""
     from vlm_decade.stages.status import unfinished_lines
 
-    lines = unfinished_lines(run_dir)
+    lines = unfinished_lines(run_dir, left_out)
     if lines:
         err.print("[yellow]rows not finished (the next run retries just these):[/yellow]", highlight=False)
         for line in lines:

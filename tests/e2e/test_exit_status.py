@@ -52,6 +52,7 @@ def test_a_model_that_cannot_load_fails_the_run_with_status_3_after_its_report(t
     assert "Traceback" not in said and f"report: {out}/report.html" in said
     # The model's own error (OpenCV's `cv2.error`), said once per model with its count.
     summary = said.rsplit("failed rows", 1)[1]
+    assert "rows not finished" not in said  # the failed rows are said once, in the summary
     assert (
         "exit status 3" in summary
         and "ssd-template: 12 of 12 responses failed (every one); most common (12)" in summary

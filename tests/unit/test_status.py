@@ -134,6 +134,8 @@ def test_the_rows_a_run_left_unfinished_are_counted_per_table_and_model(tmp_path
         "  responses alpha: 2 error, 1 skipped; most common: timeout",
         "  responses beta: 1 error; most common: refused",
     ]
+    # After a run whose failed summary says the errors, only the other rows are left to say.
+    assert unfinished_lines(tmp_path, frozenset({"error"})) == ["  responses alpha: 1 skipped; most common: budget"]
 
 
 def test_a_smoke_run_says_so_first(tmp_path):

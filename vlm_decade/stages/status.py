@@ -113,9 +113,10 @@ def kept_lines(run_dir: str | Path) -> list[str]:
     return lines
 
 
-def unfinished_lines(run_dir: str | Path) -> list[str]:
+def unfinished_lines(run_dir: str | Path, left_out: frozenset[str] = frozenset()) -> list[str]:
     """Per table and model, the rows still not ok (error, skipped) and the most common error, read
-    from the run folder's tables (the next run retries just those)."""
+    from the run folder's tables (the next run retries just those); rows whose status is in
+    `left_out` are not counted (a run's failed summary says its errors)."""
     lines = []
     for path in sorted(Path(run_dir).glob("*.parquet")):
         names = pq.read_schema(path).names
@@ -123,7 +124,7 @@ def unfinished_lines(run_dir: str | Path) -> list[str]:
             continue
         counts, errors = defaultdict(Counter), defaultdict(Counter)
         for row in pq.read_table(path, columns=[c for c in ("subject", "status", "error") if c in names]).to_pylist():
-            if row["status"] != "ok":
+            if row["status"] != "ok" and row["status"] not in left_out:
                 who = row.get("subject") or "judge"
                 counts[who][row["status"]] += 1
                 errors[who][row.get("error") or ""] += 1
