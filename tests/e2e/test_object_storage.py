@@ -432,6 +432,21 @@ def test_a_held_lease_is_renewed_and_one_taken_over_is_not_released(store, monke
     store.delete(key)
 
 
+def test_a_lease_replaced_just_before_its_release_is_left_in_place(bucket):
+    """The release deletes the lease only if it is still the one this run wrote (a conditional
+    delete), so a run that took it over between the last renewal and the release keeps it. S3 only:
+    the GCS emulator ignores `ifGenerationMatch` on a delete, which the code sends and GCS honours."""
+    store = _S3(bucket)
+    uri, key = f"{store.scheme}://{BUCKET}/runs/released", "runs/released/.lease"
+    lease = storage.Lease(uri, print)
+    lease.take()
+    other = {"host": "other-machine", "pid": 9, "started": "2026-01-01T00:00:00Z", "renewed": time.time()}
+    store.put(key, json.dumps(other).encode())
+    lease.release()
+    assert _lease(store, key) == other
+    store.delete(key)
+
+
 def test_a_run_folder_in_a_bucket_survives_a_kill_and_the_loss_of_its_working_copy(
     store, local_run, tmp_path, monkeypatch
 ):

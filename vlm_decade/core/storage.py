@@ -400,8 +400,12 @@ class _S3Conditional(_Conditional):
 
     def delete(self, key, token):
         try:
-            self.client.delete_object(Bucket=self.bucket, Key=key)
-        except (self.error, self.failure) as exc:
+            self.client.delete_object(Bucket=self.bucket, Key=key, IfMatch=token)
+        except self.error as exc:
+            # 412: no longer this run's (another took it over); 404: already gone. Neither is deleted.
+            if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") not in (404, 412):
+                raise OSError(str(exc)) from None
+        except self.failure as exc:
             raise OSError(str(exc)) from None
 
 
