@@ -2,7 +2,8 @@
 `save_pretrained` so tests load them through the backends' real loading code.
 
 One per family: a VisionEncoderDecoder captioner (ViT + GPT-2), a LLaVA chat VLM, a DETR
-detector with a ResNet backbone, and a Llama chat LM (text only, for the LI judge). Weights are drawn under a fixed seed inside `torch.random.fork_rng`
+detector with a ResNet backbone, and a Llama chat LM (text only, for the LI judge; one variant
+always answers a set verdict). Weights are drawn under a fixed seed inside `torch.random.fork_rng`
 (reproducible, and the global RNG is left alone), with a wide init so that greedy outputs vary with
 the image instead of repeating one token. The tokenizer is a word-level one over a small vocabulary.
 """
@@ -219,6 +220,29 @@ def save_causal_lm(folder: Path, seed: int = 0) -> Path:
     )
     _seeded(lambda: LlamaForCausalLM(config), seed).save_pretrained(folder)
     tok.save_pretrained(folder)
+    return folder
+
+
+def save_verdict_lm(folder: Path, verdict: str = "1") -> Path:
+    """`save_causal_lm`'s model rewired into a judge that always answers `verdict` and stops: its
+    blocks write nothing (zero output projections), so each position's logits come from its own
+    token's embedding alone, and the head maps the chat template's last token (":") to `verdict`
+    and `verdict` to the end of sequence. A served judge whose every answer is a valid one."""
+    import torch
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    save_causal_lm(folder)
+    tok = AutoTokenizer.from_pretrained(folder)
+    model = LlamaForCausalLM.from_pretrained(folder)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        embed, head = model.model.embed_tokens.weight, model.lm_head.weight
+        head.mul_(0.01)  # every other next token far behind
+        for now, then in ((":", verdict), (verdict, tok.eos_token)):
+            head[tok.convert_tokens_to_ids(then)] = 10 * embed[tok.convert_tokens_to_ids(now)]
+    model.save_pretrained(folder)
     return folder
 
 

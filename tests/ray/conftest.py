@@ -24,3 +24,16 @@ def describe_stage(study, images, out):
     run = StudyRun(RunFolder(out), Reporter(quiet=True), LazyRay(study.runtime))
     run.run_stage(given("images", images))
     return run_describe(study, pipeline_of(study).plan(study), run)
+
+
+@pytest.fixture(scope="session")
+def served(tmp_path_factory):
+    """One `transformers serve` for the session, with a tiny LLaVA and a judge that answers "1"
+    loaded: the base URL and the models' folders, which are also the ids it serves them under."""
+    from tests.hf_tiny import save_verdict_lm, save_vlm
+    from tests.serving import Served, TransformersServe
+
+    root = tmp_path_factory.mktemp("served")
+    with TransformersServe(root) as server:  # starting while the models are saved
+        vlm, judge = save_vlm(root / "vlm"), save_verdict_lm(root / "judge")
+        yield Served(server.url, server.load(vlm), server.load(judge))
