@@ -26,7 +26,7 @@ only text models; for a VLM it says so and falls back to one `generate` per requ
 (vLLM, SGLang) on GPUs, which batches many requests continuously and pages its attention cache:
 docs/engines.md.
 
-    .venv/bin/python benchmarks/endpoint_throughput.py          # about five minutes on 2 quiet cores
+    .venv/bin/python benchmarks/endpoint_throughput.py   # --rounds 1 took 684 s on a loaded 2-core machine
 """
 
 from __future__ import annotations
@@ -186,8 +186,13 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=20, help="answer tokens at most, both paths")
     ap.add_argument("--ceiling", type=int, default=16, help="the endpoint's max_concurrency (adaptive below it)")
     args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="vlm-endpoint-bench-") as tmp:
+        print(json.dumps(measure(args, Path(tmp)), indent=1))
+
+
+def measure(args, tmp: Path) -> dict:
+    """Both paths, `args.rounds` interleaved rounds, in folders under `tmp`: the JSON to print."""
     started = time.perf_counter()
-    tmp = Path(tempfile.mkdtemp(prefix="vlm-endpoint-bench-"))
     start_ray(num_cpus=CPUS)
     weights = hf_tiny.save_vlm(tmp / "tiny-llava")
     demo = load_study(materialize(tmp / "demo"))
@@ -222,7 +227,8 @@ def main() -> None:
             {"endpoints": {ENDPOINT: endpoint}},
         )
         check_start = time.perf_counter()
-        pipeline_of(load_study(remote)).check(load_study(remote))  # `validate`: the endpoint serves the model
+        study = load_study(remote)
+        pipeline_of(study).check(study)  # what `validate` does: the endpoint answers and serves the model
         check_s = time.perf_counter() - check_start
         rounds = []
         for r in range(args.rounds):
@@ -239,34 +245,29 @@ def main() -> None:
     n = rounds[0]["images"]
     fastest_endpoint = min(x["seconds"] for x in rounds if x["path"] == "endpoint")
     with_server_start = n / (server_start_s + fastest_endpoint)
-    print(
-        json.dumps(
-            {
-                "model": "tests/hf_tiny.py save_vlm (LLaVA: CLIP 2x32 + Llama 2x32, 32x32 images, random weights)",
-                "images": n,
-                "max_tokens": args.max_tokens,
-                "server": {
-                    "command": "transformers serve MODEL --continuous-batching --host 127.0.0.1 --device cpu",
-                    "start_s": round(server_start_s, 2),
-                    "continuous_batching_used": NO_BATCHING not in log,
-                    "said": next((line.strip() for line in log.splitlines() if NO_BATCHING in line), None),
-                    "validate_s": round(check_s, 2),
-                },
-                "endpoint": {"adaptive": True, "max_concurrency": args.ceiling, **best["endpoint"]},
-                "endpoint_images_per_s_with_server_start": round(with_server_start, 3),
-                "actor": {"actors": 1, "cpus_per_actor": CPUS, "batch_size": 8, **best["actor"]},
-                "ratio": round(best["endpoint"]["steady_images_per_s"] / best["actor"]["steady_images_per_s"], 3),
-                "ratio_with_startup": round(with_server_start / best["actor"]["images_per_s"], 3),
-                "rounds": rounds,
-                "note": "CPU, a tiny model: the endpoint path's overhead. Real engines (vLLM, SGLang) on GPUs, which "
-                "batch continuously, are what the endpoint path is for (docs/engines.md).",
-                "cpus": CPUS,
-                "load_average": [round(x, 2) for x in os.getloadavg()],
-                "total_s": round(time.perf_counter() - started, 1),
-            },
-            indent=1,
-        )
-    )
+    return {
+        "model": "tests/hf_tiny.py save_vlm (LLaVA: CLIP 2x32 + Llama 2x32, 32x32 images, random weights)",
+        "images": n,
+        "max_tokens": args.max_tokens,
+        "server": {
+            "command": "transformers serve MODEL --continuous-batching --host 127.0.0.1 --device cpu",
+            "start_s": round(server_start_s, 2),
+            "continuous_batching_used": NO_BATCHING not in log,
+            "said": next((line.strip() for line in log.splitlines() if NO_BATCHING in line), None),
+            "validate_s": round(check_s, 2),
+        },
+        "endpoint": {"adaptive": True, "max_concurrency": args.ceiling, **best["endpoint"]},
+        "endpoint_images_per_s_with_server_start": round(with_server_start, 3),
+        "actor": {"actors": 1, "cpus_per_actor": CPUS, "batch_size": 8, **best["actor"]},
+        "ratio": round(best["endpoint"]["steady_images_per_s"] / best["actor"]["steady_images_per_s"], 3),
+        "ratio_with_startup": round(with_server_start / best["actor"]["images_per_s"], 3),
+        "rounds": rounds,
+        "note": "CPU, a tiny model: the endpoint path's overhead. Real engines (vLLM, SGLang) on GPUs, which "
+        "batch continuously, are what the endpoint path is for (docs/engines.md).",
+        "cpus": CPUS,
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "total_s": round(time.perf_counter() - started, 1),
+    }
 
 
 if __name__ == "__main__":
