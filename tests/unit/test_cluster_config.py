@@ -29,3 +29,32 @@ def test_a_broken_cluster_yaml_is_caught():
     except jsonschema.ValidationError:
         return
     raise AssertionError("the schema accepted max_workers: 'eight'")
+
+
+def _with_engine_node() -> dict:
+    """cluster.yaml with its commented engine-node block uncommented."""
+    lines = (REPO / "cluster.yaml").read_text().splitlines()
+    begin, end = lines.index("  # BEGIN engine node"), lines.index("  # END engine node")
+    block = [line.replace("  # ", "  ", 1) for line in lines[begin + 1 : end]]
+    return yaml.safe_load("\n".join(lines[:begin] + block + lines[end + 1 :]))
+
+
+def test_the_engine_node_uncommented_is_valid_and_serves_what_the_example_study_names():
+    from vlm_decade.studies import load_study
+
+    schema = json.loads((Path(ray.autoscaler.__file__).parent / "ray-schema.json").read_text())
+    config = _with_engine_node()
+    jsonschema.validate(config, schema)
+    engine = config["available_node_types"]["vllm_engine"]
+    assert engine["min_workers"] == engine["max_workers"] == 1  # started with the cluster, never scaled away
+    assert "GPU" not in engine["resources"] and engine["resources"]["vllm_engine"] == 1  # no actor beside vLLM
+    # Its setup commands replace the common ones: the package (and so the head's Ray) must be among them.
+    assert any("pip install" in c and "/home/ubuntu/vlm_decade" in c for c in engine["worker_setup_commands"])
+    serve = next(c for c in engine["worker_setup_commands"] if "vllm serve" in c).split()
+    study = load_study(REPO / "docs" / "examples" / "engine_study.yaml")  # the study file parses (no server asked)
+    served = study.providers.endpoints["gpu-vllm"]
+    model = next(m for m in study.models if m.endpoint == "gpu-vllm")
+    assert serve[serve.index("serve") + 1] == model.model_id
+    assert served.base_url.endswith(f":{serve[serve.index('--port') + 1]}/v1")
+    assert served.max_concurrency == int(serve[serve.index("--max-num-seqs") + 1]) and served.adaptive
+    assert served.free
