@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import jsonschema
+import pytest
 import ray.autoscaler
 import yaml
 
@@ -58,3 +59,19 @@ def test_the_engine_node_uncommented_is_valid_and_serves_what_the_example_study_
     assert served.base_url.endswith(f":{serve[serve.index('--port') + 1]}/v1")
     assert served.max_concurrency == int(serve[serve.index("--max-num-seqs") + 1]) and served.adaptive
     assert served.free
+
+
+@pytest.mark.parametrize("name", ["engine_study.yaml", "gpu_study.yaml", "openworld_gpu.yaml"])
+def test_each_example_study_in_the_docs_parses_as_its_study(name):
+    """The docs' example study files are what `vlm-decade run` would load (their config; no data,
+    weights or server asked), and docs/examples holds no other."""
+    from vlm_decade.studies import load_study
+
+    assert sorted(p.name for p in (REPO / "docs" / "examples").glob("*.yaml")) == [
+        "engine_study.yaml",
+        "gpu_study.yaml",
+        "openworld_gpu.yaml",
+    ]
+    study = load_study(REPO / "docs" / "examples" / name)
+    assert type(study).__name__ == ("OpenWorldStudyConfig" if name.startswith("openworld") else "StudyConfig")
+    assert study.models and all(m.name for m in study.models)
