@@ -214,3 +214,48 @@ def test_judge_metrics_score_validate_and_rerun_for_free(study_and_server, tmp_p
 def _without_nan(rows: list[dict]) -> list[dict]:
     """The rows with NaN as None, so that equal tables compare equal."""
     return [{k: None if isinstance(v, float) and math.isnan(v) else v for k, v in r.items()} for r in rows]
+
+
+def test_a_judge_on_a_named_endpoint_is_asked_there_for_free_and_cached_under_its_name(study_and_server):
+    from vlm_decade.core.errors import InputError
+    from vlm_decade.stages.estimate import render
+
+    path, server, seen, unexpected = study_and_server
+    with FakeAPIServer(answer=server.answer, models=("llama-judge",)) as engine:
+        raw = yaml.safe_load(path.read_text())
+        raw["judge_metrics"] = [
+            {"name": "CLAIR", "kind": "rating", "backend": "openai", "model_id": "llama-judge", "endpoint": "engine"}
+        ]
+        raw["providers"]["endpoints"] = {"engine": {"base_url": engine.openai_url, "free": True, "max_concurrency": 4}}
+        path.write_text(yaml.safe_dump(raw))
+        study = load_study(path)
+        lines, _ = estimate(study, check(study))  # check asks the endpoint what it serves
+        assert engine.counts()["openai.models"] == 1
+        line = next(ln for ln in lines if ln.what == "judge CLAIR")
+        assert (line.provider, line.usd) == ("engine", 0.0)
+        assert "engine (endpoint " in render(study, lines) and "free: every model it serves" in render(study, lines)
+        run = run_study(study, Reporter(quiet=True))
+        assert unexpected == []
+        members = sum(
+            r["role"] in ("top", "bottom") for r in run.read("references").to_pylist() if r["condition"] == "full"
+        )
+        judged = run.read("judge_scores").to_pylist()
+        assert len(judged) == len(IMAGES) + members and all(r["status"] == "ok" for r in judged)
+        assert all(r["cost_usd"] == 0.0 for r in judged)
+        # Every question went to the endpoint, none to the cloud provider.
+        assert engine.counts()["openai.chat"] == len(IMAGES) + members and server.counts()["openai.chat"] == 0
+        scores = {(r["metric"], r["subject"], r["image_id"]): r["value"] for r in run.read("scores").to_pylist()}
+        assert scores[("CLAIR", MODEL, "rocket")] == pytest.approx(0.95)
+        assert run.manifest()["spend_usd"]["engine"] == 0.0
+        # The same server under another name shares no cache entry: its judge is asked anew.
+        raw["judge_metrics"][0]["endpoint"] = "engine-2"
+        raw["providers"]["endpoints"] = {"engine-2": raw["providers"]["endpoints"]["engine"]}
+        path.write_text(yaml.safe_dump(raw))
+        run_study(load_study(path), Reporter(quiet=True))
+        assert engine.counts()["openai.chat"] == 2 * (len(IMAGES) + members)
+        # An endpoint that is not there is named, with the ones that are.
+        raw["judge_metrics"][0]["endpoint"] = "engine-3"
+        path.write_text(yaml.safe_dump(raw))
+        with pytest.raises(InputError) as refused:
+            check(load_study(path))
+    assert "judge_metrics.0.endpoint" in str(refused.value) and "known: engine-2" in str(refused.value)

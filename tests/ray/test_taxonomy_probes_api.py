@@ -319,3 +319,29 @@ def test_the_estimate_bounds_every_request_the_study_sends_probes_included(study
     assert len(server.received()) <= sum(line.requests for line in lines)
     billed = server.billed_usd(lambda model: (0.15, 0.60))  # gpt-4o-mini
     assert billed <= sum(line.usd for line in lines)
+
+
+def test_a_verifier_on_a_named_endpoint_is_asked_there_and_the_labels_are_the_same(study_and_server):
+    path, server, unexpected = study_and_server
+    with FakeAPIServer(answer=server.answer, models=("gpt-4o",)) as checker:
+        raw = yaml.safe_load(path.read_text())
+        raw["taxonomy"]["verifier"]["endpoint"] = "checker"
+        raw["providers"]["endpoints"] = {"checker": {"base_url": checker.openai_url, "free": True}}
+        path.write_text(yaml.safe_dump(raw))
+        run = run_study(load_study(path), Reporter(quiet=True))  # its check asks the endpoint what it serves
+    assert unexpected == []
+    presence = [p for p in PROBES if p[0] == VERIFIER]
+    # The verifier's questions went to the endpoint, free; the model's descriptions and probes to OpenAI.
+    assert checker.counts() == Counter({"openai.chat": len(presence), "openai.models": 1})
+    assert len(server.received()) == len(IMAGES) + len(PROBES) - len(presence)
+    probes = run.read("probes").to_pylist()
+    asked = sorted(
+        (p["subject"], p["image_id"], p["round"], p["kind"], p["object"], p["anchor"], p["question"], p["answer"])
+        for p in probes
+    )
+    assert asked == sorted(PROBES)
+    assert all(p["cost_usd"] == 0.0 for p in probes if p["subject"] == VERIFIER)
+    errors = run.read("errors").to_pylist()
+    labels = {(e["image_id"], e["error_type"]): e["present"] for e in errors if e["method"] == "probe"}
+    assert {image: {t: labels[(image, t)] for t in PRESENT[image]} for image in IMAGES} == PRESENT
+    assert run.manifest()["spend_usd"]["checker"] == 0.0

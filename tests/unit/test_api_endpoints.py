@@ -98,11 +98,21 @@ def test_the_estimate_says_a_zero_priced_endpoint_is_free():
             "name": "s",
             "data": {"images": "i.csv", "image_dir": ".", "descriptions": "d.csv"},
             "models": [{"name": "m", "backend": "imported", "model_id": "m", "era": "mllm"}],
-            "providers": {"endpoints": {"local": {"base_url": "http://127.0.0.1:8000/v1", "free": True}}},
+            "providers": {
+                "endpoints": {
+                    "local": {"base_url": "http://127.0.0.1:8000/v1", "free": True},
+                    "zero": {"base_url": "http://127.0.0.1:8001/v1", "prices": {"Qwen2-VL": {"input_per_mtok": 0}}},
+                    "paid": {"base_url": "http://127.0.0.1:8002/v1", "prices": {"Qwen2-VL": {"input_per_mtok": 1}}},
+                }
+            },
         }
     )
-    text = render(study, [Line("local", "qwen", 10, 0, 1000, 3000, model_id="Qwen2-VL"), Line("openai", "gpt", 2)])
+    lines = [Line(name, "qwen", 10, 0, 1000, 3000, usd=0.001, model_id="Qwen2-VL") for name in ("local", "zero")]
+    lines += [Line("paid", "qwen", 10, 0, 1000, 3000, usd=0.001, model_id="Qwen2-VL"), Line("openai", "gpt", 2)]
+    text = render(study, lines)
     assert "local (endpoint http://127.0.0.1:8000/v1): free: every model it serves is priced at zero" in text
+    assert "zero (endpoint http://127.0.0.1:8001/v1): free: every model it serves is priced at zero" in text
+    assert "paid (sync mode): between $0.0000 and $0.0010" in text and "paid (endpoint" not in text
     assert "openai (sync mode): between" in text
 
 

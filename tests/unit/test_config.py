@@ -472,3 +472,26 @@ def test_a_study_reads_back_from_what_its_manifest_records(kind):
     recorded = json.loads(json.dumps(study.model_dump(mode="json")))
     assert recorded["models"][0]["variants"] == "full"
     assert study_from_dict(recorded) == study
+
+
+def test_an_endpoint_refuses_the_batch_fields_a_cloud_provider_takes(tmp_path):
+    providers = (
+        "providers:\n"
+        "  openai: {mode: batch, batch_poll_s: 5, batch_max_requests: 100}\n"
+        "  endpoints:\n"
+        "    vllm: {base_url: 'http://127.0.0.1:8000/v1', batch_poll_s: 5, max_concurency: 8}\n"
+    )
+    problems = {p.field: p.message for p in problems_of(tmp_path, MINIMAL + providers)}
+    assert set(problems) == {"providers.endpoints.vllm.batch_poll_s", "providers.endpoints.vllm.max_concurency"}
+    known = (
+        "known: rpm, tpm, max_concurrency, adaptive, timeout_s, max_attempts, base_url, budget_usd, prices, "
+        "api, key_env, free, revision"
+    )
+    assert problems["providers.endpoints.vllm.batch_poll_s"] == f"unknown field 'batch_poll_s'; {known}"
+    assert problems["providers.endpoints.vllm.max_concurency"] == (
+        f"unknown field 'max_concurency' (did you mean 'max_concurrency'?); {known}"
+    )
+    # The cloud provider keeps its batch fields, and an endpoint reads as sync.
+    study = load_text(tmp_path, MINIMAL + providers.replace(", batch_poll_s: 5, max_concurency: 8", ""))
+    assert (study.providers.openai.mode, study.providers.openai.batch_poll_s) == ("batch", 5.0)
+    assert study.providers.openai.batch_max_requests == 100 and study.providers.of("vllm").mode == "sync"

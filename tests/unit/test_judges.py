@@ -1,6 +1,7 @@
 """Study A's judge metrics by hand: the prompts as their authors format them, how an answer is read
 (an unreadable one is NaN, never an exception), and the values a transcript gives in the scores."""
 
+import asyncio
 import math
 
 import pyarrow as pa
@@ -11,7 +12,7 @@ from vlm_decade.studies.decade import judges
 from vlm_decade.studies.decade.judging import JUDGE_SCHEMA, check_judges, judge_settings, judge_values
 
 
-def study(judge_metrics):
+def study(judge_metrics, providers=None):
     return study_from_dict(
         {
             "name": "s",
@@ -20,6 +21,7 @@ def study(judge_metrics):
                 {"name": "m", "backend": "imported", "model_id": "x", "era": "mllm", "options": {"file": "caps.csv"}}
             ],
             "judge_metrics": judge_metrics,
+            **({"providers": providers} if providers else {}),
         }
     )
 
@@ -191,3 +193,100 @@ def test_judge_metric_names_are_metric_names():
 
     with pytest.raises(ValidationError, match="repeated: SBERT-SI"):
         study([{"name": "SBERT-SI", "kind": "rating", "backend": "openai", "model_id": "gpt-4o-mini"}])
+
+
+# -- a judge on a named endpoint ----------------------------------------------------------------------
+
+
+def test_validate_asks_a_judges_endpoint_and_names_an_unknown_one_with_the_known_ones(monkeypatch):
+    from vlm_decade.testing.fake_api import FakeAPIServer
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)  # an endpoint without `key_env` needs no key
+    with FakeAPIServer(models=("llama-judge",)) as engine:
+        endpoints = {"engine": {"base_url": engine.openai_url, "free": True}}
+        s = study(
+            [
+                {"name": "A", "kind": "rating", "backend": "openai", "model_id": "llama-judge", "endpoint": "engine"},
+                {"name": "B", "kind": "rating", "backend": "openai", "model_id": "llama-judge", "endpoint": "engin"},
+                {"name": "C", "kind": "preference", "backend": "openai", "model_id": "qwen", "endpoint": "engine"},
+            ],
+            {"endpoints": endpoints},
+        )
+        problems = {p.field: p.message for p in check_judges(s)}
+        assert engine.counts()["openai.models"] == 1  # asked once for both of its judges
+    assert set(problems) == {"judge_metrics.1.endpoint", "judge_metrics.2.model_id"}
+    assert problems["judge_metrics.1.endpoint"] == (
+        "no endpoint 'engin' under providers.endpoints (did you mean 'engine'?); known: engine"
+    )
+    assert problems["judge_metrics.2.model_id"] == (
+        f"endpoint 'engine' at {engine.openai_url} does not serve 'qwen'; it serves: llama-judge"
+    )
+    # A Gemini judge cannot name an endpoint that speaks the OpenAI API.
+    gemini = study(
+        [{"name": "G", "kind": "rating", "backend": "gemini", "model_id": "g", "endpoint": "engine"}],
+        {"endpoints": endpoints},
+    )
+    (other_api,) = check_judges(gemini)
+    assert other_api.field == "judge_metrics.0.endpoint" and "speaks the openai API" in other_api.message
+
+
+def test_an_endpoint_judge_in_batch_mode_is_refused_when_the_study_is_read():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="an endpoint has no batch interface"):
+        study(
+            [{"name": "A", "kind": "rating", "backend": "openai", "model_id": "q", "endpoint": "e", "mode": "batch"}],
+            {"endpoints": {"e": {"base_url": "http://127.0.0.1:1/v1", "free": True}}},
+        )
+
+
+def test_a_judge_on_an_endpoint_is_estimated_sent_and_cached_under_the_endpoints_name(tmp_path):
+    from types import SimpleNamespace
+
+    from vlm_decade.models.api.endpoints import served_by
+    from vlm_decade.models.api.gateway import Gateway
+    from vlm_decade.models.api.keys import Secret
+    from vlm_decade.models.api.providers import ChatRequest, chat_key
+    from vlm_decade.stages.estimate import render
+    from vlm_decade.studies.decade.judging import estimate
+    from vlm_decade.testing.fake_api import FakeAPIServer
+
+    with FakeAPIServer(models=("llama-judge",)) as engine:
+        s = study(
+            [
+                {"name": "A", "kind": "rating", "backend": "openai", "model_id": "llama-judge", "endpoint": "engine"},
+                {"name": "B", "kind": "rating", "backend": "openai", "model_id": "gpt-4o-mini"},
+            ],
+            {"endpoints": {"engine": {"base_url": engine.openai_url, "free": True}}},
+        )
+        on_engine, on_openai = s.judge_metrics
+        # The estimate puts each judge on its own gateway's line: the endpoint's free, OpenAI's priced.
+        data = SimpleNamespace(
+            references=pa.table(
+                {
+                    "image_id": ["a", "a"],
+                    "condition": ["full"] * 2,
+                    "role": ["gold", "top"],
+                    "text": ["A dog.", "A cat."],
+                }
+            ),
+            images=pa.table({"image_id": ["a"], "width": [64], "height": [64]}),
+        )
+        lines = {line.what: line for line in estimate(s, data)}
+        assert (lines["judge A"].provider, lines["judge A"].usd) == ("engine", 0.0)
+        assert lines["judge B"].provider == "openai" and lines["judge B"].usd > 0
+        assert lines["judge A"].requests == lines["judge B"].requests == 2  # the model's and the human's
+        text = render(s, [lines["judge A"]])
+        assert f"engine (endpoint {engine.openai_url}): free: every model it serves is priced at zero" in text
+
+        # A question goes to the endpoint's gateway, and its cache entry is keyed by the endpoint's name.
+        name = served_by(on_engine.backend, on_engine.endpoint)
+        gateway = Gateway(name, s.providers.of(name), Secret("no-key"), tmp_path / "cache")
+        req = ChatRequest(
+            on_engine.model_id, judges.rating_prompt("A dog.", ["A cat."]), settings=judge_settings(on_engine)
+        )
+        answer = asyncio.run(gateway.chat(req))
+        assert answer["status"] == "ok" and answer["cost_usd"] == 0.0
+        assert engine.counts()["openai.chat"] == 1
+    assert gateway.cache.has("chat", chat_key("engine", req)) and not gateway.cache.has("chat", chat_key("openai", req))
+    assert served_by(on_openai.backend, on_openai.endpoint) == "openai"

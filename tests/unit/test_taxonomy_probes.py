@@ -390,3 +390,52 @@ def test_a_whole_transcript(matcher):
         ("detection", "cat", False),
         ("hallucination", "gun", False),
     ]
+
+
+# -- the verifier model on a named endpoint -----------------------------------------------------------
+
+
+def verifier_study(verifier: dict, endpoints: dict):
+    from vlm_decade.studies import study_from_dict
+
+    return study_from_dict(
+        {
+            "name": "s",
+            "data": {"images": "images.csv", "image_dir": "imgs", "descriptions": "d.csv"},
+            "models": [{"name": "m", "backend": "imported", "model_id": "x", "era": "mllm"}],
+            "taxonomy": {"verifier": {"kind": "model", "backend": "openai", **verifier}},
+            "providers": {"endpoints": endpoints},
+        }
+    )
+
+
+def test_validate_asks_the_verifiers_endpoint_and_its_probes_go_there(monkeypatch):
+    from vlm_decade.models.api.endpoints import served_by
+    from vlm_decade.models.backends import backend_class
+    from vlm_decade.studies.decade.taxonomy.probing import check_verifier
+    from vlm_decade.testing.fake_api import FakeAPIServer
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)  # an endpoint without `key_env` needs no key
+    with FakeAPIServer(models=("qwen-vl",)) as engine:
+        endpoints = {"checker": {"base_url": engine.openai_url, "free": True}}
+        good = verifier_study({"model_id": "qwen-vl", "endpoint": "checker"}, endpoints)
+        assert check_verifier(good) == [] and engine.counts()["openai.models"] == 1
+        (unserved,) = check_verifier(verifier_study({"model_id": "qwen-7b", "endpoint": "checker"}, endpoints))
+        (typo,) = check_verifier(verifier_study({"model_id": "qwen-vl", "endpoint": "checkr"}, endpoints))
+    assert unserved.field == "taxonomy.verifier.model_id"
+    assert unserved.message == f"endpoint 'checker' at {engine.openai_url} does not serve 'qwen-7b'; it serves: qwen-vl"
+    assert typo.field == "taxonomy.verifier.endpoint"
+    assert typo.message == "no endpoint 'checkr' under providers.endpoints (did you mean 'checker'?); known: checker"
+    # Without an endpoint the verifier is OpenAI's: its key is needed.
+    (no_key,) = check_verifier(verifier_study({"model_id": "gpt-4o"}, {}))
+    assert no_key.file == "environment" and "needs an API key" in no_key.message
+    # The verifier's questions are sent through the gateway of its endpoint (probing.ask_rounds).
+    model = good.taxonomy.verifier.as_model()
+    assert served_by(backend_class(model.backend).provider, model.endpoint) == "checker"
+
+
+def test_a_locator_verifier_takes_no_endpoint():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="the locator verifier takes no backend, model_id or endpoint"):
+        verifier_study({"kind": "locator", "backend": None, "endpoint": "checker"}, {})

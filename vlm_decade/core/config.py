@@ -497,14 +497,12 @@ class Price(Settings):
     output_per_mtok: float = Field(0.0, ge=0, description="US$ per million output tokens (reasoning tokens included).")
 
 
-class ProviderConfig(Settings):
-    """Limits for one API provider, held for the whole cluster by its gateway actor (docs/api.md).
-
-    The defaults suit a first paid tier; raise them to your account's limits. `base_url` points the
-    official client elsewhere (a proxy, or the fake server in tests). `budget_usd` caps what the run
-    folder may spend with this provider, across its stages and reruns: requests that could pass it
-    are not sent (rows `skipped`). `mode: batch` sends chat requests and texts to embed through the
-    provider's batch interface instead, at half the price.
+class APIConfig(Settings):
+    """What every API a study sends to has, held for the whole cluster by its gateway actor
+    (docs/api.md): limits, timeouts, a budget and prices. `budget_usd` caps what the run folder may
+    spend with it, across its stages and reruns: requests that could pass it are not sent (rows
+    `skipped`). A cloud provider's section (`ProviderConfig`) adds its batch interface; a named
+    endpoint's (`EndpointConfig`) its URL, key and what it serves.
     """
 
     rpm: int | None = Field(None, ge=1, description="Requests per minute, for the whole cluster (none: no limit).")
@@ -524,6 +522,24 @@ class ProviderConfig(Settings):
     prices: dict[str, Price] = Field(
         default_factory=dict, description="Prices by model id (prefix), over the built-in table."
     )
+
+    def price(self, provider: str, model_id: str) -> Price | None:
+        table = {
+            k: Price(input_per_mtok=p.input_per_mtok, output_per_mtok=p.output_per_mtok)
+            for k, p in DEFAULT_PRICES.get(provider, {}).items()
+        }
+        table.update(self.prices)
+        key = longest_prefix(model_id, table)
+        return None if key is None else table[key]
+
+
+class ProviderConfig(APIConfig):
+    """A cloud provider (OpenAI, Gemini): the defaults suit a first paid tier; raise them to your
+    account's limits. `base_url` points the official client elsewhere (a proxy, or the fake server in
+    tests). `mode: batch` sends chat requests and texts to embed through the provider's batch
+    interface instead, at half the price.
+    """
+
     mode: Literal["sync", "batch"] = operational(
         "sync",
         "sync: requests one by one; batch: the provider's batch interface, "
@@ -536,15 +552,6 @@ class ProviderConfig(Settings):
         30.0, "Batch mode: seconds before a pending batch is looked at again (growing by half each time).", gt=0
     )
 
-    def price(self, provider: str, model_id: str) -> Price | None:
-        table = {
-            k: Price(input_per_mtok=p.input_per_mtok, output_per_mtok=p.output_per_mtok)
-            for k, p in DEFAULT_PRICES.get(provider, {}).items()
-        }
-        table.update(self.prices)
-        key = longest_prefix(model_id, table)
-        return None if key is None else table[key]
-
 
 ENDPOINT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 CLOUD_PROVIDERS = ("openai", "gemini")
@@ -552,9 +559,10 @@ CLOUD_PROVIDERS = ("openai", "gemini")
 CLOUD_LIMITS = {"openai": {"rpm": 500, "tpm": 30_000}, "gemini": {"rpm": 150, "tpm": 1_000_000}}
 
 
-class EndpointConfig(ProviderConfig):
+class EndpointConfig(APIConfig):
     """A named server that speaks a provider's API (vLLM, SGLang, Ray Serve LLM, TGI, llama.cpp, Ollama:
-    the OpenAI chat and embeddings API), with its own gateway: limits, budget, prices, cache entries."""
+    the OpenAI chat and embeddings API), with its own gateway: limits, budget, prices, cache entries.
+    It has no batch interface, so no batch fields: its requests go one by one (`mode` is sync)."""
 
     api: Literal["openai"] = Field(
         "openai", description="The API it speaks: openai (chat completions and embeddings, OpenAI-compatible)."
@@ -573,7 +581,11 @@ class EndpointConfig(ProviderConfig):
         min_length=1,
         description="What it serves (e.g. the weights' commit): part of the cache key, so a new one is asked anew.",
     )
-    mode: Literal["sync"] = operational("sync", "sync only: an endpoint has no batch interface.")
+
+    @property
+    def mode(self) -> Literal["sync"]:
+        """As a cloud provider's `mode` reads: an endpoint's requests go one by one."""
+        return "sync"
 
     def price(self, provider: str, model_id: str) -> Price | None:
         """Its own prices only (no built-in table); free when declared so and none is given."""
@@ -630,7 +642,7 @@ class ProvidersConfig(Settings):
         """Every provider a study may send to: the cloud ones, then the endpoints."""
         return [*CLOUD_PROVIDERS, *self.endpoints]
 
-    def of(self, name: str) -> ProviderConfig:
+    def of(self, name: str) -> ProviderConfig | EndpointConfig:
         """The section of provider or endpoint `name`; KeyError naming the known ones."""
         if name in CLOUD_PROVIDERS:
             return getattr(self, name)
@@ -643,7 +655,7 @@ class ProvidersConfig(Settings):
         return api_of(name, self.of(name))
 
 
-def api_of(name: str, cfg: ProviderConfig) -> str:
+def api_of(name: str, cfg: APIConfig) -> str:
     """The API the provider `name` with section `cfg` speaks: an endpoint's `api`, else its own name."""
     return cfg.api if isinstance(cfg, EndpointConfig) else name
 

@@ -8,7 +8,7 @@ budget, prices and cache entries under its name.
 
 from __future__ import annotations
 
-from vlm_decade.core.config import EndpointConfig, ProviderConfig, ProvidersConfig
+from vlm_decade.core.config import APIConfig, EndpointConfig, ProvidersConfig
 from vlm_decade.core.errors import STUDY_FILE, Problem
 from vlm_decade.core.names import did_you_mean
 from vlm_decade.models.api.keys import api_key, key_hint, scrub
@@ -19,19 +19,19 @@ def served_by(provider: str, endpoint: str | None) -> str:
     return endpoint or provider
 
 
-def cache_revision(cfg: ProviderConfig) -> str | None:
+def cache_revision(cfg: APIConfig) -> str | None:
     """What an endpoint says it serves, part of its cache keys; None for a cloud provider (whose
     keys have no such field)."""
     return cfg.revision if isinstance(cfg, EndpointConfig) else None
 
 
-def is_free(cfg: ProviderConfig, provider: str, model_id: str) -> bool:
+def is_free(cfg: APIConfig, provider: str, model_id: str) -> bool:
     """Whether an endpoint's model costs nothing (a zero price, or `free: true`)."""
     price = cfg.price(provider, model_id) if isinstance(cfg, EndpointConfig) else None
     return price is not None and price.input_per_mtok == 0 and price.output_per_mtok == 0
 
 
-def prices_field(provider: str, cfg: ProviderConfig) -> str:
+def prices_field(provider: str, cfg: APIConfig) -> str:
     """Where a study file gives `provider`'s prices."""
     where = f"endpoints.{provider}" if isinstance(cfg, EndpointConfig) else provider
     return f"providers.{where}.prices"

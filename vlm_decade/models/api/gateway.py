@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
-from vlm_decade.core.config import ProviderConfig, api_of
+from vlm_decade.core.config import APIConfig, api_of
 from vlm_decade.models.api.adaptive import ConcurrencyGate
 from vlm_decade.models.api.answers import cached_answer, failed_answer
 from vlm_decade.models.api.batch import Batcher
@@ -92,7 +92,7 @@ class Gateway:
     def __init__(
         self,
         provider: str,
-        cfg: ProviderConfig,
+        cfg: APIConfig,
         key: Secret,
         cache_dir: str | Path,
         window_s: float = 60.0,
@@ -396,7 +396,7 @@ class GatewayActor:
     def __init__(
         self,
         provider: str,
-        cfg: ProviderConfig,
+        cfg: APIConfig,
         key: Secret,
         cache_dir: str,
         spend_log: str | None,
@@ -452,7 +452,7 @@ class GatewayActor:
 def gateway_actor(
     ray,
     provider: str,
-    cfg: ProviderConfig,
+    cfg: APIConfig,
     key: Secret,
     cache_dir: Path,
     run_id: str,

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from vlm_decade.core.config import EndpointConfig, Price, ProviderConfig
+from vlm_decade.core.config import APIConfig, EndpointConfig, Price
 from vlm_decade.models.api.keys import Secret
 
 OPENAI_REASONING = ("o1", "o3", "o4", "gpt-5")
@@ -86,7 +86,7 @@ def _status(exc: BaseException) -> int | None:
 class Provider:
     name: str
 
-    def __init__(self, cfg: ProviderConfig, key: Secret):
+    def __init__(self, cfg: APIConfig, key: Secret):
         self.cfg = cfg
         self.key = key
 
@@ -171,7 +171,7 @@ def _transport(exc: BaseException) -> bool:
 class OpenAIProvider(Provider):
     name = "openai"
 
-    def __init__(self, cfg: ProviderConfig, key: Secret):
+    def __init__(self, cfg: APIConfig, key: Secret):
         super().__init__(cfg, key)
         import openai
 
@@ -262,7 +262,7 @@ class OpenAIProvider(Provider):
 class GeminiProvider(Provider):
     name = "gemini"
 
-    def __init__(self, cfg: ProviderConfig, key: Secret):
+    def __init__(self, cfg: APIConfig, key: Secret):
         super().__init__(cfg, key)
         from google import genai
         from google.genai import types

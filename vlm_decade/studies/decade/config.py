@@ -164,18 +164,27 @@ class VerifierConfig(Settings):
     options: dict[str, Any] = Field(
         default_factory=dict, description="model: backend options (temperature, max_output_tokens)."
     )
+    endpoint: str | None = Field(
+        None, min_length=1, description="model: the named endpoint that serves it (providers.endpoints)."
+    )
 
     @model_validator(mode="after")
     def _complete(self) -> VerifierConfig:
         if self.kind == "model" and (self.backend is None or not self.model_id):
             raise ValueError("a model verifier needs `backend` (openai or gemini) and `model_id`")
-        if self.kind == "locator" and (self.backend is not None or self.model_id is not None):
-            raise ValueError("the locator verifier takes no backend or model_id (set them under taxonomy.locator)")
+        if self.kind == "locator" and (self.backend, self.model_id, self.endpoint) != (None, None, None):
+            raise ValueError(
+                "the locator verifier takes no backend, model_id or endpoint (set them under taxonomy.locator)"
+            )
         return self
 
     def as_model(self) -> ModelConfig:
         return ModelConfig(
-            name=f"verifier:{self.model_id}", backend=self.backend, model_id=self.model_id, options=self.options
+            name=f"verifier:{self.model_id}",
+            backend=self.backend,
+            model_id=self.model_id,
+            options=self.options,
+            endpoint=self.endpoint,
         )
 
 
@@ -235,7 +244,7 @@ class TaxonomyConfig(Settings):
 
 class JudgeMetricConfig(Settings):
     """An LLM judge as a metric of each description (docs/metrics.md, "Judge metrics"), through the
-    provider's gateway (cached, budgeted, sync or batch): `rating` (CLAIR: how likely the description
+    gateway of its provider or `endpoint` (cached, budgeted, sync or batch): `rating` (CLAIR: how likely the description
     describes the same image as the gold standard, 0-100, with a reason; text only) or `preference`
     (CapArena: the better of the description and the gold standard, the top-ranked human's, asked
     in both orders, with the image)."""
@@ -255,6 +264,15 @@ class JudgeMetricConfig(Settings):
     mode: Literal["sync", "batch"] | None = operational(
         None, "sync or batch (none: its provider's `mode`; docs/api.md)."
     )
+    endpoint: str | None = Field(
+        None, min_length=1, description="The named endpoint that serves the judge (providers.endpoints)."
+    )
+
+    @model_validator(mode="after")
+    def _no_batches_of_an_endpoint(self) -> JudgeMetricConfig:
+        if self.endpoint is not None and self.mode == "batch":
+            raise ValueError("an endpoint has no batch interface: `mode: batch` is for a cloud provider's judge")
+        return self
 
 
 class StudyConfig(StudyBase):

@@ -1,5 +1,5 @@
 """The judge_scores stage (Study A): each judge metric's questions about every description, sent
-through the provider's gateway actor like any other request (the same cache, so a re-run buys only
+through the gateway actor of its provider or named endpoint like any other request (the same cache, so a re-run buys only
 what was not answered, limits and budget; sync or batch), and the metric values they give.
 
 The descriptions judged are those the similarity metrics score (`score.scoring_pairs`): every
@@ -22,6 +22,7 @@ from vlm_decade.core.dispatch import batches, bounded
 from vlm_decade.core.errors import Problem
 from vlm_decade.core.runner import Stage, StudyRun
 from vlm_decade.models.api.answers import failed_answer
+from vlm_decade.models.api.endpoints import endpoint_problems, sending_problems, served_by
 from vlm_decade.models.api.providers import ChatRequest, provider_class
 from vlm_decade.models.backends import backend_class
 from vlm_decade.stages.describe.plan import Job
@@ -56,25 +57,25 @@ JUDGE_SCHEMA = pa.schema(
 def as_model(judge: JudgeMetricConfig) -> ModelConfig:
     """The judge as the API backends see a model (their checks and settings)."""
     return ModelConfig(
-        name=f"judge:{judge.name}", backend=judge.backend, model_id=judge.model_id, options=judge.options
+        name=f"judge:{judge.name}",
+        backend=judge.backend,
+        model_id=judge.model_id,
+        options=judge.options,
+        endpoint=judge.endpoint,
     )
 
 
 def check_judges(study: StudyConfig) -> list[Problem]:
-    """Each judge's key, options and price, before any work."""
-    problems = []
+    """Each judge's key, options, endpoint and price, before any work; each endpoint named is asked
+    whether it answers and serves its judge's model."""
+    problems, wanted = [], {}
     for i, judge in enumerate(study.judge_metrics):
         problems += backend_class(judge.backend).check(as_model(judge), set(), ["full"])
-        if getattr(study.providers, judge.backend).price(judge.backend, judge.model_id) is None:
-            problems.append(
-                Problem(
-                    "study file",
-                    f"no price for {judge.backend} model '{judge.model_id}'; add one under "
-                    f"providers.{judge.backend}.prices",
-                    field=f"judge_metrics.{i}.model_id",
-                )
-            )
-    return problems
+        mine = sending_problems(study.providers, judge.backend, judge.endpoint, judge.model_id, f"judge_metrics.{i}")
+        problems += mine
+        if judge.endpoint is not None and not mine:
+            wanted.setdefault(judge.endpoint, {}).setdefault(judge.model_id, f"judge_metrics.{i}.model_id")
+    return problems + endpoint_problems(study.providers, wanted)
 
 
 def judge_settings(judge: JudgeMetricConfig) -> dict:
@@ -143,7 +144,7 @@ def _send(
 
     ray = run.ray()
     settings, batch = judge_settings(judge), session.batch_for(judge.mode)
-    tasks = max(1, 2 * getattr(study.providers, judge.backend).max_concurrency // REMOTE_BATCH)
+    tasks = max(1, 2 * study.providers.of(served_by(judge.backend, judge.endpoint)).max_concurrency // REMOTE_BATCH)
     answers: dict[int, dict] = {}
     if paths is not None:
         jobs = [Job(judge.name, "", "full", "", p, path, None, "") for p, path in zip(prompts, paths)]
@@ -188,7 +189,7 @@ def judge_table(study: StudyConfig, run: StudyRun) -> pa.Table:
             continue
         paths = [path_of[i] for i, _ in distinct] if judge.kind == "preference" else None
         with (
-            RemoteSession(run.ray(), study.providers, run.folder, judge.backend) as session,
+            RemoteSession(run.ray(), study.providers, run.folder, served_by(judge.backend, judge.endpoint)) as session,
             run.reporter.track(f"judge {judge.name}", len(distinct)) as advance,
         ):
             sent = dict(zip(distinct, _send(run, session, study, judge, [p for _, p in distinct], paths)))
@@ -272,11 +273,12 @@ def estimate(study: StudyConfig, data) -> list[Line]:
             else 0
             for i in gold
         }
-        line = Line(judge.backend, f"judge {judge.name}", mode=judge.mode, model_id=judge.model_id)
+        provider = served_by(judge.backend, judge.endpoint)
+        line = Line(provider, f"judge {judge.name}", mode=judge.mode, model_id=judge.model_id)
         line.requests = asks * len(candidates)
         line.input_tokens = asks * sum(template + FRAMING + gold[i] + n + image[i] for i, n in candidates)
         line.output_tokens = line.requests * settings["max_output_tokens"]
-        price = getattr(study.providers, judge.backend).price(judge.backend, judge.model_id)
+        price = study.providers.of(provider).price(provider, judge.model_id)
         line.usd = cost(price, line.input_tokens, line.output_tokens) if price else 0.0
         lines.append(line)
     return lines

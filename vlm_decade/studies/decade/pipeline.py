@@ -31,6 +31,7 @@ from vlm_decade.studies.decade.taxonomy import stages as taxonomy
 from vlm_decade.studies.decade.taxonomy.analysis import ERROR_TYPES
 from vlm_decade.studies.decade.taxonomy.hand import check_hand_labels
 from vlm_decade.studies.decade.taxonomy.probe_estimate import probe_lines
+from vlm_decade.studies.decade.taxonomy.probing import check_verifier
 
 
 def plan(study: StudyConfig) -> describe.Plan:
@@ -57,6 +58,7 @@ def check(study: StudyConfig, cache: ImageCache | None = None) -> StudyData:
     problems += describe.check_models(study, image_ids, ["full"] + [s.mask_id for s in mask_specs(study.masks)])
     problems += embed.check_encoders(study)
     problems += judging.check_judges(study)
+    problems += check_verifier(study)
     ratings = hand_labels = None
     found = Problems()
     if study.data.ratings is not None and image_ids is not None:

@@ -25,6 +25,7 @@ import uuid
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from vlm_decade.core.config import ProviderConfig
 from vlm_decade.models.api.answers import cached_answer, failed_answer
 from vlm_decade.models.api.batch.gemini_batches import GeminiBatches
 from vlm_decade.models.api.batch.lines import BATCH_DISCOUNT, EMBED_LINES, FINISHED, Embedding, Line
@@ -57,7 +58,9 @@ class Batcher:
         self.wait = wait
         self.resubmit = True  # what a finished batch did not reach is submitted again (not after `cancel`)
         self.budget = gateway.budget
-        cfg, limits = gateway.cfg, self.api.LIMITS
+        limits = self.api.LIMITS
+        # an endpoint has no batch interface (nor batch fields): its batcher only finds nothing pending
+        cfg = gateway.cfg if isinstance(gateway.cfg, ProviderConfig) else ProviderConfig()
         self.max_requests = min(cfg.batch_max_requests or limits.requests, limits.requests)
         self.poll_s = cfg.batch_poll_s
         self.groups: dict[tuple[str, str], list[Line]] = defaultdict(list)  # (kind, model) -> lines not submitted yet

@@ -4,8 +4,9 @@ An API model shows no boxes, so for each relevant object its description leaves 
 (with the image) whether there is an object at the place, then what it is; for each object it
 mentions that no independent source finds in the image, the same two questions at the place its
 description puts it. A verifier model, when the study has one, is first asked whether each such
-mentioned object is there at all. Questions go through the provider's gateway
-actor like any other request: the same cache (a re-run buys only what was not answered), limits and budget.
+mentioned object is there at all. Questions go through the gateway actor of the model's provider
+or named endpoint like any other request: the same cache (a re-run buys only what was not
+answered), limits and budget.
 The `probes` table is the transcript, the evidence of every probe-based label.
 """
 
@@ -15,8 +16,10 @@ import pyarrow as pa
 
 from vlm_decade.core.config import ModelConfig
 from vlm_decade.core.dispatch import batches, bounded
+from vlm_decade.core.errors import Problem
 from vlm_decade.core.runner import StudyRun
 from vlm_decade.models.api.answers import failed_answer
+from vlm_decade.models.api.endpoints import endpoint_problems, sending_problems, served_by
 from vlm_decade.models.backends import backend_class
 from vlm_decade.stages.describe.plan import Job
 from vlm_decade.stages.describe.remote import REMOTE_BATCH, ask_gateway, finish_queued
@@ -40,6 +43,21 @@ PROBES_SCHEMA = pa.schema(
         ("cost_usd", pa.float64()),
     ]
 )
+
+
+def check_verifier(study: StudyConfig) -> list[Problem]:
+    """A verifier model's key, endpoint and price, before any work; its endpoint is asked whether it
+    answers and serves the model. (The API models' probes go where their descriptions go: checked
+    with the models.)"""
+    verifier = study.taxonomy.verifier if study.taxonomy is not None else None
+    if verifier is None or verifier.kind != "model":
+        return []
+    where = "taxonomy.verifier"
+    problems = backend_class(verifier.backend).check(verifier.as_model(), set(), ["full"])
+    mine = sending_problems(study.providers, verifier.backend, verifier.endpoint, verifier.model_id, where)
+    if verifier.endpoint is not None and not mine:
+        mine = endpoint_problems(study.providers, {verifier.endpoint: {verifier.model_id: f"{where}.model_id"}})
+    return problems + mine
 
 
 def transcripts(table: pa.Table) -> dict[tuple[str, str], list[tuple[probes.Question, str]]]:
@@ -105,7 +123,7 @@ def run_probes(
         asks = [(image_id, q) for (_, image_id), qs in sorted(per_pair.items()) for q in qs]
         if not asks:
             return
-        provider = model.endpoint or backend_class(model.backend).provider
+        provider = served_by(backend_class(model.backend).provider, model.endpoint)
         tasks = max(1, 2 * study.providers.of(provider).max_concurrency // REMOTE_BATCH)
         with (
             RemoteSession(run.ray(), study.providers, run.folder, provider) as session,
