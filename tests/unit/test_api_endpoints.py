@@ -67,6 +67,27 @@ def test_an_endpoint_section_that_cannot_work_is_refused(endpoints, message):
         providers(**endpoints)
 
 
+@pytest.mark.parametrize(
+    "section, entry",
+    [
+        ("ModelConfig", {"name": "m", "backend": "openai", "model_id": "q"}),
+        ("EncoderConfig", {"name": "E-SI", "backend": "openai", "model_id": "e"}),
+        ("JudgeMetricConfig", {"name": "J", "kind": "rating", "backend": "openai", "model_id": "j"}),
+        ("JudgeConfig", {"backend": "openai", "model_id": "j"}),
+    ],
+)
+def test_a_model_encoder_or_judge_on_an_endpoint_cannot_ask_for_batches(section, entry):
+    from vlm_decade.core import config
+    from vlm_decade.studies.decade import config as decade
+    from vlm_decade.studies.openworld import config as openworld
+
+    cls = next(getattr(m, section) for m in (config, decade, openworld) if hasattr(m, section))
+    assert cls.model_validate({**entry, "endpoint": "e", "mode": "sync"}).endpoint == "e"
+    assert cls.model_validate({**entry, "mode": "batch"}).mode == "batch"  # a cloud provider's batches
+    with pytest.raises(ValidationError, match="an endpoint has no batch interface"):
+        cls.model_validate({**entry, "endpoint": "e", "mode": "batch"})
+
+
 def test_an_endpoint_model_is_free_only_when_declared_so():
     p = providers(
         paid={"base_url": "http://h/v1", "prices": {"qwen": {"input_per_mtok": 0.1, "output_per_mtok": 0.2}}},

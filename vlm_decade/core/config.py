@@ -236,6 +236,14 @@ def check_options(
 Era = Literal["pre-mllm", "mllm"]
 
 
+def no_batches_of_an_endpoint(section: Settings) -> Settings:
+    """`section` (a model, encoder or judge) unless it names an endpoint and asks for `mode: batch`,
+    which an endpoint does not have."""
+    if getattr(section, "endpoint", None) is not None and getattr(section, "mode", None) == "batch":
+        raise ValueError("an endpoint has no batch interface: `mode: batch` is for a cloud provider")
+    return section
+
+
 class ModelConfig(Settings):
     """One describing (A) or classifying (B) model: `name` is its subject in every table."""
 
@@ -262,6 +270,8 @@ class ModelConfig(Settings):
     endpoint: str | None = Field(
         None, min_length=1, description="API models: the named endpoint that serves it (providers.endpoints)."
     )
+
+    _sync_on_an_endpoint = model_validator(mode="after")(no_batches_of_an_endpoint)
 
     @field_validator("name")
     @classmethod
@@ -290,6 +300,8 @@ class EncoderConfig(Settings):
     endpoint: str | None = Field(
         None, min_length=1, description="API encoders: the named endpoint that serves it (providers.endpoints)."
     )
+
+    _sync_on_an_endpoint = model_validator(mode="after")(no_batches_of_an_endpoint)
 
 
 class MetricConfig(Settings):

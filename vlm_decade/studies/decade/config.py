@@ -15,6 +15,7 @@ from vlm_decade.core.config import (
     ModelConfig,
     Settings,
     StudyBase,
+    no_batches_of_an_endpoint,
     operational,
     repeated,
 )
@@ -268,11 +269,7 @@ class JudgeMetricConfig(Settings):
         None, min_length=1, description="The named endpoint that serves the judge (providers.endpoints)."
     )
 
-    @model_validator(mode="after")
-    def _no_batches_of_an_endpoint(self) -> JudgeMetricConfig:
-        if self.endpoint is not None and self.mode == "batch":
-            raise ValueError("an endpoint has no batch interface: `mode: batch` is for a cloud provider's judge")
-        return self
+    _sync_on_an_endpoint = model_validator(mode="after")(no_batches_of_an_endpoint)
 
 
 class StudyConfig(StudyBase):

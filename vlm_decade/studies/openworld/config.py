@@ -14,6 +14,7 @@ from vlm_decade.core.config import (
     FolderLocation,
     Settings,
     StudyBase,
+    no_batches_of_an_endpoint,
     operational,
     repeated,
     set_for_other_studies,
@@ -85,7 +86,7 @@ class JudgeConfig(Settings):
         for own in ("mode", "endpoint"):
             if getattr(self, own) is not None and self.backend == "hf-judge":
                 raise ValueError(f"`{own}` is for an API judge (openai, gemini); hf-judge runs here")
-        return self
+        return no_batches_of_an_endpoint(self)
 
 
 class OpenWorldMetricsConfig(Settings):
