@@ -60,11 +60,11 @@ def run(previous, texts, settings=("detector", 1), failing=()):
 
 
 def test_added_images_are_the_only_ones_computed_and_the_table_equals_a_fresh_one():
-    old, first = run(None, texts(1000))
-    assert len(first) == 1000 and old.num_rows == 2000
-    grown = texts(1100)
+    old, first = run(None, texts(200))
+    assert len(first) == 200 and old.num_rows == 400
+    grown = texts(220)
     table, computed = run(old, grown)
-    assert computed == [f"img{i:04d}" for i in range(1000, 1100)]
+    assert computed == [f"img{i:04d}" for i in range(200, 220)]
     fresh, _ = run(None, grown)
     assert table.equals(fresh)  # exactly: each row's floats came from the same arithmetic on the same inputs
     assert table.column("image_id").to_pylist()[:4] == ["img0000", "img0000", "img0001", "img0001"]
@@ -98,3 +98,40 @@ def test_changed_settings_compute_every_image_and_nothing_to_do_calls_nothing():
     assert run(old, texts(5), settings=("detector", 2))[1] == [f"img{i:04d}" for i in range(5)]
     table, computed = run(old, texts(5))
     assert computed == [] and table.equals(old)
+
+
+def test_a_stage_run_again_with_an_image_added_detects_only_that_one(tmp_path):
+    """Through the run folder: the detections stage's glue (`per_image`) reads back the last table it
+    wrote, verified, and hands only the added image to the detector."""
+    from vlm_decade.core.config import RuntimeConfig
+    from vlm_decade.core.progress import Reporter
+    from vlm_decade.core.runfolder import RunFolder
+    from vlm_decade.core.runner import Stage, StudyRun, given
+    from vlm_decade.core.runtime import LazyRay
+    from vlm_decade.studies.decade.taxonomy.detect import DETECTIONS_SCHEMA, per_image
+
+    seen = []
+
+    def detector(images: pa.Table) -> list[dict]:
+        seen.append(images.column("image_id").to_pylist())
+        return [
+            {"image_id": i, "status": "ok", "error": "", "detections": [{"label": s[:3], "score": 0.5}]}
+            for i, s in zip(images.column("image_id").to_pylist(), images.column("sha256").to_pylist())
+        ]
+
+    def run(folder, n):
+        images = pa.table({"image_id": [f"i{k}" for k in range(n)], "sha256": [f"sha{k}" for k in range(n)]})
+        spine = StudyRun(RunFolder(folder), Reporter(quiet=True), LazyRay(RuntimeConfig()))
+        stage = Stage(
+            "detections",
+            ("images",),
+            "d",
+            lambda r: {"detections": per_image(r, "detections", DETECTIONS_SCHEMA, "d", detector)},
+        )
+        spine(given("images", images), stage)
+        return RunFolder(folder).read("detections")
+
+    run(tmp_path / "a", 3)
+    grown = run(tmp_path / "a", 4)
+    assert seen == [["i0", "i1", "i2"], ["i3"]]
+    assert grown.equals(run(tmp_path / "fresh", 4)) and grown.num_rows == 4
