@@ -190,19 +190,19 @@ def similarity_scores(
     pairs = pairs.sort_by([("image_id", "ascending"), ("subject", "ascending"), ("candidate_key", "ascending")])
 
     def score(todo: pa.Table) -> pa.Table:
-        return _scored(pairs.filter(pc.is_in(pairs.column("image_id"), todo.column("image_id"))))
-
-    def _scored(pairs: pa.Table) -> pa.Table:
+        """The rows of the images of `todo`."""
+        todo_pairs = pairs.filter(pc.is_in(pairs.column("image_id"), todo.column("image_id")))
         tables = []
         for name in list(metrics) + [m.name for m in pair_metrics]:
             if name in metrics:
-                values = cosine_values(pairs, embeddings, name)
+                values = cosine_values(todo_pairs, embeddings, name)
             else:
                 metric = next(m for m in pair_metrics if m.name == name)
                 values = np.asarray(
-                    metric.score(pairs.column("candidate").to_pylist(), pairs.column("gold").to_pylist()), np.float64
+                    metric.score(todo_pairs.column("candidate").to_pylist(), todo_pairs.column("gold").to_pylist()),
+                    np.float64,
                 )
-            per_pair = pairs.select(["subject", "image_id"]).append_column("value", pa.array(values, pa.float64()))
+            per_pair = todo_pairs.select(["subject", "image_id"]).append_column("value", pa.array(values, pa.float64()))
             means = per_pair.group_by(["subject", "image_id"], use_threads=False).aggregate([("value", "mean")])
             n = means.num_rows
             tables.append(
