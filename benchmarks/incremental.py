@@ -89,6 +89,15 @@ def compare(a: Path, b: Path) -> dict:
     return out
 
 
+def finished(run: dict, name: str) -> dict:
+    """`run` (scale.run_once's record), checked to have finished every stage: a run that stopped
+    (Ray not starting on a loaded machine) still exits 0 through the benchmark's driver."""
+    stopped = [stage for stage, seconds in run["stages_s"].items() if seconds is None]
+    if stopped:
+        raise RuntimeError(f"the {name} run stopped in {stopped}; see its run folder's logs/")
+    return run
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=1000, help="images of the finished run")
@@ -105,9 +114,9 @@ def main() -> None:
     full = make_study(work / "full", n_all, encoder)
     base = subset(full.parent, work / "base", {f"img{i:07d}" for i in range(args.images)})
     start = time.monotonic()
-    runs = {"base": run_once(base, work / "run-incremental")}
-    runs["incremental"] = run_once(full, work / "run-incremental")
-    runs["fresh"] = run_once(full, work / "run-fresh")
+    runs = {"base": finished(run_once(base, work / "run-incremental"), "base")}
+    runs["incremental"] = finished(run_once(full, work / "run-incremental"), "incremental")
+    runs["fresh"] = finished(run_once(full, work / "run-fresh"), "fresh")
     tables = compare(work / "run-fresh", work / "run-incremental")
     result = {
         "images": args.images,
