@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from vlm_decade.core.config import ModelConfig
 from vlm_decade.core.dispatch import batches, bounded
+from vlm_decade.core.reuse import INPUTS
 from vlm_decade.core.runner import StudyRun
 from vlm_decade.models.api.answers import failed_answer
 from vlm_decade.models.backends import backend_class
@@ -38,6 +39,7 @@ PROBES_SCHEMA = pa.schema(
         ("status", pa.string()),
         ("error", pa.string()),
         ("cost_usd", pa.float64()),
+        (INPUTS, pa.string()),  # the hash of its image's inputs (`stages.probe_inputs`)
     ]
 )
 
