@@ -81,3 +81,29 @@ def test_pairwise_metrics_score_the_same_pairs_and_humans_average():
     assert got[("m", "i1")] == len("model says") - len("gold one")
     assert got[("human:top", "i1")] == ((len("top a") - 8) + (len("top b") - 8)) / 2
     assert len(got) == 4
+
+
+class _Counted(_Length):
+    """The pairwise metric, counting the pairs it scores."""
+
+    def __init__(self):
+        self.pairs = 0
+
+    def score(self, candidates, references):
+        self.pairs += len(candidates)
+        return super().score(candidates, references)
+
+
+def test_an_added_image_is_the_only_one_scored_and_the_scores_equal_a_fresh_run():
+    images, refs, responses, emb = _tables()
+    first = images.slice(0, 1)  # i1 alone, then i2 added
+    only_i1 = [t.filter(pa.compute.equal(t.column("image_id"), "i1")) for t in (refs, responses)]
+    before = similarity_scores(first, *only_i1, emb, ["E"], [_Counted()], settings="s")
+    metric = _Counted()
+    grown = similarity_scores(images, refs, responses, emb, ["E"], [metric], previous=before, settings="s")
+    assert metric.pairs == 1  # the model's description of i2; i1's four pairs were kept
+    fresh = similarity_scores(images, refs, responses, emb, ["E"], [_Counted()], settings="s")
+    assert grown.equals(fresh)
+    again = _Counted()
+    changed = similarity_scores(images, refs, responses, emb, ["E"], [again], previous=before, settings="t")
+    assert again.pairs == 5 and changed.drop_columns(["inputs_sha256"]).equals(fresh.drop_columns(["inputs_sha256"]))

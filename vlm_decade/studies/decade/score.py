@@ -3,24 +3,32 @@
 Models are scored on their description of the full image; the human reference groups
 `human:top` and `human:bottom` get, per image, the mean similarity of their descriptions to the
 gold standard (as the paper draws them as bands). One metric per encoder (e.g. SBERT-SI, GPT-SI).
+Each image's rows carry the hash of what they were computed from, so a run with images added scores
+only the new and changed images and keeps the others' rows (`core.reuse`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from itertools import groupby
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from vlm_decade.core.reuse import INPUTS, reuse, unit_inputs
 from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.core.runner import Stage, StudyRun
 from vlm_decade.models.encoders import text_key
 from vlm_decade.models.metrics import build_metric
+from vlm_decade.stages.embed import encoder_key
 from vlm_decade.stats import SCORES_SCHEMA
 from vlm_decade.studies.decade.config import StudyConfig
 
 HUMAN_GROUPS = {"top": "human:top", "bottom": "human:bottom"}
+# The scores table: each row with the hash of the inputs it was computed from (`image_inputs`).
+SCORED_SCHEMA = SCORES_SCHEMA.append(pa.field(INPUTS, pa.string()))
+SIMILARITY_FORMAT = 1  # part of each image's inputs: bump it when how a similarity row is computed changes
 EMBEDDING_BATCH = 4096  # vectors read at a time (a Parquet list column decodes at several times its size)
 
 
@@ -145,6 +153,22 @@ def cosine_values(pairs: pa.Table, embeddings: pa.Table | RunFolder, encoder: st
     return values
 
 
+def image_inputs(pairs: pa.Table, images: pa.Table, settings) -> pa.Table:
+    """Per image with pairs to score: image_id and `inputs_sha256`, the hash of the `settings`, the
+    image's dataset, its gold standard and the (subject, candidate) of each of its pairs (their
+    keys, or with pairwise metrics their texts): everything its rows of scores are computed from.
+    `pairs` sorted by image_id, subject and candidate."""
+    dataset = dict(zip(images.column("image_id").to_pylist(), images.column("dataset").to_pylist()))
+    texts = "candidate" in pairs.column_names
+    columns = ["image_id", "subject", "candidate" if texts else "candidate_key", "gold" if texts else "gold_key"]
+    ids, inputs = [], []
+    for image_id, rows in groupby(zip(*(pairs.column(c).to_pylist() for c in columns)), key=lambda r: r[0]):
+        rows = list(rows)
+        ids.append(image_id)
+        inputs.append([dataset.get(image_id), rows[0][3], [[r[1], r[2]] for r in rows]])
+    return pa.table({"image_id": pa.array(ids, pa.string()), INPUTS: unit_inputs(settings, inputs)})
+
+
 def similarity_scores(
     images: pa.Table,
     references: pa.Table,
@@ -152,50 +176,64 @@ def similarity_scores(
     embeddings: pa.Table | RunFolder,
     metrics: list[str],
     pair_metrics=(),
+    previous: pa.Table | None = None,
+    settings=None,
 ) -> pa.Table:
     """Cosine to the gold standard for each encoder in `metrics` (from the embeddings: a table, or
     the run folder's, streamed), and each loaded pairwise metric in `pair_metrics` (e.g. BERTScore,
-    `vlm_decade.models.metrics`)."""
+    `vlm_decade.models.metrics`), with each row's `inputs_sha256` (`image_inputs` under `settings`,
+    what decides the vectors and metrics). The rows of `previous` (the last scores) of the images whose
+    inputs are unchanged are kept; only the other images are scored (`core.reuse`)."""
     pairs = scoring_pairs(references, responses, texts=bool(pair_metrics))
-    tables = []
-    for name in list(metrics) + [m.name for m in pair_metrics]:
-        if name in metrics:
-            values = cosine_values(pairs, embeddings, name)
-        else:
-            metric = next(m for m in pair_metrics if m.name == name)
-            values = np.asarray(
-                metric.score(pairs.column("candidate").to_pylist(), pairs.column("gold").to_pylist()), np.float64
+    # One order of each image's pairs, so that a group's mean adds its members in the same order
+    # whether the image is scored alone or with every other.
+    pairs = pairs.sort_by([("image_id", "ascending"), ("subject", "ascending"), ("candidate_key", "ascending")])
+
+    def score(todo: pa.Table) -> pa.Table:
+        """The rows of the images of `todo`."""
+        todo_pairs = pairs.filter(pc.is_in(pairs.column("image_id"), todo.column("image_id")))
+        tables = []
+        for name in list(metrics) + [m.name for m in pair_metrics]:
+            if name in metrics:
+                values = cosine_values(todo_pairs, embeddings, name)
+            else:
+                metric = next(m for m in pair_metrics if m.name == name)
+                values = np.asarray(
+                    metric.score(todo_pairs.column("candidate").to_pylist(), todo_pairs.column("gold").to_pylist()),
+                    np.float64,
+                )
+            per_pair = todo_pairs.select(["subject", "image_id"]).append_column("value", pa.array(values, pa.float64()))
+            means = per_pair.group_by(["subject", "image_id"], use_threads=False).aggregate([("value", "mean")])
+            n = means.num_rows
+            tables.append(
+                pa.table(
+                    {
+                        "subject": means.column("subject"),
+                        "image_id": means.column("image_id"),
+                        "variant": pa.array(["full"] * n, pa.string()),
+                        "metric": pa.array([name] * n, pa.string()),
+                        "value": means.column("value_mean"),
+                    }
+                )
             )
-        per_pair = pairs.select(["subject", "image_id"]).append_column("value", pa.array(values, pa.float64()))
-        means = per_pair.group_by(["subject", "image_id"], use_threads=False).aggregate([("value", "mean")])
-        n = means.num_rows
-        tables.append(
-            pa.table(
-                {
-                    "subject": means.column("subject"),
-                    "image_id": means.column("image_id"),
-                    "variant": pa.array(["full"] * n, pa.string()),
-                    "metric": pa.array([name] * n, pa.string()),
-                    "value": means.column("value_mean"),
-                }
-            )
-        )
-    scores = (
-        pa.concat_tables(tables)
-        if tables
-        else pa.table(
-            {
-                c: pa.array([], SCORES_SCHEMA.field(c).type)
-                for c in ("subject", "image_id", "variant", "metric", "value")
-            }
-        )
+        scores = pa.concat_tables(tables) if tables else SCORES_SCHEMA.empty_table().drop_columns(["dataset"])
+        return scores.join(images.select(["image_id", "dataset"]), "image_id", join_type="inner")
+
+    table, _ = reuse(
+        previous,
+        image_inputs(pairs, images, settings),
+        ["image_id"],
+        score,
+        SCORED_SCHEMA,
+        ["metric", "subject", "image_id"],
     )
-    scores = scores.join(images.select(["image_id", "dataset"]), "image_id", join_type="inner")
-    return (
-        scores.select(SCORES_SCHEMA.names)
-        .cast(SCORES_SCHEMA)
-        .sort_by([("metric", "ascending"), ("subject", "ascending"), ("image_id", "ascending")])
-    )
+    return table
+
+
+def unkeyed(scores: pa.Table) -> pa.Table:
+    """Rows of scores computed from all images at once (caption metrics, judges' values): no row's
+    inputs of its own, so none is kept from the last table."""
+    return scores.append_column(INPUTS, pa.nulls(scores.num_rows, pa.string())).cast(SCORED_SCHEMA)
 
 
 def stage(study: StudyConfig) -> Stage:
@@ -203,18 +241,25 @@ def stage(study: StudyConfig) -> Stage:
     metrics (`caption_metrics`, against all human descriptions: studies/decade/captions.py) and its
     judge metrics (`judge_metrics`, from the `judge_scores` table: studies/decade/judging.py)."""
     encoders = [e.name for e in study.encoders]
+    # What decides an image's similarity rows besides its texts: the encoders' vectors, the metrics.
+    per_image = [
+        SIMILARITY_FORMAT,
+        {e.name: encoder_key(e) for e in study.encoders},
+        [m.fingerprint() for m in study.metrics],
+    ]
 
     def compute(run: StudyRun) -> dict[str, pa.Table]:
         tables = [run.table(n) for n in ("images", "references", "responses")]
-        scores = similarity_scores(*tables, run.folder, encoders, [build_metric(m) for m in study.metrics])
+        metrics = [build_metric(m) for m in study.metrics]
+        scores = similarity_scores(*tables, run.folder, encoders, metrics, run.folder.previous("scores"), per_image)
         if study.caption_metrics:
             from vlm_decade.studies.decade.captions import caption_metric_scores
 
-            scores = pa.concat_tables([scores, caption_metric_scores(*tables, study.caption_metrics)])
+            scores = pa.concat_tables([scores, unkeyed(caption_metric_scores(*tables, study.caption_metrics))])
         if study.judge_metrics:
             from vlm_decade.studies.decade.judging import judge_values
 
-            scores = pa.concat_tables([scores, judge_values(study, run.table("judge_scores"), tables[0])])
+            scores = pa.concat_tables([scores, unkeyed(judge_values(study, run.table("judge_scores"), tables[0]))])
         return {"scores": scores}
 
     settings = [encoders, [m.fingerprint() for m in study.metrics]] + (

@@ -3,15 +3,18 @@
 The detector stands in for a local model's visual front end (the paper read the pre-MLLMs' own
 Faster R-CNN boxes): which objects were there to be seen. It runs in one Ray actor that loads it
 once; loader tasks decode the images, as in the describe stage. One row per image, its boxes as a
-list, so an image with no detections is told apart from one that failed.
+list, so an image with no detections is told apart from one that failed. A run with images added
+detects only those (and any that failed): each row keeps the hash of its image and settings.
 """
 
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from vlm_decade.core.dispatch import batches, bounded
 from vlm_decade.core.errors import error_text
+from vlm_decade.core.reuse import INPUTS, reuse, unit_inputs
 from vlm_decade.core.runner import StudyRun
 from vlm_decade.models.backends import backend_class
 from vlm_decade.models.backends.detection import Detection
@@ -34,6 +37,7 @@ DETECTIONS_SCHEMA = pa.schema(
         ("status", pa.string()),
         ("error", pa.string()),
         ("detections", pa.list_(DETECTION_TYPE)),
+        (INPUTS, pa.string()),
     ]
 )
 IN_FLIGHT = 2
@@ -90,14 +94,33 @@ def detections_of(table: pa.Table) -> dict[str, list[Detection] | None]:
     return out
 
 
-def image_rows(study, run: StudyRun, cfg, actor_class: type, subject: str, track: str, submit) -> list[dict]:
-    """One row per full image of the study, sorted by image id, from one Ray actor `actor_class(cfg)` that
-    loads its model once: `submit(actor, batch, stimuli)` sends a batch of jobs with the loader task
-    that decodes their images. The actor is killed however the loop ends."""
+def per_image(run: StudyRun, name: str, schema: pa.Schema, settings, rows_of, *inputs: list) -> pa.Table:
+    """Table `name`, one row per image of the study: each image's row kept from the last table while
+    its file (sha256), the `settings` and its own `inputs` (a value per image, in the images table's
+    order) are unchanged and it finished; `rows_of(images)` makes the others' rows (`core.reuse`)."""
+    images = run.table("images")
+    wanted = pa.table(
+        {"image_id": images.column("image_id"), INPUTS: unit_inputs(settings, images.column("sha256"), *inputs)}
+    )
+
+    def compute(todo: pa.Table) -> pa.Table:
+        rows = rows_of(images.filter(pc.is_in(images.column("image_id"), todo.column("image_id"))))
+        return pa.Table.from_pylist(rows, schema=schema.remove(schema.get_field_index(INPUTS)))
+
+    table, computed = reuse(run.folder.previous(name), wanted, ["image_id"], compute, schema, ["image_id"])
+    if computed < images.num_rows:
+        run.reporter.say(f"     {name}: {images.num_rows - computed} images kept from the last run, {computed} done")
+    return table
+
+
+def image_rows(study, run: StudyRun, cfg, actor_class: type, subject: str, track: str, submit, images) -> list[dict]:
+    """One row per full image of `images` (a table of the study's), sorted by image id, from one Ray
+    actor `actor_class(cfg)` that loads its model once: `submit(actor, batch, stimuli)` sends a batch
+    of jobs with the loader task that decodes their images. The actor is killed however the loop ends."""
     rt = study.runtime
     ray = run.ray()
     check_actor_fit(study, ray)
-    images = run.table("images").select(["image_id", "path"]).to_pylist()
+    images = images.select(["image_id", "path"]).to_pylist()
     jobs = [Job(subject, r["image_id"], "full", "", "", r["path"], None, "") for r in images]
     actor = ray.remote(actor_class).options(num_cpus=rt.cpus_per_actor, num_gpus=rt.gpus_per_actor).remote(cfg)
     loader = ray.remote(load_stimuli).options(num_cpus=0)
@@ -120,14 +143,11 @@ def image_rows(study, run: StudyRun, cfg, actor_class: type, subject: str, track
 
 
 def run_detections(study, run: StudyRun) -> pa.Table:
+    """The detector on each image it has not yet seen (new, changed, or failed last time)."""
     cfg = study.taxonomy.detector
-    rows = image_rows(
-        study,
-        run,
-        cfg,
-        DetectActor,
-        "detector",
-        "detect",
-        lambda actor, batch, stimuli: actor.detect.remote(batch, stimuli),
-    )
-    return pa.Table.from_pylist(rows, schema=DETECTIONS_SCHEMA)
+
+    def detect(images: pa.Table) -> list[dict]:
+        submit = lambda actor, batch, stimuli: actor.detect.remote(batch, stimuli)  # noqa: E731
+        return image_rows(study, run, cfg, DetectActor, "detector", "detect", submit, images)
+
+    return per_image(run, "detections", DETECTIONS_SCHEMA, cfg.fingerprint(), detect)

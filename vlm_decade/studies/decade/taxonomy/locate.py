@@ -5,7 +5,8 @@ The names are the image's gold objects (where each relevant object is, so the de
 can compare a captioner's boxes there) and, when the locator is the study's verifier, the objects
 models mention that the gold does not (is it in the image at all?). It runs in one Ray actor that
 loads the model once; loader tasks decode the images, as in the detections stage. One row per
-image: its queries and the best boxes of each (label = the query), or why it failed.
+image: its queries and the best boxes of each (label = the query), or why it failed; an image whose
+file and queries are unchanged keeps its row from the last run.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ from __future__ import annotations
 import pyarrow as pa
 
 from vlm_decade.core.errors import error_text
+from vlm_decade.core.reuse import INPUTS
 from vlm_decade.core.runner import StudyRun
 from vlm_decade.models.backends.detection import Detection
 from vlm_decade.stages.describe.plan import Job
-from vlm_decade.studies.decade.taxonomy.detect import DETECTION_TYPE, detection_row, image_rows
+from vlm_decade.studies.decade.taxonomy.detect import DETECTION_TYPE, detection_row, image_rows, per_image
 
 LOCATIONS_SCHEMA = pa.schema(
     [
@@ -25,6 +27,7 @@ LOCATIONS_SCHEMA = pa.schema(
         ("error", pa.string()),
         ("queries", pa.list_(pa.string())),
         ("boxes", pa.list_(DETECTION_TYPE)),
+        (INPUTS, pa.string()),
     ]
 )
 
@@ -63,10 +66,15 @@ def locations_of(table: pa.Table) -> dict[str, list[Detection] | None]:
 
 
 def run_locations(study, run: StudyRun, queries: dict[str, list[str]]) -> pa.Table:
-    """Ask the locator for `queries[image_id]` on every image of the study."""
+    """Ask the locator for `queries[image_id]` on every image of the study whose image and queries
+    it has not yet answered (`per_image`)."""
+    cfg = study.taxonomy.locator
 
     def submit(actor, batch, stimuli):
         return actor.locate.remote(batch, stimuli, {j.image_id: queries.get(j.image_id, []) for j in batch})
 
-    rows = image_rows(study, run, study.taxonomy.locator, LocateActor, "locator", "locate", submit)
-    return pa.Table.from_pylist(rows, schema=LOCATIONS_SCHEMA)
+    def locate(images: pa.Table) -> list[dict]:
+        return image_rows(study, run, cfg, LocateActor, "locator", "locate", submit, images)
+
+    asked = [queries.get(i, []) for i in run.table("images").column("image_id").to_pylist()]
+    return per_image(run, "locations", LOCATIONS_SCHEMA, cfg.fingerprint(), locate, asked)

@@ -17,6 +17,7 @@ import pyarrow as pa
 from vlm_decade.core.config import ModelConfig
 from vlm_decade.core.dispatch import batches, bounded
 from vlm_decade.core.errors import Problem
+from vlm_decade.core.reuse import INPUTS
 from vlm_decade.core.runner import StudyRun
 from vlm_decade.models.api.answers import failed_answer
 from vlm_decade.models.api.endpoints import endpoint_problems, sending_problems, served_by
@@ -41,6 +42,7 @@ PROBES_SCHEMA = pa.schema(
         ("status", pa.string()),
         ("error", pa.string()),
         ("cost_usd", pa.float64()),
+        (INPUTS, pa.string()),  # the hash of its image's inputs (`stages.probe_inputs`)
     ]
 )
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 import dataclasses
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from vlm_decade.core.reuse import INPUTS, reuse, unit_inputs
 from vlm_decade.core.runfolder import table_fingerprint
 from vlm_decade.core.runner import Stage, StudyRun
 from vlm_decade.imaging.masks import mask_specs
@@ -21,7 +23,7 @@ from vlm_decade.studies.decade.taxonomy import analysis, existence, probes
 from vlm_decade.studies.decade.taxonomy.detect import detections_of, run_detections
 from vlm_decade.studies.decade.taxonomy.locate import locations_of, run_locations
 from vlm_decade.studies.decade.taxonomy.objects import ObjectExtractor, ObjectMatcher
-from vlm_decade.studies.decade.taxonomy.probing import VERIFIER_PREFIX, run_probes, transcripts
+from vlm_decade.studies.decade.taxonomy.probing import PROBES_SCHEMA, VERIFIER_PREFIX, run_probes, transcripts
 from vlm_decade.studies.decade.taxonomy.spatial import spatial_dependence, spatial_table
 
 # Part of the taxonomy stages' settings: bump it when the labelling rules change, so existing runs label again.
@@ -213,35 +215,83 @@ def compute_errors(study: StudyConfig, tables, hand: pa.Table | None) -> dict[st
     return {"errors": errors, "spatial": spatial_table(spatial), "hand_agreement": agreement}
 
 
-def compute_probes(study: StudyConfig, run: StudyRun) -> pa.Table:
-    """The verifier model's questions (mentions outside the gold that neither the humans nor the
-    locator found), then each API model's first-round questions, which need the verdicts."""
-    tables = run.table
-    pairs = model_texts(study, tables("images"), tables("responses"))
-    relevant, mentioned = objects(tables("references"), pairs)
-    matcher, templates = matcher_for(study), study.taxonomy.probes.templates()
-    humans = human_objects(tables("references"))
-    located = locations_of(tables("locations")) if study.taxonomy.locator is not None else None
-    verifier = study.taxonomy.verifier
-    asks = {}
-    if verifier is not None and verifier.kind == "model":
-        before = evidence_for(study, humans, located, None)
-        unconfirmed = unconfirmed_mentions(pairs, relevant, mentioned, before, matcher)
-        asks = {i: probes.presence_questions(names, templates) for i, names in unconfirmed.items()}
-    probed = probed_models(study)
-    probed_pairs = [p for p in pairs if p[0] in probed]
-
-    def first_questions(answers: dict) -> dict[tuple[str, str], list[probes.Question]]:
-        evidence = evidence_for(study, humans, located, answers)
-        verdicts = verdicts_for(probed_pairs, relevant, mentioned, evidence, matcher)
-        return {
-            (s, i): probes.first_round(
-                relevant.get(i, []), mentioned[(s, i)], matcher, templates, absent(verdicts[(s, i)])
-            )
-            for s, i, _, _ in probed_pairs
+def probe_inputs(study: StudyConfig, run: StudyRun, settings, pairs) -> pa.Table:
+    """Per image: image_id and `inputs_sha256`, the hash of the probe `settings`, the probed models,
+    the image's file, its human descriptions, every model's description of it (`pairs`) and its
+    locator row: everything its questions and their answers come from."""
+    images, references = run.table("images"), run.table("references")
+    humans: dict[str, list] = {}
+    for r in sorted(references.to_pylist(), key=lambda r: (r["image_id"], r["description_id"])):
+        if r["condition"] == "full":
+            humans.setdefault(r["image_id"], []).append([r["role"], r["text"]])
+    described: dict[str, list] = {}
+    for subject, image_id, _, text in sorted(pairs):
+        described.setdefault(image_id, []).append([subject, text])
+    located = {}
+    if study.taxonomy.locator is not None:
+        located = {r["image_id"]: [r["status"], r["queries"], r["boxes"]] for r in run.table("locations").to_pylist()}
+    ids = images.column("image_id").to_pylist()
+    return pa.table(
+        {
+            "image_id": images.column("image_id"),
+            INPUTS: unit_inputs(
+                [settings, sorted(probed_models(study))],
+                images.column("sha256"),
+                [humans.get(i, []) for i in ids],
+                [described.get(i, []) for i in ids],
+                [located.get(i) for i in ids],
+            ),
         }
+    )
 
-    return run_probes(study, run, asks, first_questions)
+
+def compute_probes(study: StudyConfig, run: StudyRun, settings) -> pa.Table:
+    """The verifier model's questions (mentions outside the gold that neither the humans nor the
+    locator found), then each API model's first-round questions, which need the verdicts; asked
+    only about the images whose inputs (`probe_inputs`) changed since the last run, the others' rows
+    kept (`core.reuse`). An image with nothing to ask has no rows to keep: it is looked at again."""
+    tables = run.table
+    all_pairs = model_texts(study, tables("images"), tables("responses"))
+
+    def ask(todo: pa.Table) -> pa.Table:
+        wanted = set(todo.column("image_id").to_pylist())
+        pairs = [p for p in all_pairs if p[1] in wanted]
+        references = tables("references").filter(pc.is_in(tables("references").column("image_id"), todo["image_id"]))
+        relevant, mentioned = objects(references, pairs)
+        matcher, templates = matcher_for(study), study.taxonomy.probes.templates()
+        humans = human_objects(references)
+        located = locations_of(tables("locations")) if study.taxonomy.locator is not None else None
+        verifier = study.taxonomy.verifier
+        asks = {}
+        if verifier is not None and verifier.kind == "model":
+            before = evidence_for(study, humans, located, None)
+            unconfirmed = unconfirmed_mentions(pairs, relevant, mentioned, before, matcher)
+            asks = {i: probes.presence_questions(names, templates) for i, names in unconfirmed.items()}
+        probed = probed_models(study)
+        probed_pairs = [p for p in pairs if p[0] in probed]
+
+        def first_questions(answers: dict) -> dict[tuple[str, str], list[probes.Question]]:
+            evidence = evidence_for(study, humans, located, answers)
+            verdicts = verdicts_for(probed_pairs, relevant, mentioned, evidence, matcher)
+            return {
+                (s, i): probes.first_round(
+                    relevant.get(i, []), mentioned[(s, i)], matcher, templates, absent(verdicts[(s, i)])
+                )
+                for s, i, _, _ in probed_pairs
+            }
+
+        return run_probes(study, run, asks, first_questions).drop_columns([INPUTS])
+
+    # Sorted stably: each image's rows keep the order they were asked in (the transcripts read them so).
+    table, _ = reuse(
+        run.folder.previous("probes"),
+        probe_inputs(study, run, settings, all_pairs),
+        ["image_id"],
+        ask,
+        PROBES_SCHEMA,
+        ["image_id"],
+    )
+    return table
 
 
 def locator_queries(study: StudyConfig, tables) -> dict[str, list[str]]:
@@ -316,13 +366,14 @@ def stages(study: StudyConfig, hand: pa.Table | None) -> list[Stage]:
     if probed_models(study) or (cfg.verifier is not None and cfg.verifier.kind == "model"):
         # The effective wordings, defaults included: a new default question asks again.
         wordings = dataclasses.asdict(cfg.probes.templates())
-        probe_inputs = ("images", "references", "responses") + (("locations",) if cfg.locator is not None else ())
+        probe_tables = ("images", "references", "responses") + (("locations",) if cfg.locator is not None else ())
+        probe_settings = [matching, checking, wordings, api_budgets(study)]
         out.append(
             Stage(
                 "probes",
-                probe_inputs,
-                [matching, checking, wordings, api_budgets(study)],
-                lambda run: {"probes": compute_probes(study, run)},
+                probe_tables,
+                probe_settings,
+                lambda run: {"probes": compute_probes(study, run, probe_settings)},
             )
         )
         error_inputs += ("probes",)
