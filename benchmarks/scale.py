@@ -10,7 +10,8 @@ framework's default batch sizes. Each run is a fresh process (`python -m vlm_dec
 peak RSS is read from `getrusage(RUSAGE_SELF)` (the driver only: Ray's workers are other processes).
 A study's files are kept in `--work` and reused by a later run of the same shape and size.
 
-Prints one JSON object per N, then a summary: the log-log slope of total time against N over the two
+Prints one JSON object per N (per-stage seconds, and the driver's peak RSS over the run and within
+each stage), then a summary: the log-log slope of total time against N over the two
 largest sizes (`loglog_slope`), the marginal milliseconds per image between them
 (`ms_per_image_marginal`), the driver's RSS growth per image, and `driver_rss_gb_at_1m`: measured
 when a million ran, otherwise extrapolated linearly from the two largest sizes
@@ -43,9 +44,27 @@ WORDS = (
     "sits stands walks runs rides holds eats drinks looks plays reads near under over beside behind front"
 ).split()
 
+# The driver's peak RSS over the whole run, and over each stage: the kernel's high-water mark
+# (VmHWM) is reset as a stage begins (Linux's clear_refs) and read as it ends.
 DRIVER = """
 import resource, sys, time
 from vlm_decade.cli import app
+from vlm_decade.core import runner
+
+def hwm_kb():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM"))
+
+run_stage = runner.StudyRun.run_stage
+def measured(self, stage):
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    try:
+        return run_stage(self, stage)
+    finally:
+        print("STAGE_RSS_KB", stage.name, hwm_kb(), file=sys.stderr)
+if sys.platform == "linux":
+    runner.StudyRun.run_stage = measured
 start = time.monotonic()
 try:
     app(sys.argv[1:], standalone_mode=False)
@@ -133,6 +152,11 @@ def run_once(study: Path, out: Path) -> dict:
     if done.returncode != 0:
         raise RuntimeError(f"run failed ({done.returncode}):\n{done.stderr[-4000:]}")
     peak_kb = int(done.stderr.split("PEAK_RSS_KB")[1].split()[0])
+    stage_kb = {}
+    for line in done.stderr.splitlines():
+        if line.startswith("STAGE_RSS_KB"):
+            _, name, kb = line.split()
+            stage_kb[name] = max(stage_kb.get(name, 0), int(kb))
     manifest = json.loads((out / "manifest.json").read_text())
     stages = {name: rec.get("seconds") for name, rec in manifest["stages"].items()}
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
@@ -140,6 +164,7 @@ def run_once(study: Path, out: Path) -> dict:
         "total_s": round(wall, 1),
         "stages_s": stages,
         "driver_peak_rss_gb": round(peak_kb / 2**20, 3),
+        "stage_peak_rss_gb": {name: round(kb / 2**20, 3) for name, kb in stage_kb.items()},
         "run_folder_mb": round(size / 2**20, 1),
         "report_mb": round((out / "report.html").stat().st_size / 2**20, 2),
     }
