@@ -67,9 +67,10 @@ if sys.platform == "linux":
     runner.StudyRun.run_stage = measured
 start = time.monotonic()
 try:
-    app(sys.argv[1:], standalone_mode=False)
+    code = app(sys.argv[1:], standalone_mode=False)  # a run that stops (Ray did not start, say) returns its status
 finally:
     print("PEAK_RSS_KB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "WALL_S", time.monotonic() - start, file=sys.stderr)
+sys.exit(code if isinstance(code, int) else 0)
 """
 
 
