@@ -57,6 +57,7 @@ def hwm_kb():
 
 run_stage = runner.StudyRun.run_stage
 def measured(self, stage):
+    print("STAGE_RSS_KB before-" + stage.name, hwm_kb(), file=sys.stderr)  # the peak since the last reset
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     try:
@@ -158,6 +159,9 @@ def run_once(study: Path, out: Path) -> dict:
         if line.startswith("STAGE_RSS_KB"):
             _, name, kb = line.split()
             stage_kb[name] = max(stage_kb.get(name, 0), int(kb))
+    # Resetting the high-water mark resets getrusage's too: the run's peak is the highest of them all.
+    peak_kb = max([peak_kb, *stage_kb.values()])
+    stage_kb = {name: kb for name, kb in stage_kb.items() if not name.startswith("before-")}
     manifest = json.loads((out / "manifest.json").read_text())
     stages = {name: rec.get("seconds") for name, rec in manifest["stages"].items()}
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
