@@ -21,9 +21,9 @@ def test_a_table_without_the_mode_column_is_reused_with_it_empty(tmp_path):
     fingerprint, record = folder.write("embeddings", old)
     folder.save_manifest({"tables": {"embeddings": fingerprint}, "files": {"embeddings": record}})
     folder.append_part("embeddings", _rows([text_key(new_text)], new_vector[None], cfg, ["batch"]))
-    texts = pa.table({"text_sha256": sorted([text_key(old_text), text_key(new_text)]), "text": ["", ""]})
+    wanted = pa.chunked_array([sorted([text_key(old_text), text_key(new_text)])], pa.string())
 
-    _write_selected(folder, texts, [cfg])
+    _write_selected(folder, wanted, [cfg])
 
     table = folder.read("embeddings")
     assert table.schema.equals(EMBEDDINGS_SCHEMA)

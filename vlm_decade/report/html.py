@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 from markupsafe import Markup
 
-from vlm_decade.core.files import atomic_write_bytes
+from vlm_decade.core.files import atomic_file, atomic_write_bytes
 
 TEMPLATES = Path(__file__).parent / "templates"
 STYLE = Markup("""
@@ -87,11 +87,14 @@ def spreadsheet_safe(table: pa.Table) -> pa.Table:
     return pa.table(columns, names=table.column_names)
 
 
+CSV_ROWS = 65_536  # rows made safe and written at a time, so a CSV of any size is never held whole
+
+
 def write_csv(table: pa.Table, path: Path) -> None:
     """`table` as CSV at `path`, made `spreadsheet_safe`: every CSV the package writes is written here."""
-    sink = pa.BufferOutputStream()
-    pacsv.write_csv(spreadsheet_safe(table), sink)
-    atomic_write_bytes(path, sink.getvalue().to_pybytes())
+    with atomic_file(path) as fh, pacsv.CSVWriter(fh, spreadsheet_safe(table.slice(0, 0)).schema) as writer:
+        for start in range(0, table.num_rows, CSV_ROWS):
+            writer.write_table(spreadsheet_safe(table.slice(start, CSV_ROWS)))
 
 
 def write_csvs(root: Path, tables: dict[str, pa.Table], names: tuple[str, ...]) -> tuple[str, ...]:

@@ -166,17 +166,23 @@ def _encoded(folder: RunFolder, keys: list[str]) -> pa.Table:
     )
 
 
-def run_embed(study: StudyBase, texts: pa.Table, run: StudyRun) -> Written:
+def run_embed(study: StudyBase, run: StudyRun) -> Written:
+    """Encode the texts of the run's references and responses (`texts_to_embed`) that no encoder
+    has a vector for yet, and write the embeddings table."""
+    texts = texts_to_embed(run.table("references"), run.table("responses"))
     encoders = list(study.encoders)
     encoded = _encoded(run.folder, [encoder_key(cfg) for cfg in encoders])
     todo = {}
     for cfg in encoders:
         mine = encoded.filter(pc.equal(encoded.column("encoder_key"), encoder_key(cfg))).column("text_sha256")
-        todo[cfg.name] = texts.filter(pc.invert(pc.is_in(texts.column("text_sha256"), mine)))
+        # An encoder with nothing encoded yet takes the texts themselves, not a copy of them.
+        todo[cfg.name] = texts.filter(pc.invert(pc.is_in(texts.column("text_sha256"), mine))) if len(mine) else texts
     del encoded
+    wanted = texts.column("text_sha256")
+    del texts  # its text column lives on only in the encoders' work
     total = sum(t.num_rows for t in todo.values())
-    if total < texts.num_rows * len(encoders):
-        run.reporter.say(f"     embeddings   {texts.num_rows * len(encoders) - total} already encoded, kept")
+    if total < len(wanted) * len(encoders):
+        run.reporter.say(f"     embeddings   {len(wanted) * len(encoders) - total} already encoded, kept")
     remote = {cfg.name: cfg for cfg in encoders if todo[cfg.name].num_rows and encoder_class(cfg.backend).remote}
     providers = sorted({api_provider(cfg.backend, cfg.endpoint) for cfg in remote.values()})
     stops: list[APIStopped] = []
@@ -202,9 +208,10 @@ def run_embed(study: StudyBase, texts: pa.Table, run: StudyRun) -> Written:
                 except APIStopped as exc:  # the other encoders go on; the stage stops after them, naming each
                     stops.append(exc)
             elif todo[cfg.name].num_rows:
-                _embed_local(study, cfg, todo[cfg.name], run, partial(advance, part=cfg.name))
+                _embed_local(study, cfg, todo.pop(cfg.name), run, partial(advance, part=cfg.name))
+            todo.pop(cfg.name, None)  # its texts are let go once encoded
     raise_stops(stops)
-    return _write_selected(run.folder, texts, encoders)
+    return _write_selected(run.folder, wanted, encoders)
 
 
 def encoder_actors(study: StudyBase, ray) -> int:
@@ -221,10 +228,11 @@ def _embed_local(study: StudyBase, cfg: EncoderConfig, todo: pa.Table, run: Stud
     ray, rt = run.ray(), study.runtime
     # Batches of texts of about one length, as SentenceTransformer.encode makes them: a batch is
     # padded to its longest text, so mixed lengths waste most of the work on padding.
-    todo = todo.take(pc.sort_indices(pc.utf8_length(todo.column("text"))))
+    # The order is taken a batch at a time, so the texts are never held twice.
+    order = pc.sort_indices(pc.utf8_length(todo.column("text")))
     n_batches = -(-todo.num_rows // TEXT_BATCH)
     actor_cls = ray.remote(EncodeActor).options(num_cpus=rt.cpus_per_actor, num_gpus=rt.gpus_per_actor)
-    batches = (todo.slice(i, TEXT_BATCH) for i in range(0, todo.num_rows, TEXT_BATCH))
+    batches = (todo.take(order.slice(i, TEXT_BATCH)) for i in range(0, todo.num_rows, TEXT_BATCH))
     call = lambda actor, batch: actor.encode.remote(batch.column("text").to_pylist())  # noqa: E731
     with run.folder.parts("embeddings", EMBEDDINGS_SCHEMA, PART_ROWS, PART_S) as parts:
         for done in pool_map(
@@ -313,14 +321,13 @@ def _embed_remote(
         )
 
 
-def _write_selected(folder: RunFolder, texts: pa.Table, encoders) -> Written:
-    """Write the vectors the current texts and encoders need, one row each, sorted by (encoder,
-    text), without holding them all: the reusable rows are spread over buckets by encoder and the
-    key's first two hex digits (256 spill files beside the tables: a bucket is 1/256 of an
-    encoder's vectors), then each bucket is sorted and written."""
+def _write_selected(folder: RunFolder, wanted: pa.ChunkedArray, encoders) -> Written:
+    """Write the vectors the current texts (their keys, `wanted`) and encoders need, one row each,
+    sorted by (encoder, text), without holding them all: the reusable rows are spread over buckets
+    by encoder and the key's first two hex digits (256 spill files beside the tables: a bucket is
+    1/256 of an encoder's vectors), then each bucket is sorted and written."""
     name_of = {encoder_key(cfg): cfg.name for cfg in encoders}
     order = {name: i for i, name in enumerate(sorted(set(name_of.values())))}
-    wanted = texts.column("text_sha256")
     spill = folder.root / ".spill" / "embeddings"
     shutil.rmtree(spill, ignore_errors=True)
     spill.mkdir(parents=True)
@@ -364,6 +371,6 @@ def stage(study: StudyBase) -> Stage:
     """The `embeddings` table: every distinct text of the references and the ok responses, per encoder."""
 
     def compute(run: StudyRun) -> dict[str, Written]:
-        return {"embeddings": run_embed(study, texts_to_embed(run.table("references"), run.table("responses")), run)}
+        return {"embeddings": run_embed(study, run)}
 
     return Stage("embeddings", ("references", "responses"), [e.fingerprint() for e in study.encoders], compute)

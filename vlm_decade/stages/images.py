@@ -156,6 +156,8 @@ class ImageCache:
         return results
 
     def save(self, run_folder: str | Path) -> None:
+        """Write what this check found to the run folder's cache, and let go of every record: a run
+        holds none per image after its checks."""
         rows = [
             {"path": p, "bytes": b, "mtime_ns": t, "sha256": h, "width": w, "height": ht, "mode": m, "transparent": a}
             for (p, b, t), (h, w, ht, m, a) in sorted(self.found.items())
@@ -163,6 +165,7 @@ class ImageCache:
         sink = pa.BufferOutputStream()
         pq.write_table(pa.Table.from_pylist(rows, schema=CACHE_SCHEMA), sink)
         atomic_write_bytes(Path(run_folder) / CACHE_FILE, sink.getvalue().to_pybytes())
+        self.known, self.found = {}, {}
 
 
 def declared_ids(table: Table) -> set[str]:

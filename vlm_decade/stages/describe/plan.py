@@ -116,57 +116,70 @@ def check_actor_fit(study: StudyBase, ray) -> None:
 JOB_COLUMNS = (*("subject", "image_id", "variant", "prompt_id"), "dataset", "path", "background", "cache_key")
 
 
+PLAN_IMAGES = 65_536  # images planned at a time: their jobs become columns before the next are read
+
+
 def plan_jobs(study: StudyBase, plan: Plan, images: pa.Table) -> pa.Table:
     """Every response to produce, as a table (one row per job, in plan order: model, prompt, image,
-    variant) with its cache key, so a study of any size holds no Python object per job;
-    `jobs_from` turns a slice of it into `Job`s."""
-    specs = {s.mask_id: s for s in plan.masks}
+    variant) with its cache key, so a study of any size holds no Python object per job: the images
+    are planned a slice at a time (`PLAN_IMAGES`); `jobs_from` turns a slice of it into `Job`s."""
     rows = images.select(["image_id", "dataset", "path", "sha256"])
-    ids, datasets, paths, shas = (rows.column(c).to_pylist() for c in ("image_id", "dataset", "path", "sha256"))
     # an images table written before transparency was recorded has every image opaque
-    backgrounds = images.column("background").to_pylist() if "background" in images.column_names else [None] * len(ids)
-    chunks = []
-    for model in study.models:
-        settings, row_key = backend_class(model.backend).answer_keys(model)
-        closed = plan.closed.get(model.name, False)
-        variants = plan.variants(model)
-        for prompt_id, prompt in plan.prompts[model.name]:
-            keys = []
-            for image_id, dataset, sha, background in zip(ids, datasets, shas, backgrounds):
-                classes = list(plan.classnames.get(dataset, ())) if closed else None
-                for variant in variants:
-                    mask = specs.get(variant)
-                    payload = {
-                        "model": settings,
-                        "prompt": prompt,
-                        "image": sha,
-                        "mask": asdict(mask) if mask else None,
-                    }
-                    if closed:
-                        payload["classes"] = classes
-                    if background is not None:  # an opaque image's key is what it always was
-                        payload["background"] = background
-                    if row_key is not None:  # keyed by its own row of a file, not the whole file
-                        payload["answer"] = row_key(image_id, variant, prompt_id)
-                    keys.append(hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest())
-            n = len(variants)
-            chunks.append(
-                pa.table(
-                    {
-                        "subject": pa.array([model.name] * (len(ids) * n), pa.string()),
-                        "image_id": pa.array([i for i in ids for _ in variants], pa.string()),
-                        "variant": pa.array(variants * len(ids), pa.string()),
-                        "prompt_id": pa.array([prompt_id] * (len(ids) * n), pa.string()),
-                        "dataset": pa.array([d for d in datasets for _ in variants], pa.string()),
-                        "path": pa.array([p for p in paths for _ in variants], pa.string()),
-                        "background": pa.array([b for b in backgrounds for _ in variants], pa.string()),
-                        "cache_key": pa.array(keys, pa.string()),
-                    }
-                )
-            )
+    if "background" in images.column_names:
+        rows = rows.append_column("background", images.column("background"))
+    else:
+        rows = rows.append_column("background", pa.nulls(images.num_rows, pa.string()))
+    chunks = [
+        _plan_slice(study, plan, model, prompt_id, prompt, rows.slice(start, PLAN_IMAGES))
+        for model in study.models
+        for prompt_id, prompt in plan.prompts[model.name]
+        for start in range(0, rows.num_rows, PLAN_IMAGES)
+    ]
     if not chunks:
         return pa.table({c: pa.array([], pa.string()) for c in JOB_COLUMNS})
     return pa.concat_tables(chunks).combine_chunks()
+
+
+def _plan_slice(study: StudyBase, plan: Plan, model: ModelConfig, prompt_id: str, prompt: str, rows: pa.Table):
+    """The jobs of one model and prompt over some images (`plan_jobs`' columns)."""
+    specs = {s.mask_id: s for s in plan.masks}
+    ids, datasets, paths, shas, backgrounds = (
+        rows.column(c).to_pylist() for c in ("image_id", "dataset", "path", "sha256", "background")
+    )
+    settings, row_key = backend_class(model.backend).answer_keys(model)
+    closed = plan.closed.get(model.name, False)
+    variants = plan.variants(model)
+    keys = []
+    for image_id, dataset, sha, background in zip(ids, datasets, shas, backgrounds):
+        classes = list(plan.classnames.get(dataset, ())) if closed else None
+        for variant in variants:
+            mask = specs.get(variant)
+            payload = {
+                "model": settings,
+                "prompt": prompt,
+                "image": sha,
+                "mask": asdict(mask) if mask else None,
+            }
+            if closed:
+                payload["classes"] = classes
+            if background is not None:  # an opaque image's key is what it always was
+                payload["background"] = background
+            if row_key is not None:  # keyed by its own row of a file, not the whole file
+                payload["answer"] = row_key(image_id, variant, prompt_id)
+            keys.append(hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest())
+    n = len(variants)
+    return pa.table(
+        {
+            "subject": pa.array([model.name] * (len(ids) * n), pa.string()),
+            "image_id": pa.array([i for i in ids for _ in variants], pa.string()),
+            "variant": pa.array(variants * len(ids), pa.string()),
+            "prompt_id": pa.array([prompt_id] * (len(ids) * n), pa.string()),
+            "dataset": pa.array([d for d in datasets for _ in variants], pa.string()),
+            "path": pa.array([p for p in paths for _ in variants], pa.string()),
+            "background": pa.array([b for b in backgrounds for _ in variants], pa.string()),
+            "cache_key": pa.array(keys, pa.string()),
+        }
+    )
 
 
 def jobs_from(table: pa.Table, plan: Plan) -> list[Job]:

@@ -161,12 +161,28 @@ def samples(
     if metric is None:
         return None, {}
     full = scores.filter(pc.and_(pc.equal(scores.column("variant"), "full"), pc.equal(scores.column("metric"), metric)))
-    rows: dict[str, list[dict]] = {}
-    for r in full.select(["subject", "image_id", "dataset", "value"]).to_pylist():
-        rows.setdefault(r["subject"], []).append(r)
-    return metric, {
-        m.name: extremes(sorted(rows.get(m.name, []), key=lambda r: r["image_id"]), "value") for m in study.models
-    }
+    full = full.select(["subject", "image_id", "dataset", "value"])
+    return metric, {m.name: _extremes_of(full.filter(pc.equal(full.column("subject"), m.name))) for m in study.models}
+
+
+def _extremes_of(rows: pa.Table) -> tuple[list[dict], list[dict]]:
+    """`extremes` by value of one model's rows in order of image id, chosen on the columns: only the
+    rows picked become Python objects."""
+    value = rows.column("value")
+    rows = rows.filter(pc.and_(pc.is_valid(value), pc.invert(pc.fill_null(pc.is_nan(value), False))))
+    if rows.num_rows <= 2 * report_samples.SAMPLE_SIZE:
+        return extremes(rows.sort_by("image_id").to_pylist(), "value")
+    ordered = rows.sort_by([("value", "ascending"), ("image_id", "ascending")])
+    n = report_samples.SAMPLE_SIZE
+    return ordered.slice(0, n).to_pylist(), ordered.slice(ordered.num_rows - n).to_pylist()[::-1]
+
+
+def voted_references(references: pa.Table) -> pa.Table:
+    """The rows `vote_ties` counts from: those of the images some description of which was shown to
+    voters (an image ranked by consensus has none), so a study without votes hands it none."""
+    shown = pc.fill_null(pc.not_equal(references.column("shown"), 0), False)
+    voted = pc.unique(references.filter(shown).column("image_id"))
+    return references.filter(pc.is_in(references.column("image_id"), value_set=voted))
 
 
 def sampled_ids(picked: dict[str, tuple[list[dict], list[dict]]]) -> list[str]:
@@ -315,7 +331,7 @@ def write_report(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Table]
         sample_size=report_samples.SAMPLE_SIZE,
         ranking=sorted(ranking.items()),
         consensus=sorted(d for d, m in ranking.items() if m == "consensus"),
-        ties=vote_ties(tables["references"].to_pylist()),
+        ties=vote_ties(voted_references(tables["references"]).to_pylist()),
         thin=thin,
         metrics=[(m, safe_name(m)) for m in metrics],
         stats=grid(
