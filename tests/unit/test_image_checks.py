@@ -113,5 +113,5 @@ def test_the_images_stage_takes_the_time_of_the_checks(tmp_path):
     reporter.say = said.append
     folder = RunFolder(tmp_path / "run")
     StudyRun(folder, reporter, LazyRay(RuntimeConfig())).run_stage(given("images", pa.table({"x": [1]}), 12.5))
-    assert 12.5 <= folder.manifest()["stages"]["images"]["seconds"] < 13.5
+    assert 12.5 <= folder.manifest()["stages"]["images"]["seconds"] < 20  # once, plus the write (a loaded machine)
     assert said[-1].endswith("1 images in 12.5s")
