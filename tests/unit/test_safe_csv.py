@@ -77,3 +77,17 @@ def test_the_reports_csv_tables_are_safe_and_the_parquet_tables_keep_the_text(tm
     assert written[0]["text"] == "'" + formula
     assert [r["text"] for r in written[1:]] == [r["text"] or "" for r in rows[1:]]
     assert pq.read_table(root / "responses.parquet").column("text")[0].as_py() == formula
+
+
+def test_the_reports_csv_tables_leave_out_the_rows_inputs_hash(tmp_path):
+    from vlm_decade.core.reuse import INPUTS
+
+    root = decade_run(tmp_path / "src", tables=("references", "responses", "scores", "stats"))
+    tables = {n: pq.read_table(root / f"{n}.parquet") for n in ("images", "references", "responses", "scores", "stats")}
+    scores = tables["scores"]
+    tables["scores"] = scores.append_column(INPUTS, pa.array(["0" * 64] * scores.num_rows))
+    tables["comparisons"] = COMPARISONS_SCHEMA.empty_table()
+    out = RunFolder(tmp_path / "out")
+    write_report(out, study_from_dict(copy.deepcopy(DECADE_CONFIG)), tables)
+    written = _read_csv(out.root / "tables" / "scores.csv")
+    assert len(written) == scores.num_rows and list(written[0]) == scores.column_names

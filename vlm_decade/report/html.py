@@ -17,6 +17,7 @@ import pyarrow.csv as pacsv
 from markupsafe import Markup
 
 from vlm_decade.core.files import atomic_file, atomic_write_bytes
+from vlm_decade.core.reuse import INPUTS
 
 TEMPLATES = Path(__file__).parent / "templates"
 STYLE = Markup("""
@@ -98,7 +99,11 @@ def write_csv(table: pa.Table, path: Path) -> None:
 
 
 def write_csvs(root: Path, tables: dict[str, pa.Table], names: tuple[str, ...]) -> tuple[str, ...]:
-    """Write `tables/<name>.csv` for each name; the names, for the page's `csv_note`."""
+    """Write `tables/<name>.csv` for each name, without the run's own bookkeeping (a row's inputs
+    hash); the names, for the page's `csv_note`."""
     for name in names:
-        write_csv(tables[name], root / "tables" / f"{name}.csv")
+        table = tables[name]
+        if INPUTS in table.column_names:
+            table = table.drop_columns([INPUTS])
+        write_csv(table, root / "tables" / f"{name}.csv")
     return names
