@@ -57,6 +57,7 @@ class Row:
 
 # What Python's str.strip() takes off (cell_text strips so), for pyarrow.compute to take the same.
 _WHITESPACE = "".join(c for c in map(chr, range(0x110000)) if c.isspace())
+_BLANK_LINE = re.compile(rb"(?:\r\n|\r(?!\n)|\n)[\r\n]")
 _CHUNK = 1 << 16  # rows the row-by-row CSV reader holds as Python objects before they become Arrow
 
 
@@ -192,7 +193,9 @@ def _arrow_csv(
         return None
     named = (*required, *(c for c in optional if c in header))
     if len(header) < 2 or any(header.count(c) > 1 for c in named) or any(c not in header for c in required):
-        return None  # a one-column file reads a blank line as a row; the header's problems are said there
+        return None  # the header's problems are said there
+    if _BLANK_LINE.search(body):  # Arrow reads a blank line as a row of empty cells
+        return None
     index = {c: header.index(c) for c in named}
     try:
         table = pacsv.read_csv(
