@@ -23,7 +23,7 @@ from vlm_decade.studies.decade import data as study_a
 from vlm_decade.studies.decade.config import RankingConfig
 from vlm_decade.studies.decade.ranking import rank_by_consensus, rank_by_votes
 
-SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 CONDITIONS = ["full", "m1"]
 KNOWN = ["i1", "i2", "i3"]
 
