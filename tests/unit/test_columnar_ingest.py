@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from vlm_decade.core.config import ModelConfig
 from vlm_decade.core.errors import Problems
 from vlm_decade.core.tables import _arrow_csv, _python_csv, cell_present, cell_text, read_table
-from vlm_decade.models.backends.imported import ImportedBackend
+from vlm_decade.models.backends.imported import ImportedBackend, missing_rows
 from vlm_decade.stages.images import IMAGE_COLUMNS, check_images
 from vlm_decade.studies.decade import data as study_a
 from vlm_decade.studies.decade.config import RankingConfig
@@ -296,3 +296,32 @@ def test_the_references_of_more_descriptions_than_a_slab_are_the_same(monkeypatc
     expected = reference_references(images, descriptions, study_a._Tally(), {"coco": study_a.CONSENSUS}, cfg)
     assert whole.to_pylist() == sliced.to_pylist() == expected
     assert sliced.column("role").num_chunks > 1
+
+
+@SETTINGS
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["i1", "i2", "i3"]),
+            st.sampled_from(["full", "m1"]),
+            st.sampled_from(["a caption", " "]),
+            st.sampled_from(["", "p1", "p2"]),
+        ),
+        max_size=12,
+    ),
+    st.sampled_from([("",), ("p1", "p2")]),
+)
+def test_the_missing_answers_are_counted_as_row_by_row(rows, prompts):
+    path = written([list(r) for r in rows], ["image_id", "variant", "text", "prompt"])
+    model = ModelConfig(name="old", backend="imported", model_id="old", era="pre-mllm", options={"file": str(path)})
+    texts = {(i, v, p): t for i, v, t, p in rows if t.strip()}
+    lacking = Counter(
+        v for v in ("full", "m1") for i in KNOWN for p in prompts if (i, v, p) not in texts and (i, v, "") not in texts
+    )
+    (line,) = missing_rows([model], set(KNOWN), lambda m: ["full", "m1"], prompts) or [None]
+    if not lacking:
+        assert line is None
+        return
+    each = len(KNOWN) * len(prompts)
+    counts = ", ".join(f"{v}: {lacking[v]} of {each}" for v in ("full", "m1") if lacking[v])
+    assert f"has no description for {sum(lacking.values())} of the {each * 2} " in line and f"({counts})" in line

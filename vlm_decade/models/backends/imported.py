@@ -187,9 +187,8 @@ class ImportedBackend(Backend):
             problems.add(path, "image_id not checked: the images table could not be read", field="image_id")
         # Whole columns are checked; only the rows found bad are looked at one by one.
         keys = _keys(table)
-        unknown_image = ~pc.is_in(keys.column("image_id"), value_set=ids).to_numpy(zero_copy_only=False) & bool(
-            len(ids)
-        )
+        known = pc.is_in(keys.column("image_id"), value_set=ids).to_numpy(zero_copy_only=False)
+        unknown_image = ~known if len(ids) else np.zeros(len(table), bool)
         empty = table.blank("text")
         duplicate = first_rows(keys, np.ones(len(table), bool)) < np.arange(len(table))
         numbers = table.numbers.to_numpy()
