@@ -10,9 +10,13 @@ import re
 import stat
 from collections import Counter
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from vlm_decade.core.errors import Problems
@@ -51,12 +55,45 @@ class Row:
     cells: dict[str, str | list[str]]  # the required columns only; a Parquet list column stays a list
 
 
+# What Python's str.strip() takes off (cell_text strips so), for pyarrow.compute to take the same.
+_WHITESPACE = "".join(c for c in map(chr, range(0x110000)) if c.isspace())
+_BLANK_LINE = re.compile(rb"(?:\r\n|\r(?!\n)|\n)[\r\n]")
+_CHUNK = 1 << 16  # rows the row-by-row CSV reader holds as Python objects before they become Arrow
+
+
 @dataclass(frozen=True)
 class Table:
+    """A table's good rows as Arrow columns, each row with its spreadsheet number (`numbers`), so a
+    table that grows with the images is never a Python object per row; `rows` is that for small ones."""
+
     file: str
     name: str  # the file name, for messages that point from one table to another
-    rows: list[Row]
+    columns: pa.Table  # the cells as read (text, a Parquet list column lists of text); a missing optional column: ""
+    numbers: pa.Array  # int64: each row's spreadsheet number
     extra: tuple[str, ...] = ()  # with `extra=True`: the user's own further columns, in the file's order
+
+    def __len__(self) -> int:
+        return self.columns.num_rows
+
+    @cached_property
+    def rows(self) -> list[Row]:
+        """The rows as Python objects: for the small tables (class names, votes, ratings, hand labels)."""
+        records = self.columns.to_pylist()
+        return [Row(number, cells) for number, cells in zip(self.numbers.to_pylist(), records)]
+
+    def text(self, column: str) -> pa.Array:
+        """`cell_text` of every row: the cell stripped (a list joined with ';')."""
+        values = self.columns.column(column).combine_chunks()
+        if pa.types.is_list(values.type):
+            return pc.binary_join(values, ";")
+        return pc.utf8_trim(values, _WHITESPACE)
+
+    def blank(self, column: str) -> np.ndarray:
+        """Where `column` is empty or only whitespace (a list: empty), as `cell_present` says."""
+        values = self.columns.column(column).combine_chunks()
+        if pa.types.is_list(values.type):
+            return pc.equal(pc.list_value_length(values), 0).to_numpy(zero_copy_only=False)
+        return pc.equal(pc.utf8_length(pc.utf8_trim(values, _WHITESPACE)), 0).to_numpy(zero_copy_only=False)
 
 
 def read_table(
@@ -70,8 +107,8 @@ def read_table(
     flags: tuple[str, ...] = (),
     extra: bool = False,
 ) -> Table | None:
-    """Rows of a CSV or Parquet table, or None (with problems added) when it cannot be used at all.
-    `optional` columns are read when the table has them, and are empty cells when it does not.
+    """The good rows of a CSV or Parquet table, or None (with problems added) when it cannot be used at
+    all. `optional` columns are read when the table has them, and are empty cells when it does not.
     `extra`: every further column (the user's metadata) is read too, as text, and named in `Table.extra`.
 
     A Parquet column must hold text or integers; those named in `lists` may also hold lists of them
@@ -95,14 +132,20 @@ def read_table(
     others = tuple(dict.fromkeys(c for c in header if c and c not in named))
     optional = tuple(optional) + others
     if kind == ".csv":
-        rows = _csv_rows(path, raw, required, problems, optional)
+        read = _csv_columns(path, raw, required, problems, optional)
     else:
         kinds: dict[str, tuple[str, ...]] = {c: ("numbers", "flags") for c in others}
         for allowed, columns in (("lists", lists), ("numbers", numbers), ("flags", flags)):
             for column in columns:
                 kinds[column] = kinds.get(column, ()) + (allowed,)
-        rows = _parquet_rows(path, raw, required, problems, optional, kinds)
-    return None if rows is None else Table(str(path), path.name, rows, others)
+        read = _parquet_columns(path, raw, required, problems, optional, kinds)
+    if read is None:
+        return None
+    columns, row_numbers = read
+    for column in optional:  # an optional column the file lacks: empty cells
+        if column not in columns.column_names:
+            columns = columns.append_column(column, pa.array([""] * columns.num_rows, pa.string()))
+    return Table(str(path), path.name, columns.select([*required, *optional]), row_numbers, others)
 
 
 def _header(path: Path, raw: bytes, kind: str) -> list[str]:
@@ -123,12 +166,76 @@ def _missing_columns(path: Path, header: list[str], required: tuple[str, ...], p
     return bool(missing)
 
 
-def _csv_rows(
+def _csv_columns(
     path: Path, raw: bytes, required: tuple[str, ...], problems: Problems, optional: tuple[str, ...] = ()
-) -> list[Row] | None:
+) -> tuple[pa.Table, pa.Array] | None:
     if raw.startswith((b"\xff\xfe", b"\xfe\xff")) or b"\x00" in raw.split(b"\n", 1)[0]:
         problems.add(path, "the file looks like UTF-16 (NUL bytes in the header): save it as UTF-8", row=1)
         return None
+    if b'"' not in raw:  # no quotes: Arrow's reader splits the rows as Python's would
+        read = _arrow_csv(path, raw, required, problems, optional)
+        if read is not None:
+            return read
+    return _python_csv(path, raw, required, problems, optional)
+
+
+def _arrow_csv(
+    path: Path, raw: bytes, required: tuple[str, ...], problems: Problems, optional: tuple[str, ...]
+) -> tuple[pa.Table, pa.Array] | None:
+    """The columns read by pyarrow.csv when the file has nothing the row-by-row reader would say
+    (a clean header, no blank line, every row as long as the header, all UTF-8); else None, and
+    `_python_csv` reads it and says what is wrong."""
+    body = raw[3:] if raw.startswith(b"\xef\xbb\xbf") else raw
+    first = re.match(rb"[^\r\n]*", body).group()
+    try:
+        header = [h.strip() for h in first.decode("utf-8").split(",")]
+    except UnicodeDecodeError:
+        return None
+    named = (*required, *(c for c in optional if c in header))
+    if len(header) < 2 or any(header.count(c) > 1 for c in named) or any(c not in header for c in required):
+        return None  # the header's problems are said there
+    if _BLANK_LINE.search(body):  # Arrow reads a blank line as a row of empty cells
+        return None
+    index = {c: header.index(c) for c in named}
+    try:
+        table = pacsv.read_csv(
+            pa.py_buffer(body),
+            read_options=pacsv.ReadOptions(column_names=[f"c{j}" for j in range(len(header))], skip_rows=1),
+            parse_options=pacsv.ParseOptions(quote_char=False, ignore_empty_lines=False),
+            convert_options=pacsv.ConvertOptions(
+                column_types={f"c{j}": pa.string() for j in index.values()},
+                include_columns=[f"c{j}" for j in index.values()],
+                strings_can_be_null=False,
+            ),
+        )
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    columns = pa.table({c: table.column(f"c{j}").combine_chunks() for c, j in index.items()})
+    numbers = pa.array(np.arange(2, columns.num_rows + 2, dtype=np.int64))
+    _nul_problems(path, columns, numbers, problems)
+    return columns, numbers
+
+
+def _nul_problems(path: Path, columns: pa.Table, numbers: pa.Array, problems: Problems) -> None:
+    """A problem for each cell that holds a NUL byte, in row order (then the columns' order)."""
+    found = []
+    for j, column in enumerate(columns.column_names):
+        values = columns.column(column).combine_chunks()
+        if pa.types.is_list(values.type):
+            rows = pc.list_parent_indices(values).filter(pc.match_substring(pc.list_flatten(values), "\x00"))
+        else:
+            rows = pc.indices_nonzero(pc.match_substring(values, "\x00"))
+        found += [(i, j, column) for i in rows.to_pylist()]
+    for i, _, column in sorted(set(found)):
+        message = "contains a NUL byte (\\0), which no text may hold"
+        problems.add(path, message, row=numbers[i].as_py(), field=column)
+
+
+def _python_csv(
+    path: Path, raw: bytes, required: tuple[str, ...], problems: Problems, optional: tuple[str, ...] = ()
+) -> tuple[pa.Table, pa.Array] | None:
+    """The row-by-row reader, for the files `_arrow_csv` leaves: it names every row's problem; the
+    rows become Arrow a chunk at a time."""
     text = raw.decode("utf-8-sig", errors="surrogateescape")
     # Strict: a quote that never closes is an error, not a field that silently swallows the rest of
     # the file, and so is text after a closing quote.
@@ -150,7 +257,15 @@ def _csv_rows(
     if _missing_columns(path, header, required, problems) or repeated:
         return None
     index = {c: header.index(c) for c in required + tuple(c for c in optional if c in header)}
-    rows = []
+    cells: dict[str, list[str]] = {c: [] for c in index}
+    numbers: list[int] = []
+    chunks: list[pa.Table] = []
+
+    def flush() -> None:
+        chunks.append(pa.table({c: pa.array(values, pa.string()) for c, values in cells.items()}))
+        for values in cells.values():
+            values.clear()
+
     number, line = 1, records.line_num  # the row (record) being read, and the last line read
     try:
         for record in records:
@@ -164,7 +279,6 @@ def _csv_rows(
                 continue
             if line > first_line and _swallowed_rows(path, record, header, number, first_line, line, problems):
                 continue
-            cells = {}
             for column, j in index.items():
                 value = record[j]
                 if _UNDECODABLE.search(value):
@@ -172,8 +286,10 @@ def _csv_rows(
                     value = value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
                 if "\x00" in value:
                     problems.add(path, "contains a NUL byte (\\0), which no text may hold", row=number, field=column)
-                cells[column] = value
-            rows.append(Row(number, {c: "" for c in optional} | cells))
+                cells[column].append(value)
+            numbers.append(number)
+            if len(numbers) % _CHUNK == 0:
+                flush()
     except csv.Error as exc:
         if "unexpected end of data" in str(exc):
             message = (
@@ -186,7 +302,8 @@ def _csv_rows(
             )
         problems.add(path, message, row=number + 1)
         return None
-    return rows
+    flush()
+    return pa.concat_tables(chunks), pa.array(numbers, pa.int64())
 
 
 def _swallowed_rows(
@@ -210,14 +327,14 @@ def _swallowed_rows(
     return False
 
 
-def _parquet_rows(
+def _parquet_columns(
     path: Path,
     raw: bytes,
     required: tuple[str, ...],
     problems: Problems,
     optional: tuple[str, ...] = (),
     kinds: dict | None = None,
-) -> list[Row] | None:
+) -> tuple[pa.Table, pa.Array] | None:
     try:
         table = pq.read_table(pa.BufferReader(raw))
     except Exception as exc:  # noqa: BLE001 - pyarrow reports a damaged file with several exception types
@@ -232,14 +349,10 @@ def _parquet_rows(
             problems.add(path, f"column '{column}' {problem}", row=1, field=column)
     if any(problem for _, problem in wrong):
         return None
-    rows = []
-    for number, record in enumerate(table.select(columns).to_pylist(), start=2):
-        cells = {c: _cell(v) for c, v in record.items()}
-        for column, value in cells.items():
-            if any("\x00" in v for v in (value if isinstance(value, list) else [value])):
-                problems.add(path, "contains a NUL byte (\\0), which no text may hold", row=number, field=column)
-        rows.append(Row(number, {c: "" for c in optional} | cells))
-    return rows
+    cells = pa.table({c: _as_text(table.column(c).combine_chunks()) for c in columns})
+    numbers = pa.array(np.arange(2, cells.num_rows + 2, dtype=np.int64))
+    _nul_problems(path, cells, numbers, problems)
+    return cells, numbers
 
 
 def _type_problem(kind: pa.DataType, allowed: tuple[str, ...]) -> str | None:
@@ -263,12 +376,20 @@ def _type_problem(kind: pa.DataType, allowed: tuple[str, ...]) -> str | None:
     return f"has type {kind}: expected {', '.join(expected[:-1])} or {expected[-1]}"
 
 
-def _cell(value) -> str | list[str]:
-    if value is None:
-        return ""
-    if isinstance(value, list):
-        return [str(v) for v in value if v is not None]
-    return str(value)
+def _as_text(values: pa.Array) -> pa.Array:
+    """A Parquet column as `cell_present`/`cell_text` read it: a null is an empty cell, an integer its
+    digits, a float or a flag as Python writes it, a list of text without its nulls."""
+    if pa.types.is_dictionary(values.type):
+        values = values.dictionary_decode()
+    kind = values.type
+    if pa.types.is_null(kind):
+        return pa.array([""] * len(values), pa.string())
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_integer(kind):
+        return pc.cast(values, pa.string()).fill_null("")
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        lists = [[] if v is None else [str(x) for x in v if x is not None] for v in values.to_pylist()]
+        return pa.array(lists, pa.list_(pa.string()))
+    return pa.array(["" if v is None else str(v) for v in values.to_pylist()], pa.string())
 
 
 def cell_present(row: Row, table: Table, columns: tuple[str, ...], problems: Problems) -> bool:

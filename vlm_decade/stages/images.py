@@ -35,17 +35,19 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from vlm_decade.core import storage
+from vlm_decade.core.columns import first_rows
 from vlm_decade.core.errors import Problems
 from vlm_decade.core.files import atomic_write_bytes
 from vlm_decade.core.names import did_you_mean
-from vlm_decade.core.tables import Table, cell_present, cell_text
+from vlm_decade.core.tables import Table
 from vlm_decade.imaging.decode import NO_BACKGROUND, WHITE, ImageDecodeError, decode_image
 
 IMAGE_COLUMNS = ("image_id", "dataset", "file")
@@ -63,18 +65,21 @@ IMAGES_SCHEMA = pa.schema(
 )
 
 
-@dataclass
-class CheckedImage:
-    """One image's row in the user's table, and what reading the file found."""
-
-    row: int
-    dataset: str
-    path: str
-    sha256: str = ""
-    width: int = 0
-    height: int = 0
-    mode: str = ""
-    transparent: bool = False
+# What `check_images` found, a row per image (in the table's order): its row in the user's table, and
+# what reading the file found (empty and zero where it could not be read, or was not).
+CHECKED_SCHEMA = pa.schema(
+    [
+        ("image_id", pa.string()),
+        ("row", pa.int64()),
+        ("dataset", pa.string()),
+        ("path", pa.string()),
+        ("sha256", pa.string()),
+        ("width", pa.int64()),
+        ("height", pa.int64()),
+        ("mode", pa.string()),
+        ("transparent", pa.bool_()),
+    ]
+)
 
 
 CACHE_FILE = Path(".cache") / "images.parquet"
@@ -168,10 +173,11 @@ class ImageCache:
         self.known, self.found = {}, {}
 
 
-def declared_ids(table: Table) -> set[str]:
+def declared_ids(table: Table) -> pa.Array:
     """Every image_id a table of images names, its rows with problems included: what other tables may
     refer to without being called unknown."""
-    return {image_id for row in table.rows if (image_id := cell_text(row, "image_id"))}
+    ids = table.text("image_id")
+    return pc.unique(ids.filter(pc.not_equal(ids, "")))
 
 
 def check_images(
@@ -181,46 +187,58 @@ def check_images(
     cache: ImageCache | None = None,
     background: str = WHITE,
     workers: int | None = None,
-) -> dict[str, CheckedImage]:
-    """Every row's image, read and measured (on `workers` threads: `ImageCache.inspect`);
-    `background` (#rrggbb, or `none` to refuse images with transparency) is the study's
-    `data.background`."""
-    images: dict[str, CheckedImage] = {}
-    for row in table.rows:
-        if not cell_present(row, table, IMAGE_COLUMNS, problems):
+) -> pa.Table:
+    """Every row's image, read and measured (on `workers` threads: `ImageCache.inspect`), as a
+    CHECKED_SCHEMA table; `background` (#rrggbb, or `none` to refuse images with transparency) is
+    the study's `data.background`."""
+    blank = {c: table.blank(c) for c in IMAGE_COLUMNS}
+    present = ~np.logical_or.reduce(list(blank.values()))
+    ids = table.text("image_id")
+    first = first_rows(pa.table({"image_id": ids}), present)
+    duplicate = present & (first < np.arange(len(table)))
+    numbers = table.numbers.to_numpy()
+    for i in np.flatnonzero(~present | duplicate):
+        if duplicate[i]:
+            image_id = ids[i].as_py()
+            message = f"duplicate image_id '{image_id}' (first at row {numbers[first[i]]})"
+            problems.add(table.file, message, row=int(numbers[i]), field="image_id")
             continue
-        image_id = cell_text(row, "image_id")
-        if image_id in images:
-            problems.add(
-                table.file,
-                f"duplicate image_id '{image_id}' (first at row {images[image_id].row})",
-                row=row.number,
-                field="image_id",
-            )
-            continue
-        path = storage.join(image_dir, cell_text(row, "file"))
-        images[image_id] = CheckedImage(row.number, cell_text(row, "dataset"), path)
-    if not table.rows:
+        for column in IMAGE_COLUMNS:
+            if blank[column][i]:
+                problems.add(table.file, f"'{column}' is empty", row=int(numbers[i]), field=column)
+    keep = pa.array(present & ~duplicate)
+    files = table.text("file").filter(keep).to_pylist()
+    paths = [storage.join(image_dir, f) for f in files]
+    images = {
+        "image_id": ids.filter(keep),
+        "row": table.numbers.filter(keep),
+        "dataset": table.text("dataset").filter(keep),
+        "path": pa.array(paths, pa.string()),
+    }
+    found: list = [("", 0, 0, "", False)] * len(paths)
+    if not len(table):
         problems.add(table.file, "has no images")
     if not storage.is_folder(image_dir):
         # One problem for the folder, not one per image.
         problems.add(str(image_dir), "image folder not found", field="data.image_dir")
-        return images
-    results = (cache or ImageCache()).inspect([im.path for im in images.values()], workers)
-    for im, result in zip(images.values(), results):
-        if isinstance(result, str):
-            problems.add(table.file, result, row=im.row, field="file")
-            continue
-        im.sha256, im.width, im.height, im.mode, im.transparent = result
-        if im.transparent and background == NO_BACKGROUND:
-            problems.add(
-                table.file,
-                f"{im.path} has transparent pixels, and data.background is none: give a background "
-                "(white, a colour name or #rrggbb) to composite them onto, or an image without transparency",
-                row=im.row,
-                field="file",
-            )
-    return images
+    else:
+        rows = images["row"].to_pylist()
+        found = (cache or ImageCache()).inspect(paths, workers)
+        for i, result in enumerate(found):
+            if isinstance(result, str):
+                problems.add(table.file, result, row=rows[i], field="file")
+                found[i] = ("", 0, 0, "", False)
+            elif result[4] and background == NO_BACKGROUND:
+                problems.add(
+                    table.file,
+                    f"{paths[i]} has transparent pixels, and data.background is none: give a background "
+                    "(white, a colour name or #rrggbb) to composite them onto, or an image without transparency",
+                    row=rows[i],
+                    field="file",
+                )
+    for j, column in enumerate(("sha256", "width", "height", "mode", "transparent")):
+        images[column] = pa.array([f[j] for f in found], CHECKED_SCHEMA.field(column).type)
+    return pa.table(images, schema=CHECKED_SCHEMA)
 
 
 def _key(path: str) -> tuple[str, int, int] | None:
@@ -259,20 +277,12 @@ def _inspect_image(path: str) -> Found | str:
     return hashlib.sha256(data).hexdigest(), width, height, decoded.mode, decoded.transparent
 
 
-def images_table(images: dict[str, CheckedImage], background: str = WHITE) -> pa.Table:
-    """The `images` table; `background`: what the images with transparency are composited onto."""
-    ids = sorted(images)
-    columns = {
-        "image_id": ids,
-        "dataset": [images[i].dataset for i in ids],
-        "path": [images[i].path for i in ids],
-        "sha256": [images[i].sha256 for i in ids],
-        "width": [images[i].width for i in ids],
-        "height": [images[i].height for i in ids],
-        "mode": [images[i].mode for i in ids],
-        "background": [background if images[i].transparent else None for i in ids],
-    }
-    return pa.table(columns, schema=IMAGES_SCHEMA)
+def images_table(images: pa.Table, background: str = WHITE) -> pa.Table:
+    """The `images` table of `check_images`' result; `background`: what the images with transparency
+    are composited onto."""
+    images = images.sort_by("image_id")
+    backgrounds = pc.if_else(images.column("transparent"), background, pa.scalar(None, pa.string()))
+    return images.select(IMAGES_SCHEMA.names[:-1]).append_column("background", backgrounds).cast(IMAGES_SCHEMA)
 
 
 def transparency_note(images: pa.Table) -> str:
@@ -287,14 +297,14 @@ def transparency_note(images: pa.Table) -> str:
     )
 
 
-def metadata_table(table: Table, image_ids) -> pa.Table:
+def metadata_table(table: Table, images: pa.Table) -> pa.Table:
     """The `metadata` table: `image_id` and the user's own further columns of the images (Study A) or
-    labels (Study B) table, as text, for the images that passed their checks, sorted by image_id."""
-    keep = set(image_ids)
-    rows = sorted((r for r in table.rows if cell_text(r, "image_id") in keep), key=lambda r: cell_text(r, "image_id"))
-    columns = {"image_id": [cell_text(r, "image_id") for r in rows]}
-    columns |= {c: [cell_text(r, c) for r in rows] for c in table.extra}
-    return pa.table(columns, schema=pa.schema([(c, pa.string()) for c in columns]))
+    labels (Study B) table, as text, for the images that passed their checks (`check_images`' result),
+    sorted by image_id."""
+    ids = table.text("image_id")
+    columns = {"image_id": ids} | {c: table.text(c) for c in table.extra}
+    rows = pa.table(columns).filter(pc.is_in(ids, value_set=images.column("image_id")))
+    return rows.sort_by("image_id").cast(pa.schema([(c, pa.string()) for c in columns]))
 
 
 def check_group_by(group_by, table: Table, problems: Problems) -> None:

@@ -18,11 +18,15 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from pydantic import Field
 
+from vlm_decade.core.columns import first_rows
 from vlm_decade.core.config import BackendOptions, ModelConfig
 from vlm_decade.core.errors import STUDY_FILE, Problem, Problems
-from vlm_decade.core.tables import read_table
+from vlm_decade.core.tables import Table, read_table
 from vlm_decade.models.backends import Backend, Description, Stimulus
 
 COLUMNS = ("image_id", "variant", "text")
@@ -35,9 +39,30 @@ def imported_file(model: ModelConfig) -> Path | None:
     return Path(file) if isinstance(file, str) and file else None
 
 
-def _answers(rows) -> dict[tuple[str, str, str], str]:
+def _answers(table: Table) -> dict[tuple[str, str, str], str]:
     """(image_id, variant, prompt id or EVERY_PROMPT) -> text."""
-    return {(r.cells["image_id"], r.cells["variant"], r.cells["prompt"].strip()): r.cells["text"] for r in rows}
+    cells = [table.columns.column(c).to_pylist() for c in ("image_id", "variant")]
+    return dict(zip(zip(*cells, table.text("prompt").to_pylist()), table.columns.column("text").to_pylist()))
+
+
+def _keys(table: Table) -> pa.Table:
+    """Each row's (image_id, variant, prompt), as `_answers` keys it."""
+    cells = {c: table.columns.column(c) for c in ("image_id", "variant")}
+    return pa.table(cells | {"prompt": table.text("prompt")})
+
+
+def _id_array(image_ids) -> pa.Array:
+    """A set of image ids (or an Arrow column of them) as an Arrow array, for whole-column checks."""
+    if isinstance(image_ids, pa.ChunkedArray | pa.Array):
+        return pc.unique(image_ids)
+    return pa.array(sorted(image_ids), pa.string())
+
+
+def _first_rows_of(values: pa.Array, numbers: pa.Array) -> list[tuple[str, int, int]]:
+    """(value, how many rows, first row) for each distinct value, sorted by value."""
+    counts = pa.table({"value": values, "row": numbers}).group_by("value", use_threads=False)
+    counted = counts.aggregate([("row", "count"), ("row", "min")]).sort_by("value")
+    return list(zip(*(counted.column(c).to_pylist() for c in ("value", "row_count", "row_min"))))
 
 
 def answer_key(text: str) -> str:
@@ -67,11 +92,18 @@ def missing_rows(
         table = read_table(path, COLUMNS, Problems(), OPTIONAL)
         if table is None:
             continue
-        texts = _answers(r for r in table.rows if r.cells["text"].strip())
+        ids = _id_array(image_ids)
+        keys = _keys(table).filter(pc.invert(pa.array(table.blank("text"))))
         variants = variants_of(model)
-        lacking = Counter(v for v in variants for i in image_ids for p in prompts if answer(texts, i, v, p) is None)
-        if lacking:
-            each = len(image_ids) * len(prompts)
+        lacking = Counter()
+        for v in variants:
+            for p in prompts:  # the images with a row for this prompt, or for every prompt
+                where = pc.and_(
+                    pc.equal(keys.column("variant"), v), pc.is_in(keys.column("prompt"), pa.array([p, EVERY_PROMPT]))
+                )
+                lacking[v] += len(ids) - pc.sum(pc.is_in(ids, value_set=keys.column("image_id").filter(where))).as_py()
+        if +lacking:
+            each = len(ids) * len(prompts)
             counts = ", ".join(f"{v}: {lacking[v]} of {each}" for v in variants if lacking[v])
             asked = "(image, variant)" if prompts == (EVERY_PROMPT,) else "(image, variant, prompt)"
             lines.append(
@@ -97,7 +129,7 @@ class ImportedBackend(Backend):
         problems = Problems()
         table = read_table(path, COLUMNS, problems, OPTIONAL)
         problems.raise_if_any()
-        self.texts = _answers(table.rows)
+        self.texts = _answers(table)
         self.per_prompt = any(prompt != EVERY_PROMPT for _, _, prompt in self.texts)
         self.file = path.name
 
@@ -127,7 +159,7 @@ class ImportedBackend(Backend):
         settings = super().fingerprint(model)
         settings["options"] = {k: v for k, v in settings["options"].items() if k != "file"}
         table = read_table(imported_file(model), COLUMNS, Problems(), OPTIONAL)  # unreadable: `check` said so
-        texts = _answers(table.rows) if table is not None else {}
+        texts = _answers(table) if table is not None else {}
 
         def key(image_id: str, variant: str, prompt_id: str) -> str | None:
             text = answer(texts, image_id, variant, prompt_id)
@@ -150,33 +182,39 @@ class ImportedBackend(Backend):
         table = read_table(path, COLUMNS, problems, OPTIONAL)
         if table is None:
             return problems.items
-        if not image_ids:
+        ids = _id_array(image_ids)
+        if not len(ids):
             problems.add(path, "image_id not checked: the images table could not be read", field="image_id")
-        seen: set[tuple[str, str, str]] = set()
-        unknown: dict[str, list[int]] = {}  # variant -> rows: one problem for them all
-        for row, rec in ((r.number, r.cells) for r in table.rows):
-            key = (rec["image_id"], rec["variant"], rec["prompt"].strip())
-            if image_ids and rec["image_id"] not in image_ids:
-                problems.add(path, f"unknown image_id '{rec['image_id']}'", row, "image_id")
-            if rec["variant"] not in variants:
-                unknown.setdefault(rec["variant"], []).append(row)
-            if not (rec["text"] or "").strip():
+        # Whole columns are checked; only the rows found bad are looked at one by one.
+        keys = _keys(table)
+        known = pc.is_in(keys.column("image_id"), value_set=ids).to_numpy(zero_copy_only=False)
+        unknown_image = ~known if len(ids) else np.zeros(len(table), bool)
+        empty = table.blank("text")
+        duplicate = first_rows(keys, np.ones(len(table), bool)) < np.arange(len(table))
+        numbers = table.numbers.to_numpy()
+        for i in np.flatnonzero(unknown_image | empty | duplicate):
+            row = int(numbers[i])
+            image_id, variant, prompt = (keys.column(c)[i].as_py() for c in ("image_id", "variant", "prompt"))
+            if unknown_image[i]:
+                problems.add(path, f"unknown image_id '{image_id}'", row, "image_id")
+            if empty[i]:
                 problems.add(path, "empty text", row, "text")
-            if key in seen:
-                prompt = f", prompt '{key[2]}'" if key[2] else ""
+            if duplicate[i]:
+                prompt = f", prompt '{prompt}'" if prompt else ""
                 problems.add(
-                    path, f"duplicate description for image '{key[0]}', variant '{key[1]}'{prompt}", row, "image_id"
+                    path, f"duplicate description for image '{image_id}', variant '{variant}'{prompt}", row, "image_id"
                 )
-            seen.add(key)
+        other = pc.invert(pc.is_in(keys.column("variant"), value_set=pa.array(variants, pa.string())))
+        unknown = _first_rows_of(keys.column("variant").filter(other), table.numbers.filter(other))
         if unknown:
-            problems.add(path, _unknown_variants(unknown, variants), min(min(r) for r in unknown.values()), "variant")
+            problems.add(path, _unknown_variants(unknown, variants), min(first for _, _, first in unknown), "variant")
         return problems.items
 
 
-def _unknown_variants(unknown: dict[str, list[int]], variants: list[str]) -> str:
+def _unknown_variants(unknown: list[tuple[str, int, int]], variants: list[str]) -> str:
     """One problem for every row whose variant the study does not have: a file that puts prompt ids
-    in the variant column is one mistake, not one per row."""
-    values = ", ".join(f"'{v}' ({len(rows)} rows, first row {rows[0]})" for v, rows in sorted(unknown.items()))
+    in the variant column is one mistake, not one per row. `unknown`: (variant, rows, first row)."""
+    values = ", ".join(f"'{v}' ({n} rows, first row {first})" for v, n, first in unknown)
     message = f"unknown variant {values}: expected one of {', '.join(variants)}"
     if variants == ["full"]:
         message += (
@@ -196,17 +234,15 @@ def prompt_problems(models: Iterable[ModelConfig], prompt_ids: list[str]) -> lis
         table = read_table(path, COLUMNS, Problems(), OPTIONAL)  # unreadable: `check` says so
         if table is None:
             continue
-        unknown: dict[str, list[int]] = {}
-        for r in table.rows:
-            prompt = r.cells["prompt"].strip()
-            if prompt != EVERY_PROMPT and prompt not in prompt_ids:
-                unknown.setdefault(prompt, []).append(r.number)
+        prompts = table.text("prompt")
+        other = pc.invert(pc.is_in(prompts, value_set=pa.array([EVERY_PROMPT, *prompt_ids], pa.string())))
+        unknown = _first_rows_of(prompts.filter(other), table.numbers.filter(other))
         if unknown:
-            values = ", ".join(f"'{p}' ({len(rows)} rows, first row {rows[0]})" for p, rows in sorted(unknown.items()))
+            values = ", ".join(f"'{p}' ({n} rows, first row {first})" for p, n, first in unknown)
             problems.add(
                 path,
                 f"unknown prompt {values}: expected one of the study's prompt ids {', '.join(prompt_ids)}",
-                min(min(r) for r in unknown.values()),
+                min(first for _, _, first in unknown),
                 "prompt",
             )
     return problems.items

@@ -13,20 +13,22 @@ the report says it where the missing figure would be.
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from itertools import count
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from vlm_decade.core.columns import first_rows
 from vlm_decade.core.errors import InputError, Problems
 from vlm_decade.core.tables import Table, cell_present, cell_text, read_table
 from vlm_decade.imaging.masks import MaskConfig, mask_ids
 from vlm_decade.stages.images import (
     IMAGE_COLUMNS,
-    CheckedImage,
     ImageCache,
     check_group_by,
     check_images,
@@ -100,11 +102,10 @@ def load_study_data(
         _check_every_image_has_full(images_t, images, descriptions, descriptions_t.name, problems)
     tally = _Tally()
     if votes_t is not None and known is not None and descriptions is not None:
-        declared = {cell_text(row, "description_id") for row in descriptions_t.rows}
-        tally = _check_votes(votes_t, known, descriptions, declared, problems)
+        tally = _check_votes(votes_t, known, descriptions, descriptions_t.text("description_id"), problems)
     methods = _ranking_methods(images, tally, votes_t, problems) if images is not None else {}
     if problems:
-        raise InputError(problems.items, image_ids=known)
+        raise InputError(problems.items, image_ids=None if known is None else set(known.to_pylist()))
 
     return StudyData(
         images=images_table(images, data.background),
@@ -116,69 +117,58 @@ def load_study_data(
 
 # --- descriptions ----------------------------------------------------------------------------------
 
-
-@dataclass(frozen=True)
-class _Description:
-    row: int
-    image_id: str
-    worker_id: str
-    condition: str
-    text: str
+_ID_COLUMNS = DESCRIPTION_COLUMNS[:4]
 
 
-def _check_descriptions(
-    table: Table, known: set[str] | None, conditions: list[str], problems: Problems
-) -> dict[str, _Description]:
-    descriptions: dict[str, _Description] = {}
-    for row in table.rows:
-        ids_ok = cell_present(row, table, ("description_id", "image_id", "worker_id", "condition"), problems)
-        text = cell_text(row, "text")
-        if not text:
-            problems.add(table.file, "'text' is empty or only whitespace", row=row.number, field="text")
-        if not ids_ok:
+def _check_descriptions(table: Table, known: pa.Array | None, conditions: list[str], problems: Problems) -> pa.Table:
+    """The descriptions that passed their checks (row, then DESCRIPTION_COLUMNS as text), in the
+    table's order. The checks run on whole columns; only the rows found bad are looked at one by one,
+    to say what is wrong with each."""
+    blank = {c: table.blank(c) for c in _ID_COLUMNS}
+    ids_ok = ~np.logical_or.reduce(list(blank.values()))
+    text_empty = table.blank("text")
+    description_id, image_id, condition = (table.text(c) for c in ("description_id", "image_id", "condition"))
+    known_ok = _is_in(image_id, known) if known is not None else np.ones(len(table), bool)
+    condition_ok = _is_in(condition, pa.array(conditions, pa.string()))
+    # A description is kept at the first row that passes every check; a later row with its id is a duplicate.
+    first = first_rows(pa.table({"description_id": description_id}), ids_ok & known_ok & condition_ok)
+    duplicate = ids_ok & (first >= 0) & (first < np.arange(len(table)))
+    kept = ids_ok & ~duplicate & known_ok & condition_ok
+    numbers = table.numbers.to_numpy()
+    for i in np.flatnonzero(~kept | text_empty):
+        row = int(numbers[i])
+        for column in _ID_COLUMNS:
+            if blank[column][i]:
+                problems.add(table.file, f"'{column}' is empty", row=row, field=column)
+        if text_empty[i]:
+            problems.add(table.file, "'text' is empty or only whitespace", row=row, field="text")
+        if not ids_ok[i]:
             continue
-        description_id, image_id, condition = (cell_text(row, c) for c in ("description_id", "image_id", "condition"))
-        if description_id in descriptions:
-            problems.add(
-                table.file,
-                f"duplicate description_id '{description_id}' (first at row {descriptions[description_id].row})",
-                row=row.number,
-                field="description_id",
-            )
+        if duplicate[i]:
+            message = f"duplicate description_id '{description_id[i].as_py()}' (first at row {numbers[first[i]]})"
+            problems.add(table.file, message, row=row, field="description_id")
             continue
-        ok = True
-        if known is not None and image_id not in known:
-            problems.add(
-                table.file, f"unknown image_id '{image_id}' (not in the images table)", row=row.number, field="image_id"
-            )
-            ok = False
-        if condition not in conditions:
-            problems.add(
-                table.file,
-                f"unknown condition '{condition}': expected one of {', '.join(conditions)}",
-                row=row.number,
-                field="condition",
-            )
-            ok = False
-        if ok:
-            descriptions[description_id] = _Description(
-                row.number, image_id, cell_text(row, "worker_id"), condition, text
-            )
-    return descriptions
+        if not known_ok[i]:
+            message = f"unknown image_id '{image_id[i].as_py()}' (not in the images table)"
+            problems.add(table.file, message, row=row, field="image_id")
+        if not condition_ok[i]:
+            message = f"unknown condition '{condition[i].as_py()}': expected one of {', '.join(conditions)}"
+            problems.add(table.file, message, row=row, field="condition")
+    columns = {"row": table.numbers} | {c: table.text(c) for c in DESCRIPTION_COLUMNS}
+    return pa.table(columns).filter(pa.array(kept))
+
+
+def _is_in(values: pa.Array, known: pa.Array) -> np.ndarray:
+    return pc.is_in(values, value_set=known).to_numpy(zero_copy_only=False)
 
 
 def _check_every_image_has_full(
-    table: Table,
-    images: dict[str, CheckedImage],
-    descriptions: dict[str, _Description],
-    source: str,
-    problems: Problems,
+    table: Table, images: pa.Table, descriptions: pa.Table, source: str, problems: Problems
 ) -> None:
-    with_full = {d.image_id for d in descriptions.values() if d.condition == FULL}
-    for image_id, im in images.items():
-        if image_id not in with_full:
-            message = f"image '{image_id}' has no 'full' description in {source}"
-            problems.add(table.file, message, row=im.row, field="image_id")
+    with_full = descriptions.filter(pc.equal(descriptions.column("condition"), FULL)).column("image_id")
+    lacking = images.filter(pc.invert(pc.is_in(images.column("image_id"), value_set=with_full)))
+    for image_id, row in zip(lacking.column("image_id").to_pylist(), lacking.column("row").to_pylist()):
+        problems.add(table.file, f"image '{image_id}' has no 'full' description in {source}", row=row, field="image_id")
 
 
 # --- votes -----------------------------------------------------------------------------------------
@@ -195,16 +185,30 @@ class _Tally:
 
 def _check_votes(
     table: Table,
-    known: set[str],
-    descriptions: dict[str, _Description],
-    declared: set[str],
+    known_ids: pa.Array,
+    kept: pa.Table,
+    declared_ids: pa.Array,
     problems: Problems,
 ) -> _Tally:
     """Check each vote and tally the good ones.
 
-    `declared` holds every id in the descriptions table, `descriptions` only the rows that passed their
+    `declared_ids` holds every id in the descriptions table, `kept` only the rows that passed their
     checks: a vote naming a rejected description is not counted, but is not reported again either.
+    The votes are read row by row; of the descriptions and images, only those they name become Python.
     """
+    named = {cell_text(row, "chosen") for row in table.rows} | {
+        d for r in table.rows for d in _shown_ids(r.cells["shown"])
+    }
+    named_ids = pa.array(sorted(named), pa.string())
+    at = kept.filter(pc.is_in(kept.column("description_id"), value_set=named_ids))
+    descriptions = dict(
+        zip(
+            at.column("description_id").to_pylist(), zip(*(at.column(c).to_pylist() for c in ("image_id", "condition")))
+        )
+    )
+    declared = set(named_ids.filter(pc.is_in(named_ids, value_set=declared_ids)).to_pylist())
+    images = pa.array(sorted({cell_text(row, "image_id") for row in table.rows}), pa.string())
+    known = set(images.filter(pc.is_in(images, value_set=known_ids)).to_pylist())
     tally = _Tally()
     seen = FirstRows()
     for row in table.rows:
@@ -214,7 +218,7 @@ def _check_votes(
         image_id, chosen = cell_text(row, "image_id"), cell_text(row, "chosen")
         key = (image_id, cell_text(row, "rater_id"), cell_text(row, "trial"))
         shown = _shown_ids(row.cells["shown"])
-        own = [d for d in shown if d in descriptions and descriptions[d].image_id == image_id]
+        own = [d for d in shown if d in descriptions and descriptions[d][0] == image_id]
         if image_id not in known:
             errors.append(("image_id", f"unknown image_id '{image_id}' (not in the images table)"))
         elif (first := seen.again(key, row.number)) is not None:
@@ -240,9 +244,9 @@ def _check_votes(
             continue
         tally.shown.update(own)
         # A distractor (another image's description) chosen as best counts for nothing.
-        if descriptions[chosen].image_id == image_id:
+        if descriptions[chosen][0] == image_id:
             tally.votes[chosen] += 1
-        if any(descriptions[d].condition == FULL for d in own):
+        if any(descriptions[d][1] == FULL for d in own):
             tally.images_with_votes.add(image_id)
     return tally
 
@@ -252,62 +256,75 @@ def _shown_ids(value: str | list[str]) -> list[str]:
     return [p.strip() for p in parts if p.strip()]
 
 
-def _ranking_methods(
-    images: dict[str, CheckedImage], tally: _Tally, votes_t: Table | None, problems: Problems
-) -> dict[str, str]:
+def _ranking_methods(images: pa.Table, tally: _Tally, votes_t: Table | None, problems: Problems) -> dict[str, str]:
     """Per dataset: "votes" if every image has votes, "consensus" if none has; a mix is a problem."""
-    by_dataset: dict[str, list[str]] = defaultdict(list)
-    for image_id, im in images.items():
-        by_dataset[im.dataset].append(image_id)
+    voted = pa.array(sorted(tally.images_with_votes), pa.string())
+    without = pc.invert(pc.is_in(images.column("image_id"), value_set=voted))
+    datasets = images.column("dataset")
     methods = {}
-    for dataset in sorted(by_dataset):
-        without = sorted(i for i in by_dataset[dataset] if i not in tally.images_with_votes)
-        if not without:
+    for dataset in sorted(pc.unique(datasets).to_pylist()):
+        of = pc.equal(datasets, dataset)
+        lacking = images.column("image_id").filter(pc.and_(of, without))
+        if not len(lacking):
             methods[dataset] = VOTES
-        elif len(without) == len(by_dataset[dataset]):
+        elif len(lacking) == pc.sum(of).as_py():
             methods[dataset] = CONSENSUS
         else:
             problems.add(
                 votes_t.file,
                 f"dataset '{dataset}' has votes for some images but none showing a 'full' description of "
-                f"{len(without)} image(s): {', '.join(without)}",
+                f"{len(lacking)} image(s): {', '.join(sorted(lacking.to_pylist()))}",
                 field="image_id",
             )
     return methods
 
 
+_SLAB = 1 << 16  # descriptions ranked at a time: the Python objects ranking needs live for one slab
+
+
 def _references_table(
-    images: dict[str, CheckedImage],
-    descriptions: dict[str, _Description],
-    tally: _Tally,
-    methods: dict[str, str],
-    cfg: RankingConfig,
+    images: pa.Table, descriptions: pa.Table, tally: _Tally, methods: dict[str, str], cfg: RankingConfig
 ) -> pa.Table:
-    by_image: dict[str, list[str]] = defaultdict(list)
-    for description_id, d in descriptions.items():
-        by_image[d.image_id].append(description_id)
-    roles: dict[str, str] = {}
-    for image_id, ids in by_image.items():
-        full = sorted(i for i in ids if descriptions[i].condition == FULL)
-        if methods[images[image_id].dataset] == VOTES:
-            roles.update(
-                rank_by_votes(full, tally.votes, tally.shown, cfg.top_k, cfg.bottom_k, seed=cfg.seed, stream=image_id)
-            )
-        else:
-            texts = [descriptions[i].text for i in full]
-            roles.update(rank_by_consensus(full, texts, cfg.top_k, cfg.bottom_k, seed=cfg.seed, stream=image_id))
-    order = sorted(descriptions, key=lambda i: (descriptions[i].image_id, descriptions[i].condition, i))
-    columns = {
-        "description_id": order,
-        "image_id": [descriptions[i].image_id for i in order],
-        "dataset": [images[descriptions[i].image_id].dataset for i in order],
-        "condition": [descriptions[i].condition for i in order],
-        "worker_id": [descriptions[i].worker_id for i in order],
-        "role": [roles.get(i, MASKED) for i in order],
-        "votes": [tally.votes[i] for i in order],
-        "shown": [tally.shown[i] for i in order],
-        "text": [descriptions[i].text for i in order],
-    }
+    order = descriptions.sort_by(
+        [("image_id", "ascending"), ("condition", "ascending"), ("description_id", "ascending")]
+    )
+    image_ids = order.column("image_id").combine_chunks()
+    dataset = images.column("dataset").take(pc.index_in(image_ids, value_set=images.column("image_id")))
+    order = order.append_column("dataset", dataset)
+    # Each image's descriptions are contiguous: slabs end where an image does.
+    starts = [0, *np.flatnonzero(pc.not_equal(image_ids.slice(1), image_ids.slice(0, len(image_ids) - 1))) + 1]
+    roles, votes, shown = [], [], []
+    begin = 0
+    while begin < len(order):
+        end = next((s for s in starts if s >= begin + _SLAB), len(order))
+        slab = order.slice(begin, end - begin)
+        ids, images_of, conditions, texts, datasets = (
+            slab.column(c).to_pylist() for c in ("description_id", "image_id", "condition", "text", "dataset")
+        )
+        ranked: dict[str, str] = {}
+        j = 0
+        while j < len(ids):
+            k = j
+            while k < len(ids) and images_of[k] == images_of[j]:
+                k += 1
+            full = [(ids[m], texts[m]) for m in range(j, k) if conditions[m] == FULL]  # sorted by id
+            full_ids = [d for d, _ in full]
+            if methods[datasets[j]] == VOTES:
+                ranked |= rank_by_votes(
+                    full_ids, tally.votes, tally.shown, cfg.top_k, cfg.bottom_k, seed=cfg.seed, stream=images_of[j]
+                )
+            else:
+                ranked |= rank_by_consensus(
+                    full_ids, [t for _, t in full], cfg.top_k, cfg.bottom_k, seed=cfg.seed, stream=images_of[j]
+                )
+            j = k
+        roles.append(pa.array([ranked.get(i, MASKED) for i in ids], pa.string()))
+        votes.append(pa.array([tally.votes[i] for i in ids], pa.int64()))
+        shown.append(pa.array([tally.shown[i] for i in ids], pa.int64()))
+        begin = end
+    columns = {c: order.column(c) for c in ("description_id", "image_id", "dataset", "condition", "worker_id")}
+    columns |= {"role": pa.chunked_array(roles, pa.string()), "votes": pa.chunked_array(votes, pa.int64())}
+    columns |= {"shown": pa.chunked_array(shown, pa.int64()), "text": order.column("text")}
     return pa.table(columns, schema=REFERENCES_SCHEMA)
 
 

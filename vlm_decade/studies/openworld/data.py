@@ -12,11 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from vlm_decade.core.columns import first_rows, rows_in
 from vlm_decade.core.errors import InputError, Problems
 from vlm_decade.core.names import closest, did_you_mean
-from vlm_decade.core.tables import Row, Table, cell_present, cell_text, read_table
+from vlm_decade.core.tables import Table, cell_present, cell_text, read_table
 from vlm_decade.imaging.decode import WHITE
 from vlm_decade.stages.images import (
     IMAGES_SCHEMA,
@@ -27,7 +30,6 @@ from vlm_decade.stages.images import (
     images_table,
     metadata_table,
 )
-from vlm_decade.studies.rows import FirstRows
 
 LABEL_COLUMNS = ("image_id", "dataset", "file", "label", "granularity")
 # Optional: the label's accepted alternative names, separated by `|` (or a Parquet list of names).
@@ -76,8 +78,7 @@ def load_openworld_data(
     classes_t = read_table(Path(classnames), CLASSNAME_COLUMNS, problems)
     class_lists = _check_classnames(classes_t, problems) if classes_t is not None else None
 
-    images = {}
-    known = None
+    images = known = None
     granularity: dict[str, str] = {}
     if labels_t is not None:
         images = check_images(labels_t, image_dir, problems, cache, background)
@@ -88,7 +89,7 @@ def load_openworld_data(
             _check_labels_in_class_lists(labels_t, class_lists, classes_t.name, problems)
     if problems:
         # With the ids the labels table names, so the models' files are checked against them.
-        raise InputError(problems.items, image_ids=known)
+        raise InputError(problems.items, image_ids=None if known is None else set(known.to_pylist()))
 
     datasets = sorted(granularity)
     return OpenWorldData(
@@ -114,74 +115,92 @@ def _check_classnames(table: Table, problems: Problems) -> dict[str, list[str]]:
 
 
 def _check_labels(table: Table, problems: Problems) -> dict[str, str]:
-    """Check each row's label and granularity; return each dataset's granularity (the first row's)."""
-    granularity: dict[str, str] = {}
-    first_rows = FirstRows()
-    for row in table.rows:
-        if not cell_present(row, table, ("label", "granularity"), problems):
-            continue
-        value = cell_text(row, "granularity")
-        if value not in GRANULARITIES:
+    """Check each row's label and granularity; return each dataset's granularity (the first row's).
+    The checks run on whole columns; only the rows found bad are looked at one by one."""
+    blank = {c: table.blank(c) for c in ("label", "granularity")}
+    present = ~(blank["label"] | blank["granularity"])
+    value, dataset = table.text("granularity"), table.text("dataset")
+    known = pc.is_in(value, value_set=pa.array(GRANULARITIES)).to_numpy(zero_copy_only=False)
+    counted = present & known & pc.not_equal(dataset, "").to_numpy(zero_copy_only=False)
+    first = first_rows(pa.table({"dataset": dataset}), counted)
+    given = value.take(pa.array(np.where(first >= 0, first, 0)))
+    rows = np.arange(len(table))
+    differs = counted & (first < rows) & pc.not_equal(value, given).to_numpy(zero_copy_only=False)
+    numbers = table.numbers.to_numpy()
+    for i in np.flatnonzero(~present | (present & ~known) | differs):
+        row = int(numbers[i])
+        if not present[i]:
+            for column in ("label", "granularity"):
+                if blank[column][i]:
+                    problems.add(table.file, f"'{column}' is empty", row=row, field=column)
+        elif not known[i]:
+            v = value[i].as_py()
             message = (
-                f"unknown granularity '{value}'{did_you_mean(value, GRANULARITIES)}: "
-                f"expected one of {', '.join(GRANULARITIES)}"
+                f"unknown granularity '{v}'{did_you_mean(v, GRANULARITIES)}: expected one of {', '.join(GRANULARITIES)}"
             )
-            problems.add(table.file, message, row=row.number, field="granularity")
-            continue
-        dataset = cell_text(row, "dataset")
-        if not dataset:  # already reported by the image checks
-            continue
-        first = first_rows.again(dataset, row.number)
-        if first is None:
-            granularity[dataset] = value
-        elif value != granularity[dataset]:
+            problems.add(table.file, message, row=row, field="granularity")
+        else:
             message = (
-                f"granularity '{value}' differs from '{granularity[dataset]}' given for dataset '{dataset}' "
-                f"at row {first}: a dataset has one granularity"
+                f"granularity '{value[i].as_py()}' differs from '{given[i].as_py()}' given for dataset "
+                f"'{dataset[i].as_py()}' at row {numbers[first[i]]}: a dataset has one granularity"
             )
-            problems.add(table.file, message, row=row.number, field="granularity")
-    return granularity
+            problems.add(table.file, message, row=row, field="granularity")
+    firsts = np.flatnonzero(counted & (first == rows))
+    return dict(zip(dataset.take(firsts).to_pylist(), value.take(firsts).to_pylist()))
 
 
 def _check_labels_in_class_lists(
     table: Table, class_lists: dict[str, list[str]], source: str, problems: Problems
 ) -> None:
     """Every labelled dataset has a class list (reported once, at its first row), and every label is in it."""
-    known = {d: set(names) for d, names in class_lists.items()}
+    dataset, label = table.text("dataset"), table.text("label")
+    given = pc.and_(pc.not_equal(dataset, ""), pc.not_equal(label, "")).to_numpy(zero_copy_only=False)
+    listed = pc.is_in(dataset, value_set=pa.array(list(class_lists), pa.string())).to_numpy(zero_copy_only=False)
+    pairs = [(d, n) for d, names in class_lists.items() for n in names]
+    names = pa.table({"dataset": [d for d, _ in pairs], "label": [n for _, n in pairs]}, schema=_PAIRS)
+    in_list = rows_in(pa.table({"dataset": dataset, "label": label}), names)
+    numbers = table.numbers.to_numpy()
     reported: set[str] = set()
-    for row in table.rows:
-        dataset, label = cell_text(row, "dataset"), cell_text(row, "label")
-        if not dataset or not label:  # already reported as empty
+    for i in np.flatnonzero(given & ~(listed & in_list)):
+        d, name = dataset[i].as_py(), label[i].as_py()
+        if not listed[i]:
+            if d not in reported:
+                reported.add(d)
+                problems.add(
+                    table.file, f"dataset '{d}' has no class names in {source}", row=int(numbers[i]), field="dataset"
+                )
             continue
-        if dataset not in known:
-            if dataset not in reported:
-                reported.add(dataset)
-                message = f"dataset '{dataset}' has no class names in {source}"
-                problems.add(table.file, message, row=row.number, field="dataset")
-            continue
-        if label not in known[dataset]:
-            count = len(class_lists[dataset])
-            message = f"label '{label}' is not among the {count} class names of dataset '{dataset}' in {source}"
-            near = closest(label, class_lists[dataset])
-            if near:
-                message += f" (did you mean '{near}'? labels must match exactly)"
-            problems.add(table.file, message, row=row.number, field="label")
+        count = len(class_lists[d])
+        message = f"label '{name}' is not among the {count} class names of dataset '{d}' in {source}"
+        near = closest(name, class_lists[d])
+        if near:
+            message += f" (did you mean '{near}'? labels must match exactly)"
+        problems.add(table.file, message, row=int(numbers[i]), field="label")
 
 
-def accepted_names(row: Row) -> list[str]:
-    """The row's accepted alternatives to its label: the `accepted` cell split at `|` (a Parquet
+_PAIRS = pa.schema([("dataset", pa.string()), ("label", pa.string())])
+
+
+def accepted_names(value: str | list[str], label: str) -> list[str]:
+    """A row's accepted alternatives to its `label`: the `accepted` cell split at `|` (a Parquet
     list as it is), each stripped; blanks, repeats and the label itself are dropped."""
-    value = row.cells[ACCEPTED_COLUMN]
     names = value if isinstance(value, list) else value.split(ACCEPTED_SEPARATOR)
-    label = cell_text(row, "label")
     return [n for n in dict.fromkeys(str(n).strip() for n in names) if n and n != label]
 
 
 def _labels_table(table: Table) -> pa.Table:
-    rows = sorted(table.rows, key=lambda r: cell_text(r, "image_id"))
-    columns = {c: [cell_text(r, c) for r in rows] for c in LABELS_SCHEMA.names if c != ACCEPTED_COLUMN}
-    columns[ACCEPTED_COLUMN] = [accepted_names(r) for r in rows]
-    return pa.table(columns, schema=LABELS_SCHEMA)
+    columns = {c: table.text(c) for c in LABELS_SCHEMA.names if c != ACCEPTED_COLUMN}
+    # Most labels have no alternatives: only the rows that give some are split in Python.
+    given = np.flatnonzero(~table.blank(ACCEPTED_COLUMN))
+    cells = table.columns.column(ACCEPTED_COLUMN).take(pa.array(given, pa.int64())).to_pylist()
+    names = [
+        accepted_names(v, lab) for v, lab in zip(cells, columns["label"].take(pa.array(given, pa.int64())).to_pylist())
+    ]
+    lengths = np.zeros(len(table) + 1, dtype=np.int32)
+    lengths[given + 1] = [len(n) for n in names]
+    values = pa.array([n for each in names for n in each], pa.string())
+    columns[ACCEPTED_COLUMN] = pa.ListArray.from_arrays(pa.array(np.cumsum(lengths), pa.int32()), values)
+    return pa.table(columns, schema=LABELS_SCHEMA).sort_by("image_id")
 
 
 __all__ = [
