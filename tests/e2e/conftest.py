@@ -55,3 +55,16 @@ def demo_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     )
     assert result.returncode == 0, result.stderr[-4000:]
     return out, result
+
+
+@pytest.fixture
+def demo_run_in_place(demo_run, tmp_path) -> Path:
+    """The shared demo run's folder itself, for a test that damages it and reruns the demo there
+    (every stage depends on where the run's inputs lie, so in a copy elsewhere every stage would run
+    again); the folder is put back as it was afterwards, whatever the test did."""
+    root = demo_run[0]
+    kept = tmp_path / "kept"
+    shutil.copytree(root, kept, symlinks=True)
+    yield root
+    shutil.rmtree(root)
+    shutil.copytree(kept, root, symlinks=True)
