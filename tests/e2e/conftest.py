@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -25,10 +26,45 @@ def vlm_decade(*args: str, timeout: float = 600, **kwargs) -> subprocess.Complet
     )
 
 
+# What test_offline looks for in a trace: every connection, and every datagram sent.
+TRACED = "trace=connect,sendto,sendmsg,sendmmsg,close"
+
+
+def demo_trace(run: Path) -> Path:
+    """Where the shared demo run's trace lies (beside its run folder)."""
+    return run.parent / "strace.log"
+
+
 @pytest.fixture(scope="session")
 def demo_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
-    """One uninterrupted demo run shared by the e2e tests (it takes a minute)."""
+    """One uninterrupted demo run shared by the e2e tests (it takes minutes). Where strace can trace,
+    the run goes under it, its connections logged to `demo_trace(run)` for test_offline: one traced
+    run serves both, where a second demo run would cost as much again."""
     out = tmp_path_factory.mktemp("demo") / "run"
-    result = vlm_decade("demo", "--out", str(out))
+    strace = shutil.which("strace")
+    if strace and subprocess.run([strace, "-qq", "-o", os.devnull, "true"], capture_output=True).returncode == 0:
+        trace = [strace, "-f", "-qq", "-e", TRACED, "-o", str(demo_trace(out))]
+    else:
+        trace = []  # test_offline then fails (or skips, when strace is left out) on its own
+    result = subprocess.run(
+        [*trace, str(BIN / "vlm-decade"), "demo", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=cli_env(),
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     return out, result
+
+
+@pytest.fixture
+def demo_run_in_place(demo_run, tmp_path) -> Path:
+    """The shared demo run's folder itself, for a test that damages it and reruns the demo there
+    (every stage depends on where the run's inputs lie, so in a copy elsewhere every stage would run
+    again); the folder is put back as it was afterwards, whatever the test did."""
+    root = demo_run[0]
+    kept = tmp_path / "kept"
+    shutil.copytree(root, kept, symlinks=True)
+    yield root
+    shutil.rmtree(root)
+    shutil.copytree(kept, root, symlinks=True)

@@ -222,13 +222,19 @@ def test_second_run_does_no_work_and_says_so(demo_run):
     assert before == [{n: (out / f"{n}.parquet").stat().st_mtime_ns for n in tables} for out, tables in studies]
 
 
-def test_sigkill_midway_then_rerun_gives_the_same_tables(demo_run, tmp_path):
-    """Killed right after the first saved part of Study A's responses (the run pauses there for the
-    kill: VLM_DECADE_PAUSE_AFTER_PART), then run again: both studies' tables equal an uninterrupted run's."""
+def test_sigkill_midway_then_rerun_gives_the_same_tables(demo_run_in_place, tmp_path):
+    """Study A's responses gone from the shared demo run, the demo run again and killed right after
+    the first saved part of them (the run pauses there for the kill: VLM_DECADE_PAUSE_AFTER_PART),
+    then run again: both studies' tables equal the uninterrupted run's."""
+    root = demo_run_in_place
+    clean = {
+        (s, n): _table(root / s, n) for s, names in (("decade", TABLES), ("openworld", OPENWORLD_TABLES)) for n in names
+    }
+    out = root / "decade"
+    (out / "responses.parquet").unlink()
     paused = tmp_path / "paused"
-    out = tmp_path / "decade"
     proc = subprocess.Popen(
-        [str(BIN / "vlm-decade"), "demo", "--out", str(tmp_path)],
+        [str(BIN / "vlm-decade"), "demo", "--out", str(root)],
         env={**cli_env(), "VLM_DECADE_PAUSE_AFTER_PART": f"responses:{paused}"},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -243,15 +249,14 @@ def test_sigkill_midway_then_rerun_gives_the_same_tables(demo_run, tmp_path):
     proc.wait(timeout=30)
     parts = list((out / ".parts" / "responses").glob("part-*.parquet"))
     done = sum(pq.read_metadata(p).num_rows for p in parts)
-    total = _table(demo_run[0] / "decade", "responses").num_rows
+    total = clean[("decade", "responses")].num_rows
     assert not (out / "responses.parquet").exists() and 0 < done < total  # some, not all, of the work
 
-    resumed = vlm_decade("demo", "--out", str(tmp_path))
+    resumed = vlm_decade("demo", "--out", str(root))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"{done} of {total} already done, kept" in resumed.stderr
-    for study, names in (("decade", TABLES), ("openworld", OPENWORLD_TABLES)):
-        for name in names:
-            assert _table(tmp_path / study, name).equals(_table(demo_run[0] / study, name)), (study, name)
+    for (study, name), table in clean.items():
+        assert _table(root / study, name).equals(table), (study, name)
 
 
 def test_report_redraws_the_same_page(demo_run, tmp_path):
@@ -310,11 +315,11 @@ def _damage(path, kind: int) -> None:
         path.write_bytes(bytes(flipped))
 
 
-def test_damaged_tables_parts_and_manifests_are_found_and_redone(tmp_path):
+def test_damaged_tables_parts_and_manifests_are_found_and_redone(demo_run_in_place):
     """Every table of both studies damaged, a damaged part beside them; then the manifests cut short:
-    each time the rerun says what it found and ends with the tables of the clean run."""
-    first = vlm_decade("demo", "--out", str(tmp_path))
-    assert first.returncode == 0, first.stderr[-3000:]
+    each time the rerun says what it found and ends with the tables of the clean run (the shared
+    demo run's folder, damaged in place)."""
+    tmp_path = demo_run_in_place
     studies = {"decade": TABLES, "openworld": OPENWORLD_TABLES}
     clean = {(s, n): _table(tmp_path / s, n) for s, names in studies.items() for n in names}
 

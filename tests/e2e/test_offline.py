@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 
 from tests import required
 
-from .conftest import BIN, cli_env
+from .conftest import demo_trace
 from .netcheck import outside_traffic
 
 pytestmark = pytest.mark.e2e
@@ -29,30 +27,13 @@ def test_netcheck_flags_outside_connections():
     assert outside_traffic(reused) == []  # the descriptor was closed, then reused for a local socket
 
 
-def test_demo_makes_no_outside_connection(tmp_path):
-    strace = required.tool("strace")
-    log = tmp_path / "strace.log"
-    result = subprocess.run(
-        [
-            strace,
-            "-f",
-            "-qq",
-            "-e",
-            "trace=connect,sendto,sendmsg,sendmmsg,close",
-            "-o",
-            str(log),
-            str(BIN / "vlm-decade"),
-            "demo",
-            "--out",
-            str(tmp_path / "run"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=cli_env(),
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert all((tmp_path / "run" / study / "report.html").exists() for study in ("decade", "openworld"))
+def test_demo_makes_no_outside_connection(demo_run):
+    """The shared demo run, traced from its start (conftest.demo_run)."""
+    required.tool("strace")
+    root, _ = demo_run
+    assert all((root / study / "report.html").exists() for study in ("decade", "openworld"))
+    log = demo_trace(root)
+    assert log.exists(), "strace is installed but could not trace the demo run (is ptrace allowed here?)"
     text = log.read_text()
     assert "connect(" in text  # the trace saw Ray's own local connections
     assert outside_traffic(text) == []

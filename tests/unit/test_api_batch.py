@@ -171,7 +171,9 @@ def test_pending_batches_are_picked_up_by_a_run_folder_elsewhere_that_shares_the
 
 def test_a_submission_cut_off_before_its_id_was_recorded_is_found_by_its_label(tmp_path):
     reqs = requests("openai", 3)
-    with FakeAPIServer(FaultConfig(batch_delay_s=0.1)) as server:
+    # The batch stays unfinished while the first gateway looks at it (one that found it done would
+    # collect it then, and the second would have nothing to look for); the second waits for it.
+    with FakeAPIServer(FaultConfig(batch_delay_s=600.0)) as server:
         gw = gateway(server, "openai", tmp_path, wait=False)
         saved = gw.batch.records.save
 
@@ -180,6 +182,7 @@ def test_a_submission_cut_off_before_its_id_was_recorded_is_found_by_its_label(t
 
         gw.batch.records.save = forget_the_id
         ask(gw, reqs)
+        server.faults = FaultConfig(batch_delay_s=0.1)
         rows = ask(gateway(server, "openai", tmp_path), reqs)
         assert server.counts()["openai.batches.create"] == 1 and server.counts()["openai.batches.list"] == 1
     assert {r["status"] for r in rows} == {"ok"}
