@@ -201,8 +201,10 @@ def test_images_in_a_bucket_check_as_the_same_files_do(bucket, monkeypatch):
     cache = ImageCache()
     remote, problems = _checked(FOLDER, cache)
     assert not problems.items
-    assert [im.path for im in remote.values()] == [f"{FOLDER}/images/{i}.png" for i in ("coco_1", "coco_2", "csb_1")]
-    as_found = lambda images: {k: (im.sha256, im.width, im.height, im.mode) for k, im in images.items()}  # noqa: E731
+    assert remote.column("path").to_pylist() == [f"{FOLDER}/images/{i}.png" for i in ("coco_1", "coco_2", "csb_1")]
+    as_found = lambda images: {  # noqa: E731
+        r["image_id"]: (r["sha256"], r["width"], r["height"], r["mode"]) for r in images.to_pylist()
+    }
     assert as_found(remote) == as_found(local)
 
     # A later check reads no object whose size and time are unchanged; a replaced object is read again.
@@ -216,7 +218,7 @@ def test_images_in_a_bucket_check_as_the_same_files_do(bucket, monkeypatch):
     )
     changed, _ = _checked(FOLDER, ImageCache(cache.found))
     assert reads == [f"{FOLDER}/images/coco_2.png"]
-    assert changed["coco_2"].sha256 == local["coco_1"].sha256
+    assert as_found(changed)["coco_2"][0] == as_found(local)["coco_1"][0]
 
 
 def test_a_missing_object_is_named_by_its_row(bucket):
