@@ -10,7 +10,7 @@ import re
 import stat
 from collections import Counter
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cache, cached_property
 from pathlib import Path
 
 import numpy as np
@@ -55,8 +55,13 @@ class Row:
     cells: dict[str, str | list[str]]  # the required columns only; a Parquet list column stays a list
 
 
-# What Python's str.strip() takes off (cell_text strips so), for pyarrow.compute to take the same.
-_WHITESPACE = "".join(c for c in map(chr, range(0x110000)) if c.isspace())
+@cache
+def _whitespace() -> str:
+    """What Python's str.strip() takes off (cell_text strips so), for pyarrow.compute to take the
+    same; found once, when first needed (a scan of every code point, kept off every import)."""
+    return "".join(c for c in map(chr, range(0x110000)) if c.isspace())
+
+
 _BLANK_LINE = re.compile(rb"(?:\r\n|\r(?!\n)|\n)[\r\n]")
 _CHUNK = 1 << 16  # rows the row-by-row CSV reader holds as Python objects before they become Arrow
 
@@ -86,14 +91,14 @@ class Table:
         values = self.columns.column(column).combine_chunks()
         if pa.types.is_list(values.type):
             return pc.binary_join(values, ";")
-        return pc.utf8_trim(values, _WHITESPACE)
+        return pc.utf8_trim(values, _whitespace())
 
     def blank(self, column: str) -> np.ndarray:
         """Where `column` is empty or only whitespace (a list: empty), as `cell_present` says."""
         values = self.columns.column(column).combine_chunks()
         if pa.types.is_list(values.type):
             return pc.equal(pc.list_value_length(values), 0).to_numpy(zero_copy_only=False)
-        return pc.equal(pc.utf8_length(pc.utf8_trim(values, _WHITESPACE)), 0).to_numpy(zero_copy_only=False)
+        return pc.equal(pc.utf8_length(pc.utf8_trim(values, _whitespace())), 0).to_numpy(zero_copy_only=False)
 
 
 def read_table(
