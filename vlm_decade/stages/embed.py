@@ -208,8 +208,8 @@ def run_embed(study: StudyBase, run: StudyRun) -> Written:
                 except APIStopped as exc:  # the other encoders go on; the stage stops after them, naming each
                     stops.append(exc)
             elif todo[cfg.name].num_rows:
-                _embed_local(study, cfg, todo.pop(cfg.name), run, partial(advance, part=cfg.name))
-            todo.pop(cfg.name, None)  # its texts are let go once encoded
+                _embed_local(study, cfg, todo[cfg.name], run, partial(advance, part=cfg.name))
+            del todo[cfg.name]  # its texts are let go once encoded
     raise_stops(stops)
     return _write_selected(run.folder, wanted, encoders)
 
