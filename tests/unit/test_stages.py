@@ -95,3 +95,32 @@ def test_a_stage_with_unfinished_rows_runs_again_until_they_are_done(tmp_path):
     assert run.manifest()["stages"]["t"]["state"] == "done" and "unfinished" not in run.manifest()["stages"]["t"]
     assert not runner(Stage("t", (), {}, compute))
     assert len(attempts) == 2
+
+
+def test_the_driver_lets_go_of_each_table_once_its_stage_is_over(tmp_path):
+    """A given table is held until written (or found written), a table a stage reads until that
+    stage ends: what Arrow holds after each stage is what the caller still holds, not the run's
+    tables; and a later stage reads the same rows from the run folder."""
+    from vlm_decade.core.runner import given, release_memory
+
+    def big(value: int) -> pa.Table:
+        return pa.table({"x": pa.array([value] * 500_000, pa.int64())})  # 4 MB
+
+    seen = []
+
+    def reader(run):
+        seen.append(run.table("given").column("x")[0].as_py())
+        assert run.table("given") is run.table("given")  # read once within the stage
+        return {"sum": pa.table({"x": [len(seen)]})}
+
+    for attempt in range(2):  # a fresh run, then one that finds the given stage current
+        release_memory()
+        before = pa.total_allocated_bytes()
+        folder = RunFolder(tmp_path)
+        with StudyRun(folder, Reporter(quiet=True), LazyRay(RuntimeConfig())) as run:
+            assert run.run_stage(given("given", big(7))) is (attempt == 0)
+            assert pa.total_allocated_bytes() - before < 1_000_000
+            assert run.run_stage(Stage("sum", ("given",), attempt, reader))
+            assert pa.total_allocated_bytes() - before < 1_000_000
+    assert seen == [7, 7]
+    assert folder.read("given").equals(big(7))

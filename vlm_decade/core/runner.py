@@ -85,6 +85,7 @@ class Stage:
     outputs: tuple[str, ...] | None = None
     files: tuple[str, ...] = ()
     before_s: float = 0.0  # its work done before the run began (the image checks): counted in its time
+    finished: Callable[[], None] | None = None  # called once the stage has run or was found current
 
     @property
     def tables(self) -> tuple[str, ...]:
@@ -157,8 +158,12 @@ def run_failures(manifest: dict) -> list[Failed]:
 
 def given(name: str, table: pa.Table, before_s: float = 0.0) -> Stage:
     """A stage whose table was read and checked before the run began (images, references, labels),
-    which took `before_s` seconds."""
-    return Stage(name, (), table_fingerprint(table), lambda run: {name: table}, before_s=before_s)
+    which took `before_s` seconds. It holds the table only until the table is written (or found
+    written already): the stages after it read the run folder's."""
+    held = [table]
+    return Stage(
+        name, (), table_fingerprint(table), lambda run: {name: held.pop()}, before_s=before_s, finished=held.clear
+    )
 
 
 class StudyRun:
@@ -169,7 +174,7 @@ class StudyRun:
         self.reporter = reporter
         self.ray = ray  # call it for the `ray` module, started or joined on first use
         self._lock = lock  # the folder's lock, held until the run ends
-        self._tables: dict[str, pa.Table] = {}
+        self._tables: dict[str, pa.Table] = {}  # the tables the running stage has read
         self._stage: str | None = None  # the stage running now
         self._lost: list[dict] = []  # its actors lost and replaced
 
@@ -187,8 +192,9 @@ class StudyRun:
         self.folder.save_manifest(manifest)
 
     def table(self, name: str) -> pa.Table:
-        """A table a stage of this run produced, else the run folder's (read once; the stage that
-        wrote it was checked before this one ran, so it verified)."""
+        """A table of the run folder, read once per stage (the stage that wrote it was checked
+        before this one ran, so it verified). Let go as the stage ends, so that the driver holds
+        what the running stage reads, not every table of the run."""
         if name not in self._tables:
             self._tables[name] = self.folder.read(name)
         return self._tables[name]
@@ -217,6 +223,15 @@ class StudyRun:
 
     def run_stage(self, stage: Stage) -> bool:
         """Run the stage unless it is current; return whether it ran."""
+        try:
+            return self._run_stage(stage)
+        finally:
+            self._tables.clear()
+            if stage.finished is not None:
+                stage.finished()
+            release_memory()  # what the stage read and made, now let go
+
+    def _run_stage(self, stage: Stage) -> bool:
         if self.is_current(stage):
             self.reporter.stage(stage.name, "skip", "unchanged inputs and settings")
             return False
@@ -232,7 +247,6 @@ class StudyRun:
         if missing:
             raise RuntimeError(f"stage {stage.name} did not produce {sorted(missing)}")
         tables = {name: out for name, out in outputs.items() if isinstance(out, pa.Table)}
-        self._tables.update(tables)
         written = {
             name: self.folder.write(name, tables[name])
             if name in tables
@@ -259,7 +273,6 @@ class StudyRun:
             **({"lost_actors": self._lost} if self._lost else {}),
         }
         self.folder.save_manifest(manifest)
-        release_memory()
         said = ", ".join([f"{rows[n]} {n}" for n in stage.tables] + list(stage.files))
         self.reporter.stage(stage.name, "done", f"{said} in {time.monotonic() - start:.1f}s")
         for name, counts in unfinished.items():

@@ -102,19 +102,12 @@ def run(study: StudyConfig, reporter: Reporter | None = None) -> RunFolder:
         stages.append(stsb.stage(study))
     if study.taxonomy is not None:
         stages += taxonomy.stages(study, data.hand_labels)
-    stages.append(report.stage(study, data, [t for s in stages for t in s.tables]))
+    stages.append(report.stage(study, data.ranking_method, [t for s in stages for t in s.tables]))
     summary = f": {data.images.num_rows} images, {len(study.models)} models"
+    warnings, ranking = input_warnings(study, data), data.ranking_method
+    del data  # its tables live on in their stages only until written: later stages read the run folder's
     masks = [asdict(s) for s in mask_specs(study.masks)]
-    return run_study(
-        study,
-        reporter,
-        summary,
-        stages,
-        input_warnings(study, data),
-        cache.save,
-        ranking_method=data.ranking_method,
-        masks=masks,
-    )
+    return run_study(study, reporter, summary, stages, warnings, cache.save, ranking_method=ranking, masks=masks)
 
 
 def estimate(study: StudyConfig, data: StudyData) -> tuple[list[Line], tuple[str, ...]]:

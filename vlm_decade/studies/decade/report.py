@@ -359,13 +359,14 @@ def write_report(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Table]
     write_page(run.root / "report.html", page)
 
 
-def stage(study: StudyConfig, data, made: list[str]) -> Stage:
-    """report.html from the tables every report draws, and those of `made` it has a section for."""
+def stage(study: StudyConfig, ranking: Mapping[str, str], made: list[str]) -> Stage:
+    """report.html from the tables every report draws, and those of `made` it has a section for;
+    `ranking`: each dataset's gold-standard method (`StudyData.ranking_method`)."""
     tables = REPORT_TABLES + tuple(n for n in OPTIONAL_TABLES if n in made)
     return Stage(
         "report",
         tables,
-        {"demo": study.demo, "ranking": data.ranking_method, "format": REPORT_FORMAT},
+        {"demo": study.demo, "ranking": ranking, "format": REPORT_FORMAT},
         lambda run: write_report(run.folder, study, {n: run.table(n) for n in tables}) or {},
         outputs=(),
         files=("report.html",),

@@ -81,9 +81,9 @@ def run(study: OpenWorldStudyConfig, reporter: Reporter | None = None) -> RunFol
     ]
     summary = f" (Study B): {data.images.num_rows} images, {len(study.models)} models"
     notes = ([f"LI skipped: {no_judge}"] if no_judge is not None else []) + incomplete_models(study, data)
-    return run_study(
-        study, reporter, summary, stages, notes, cache.save, kind="openworld", granularity=data.granularity
-    )
+    granularity = data.granularity
+    del data  # its tables live on in their stages only until written: later stages read the run folder's
+    return run_study(study, reporter, summary, stages, notes, cache.save, kind="openworld", granularity=granularity)
 
 
 def estimate(study: OpenWorldStudyConfig, data: OpenWorldData) -> tuple[list[Line], tuple[str, ...]]:
