@@ -1,5 +1,5 @@
-"""Incremental-run benchmark: a finished synthetic Study A (benchmarks/scale.py's shape: two
-`imported` models, five human descriptions per image, the tiny sentence encoder), then 10% more
+"""Incremental-run benchmark: a finished synthetic Study A (benchmarks/scale.py's shape: nine human
+descriptions and eight texts of `imported` models per image, the tiny sentence encoder), then 10% more
 images added to its files and the run done again into the same run folder, timed against a fresh
 run of all the images; and the two run folders' tables compared (floats within 1e-6; and how many
 rows are not equal to the bit).
@@ -7,7 +7,7 @@ rows are not equal to the bit).
 Prints one JSON object: the base, incremental and fresh runs' seconds and per-stage seconds,
 `incremental_over_fresh`, and `tables_equal` with the largest float difference per table. Run
 from the repository root:
-    .venv/bin/python benchmarks/incremental.py [--images 1000] [--added 0.1] [--work DIR]
+    .venv/bin/python benchmarks/incremental.py [--images 1000] [--added 0.1] [--humans 9] [--model-texts 8] [--work DIR]
 """
 
 from __future__ import annotations
@@ -32,13 +32,14 @@ VOLATILE = {"latency_s"}
 def subset(full: Path, base: Path, keep: set[str]) -> Path:
     """`full`'s study with only the images in `keep` (its files filtered, its images shared)."""
     base.mkdir(parents=True, exist_ok=True)
-    for name in ("images.csv", "descriptions.csv", "model_a.csv", "model_b.csv"):
+    study = json.loads((full / "study.json").read_text())
+    models = [m["options"]["file"] for m in study["models"]]
+    for name in ("images.csv", "descriptions.csv", *models):
         with open(full / name, newline="") as f_in, open(base / name, "w", newline="") as f_out:
             rows = csv.DictReader(f_in)
             writer = csv.DictWriter(f_out, rows.fieldnames)
             writer.writeheader()
             writer.writerows(r for r in rows if r["image_id"] in keep)
-    study = json.loads((full / "study.json").read_text())
     study["data"]["image_dir"] = str(full / "images")
     (base / "study.json").write_text(json.dumps(study, indent=1))
     return base / "study.json"
@@ -102,6 +103,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=1000, help="images of the finished run")
     parser.add_argument("--added", type=float, default=0.1, help="the share of images added")
+    parser.add_argument("--humans", type=int, default=9, help="human descriptions per image")
+    parser.add_argument("--model-texts", type=int, default=8, help="model texts per image (imported models' rows)")
     parser.add_argument("--work", type=Path)
     args = parser.parse_args()
     from tests.hf_tiny import save_sentence_encoder
@@ -111,7 +114,7 @@ def main() -> None:
     if not (encoder / "modules.json").exists():
         save_sentence_encoder(encoder)
     n_all = round(args.images * (1 + args.added))
-    full = make_study(work / "full", n_all, encoder)
+    full = make_study(work / "full", n_all, encoder, args.humans, args.model_texts)
     base = subset(full.parent, work / "base", {f"img{i:07d}" for i in range(args.images)})
     start = time.monotonic()
     runs = {"base": finished(run_once(base, work / "run-incremental"), "base")}
@@ -121,6 +124,8 @@ def main() -> None:
     result = {
         "images": args.images,
         "added": n_all - args.images,
+        "humans": args.humans,
+        "model_texts": args.model_texts,
         **{f"{k}_s": r["total_s"] for k, r in runs.items()},
         "incremental_over_fresh": round(runs["incremental"]["total_s"] / runs["fresh"]["total_s"], 3),
         "stages_s": {k: r["stages_s"] for k, r in runs.items()},
