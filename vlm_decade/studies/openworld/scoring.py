@@ -10,10 +10,11 @@ Beside the paper's four, each metric's accepted-name form (`TI_accepted`, ...: t
 its accepted alternatives, metrics.py) is kept in `predictions` always and in `scores` when some
 label has alternatives; the outcome stays the paper's (single-label CS and LI).
 
-Images added to a finished run are scored alone: each row of `predictions` carries `inputs_sha256`,
-the hash of the stage's settings and the prediction's own inputs (`prediction_inputs`), and the
-last table's rows whose hash is unchanged are kept (`core.reuse`); `scores` is then built from every
-row of `predictions`, kept or new, so both tables are the ones a fresh run writes.
+When images are added to a finished run only their predictions are scored: each row of `predictions`
+carries `inputs_sha256`, the hash of the stage's settings and the prediction's own inputs (its label,
+answer and judge's answers: `score_predictions`), and the last table's rows whose hash is unchanged
+are kept (`core.reuse`); `scores` is then built from every row of `predictions`, kept or new, so
+both tables are the ones a fresh run writes.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ PREDICTIONS_SCHEMA = pa.schema(
         *((m, pa.float64()) for m in ACCEPTED_METRICS),
         ("best_concept_accepted", pa.string()),
         ("judge_answer_accepted", pa.string()),
-        (INPUTS, pa.string()),  # the hash of what the row was computed from (`prediction_inputs`)
+        (INPUTS, pa.string()),  # the hash of what the row was computed from (`score_predictions`)
     ]
 )
 UNIT = ["subject", "image_id", "prompt_id"]
