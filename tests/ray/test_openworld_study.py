@@ -138,7 +138,9 @@ def test_study_b_runs_with_a_tiny_vlm_a_closed_world_baseline_and_an_api_judge(s
     run_openworld(load_study(path), Reporter(quiet=True))
     assert len(server.received()) == requests
 
-    # A third prompt: only the pairs the judge has not seen are judged (one request each).
+    # A third prompt: only the pairs the judge has not seen are judged (one request each), and the
+    # predictions of the first two prompts are kept as they were.
+    scored = pq.read_table(root / "predictions.parquet").to_pylist()
     text = path.read_text()
     specific = '  - {id: specific, text: "What type of object is in this image? Be specific."}\n'
     path.write_text(
@@ -153,6 +155,9 @@ def test_study_b_runs_with_a_tiny_vlm_a_closed_world_baseline_and_an_api_judge(s
     assert new_pairs and {r["prompt_id"] for r in responses} == {"default", "specific", "generic"}
     assert len(server.received()) == requests + len(new_pairs)
     assert len(pq.read_table(root / "judgements.parquet").to_pylist()) == len(pairs | new_pairs)
+    rescored = pq.read_table(root / "predictions.parquet").to_pylist()
+    assert [p for p in rescored if p["prompt_id"] != "generic"] == scored
+    assert len(rescored) == len(responses)
 
 
 def test_estimate_counts_one_judge_request_per_prediction_and_spends_nothing(study_file):

@@ -10,6 +10,7 @@ import pyarrow.compute as pc
 import pytest
 
 from tests import required
+from vlm_decade.core.reuse import INPUTS
 from vlm_decade.models.api.keys import KEY_ENV
 from vlm_decade.studies import study_from_dict
 from vlm_decade.studies.openworld.data import LABELS_SCHEMA
@@ -19,6 +20,7 @@ from vlm_decade.studies.openworld.scoring import (
     METRICS,
     PREDICTIONS_SCHEMA,
     SCORES_B_SCHEMA,
+    judgement_key,
     score_predictions,
 )
 from vlm_decade.studies.openworld.statistics import kinds
@@ -329,3 +331,149 @@ def test_an_imported_file_answers_per_prompt_and_a_row_without_prompt_answers_ev
         ("p2", "i2"): ("a tabby cat", 0.9),
         ("p1", "i3"): ("sparrow", 0.3),
     }
+
+
+# -- incremental runs: only new or changed predictions are scored -------------------------------------
+
+ANIMALS = ("cat", "dog", "owl", "fox", "hare", "wren")
+GROWN_LABELS = pa.table(
+    {
+        "image_id": [f"g{k}" for k in range(len(ANIMALS))],
+        "dataset": ["pets", "pets", "birds", "wild", "wild", "birds"],
+        "label": list(ANIMALS),
+        "granularity": ["prototypical", "prototypical", "fine-grained", "coarse", "coarse", "fine-grained"],
+        "accepted": [[], [], ["barn owl"], [], [], []],
+    },
+    schema=LABELS_SCHEMA,
+)
+SETTINGS = ["encoder settings", "spaCy model"]
+
+
+def grown_responses(images: int, texts: dict | None = None) -> pa.Table:
+    """Each model's answer under each prompt for the first `images` images, every text distinct (so the
+    texts spaCy is given name the predictions scored); `texts` replaces some by (subject, image, prompt)."""
+    rows = []
+    for subject in ("m", "n"):
+        for k, animal in enumerate(ANIMALS[:images]):
+            for prompt in ("p1", "p2"):
+                text = (
+                    f"a {animal} seen by {subject} {prompt}"
+                    if k % 2
+                    else f"{subject} thinks of thing {k} under {prompt}"
+                )
+                rows.append(response(subject, f"g{k}", prompt, (texts or {}).get((subject, f"g{k}", prompt), text)))
+    return pa.Table.from_pylist(rows)
+
+
+def judge_all(labels: pa.Table, responses: pa.Table, changed: dict | None = None) -> dict:
+    """A judge answer for every question about `responses`: "1" when the label's first letter opens a word."""
+    return {
+        key: (changed or {}).get(key, str(int(f" {key[0][0]}" in f" {key[1]}")))
+        for key in pairs_to_judge(labels, responses)
+    }
+
+
+class CountingEncoder:
+    """A vector per text from its own hash alone (so a text's vector is the same whatever else is encoded
+    with it), recording the texts it was given."""
+
+    def __init__(self):
+        self.texts: list[str] = []
+
+    def __call__(self, texts):
+        self.texts += texts
+        return np.array([np.random.default_rng(list(t.encode())).normal(size=8) for t in texts])
+
+
+class CountingNlp:
+    """The spaCy pipeline, recording the predictions it was given."""
+
+    def __init__(self, nlp):
+        self.nlp, self.texts = nlp, []
+
+    def pipe(self, texts):
+        texts = list(texts)
+        self.texts += texts
+        return self.nlp.pipe(texts)
+
+
+def scored(nlp, labels, responses, judged, previous=None, settings=SETTINGS):
+    """(scores, predictions, texts encoded, predictions given to spaCy) of one run of the score stage."""
+    encoder, counted = CountingEncoder(), CountingNlp(nlp)
+    scores, predictions = score_predictions(
+        labels, responses, judged, encoder, counted, CS_HIGH, LI_HIGH, previous, settings
+    )
+    return scores, predictions, encoder.texts, counted.texts
+
+
+def fresh(nlp, labels, responses, judged, settings=SETTINGS):
+    return scored(nlp, labels, responses, judged, settings=settings)[:2]
+
+
+def assert_same_tables(got, want):
+    """The tables of an incremental run against a fresh run's. The counting encoder gives a text one vector
+    whatever it is encoded with, so even the floats are equal exactly (a real encoder's may differ in
+    the last bits)."""
+    for table, fresh_table in zip(got, want):
+        assert table.schema == fresh_table.schema
+        assert table.equals(fresh_table), table.to_pylist()
+
+
+def test_images_added_to_a_run_are_the_only_ones_encoded_and_the_tables_equal_a_fresh_run(nlp):
+    first = grown_responses(4)
+    _, old, _, _ = scored(nlp, GROWN_LABELS, first, judge_all(GROWN_LABELS, first))
+    grown = grown_responses(6)
+    judged = judge_all(GROWN_LABELS, grown)
+    scores, predictions, encoded, piped = scored(nlp, GROWN_LABELS, grown, judged, old)
+    new = grown.filter(pc.is_in(grown["image_id"], pa.array(["g4", "g5"])))
+    _, _, alone, alone_piped = scored(nlp, GROWN_LABELS, new, judged)  # the new predictions scored by themselves
+    assert encoded == alone and piped == alone_piped == new.column("text").to_pylist()
+    assert "cat" not in encoded and "owl" not in encoded  # labels of kept predictions are not encoded again
+    assert_same_tables((scores, predictions), fresh(nlp, GROWN_LABELS, grown, judged))
+    assert predictions.num_rows == 2 * 6 * 2 and set(scores.column("metric").to_pylist()) == set(
+        METRICS + ACCEPTED_METRICS
+    )
+
+
+def test_a_changed_response_label_or_judge_answer_is_scored_again_and_nothing_else(nlp):
+    responses = grown_responses(6)
+    _, old, _, _ = scored(nlp, GROWN_LABELS, responses, judge_all(GROWN_LABELS, responses))
+    changed_text = grown_responses(6, {("m", "g1", "p2"): "a dog or a wolf"})
+    relabelled = GROWN_LABELS.set_column(2, "label", pa.array(["cat", "dog", "owl", "fox", "rabbit", "wren"]))
+    answered = {judgement_key("wren", "a wren seen by n p1"): "0"}  # it answered "1" before
+    judged = judge_all(relabelled, changed_text, answered)
+    scores, predictions, _, piped = scored(nlp, relabelled, changed_text, judged, old)
+    assert sorted(piped) == sorted(
+        ["a dog or a wolf", "a wren seen by n p1"]
+        + [f"{s} thinks of thing 4 under {p}" for s in ("m", "n") for p in ("p1", "p2")]  # g4, now a rabbit
+    )
+    assert_same_tables((scores, predictions), fresh(nlp, relabelled, changed_text, judged))
+    row = next(p for p in predictions.to_pylist() if (p["subject"], p["image_id"], p["prompt_id"]) == ("n", "g5", "p1"))
+    assert (row["judge_answer"], row["LI"]) == ("0", 0.0)
+
+
+def test_a_label_given_an_alternative_rescores_its_predictions_and_scores_gain_the_accepted_metrics(nlp):
+    labels = GROWN_LABELS.set_column(4, "accepted", pa.array([[]] * 6, pa.list_(pa.string())))
+    responses = grown_responses(6)
+    scores, old, _, _ = scored(nlp, labels, responses, judge_all(labels, responses))
+    assert set(scores.column("metric").to_pylist()) == set(METRICS)
+    judged = judge_all(GROWN_LABELS, responses)  # g2, the owl, also accepts "barn owl"
+    scores, predictions, _, piped = scored(nlp, GROWN_LABELS, responses, judged, old)
+    assert sorted(piped) == sorted(f"{s} thinks of thing 2 under {p}" for s in ("m", "n") for p in ("p1", "p2"))
+    assert_same_tables((scores, predictions), fresh(nlp, GROWN_LABELS, responses, judged))
+
+
+def test_a_previous_table_of_the_old_schema_or_other_settings_is_scored_again_whole(nlp):
+    responses = grown_responses(6)
+    judged = judge_all(GROWN_LABELS, responses)
+    _, old, _, _ = scored(nlp, GROWN_LABELS, responses, judged)
+    everything = sorted(responses.column("text").to_pylist())
+    before_the_hash = old.drop_columns([INPUTS])  # a run folder written before predictions carried it
+    for previous, settings in ((before_the_hash, SETTINGS), (old, ["another encoder", "spaCy model"])):
+        scores, predictions, _, piped = scored(nlp, GROWN_LABELS, responses, judged, previous, settings)
+        assert sorted(piped) == everything
+        assert_same_tables((scores, predictions), fresh(nlp, GROWN_LABELS, responses, judged, settings))
+    _, _, encoded, piped = scored(nlp, GROWN_LABELS, responses, judged, old)
+    assert encoded == piped == []  # nothing new: neither the encoder nor spaCy is asked anything
+    no_judge = scored(nlp, GROWN_LABELS, responses, None, old)
+    assert sorted(no_judge[3]) == everything and set(no_judge[1].column("outcome").to_pylist()) == {"unjudged"}

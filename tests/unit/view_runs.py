@@ -403,6 +403,7 @@ def openworld_run(root: Path) -> Path:
                 "best_concept": pred,
                 "judge_answer": str(int(li)),
                 "outcome": outcome if p == "default" else "unjudged",
+                "inputs_sha256": "0" * 64,  # the run's bookkeeping, which the export leaves out
             }
             for (m, i), (pred, li, cs, outcome) in PREDICTIONS.items()
             for p in ("default", "specific")

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from vlm_decade.core.reuse import INPUTS
 from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.studies.export import columns, connect, identifier
 
-# Columns `predictions` repeats from the responses (`prediction` is the response's text) or images; of
-# those it shares with labels (`accepted`, text there, a list in labels) the labels' are kept.
-REPEATED = ("subject", "image_id", "prompt_id", "dataset", "prediction")
+# Columns `predictions` repeats from the responses (`prediction` is the response's text) or images, and
+# the run's own bookkeeping (a row's inputs hash); of those it shares with labels (`accepted`, text there,
+# a list in labels) the labels' are kept.
+REPEATED = ("subject", "image_id", "prompt_id", "dataset", "prediction", INPUTS)
 
 
 def tidy(folder: RunFolder) -> pa.Table:
