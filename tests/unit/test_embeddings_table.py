@@ -1,15 +1,141 @@
-"""The embeddings table across versions: a table written before the `mode` column existed is
-reused with the column empty, beside new rows that carry the mode that bought them."""
+"""The embeddings table: every distinct stripped text of the references and the ok responses, once
+per encoder, sorted by (encoder, key); a vector the previous table or a part holds is reused (the
+first one found), nothing else is kept, and how many buckets or chunks the work is cut into changes
+nothing. Across versions: a table written before the `mode` column existed is reused with the
+column empty, beside new rows that carry the mode that bought them. (The encoding itself goes
+through Ray and is covered by the run tests; here a deterministic encoder stands in for it.)"""
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import pyarrow as pa
+import pytest
 
 from vlm_decade.core.config import EncoderConfig
-from vlm_decade.core.runfolder import RunFolder
+from vlm_decade.core.runfolder import RunFolder, table_fingerprint
 from vlm_decade.models.encoders import text_key
-from vlm_decade.stages.embed import EMBEDDINGS_SCHEMA, _rows, _write_selected, encoder_key
+from vlm_decade.stages import embed
+from vlm_decade.stages.embed import EMBEDDINGS_SCHEMA, _plan, _rows, _write_selected, encoder_key, spill_folder
+
+SBERT = EncoderConfig(name="SBERT-SI")
+OTHER = EncoderConfig(name="Other-SI", model_id="sentence-transformers/all-mpnet-base-v2")
+
+
+def vector(cfg: EncoderConfig, text: str, salt: str = "") -> np.ndarray:
+    """A vector that differs by encoder, text and `salt` (an older vector of the same text)."""
+    digest = hashlib.sha256(f"{encoder_key(cfg)}|{salt}|{text}".encode()).digest()
+    return np.frombuffer(digest[:16], dtype=np.uint8).astype(np.float32)
+
+
+def embed_here(folder: RunFolder, encoders: list[EncoderConfig]) -> tuple[dict, list]:
+    """The stage as `run_embed` runs it for local encoders, `vector` standing in for the actors:
+    each batch they would be given encoded and saved as a part, then the table written. Returns
+    the texts encoded per encoder and the batches."""
+    with spill_folder(folder) as spill:
+        plan = _plan(folder, encoders, spill)
+        encoded, given = {}, []
+        for i, cfg in enumerate(encoders):
+            encoded[cfg.name] = []
+            with folder.parts("embeddings", EMBEDDINGS_SCHEMA, embed.PART_ROWS, embed.PART_S) as parts:
+                for batch in plan.local_batches(i):
+                    texts = batch.column("text").to_pylist()
+                    given.append(texts)
+                    encoded[cfg.name] += texts
+                    parts.add(_rows(batch.column("text_sha256"), np.stack([vector(cfg, t) for t in texts]), cfg))
+            assert len(encoded[cfg.name]) == plan.todo[cfg.name]
+        written = _write_selected(folder, plan, spill / "vectors")
+        assert written.fingerprint == table_fingerprint(folder.read("embeddings"))
+        folder.save_manifest({"tables": {"embeddings": written.fingerprint}, "files": {"embeddings": written.file}})
+        folder.clear_parts("embeddings")  # as the runner does once the table is written
+    return encoded, given
+
+
+def inputs(folder: RunFolder, references: list, responses: list[tuple[str, str | None]]) -> None:
+    folder.write("references", pa.table({"text": pa.array(references, pa.string())}))
+    status, text = zip(*responses) if responses else ((), ())
+    folder.write("responses", pa.table({"status": pa.array(status, pa.string()), "text": pa.array(text, pa.string())}))
+
+
+def expected(references, responses, encoders, kept: dict) -> pa.Table:
+    """The table worked out plainly: each wanted text's vector per encoder, the one in `kept`
+    ((encoder_key, key) -> vector) if there, else a new one; sorted by encoder name, then key."""
+    texts = {}
+    for t in list(references) + [t for status, t in responses if status == "ok"]:
+        if t and t.strip():
+            texts[text_key(t)] = t.strip()
+    rows = []
+    for cfg in sorted(encoders, key=lambda c: c.name):
+        for key in sorted(texts):
+            v = kept.get((encoder_key(cfg), key))
+            rows.append((key, cfg, v if v is not None else vector(cfg, texts[key])))
+    out = [_rows([key], v[None], cfg) for key, cfg, v in rows]
+    return pa.concat_tables(out) if out else EMBEDDINGS_SCHEMA.empty_table()
+
+
+REFERENCES = ["a cat on a mat", "  a cat on a mat  ", "a dog\n", "", "   ", None, "two birds", "a red bus"]
+RESPONSES = [("ok", "a dog"), ("ok", " a red bus"), ("error", "never embedded"), ("ok", ""), ("ok", None), ("ok", "x")]
+# Enough texts to fill many of the 256 buckets, some of them in one bucket with others.
+MANY = [f"text number {i} " + "word " * (i % 7) for i in range(80)]
+
+
+def test_a_fresh_table_holds_each_distinct_stripped_text_once_per_encoder(tmp_path):
+    folder = RunFolder(tmp_path)
+    inputs(folder, REFERENCES, RESPONSES)
+    encoded, given = embed_here(folder, [SBERT, OTHER])
+    assert folder.read("embeddings").equals(expected(REFERENCES, RESPONSES, [SBERT, OTHER], {}))
+    # Shared and padded texts are encoded once, blank ones and failed answers never.
+    for name in ("SBERT-SI", "Other-SI"):
+        assert sorted(encoded[name]) == sorted(["a cat on a mat", "a dog", "two birds", "a red bus", "x"])
+    # Fewer texts than a chunk: batched as if sorted whole, by length (then key).
+    by_key = sorted(encoded["SBERT-SI"], key=text_key)
+    assert given[0] == sorted(by_key, key=len)
+
+
+def test_a_rerun_reuses_the_previous_table_and_the_parts_of_a_killed_run_and_drops_what_is_not_wanted(tmp_path):
+    folder = RunFolder(tmp_path)
+    inputs(folder, MANY[:50] + ["gone"], [])
+    embed_here(folder, [SBERT, OTHER])
+    # A killed run's parts: new vectors for some texts, one already in the table (the table's is
+    # found first, so it stays), and one of an encoder no longer named.
+    kept_old = {(encoder_key(c), text_key(t)): vector(c, t.strip()) for c in (SBERT, OTHER) for t in MANY[:50]}
+    killed = {(encoder_key(SBERT), text_key(t)): vector(SBERT, t, salt="killed") for t in MANY[50:56]}
+    folder.append_part(
+        "embeddings",
+        _rows([k for _, k in killed], np.stack(list(killed.values())), SBERT),
+    )
+    folder.append_part("embeddings", _rows([text_key(MANY[0])], vector(SBERT, MANY[0], "later")[None], SBERT))
+    gone = EncoderConfig(name="Gone-SI", model_id="sentence-transformers/paraphrase-MiniLM-L3-v2")
+    folder.append_part("embeddings", _rows([text_key(MANY[1])], vector(gone, MANY[1])[None], gone))
+    references, responses = MANY[:70], [("ok", t) for t in MANY[20:40]]
+    inputs(folder, references, responses)
+
+    encoded, _ = embed_here(folder, [SBERT, OTHER])
+
+    assert sorted(encoded["SBERT-SI"]) == sorted(t.strip() for t in MANY[56:70])
+    assert sorted(encoded["Other-SI"]) == sorted(t.strip() for t in MANY[50:70])
+    table = folder.read("embeddings")
+    assert table.equals(expected(references, responses, [SBERT, OTHER], {**kept_old, **killed}))
+    assert text_key("gone") not in table.column("text_sha256").to_pylist()
+
+
+@pytest.mark.parametrize("chunk, batch", [(1, 1), (10, 3)])
+def test_chunks_and_batches_change_nothing_but_the_batches(tmp_path, monkeypatch, chunk, batch):
+    references, responses = MANY[:60] + REFERENCES, [("ok", t) for t in MANY[40:]] + RESPONSES
+    whole = RunFolder(tmp_path / "whole")
+    inputs(whole, references, responses)
+    embed_here(whole, [SBERT, OTHER])
+    monkeypatch.setattr(embed, "CHUNK_TEXTS", chunk)
+    monkeypatch.setattr(embed, "TEXT_BATCH", batch)
+    cut = RunFolder(tmp_path / "cut")
+    inputs(cut, references, responses)
+    encoded, given = embed_here(cut, [SBERT, OTHER])
+    assert cut.read("embeddings").equals(whole.read("embeddings"))
+    assert cut.read("embeddings").equals(expected(references, responses, [SBERT, OTHER], {}))
+    assert all(len(b) <= batch for b in given) and len(encoded["SBERT-SI"]) == len(set(encoded["SBERT-SI"]))
+    if chunk > 1:  # each chunk of buckets sorted by length on its own
+        assert any(len(b[-1]) > len(a[0]) for a, b in zip(given[1:], given))
 
 
 def test_a_table_without_the_mode_column_is_reused_with_it_empty(tmp_path):
@@ -21,10 +147,11 @@ def test_a_table_without_the_mode_column_is_reused_with_it_empty(tmp_path):
     fingerprint, record = folder.write("embeddings", old)
     folder.save_manifest({"tables": {"embeddings": fingerprint}, "files": {"embeddings": record}})
     folder.append_part("embeddings", _rows([text_key(new_text)], new_vector[None], cfg, ["batch"]))
-    wanted = pa.chunked_array([sorted([text_key(old_text), text_key(new_text)])], pa.string())
+    inputs(folder, [old_text, new_text], [])
 
-    _write_selected(folder, wanted, [cfg])
+    encoded, _ = embed_here(folder, [cfg])
 
+    assert encoded == {"GPT-SI": []}
     table = folder.read("embeddings")
     assert table.schema.equals(EMBEDDINGS_SCHEMA)
     rows = {r["text_sha256"]: r for r in table.to_pylist()}

@@ -7,13 +7,20 @@ send their batches through the provider's gateway actor instead, several at once
 vector, so a text is paid for once across runs. In batch mode every API encoder's texts are
 submitted as batches before any is waited on (`stages.gateways`), so the stage waits one batch
 turnaround for all its encoders.
+
+The driver never holds a row per text of the whole study: the texts, the vectors already there and
+then the vectors to write are spread over 256 buckets on disk by the key's first two hex digits, and
+worked through a bucket at a time (a local encoder's texts a chunk of buckets at a time).
 """
 
 from __future__ import annotations
 
 import hashlib
 import shutil
+from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -49,6 +56,11 @@ IN_FLIGHT_PER_ACTOR = 2  # batches in flight to each local encoder actor: the ne
 PART_ROWS, PART_S = 8192, 10.0  # save vectors as a part this often
 VECTOR_BATCH = 4096  # rows read (or texts hashed) at a time
 REMOTE_IN_FLIGHT = 8  # batches of texts in flight to an API encoder's gateway
+# A local encoder's texts are sorted by length (for its batches) this many at least at a time: a study
+# with fewer is batched exactly as if they were sorted whole.
+CHUNK_TEXTS = 65_536
+TEXTS_SCHEMA = pa.schema([("text_sha256", pa.string()), ("text", pa.string())])
+DIGITS = pa.array([f"{d:02x}" for d in range(256)], pa.string())  # the buckets: a key's first two hex digits
 
 
 def encoder_key(cfg: EncoderConfig) -> str:
@@ -90,25 +102,6 @@ def check_encoders(study: StudyBase) -> list[Problem]:
                 )
             )
     return problems + endpoint_problems(study.providers, wanted)
-
-
-def texts_to_embed(references: pa.Table, responses: pa.Table) -> pa.Table:
-    """Every distinct non-empty text to score, stripped, with its key: (text_sha256, text), sorted
-    by key. Columnar, so a study of any size holds no Python object per text."""
-    ok = responses.filter(pc.equal(responses.column("status"), "ok"))
-    texts = pa.chunked_array(references.column("text").chunks + ok.column("text").chunks, pa.string())
-    keys, stripped = [], []
-    for start in range(0, len(texts), VECTOR_BATCH):
-        values = [t.strip() if t else "" for t in texts.slice(start, VECTOR_BATCH).to_pylist()]
-        keys.append(
-            pa.array([hashlib.sha256(t.encode("utf-8")).hexdigest() if t else None for t in values], pa.string())
-        )
-        stripped.append(pa.array(values, pa.string()))
-    table = pa.table(
-        {"text_sha256": pa.chunked_array(keys, pa.string()), "text": pa.chunked_array(stripped, pa.string())}
-    )
-    table = table.filter(pc.is_valid(table.column("text_sha256")))
-    return first_per_key(table.sort_by("text_sha256"), "text_sha256")
 
 
 class EncodeActor:
@@ -153,65 +146,204 @@ def _sources(folder: RunFolder, columns: list[str] | None = None):
         yield whole(table)
 
 
-def _encoded(folder: RunFolder, keys: list[str]) -> pa.Table:
-    """(text_sha256, encoder_key) of every vector the sources hold for these encoder keys."""
-    found = [
-        t.filter(pc.is_in(t.column("encoder_key"), pa.array(keys, pa.string())))
-        for t in _sources(folder, ["text_sha256", "encoder_key"])
-    ]
-    return (
-        pa.concat_tables(found)
-        if found
-        else pa.table({"text_sha256": pa.array([], pa.string()), "encoder_key": pa.array([], pa.string())})
-    )
+@contextmanager
+def spill_folder(folder: RunFolder):
+    """The folder beside the tables where the stage spreads its rows over buckets: emptied before
+    and removed after (what a killed run left there is of no use)."""
+    spill = folder.root / ".spill" / "embeddings"
+    shutil.rmtree(spill, ignore_errors=True)
+    try:
+        yield spill
+    finally:
+        shutil.rmtree(spill, ignore_errors=True)
+
+
+def _hashed(texts: pa.Array) -> tuple[pa.Table, np.ndarray]:
+    """The non-blank texts of a batch, stripped, with their keys (text_sha256, text), and each one's
+    bucket (the key's first two hex digits)."""
+    stripped = [s for s in (t.strip() for t in texts.to_pylist() if t) if s]
+    keys = [hashlib.sha256(s.encode("utf-8")).hexdigest() for s in stripped]
+    table = pa.table({"text_sha256": pa.array(keys, pa.string()), "text": pa.array(stripped, pa.string())})
+    return table, np.array([int(k[:2], 16) for k in keys], dtype=np.int64)
+
+
+def _digits(keys: pa.ChunkedArray) -> np.ndarray:
+    """Each key's bucket: its first two hex digits as a number."""
+    return pc.index_in(pc.utf8_slice_codeunits(keys, 0, 2), value_set=DIGITS).to_numpy(zero_copy_only=False)
+
+
+class _Spill:
+    """Rows spread over numbered buckets, one Arrow stream file each under `root`, so that a bucket
+    is read back whole while the others stay on disk."""
+
+    def __init__(self, root: Path, schema: pa.Schema):
+        self.root, self.schema = root, schema
+        self.writers: dict[int, pa.ipc.RecordBatchStreamWriter] = {}
+        root.mkdir(parents=True)
+
+    def _path(self, bucket: int) -> str:
+        return str(self.root / f"{bucket:06d}.arrow")
+
+    def add(self, table: pa.Table, buckets: np.ndarray) -> None:
+        """Each row into its bucket (`buckets`, one per row), in the order given."""
+        if not table.num_rows:
+            return
+        order = np.argsort(buckets, kind="stable")
+        table, buckets = table.take(pa.array(order)), buckets[order]
+        found, starts = np.unique(buckets, return_index=True)
+        for bucket, start, end in zip(found.tolist(), starts.tolist(), [*starts[1:].tolist(), len(buckets)]):
+            if bucket not in self.writers:
+                self.writers[bucket] = pa.ipc.new_stream(self._path(bucket), self.schema)
+            self.writers[bucket].write_table(table.slice(start, end - start))
+
+    def close(self) -> None:
+        for writer in self.writers.values():
+            writer.close()
+
+    @property
+    def buckets(self) -> list[int]:
+        return sorted(self.writers)
+
+    def read(self, bucket: int) -> pa.Table:
+        """A bucket's rows in the order added (after `close`)."""
+        if bucket not in self.writers:
+            return self.schema.empty_table()
+        with pa.ipc.open_stream(self._path(bucket)) as reader:
+            return reader.read_all()
+
+    def remove(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+@dataclass
+class _Plan:
+    """The stage's work, bucket by bucket on disk: each bucket's distinct texts (sorted by key) with
+    a `todo_<i>` column saying whether encoder i still needs its vector, and the counts."""
+
+    encoders: list[EncoderConfig]
+    texts: _Spill
+    wanted: int  # distinct texts
+    todo: dict[str, int]  # texts to encode, per encoder name
+
+    def todo_tables(self, i: int):
+        """Encoder i's texts to encode, (text_sha256, text) a bucket at a time, in key order."""
+        for bucket in self.texts.buckets:
+            table = self.texts.read(bucket)
+            table = table.filter(table.column(f"todo_{i}")).select(["text_sha256", "text"])
+            if table.num_rows:
+                yield table
+
+    def local_batches(self, i: int):
+        """Encoder i's texts in batches of `TEXT_BATCH` of about one length, as SentenceTransformer.encode
+        makes them (a batch is padded to its longest text, so mixed lengths waste most of the work
+        on padding): sorted by length a chunk of at least `CHUNK_TEXTS` (or all) at a time, so only
+        one chunk is held, and a study of fewer texts is batched as if sorted whole."""
+        chunk, count = [], 0
+        for table in self.todo_tables(i):
+            chunk.append(table)
+            count += table.num_rows
+            if count >= CHUNK_TEXTS:
+                yield from _by_length(pa.concat_tables(chunk))
+                chunk, count = [], 0
+        if chunk:
+            yield from _by_length(pa.concat_tables(chunk))
+
+    def wanted_keys(self, digits: int) -> pa.ChunkedArray:
+        """The keys of the texts in bucket `digits`."""
+        return self.texts.read(digits).column("text_sha256")
+
+
+def _by_length(todo: pa.Table):
+    # The order is taken a batch at a time, so the texts are never held twice.
+    order = pc.sort_indices(pc.utf8_length(todo.column("text")))
+    for start in range(0, todo.num_rows, TEXT_BATCH):
+        yield todo.take(order.slice(start, TEXT_BATCH))
+
+
+def _plan(folder: RunFolder, encoders: list[EncoderConfig], spill: Path) -> _Plan:
+    """Every distinct non-empty text of the references and the ok responses, stripped, keyed by
+    its sha256, and which of them each encoder already has a vector for (in the previous table or
+    the parts), worked out a bucket of keys at a time: the texts and the (key, encoder) pairs the
+    sources hold are first spread over 256 buckets by the key's first two hex digits."""
+    raw = _Spill(spill / "raw", TEXTS_SCHEMA)
+    for batch in folder.batches("references", columns=["text"]):
+        raw.add(*_hashed(batch.column("text")))
+    for batch in folder.batches("responses", columns=["status", "text"]):
+        raw.add(*_hashed(batch.filter(pc.equal(batch.column("status"), "ok")).column("text")))
+    raw.close()
+    keys = pa.array([encoder_key(cfg) for cfg in encoders], pa.string())
+    have = _Spill(spill / "have", pa.schema([("text_sha256", pa.string()), ("encoder_key", pa.string())]))
+    for table in _sources(folder, ["text_sha256", "encoder_key"]):
+        table = table.filter(pc.is_in(table.column("encoder_key"), keys))
+        have.add(table, _digits(table.column("text_sha256")))
+    have.close()
+    texts = _Spill(spill / "texts", _plan_schema(len(encoders)))
+    wanted, todo = 0, dict.fromkeys([cfg.name for cfg in encoders], 0)
+    for bucket in raw.buckets:
+        table = first_per_key(raw.read(bucket).sort_by("text_sha256"), "text_sha256")
+        encoded = have.read(bucket)
+        for i, cfg in enumerate(encoders):
+            mine = encoded.filter(pc.equal(encoded.column("encoder_key"), encoder_key(cfg))).column("text_sha256")
+            needed = pc.invert(pc.is_in(table.column("text_sha256"), mine))
+            table = table.append_column(f"todo_{i}", needed)
+            todo[cfg.name] += pc.sum(needed).as_py() or 0
+        texts.add(table, np.full(table.num_rows, bucket))
+        wanted += table.num_rows
+    raw.remove()
+    have.remove()
+    texts.close()
+    return _Plan(encoders, texts, wanted, todo)
+
+
+def _plan_schema(n_encoders: int) -> pa.Schema:
+    return pa.schema([*TEXTS_SCHEMA, *(pa.field(f"todo_{i}", pa.bool_()) for i in range(n_encoders))])
 
 
 def run_embed(study: StudyBase, run: StudyRun) -> Written:
-    """Encode the texts of the run's references and responses (`texts_to_embed`) that no encoder
-    has a vector for yet, and write the embeddings table."""
-    texts = texts_to_embed(run.table("references"), run.table("responses"))
+    """Encode the texts of the run's references and responses (`_plan`) that no encoder has a
+    vector for yet, and write the embeddings table."""
     encoders = list(study.encoders)
-    encoded = _encoded(run.folder, [encoder_key(cfg) for cfg in encoders])
-    todo = {}
-    for cfg in encoders:
-        mine = encoded.filter(pc.equal(encoded.column("encoder_key"), encoder_key(cfg))).column("text_sha256")
-        # An encoder with nothing encoded yet takes the texts themselves, not a copy of them.
-        todo[cfg.name] = texts.filter(pc.invert(pc.is_in(texts.column("text_sha256"), mine))) if len(mine) else texts
-    del encoded
-    wanted = texts.column("text_sha256")
-    del texts  # its text column lives on only in the encoders' work
-    total = sum(t.num_rows for t in todo.values())
-    if total < len(wanted) * len(encoders):
-        run.reporter.say(f"     embeddings   {len(wanted) * len(encoders) - total} already encoded, kept")
-    remote = {cfg.name: cfg for cfg in encoders if todo[cfg.name].num_rows and encoder_class(cfg.backend).remote}
-    providers = sorted({api_provider(cfg.backend, cfg.endpoint) for cfg in remote.values()})
-    stops: list[APIStopped] = []
-    with (
-        run.reporter.track("embed", total, {n: t.num_rows for n, t in todo.items()}) as advance,
-        Gateways(run, study.providers, providers) as gateways,
-    ):
-        session = {name: gateways[api_provider(cfg.backend, cfg.endpoint)] for name, cfg in remote.items()}
-        work = {}
-        for name in remote:
-            keys = todo[name].column("text_sha256").to_pylist()
-            work[name] = (keys, dict(zip(keys, todo[name].column("text").to_pylist())))
-        # Every batch-mode encoder's texts are handed over and submitted as batches before any is waited on.
-        batched = [name for name, cfg in remote.items() if session[name].batch_for(cfg.mode)]
-        for name in batched:
-            _queue_embeds(gateways.ray, session[name], remote[name], *work[name])
-        if batched:
-            gateways.flush()
-        for cfg in encoders:
-            if cfg.name in remote:
-                try:
-                    _embed_remote(session[cfg.name], cfg, *work.pop(cfg.name), run, partial(advance, part=cfg.name))
-                except APIStopped as exc:  # the other encoders go on; the stage stops after them, naming each
-                    stops.append(exc)
-            elif todo[cfg.name].num_rows:
-                _embed_local(study, cfg, todo[cfg.name], run, partial(advance, part=cfg.name))
-            del todo[cfg.name]  # its texts are let go once encoded
-    raise_stops(stops)
-    return _write_selected(run.folder, wanted, encoders)
+    with spill_folder(run.folder) as spill:
+        plan = _plan(run.folder, encoders, spill)
+        todo, total = plan.todo, sum(plan.todo.values())
+        if total < plan.wanted * len(encoders):
+            run.reporter.say(f"     embeddings   {plan.wanted * len(encoders) - total} already encoded, kept")
+        remote = {cfg.name: cfg for cfg in encoders if todo[cfg.name] and encoder_class(cfg.backend).remote}
+        providers = sorted({api_provider(cfg.backend, cfg.endpoint) for cfg in remote.values()})
+        stops: list[APIStopped] = []
+        with (
+            run.reporter.track("embed", total, todo) as advance,
+            Gateways(run, study.providers, providers) as gateways,
+        ):
+            session = {name: gateways[api_provider(cfg.backend, cfg.endpoint)] for name, cfg in remote.items()}
+            # An API encoder takes its whole to-do list at once: its texts are sent (and paid for) one
+            # by one, not padded into batches by length, and batch mode submits them all before any wait.
+            work = {}
+            for i, cfg in enumerate(encoders):
+                if cfg.name in remote:
+                    keys, texts = [], {}
+                    for table in plan.todo_tables(i):
+                        keys += table.column("text_sha256").to_pylist()
+                        texts.update(zip(table.column("text_sha256").to_pylist(), table.column("text").to_pylist()))
+                    work[cfg.name] = (keys, texts)
+            # Every batch-mode encoder's texts are handed over and submitted as batches before any is waited on.
+            batched = [name for name, cfg in remote.items() if session[name].batch_for(cfg.mode)]
+            for name in batched:
+                _queue_embeds(gateways.ray, session[name], remote[name], *work[name])
+            if batched:
+                gateways.flush()
+            for i, cfg in enumerate(encoders):
+                if cfg.name in remote:
+                    try:
+                        _embed_remote(session[cfg.name], cfg, *work.pop(cfg.name), run, partial(advance, part=cfg.name))
+                    except APIStopped as exc:  # the other encoders go on; the stage stops after them, naming each
+                        stops.append(exc)
+                elif todo[cfg.name]:
+                    _embed_local(
+                        study, cfg, plan.local_batches(i), todo[cfg.name], run, partial(advance, part=cfg.name)
+                    )
+        raise_stops(stops)
+        return _write_selected(run.folder, plan, spill / "vectors")
 
 
 def encoder_actors(study: StudyBase, ray) -> int:
@@ -222,24 +354,19 @@ def encoder_actors(study: StudyBase, ray) -> int:
     return max(1, int(have.get("CPU", 1) // max(rt.cpus_per_actor, 1e-9)))
 
 
-def _embed_local(study: StudyBase, cfg: EncoderConfig, todo: pa.Table, run: StudyRun, advance) -> None:
-    """Batches of texts through encoder actors (as many as the cluster's CPUs or GPUs allow), the
-    finished vectors saved as parts every few thousand rows."""
+def _embed_local(study: StudyBase, cfg: EncoderConfig, work, n_texts: int, run: StudyRun, advance) -> None:
+    """Batches of texts (`work`: `_Plan.local_batches`, `n_texts` in all, taken as the actors are ready
+    for them) through encoder actors (as many as the cluster's CPUs or GPUs allow), the finished
+    vectors saved as parts every few thousand rows."""
     ray, rt = run.ray(), study.runtime
-    # Batches of texts of about one length, as SentenceTransformer.encode makes them: a batch is
-    # padded to its longest text, so mixed lengths waste most of the work on padding.
-    # The order is taken a batch at a time, so the texts are never held twice.
-    order = pc.sort_indices(pc.utf8_length(todo.column("text")))
-    n_batches = -(-todo.num_rows // TEXT_BATCH)
     actor_cls = ray.remote(EncodeActor).options(num_cpus=rt.cpus_per_actor, num_gpus=rt.gpus_per_actor)
-    batches = (todo.take(order.slice(i, TEXT_BATCH)) for i in range(0, todo.num_rows, TEXT_BATCH))
     call = lambda actor, batch: actor.encode.remote(batch.column("text").to_pylist())  # noqa: E731
     with run.folder.parts("embeddings", EMBEDDINGS_SCHEMA, PART_ROWS, PART_S) as parts:
         for done in pool_map(
             ray,
             lambda: actor_cls.remote(cfg),
-            min(encoder_actors(study, ray), n_batches),
-            batches,
+            min(encoder_actors(study, ray), -(-n_texts // TEXT_BATCH)),
+            work,
             call,
             in_flight_per_actor=IN_FLIGHT_PER_ACTOR,
             max_lost=rt.max_restarts,
@@ -321,50 +448,35 @@ def _embed_remote(
         )
 
 
-def _write_selected(folder: RunFolder, wanted: pa.ChunkedArray, encoders) -> Written:
-    """Write the vectors the current texts (their keys, `wanted`) and encoders need, one row each,
-    sorted by (encoder, text), without holding them all: the reusable rows are spread over buckets
-    by encoder and the key's first two hex digits (256 spill files beside the tables: a bucket is
-    1/256 of an encoder's vectors), then each bucket is sorted and written."""
-    name_of = {encoder_key(cfg): cfg.name for cfg in encoders}
+def _write_selected(folder: RunFolder, plan: _Plan, spill: Path) -> Written:
+    """Write the vectors the current texts and encoders need, one row each (the first the sources
+    hold), sorted by (encoder, text), without holding them all: the sources' rows are spread over
+    buckets by encoder and the key's first two hex digits (spill files under `spill`: a bucket is
+    1/256 of an encoder's vectors), then each bucket is kept to its texts (`plan`), sorted and
+    written. Vectors of texts no longer wanted, or of encoders no longer named, are left out."""
+    name_of = {encoder_key(cfg): cfg.name for cfg in plan.encoders}
     order = {name: i for i, name in enumerate(sorted(set(name_of.values())))}
-    spill = folder.root / ".spill" / "embeddings"
-    shutil.rmtree(spill, ignore_errors=True)
-    spill.mkdir(parents=True)
-    writers: dict[int, pa.ipc.RecordBatchStreamWriter] = {}
-    try:
-        for table in _sources(folder):
-            table = table.filter(
-                pc.and_(
-                    pc.is_in(table.column("encoder_key"), pa.array(list(name_of), pa.string())),
-                    pc.is_in(table.column("text_sha256"), wanted),
-                )
-            )
-            if not table.num_rows:
-                continue
-            names = [name_of[k] for k in table.column("encoder_key").to_pylist()]
-            table = table.set_column(1, "encoder", pa.array(names, pa.string()))
-            digits = pc.utf8_slice_codeunits(table.column("text_sha256"), 0, 2).to_pylist()
-            buckets = np.array([order[n] * 256 + int(d, 16) for n, d in zip(names, digits)])
-            for bucket in np.unique(buckets):
-                if bucket not in writers:
-                    writers[bucket] = pa.ipc.new_stream(str(spill / f"{bucket:06d}.arrow"), EMBEDDINGS_SCHEMA)
-                writers[bucket].write_table(table.filter(pa.array(buckets == bucket)))
-        for writer in writers.values():
-            writer.close()
+    keys = pa.array(list(name_of), pa.string())
+    names = pa.array(list(name_of.values()), pa.string())
+    rank = np.array([order[name] for name in name_of.values()], dtype=np.int64)
+    vectors = _Spill(spill, EMBEDDINGS_SCHEMA)
+    for table in _sources(folder):
+        table = table.filter(pc.is_in(table.column("encoder_key"), keys))
+        which = pc.index_in(table.column("encoder_key"), value_set=keys)
+        table = table.set_column(1, "encoder", pc.take(names, which))
+        vectors.add(table, rank[which.to_numpy(zero_copy_only=False)] * 256 + _digits(table.column("text_sha256")))
+    vectors.close()
 
-        def sorted_batches():
-            for bucket in sorted(writers):
-                with pa.ipc.open_stream(str(spill / f"{bucket:06d}.arrow")) as reader:
-                    table = reader.read_all()
-                yield from first_per_key(table.sort_by("text_sha256"), "text_sha256").to_batches()
+    def sorted_batches():
+        for bucket in vectors.buckets:
+            table = vectors.read(bucket)
+            table = table.filter(pc.is_in(table.column("text_sha256"), plan.wanted_keys(bucket % 256)))
+            yield from first_per_key(table.sort_by("text_sha256"), "text_sha256").to_batches()
 
-        fingerprint, record, rows = folder.write_batches(
-            "embeddings", EMBEDDINGS_SCHEMA, sorted_batches(), row_group_rows=VECTOR_BATCH
-        )
-        return Written(fingerprint, record, rows)
-    finally:
-        shutil.rmtree(spill, ignore_errors=True)
+    fingerprint, record, rows = folder.write_batches(
+        "embeddings", EMBEDDINGS_SCHEMA, sorted_batches(), row_group_rows=VECTOR_BATCH
+    )
+    return Written(fingerprint, record, rows)
 
 
 def stage(study: StudyBase) -> Stage:
