@@ -279,7 +279,7 @@ def _ranking_methods(images: pa.Table, tally: _Tally, votes_t: Table | None, pro
     return methods
 
 
-_SLAB = 1 << 16  # descriptions ranked at a time: the Python objects ranking needs live for one slab
+_SLAB = 1 << 12  # descriptions ranked at a time: the Python objects ranking needs live for one slab
 
 
 def _references_table(
@@ -292,11 +292,13 @@ def _references_table(
     dataset = images.column("dataset").take(pc.index_in(image_ids, value_set=images.column("image_id")))
     order = order.append_column("dataset", dataset)
     # Each image's descriptions are contiguous: slabs end where an image does.
-    starts = [0, *np.flatnonzero(pc.not_equal(image_ids.slice(1), image_ids.slice(0, len(image_ids) - 1))) + 1]
+    changed = pc.not_equal(image_ids.slice(1), image_ids.slice(0, len(image_ids) - 1))
+    starts = np.concatenate([[0], np.flatnonzero(changed.to_numpy(zero_copy_only=False)) + 1])
     roles, votes, shown = [], [], []
     begin = 0
     while begin < len(order):
-        end = next((s for s in starts if s >= begin + _SLAB), len(order))
+        at = np.searchsorted(starts, begin + _SLAB)  # the first image that starts a slab's length on
+        end = int(starts[at]) if at < len(starts) else len(order)
         slab = order.slice(begin, end - begin)
         ids, images_of, conditions, texts, datasets = (
             slab.column(c).to_pylist() for c in ("description_id", "image_id", "condition", "text", "dataset")
