@@ -148,7 +148,7 @@ def _metric_validation(run: RunFolder, study: StudyConfig, summary: pa.Table) ->
 
 def sample_metric(study: StudyConfig, scores: pa.Table) -> str | None:
     """The metric the report's per-image samples rank by: the taxonomy's, else the first one scored."""
-    scored = sorted(set(scores.column("metric").to_pylist()))
+    scored = sorted(pc.unique(scores.column("metric")).to_pylist())
     return study.taxonomy_metric if study.taxonomy_metric in scored else (scored[0] if scored else None)
 
 
@@ -294,7 +294,7 @@ def thin_notes(study: StudyConfig, references: pa.Table, ranking: Mapping[str, s
 def write_report(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Table]) -> None:
     # The page shows the analysis of all images; the tables' CSVs keep the per-group rows too.
     all_rows, tables = tables, {**tables, **{n: ungrouped(t) for n, t in tables.items() if n in GROUPED_TABLES}}
-    metrics = sorted(set(tables["stats"].column("metric").to_pylist()))
+    metrics = sorted(pc.unique(tables["stats"].column("metric")).to_pylist())
     for metric in metrics:
         similarity_figure(tables["stats"], study, metric, run.file("figures", f"similarity_{safe_name(metric)}.png"))
     manifest = run.manifest()
@@ -326,7 +326,7 @@ def write_report(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Table]
         failed_rows=run_failures(manifest),
         study=study,
         n_images=images.num_rows,
-        n_datasets=len(set(images.column("dataset").to_pylist())),
+        n_datasets=pc.count_distinct(images.column("dataset"), mode="all").as_py(),
         config_hash=manifest.get("config_hash", "")[:12],
         sample_size=report_samples.SAMPLE_SIZE,
         ranking=sorted(ranking.items()),
