@@ -160,8 +160,10 @@ def samples(
     metric = sample_metric(study, scores)
     if metric is None:
         return None, {}
-    full = scores.filter(pc.and_(pc.equal(scores.column("variant"), "full"), pc.equal(scores.column("metric"), metric)))
-    full = full.select(["subject", "image_id", "dataset", "value"])
+    # The columns first: a filter copies every column it is given.
+    full = scores.select(["subject", "image_id", "dataset", "value"]).filter(
+        pc.and_(pc.equal(scores.column("variant"), "full"), pc.equal(scores.column("metric"), metric))
+    )
     return metric, {m.name: _extremes_of(full.filter(pc.equal(full.column("subject"), m.name))) for m in study.models}
 
 
@@ -172,9 +174,9 @@ def _extremes_of(rows: pa.Table) -> tuple[list[dict], list[dict]]:
     rows = rows.filter(pc.and_(pc.is_valid(value), pc.invert(pc.fill_null(pc.is_nan(value), False))))
     if rows.num_rows <= 2 * report_samples.SAMPLE_SIZE:
         return extremes(rows.sort_by("image_id").to_pylist(), "value")
-    ordered = rows.sort_by([("value", "ascending"), ("image_id", "ascending")])
+    order = pc.sort_indices(rows, [("value", "ascending"), ("image_id", "ascending")])  # the rows stay put
     n = report_samples.SAMPLE_SIZE
-    return ordered.slice(0, n).to_pylist(), ordered.slice(ordered.num_rows - n).to_pylist()[::-1]
+    return rows.take(order.slice(0, n)).to_pylist(), rows.take(order.slice(len(order) - n)).to_pylist()[::-1]
 
 
 def voted_references(references: pa.Table) -> pa.Table:
