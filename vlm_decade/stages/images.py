@@ -29,6 +29,7 @@ column then holds each image's URI, which the workers read directly.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import time
@@ -139,8 +140,13 @@ class ImageCache:
     def found(self) -> pa.Table:
         """What this check found, one row per (path, size, time), sorted by them."""
         found = pa.concat_tables([CACHE_SCHEMA.empty_table(), *self._found])
-        last = found.group_by(_KEY, use_threads=False).aggregate([(c, "last") for c in _FOUND])
-        return last.rename_columns(CACHE_SCHEMA.names).cast(CACHE_SCHEMA).sort_by([(c, "ascending") for c in _KEY])
+        order = pc.sort_indices(found, [(c, "ascending") for c in _KEY])  # stable: of equal keys, the last found last
+        keys = found.select(_KEY).take(order)
+        n = keys.num_rows
+        # A file two rows of the images table name is found twice: its last finding is kept.
+        differs = [pc.not_equal(keys.column(c).slice(0, n - 1), keys.column(c).slice(1)) for c in _KEY]
+        last = pa.concat_arrays([functools.reduce(pc.or_, differs).combine_chunks(), pa.array([True])]) if n else []
+        return found.take(order.filter(last) if n else order)
 
     def inspect(
         self, paths: list[str], workers: int | None = None, advance: Callable[[int], None] | None = None
