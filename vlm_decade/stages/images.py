@@ -29,6 +29,7 @@ column then holds each image's URI, which the workers read directly.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import time
@@ -107,13 +108,19 @@ def _no_track(description: str, total: int) -> AbstractContextManager[Callable[[
     return nullcontext(lambda n=1: None)
 
 
-class ImageCache:
-    """What earlier checks found, per (path, size, modification time), and what this one found;
-    `seconds` the checks took, their progress shown through `track`."""
+_KEY = ["path", "bytes", "mtime_ns"]
+_FOUND = CACHE_SCHEMA.names[3:]  # what inspecting a file found, in `Found`'s order
+CHUNK = 1 << 13  # images checked at a time: the Python objects a check needs live for one chunk
 
-    def __init__(self, known: dict[tuple[str, int, int], Found] | None = None, track: Track | None = None):
-        self.known = known or {}
-        self.found: dict[tuple[str, int, int], Found] = {}
+
+class ImageCache:
+    """What earlier checks found, per (path, size, modification time), and what this one found, as
+    CACHE_SCHEMA tables (no Python object per image outlives a chunk of checks); `seconds` the
+    checks took, their progress shown through `track`."""
+
+    def __init__(self, known: pa.Table | None = None, track: Track | None = None):
+        self.known = known if known is not None else CACHE_SCHEMA.empty_table()
+        self._found: list[pa.Table] = []
         self.track = track or _no_track
         self.seconds = 0.0
 
@@ -124,53 +131,65 @@ class ImageCache:
         if rehash or not path.is_file():
             return cls(track=track)
         try:
-            rows = pq.read_table(path).cast(CACHE_SCHEMA).to_pylist()
+            known = pq.read_table(path).cast(CACHE_SCHEMA)
         except Exception:  # noqa: BLE001 - a damaged cache (or one from before `transparent`) only costs a fresh check
             return cls(track=track)
-        return cls(
-            {
-                (r["path"], r["bytes"], r["mtime_ns"]): (
-                    r["sha256"],
-                    r["width"],
-                    r["height"],
-                    r["mode"],
-                    r["transparent"],
-                )
-                for r in rows
-            },
-            track,
-        )
+        return cls(known, track)
 
-    def inspect(self, paths: list[str], workers: int | None = None) -> list[Found | str]:
+    @property
+    def found(self) -> pa.Table:
+        """What this check found, one row per (path, size, time), sorted by them."""
+        found = pa.concat_tables([CACHE_SCHEMA.empty_table(), *self._found])
+        order = pc.sort_indices(found, [(c, "ascending") for c in _KEY])  # stable: of equal keys, the last found last
+        keys = found.select(_KEY).take(order)
+        n = keys.num_rows
+        # A file two rows of the images table name is found twice: its last finding is kept.
+        differs = [pc.not_equal(keys.column(c).slice(0, n - 1), keys.column(c).slice(1)) for c in _KEY]
+        last = pa.concat_arrays([functools.reduce(pc.or_, differs).combine_chunks(), pa.array([True])]) if n else []
+        return found.take(order.filter(last) if n else order)
+
+    def inspect(
+        self, paths: list[str], workers: int | None = None, advance: Callable[[int], None] | None = None
+    ) -> list[Found | str]:
         """`_inspect_image`'s answer for each path, in order: from the cache while the file's size
-        and time are unchanged, else read on `workers` threads (`_inspect_all`)."""
+        and time are unchanged, else read on `workers` threads (`_inspect_all`). `advance`: the
+        progress of a check of which these paths are a part (else they are shown as the whole)."""
+        if advance is None:
+            with self.track("images", len(paths)) as advance:
+                return self.inspect(paths, workers, advance)
         start = time.monotonic()
         with ThreadPoolExecutor() as pool:  # a stat is I/O (a request per object in a bucket)
             keys = list(pool.map(_key, paths))
-        results: list[Found | str | None] = [self.known.get(key) if key else None for key in keys]
+        results: list[Found | str | None] = self._known(keys)
         todo = [i for i, result in enumerate(results) if result is None]
-        with self.track("images", len(paths)) as advance:
-            advance(len(paths) - len(todo))
-            for i, result in zip(todo, _inspect_all([paths[i] for i in todo], workers)):
-                results[i] = result
-                advance(1)
-        for key, result in zip(keys, results):
-            if key is not None and not isinstance(result, str):
-                self.found[key] = result
+        advance(len(paths) - len(todo))
+        for i, result in zip(todo, _inspect_all([paths[i] for i in todo], workers)):
+            results[i] = result
+            advance(1)
+        kept = [(key, result) for key, result in zip(keys, results) if key is not None and not isinstance(result, str)]
+        columns = [[key[j] for key, _ in kept] for j in range(3)] + [[r[j] for _, r in kept] for j in range(5)]
+        self._found.append(pa.table(columns, schema=CACHE_SCHEMA))
         self.seconds += time.monotonic() - start
         return results
+
+    def _known(self, keys: list[tuple[str, int, int] | None]) -> list[Found | None]:
+        """What the cache knows of each key (None: nothing, or no key)."""
+        asked = pa.table([[k[j] if k else None for k in keys] for j in range(3)], schema=_schema(CACHE_SCHEMA, _KEY))
+        asked = asked.append_column("at", pa.array(np.arange(len(keys), dtype=np.int64)))
+        known = self.known.filter(pc.is_in(self.known.column("path"), value_set=asked.column("path")))
+        hits = asked.join(known, _KEY, join_type="inner", use_threads=False)
+        out: list[Found | None] = [None] * len(keys)
+        for at, *found in zip(*(hits.column(c).to_pylist() for c in ("at", *_FOUND))):
+            out[at] = tuple(found)
+        return out
 
     def save(self, run_folder: str | Path) -> None:
         """Write what this check found to the run folder's cache, and let go of every record: a run
         holds none per image after its checks."""
-        rows = [
-            {"path": p, "bytes": b, "mtime_ns": t, "sha256": h, "width": w, "height": ht, "mode": m, "transparent": a}
-            for (p, b, t), (h, w, ht, m, a) in sorted(self.found.items())
-        ]
         sink = pa.BufferOutputStream()
-        pq.write_table(pa.Table.from_pylist(rows, schema=CACHE_SCHEMA), sink)
+        pq.write_table(self.found, sink)
         atomic_write_bytes(Path(run_folder) / CACHE_FILE, sink.getvalue().to_pybytes())
-        self.known, self.found = {}, {}
+        self.known, self._found = CACHE_SCHEMA.empty_table(), []
 
 
 def declared_ids(table: Table) -> pa.Array:
@@ -207,38 +226,51 @@ def check_images(
             if blank[column][i]:
                 problems.add(table.file, f"'{column}' is empty", row=int(numbers[i]), field=column)
     keep = pa.array(present & ~duplicate)
-    files = table.text("file").filter(keep).to_pylist()
-    paths = [storage.join(image_dir, f) for f in files]
-    images = {
-        "image_id": ids.filter(keep),
-        "row": table.numbers.filter(keep),
-        "dataset": table.text("dataset").filter(keep),
-        "path": pa.array(paths, pa.string()),
-    }
-    found: list = [("", 0, 0, "", False)] * len(paths)
+    files, rows = table.text("file").filter(keep), table.numbers.filter(keep)
+    images = {"image_id": ids.filter(keep), "row": rows, "dataset": table.text("dataset").filter(keep)}
     if not len(table):
         problems.add(table.file, "has no images")
-    if not storage.is_folder(image_dir):
+    folder = storage.is_folder(image_dir)
+    if not folder:
         # One problem for the folder, not one per image.
         problems.add(str(image_dir), "image folder not found", field="data.image_dir")
-    else:
-        rows = images["row"].to_pylist()
-        found = (cache or ImageCache()).inspect(paths, workers)
-        for i, result in enumerate(found):
-            if isinstance(result, str):
-                problems.add(table.file, result, row=rows[i], field="file")
-                found[i] = ("", 0, 0, "", False)
-            elif result[4] and background == NO_BACKGROUND:
-                problems.add(
-                    table.file,
-                    f"{paths[i]} has transparent pixels, and data.background is none: give a background "
-                    "(white, a colour name or #rrggbb) to composite them onto, or an image without transparency",
-                    row=rows[i],
-                    field="file",
-                )
-    for j, column in enumerate(("sha256", "width", "height", "mode", "transparent")):
-        images[column] = pa.array([f[j] for f in found], CHECKED_SCHEMA.field(column).type)
-    return pa.table(images, schema=CHECKED_SCHEMA)
+    cache = cache or ImageCache()
+    chunks = []
+    with cache.track("images", len(files)) if folder else nullcontext(None) as advance:
+        for begin in range(0, len(files), CHUNK):
+            paths = [storage.join(image_dir, f) for f in files.slice(begin, CHUNK).to_pylist()]
+            found = [("", 0, 0, "", False)] * len(paths)
+            if folder:
+                found = cache.inspect(paths, workers, advance)
+                _found_problems(table.file, paths, found, rows.slice(begin, CHUNK).to_pylist(), background, problems)
+            columns = [paths] + [[f[j] if not isinstance(f, str) else empty for f in found] for j, empty in _EMPTY]
+            chunks.append(pa.table(columns, schema=_schema(CHECKED_SCHEMA, ["path", *_FOUND])))
+    found = pa.concat_tables([_schema(CHECKED_SCHEMA, ["path", *_FOUND]).empty_table(), *chunks]).combine_chunks()
+    return pa.table(images | {c: found.column(c) for c in found.column_names}, schema=CHECKED_SCHEMA)
+
+
+def _schema(schema: pa.Schema, names: list[str]) -> pa.Schema:
+    return pa.schema([schema.field(n) for n in names])
+
+
+_EMPTY = tuple(enumerate(("", 0, 0, "", False)))  # what a file found bad, or not read, has found
+
+
+def _found_problems(
+    file: str, paths: list[str], found: list[Found | str], rows: list[int], background: str, problems: Problems
+) -> None:
+    """The problems of a chunk of images: what `_inspect_image` said, or transparency with no background."""
+    for i, result in enumerate(found):
+        if isinstance(result, str):
+            problems.add(file, result, row=rows[i], field="file")
+        elif result[4] and background == NO_BACKGROUND:
+            problems.add(
+                file,
+                f"{paths[i]} has transparent pixels, and data.background is none: give a background "
+                "(white, a colour name or #rrggbb) to composite them onto, or an image without transparency",
+                row=rows[i],
+                field="file",
+            )
 
 
 def _key(path: str) -> tuple[str, int, int] | None:

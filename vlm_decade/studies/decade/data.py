@@ -279,7 +279,7 @@ def _ranking_methods(images: pa.Table, tally: _Tally, votes_t: Table | None, pro
     return methods
 
 
-_SLAB = 1 << 16  # descriptions ranked at a time: the Python objects ranking needs live for one slab
+_SLAB = 1 << 12  # descriptions ranked at a time: the Python objects ranking needs live for one slab
 
 
 def _references_table(
@@ -292,11 +292,13 @@ def _references_table(
     dataset = images.column("dataset").take(pc.index_in(image_ids, value_set=images.column("image_id")))
     order = order.append_column("dataset", dataset)
     # Each image's descriptions are contiguous: slabs end where an image does.
-    starts = [0, *np.flatnonzero(pc.not_equal(image_ids.slice(1), image_ids.slice(0, len(image_ids) - 1))) + 1]
+    changed = pc.not_equal(image_ids.slice(1), image_ids.slice(0, len(image_ids) - 1))
+    starts = np.concatenate([[0], np.flatnonzero(changed.to_numpy(zero_copy_only=False)) + 1])
     roles, votes, shown = [], [], []
     begin = 0
     while begin < len(order):
-        end = next((s for s in starts if s >= begin + _SLAB), len(order))
+        at = np.searchsorted(starts, begin + _SLAB)  # the first image that starts a slab's length on
+        end = int(starts[at]) if at < len(starts) else len(order)
         slab = order.slice(begin, end - begin)
         ids, images_of, conditions, texts, datasets = (
             slab.column(c).to_pylist() for c in ("description_id", "image_id", "condition", "text", "dataset")
@@ -354,41 +356,49 @@ class ThinData:
 def thin_human_data(study: StudyConfig, references: pa.Table, methods: Mapping[str, str]) -> list[ThinData]:
     """What the descriptions (the `references` table) are too few for, given the study's ranking,
     masks and models and each dataset's ranking method (`methods`); each says the file, the counts,
-    and what the report will lack and why."""
+    and what the report will lack and why. Counted on the columns: what becomes Python is a count of
+    images per number of descriptions."""
     source = str(study.data.descriptions)
-    dataset_of: dict[str, str] = {}
-    full: Counter = Counter()
-    masked: Counter = Counter()  # (image, mask) -> descriptions
-    for r in references.select(["image_id", "dataset", "condition"]).to_pylist():
-        dataset_of[r["image_id"]] = r["dataset"]
-        if r["condition"] == FULL:
-            full[r["image_id"]] += 1
-        else:
-            masked[(r["image_id"], r["condition"])] += 1
+    rows = references.select(["image_id", "dataset", "condition"])
+    full = pc.cast(pc.equal(rows.column("condition"), FULL), pa.int64())
+    per_image = rows.append_column("full", full).group_by(["image_id", "dataset"], use_threads=False)
+    per_image = per_image.aggregate([("full", "sum")])
     found: list[ThinData] = []
-    for dataset in sorted(set(dataset_of.values())):
-        images = sorted(i for i, d in dataset_of.items() if d == dataset)
-        counts = [full[i] for i in images]
+    for dataset in sorted(pc.unique(per_image.column("dataset")).to_pylist()):
+        counts = _histogram(per_image.column("full_sum").filter(pc.equal(per_image.column("dataset"), dataset)))
         found += _thin_gold(source, dataset, counts, methods.get(dataset))
         found += _thin_groups(source, dataset, counts, study.ranking)
-    found += _thin_masked(study, source, sorted(dataset_of), masked)
+    found += _thin_masked(study, source, rows)
     return found
 
 
-def _images_with(few: list[int], of: int, dataset: str, below: int) -> str:
-    """ "3 of 5 images of dataset 'x' have 1 description", or "... have fewer than 3 (2 have 1, 1 has 2)"."""
-    where = f"{len(few)} of {of} images" + (f" of dataset '{dataset}'" if dataset else "")
-    by = sorted(Counter(few).items())
+def _histogram(values: pa.ChunkedArray) -> Counter:
+    """How many times each value occurs (here: how many images have each number of descriptions)."""
+    counted = pc.value_counts(values)
+    return Counter(dict(zip(counted.field("values").to_pylist(), counted.field("counts").to_pylist())))
+
+
+def _images_with(few: Counter, of: int, dataset: str, below: int) -> str:
+    """ "3 of 5 images of dataset 'x' have 1 description", or "... have fewer than 3 (2 have 1, 1 has 2)".
+    `few`: how many images have each number of descriptions."""
+    n_few = sum(few.values())
+    where = f"{n_few} of {of} images" + (f" of dataset '{dataset}'" if dataset else "")
+    by = sorted(few.items())
     if len(by) == 1:
         n = by[0][0]
-        return f"{where} {'has' if len(few) == 1 else 'have'} {n} description{'' if n == 1 else 's'}"
+        return f"{where} {'has' if n_few == 1 else 'have'} {n} description{'' if n == 1 else 's'}"
     counted = ", ".join(f"{k} {'has' if k == 1 else 'have'} {n}" for n, k in by)
     return f"{where} have fewer than {below} descriptions ({counted})"
 
 
-def _thin_gold(source: str, dataset: str, counts: list[int], method: str | None) -> list[ThinData]:
+def _below(counts: Counter, low: int, high: int) -> Counter:
+    """The part of a histogram of description counts from `low` to below `high`."""
+    return Counter({n: k for n, k in counts.items() if low <= n < high})
+
+
+def _thin_gold(source: str, dataset: str, counts: Counter, method: str | None) -> list[ThinData]:
     if method == CONSENSUS:
-        few = [n for n in counts if n < MIN_FOR_CONSENSUS]
+        few = _below(counts, 0, MIN_FOR_CONSENSUS)
         why = (
             f"the consensus rule (the description most similar to the others) needs at least {MIN_FOR_CONSENSUS} "
             "to choose: on those images the report's gold standard was chosen by no one (the only description, "
@@ -396,7 +406,7 @@ def _thin_gold(source: str, dataset: str, counts: list[int], method: str | None)
         )
         need = MIN_FOR_CONSENSUS
     elif method == VOTES:
-        few = [n for n in counts if n < MIN_FOR_VOTES]
+        few = _below(counts, 0, MIN_FOR_VOTES)
         why = (
             f"votes choose between at least {MIN_FOR_VOTES} descriptions: on those images the report's gold "
             "standard is the only description, chosen by no vote"
@@ -406,14 +416,16 @@ def _thin_gold(source: str, dataset: str, counts: list[int], method: str | None)
         return []
     if not few:
         return []
-    return [ThinData(GOLD_NOTE, dataset, f"{source}: {_images_with(few, len(counts), dataset, need)}; {why}")]
+    of = sum(counts.values())
+    return [ThinData(GOLD_NOTE, dataset, f"{source}: {_images_with(few, of, dataset, need)}; {why}")]
 
 
-def _thin_groups(source: str, dataset: str, counts: list[int], ranking: RankingConfig) -> list[ThinData]:
+def _thin_groups(source: str, dataset: str, counts: Counter, ranking: RankingConfig) -> list[ThinData]:
     found = []
-    few = [n for n in counts if n < MIN_FOR_GROUPS]
+    of = sum(counts.values())
+    few = _below(counts, 0, MIN_FOR_GROUPS)
     if few:
-        rest = len(counts) - len(few)
+        rest = of - sum(few.values())
         missing = (
             f"the report has no top- or bottom-ranked human bands for '{dataset}' and no comparison with them"
             if not rest
@@ -423,18 +435,18 @@ def _thin_groups(source: str, dataset: str, counts: list[int], ranking: RankingC
             ThinData(
                 GROUPS_NOTE,
                 dataset,
-                f"{source}: {_images_with(few, len(counts), dataset, MIN_FOR_GROUPS)}; the top- and bottom-ranked "
+                f"{source}: {_images_with(few, of, dataset, MIN_FOR_GROUPS)}; the top- and bottom-ranked "
                 f"human groups need at least {MIN_FOR_GROUPS} (the gold standard and one for each): {missing}",
             )
         )
     asked = 1 + ranking.top_k + ranking.bottom_k
-    small = [n for n in counts if MIN_FOR_GROUPS <= n < asked]
+    small = _below(counts, MIN_FOR_GROUPS, asked)
     if small:
         found.append(
             ThinData(
                 GROUPS_NOTE,
                 dataset,
-                f"{source}: {_images_with(small, len(counts), dataset, asked)}; groups of ranking.top_k "
+                f"{source}: {_images_with(small, of, dataset, asked)}; groups of ranking.top_k "
                 f"{ranking.top_k} and ranking.bottom_k {ranking.bottom_k} need {asked} (with the gold standard): "
                 f"on those images each group has at most (n - 1) // 2, so the human bands of '{dataset}' are drawn "
                 "from smaller groups than asked",
@@ -443,9 +455,10 @@ def _thin_groups(source: str, dataset: str, counts: list[int], ranking: RankingC
     return found
 
 
-def _thin_masked(study: StudyConfig, source: str, images: list[str], masked: Counter) -> list[ThinData]:
+def _thin_masked(study: StudyConfig, source: str, rows: pa.Table) -> list[ThinData]:
     """Spatial dependence (a taxonomy with models that describe the masked variants) needs at least
-    MIN_MASKS masks and MIN_MASKED_PER_MASK human descriptions of each mask of an image."""
+    MIN_MASKS masks and MIN_MASKED_PER_MASK human descriptions of each mask of an image. `rows`: the
+    references' image_id, dataset and condition."""
     models = [m.name for m in study.models if m.variants == "all"]
     if study.taxonomy is None or not models:
         return []
@@ -457,19 +470,27 @@ def _thin_masked(study: StudyConfig, source: str, images: list[str], masked: Cou
             f"least {MIN_MASKS} regions: the report has no spatial dependence labels and no heat maps"
         )
         return [ThinData(MASKED_NOTE, None, message)]
-    if not masked:
+    masked = rows.filter(pc.not_equal(rows.column("condition"), FULL))
+    if not masked.num_rows:
         message = (
             f"{source} has no masked descriptions (condition {', '.join(masks)}) and {who}; spatial dependence "
             "compares a model's masked descriptions with people's: the report has no spatial dependence "
             "labels and no heat maps"
         )
         return [ThinData(MASKED_NOTE, None, message)]
-    few = [i for i in images if any(masked[(i, m)] < MIN_MASKED_PER_MASK for m in masks)]
+    per_mask = masked.group_by(["image_id", "condition"], use_threads=False).aggregate([("dataset", "count")])
+    enough = per_mask.filter(pc.greater_equal(per_mask.column("dataset_count"), MIN_MASKED_PER_MASK))
+    images = pc.unique(rows.column("image_id"))
+    covered = images  # the images with enough descriptions of every mask
+    for mask in masks:
+        of_mask = enough.filter(pc.equal(enough.column("condition"), mask)).column("image_id")
+        covered = covered.filter(pc.is_in(covered, value_set=of_mask))
+    few = len(images) - len(covered)
     if not few:
         return []
-    empty = "; the spatial panel is empty" if len(few) == len(images) else ""
+    empty = "; the spatial panel is empty" if not len(covered) else ""
     message = (
-        f"{source}: {len(few)} of {len(images)} images have fewer than {MIN_MASKED_PER_MASK} masked descriptions "
+        f"{source}: {few} of {len(images)} images have fewer than {MIN_MASKED_PER_MASK} masked descriptions "
         f"of some mask ({', '.join(masks)}) and {who}; the inter-human reference needs {MIN_MASKED_PER_MASK} per "
         f"mask: on those images spatial dependence is undecided and there is no heat map{empty}"
     )

@@ -148,7 +148,7 @@ def _metric_validation(run: RunFolder, study: StudyConfig, summary: pa.Table) ->
 
 def sample_metric(study: StudyConfig, scores: pa.Table) -> str | None:
     """The metric the report's per-image samples rank by: the taxonomy's, else the first one scored."""
-    scored = sorted(set(scores.column("metric").to_pylist()))
+    scored = sorted(pc.unique(scores.column("metric")).to_pylist())
     return study.taxonomy_metric if study.taxonomy_metric in scored else (scored[0] if scored else None)
 
 
@@ -160,8 +160,10 @@ def samples(
     metric = sample_metric(study, scores)
     if metric is None:
         return None, {}
-    full = scores.filter(pc.and_(pc.equal(scores.column("variant"), "full"), pc.equal(scores.column("metric"), metric)))
-    full = full.select(["subject", "image_id", "dataset", "value"])
+    # The columns first: a filter copies every column it is given.
+    full = scores.select(["subject", "image_id", "dataset", "value"]).filter(
+        pc.and_(pc.equal(scores.column("variant"), "full"), pc.equal(scores.column("metric"), metric))
+    )
     return metric, {m.name: _extremes_of(full.filter(pc.equal(full.column("subject"), m.name))) for m in study.models}
 
 
@@ -172,9 +174,9 @@ def _extremes_of(rows: pa.Table) -> tuple[list[dict], list[dict]]:
     rows = rows.filter(pc.and_(pc.is_valid(value), pc.invert(pc.fill_null(pc.is_nan(value), False))))
     if rows.num_rows <= 2 * report_samples.SAMPLE_SIZE:
         return extremes(rows.sort_by("image_id").to_pylist(), "value")
-    ordered = rows.sort_by([("value", "ascending"), ("image_id", "ascending")])
+    order = pc.sort_indices(rows, [("value", "ascending"), ("image_id", "ascending")])  # the rows stay put
     n = report_samples.SAMPLE_SIZE
-    return ordered.slice(0, n).to_pylist(), ordered.slice(ordered.num_rows - n).to_pylist()[::-1]
+    return rows.take(order.slice(0, n)).to_pylist(), rows.take(order.slice(len(order) - n)).to_pylist()[::-1]
 
 
 def voted_references(references: pa.Table) -> pa.Table:
@@ -294,7 +296,7 @@ def thin_notes(study: StudyConfig, references: pa.Table, ranking: Mapping[str, s
 def write_report(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Table]) -> None:
     # The page shows the analysis of all images; the tables' CSVs keep the per-group rows too.
     all_rows, tables = tables, {**tables, **{n: ungrouped(t) for n, t in tables.items() if n in GROUPED_TABLES}}
-    metrics = sorted(set(tables["stats"].column("metric").to_pylist()))
+    metrics = sorted(pc.unique(tables["stats"].column("metric")).to_pylist())
     for metric in metrics:
         similarity_figure(tables["stats"], study, metric, run.file("figures", f"similarity_{safe_name(metric)}.png"))
     manifest = run.manifest()
@@ -326,7 +328,7 @@ def write_report(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Table]
         failed_rows=run_failures(manifest),
         study=study,
         n_images=images.num_rows,
-        n_datasets=len(set(images.column("dataset").to_pylist())),
+        n_datasets=pc.count_distinct(images.column("dataset"), mode="all").as_py(),
         config_hash=manifest.get("config_hash", "")[:12],
         sample_size=report_samples.SAMPLE_SIZE,
         ranking=sorted(ranking.items()),
