@@ -355,5 +355,6 @@ def run_study(
             spine.reporter.say(f"     [yellow]{note}[/yellow]")
         if opened is not None:
             opened(spine.folder.root)
+            release_memory()  # what writing the image cache's record took
         spine(*stages)
     return spine.folder
