@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from vlm_decade.core.config import StudyBase
-from vlm_decade.core.runner import Stage, StudyRun
+from vlm_decade.core.runner import Stage, StudyRun, release_memory
 from vlm_decade.models.backends import backend_class
 from vlm_decade.stages.describe.local import describe_local
 from vlm_decade.stages.describe.plan import (
@@ -46,6 +46,7 @@ def run_describe(study: StudyBase, plan: Plan, run: StudyRun) -> pa.Table:
     if n_done:
         run.reporter.say(f"     responses    {n_done} of {jobs.num_rows} already done, kept")
     jobs = jobs.select([*RESPONSE_KEY, "cache_key"])  # what choosing the rows needs; the todo holds the rest
+    release_memory()  # what planning freed, before the models run
     work = model_jobs(study, todo)
     models = [m for m in study.models if work[m.name].num_rows]
     remote = [m for m in models if backend_class(m.backend).remote]

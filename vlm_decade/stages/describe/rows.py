@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 from vlm_decade.core.columns import first_per_key
 from vlm_decade.core.errors import error_text
 from vlm_decade.core.runfolder import RunFolder
+from vlm_decade.core.runner import release_memory
 from vlm_decade.models.api.answers import failed_answer
 from vlm_decade.stages.describe.plan import Job
 
@@ -154,7 +155,10 @@ def collect_rows(folder: RunFolder, jobs: pa.Table) -> pa.Table:
     best = pa.array(_best_rows(rows, jobs), pa.int64())
     columns = dict(zip(rows.column_names, rows.columns))
     del rows
-    taken = [columns.pop(f.name).take(best).cast(f.type) for f in RESPONSES_SCHEMA]
+    taken = []
+    for f in RESPONSES_SCHEMA:
+        taken.append(columns.pop(f.name).take(best).cast(f.type))
+        release_memory()  # the source column's blocks, kept by the pools, go back before the next is copied
     return pa.Table.from_arrays(taken, schema=RESPONSES_SCHEMA)
 
 
