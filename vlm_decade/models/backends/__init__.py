@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -65,10 +66,10 @@ class Backend:
         return model.model_dump(mode="json", exclude={"name", "batch_size", "variants"})
 
     @classmethod
-    def answer_keys(cls, model: ModelConfig) -> tuple[dict, Callable[[str, str, str], str | None] | None]:
+    def answer_keys(cls, model: ModelConfig) -> tuple[dict, Callable[[Any, Any, str], list[str | None]] | None]:
         """What goes into each response's cache key: the settings all its answers share, and, for a
-        backend whose answers are rows of a file, the key of one (image_id, variant, prompt id)'s own
-        row (None where the file has none), so that only the rows that change are done again."""
+        backend whose answers are rows of a file, the keys of some (image_ids, variants) for a prompt
+        id, each its own row's (None where the file has none), so that only the rows that change are done again."""
         return cls.fingerprint(model), None
 
     @classmethod

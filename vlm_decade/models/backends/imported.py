@@ -45,6 +45,26 @@ def _answers(table: Table) -> dict[tuple[str, str, str], str]:
     return dict(zip(zip(*cells, table.text("prompt").to_pylist()), table.columns.column("text").to_pylist()))
 
 
+class FileAnswers:
+    """A file's answers as Arrow columns, to look up many questions at once (`texts`) without a
+    Python object per row. Where the file repeats a question (an error `check` reports), its last
+    row answers, as in `_answers`."""
+
+    def __init__(self, table: Table):
+        last_first = pa.array(np.arange(len(table) - 1, -1, -1), pa.int64())
+        self.rows = _keys(table).append_column("text", table.columns.column("text")).take(last_first)
+
+    def texts(self, image_ids: pa.Array, variants: pa.Array, prompt_id: str) -> pa.Array:
+        """Per question (image_ids[i], variants[i], prompt_id), the file's text (not stripped) as
+        `answer` gives it: its row for the prompt, else its row for every prompt; null where none."""
+        rows = self.rows.filter(pc.is_in(self.rows.column("image_id"), value_set=pc.unique(image_ids)))
+        have = pc.binary_join_element_wise(*(rows.column(c) for c in ("image_id", "variant", "prompt")), "\x1f")
+        have = have.combine_chunks() if isinstance(have, pa.ChunkedArray) else have
+        asked = lambda prompt: pc.binary_join_element_wise(image_ids, variants, prompt, "\x1f")  # noqa: E731
+        at = pc.coalesce(pc.index_in(asked(prompt_id), have), pc.index_in(asked(EVERY_PROMPT), have))
+        return rows.column("text").take(at).combine_chunks().cast(pa.string())
+
+
 def _keys(table: Table) -> pa.Table:
     """Each row's (image_id, variant, prompt), as `_answers` keys it."""
     cells = {c: table.columns.column(c) for c in ("image_id", "variant")}
@@ -153,19 +173,23 @@ class ImportedBackend(Backend):
         return settings
 
     @classmethod
-    def answer_keys(cls, model: ModelConfig) -> tuple[dict, Callable[[str, str, str], str | None]]:
+    def answer_keys(cls, model: ModelConfig) -> tuple[dict, Callable[[pa.Array, pa.Array, str], list[str | None]]]:
         """Each response is keyed by its own row, not the whole file: adding rows for new images, or
-        changing one row, does again only the responses whose rows are new or changed."""
+        changing one row, does again only the responses whose rows are new or changed. The file is
+        read once, into Arrow columns, and looked up a slice of questions at a time."""
         settings = super().fingerprint(model)
         settings["options"] = {k: v for k, v in settings["options"].items() if k != "file"}
         table = read_table(imported_file(model), COLUMNS, Problems(), OPTIONAL)  # unreadable: `check` said so
-        texts = _answers(table) if table is not None else {}
+        found = FileAnswers(table) if table is not None else None
 
-        def key(image_id: str, variant: str, prompt_id: str) -> str | None:
-            text = answer(texts, image_id, variant, prompt_id)
-            return None if text is None else answer_key(text)
+        def keys(image_ids: pa.Array, variants: pa.Array, prompt_id: str) -> list[str | None]:
+            if found is None:
+                return [None] * len(image_ids)
+            return [
+                None if t is None else answer_key(t) for t in found.texts(image_ids, variants, prompt_id).to_pylist()
+            ]
 
-        return settings, key
+        return settings, keys
 
     @classmethod
     def check(cls, model: ModelConfig, image_ids: set[str], variants: list[str]) -> list[Problem]:

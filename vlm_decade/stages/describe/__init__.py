@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from vlm_decade.core.config import StudyBase
-from vlm_decade.core.runner import Stage, StudyRun
+from vlm_decade.core.runner import Stage, StudyRun, release_memory
 from vlm_decade.models.backends import backend_class
 from vlm_decade.stages.describe.local import describe_local
 from vlm_decade.stages.describe.plan import (
@@ -32,7 +32,7 @@ from vlm_decade.stages.describe.plan import (
     plan_jobs,
 )
 from vlm_decade.stages.describe.remote import RemoteModels
-from vlm_decade.stages.describe.rows import collect_rows, todo_jobs
+from vlm_decade.stages.describe.rows import RESPONSE_KEY, collect_rows, todo_jobs
 
 __all__ = ["Plan", "check_models", "run_describe", "stage"]
 
@@ -45,7 +45,9 @@ def run_describe(study: StudyBase, plan: Plan, run: StudyRun) -> pa.Table:
     todo, n_done = todo_jobs(run.folder, jobs)
     if n_done:
         run.reporter.say(f"     responses    {n_done} of {jobs.num_rows} already done, kept")
-    work = {m.name: todo.filter(pc.equal(todo.column("subject"), m.name)) for m in study.models}
+    jobs = jobs.select([*RESPONSE_KEY, "cache_key"])  # what choosing the rows needs; the todo holds the rest
+    release_memory()  # what planning freed, before the models run
+    work = model_jobs(study, todo)
     models = [m for m in study.models if work[m.name].num_rows]
     remote = [m for m in models if backend_class(m.backend).remote]
     if len(remote) < len(models):
@@ -69,6 +71,17 @@ def run_describe(study: StudyBase, plan: Plan, run: StudyRun) -> pa.Table:
         api.collect()
         api.stop()
     return collect_rows(run.folder, jobs)
+
+
+def model_jobs(study: StudyBase, todo: pa.Table) -> dict[str, pa.Table]:
+    """Each model's jobs of `todo`, as slices of it (not copies): jobs are planned model by model,
+    in the study's order, so each model's are one run of rows."""
+    subjects, out, start = todo.column("subject"), {}, 0
+    for model in study.models:
+        n = pc.sum(pc.equal(subjects, model.name)).as_py() or 0
+        out[model.name] = todo.slice(start, n)
+        start += n
+    return out
 
 
 def stage(study: StudyBase, plan: Plan) -> Stage:

@@ -9,6 +9,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
 import pyarrow as pa
 
 from vlm_decade.core.config import ModelConfig, StudyBase
@@ -122,38 +123,42 @@ PLAN_IMAGES = 65_536  # images planned at a time: their jobs become columns befo
 def plan_jobs(study: StudyBase, plan: Plan, images: pa.Table) -> pa.Table:
     """Every response to produce, as a table (one row per job, in plan order: model, prompt, image,
     variant) with its cache key, so a study of any size holds no Python object per job: the images
-    are planned a slice at a time (`PLAN_IMAGES`); `jobs_from` turns a slice of it into `Job`s."""
+    are planned a slice at a time (`PLAN_IMAGES`), each slice's jobs a chunk of the table (never
+    copied into one); `jobs_from` turns a slice of it into `Job`s."""
     rows = images.select(["image_id", "dataset", "path", "sha256"])
     # an images table written before transparency was recorded has every image opaque
     if "background" in images.column_names:
         rows = rows.append_column("background", images.column("background"))
     else:
         rows = rows.append_column("background", pa.nulls(images.num_rows, pa.string()))
-    chunks = [
-        _plan_slice(study, plan, model, prompt_id, prompt, rows.slice(start, PLAN_IMAGES))
-        for model in study.models
-        for prompt_id, prompt in plan.prompts[model.name]
-        for start in range(0, rows.num_rows, PLAN_IMAGES)
-    ]
+    chunks = []
+    for model in study.models:
+        keys = backend_class(model.backend).answer_keys(model)  # once per model: an imported file is read once
+        for prompt_id, prompt in plan.prompts[model.name]:
+            for start in range(0, rows.num_rows, PLAN_IMAGES):
+                chunks.append(_plan_slice(plan, model, keys, prompt_id, prompt, rows.slice(start, PLAN_IMAGES)))
     if not chunks:
         return pa.table({c: pa.array([], pa.string()) for c in JOB_COLUMNS})
-    return pa.concat_tables(chunks).combine_chunks()
+    return pa.concat_tables(chunks)
 
 
-def _plan_slice(study: StudyBase, plan: Plan, model: ModelConfig, prompt_id: str, prompt: str, rows: pa.Table):
-    """The jobs of one model and prompt over some images (`plan_jobs`' columns)."""
+def _plan_slice(plan: Plan, model: ModelConfig, keys, prompt_id: str, prompt: str, rows: pa.Table) -> pa.Table:
+    """The jobs of one model and prompt over some images (`plan_jobs`' columns); `keys`: the
+    model's `answer_keys`."""
     specs = {s.mask_id: s for s in plan.masks}
-    ids, datasets, paths, shas, backgrounds = (
-        rows.column(c).to_pylist() for c in ("image_id", "dataset", "path", "sha256", "background")
-    )
-    settings, row_key = backend_class(model.backend).answer_keys(model)
+    settings, row_keys = keys
     closed = plan.closed.get(model.name, False)
     variants = plan.variants(model)
-    keys = []
-    for image_id, dataset, sha, background in zip(ids, datasets, shas, backgrounds):
+    n = len(variants)
+    jobs = rows.take(pa.array(np.repeat(np.arange(rows.num_rows), n), pa.int64()))  # each image once per variant
+    variant = pa.array(variants * rows.num_rows, pa.string())
+    answers = row_keys(jobs.column("image_id").combine_chunks(), variant, prompt_id) if row_keys else None
+    datasets, shas, backgrounds = (rows.column(c).to_pylist() for c in ("dataset", "sha256", "background"))
+    cache_keys = []
+    for i, (dataset, sha, background) in enumerate(zip(datasets, shas, backgrounds)):
         classes = list(plan.classnames.get(dataset, ())) if closed else None
-        for variant in variants:
-            mask = specs.get(variant)
+        for j, name in enumerate(variants):
+            mask = specs.get(name)
             payload = {
                 "model": settings,
                 "prompt": prompt,
@@ -164,20 +169,20 @@ def _plan_slice(study: StudyBase, plan: Plan, model: ModelConfig, prompt_id: str
                 payload["classes"] = classes
             if background is not None:  # an opaque image's key is what it always was
                 payload["background"] = background
-            if row_key is not None:  # keyed by its own row of a file, not the whole file
-                payload["answer"] = row_key(image_id, variant, prompt_id)
-            keys.append(hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest())
-    n = len(variants)
+            if answers is not None:  # keyed by its own row of a file, not the whole file
+                payload["answer"] = answers[i * n + j]
+            cache_keys.append(hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest())
+    size = jobs.num_rows
     return pa.table(
         {
-            "subject": pa.array([model.name] * (len(ids) * n), pa.string()),
-            "image_id": pa.array([i for i in ids for _ in variants], pa.string()),
-            "variant": pa.array(variants * len(ids), pa.string()),
-            "prompt_id": pa.array([prompt_id] * (len(ids) * n), pa.string()),
-            "dataset": pa.array([d for d in datasets for _ in variants], pa.string()),
-            "path": pa.array([p for p in paths for _ in variants], pa.string()),
-            "background": pa.array([b for b in backgrounds for _ in variants], pa.string()),
-            "cache_key": pa.array(keys, pa.string()),
+            "subject": pa.repeat(pa.scalar(model.name, pa.string()), size),
+            "image_id": jobs.column("image_id"),
+            "variant": variant,
+            "prompt_id": pa.repeat(pa.scalar(prompt_id, pa.string()), size),
+            "dataset": jobs.column("dataset"),
+            "path": jobs.column("path"),
+            "background": jobs.column("background"),
+            "cache_key": pa.array(cache_keys, pa.string()),
         }
     )
 

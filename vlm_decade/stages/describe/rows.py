@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 from vlm_decade.core.columns import first_per_key
 from vlm_decade.core.errors import error_text
 from vlm_decade.core.runfolder import RunFolder
+from vlm_decade.core.runner import release_memory
 from vlm_decade.models.api.answers import failed_answer
 from vlm_decade.stages.describe.plan import Job
 
@@ -103,37 +104,73 @@ def conform(table: pa.Table, schema: pa.Schema = RESPONSES_SCHEMA) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=schema)
 
 
+MATCH_ROWS = 65_536  # rows whose cache keys are compared with their jobs' at a time
+
+
+def _rows_so_far(folder: RunFolder) -> pa.Table:
+    """The previous table's rows (if trusted) and then the parts' rows, in `RESPONSES_SCHEMA`."""
+    old = folder.previous("responses")
+    sources = [RESPONSES_SCHEMA.empty_table() if old is None else conform(old)]
+    return pa.concat_tables([*sources, folder.read_parts("responses", RESPONSES_SCHEMA)])
+
+
+def _job_of(rows: pa.Table, jobs: pa.Table) -> np.ndarray:
+    """Per row, the number of the current job it answers: the job with its key and its cache key
+    (a row of other settings answers none); -1 where none."""
+    at = pc.index_in(_composite(rows), value_set=_composite(jobs).combine_chunks())
+    job = at.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    cache_keys = jobs.column("cache_key")
+    for start in range(0, len(job), MATCH_ROWS):  # a slice at a time: jobs' keys are not copied whole
+        part = job[start : start + MATCH_ROWS]
+        known = np.flatnonzero(part >= 0)
+        theirs = cache_keys.take(pa.array(part[known], pa.int64()))
+        mine = rows.column("cache_key").slice(start, MATCH_ROWS).take(pa.array(known, pa.int64()))
+        part[known[~pc.equal(mine, theirs).fill_null(False).to_numpy(zero_copy_only=False)]] = -1
+    return job
+
+
+def _best_rows(rows: pa.Table, jobs: pa.Table) -> np.ndarray:
+    """Per job that has a row, its best row's number (the first ok row; else the latest attempt),
+    in the order of the jobs' keys. Decided on row and job numbers, not on the rows' strings."""
+    job = _job_of(rows, jobs)
+    at = np.flatnonzero(job >= 0)
+    job = job[at]
+    ok = pc.equal(rows.column("status"), "ok").fill_null(False).to_numpy(zero_copy_only=False)[at]
+    order = np.lexsort((np.where(ok, at, -at), ~ok, job))  # by job, ok first, then the first ok or the latest
+    job, at = job[order], at[order]
+    first = np.r_[True, job[1:] != job[:-1]] if len(job) else np.zeros(0, bool)
+    best = np.full(jobs.num_rows, -1, np.int64)
+    best[job[first]] = at[first]
+    by_key = pc.sort_indices(jobs, sort_keys=[(c, "ascending") for c in RESPONSE_KEY]).to_numpy()
+    best = best[by_key]
+    return best[best >= 0]
+
+
 def collect_rows(folder: RunFolder, jobs: pa.Table) -> pa.Table:
     """For each current job, its best row so far from the previous table and the parts a crash or
     this run left (the first ok row; else the latest attempt), sorted by key; rows of other settings
-    (another cache key) are dropped. Columnar, and the rows are copied once: the choice is made on
-    row numbers."""
-    old = folder.previous("responses")
-    sources = [
-        RESPONSES_SCHEMA.empty_table() if old is None else conform(old),
-        folder.read_parts("responses", RESPONSES_SCHEMA),
-    ]
-    rows = pa.concat_tables(sources)
-    current = pc.is_in(_composite(rows, "cache_key"), value_set=_composite(jobs, "cache_key").combine_chunks())
-    at = pa.array(np.flatnonzero(current.to_numpy(zero_copy_only=False)), pa.int64())
-    ok = pc.equal(rows.column("status").take(at), "ok")
-    keys = pa.table(
-        {**{c: rows.column(c).take(at) for c in RESPONSE_KEY}, "_ok": ok, "_rank": pc.if_else(ok, at, pc.negate(at))}
-    )  # the first ok row, else the latest
-    order = pc.sort_indices(
-        keys, sort_keys=[*((c, "ascending") for c in RESPONSE_KEY), ("_ok", "descending"), ("_rank", "ascending")]
-    )
-    ranked = keys.select(list(RESPONSE_KEY)).take(order)
-    ranked = ranked.append_column("_key", _composite(ranked)).append_column("_row", at.take(order))
-    best = first_per_key(ranked, "_key").column("_row")
-    return rows.take(best).cast(RESPONSES_SCHEMA)
+    (another cache key) are dropped. Columnar, and the rows are copied once, a column at a time
+    (each source column let go as it is taken): the choice is made on row numbers."""
+    rows = _rows_so_far(folder)
+    best = pa.array(_best_rows(rows, jobs), pa.int64())
+    columns = dict(zip(rows.column_names, rows.columns))
+    del rows
+    taken = []
+    for f in RESPONSES_SCHEMA:
+        taken.append(columns.pop(f.name).take(best).cast(f.type))
+        release_memory()  # the source column's blocks, kept by the pools, go back before the next is copied
+    return pa.Table.from_arrays(taken, schema=RESPONSES_SCHEMA)
 
 
 def todo_jobs(folder: RunFolder, jobs: pa.Table) -> tuple[pa.Table, int]:
     """The jobs without an ok row so far (still in plan order), and how many have one."""
-    done = collect_rows(folder, jobs)
-    done_keys = _composite(done.filter(pc.equal(done.column("status"), "ok"))).combine_chunks()
-    return jobs.filter(pc.invert(pc.is_in(_composite(jobs), value_set=done_keys))), len(done_keys)
+    rows = _rows_so_far(folder).select([*RESPONSE_KEY, "status", "cache_key"])
+    job = _job_of(rows, jobs)
+    done = np.zeros(jobs.num_rows, bool)
+    ok = pc.equal(rows.column("status"), "ok").fill_null(False).to_numpy(zero_copy_only=False)
+    done[job[(job >= 0) & ok]] = True
+    n_done = int(done.sum())
+    return (jobs.filter(pa.array(~done)) if n_done else jobs), n_done
 
 
 def response_states(folder: RunFolder) -> dict[str, Counter]:

@@ -1,0 +1,154 @@
+"""The describe stage's jobs and rows do not depend on how many are handled at a time: an imported
+model's cache keys are those of its own rows as found by hand, however the images are sliced, and
+each job's row (the first ok row, else the latest attempt; rows of other settings dropped) is the
+one a plain loop over the rows picks, however many rows are matched at a time."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pyarrow as pa
+import pytest
+
+import vlm_decade.stages.describe.plan as plan_module
+import vlm_decade.stages.describe.rows as rows_module
+from vlm_decade.core.config import ModelConfig
+from vlm_decade.core.runfolder import RunFolder
+from vlm_decade.imaging.masks import MaskSpec
+from vlm_decade.models.backends.imported import ImportedBackend
+from vlm_decade.stages.describe.rows import RESPONSE_KEY, RESPONSES_SCHEMA, collect_rows, todo_jobs
+
+
+def test_an_imported_models_keys_are_its_own_rows_whatever_the_slice(tmp_path, monkeypatch):
+    file = tmp_path / "answers.csv"
+    file.write_text(
+        "image_id,variant,prompt,text\n"
+        "i1,full,p1, a red bird \n"
+        "i1,full,,any prompt\n"  # i1 for p1 has its own row; this one answers p2
+        "i2,full,p2,a cat\n"  # none for i2 p1
+        "i3,full,,first\n"
+        "i3,full,,last\n"  # repeated: the last row answers, as a dict of the rows would
+    )
+    model = ModelConfig(name="m", backend="imported", model_id="m", era="pre-mllm", options={"file": str(file)})
+    _, keys = ImportedBackend.answer_keys(model)
+    ids, variants = pa.array(["i1", "i2", "i3", "i4"]), pa.array(["full"] * 4)
+    sha = lambda text: hashlib.sha256(text.encode()).hexdigest()  # noqa: E731 - the answer's text, stripped
+    assert keys(ids, variants, "p1") == [sha("a red bird"), None, sha("last"), None]
+    assert keys(ids, variants, "p2") == [sha("any prompt"), sha("a cat"), sha("last"), None]
+
+    from vlm_decade.stages.describe.plan import Plan, plan_jobs
+    from vlm_decade.studies import study_from_dict
+
+    study = study_from_dict(
+        {
+            "name": "slices",
+            "data": {"images": "x.csv", "image_dir": str(tmp_path), "descriptions": "d.csv"},
+            "models": [model.model_dump(mode="json") | {"variants": "all"}],
+        }
+    )
+    images = pa.table(
+        {
+            "image_id": [f"i{i}" for i in range(1, 6)],
+            "dataset": ["everyday"] * 5,
+            "path": [f"/x/i{i}.png" for i in range(1, 6)],
+            "sha256": [f"{i}" * 64 for i in range(1, 6)],
+        }
+    )
+    plan = Plan({"m": (("p1", "say"), ("p2", "say more"))}, masks=(MaskSpec("m1", (0.25, 0.25, 0.75, 0.75), 0.0),))
+    whole = plan_jobs(study, plan, images)
+    monkeypatch.setattr(plan_module, "PLAN_IMAGES", 2)
+    sliced = plan_jobs(study, plan, images)
+    assert sliced.num_rows == 5 * 2 * 2 and sliced.equals(whole)
+    # one row of the file changed: only the responses that row answers get a new key
+    file.write_text(file.read_text().replace("a cat", "a dog"))
+    changed = plan_jobs(study, plan, images).column("cache_key").to_pylist()
+    moved = [tuple(j[c] for c in RESPONSE_KEY) for j, k in zip(whole.to_pylist(), changed) if j["cache_key"] != k]
+    assert moved == [("m", "i2", "full", "p2")]
+
+
+def _row(subject, image_id, variant, status, cache_key, text):
+    return {
+        "subject": subject,
+        "image_id": image_id,
+        "variant": variant,
+        "prompt_id": "p",
+        "text": text,
+        "status": status,
+        "error": "" if status == "ok" else "failed",
+        "cache_key": cache_key,
+    }
+
+
+@pytest.fixture
+def folder(tmp_path):
+    """A previous table and two parts of rows: answers, failures, retries and rows of other settings."""
+    folder = RunFolder(tmp_path)
+    previous = [
+        _row("b", "i2", "full", "ok", "kb2", "kept"),
+        _row("a", "i1", "full", "error", "ka1", "old failure"),
+        _row("a", "i3", "full", "ok", "old-key", "other settings"),
+    ]
+    table = pa.Table.from_pylist(previous, schema=RESPONSES_SCHEMA)
+    fingerprint, record = folder.write("responses", table)
+    folder.save_manifest({"tables": {"responses": fingerprint}, "files": {"responses": record}})
+    folder.append_part(
+        "responses",
+        pa.Table.from_pylist(
+            [
+                _row("a", "i1", "full", "error", "ka1", "latest failure"),
+                _row("a", "i3", "full", "skipped", "ka3", "first try"),
+                _row("b", "i2", "full", "ok", "kb2", "second ok"),
+                _row("a", "i2", "full", "ok", "ka2", "first ok"),
+            ],
+            schema=RESPONSES_SCHEMA,
+        ),
+    )
+    folder.append_part(
+        "responses",
+        pa.Table.from_pylist(
+            [
+                _row("a", "i3", "full", "error", "ka3", "second try"),
+                _row("a", "i2", "full", "ok", "ka2", "later ok"),
+                _row("z", "i9", "full", "ok", "kz9", "no such job"),
+            ],
+            schema=RESPONSES_SCHEMA,
+        ),
+    )
+    return folder
+
+
+JOBS = pa.table(
+    {
+        "subject": ["b", "a", "a", "a", "a"],
+        "image_id": ["i2", "i3", "i1", "i2", "i4"],
+        "variant": ["full"] * 5,
+        "prompt_id": ["p"] * 5,
+        "cache_key": ["kb2", "ka3", "ka1", "ka2", "ka4"],
+    }
+)
+
+
+def _by_hand(folder: RunFolder) -> list[str]:
+    """The texts of the rows a plain loop picks, in key order."""
+    rows = folder.read("responses").to_pylist() + folder.read_parts("responses", RESPONSES_SCHEMA).to_pylist()
+    jobs = {tuple(j[c] for c in RESPONSE_KEY): j["cache_key"] for j in JOBS.to_pylist()}
+    best: dict[tuple, dict] = {}
+    for row in rows:
+        key = tuple(row[c] for c in RESPONSE_KEY)
+        if jobs.get(key) != row["cache_key"]:
+            continue
+        if key not in best or best[key]["status"] != "ok":  # the first ok row stays; else the latest
+            best[key] = row
+    return [best[k]["text"] for k in sorted(best)]
+
+
+@pytest.mark.parametrize("match_rows", [1, 2, rows_module.MATCH_ROWS])
+def test_each_jobs_row_is_the_one_a_plain_loop_picks_however_many_are_matched_at_once(folder, monkeypatch, match_rows):
+    monkeypatch.setattr(rows_module, "MATCH_ROWS", match_rows)
+    table = collect_rows(folder, JOBS)
+    assert table.schema == RESPONSES_SCHEMA
+    assert table.column("text").to_pylist() == _by_hand(folder)
+    assert table.column("text").to_pylist() == ["latest failure", "first ok", "second try", "kept"]
+    todo, n_done = todo_jobs(folder, JOBS)
+    assert n_done == 2  # a/i2 and b/i2; a/i1 and a/i3 failed, a/i4 was never tried
+    assert todo.column("image_id").to_pylist() == ["i3", "i1", "i4"]  # still in the jobs' order
