@@ -30,6 +30,10 @@ HUMAN_GROUPS = {"top": "human:top", "bottom": "human:bottom"}
 SCORED_SCHEMA = SCORES_SCHEMA.append(pa.field(INPUTS, pa.string()))
 SIMILARITY_FORMAT = 1  # part of each image's inputs: bump it when how a similarity row is computed changes
 EMBEDDING_BATCH = 4096  # vectors read at a time (a Parquet list column decodes at several times its size)
+# Images scored at a time: what is built per pair (keys, the inputs' hashes, gold vectors) exists for
+# one shard only; each shard reads the embeddings twice per encoder (its gold standards', its candidates').
+SHARD_IMAGES = 65_536
+SCORE_ORDER = ["metric", "subject", "image_id"]  # orders the rows fully (one per metric, subject and image)
 
 
 class EncoderVectors(Mapping):
@@ -132,6 +136,8 @@ def cosine_values(pairs: pa.Table, embeddings: pa.Table | RunFolder, encoder: st
     found_keys, found = [], []
     for batch in _batches(embeddings, encoder):
         batch = batch.filter(pc.is_in(batch.column("text_sha256"), gold_keys))
+        if not batch.num_rows:  # (its matrix would be of no width)
+            continue
         found_keys.append(batch.column("text_sha256").combine_chunks())
         found.append(vector_matrix(batch))
     gold_matrix = np.vstack(found) if found else np.zeros((0, 0), np.float32)
@@ -183,7 +189,38 @@ def similarity_scores(
     the run folder's, streamed), and each loaded pairwise metric in `pair_metrics` (e.g. BERTScore,
     `vlm_decade.models.metrics`), with each row's `inputs_sha256` (`image_inputs` under `settings`,
     what decides the vectors and metrics). The rows of `previous` (the last scores) of the images whose
-    inputs are unchanged are kept; only the other images are scored (`core.reuse`)."""
+    inputs are unchanged are kept; only the other images are scored (`core.reuse`). The images are
+    scored `SHARD_IMAGES` at a time, so that what is built per pair exists for one shard only; an
+    image's rows do not depend on the others of its shard."""
+    references = references.select(["image_id", "condition", "role", "text"])
+    responses = responses.select(["subject", "image_id", "variant", "status", "text"])
+    if previous is not None and previous.schema.remove_metadata() != SCORED_SCHEMA.remove_metadata():
+        previous = None  # a table of an earlier version: nothing of it is kept (`reusable`)
+    parts = []
+    for start in range(0, images.num_rows, SHARD_IMAGES):
+        shard = images.slice(start, SHARD_IMAGES).select(["image_id", "dataset"])
+        parts.append(
+            _shard_scores(
+                shard,
+                *(_of_images(t, shard) for t in (references, responses)),
+                embeddings,
+                metrics,
+                pair_metrics,
+                None if previous is None else _of_images(previous, shard),
+                settings,
+            )
+        )
+    table = pa.concat_tables(parts) if parts else SCORED_SCHEMA.empty_table()
+    return table.take(pc.sort_indices(table, sort_keys=[(c, "ascending") for c in SCORE_ORDER]))
+
+
+def _of_images(table: pa.Table, images: pa.Table) -> pa.Table:
+    """The rows of `table` of the `images`."""
+    return table.filter(pc.is_in(table.column("image_id"), images.column("image_id")))
+
+
+def _shard_scores(images, references, responses, embeddings, metrics, pair_metrics, previous, settings) -> pa.Table:
+    """`similarity_scores` of one shard of images, from its own references, responses and last rows."""
     pairs = scoring_pairs(references, responses, texts=bool(pair_metrics))
     # One order of each image's pairs, so that a group's mean adds its members in the same order
     # whether the image is scored alone or with every other.
@@ -217,16 +254,9 @@ def similarity_scores(
                 )
             )
         scores = pa.concat_tables(tables) if tables else SCORES_SCHEMA.empty_table().drop_columns(["dataset"])
-        return scores.join(images.select(["image_id", "dataset"]), "image_id", join_type="inner")
+        return scores.join(images, "image_id", join_type="inner")
 
-    table, _ = reuse(
-        previous,
-        image_inputs(pairs, images, settings),
-        ["image_id"],
-        score,
-        SCORED_SCHEMA,
-        ["metric", "subject", "image_id"],
-    )
+    table, _ = reuse(previous, image_inputs(pairs, images, settings), ["image_id"], score, SCORED_SCHEMA, SCORE_ORDER)
     return table
 
 
