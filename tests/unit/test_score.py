@@ -178,6 +178,7 @@ def test_scores_are_the_same_whatever_the_shard_size_and_match_the_vectors(monke
     images, refs, responses, emb, vectors = _study(11)
     whole = similarity_scores(images, refs, responses, emb, ["E", "F"], settings="s")
     monkeypatch.setattr(score, "SHARD_IMAGES", shard)
+    monkeypatch.setattr(score, "PYTHON_ROWS", 4)  # and the pairs' inputs hashed a few images at a time
     sharded = similarity_scores(images, refs, responses, emb, ["E", "F"], settings="s")
     assert sharded.equals(whole)
     expected = _reference_means(refs, responses, vectors)

@@ -10,7 +10,7 @@ only the new and changed images and keeps the others' rows (`core.reuse`).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from itertools import groupby
+from itertools import chain, groupby
 
 import numpy as np
 import pyarrow as pa
@@ -33,6 +33,7 @@ EMBEDDING_BATCH = 4096  # vectors read at a time (a Parquet list column decodes 
 # Images scored at a time: what is built per pair (keys, the inputs' hashes, gold vectors) exists for
 # one shard only; each shard reads the embeddings twice per encoder (its gold standards', its candidates').
 SHARD_IMAGES = 65_536
+PYTHON_ROWS = 65_536  # rows turned into Python values at a time (texts hashed, pairs' inputs)
 SCORE_ORDER = ["metric", "subject", "image_id"]  # orders the rows fully (one per metric, subject and image)
 
 
@@ -72,7 +73,7 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
-def _keyed(texts: pa.ChunkedArray, chunk: int = 65_536) -> pa.ChunkedArray:
+def _keyed(texts: pa.ChunkedArray, chunk: int = PYTHON_ROWS) -> pa.ChunkedArray:
     """Each text's key, hashed a slice at a time (no list of every text at once)."""
     return pa.chunked_array(
         [
@@ -167,12 +168,21 @@ def image_inputs(pairs: pa.Table, images: pa.Table, settings) -> pa.Table:
     dataset = dict(zip(images.column("image_id").to_pylist(), images.column("dataset").to_pylist()))
     texts = "candidate" in pairs.column_names
     columns = ["image_id", "subject", "candidate" if texts else "candidate_key", "gold" if texts else "gold_key"]
-    ids, inputs = [], []
-    for image_id, rows in groupby(zip(*(pairs.column(c).to_pylist() for c in columns)), key=lambda r: r[0]):
+    # The pairs a slice at a time, and their inputs hashed as they are put together: no Python value
+    # per pair outlives its slice.
+    slices = (pairs.slice(at, PYTHON_ROWS) for at in range(0, pairs.num_rows, PYTHON_ROWS))
+    pair_rows = chain.from_iterable(zip(*(part.column(c).to_pylist() for c in columns)) for part in slices)
+    ids, inputs, hashes, pending = [], [], [], 0
+    for image_id, rows in groupby(pair_rows, key=lambda r: r[0]):
         rows = list(rows)
         ids.append(image_id)
         inputs.append([dataset.get(image_id), rows[0][3], [[r[1], r[2]] for r in rows]])
-    return pa.table({"image_id": pa.array(ids, pa.string()), INPUTS: unit_inputs(settings, inputs)})
+        pending += len(rows)
+        if pending >= PYTHON_ROWS:
+            hashes.append(unit_inputs(settings, inputs))
+            inputs, pending = [], 0
+    hashes.append(unit_inputs(settings, inputs))
+    return pa.table({"image_id": pa.array(ids, pa.string()), INPUTS: pa.chunked_array(hashes, pa.string())})
 
 
 def similarity_scores(
