@@ -236,9 +236,14 @@ def _shard_scores(images, references, responses, embeddings, metrics, pair_metri
     # whether the image is scored alone or with every other.
     pairs = pairs.sort_by([("image_id", "ascending"), ("subject", "ascending"), ("candidate_key", "ascending")])
 
+    wanted = image_inputs(pairs, images, settings)
+
     def score(todo: pa.Table) -> pa.Table:
         """The rows of the images of `todo`."""
-        todo_pairs = pairs.filter(pc.is_in(pairs.column("image_id"), todo.column("image_id")))
+        if todo.num_rows == wanted.num_rows:  # every image of the shard: its pairs, not a copy of them
+            todo_pairs = pairs
+        else:
+            todo_pairs = pairs.filter(pc.is_in(pairs.column("image_id"), todo.column("image_id")))
         tables = []
         for name in list(metrics) + [m.name for m in pair_metrics]:
             if name in metrics:
@@ -266,7 +271,7 @@ def _shard_scores(images, references, responses, embeddings, metrics, pair_metri
         scores = pa.concat_tables(tables) if tables else SCORES_SCHEMA.empty_table().drop_columns(["dataset"])
         return scores.join(images, "image_id", join_type="inner")
 
-    table, _ = reuse(previous, image_inputs(pairs, images, settings), ["image_id"], score, SCORED_SCHEMA, SCORE_ORDER)
+    table, _ = reuse(previous, wanted, ["image_id"], score, SCORED_SCHEMA, SCORE_ORDER)
     return table
 
 
