@@ -203,3 +203,12 @@ def test_shards_rescore_only_the_changed_and_added_images_and_equal_a_fresh_run(
     assert metric.pairs == 6 + 6 + 6
     monkeypatch.setattr(score, "SHARD_IMAGES", 100)
     assert similarity_scores(images, refs, responses, emb, ["E"], [_Counted()], settings="s").equals(fresh)
+
+
+@pytest.mark.parametrize(("text", "pairs"), [("img002 gold 0", 6), ("img002 m full", 1)])
+def test_a_gold_standard_or_a_description_without_a_vector_is_an_error(monkeypatch, text, pairs):
+    monkeypatch.setattr(score, "SHARD_IMAGES", 3)
+    images, refs, responses, emb, _ = _study(6)
+    emb = emb.filter(pa.compute.not_equal(emb.column("text_sha256"), text_key(text)))
+    with pytest.raises(RuntimeError, match=f"^{pairs} pairs have no E vector"):
+        similarity_scores(images, refs, responses, emb, ["E"])

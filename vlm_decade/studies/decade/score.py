@@ -134,27 +134,27 @@ def cosine_values(pairs: pa.Table, embeddings: pa.Table | RunFolder, encoder: st
     """Each pair's cosine (float64) under one encoder, in two passes over its vectors: the gold
     standards' first (one per image), then every candidate's, so the vectors are never all held."""
     gold_keys = pc.unique(pairs.column("gold_key"))
-    found_keys, found = [], []
+    gold_matrix, have = None, np.zeros(len(gold_keys), bool)  # one row per gold standard, filled as found
     for batch in _batches(embeddings, encoder):
         batch = batch.filter(pc.is_in(batch.column("text_sha256"), gold_keys))
-        if not batch.num_rows:  # (its matrix would be of no width)
+        if not batch.num_rows:
             continue
-        found_keys.append(batch.column("text_sha256").combine_chunks())
-        found.append(vector_matrix(batch))
-    gold_matrix = np.vstack(found) if found else np.zeros((0, 0), np.float32)
-    gold_row = pc.index_in(
-        pairs.column("gold_key"), pa.concat_arrays(found_keys) if found_keys else pa.array([], pa.string())
-    )
-    gold_of_pair = gold_row.fill_null(0).to_numpy()
+        rows = pc.index_in(batch.column("text_sha256"), gold_keys).to_numpy(zero_copy_only=False)
+        vectors = vector_matrix(batch)
+        if gold_matrix is None:
+            gold_matrix = np.zeros((len(gold_keys), vectors.shape[1]), vectors.dtype)
+        gold_matrix[rows] = vectors
+        have[rows] = True
+    gold_of_pair = pc.index_in(pairs.column("gold_key"), gold_keys).to_numpy(zero_copy_only=False)
     values = np.full(pairs.num_rows, np.nan)
     for batch in _batches(embeddings, encoder):
         row = pc.index_in(pairs.column("candidate_key"), batch.column("text_sha256").combine_chunks())
-        at = np.flatnonzero(row.is_valid().to_numpy(zero_copy_only=False))
+        at = np.flatnonzero(row.is_valid().to_numpy(zero_copy_only=False) & have[gold_of_pair])
         if at.size:
             c = vector_matrix(batch)[row.take(at).to_numpy()].astype(np.float64)
             g = gold_matrix[gold_of_pair[at]].astype(np.float64)
             values[at] = np.einsum("ij,ij->i", c, g) / (np.linalg.norm(c, axis=1) * np.linalg.norm(g, axis=1))
-    missing = int(np.isnan(values).sum() + gold_row.null_count)
+    missing = int(np.isnan(values).sum())  # pairs without their candidate's vector or their gold standard's
     if missing:
         raise RuntimeError(f"{missing} pairs have no {encoder} vector: the embeddings table does not match the texts")
     return values
