@@ -6,6 +6,7 @@ import pytest
 
 from vlm_decade.models.encoders import text_key
 from vlm_decade.stages.embed import EMBEDDINGS_SCHEMA
+from vlm_decade.studies.decade import score
 from vlm_decade.studies.decade.score import similarity_scores
 
 VECTORS = {  # text -> vector; cosines worked by hand below
@@ -107,3 +108,107 @@ def test_an_added_image_is_the_only_one_scored_and_the_scores_equal_a_fresh_run(
     again = _Counted()
     changed = similarity_scores(images, refs, responses, emb, ["E"], [again], previous=before, settings="t")
     assert again.pairs == 5 and changed.drop_columns(["inputs_sha256"]).equals(fresh.drop_columns(["inputs_sha256"]))
+
+
+def _vector(name: str, dim: int) -> np.ndarray:
+    """A random vector of its own for each name, whatever else a study holds."""
+    return np.random.default_rng(int(text_key(name)[:12], 16)).normal(size=dim).astype(np.float32)
+
+
+def _study(n: int, dim: int = 16, changed=()):
+    """n images with random vectors: two human groups, two models (one failing on some images), a
+    masked condition, every fifth image without a gold standard, every fourth without an ok
+    response; the images of `changed` with another top description. Embeddings of two encoders, in
+    several batches."""
+    images = pa.table({"image_id": [f"img{i:03d}" for i in range(n)], "dataset": [f"d{i % 3}" for i in range(n)]})
+    refs, responses, texts = [], [], set()
+    for i, image_id in enumerate(images.column("image_id").to_pylist()):
+        roles = (["gold"] if i % 5 != 4 else []) + ["top", "top", "bottom", "bottom"]
+        for k, role in enumerate(roles):
+            text = f"{image_id} {role} {k}" + (" again" if i in changed and role == "top" else "")
+            refs.append({"image_id": image_id, "condition": "full", "role": role, "text": text})
+            texts.add(text)
+        refs.append({"image_id": image_id, "condition": "m1", "role": "masked", "text": f"{image_id} masked"})
+        for subject in ("m", "n"):
+            ok = not (i % 4 == 3 and subject == "n") and i % 8 != 7
+            for variant in ("full", "m1"):
+                text = f"{image_id} {subject} {variant}" if i % 6 else "a text two models share"
+                responses.append(
+                    {"subject": subject, "image_id": image_id, "variant": variant, "status": "ok" if ok else "error"}
+                    | {"text": text if ok else ""}
+                )
+                texts.add(text)
+    vectors = {(t, e): _vector(f"{e} {t}", dim) for t in sorted(texts) for e in ("E", "F")}
+    rows = [
+        {"text_sha256": text_key(t), "encoder": e, "encoder_key": e, "dim": dim, "vector": v}
+        for (t, e), v in vectors.items()
+    ]
+    rows.sort(key=lambda r: (r["encoder"], r["text_sha256"]))
+    emb = pa.Table.from_pylist(rows, schema=EMBEDDINGS_SCHEMA)
+    emb = pa.concat_tables([emb.slice(i, 5) for i in range(0, emb.num_rows, 5)])
+    return images, pa.Table.from_pylist(refs), pa.Table.from_pylist(responses), emb, vectors
+
+
+def _reference_means(refs, responses, vectors) -> dict:
+    """(metric, subject, image_id) -> mean cosine to the gold standard, straight from the vectors."""
+    gold = {r["image_id"]: r["text"] for r in refs.to_pylist() if r["role"] == "gold" and r["condition"] == "full"}
+    members = {}
+    for r in refs.to_pylist():
+        if r["condition"] == "full" and r["role"] in ("top", "bottom"):
+            members.setdefault((f"human:{r['role']}", r["image_id"]), []).append(r["text"])
+    for r in responses.to_pylist():
+        if r["status"] == "ok" and r["variant"] == "full":
+            members.setdefault((r["subject"], r["image_id"]), []).append(r["text"])
+    means = {}
+    for (subject, image_id), candidates in members.items():
+        if image_id not in gold:
+            continue
+        for e in ("E", "F"):
+            g = vectors[(gold[image_id], e)].astype(np.float64)
+            cosines = [
+                np.dot(c, g) / np.linalg.norm(c) / np.linalg.norm(g)
+                for c in (vectors[(t, e)].astype(np.float64) for t in candidates)
+            ]
+            means[(e, subject, image_id)] = float(np.mean(cosines))
+    return means
+
+
+@pytest.mark.parametrize("shard", [1, 2, 3, 5])
+def test_scores_are_the_same_whatever_the_shard_size_and_match_the_vectors(monkeypatch, shard):
+    images, refs, responses, emb, vectors = _study(11)
+    whole = similarity_scores(images, refs, responses, emb, ["E", "F"], settings="s")
+    monkeypatch.setattr(score, "SHARD_IMAGES", shard)
+    monkeypatch.setattr(score, "PYTHON_ROWS", 4)  # and the pairs' inputs hashed a few images at a time
+    sharded = similarity_scores(images, refs, responses, emb, ["E", "F"], settings="s")
+    assert sharded.equals(whole)
+    expected = _reference_means(refs, responses, vectors)
+    got = {(r["metric"], r["subject"], r["image_id"]): r["value"] for r in sharded.to_pylist()}
+    assert got == pytest.approx(expected, rel=1e-12, abs=1e-15)
+    # Images without a gold standard have no rows; one without an ok response has its humans' only.
+    assert not {"img004", "img009"} & {image_id for _, _, image_id in got}
+    assert {s for _, s, i in got if i == "img007"} == {"human:top", "human:bottom"}
+    assert sorted(got) == [tuple(r.values()) for r in sharded.select(["metric", "subject", "image_id"]).to_pylist()]
+
+
+def test_shards_rescore_only_the_changed_and_added_images_and_equal_a_fresh_run(monkeypatch):
+    monkeypatch.setattr(score, "SHARD_IMAGES", 3)
+    before = similarity_scores(*_study(8)[:4], ["E"], [_Counted()], settings="s")
+    images, refs, responses, emb, _ = _study(10, changed={2, 5})
+    metric = _Counted()
+    grown = similarity_scores(images, refs, responses, emb, ["E"], [metric], previous=before, settings="s")
+    fresh = similarity_scores(images, refs, responses, emb, ["E"], [_Counted()], settings="s")
+    assert grown.equals(fresh)
+    # img002 and img005 changed (4 humans, 2 models each), img008 is new (4 humans, its models'
+    # full descriptions), img009 is new but has no gold standard.
+    assert metric.pairs == 6 + 6 + 6
+    monkeypatch.setattr(score, "SHARD_IMAGES", 100)
+    assert similarity_scores(images, refs, responses, emb, ["E"], [_Counted()], settings="s").equals(fresh)
+
+
+@pytest.mark.parametrize(("text", "pairs"), [("img002 gold 0", 6), ("img002 m full", 1)])
+def test_a_gold_standard_or_a_description_without_a_vector_is_an_error(monkeypatch, text, pairs):
+    monkeypatch.setattr(score, "SHARD_IMAGES", 3)
+    images, refs, responses, emb, _ = _study(6)
+    emb = emb.filter(pa.compute.not_equal(emb.column("text_sha256"), text_key(text)))
+    with pytest.raises(RuntimeError, match=f"^{pairs} pairs have no E vector"):
+        similarity_scores(images, refs, responses, emb, ["E"])

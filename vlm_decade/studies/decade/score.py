@@ -10,7 +10,7 @@ only the new and changed images and keeps the others' rows (`core.reuse`).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from itertools import groupby
+from itertools import chain, groupby
 
 import numpy as np
 import pyarrow as pa
@@ -30,6 +30,11 @@ HUMAN_GROUPS = {"top": "human:top", "bottom": "human:bottom"}
 SCORED_SCHEMA = SCORES_SCHEMA.append(pa.field(INPUTS, pa.string()))
 SIMILARITY_FORMAT = 1  # part of each image's inputs: bump it when how a similarity row is computed changes
 EMBEDDING_BATCH = 4096  # vectors read at a time (a Parquet list column decodes at several times its size)
+# Images scored at a time: what is built per pair (keys, the inputs' hashes, gold vectors) exists for
+# one shard only; each shard reads the embeddings twice per encoder (its gold standards', its candidates').
+SHARD_IMAGES = 65_536
+PYTHON_ROWS = 65_536  # rows turned into Python values at a time (texts hashed, pairs' inputs)
+SCORE_ORDER = ["metric", "subject", "image_id"]  # orders the rows fully (one per metric, subject and image)
 
 
 class EncoderVectors(Mapping):
@@ -68,7 +73,7 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
-def _keyed(texts: pa.ChunkedArray, chunk: int = 65_536) -> pa.ChunkedArray:
+def _keyed(texts: pa.ChunkedArray, chunk: int = PYTHON_ROWS) -> pa.ChunkedArray:
     """Each text's key, hashed a slice at a time (no list of every text at once)."""
     return pa.chunked_array(
         [
@@ -129,25 +134,27 @@ def cosine_values(pairs: pa.Table, embeddings: pa.Table | RunFolder, encoder: st
     """Each pair's cosine (float64) under one encoder, in two passes over its vectors: the gold
     standards' first (one per image), then every candidate's, so the vectors are never all held."""
     gold_keys = pc.unique(pairs.column("gold_key"))
-    found_keys, found = [], []
+    gold_matrix, have = None, np.zeros(len(gold_keys), bool)  # one row per gold standard, filled as found
     for batch in _batches(embeddings, encoder):
         batch = batch.filter(pc.is_in(batch.column("text_sha256"), gold_keys))
-        found_keys.append(batch.column("text_sha256").combine_chunks())
-        found.append(vector_matrix(batch))
-    gold_matrix = np.vstack(found) if found else np.zeros((0, 0), np.float32)
-    gold_row = pc.index_in(
-        pairs.column("gold_key"), pa.concat_arrays(found_keys) if found_keys else pa.array([], pa.string())
-    )
-    gold_of_pair = gold_row.fill_null(0).to_numpy()
+        if not batch.num_rows:
+            continue
+        rows = pc.index_in(batch.column("text_sha256"), gold_keys).to_numpy(zero_copy_only=False)
+        vectors = vector_matrix(batch)
+        if gold_matrix is None:
+            gold_matrix = np.zeros((len(gold_keys), vectors.shape[1]), vectors.dtype)
+        gold_matrix[rows] = vectors
+        have[rows] = True
+    gold_of_pair = pc.index_in(pairs.column("gold_key"), gold_keys).to_numpy(zero_copy_only=False)
     values = np.full(pairs.num_rows, np.nan)
     for batch in _batches(embeddings, encoder):
         row = pc.index_in(pairs.column("candidate_key"), batch.column("text_sha256").combine_chunks())
-        at = np.flatnonzero(row.is_valid().to_numpy(zero_copy_only=False))
+        at = np.flatnonzero(row.is_valid().to_numpy(zero_copy_only=False) & have[gold_of_pair])
         if at.size:
             c = vector_matrix(batch)[row.take(at).to_numpy()].astype(np.float64)
             g = gold_matrix[gold_of_pair[at]].astype(np.float64)
             values[at] = np.einsum("ij,ij->i", c, g) / (np.linalg.norm(c, axis=1) * np.linalg.norm(g, axis=1))
-    missing = int(np.isnan(values).sum() + gold_row.null_count)
+    missing = int(np.isnan(values).sum())  # pairs without their candidate's vector or their gold standard's
     if missing:
         raise RuntimeError(f"{missing} pairs have no {encoder} vector: the embeddings table does not match the texts")
     return values
@@ -161,12 +168,21 @@ def image_inputs(pairs: pa.Table, images: pa.Table, settings) -> pa.Table:
     dataset = dict(zip(images.column("image_id").to_pylist(), images.column("dataset").to_pylist()))
     texts = "candidate" in pairs.column_names
     columns = ["image_id", "subject", "candidate" if texts else "candidate_key", "gold" if texts else "gold_key"]
-    ids, inputs = [], []
-    for image_id, rows in groupby(zip(*(pairs.column(c).to_pylist() for c in columns)), key=lambda r: r[0]):
+    # The pairs a slice at a time, and their inputs hashed as they are put together: no Python value
+    # per pair outlives its slice.
+    slices = (pairs.slice(at, PYTHON_ROWS) for at in range(0, pairs.num_rows, PYTHON_ROWS))
+    pair_rows = chain.from_iterable(zip(*(part.column(c).to_pylist() for c in columns)) for part in slices)
+    ids, inputs, hashes, pending = [], [], [], 0
+    for image_id, rows in groupby(pair_rows, key=lambda r: r[0]):
         rows = list(rows)
         ids.append(image_id)
         inputs.append([dataset.get(image_id), rows[0][3], [[r[1], r[2]] for r in rows]])
-    return pa.table({"image_id": pa.array(ids, pa.string()), INPUTS: unit_inputs(settings, inputs)})
+        pending += len(rows)
+        if pending >= PYTHON_ROWS:
+            hashes.append(unit_inputs(settings, inputs))
+            inputs, pending = [], 0
+    hashes.append(unit_inputs(settings, inputs))
+    return pa.table({"image_id": pa.array(ids, pa.string()), INPUTS: pa.chunked_array(hashes, pa.string())})
 
 
 def similarity_scores(
@@ -183,15 +199,51 @@ def similarity_scores(
     the run folder's, streamed), and each loaded pairwise metric in `pair_metrics` (e.g. BERTScore,
     `vlm_decade.models.metrics`), with each row's `inputs_sha256` (`image_inputs` under `settings`,
     what decides the vectors and metrics). The rows of `previous` (the last scores) of the images whose
-    inputs are unchanged are kept; only the other images are scored (`core.reuse`)."""
+    inputs are unchanged are kept; only the other images are scored (`core.reuse`). The images are
+    scored `SHARD_IMAGES` at a time, so that what is built per pair exists for one shard only; an
+    image's rows do not depend on the others of its shard."""
+    references = references.select(["image_id", "condition", "role", "text"])
+    responses = responses.select(["subject", "image_id", "variant", "status", "text"])
+    if previous is not None and previous.schema.remove_metadata() != SCORED_SCHEMA.remove_metadata():
+        previous = None  # a table of an earlier version: nothing of it is kept (`reusable`)
+    parts = []
+    for start in range(0, images.num_rows, SHARD_IMAGES):
+        shard = images.slice(start, SHARD_IMAGES).select(["image_id", "dataset"])
+        parts.append(
+            _shard_scores(
+                shard,
+                *(_of_images(t, shard) for t in (references, responses)),
+                embeddings,
+                metrics,
+                pair_metrics,
+                None if previous is None else _of_images(previous, shard),
+                settings,
+            )
+        )
+    table = pa.concat_tables(parts) if parts else SCORED_SCHEMA.empty_table()
+    return table.take(pc.sort_indices(table, sort_keys=[(c, "ascending") for c in SCORE_ORDER]))
+
+
+def _of_images(table: pa.Table, images: pa.Table) -> pa.Table:
+    """The rows of `table` of the `images`."""
+    return table.filter(pc.is_in(table.column("image_id"), images.column("image_id")))
+
+
+def _shard_scores(images, references, responses, embeddings, metrics, pair_metrics, previous, settings) -> pa.Table:
+    """`similarity_scores` of one shard of images, from its own references, responses and last rows."""
     pairs = scoring_pairs(references, responses, texts=bool(pair_metrics))
     # One order of each image's pairs, so that a group's mean adds its members in the same order
     # whether the image is scored alone or with every other.
     pairs = pairs.sort_by([("image_id", "ascending"), ("subject", "ascending"), ("candidate_key", "ascending")])
 
+    wanted = image_inputs(pairs, images, settings)
+
     def score(todo: pa.Table) -> pa.Table:
         """The rows of the images of `todo`."""
-        todo_pairs = pairs.filter(pc.is_in(pairs.column("image_id"), todo.column("image_id")))
+        if todo.num_rows == wanted.num_rows:  # every image of the shard: its pairs, not a copy of them
+            todo_pairs = pairs
+        else:
+            todo_pairs = pairs.filter(pc.is_in(pairs.column("image_id"), todo.column("image_id")))
         tables = []
         for name in list(metrics) + [m.name for m in pair_metrics]:
             if name in metrics:
@@ -217,16 +269,9 @@ def similarity_scores(
                 )
             )
         scores = pa.concat_tables(tables) if tables else SCORES_SCHEMA.empty_table().drop_columns(["dataset"])
-        return scores.join(images.select(["image_id", "dataset"]), "image_id", join_type="inner")
+        return scores.join(images, "image_id", join_type="inner")
 
-    table, _ = reuse(
-        previous,
-        image_inputs(pairs, images, settings),
-        ["image_id"],
-        score,
-        SCORED_SCHEMA,
-        ["metric", "subject", "image_id"],
-    )
+    table, _ = reuse(previous, wanted, ["image_id"], score, SCORED_SCHEMA, SCORE_ORDER)
     return table
 
 
