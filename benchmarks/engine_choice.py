@@ -16,9 +16,11 @@ Both engines run the same encoder actor (`embed.EncodeActor`, the tiny two-layer
 MiniLM's tokenizer that benchmarks/scale.py uses), the same batches (`embed.TEXT_BATCH` texts, sorted
 by length) and the same rows (`embed._rows`).
 
-Measured per path: texts/s from "texts in the driver, Ray up, no actor started" to "every vector
-saved" (`encode_s`; for the two stage paths also `stage_s`, with the sorted table written), and the
-driver's memory: its peak RSS and the growth over its RSS before the work (sampled every 20 ms).
+Measured per path: texts/s from "texts at hand, Ray up, no actor started" (in the driver for
+`raydata_parquet`; for the two stage paths, the run's `references` table, written before the clock
+starts, which the stage reads and hashes) to "every vector saved" (`encode_s`; for the two stage
+paths also `stage_s`, with the sorted table written), and the driver's memory: its peak RSS and the
+growth over its RSS before the work (sampled every 20 ms).
 Resume: each path's driver is SIGKILLed once half the texts are saved, then run again on the same
 folder; `kept` texts survived the kill, `redone` were encoded again (every text in flight or
 waiting in a buffer when the kill came), and the rerun must leave each text exactly once. Node loss
@@ -76,11 +78,16 @@ def emit(**kw) -> None:
 
 
 def make_texts(n: int) -> pa.Table:
-    """N distinct texts, as the stage is handed them: (text_sha256, text), sorted by key."""
+    """N distinct texts keyed as the stage keys them: (text_sha256, text), sorted by key."""
     rng = np.random.default_rng(0)
     texts = [sentence(rng) + f" {i}" for i in range(n)]
-    none = pa.table({"status": pa.array([], pa.string()), "text": pa.array([], pa.string())})
-    return embed.texts_to_embed(pa.table({"text": texts}), none)
+    return embed._hashed(pa.array(texts, pa.string()))[0].sort_by("text_sha256")
+
+
+def write_inputs(folder: RunFolder, texts: pa.Table) -> None:
+    """The texts as the run's references, beside no responses: the tables the stage reads."""
+    folder.write("references", texts.select(["text"]))
+    folder.write("responses", pa.table({"status": pa.array([], pa.string()), "text": pa.array([], pa.string())}))
 
 
 def rss_bytes() -> int:
@@ -175,6 +182,8 @@ def child(path: str, n: int, out: Path, encoder: Path, address: str) -> None:
     )
     ray = start_ray(address)
     folder = RunFolder(out)
+    if path != "raydata_parquet":
+        write_inputs(folder, texts)
     run = StudyRun(folder, Reporter(quiet=True), LazyRay(study.runtime))
     figures: dict = {}
     with PeakRSS() as rss:
@@ -189,18 +198,23 @@ def child(path: str, n: int, out: Path, encoder: Path, address: str) -> None:
             keys, _ = parquet_kept(out / PARQUET_DIR)
             figures["rows_out"], figures["distinct_out"] = len(keys), len(pc.unique(keys))
         else:
-            figures["kept"] = embed._encoded(folder, [embed.encoder_key(cfg)]).num_rows
-            write = embed._write_selected
+            plan, write = embed._plan, embed._write_selected
+            plans: list[embed._Plan] = []
             wrote_at: list[float] = []
+
+            def kept_plan(*args):  # what the stage found already encoded: the texts it will not encode
+                plans.append(plan(*args))
+                return plans[0]
 
             def timed_write(*args):
                 wrote_at.append(time.perf_counter())
                 return write(*args)
 
-            embed._write_selected = timed_write
+            embed._plan, embed._write_selected = kept_plan, timed_write
             if path == "raydata_parts":
-                embed._embed_local = lambda study, cfg, todo, run, advance: raydata_into_parts(run, cfg, todo)
-            written = embed.run_embed(study, texts, run)
+                embed._embed_local = lambda study, cfg, work, n, run, advance: raydata_into_parts(run, cfg, work)
+            written = embed.run_embed(study, run)
+            figures["kept"] = plans[0].wanted - plans[0].todo[cfg.name]
             figures["stage_s"] = time.perf_counter() - start
             figures["encode_s"] = wrote_at[0] - start
             figures["rows_out"] = figures["distinct_out"] = written.rows
@@ -215,9 +229,10 @@ def child(path: str, n: int, out: Path, encoder: Path, address: str) -> None:
     print("RESULT " + json.dumps(figures), flush=True)
 
 
-def raydata_into_parts(run: StudyRun, cfg: EncoderConfig, todo: pa.Table) -> None:
-    """The stage's `_embed_local` with Ray Data's actor pool in place of `pool_map`."""
-    stream = encoded_stream(run.ray(), cfg, todo)
+def raydata_into_parts(run: StudyRun, cfg: EncoderConfig, work) -> None:
+    """The stage's `_embed_local` with Ray Data's actor pool in place of `pool_map`: the stage's
+    batches of texts to encode (`work`) taken as one table, then batched as `encoded_stream` does."""
+    stream = encoded_stream(run.ray(), cfg, pa.concat_tables(list(work)))
     with run.folder.parts("embeddings", embed.EMBEDDINGS_SCHEMA, embed.PART_ROWS, embed.PART_S) as parts:
         for batch in stream.iter_batches(batch_size=None, batch_format="pyarrow"):
             parts.add(batch)
