@@ -212,3 +212,23 @@ def test_a_gold_standard_or_a_description_without_a_vector_is_an_error(monkeypat
     emb = emb.filter(pa.compute.not_equal(emb.column("text_sha256"), text_key(text)))
     with pytest.raises(RuntimeError, match=f"^{pairs} pairs have no E vector"):
         similarity_scores(images, refs, responses, emb, ["E"])
+
+
+@pytest.mark.parametrize("shard", [1, 4, 100])
+def test_the_embeddings_are_read_once_per_encoder_whatever_the_shards_and_not_at_all_when_all_is_kept(
+    monkeypatch, shard
+):
+    monkeypatch.setattr(score, "SHARD_IMAGES", shard)
+    images, refs, responses, emb, _ = _study(11)
+    passes = []
+    read = score._batches
+
+    def counted(embeddings, encoder):
+        passes.append(encoder)
+        yield from read(embeddings, encoder)
+
+    monkeypatch.setattr(score, "_batches", counted)
+    first = similarity_scores(images, refs, responses, emb, ["E", "F"], settings="s")
+    assert passes == ["E", "F"]
+    again = similarity_scores(images, refs, responses, emb, ["E", "F"], previous=first, settings="s")
+    assert again.equals(first) and passes == ["E", "F"]

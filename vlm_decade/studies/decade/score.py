@@ -9,14 +9,16 @@ only the new and changed images and keeps the others' rows (`core.reuse`).
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Mapping
 from itertools import chain, groupby
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from vlm_decade.core.reuse import INPUTS, reuse, unit_inputs
+from vlm_decade.core.reuse import INPUTS, reusable, unit_inputs
 from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.core.runner import Stage, StudyRun
 from vlm_decade.models.encoders import text_key
@@ -30,9 +32,10 @@ HUMAN_GROUPS = {"top": "human:top", "bottom": "human:bottom"}
 SCORED_SCHEMA = SCORES_SCHEMA.append(pa.field(INPUTS, pa.string()))
 SIMILARITY_FORMAT = 1  # part of each image's inputs: bump it when how a similarity row is computed changes
 EMBEDDING_BATCH = 4096  # vectors read at a time (a Parquet list column decodes at several times its size)
-# Images scored at a time: what is built per pair (keys, the inputs' hashes, gold vectors) exists for
-# one shard only; each shard reads the embeddings twice per encoder (its gold standards', its candidates').
-SHARD_IMAGES = 65_536
+# Images scored at a time: what is built per pair (keys, the inputs' hashes) and the vectors the
+# pairs need (about seven per image) exist for one shard only.
+SHARD_IMAGES = 4096
+PAIR_ROWS = 4096  # pairs whose cosines are taken at a time (their vectors as float64)
 PYTHON_ROWS = 65_536  # rows turned into Python values at a time (texts hashed, pairs' inputs)
 SCORE_ORDER = ["metric", "subject", "image_id"]  # orders the rows fully (one per metric, subject and image)
 
@@ -130,33 +133,90 @@ def _batches(embeddings: pa.Table | RunFolder, encoder: str):
             yield batch
 
 
-def cosine_values(pairs: pa.Table, embeddings: pa.Table | RunFolder, encoder: str) -> np.ndarray:
-    """Each pair's cosine (float64) under one encoder, in two passes over its vectors: the gold
-    standards' first (one per image), then every candidate's, so the vectors are never all held."""
-    gold_keys = pc.unique(pairs.column("gold_key"))
-    gold_matrix, have = None, np.zeros(len(gold_keys), bool)  # one row per gold standard, filled as found
-    for batch in _batches(embeddings, encoder):
-        batch = batch.filter(pc.is_in(batch.column("text_sha256"), gold_keys))
-        if not batch.num_rows:
-            continue
-        rows = pc.index_in(batch.column("text_sha256"), gold_keys).to_numpy(zero_copy_only=False)
-        vectors = vector_matrix(batch)
-        if gold_matrix is None:
-            gold_matrix = np.zeros((len(gold_keys), vectors.shape[1]), vectors.dtype)
-        gold_matrix[rows] = vectors
-        have[rows] = True
-    gold_of_pair = pc.index_in(pairs.column("gold_key"), gold_keys).to_numpy(zero_copy_only=False)
-    values = np.full(pairs.num_rows, np.nan)
-    for batch in _batches(embeddings, encoder):
-        row = pc.index_in(pairs.column("candidate_key"), batch.column("text_sha256").combine_chunks())
-        at = np.flatnonzero(row.is_valid().to_numpy(zero_copy_only=False) & have[gold_of_pair])
-        if at.size:
-            c = vector_matrix(batch)[row.take(at).to_numpy()].astype(np.float64)
-            g = gold_matrix[gold_of_pair[at]].astype(np.float64)
-            values[at] = np.einsum("ij,ij->i", c, g) / (np.linalg.norm(c, axis=1) * np.linalg.norm(g, axis=1))
-    missing = int(np.isnan(values).sum())  # pairs without their candidate's vector or their gold standard's
-    if missing:
-        raise RuntimeError(f"{missing} pairs have no {encoder} vector: the embeddings table does not match the texts")
+class ShardVectors:
+    """Each shard's vectors of one encoder, gathered in one pass over the embeddings, so that the
+    file is read once per encoder whatever the number of shards. The keys each shard needs are
+    spread over 256 bucket files by the key's first two hex digits (`need`); the embeddings, sorted
+    by key within an encoder, are read in order, each run of rows of one bucket matched against
+    that bucket's needs, and the vectors appended to the file of each shard that needs them."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.needs: dict[str, pa.ipc.RecordBatchStreamWriter] = {}  # bucket -> its file of needs
+        self.found: set[int] = set()  # the shards with vectors gathered
+
+    def need(self, shard: int, keys: pa.Array | pa.ChunkedArray) -> None:
+        keys = pc.unique(keys)
+        table = pa.table({"text_sha256": keys, "shard": pa.array(np.full(len(keys), shard, np.int32))})
+        digits = pc.utf8_slice_codeunits(table.column("text_sha256"), 0, 2)
+        for digit in pc.unique(digits).to_pylist():
+            if digit not in self.needs:
+                self.needs[digit] = pa.ipc.new_stream(str(self.folder / f"need-{digit}.arrow"), table.schema)
+            self.needs[digit].write_table(table.filter(pc.equal(digits, digit)))
+
+    def gather(self, embeddings: pa.Table | RunFolder, encoder: str) -> None:
+        """Write each shard's vectors of `encoder` to its file (`vectors`)."""
+        for writer in self.needs.values():
+            writer.close()  # closing twice (a second encoder) is allowed
+        writers: dict[int, pa.ipc.RecordBatchStreamWriter] = {}
+        loaded, need = None, None
+        try:
+            for batch in _batches(embeddings, encoder):
+                digits = pc.utf8_slice_codeunits(batch.column("text_sha256"), 0, 2)
+                for digit in pc.unique(digits).to_pylist():
+                    if digit not in self.needs:
+                        continue
+                    if digit != loaded:  # runs of one bucket follow each other in a sorted file
+                        with pa.ipc.open_stream(str(self.folder / f"need-{digit}.arrow")) as reader:
+                            loaded, need = digit, reader.read_all()
+                    rows = batch.filter(pc.equal(digits, digit)).select(["text_sha256", "dim", "vector"])
+                    at = pc.index_in(need.column("text_sha256"), rows.column("text_sha256"))
+                    found = need.filter(pc.is_valid(at))
+                    if not found.num_rows:
+                        continue
+                    vectors = rows.take(pc.drop_null(at))
+                    shards = found.column("shard").to_numpy()
+                    for shard in np.unique(shards):
+                        if shard not in writers:
+                            writers[shard] = pa.ipc.new_stream(str(self._vectors(shard)), vectors.schema)
+                        writers[shard].write_table(vectors.filter(pa.array(shards == shard)))
+        finally:
+            for writer in writers.values():
+                writer.close()
+        self.found = set(writers)
+
+    def vectors(self, shard: int) -> pa.Table:
+        """The vectors gathered for `shard` (text_sha256, dim, vector): none if it needed none found."""
+        if shard not in self.found:
+            return pa.table({"text_sha256": pa.array([], pa.string())})
+        with pa.ipc.open_stream(str(self._vectors(shard))) as reader:
+            return reader.read_all()
+
+    def _vectors(self, shard: int) -> Path:
+        return self.folder / f"vectors-{shard}.arrow"
+
+
+def cosine_values(pairs: pa.Table, vectors: pa.Table, encoder: str) -> np.ndarray:
+    """Each pair's cosine (float64) under one encoder, from `vectors` (text_sha256, dim, vector:
+    those the pairs need), `PAIR_ROWS` pairs at a time."""
+    keys = vectors.column("text_sha256").combine_chunks()
+    matrix = vector_matrix(vectors) if vectors.num_rows else np.zeros((0, 0), np.float32)
+    candidate = pc.index_in(pairs.column("candidate_key"), keys)
+    gold = pc.index_in(pairs.column("gold_key"), keys)
+    found = np.flatnonzero(pc.and_(pc.is_valid(candidate), pc.is_valid(gold)).to_numpy(zero_copy_only=False))
+    # pairs without their candidate's vector or their gold standard's
+    if len(found) < pairs.num_rows:
+        raise RuntimeError(
+            f"{pairs.num_rows - len(found)} pairs have no {encoder} vector: the embeddings table does not match the texts"
+        )
+    candidate, gold = candidate.to_numpy(zero_copy_only=False), gold.to_numpy(zero_copy_only=False)
+    values = np.empty(pairs.num_rows)
+    for at in range(0, pairs.num_rows, PAIR_ROWS):
+        c = matrix[candidate[at : at + PAIR_ROWS]].astype(np.float64)
+        g = matrix[gold[at : at + PAIR_ROWS]].astype(np.float64)
+        values[at : at + PAIR_ROWS] = np.einsum("ij,ij->i", c, g) / (
+            np.linalg.norm(c, axis=1) * np.linalg.norm(g, axis=1)
+        )
     return values
 
 
@@ -201,27 +261,68 @@ def similarity_scores(
     what decides the vectors and metrics). The rows of `previous` (the last scores) of the images whose
     inputs are unchanged are kept; only the other images are scored (`core.reuse`). The images are
     scored `SHARD_IMAGES` at a time, so that what is built per pair exists for one shard only; an
-    image's rows do not depend on the others of its shard."""
+    image's rows do not depend on the others of its shard. The shards' pairs and vectors wait in a
+    temporary folder (the run folder's `.spill/`, for a run folder) between the passes."""
     references = references.select(["image_id", "condition", "role", "text"])
     responses = responses.select(["subject", "image_id", "variant", "status", "text"])
     if previous is not None and previous.schema.remove_metadata() != SCORED_SCHEMA.remove_metadata():
         previous = None  # a table of an earlier version: nothing of it is kept (`reusable`)
-    parts = []
-    for start in range(0, images.num_rows, SHARD_IMAGES):
-        shard = images.slice(start, SHARD_IMAGES).select(["image_id", "dataset"])
-        parts.append(
-            _shard_scores(
-                shard,
-                *(_of_images(t, shard) for t in (references, responses)),
-                embeddings,
-                metrics,
-                pair_metrics,
-                None if previous is None else _of_images(previous, shard),
-                settings,
+    spill = None
+    if isinstance(embeddings, RunFolder):
+        spill = embeddings.root / ".spill"
+        spill.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="scores-", dir=spill) as folder:
+        folder = Path(folder)
+        parts, todo = [], {}  # the rows kept; the shards with images to score, and their images
+        vectors = ShardVectors(folder)
+        # First pass: each shard's pairs, what of them is kept, and the vectors its other pairs need.
+        for shard, start in enumerate(range(0, images.num_rows, SHARD_IMAGES)):
+            of_shard = images.slice(start, SHARD_IMAGES).select(["image_id", "dataset"])
+            pairs = scoring_pairs(*(_of_images(t, of_shard) for t in (references, responses)), bool(pair_metrics))
+            # One order of each image's pairs, so that a group's mean adds its members in the same
+            # order whether the image is scored alone or with every other.
+            pairs = pairs.sort_by([("image_id", "ascending"), ("subject", "ascending"), ("candidate_key", "ascending")])
+            wanted = image_inputs(pairs, of_shard, settings)
+            kept = reusable(
+                None if previous is None else _of_images(previous, of_shard), wanted, ["image_id"], SCORED_SCHEMA
             )
-        )
-    table = pa.concat_tables(parts) if parts else SCORED_SCHEMA.empty_table()
+            parts.append(kept.select(SCORED_SCHEMA.names).cast(SCORED_SCHEMA))
+            new = wanted.filter(pc.invert(pc.is_in(wanted.column("image_id"), kept.column("image_id"))))
+            if not new.num_rows:
+                continue
+            if new.num_rows < wanted.num_rows:
+                pairs = pairs.filter(pc.is_in(pairs.column("image_id"), new.column("image_id")))
+            _write(folder / f"pairs-{shard}.arrow", pairs)
+            todo[shard] = new.join(of_shard, "image_id", join_type="inner").sort_by("image_id")
+            if metrics:
+                vectors.need(
+                    shard, pa.chunked_array(pairs.column("candidate_key").chunks + pairs.column("gold_key").chunks)
+                )
+        values: dict[str, dict[int, np.ndarray]] = {}
+        for name in metrics if todo else ():  # second: one pass over each encoder's vectors
+            vectors.gather(embeddings, name)
+            values[name] = {
+                shard: cosine_values(_read(folder / f"pairs-{shard}.arrow"), vectors.vectors(shard), name)
+                for shard in todo
+            }
+        for shard, new in todo.items():  # third: each shard's rows
+            parts.append(
+                _shard_scores(
+                    _read(folder / f"pairs-{shard}.arrow"), new, {n: v[shard] for n, v in values.items()}, pair_metrics
+                )
+            )
+    table = pa.concat_tables(parts).combine_chunks() if parts else SCORED_SCHEMA.empty_table()
     return table.take(pc.sort_indices(table, sort_keys=[(c, "ascending") for c in SCORE_ORDER]))
+
+
+def _write(path: Path, table: pa.Table) -> None:
+    with pa.ipc.new_stream(str(path), table.schema) as writer:
+        writer.write_table(table)
+
+
+def _read(path: Path) -> pa.Table:
+    with pa.ipc.open_stream(str(path)) as reader:
+        return reader.read_all()
 
 
 def _of_images(table: pa.Table, images: pa.Table) -> pa.Table:
@@ -229,50 +330,35 @@ def _of_images(table: pa.Table, images: pa.Table) -> pa.Table:
     return table.filter(pc.is_in(table.column("image_id"), images.column("image_id")))
 
 
-def _shard_scores(images, references, responses, embeddings, metrics, pair_metrics, previous, settings) -> pa.Table:
-    """`similarity_scores` of one shard of images, from its own references, responses and last rows."""
-    pairs = scoring_pairs(references, responses, texts=bool(pair_metrics))
-    # One order of each image's pairs, so that a group's mean adds its members in the same order
-    # whether the image is scored alone or with every other.
-    pairs = pairs.sort_by([("image_id", "ascending"), ("subject", "ascending"), ("candidate_key", "ascending")])
-
-    wanted = image_inputs(pairs, images, settings)
-
-    def score(todo: pa.Table) -> pa.Table:
-        """The rows of the images of `todo`."""
-        if todo.num_rows == wanted.num_rows:  # every image of the shard: its pairs, not a copy of them
-            todo_pairs = pairs
+def _shard_scores(pairs: pa.Table, todo: pa.Table, cosines: dict[str, np.ndarray], pair_metrics) -> pa.Table:
+    """The rows of one shard's images to score (`todo`: image_id, inputs_sha256, dataset) from
+    their `pairs`: the mean per subject and image of each encoder's `cosines` and each pairwise metric."""
+    tables = []
+    for name in list(cosines) + [m.name for m in pair_metrics]:
+        if name in cosines:
+            values = cosines[name]
         else:
-            todo_pairs = pairs.filter(pc.is_in(pairs.column("image_id"), todo.column("image_id")))
-        tables = []
-        for name in list(metrics) + [m.name for m in pair_metrics]:
-            if name in metrics:
-                values = cosine_values(todo_pairs, embeddings, name)
-            else:
-                metric = next(m for m in pair_metrics if m.name == name)
-                values = np.asarray(
-                    metric.score(todo_pairs.column("candidate").to_pylist(), todo_pairs.column("gold").to_pylist()),
-                    np.float64,
-                )
-            per_pair = todo_pairs.select(["subject", "image_id"]).append_column("value", pa.array(values, pa.float64()))
-            means = per_pair.group_by(["subject", "image_id"], use_threads=False).aggregate([("value", "mean")])
-            n = means.num_rows
-            tables.append(
-                pa.table(
-                    {
-                        "subject": means.column("subject"),
-                        "image_id": means.column("image_id"),
-                        "variant": pa.array(["full"] * n, pa.string()),
-                        "metric": pa.array([name] * n, pa.string()),
-                        "value": means.column("value_mean"),
-                    }
-                )
+            metric = next(m for m in pair_metrics if m.name == name)
+            values = np.asarray(
+                metric.score(pairs.column("candidate").to_pylist(), pairs.column("gold").to_pylist()), np.float64
             )
-        scores = pa.concat_tables(tables) if tables else SCORES_SCHEMA.empty_table().drop_columns(["dataset"])
-        return scores.join(images, "image_id", join_type="inner")
-
-    table, _ = reuse(previous, wanted, ["image_id"], score, SCORED_SCHEMA, SCORE_ORDER)
-    return table
+        per_pair = pairs.select(["subject", "image_id"]).append_column("value", pa.array(values, pa.float64()))
+        means = per_pair.group_by(["subject", "image_id"], use_threads=False).aggregate([("value", "mean")])
+        n = means.num_rows
+        tables.append(
+            pa.table(
+                {
+                    "subject": means.column("subject"),
+                    "image_id": means.column("image_id"),
+                    "variant": pa.array(["full"] * n, pa.string()),
+                    "metric": pa.array([name] * n, pa.string()),
+                    "value": means.column("value_mean"),
+                }
+            )
+        )
+    scores = pa.concat_tables(tables) if tables else SCORES_SCHEMA.empty_table().drop_columns(["dataset"])
+    scores = scores.join(todo, "image_id", join_type="inner")
+    return scores.select(SCORED_SCHEMA.names).cast(SCORED_SCHEMA)
 
 
 def unkeyed(scores: pa.Table) -> pa.Table:
