@@ -91,29 +91,21 @@ def folder(tmp_path):
     table = pa.Table.from_pylist(previous, schema=RESPONSES_SCHEMA)
     fingerprint, record = folder.write("responses", table)
     folder.save_manifest({"tables": {"responses": fingerprint}, "files": {"responses": record}})
-    folder.append_part(
-        "responses",
-        pa.Table.from_pylist(
-            [
-                _row("a", "i1", "full", "error", "ka1", "latest failure"),
-                _row("a", "i3", "full", "skipped", "ka3", "first try"),
-                _row("b", "i2", "full", "ok", "kb2", "second ok"),
-                _row("a", "i2", "full", "ok", "ka2", "first ok"),
-            ],
-            schema=RESPONSES_SCHEMA,
-        ),
-    )
-    folder.append_part(
-        "responses",
-        pa.Table.from_pylist(
-            [
-                _row("a", "i3", "full", "error", "ka3", "second try"),
-                _row("a", "i2", "full", "ok", "ka2", "later ok"),
-                _row("z", "i9", "full", "ok", "kz9", "no such job"),
-            ],
-            schema=RESPONSES_SCHEMA,
-        ),
-    )
+    parts = [
+        [
+            _row("a", "i1", "full", "error", "ka1", "latest failure"),
+            _row("a", "i3", "full", "skipped", "ka3", "first try"),
+            _row("b", "i2", "full", "ok", "kb2", "second ok"),
+            _row("a", "i2", "full", "ok", "ka2", "first ok"),
+        ],
+        [
+            _row("a", "i3", "full", "error", "ka3", "second try"),
+            _row("a", "i2", "full", "ok", "ka2", "later ok"),
+            _row("z", "i9", "full", "ok", "kz9", "no such job"),
+        ],
+    ]
+    for rows in parts:
+        folder.append_part("responses", pa.Table.from_pylist(rows, schema=RESPONSES_SCHEMA))
     return folder
 
 
