@@ -32,6 +32,7 @@ from vlm_decade.core.dispatch import batches, bounded, pool_map
 from vlm_decade.core.errors import Problem
 from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.core.runner import Stage, StudyRun, Written
+from vlm_decade.core.spill import Spill, key_buckets
 from vlm_decade.models.api.endpoints import endpoint_problems, sending_problems
 from vlm_decade.models.api.keys import api_key, key_hint
 from vlm_decade.models.api.session import APIStopped, BatchesPending, BudgetReached, RemoteSession
@@ -60,7 +61,6 @@ REMOTE_IN_FLIGHT = 8  # batches of texts in flight to an API encoder's gateway
 # with fewer is batched exactly as if they were sorted whole.
 CHUNK_TEXTS = 65_536
 TEXTS_SCHEMA = pa.schema([("text_sha256", pa.string()), ("text", pa.string())])
-DIGITS = pa.array([f"{d:02x}" for d in range(256)], pa.string())  # the buckets: a key's first two hex digits
 
 
 def encoder_key(cfg: EncoderConfig) -> str:
@@ -167,61 +167,13 @@ def _hashed(texts: pa.Array) -> tuple[pa.Table, np.ndarray]:
     return table, np.array([int(k[:2], 16) for k in keys], dtype=np.int64)
 
 
-def _digits(keys: pa.ChunkedArray) -> np.ndarray:
-    """Each key's bucket: its first two hex digits as a number."""
-    return pc.index_in(pc.utf8_slice_codeunits(keys, 0, 2), value_set=DIGITS).to_numpy(zero_copy_only=False)
-
-
-class _Spill:
-    """Rows spread over numbered buckets, one Arrow stream file each under `root`, so that a bucket
-    is read back whole while the others stay on disk."""
-
-    def __init__(self, root: Path, schema: pa.Schema):
-        self.root, self.schema = root, schema
-        self.writers: dict[int, pa.ipc.RecordBatchStreamWriter] = {}
-        root.mkdir(parents=True)
-
-    def _path(self, bucket: int) -> str:
-        return str(self.root / f"{bucket:06d}.arrow")
-
-    def add(self, table: pa.Table, buckets: np.ndarray) -> None:
-        """Each row into its bucket (`buckets`, one per row), in the order given."""
-        if not table.num_rows:
-            return
-        order = np.argsort(buckets, kind="stable")
-        table, buckets = table.take(pa.array(order)), buckets[order]
-        found, starts = np.unique(buckets, return_index=True)
-        for bucket, start, end in zip(found.tolist(), starts.tolist(), [*starts[1:].tolist(), len(buckets)]):
-            if bucket not in self.writers:
-                self.writers[bucket] = pa.ipc.new_stream(self._path(bucket), self.schema)
-            self.writers[bucket].write_table(table.slice(start, end - start))
-
-    def close(self) -> None:
-        for writer in self.writers.values():
-            writer.close()
-
-    @property
-    def buckets(self) -> list[int]:
-        return sorted(self.writers)
-
-    def read(self, bucket: int) -> pa.Table:
-        """A bucket's rows in the order added (after `close`)."""
-        if bucket not in self.writers:
-            return self.schema.empty_table()
-        with pa.ipc.open_stream(self._path(bucket)) as reader:
-            return reader.read_all()
-
-    def remove(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
-
-
 @dataclass
 class _Plan:
     """The stage's work, bucket by bucket on disk: each bucket's distinct texts (sorted by key) with
     a `todo_<i>` column saying whether encoder i still needs its vector, and the counts."""
 
     encoders: list[EncoderConfig]
-    texts: _Spill
+    texts: Spill
     wanted: int  # distinct texts
     todo: dict[str, int]  # texts to encode, per encoder name
 
@@ -265,19 +217,19 @@ def _plan(folder: RunFolder, encoders: list[EncoderConfig], spill: Path) -> _Pla
     its sha256, and which of them each encoder already has a vector for (in the previous table or
     the parts), worked out a bucket of keys at a time: the texts and the (key, encoder) pairs the
     sources hold are first spread over 256 buckets by the key's first two hex digits."""
-    raw = _Spill(spill / "raw", TEXTS_SCHEMA)
+    raw = Spill(spill / "raw", TEXTS_SCHEMA)
     for batch in folder.batches("references", columns=["text"]):
         raw.add(*_hashed(batch.column("text")))
     for batch in folder.batches("responses", columns=["status", "text"]):
         raw.add(*_hashed(batch.filter(pc.equal(batch.column("status"), "ok")).column("text")))
     raw.close()
     keys = pa.array([encoder_key(cfg) for cfg in encoders], pa.string())
-    have = _Spill(spill / "have", pa.schema([("text_sha256", pa.string()), ("encoder_key", pa.string())]))
+    have = Spill(spill / "have", pa.schema([("text_sha256", pa.string()), ("encoder_key", pa.string())]))
     for table in _sources(folder, ["text_sha256", "encoder_key"]):
         table = table.filter(pc.is_in(table.column("encoder_key"), keys))
-        have.add(table, _digits(table.column("text_sha256")))
+        have.add(table, key_buckets(table.column("text_sha256")))
     have.close()
-    texts = _Spill(spill / "texts", _plan_schema(len(encoders)))
+    texts = Spill(spill / "texts", _plan_schema(len(encoders)))
     wanted, todo = 0, dict.fromkeys([cfg.name for cfg in encoders], 0)
     for bucket in raw.buckets:
         table = first_per_key(raw.read(bucket).sort_by("text_sha256"), "text_sha256")
@@ -459,12 +411,12 @@ def _write_selected(folder: RunFolder, plan: _Plan, spill: Path) -> Written:
     keys = pa.array(list(name_of), pa.string())
     names = pa.array(list(name_of.values()), pa.string())
     rank = np.array([order[name] for name in name_of.values()], dtype=np.int64)
-    vectors = _Spill(spill, EMBEDDINGS_SCHEMA)
+    vectors = Spill(spill, EMBEDDINGS_SCHEMA)
     for table in _sources(folder):
         table = table.filter(pc.is_in(table.column("encoder_key"), keys))
         which = pc.index_in(table.column("encoder_key"), value_set=keys)
         table = table.set_column(1, "encoder", pc.take(names, which))
-        vectors.add(table, rank[which.to_numpy(zero_copy_only=False)] * 256 + _digits(table.column("text_sha256")))
+        vectors.add(table, rank[which.to_numpy(zero_copy_only=False)] * 256 + key_buckets(table.column("text_sha256")))
     vectors.close()
 
     def sorted_batches():

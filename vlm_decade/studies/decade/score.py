@@ -21,9 +21,10 @@ import pyarrow.compute as pc
 from vlm_decade.core.reuse import INPUTS, reusable, unit_inputs
 from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.core.runner import Stage, StudyRun
+from vlm_decade.core.spill import Spill, key_buckets
 from vlm_decade.models.encoders import text_key
 from vlm_decade.models.metrics import build_metric
-from vlm_decade.stages.embed import encoder_key
+from vlm_decade.stages.embed import EMBEDDINGS_SCHEMA, encoder_key
 from vlm_decade.stats import SCORES_SCHEMA
 from vlm_decade.studies.decade.config import StudyConfig
 
@@ -36,6 +37,8 @@ EMBEDDING_BATCH = 4096  # vectors read at a time (a Parquet list column decodes 
 # pairs need (about seven per image) exist for one shard only.
 SHARD_IMAGES = 4096
 PAIR_ROWS = 4096  # pairs whose cosines are taken at a time (their vectors as float64)
+NEEDS_SCHEMA = pa.schema([("text_sha256", pa.string()), ("shard", pa.int32())])
+VECTORS_SCHEMA = pa.schema([EMBEDDINGS_SCHEMA.field(c) for c in ("text_sha256", "dim", "vector")])
 PYTHON_ROWS = 65_536  # rows turned into Python values at a time (texts hashed, pairs' inputs)
 SCORE_ORDER = ["metric", "subject", "image_id"]  # orders the rows fully (one per metric, subject and image)
 
@@ -136,64 +139,39 @@ def _batches(embeddings: pa.Table | RunFolder, encoder: str):
 class ShardVectors:
     """Each shard's vectors of one encoder, gathered in one pass over the embeddings, so that the
     file is read once per encoder whatever the number of shards. The keys each shard needs are
-    spread over 256 bucket files by the key's first two hex digits (`need`); the embeddings, sorted
-    by key within an encoder, are read in order, each run of rows of one bucket matched against
-    that bucket's needs, and the vectors appended to the file of each shard that needs them."""
+    spread over 256 key buckets on disk (`need`); the embeddings, sorted by key within an encoder,
+    are read in order, each run of rows of one bucket matched against that bucket's needs, and the
+    vectors spread over buckets by the shard that needs them."""
 
     def __init__(self, folder: Path):
         self.folder = folder
-        self.needs: dict[str, pa.ipc.RecordBatchStreamWriter] = {}  # bucket -> its file of needs
-        self.found: set[int] = set()  # the shards with vectors gathered
+        self.needs = Spill(folder / "needs", NEEDS_SCHEMA)
+        self.gathered = 0  # encoders gathered so far: each gets a folder of its own
 
     def need(self, shard: int, keys: pa.Array | pa.ChunkedArray) -> None:
         keys = pc.unique(keys)
         table = pa.table({"text_sha256": keys, "shard": pa.array(np.full(len(keys), shard, np.int32))})
-        digits = pc.utf8_slice_codeunits(table.column("text_sha256"), 0, 2)
-        for digit in pc.unique(digits).to_pylist():
-            if digit not in self.needs:
-                self.needs[digit] = pa.ipc.new_stream(str(self.folder / f"need-{digit}.arrow"), table.schema)
-            self.needs[digit].write_table(table.filter(pc.equal(digits, digit)))
+        self.needs.add(table, key_buckets(table.column("text_sha256")))
 
-    def gather(self, embeddings: pa.Table | RunFolder, encoder: str) -> None:
-        """Write each shard's vectors of `encoder` to its file (`vectors`)."""
-        for writer in self.needs.values():
-            writer.close()  # closing twice (a second encoder) is allowed
-        writers: dict[int, pa.ipc.RecordBatchStreamWriter] = {}
+    def gather(self, embeddings: pa.Table | RunFolder, encoder: str) -> Spill:
+        """Each shard's vectors of `encoder` (text_sha256, dim, vector): a bucket per shard."""
+        self.needs.close()  # closing again, for a second encoder, is allowed
+        self.gathered += 1
+        vectors = Spill(self.folder / f"vectors-{self.gathered}", VECTORS_SCHEMA)
         loaded, need = None, None
         try:
             for batch in _batches(embeddings, encoder):
-                digits = pc.utf8_slice_codeunits(batch.column("text_sha256"), 0, 2)
-                for digit in pc.unique(digits).to_pylist():
-                    if digit not in self.needs:
-                        continue
-                    if digit != loaded:  # runs of one bucket follow each other in a sorted file
-                        with pa.ipc.open_stream(str(self.folder / f"need-{digit}.arrow")) as reader:
-                            loaded, need = digit, reader.read_all()
-                    rows = batch.filter(pc.equal(digits, digit)).select(["text_sha256", "dim", "vector"])
+                buckets = key_buckets(batch.column("text_sha256"))
+                for bucket in np.unique(buckets).tolist():
+                    if bucket != loaded:  # runs of one bucket follow each other in a sorted file
+                        loaded, need = bucket, self.needs.read(bucket)
+                    rows = batch.filter(pa.array(buckets == bucket)).select(VECTORS_SCHEMA.names)
                     at = pc.index_in(need.column("text_sha256"), rows.column("text_sha256"))
                     found = need.filter(pc.is_valid(at))
-                    if not found.num_rows:
-                        continue
-                    vectors = rows.take(pc.drop_null(at))
-                    shards = found.column("shard").to_numpy()
-                    for shard in np.unique(shards):
-                        if shard not in writers:
-                            writers[shard] = pa.ipc.new_stream(str(self._vectors(shard)), vectors.schema)
-                        writers[shard].write_table(vectors.filter(pa.array(shards == shard)))
+                    vectors.add(rows.take(pc.drop_null(at)).cast(VECTORS_SCHEMA), found.column("shard").to_numpy())
         finally:
-            for writer in writers.values():
-                writer.close()
-        self.found = set(writers)
-
-    def vectors(self, shard: int) -> pa.Table:
-        """The vectors gathered for `shard` (text_sha256, dim, vector): none if it needed none found."""
-        if shard not in self.found:
-            return pa.table({"text_sha256": pa.array([], pa.string())})
-        with pa.ipc.open_stream(str(self._vectors(shard))) as reader:
-            return reader.read_all()
-
-    def _vectors(self, shard: int) -> Path:
-        return self.folder / f"vectors-{shard}.arrow"
+            vectors.close()
+        return vectors
 
 
 def cosine_values(pairs: pa.Table, vectors: pa.Table, encoder: str) -> np.ndarray:
@@ -300,9 +278,9 @@ def similarity_scores(
                 )
         values: dict[str, dict[int, np.ndarray]] = {}
         for name in metrics if todo else ():  # second: one pass over each encoder's vectors
-            vectors.gather(embeddings, name)
+            gathered = vectors.gather(embeddings, name)
             values[name] = {
-                shard: cosine_values(_read(folder / f"pairs-{shard}.arrow"), vectors.vectors(shard), name)
+                shard: cosine_values(_read(folder / f"pairs-{shard}.arrow"), gathered.read(shard), name)
                 for shard in todo
             }
         for shard, new in todo.items():  # third: each shard's rows
