@@ -39,24 +39,18 @@ def imported_file(model: ModelConfig) -> Path | None:
     return Path(file) if isinstance(file, str) and file else None
 
 
-def _answers(table: Table) -> dict[tuple[str, str, str], str]:
-    """(image_id, variant, prompt id or EVERY_PROMPT) -> text."""
-    cells = [table.columns.column(c).to_pylist() for c in ("image_id", "variant")]
-    return dict(zip(zip(*cells, table.text("prompt").to_pylist()), table.columns.column("text").to_pylist()))
-
-
 class FileAnswers:
     """A file's answers as Arrow columns, to look up many questions at once (`texts`) without a
     Python object per row. Where the file repeats a question (an error `check` reports), its last
-    row answers, as in `_answers`."""
+    row answers."""
 
     def __init__(self, table: Table):
         last_first = pa.array(np.arange(len(table) - 1, -1, -1), pa.int64())
         self.rows = _keys(table).append_column("text", table.columns.column("text")).take(last_first)
 
     def texts(self, image_ids: pa.Array, variants: pa.Array, prompt_id: str) -> pa.Array:
-        """Per question (image_ids[i], variants[i], prompt_id), the file's text (not stripped) as
-        `answer` gives it: its row for the prompt, else its row for every prompt; null where none."""
+        """Per question (image_ids[i], variants[i], prompt_id), the file's text (not stripped): its row
+        for the prompt, else its row for every prompt; null where none."""
         rows = self.rows.filter(pc.is_in(self.rows.column("image_id"), value_set=pc.unique(image_ids)))
         have = pc.binary_join_element_wise(*(rows.column(c) for c in ("image_id", "variant", "prompt")), "\x1f")
         have = have.combine_chunks() if isinstance(have, pa.ChunkedArray) else have
@@ -66,7 +60,7 @@ class FileAnswers:
 
 
 def _keys(table: Table) -> pa.Table:
-    """Each row's (image_id, variant, prompt), as `_answers` keys it."""
+    """Each row's (image_id, variant, prompt): the question it answers."""
     cells = {c: table.columns.column(c) for c in ("image_id", "variant")}
     return pa.table(cells | {"prompt": table.text("prompt")})
 
@@ -88,11 +82,6 @@ def _first_rows_of(values: pa.Array, numbers: pa.Array) -> list[tuple[str, int, 
 def answer_key(text: str) -> str:
     """One row's answer, hashed: its part of the response's cache key and model_version."""
     return hashlib.sha256(text.strip().encode()).hexdigest()
-
-
-def answer(texts: dict[tuple[str, str, str], str], image_id: str, variant: str, prompt_id: str) -> str | None:
-    """The file's answer to one question: the row for its prompt, else the row for every prompt."""
-    return texts.get((image_id, variant, prompt_id), texts.get((image_id, variant, EVERY_PROMPT)))
 
 
 def missing_rows(
@@ -149,14 +138,21 @@ class ImportedBackend(Backend):
         problems = Problems()
         table = read_table(path, COLUMNS, problems, OPTIONAL)
         problems.raise_if_any()
-        self.texts = _answers(table)
-        self.per_prompt = any(prompt != EVERY_PROMPT for _, _, prompt in self.texts)
+        self.answers = FileAnswers(table)
+        self.per_prompt = bool(pc.any(pc.not_equal(table.text("prompt"), EVERY_PROMPT)).as_py())
         self.file = path.name
 
     def describe(self, batch: list[Stimulus]) -> list[Description]:
+        texts: list[str | None] = [None] * len(batch)
+        for prompt_id in dict.fromkeys(s.prompt_id for s in batch):  # the file looked up a prompt at a time
+            at = [i for i, s in enumerate(batch) if s.prompt_id == prompt_id]
+            image_ids, variants = (
+                pa.array([getattr(batch[i], c) for i in at], pa.string()) for c in ("image_id", "variant")
+            )
+            for i, text in zip(at, self.answers.texts(image_ids, variants, prompt_id).to_pylist()):
+                texts[i] = text
         out = []
-        for s in batch:
-            text = answer(self.texts, s.image_id, s.variant, s.prompt_id)
+        for s, text in zip(batch, texts):
             if text is None:
                 what = f"({s.image_id}, {s.variant}" + (f", prompt {s.prompt_id})" if self.per_prompt else ")")
                 out.append(Description("", "error", f"no description for {what} in the file", self.file))
