@@ -4,6 +4,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.models.encoders import text_key
 from vlm_decade.stages.embed import EMBEDDINGS_SCHEMA
 from vlm_decade.studies.decade import score
@@ -232,3 +233,26 @@ def test_the_embeddings_are_read_once_per_encoder_whatever_the_shards_and_not_at
     assert passes == ["E", "F"]
     again = similarity_scores(images, refs, responses, emb, ["E", "F"], previous=first, settings="s")
     assert again.equals(first) and passes == ["E", "F"]
+
+
+def test_the_run_folder_s_tables_are_streamed_into_shards_and_score_as_the_tables_do(monkeypatch, tmp_path):
+    """At a million images the texts are gigabytes: they are read from the run folder a batch at a
+    time (batches that straddle shards), never whole, and give the same table as when held."""
+    images, refs, responses, emb, _ = _study(10, changed={2, 5})
+    before = similarity_scores(*_study(8)[:4], ["E"], [_Counted()], settings="s")
+    held = similarity_scores(images, refs, responses, emb, ["E"], [_Counted()], previous=before, settings="s")
+    folder = RunFolder(tmp_path)
+    for name, table in [("references", refs), ("responses", responses), ("embeddings", emb), ("scores", before)]:
+        folder.write(name, table)
+
+    def whole(self, name):
+        raise AssertionError(f"{name} was read whole")
+
+    monkeypatch.setattr(RunFolder, "read", whole)
+    monkeypatch.setattr(score, "SHARD_IMAGES", 3)
+    monkeypatch.setattr(score, "EMBEDDING_BATCH", 7)
+    metric = _Counted()
+    streamed = similarity_scores(images, folder, folder, folder, ["E"], [metric], previous=folder, settings="s")
+    assert streamed.equals(held)
+    assert metric.pairs == 6 + 6 + 6  # the kept rows were found in the streamed scores: as in the test above
+    assert not (tmp_path / ".spill").exists() or not any((tmp_path / ".spill").iterdir())

@@ -164,6 +164,9 @@ class RunFolder:
     def read(self, name: str) -> pa.Table:
         return pq.read_table(self.table_path(name))
 
+    def schema(self, name: str) -> pa.Schema:
+        return pq.read_schema(self.table_path(name))
+
     def write(self, name: str, table: pa.Table) -> tuple[str, dict[str, Any]]:
         """Write a table atomically. Returns its content fingerprint (the manifest's `tables`, what
         later stages' fingerprints use) and its file record (the manifest's `files`: sha256 and size,

@@ -122,15 +122,37 @@ def scoring_pairs(references: pa.Table, responses: pa.Table, texts: bool = True)
     return pairs if texts else pairs.drop_columns(["candidate", "gold"])
 
 
+def _rows(source: pa.Table | RunFolder, name: str, columns: list[str] | None = None, batch_size: int = EMBEDDING_BATCH):
+    """Table `name`'s rows a batch at a time: from `source` itself when it is a table, or streamed
+    from the run folder's file (which may be too big to read whole)."""
+    if isinstance(source, pa.Table):
+        return (source if columns is None else source.select(columns)).to_batches(max_chunksize=batch_size)
+    return source.batches(name, columns=columns, batch_size=batch_size)
+
+
+def by_image_shard(
+    source: pa.Table | RunFolder, name: str, columns: list[str], images: pa.Table, folder: Path
+) -> Spill:
+    """Table `name`'s rows (`_rows`) spread over buckets on disk by their image's shard: the
+    position of their image in `images` over `SHARD_IMAGES`; the rows of other images are left out.
+    Each shard's rows keep the table's order, so that they are what filtering the table would give."""
+    ids = images.column("image_id")
+    spill = None
+    for batch in _rows(source, name, columns):
+        at = pc.index_in(batch.column("image_id"), value_set=ids)
+        rows = pa.Table.from_batches([batch]).filter(pc.is_valid(at))
+        spill = spill or Spill(folder / name, rows.schema)
+        spill.add(rows, pc.drop_null(at).to_numpy(zero_copy_only=False) // SHARD_IMAGES)
+    if spill is None:  # a table without rows
+        schema = source.schema if isinstance(source, pa.Table) else source.schema(name)
+        spill = Spill(folder / name, pa.schema([schema.field(c) for c in columns]))
+    spill.close()
+    return spill
+
+
 def _batches(embeddings: pa.Table | RunFolder, encoder: str):
-    """One encoder's rows of the embeddings, a batch at a time: from a table, or streamed from the
-    run folder's file (which may be too big to read whole)."""
-    source = (
-        embeddings.to_batches()
-        if isinstance(embeddings, pa.Table)
-        else embeddings.batches("embeddings", batch_size=EMBEDDING_BATCH)
-    )
-    for batch in source:
+    """One encoder's rows of the embeddings, a batch at a time (`_rows`)."""
+    for batch in _rows(embeddings, "embeddings"):
         batch = pa.Table.from_batches([batch]).filter(pc.equal(batch.column("encoder"), encoder))
         if batch.num_rows:
             yield batch
@@ -225,45 +247,52 @@ def image_inputs(pairs: pa.Table, images: pa.Table, settings) -> pa.Table:
 
 def similarity_scores(
     images: pa.Table,
-    references: pa.Table,
-    responses: pa.Table,
+    references: pa.Table | RunFolder,
+    responses: pa.Table | RunFolder,
     embeddings: pa.Table | RunFolder,
     metrics: list[str],
     pair_metrics=(),
-    previous: pa.Table | None = None,
+    previous: pa.Table | RunFolder | None = None,
     settings=None,
 ) -> pa.Table:
-    """Cosine to the gold standard for each encoder in `metrics` (from the embeddings: a table, or
-    the run folder's, streamed), and each loaded pairwise metric in `pair_metrics` (e.g. BERTScore,
+    """Cosine to the gold standard for each encoder in `metrics`, and each loaded pairwise metric in `pair_metrics` (e.g. BERTScore,
     `vlm_decade.models.metrics`), with each row's `inputs_sha256` (`image_inputs` under `settings`,
     what decides the vectors and metrics). The rows of `previous` (the last scores) of the images whose
     inputs are unchanged are kept; only the other images are scored (`core.reuse`). The images are
     scored `SHARD_IMAGES` at a time, so that what is built per pair exists for one shard only; an
-    image's rows do not depend on the others of its shard. The shards' pairs and vectors wait in a
+    image's rows do not depend on the others of its shard. The references, responses and embeddings
+    are tables, or the run folder, whose tables are streamed (they may be too big to hold): the
+    texts are spread over the shards in one pass, and wait with the shards' pairs and vectors in a
     temporary folder (the run folder's `.spill/`, for a run folder) between the passes."""
-    references = references.select(["image_id", "condition", "role", "text"])
-    responses = responses.select(["subject", "image_id", "variant", "status", "text"])
-    if previous is not None and previous.schema.remove_metadata() != SCORED_SCHEMA.remove_metadata():
+    schema = previous.schema("scores") if isinstance(previous, RunFolder) else getattr(previous, "schema", None)
+    if schema is not None and schema.remove_metadata() != SCORED_SCHEMA.remove_metadata():
         previous = None  # a table of an earlier version: nothing of it is kept (`reusable`)
-    spill = None
-    if isinstance(embeddings, RunFolder):
-        spill = embeddings.root / ".spill"
+    sources = (references, responses, embeddings, previous)
+    spill = next((s.root / ".spill" for s in sources if isinstance(s, RunFolder)), None)
+    if spill is not None:
         spill.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="scores-", dir=spill) as folder:
         folder = Path(folder)
+        texts = [
+            by_image_shard(references, "references", ["image_id", "condition", "role", "text"], images, folder),
+            by_image_shard(
+                responses, "responses", ["subject", "image_id", "variant", "status", "text"], images, folder
+            ),
+        ]
+        kept_rows = (
+            None if previous is None else by_image_shard(previous, "scores", SCORED_SCHEMA.names, images, folder)
+        )
         parts, todo = [], {}  # the rows kept; the shards with images to score, and their images
         vectors = ShardVectors(folder)
         # First pass: each shard's pairs, what of them is kept, and the vectors its other pairs need.
         for shard, start in enumerate(range(0, images.num_rows, SHARD_IMAGES)):
             of_shard = images.slice(start, SHARD_IMAGES).select(["image_id", "dataset"])
-            pairs = scoring_pairs(*(_of_images(t, of_shard) for t in (references, responses)), bool(pair_metrics))
+            pairs = scoring_pairs(*(t.read(shard) for t in texts), bool(pair_metrics))
             # One order of each image's pairs, so that a group's mean adds its members in the same
             # order whether the image is scored alone or with every other.
             pairs = pairs.sort_by([("image_id", "ascending"), ("subject", "ascending"), ("candidate_key", "ascending")])
             wanted = image_inputs(pairs, of_shard, settings)
-            kept = reusable(
-                None if previous is None else _of_images(previous, of_shard), wanted, ["image_id"], SCORED_SCHEMA
-            )
+            kept = reusable(None if kept_rows is None else kept_rows.read(shard), wanted, ["image_id"], SCORED_SCHEMA)
             parts.append(kept.select(SCORED_SCHEMA.names).cast(SCORED_SCHEMA))
             new = wanted.filter(pc.invert(pc.is_in(wanted.column("image_id"), kept.column("image_id"))))
             if not new.num_rows:
@@ -301,11 +330,6 @@ def _write(path: Path, table: pa.Table) -> None:
 def _read(path: Path) -> pa.Table:
     with pa.ipc.open_stream(str(path)) as reader:
         return reader.read_all()
-
-
-def _of_images(table: pa.Table, images: pa.Table) -> pa.Table:
-    """The rows of `table` of the `images`."""
-    return table.filter(pc.is_in(table.column("image_id"), images.column("image_id")))
 
 
 def _shard_scores(pairs: pa.Table, todo: pa.Table, cosines: dict[str, np.ndarray], pair_metrics) -> pa.Table:
@@ -358,17 +382,21 @@ def stage(study: StudyConfig) -> Stage:
     ]
 
     def compute(run: StudyRun) -> dict[str, pa.Table]:
-        tables = [run.table(n) for n in ("images", "references", "responses")]
+        images = run.table("images")
         metrics = [build_metric(m) for m in study.metrics]
-        scores = similarity_scores(*tables, run.folder, encoders, metrics, run.folder.previous("scores"), per_image)
-        if study.caption_metrics:
+        # The texts are streamed from the run folder, not held: at a million images they are gigabytes.
+        folder = run.folder
+        previous = folder if folder.trusted("scores") else None
+        scores = similarity_scores(images, folder, folder, folder, encoders, metrics, previous, per_image)
+        if study.caption_metrics:  # against all human descriptions at once: these read the texts whole
             from vlm_decade.studies.decade.captions import caption_metric_scores
 
-            scores = pa.concat_tables([scores, unkeyed(caption_metric_scores(*tables, study.caption_metrics))])
+            texts = [run.table(n) for n in ("references", "responses")]
+            scores = pa.concat_tables([scores, unkeyed(caption_metric_scores(images, *texts, study.caption_metrics))])
         if study.judge_metrics:
             from vlm_decade.studies.decade.judging import judge_values
 
-            scores = pa.concat_tables([scores, unkeyed(judge_values(study, run.table("judge_scores"), tables[0]))])
+            scores = pa.concat_tables([scores, unkeyed(judge_values(study, run.table("judge_scores"), images))])
         return {"scores": scores}
 
     settings = [encoders, [m.fingerprint() for m in study.metrics]] + (
