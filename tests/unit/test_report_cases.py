@@ -21,7 +21,7 @@ from vlm_decade.stats import COMPARISONS_SCHEMA, SCORES_SCHEMA, STATS_SCHEMA
 from vlm_decade.stats.groups import with_group
 from vlm_decade.studies import study_from_dict
 from vlm_decade.studies.decade.data import REFERENCES_SCHEMA
-from vlm_decade.studies.decade.report import era_repeats, write_report
+from vlm_decade.studies.decade.report import era_repeats, redraw, write_report
 from vlm_decade.studies.openworld.data import LABELS_SCHEMA
 from vlm_decade.studies.openworld.report import write_openworld_report
 from vlm_decade.studies.openworld.scoring import PREDICTIONS_SCHEMA, SCORES_B_SCHEMA
@@ -534,3 +534,55 @@ def test_openworld_report_draws_its_figures_and_shows_ss_thresholds_a_row_per_mo
     # The viewer's model pages and confusion view, linked for when the report is opened through it.
     links = {a["href"] for tag, a in page.tags if tag == "a"}
     assert {"../model/alpha", "../model/beta", "../confusions"} <= links
+
+
+def test_the_report_streamed_from_the_run_folder_is_the_report_of_the_tables_held_whole(tmp_path, monkeypatch):
+    """The report stage leaves the references and responses (several KB per image) in the run folder
+    and reads only the rows it draws on, a batch at a time: the page, errors.html and the CSVs are
+    byte for byte those written from the tables held whole, failed responses and vote ties included
+    (the error section's per-image rows come the same way: the demo's page tests draw it)."""
+    root = decade_run(tmp_path / "run")
+    responses = pq.read_table(root / "responses.parquet")
+    failed = pc.equal(pa.array(range(responses.num_rows)), 1)
+    responses = responses.set_column(
+        responses.schema.get_field_index("status"), "status", pc.if_else(failed, "error", responses.column("status"))
+    ).set_column(
+        responses.schema.get_field_index("error"),
+        "error",
+        pc.if_else(failed, "TimeoutError: slow", responses.column("error")),
+    )
+    folder = RunFolder(root)
+    folder.write("responses", responses)
+    folder.write("comparisons", COMPARISONS_SCHEMA.empty_table())
+    for name in ("errors", "detections", "spatial", "error_stats"):  # this study has no taxonomy
+        folder.table_path(name).unlink()
+    study = study_from_dict(copy.deepcopy(DECADE_CONFIG))
+    names = [p.stem for p in root.glob("*.parquet")]
+    held = RunFolder(tmp_path / "held")
+    write_report(held, study, {n: folder.read(n) for n in names})
+
+    def whole(self, name):
+        if name in ("references", "responses"):
+            raise AssertionError(f"{name} was read whole")
+        return pq.read_table(self.table_path(name))
+
+    monkeypatch.setattr(RunFolder, "read", whole)
+    monkeypatch.setattr(RunFolder, "batches", _small_batches(RunFolder.batches))
+    assert redraw(folder, study) == []
+    written = sorted(p.relative_to(held.root) for p in held.root.rglob("*") if p.suffix in (".html", ".csv"))
+    assert [p.name for p in written] == [
+        "report.html",
+        "comparisons.csv",
+        "responses.csv",
+        "scores.csv",
+        "stats.csv",
+    ]
+    for path in written:
+        assert (root / path).read_bytes() == (held.root / path).read_bytes(), path
+    page = (root / "report.html").read_text()
+    assert "TimeoutError: slow" in page and "48 responses, 2 failed." in page
+
+
+def _small_batches(batches):
+    """`RunFolder.batches` a few rows at a time, so that what is streamed spans many batches."""
+    return lambda self, name, columns=None, batch_size=None: batches(self, name, columns, batch_size=3)

@@ -167,6 +167,9 @@ class RunFolder:
     def schema(self, name: str) -> pa.Schema:
         return pq.read_schema(self.table_path(name))
 
+    def num_rows(self, name: str) -> int:
+        return pq.ParquetFile(self.table_path(name)).metadata.num_rows
+
     def write(self, name: str, table: pa.Table) -> tuple[str, dict[str, Any]]:
         """Write a table atomically. Returns its content fingerprint (the manifest's `tables`, what
         later stages' fingerprints use) and its file record (the manifest's `files`: sha256 and size,

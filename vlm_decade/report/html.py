@@ -5,7 +5,7 @@ cannot evaluate."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -18,6 +18,7 @@ from markupsafe import Markup
 
 from vlm_decade.core.files import atomic_file, atomic_write_bytes
 from vlm_decade.core.reuse import INPUTS
+from vlm_decade.core.runfolder import RunFolder
 
 TEMPLATES = Path(__file__).parent / "templates"
 STYLE = Markup("""
@@ -93,17 +94,27 @@ CSV_ROWS = 65_536  # rows made safe and written at a time, so a CSV of any size 
 
 def write_csv(table: pa.Table, path: Path) -> None:
     """`table` as CSV at `path`, made `spreadsheet_safe`: every CSV the package writes is written here."""
-    with atomic_file(path) as fh, pacsv.CSVWriter(fh, spreadsheet_safe(table.slice(0, 0)).schema) as writer:
-        for start in range(0, table.num_rows, CSV_ROWS):
-            writer.write_table(spreadsheet_safe(table.slice(start, CSV_ROWS)))
+    _write_csv(table.schema, (table.slice(start, CSV_ROWS) for start in range(0, table.num_rows, CSV_ROWS)), path)
 
 
-def write_csvs(root: Path, tables: dict[str, pa.Table], names: tuple[str, ...]) -> tuple[str, ...]:
-    """Write `tables/<name>.csv` for each name, without the run's own bookkeeping (a row's inputs
-    hash); the names, for the page's `csv_note`."""
+def _write_csv(schema: pa.Schema, parts, path: Path) -> None:
+    with atomic_file(path) as fh, pacsv.CSVWriter(fh, spreadsheet_safe(schema.empty_table()).schema) as writer:
+        for part in parts:
+            writer.write_table(spreadsheet_safe(part))
+
+
+def write_csvs(run: RunFolder, tables: Mapping[str, pa.Table], names: tuple[str, ...]) -> tuple[str, ...]:
+    """Write `tables/<name>.csv` in the run folder for each name, without the run's own bookkeeping
+    (a row's inputs hash): from `tables`, or for a name it lacks streamed from the run folder's
+    table `CSV_ROWS` rows at a time; the names, for the page's `csv_note`."""
     for name in names:
-        table = tables[name]
-        if INPUTS in table.column_names:
-            table = table.drop_columns([INPUTS])
-        write_csv(table, root / "tables" / f"{name}.csv")
+        path = run.root / "tables" / f"{name}.csv"
+        if name in tables:
+            table = tables[name]
+            write_csv(table.drop_columns([INPUTS]) if INPUTS in table.column_names else table, path)
+            continue
+        columns = [c for c in run.schema(name).names if c != INPUTS]
+        schema = pa.schema([run.schema(name).field(c) for c in columns])
+        batches = run.batches(name, columns=columns, batch_size=CSV_ROWS)
+        _write_csv(schema, (pa.Table.from_batches([b]).select(columns) for b in batches), path)
     return names

@@ -15,7 +15,7 @@ a sample (each model's worst and best images, thumbnails embedded); `vlm-decade 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -42,6 +42,9 @@ from vlm_decade.studies.decade.taxonomy.report import taxonomy_section
 REPORT_FORMAT = 10  # 10: the failed models at the top; 9: the thin-data notes
 # The tables every report draws from, and those it adds a section for when the run has them.
 REPORT_TABLES = ("images", "references", "responses", "scores", "stats", "comparisons")
+# The tables that grow with the texts (several KB per image): the stage leaves them in the run
+# folder, and the page reads from them only what it draws on, a batch at a time (`rows_of`).
+TEXT_TABLES = ("references", "responses")
 OPTIONAL_TABLES = (
     "metric_validation",
     "stsb",
@@ -179,12 +182,40 @@ def _extremes_of(rows: pa.Table) -> tuple[list[dict], list[dict]]:
     return rows.take(order.slice(0, n)).to_pylist(), rows.take(order.slice(len(order) - n)).to_pylist()[::-1]
 
 
-def voted_references(references: pa.Table) -> pa.Table:
+def rows_of(
+    run: RunFolder, tables: Mapping[str, pa.Table], name: str, columns: list[str] | None = None, where=None
+) -> pa.Table:
+    """Table `name`'s rows that `where` keeps (a table -> a boolean mask over its rows; every row by
+    default), in `columns` (every column by default): from `tables` when it holds the table, else streamed from the run folder
+    a batch at a time (`TEXT_TABLES`: the page holds only the rows it draws on)."""
+    if name in tables:
+        parts = [tables[name] if columns is None else tables[name].select(columns)]
+    else:
+        parts = (pa.Table.from_batches([b]) for b in run.batches(name, columns=columns))
+    kept = [part if where is None else part.filter(where(part)) for part in parts]
+    if not kept:  # a table without rows
+        schema = run.schema(name)
+        return pa.schema([schema.field(c) for c in columns or schema.names]).empty_table()
+    table = pa.concat_tables(kept)
+    return table if columns is None else table.select(columns)
+
+
+def _of(ids) -> Callable[[pa.Table], pa.ChunkedArray]:
+    """A `rows_of` filter: the rows of the images `ids`."""
+    value_set = pa.array(sorted(ids), pa.string())
+    return lambda t: pc.is_in(t.column("image_id"), value_set=value_set)
+
+
+def voted_references(run: RunFolder, tables: Mapping[str, pa.Table]) -> pa.Table:
     """The rows `vote_ties` counts from: those of the images some description of which was shown to
     voters (an image ranked by consensus has none), so a study without votes hands it none."""
-    shown = pc.fill_null(pc.not_equal(references.column("shown"), 0), False)
-    voted = pc.unique(references.filter(shown).column("image_id"))
-    return references.filter(pc.is_in(references.column("image_id"), value_set=voted))
+    columns = ["image_id", "condition", "role", "votes", "shown"]
+    shown = rows_of(
+        run, tables, "references", columns, lambda t: pc.fill_null(pc.not_equal(t.column("shown"), 0), False)
+    )
+    if not shown.num_rows:
+        return shown
+    return rows_of(run, tables, "references", columns, _of(pc.unique(shown.column("image_id")).to_pylist()))
 
 
 def sampled_ids(picked: dict[str, tuple[list[dict], list[dict]]]) -> list[str]:
@@ -221,10 +252,12 @@ def _examples(tables: dict[str, pa.Table], metric: str, picked: dict[str, tuple[
     )
 
 
-def _failed_responses(responses: pa.Table, shown: int = FAILED_SHOWN) -> dict:
+def _failed_responses(run: RunFolder, tables: Mapping[str, pa.Table], shown: int = FAILED_SHOWN) -> dict:
     """How many responses failed, per model, and the first few of them."""
-    failed = responses.filter(pc.not_equal(responses.column("status"), "ok"))
-    out = {"total": responses.num_rows, "failed": failed.num_rows, "shown": shown, "counts": None, "first": None}
+    columns = ["subject", "image_id", "variant", "status", "error"]
+    failed = rows_of(run, tables, "responses", columns, lambda t: pc.not_equal(t.column("status"), "ok"))
+    total = tables["responses"].num_rows if "responses" in tables else run.num_rows("responses")
+    out = {"total": total, "failed": failed.num_rows, "shown": shown, "counts": None, "first": None}
     if failed.num_rows:
         counts = (
             failed.group_by("subject")
@@ -294,6 +327,8 @@ def thin_notes(study: StudyConfig, references: pa.Table, ranking: Mapping[str, s
 
 
 def write_report(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Table]) -> None:
+    """report.html and its figures and CSVs from `tables`; `TEXT_TABLES` that `tables` lacks are
+    read from the run folder, only the rows the page draws on (`rows_of`)."""
     # The page shows the analysis of all images; the tables' CSVs keep the per-group rows too.
     all_rows, tables = tables, {**tables, **{n: ungrouped(t) for n, t in tables.items() if n in GROUPED_TABLES}}
     metrics = sorted(pc.unique(tables["stats"].column("metric")).to_pylist())
@@ -302,14 +337,16 @@ def write_report(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Table]
     manifest = run.manifest()
     images, n = tables["images"], study.statistics.n_resamples
     ranking = manifest.get("ranking_method", {})
-    thin = thin_notes(study, tables["references"], ranking)
+    thin = thin_notes(study, rows_of(run, tables, "references", ["image_id", "dataset", "condition"]), ranking)
     metric, picked = samples(tables, study)
+    ids = sampled_ids(picked)
+    # The texts of the sampled images: all the page shows of the references and responses.
+    tables |= {name: rows_of(run, tables, name, where=_of(ids)) for name in TEXT_TABLES}
     errors = None
     if "errors" in tables:
         # Per-image parts of the error section (heat maps, examples, errors.html) cover the sampled images;
         # the SDE counts, every image.
-        ids = sampled_ids(picked)
-        per_image = {name: only_images(tables[name], ids) for name in ("errors", "references", "responses")}
+        per_image = {"errors": only_images(tables["errors"], ids)}
         error_comparisons, error_era_note = _without_repeats(tables["error_comparisons"], study.eras)
         errors = taxonomy_section(
             run,
@@ -333,7 +370,7 @@ def write_report(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Table]
         sample_size=report_samples.SAMPLE_SIZE,
         ranking=sorted(ranking.items()),
         consensus=sorted(d for d, m in ranking.items() if m == "consensus"),
-        ties=vote_ties(voted_references(tables["references"]).to_pylist()),
+        ties=vote_ties(voted_references(run, all_rows).to_pylist()),
         thin=thin,
         metrics=[(m, safe_name(m)) for m in metrics],
         stats=grid(
@@ -355,8 +392,8 @@ def write_report(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Table]
         errors=errors,
         metric=metric,
         examples=_examples(tables, metric, picked) if metric is not None else None,
-        responses=_failed_responses(tables["responses"]),
-        csvs=write_csvs(run.root, all_rows, ("stats", "comparisons", "scores", "responses")),
+        responses=_failed_responses(run, all_rows),
+        csvs=write_csvs(run, all_rows, ("stats", "comparisons", "scores", "responses")),
     )
     write_page(run.root / "report.html", page)
 
@@ -369,7 +406,7 @@ def stage(study: StudyConfig, ranking: Mapping[str, str], made: list[str]) -> St
         "report",
         tables,
         {"demo": study.demo, "ranking": ranking, "format": REPORT_FORMAT},
-        lambda run: write_report(run.folder, study, {n: run.table(n) for n in tables}) or {},
+        lambda run: write_report(run.folder, study, {n: run.table(n) for n in tables if n not in TEXT_TABLES}) or {},
         outputs=(),
         files=("report.html",),
     )
@@ -380,5 +417,5 @@ def redraw(folder: RunFolder, study: StudyConfig) -> list[str]:
     missing = [n for n in REPORT_TABLES if not folder.has(n)]
     if not missing:
         names = list(REPORT_TABLES) + [n for n in OPTIONAL_TABLES if folder.has(n)]
-        write_report(folder, study, {n: folder.read(n) for n in names})
+        write_report(folder, study, {n: folder.read(n) for n in names if n not in TEXT_TABLES})
     return missing

@@ -347,7 +347,7 @@ def write_openworld_report(
         predictions=_prediction_samples(tables, study),
         responses=responses.num_rows,
         failed=pc.sum(pc.not_equal(responses.column("status"), "ok")).as_py() or 0,
-        csvs=write_csvs(run.root, all_rows, ("stats", "comparisons", "paired_tests", "predictions", "responses")),
+        csvs=write_csvs(run, all_rows, ("stats", "comparisons", "paired_tests", "predictions", "responses")),
     )
     write_page(run.root / "report.html", page)
 
