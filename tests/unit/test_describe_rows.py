@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -64,6 +65,37 @@ def test_an_imported_models_keys_are_its_own_rows_whatever_the_slice(tmp_path, m
     changed = plan_jobs(study, plan, images).column("cache_key").to_pylist()
     moved = [tuple(j[c] for c in RESPONSE_KEY) for j, k in zip(whole.to_pylist(), changed) if j["cache_key"] != k]
     assert moved == [("m", "i2", "full", "p2")]
+
+
+def test_an_imported_file_answers_a_few_questions_at_a_time_as_a_dict_of_its_rows_does(tmp_path):
+    """Questions asked a few at a time, as an actor does, of a file in no order with repeated
+    questions, rows per prompt and rows for every prompt: what a plain dict of the rows answers."""
+    rng = np.random.default_rng(7)
+    rows = [
+        (
+            f"img{int(rng.integers(0, 40)):02d}",
+            str(rng.choice(["full", "m1"])),
+            str(rng.choice(["", "p1", "p2"])),
+            f"t{k}",
+        )
+        for k in range(300)
+    ]
+    file = tmp_path / "answers.csv"
+    file.write_text("image_id,variant,prompt,text\n" + "".join(",".join(r) + "\n" for r in rows))
+    last = {(i, v, p): t for i, v, p, t in rows}  # a later row of the same question wins
+    model = ModelConfig(name="m", backend="imported", model_id="m", era="pre-mllm", options={"file": str(file)})
+    _, keys = ImportedBackend.answer_keys(model)
+    sha = lambda text: hashlib.sha256(text.encode()).hexdigest()  # noqa: E731
+    for _ in range(60):
+        n = int(rng.integers(1, 9))
+        ids = [f"img{int(rng.integers(0, 45)):02d}" for _ in range(n)]  # some the file has no row for
+        variants = [str(rng.choice(["full", "m1"])) for _ in range(n)]
+        prompt = str(rng.choice(["p1", "p2"]))
+        expected = []
+        for i, v in zip(ids, variants):
+            text = last.get((i, v, prompt), last.get((i, v, "")))
+            expected.append(None if text is None else sha(text))
+        assert keys(pa.array(ids), pa.array(variants), prompt) == expected
 
 
 def _row(subject, image_id, variant, status, cache_key, text):

@@ -42,16 +42,38 @@ def imported_file(model: ModelConfig) -> Path | None:
 class FileAnswers:
     """A file's answers as Arrow columns, to look up many questions at once (`texts`) without a
     Python object per row. Where the file repeats a question (an error `check` reports), its last
-    row answers."""
+    row answers. The rows are sorted by image once, so that a lookup finds its images' rows by binary
+    search: an actor asks a few questions at a time, and a scan of the whole file for each batch
+    would make describing an imported model quadratic in the images."""
 
     def __init__(self, table: Table):
         last_first = pa.array(np.arange(len(table) - 1, -1, -1), pa.int64())
-        self.rows = _keys(table).append_column("text", table.columns.column("text")).take(last_first)
+        rows = _keys(table).append_column("text", table.columns.column("text")).take(last_first)
+        rows = rows.filter(pc.is_valid(rows.column("image_id")))  # a row of no image answers nothing
+        # A stable sort: an image's rows stay last first.
+        self.rows = rows.take(pc.sort_indices(rows, [("image_id", "ascending")]))
+        ids = self.rows.column("image_id").combine_chunks()
+        changed = pc.not_equal(ids.slice(1), ids.slice(0, len(ids) - 1)).to_numpy(zero_copy_only=False)
+        starts = np.concatenate([[0], np.flatnonzero(changed) + 1]) if len(ids) else np.zeros(0, np.int64)
+        # One Python string per image, not per row; Arrow's order of UTF-8 is Python's order of str.
+        self.images = ids.take(pa.array(starts, pa.int64())).to_numpy(zero_copy_only=False)
+        self.ends = np.append(starts[1:], len(ids)).astype(np.int64)
+        self.starts = starts.astype(np.int64)
+
+    def _rows_of(self, image_ids: pa.Array) -> pa.Table:
+        """The rows of the images `image_ids`, each image's last first."""
+        wanted = pc.unique(image_ids).to_numpy(zero_copy_only=False)
+        at = np.searchsorted(self.images, wanted)
+        inside = at < len(self.images)
+        at, wanted = at[inside], wanted[inside]
+        at = at[self.images[at] == wanted]
+        index = [np.arange(self.starts[k], self.ends[k]) for k in at]
+        return self.rows.take(pa.array(np.concatenate(index) if index else np.zeros(0, np.int64), pa.int64()))
 
     def texts(self, image_ids: pa.Array, variants: pa.Array, prompt_id: str) -> pa.Array:
         """Per question (image_ids[i], variants[i], prompt_id), the file's text (not stripped): its row
         for the prompt, else its row for every prompt; null where none."""
-        rows = self.rows.filter(pc.is_in(self.rows.column("image_id"), value_set=pc.unique(image_ids)))
+        rows = self._rows_of(image_ids)
         have = pc.binary_join_element_wise(*(rows.column(c) for c in ("image_id", "variant", "prompt")), "\x1f")
         have = have.combine_chunks() if isinstance(have, pa.ChunkedArray) else have
         asked = lambda prompt: pc.binary_join_element_wise(image_ids, variants, prompt, "\x1f")  # noqa: E731
