@@ -47,6 +47,9 @@ def ray_head(tmp_path):
         "--include-dashboard=true",
         "--dashboard-host=127.0.0.1",
         f"--dashboard-port={dashboard}",
+        # The job agent's own port is fixed by default (52365): a Ray already running on the
+        # machine would hold it, and this head's agent would never take jobs.
+        f"--dashboard-agent-listen-port={_free_port()}",
         "--num-cpus=2",
         "--disable-usage-stats",
         f"--temp-dir={ray_tmp}",
