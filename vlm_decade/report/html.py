@@ -113,8 +113,9 @@ def write_csvs(run: RunFolder, tables: Mapping[str, pa.Table], names: tuple[str,
             table = tables[name]
             write_csv(table.drop_columns([INPUTS]) if INPUTS in table.column_names else table, path)
             continue
-        columns = [c for c in run.schema(name).names if c != INPUTS]
-        schema = pa.schema([run.schema(name).field(c) for c in columns])
+        stored = run.schema(name)
+        columns = [c for c in stored.names if c != INPUTS]
+        schema = pa.schema([stored.field(c) for c in columns])
         batches = run.batches(name, columns=columns, batch_size=CSV_ROWS)
         _write_csv(schema, (pa.Table.from_batches([b]).select(columns) for b in batches), path)
     return names
