@@ -166,13 +166,23 @@ def _by_hand(folder: RunFolder) -> list[str]:
     return [best[k]["text"] for k in sorted(best)]
 
 
-@pytest.mark.parametrize("match_rows", [1, 2, rows_module.MATCH_ROWS])
-def test_each_jobs_row_is_the_one_a_plain_loop_picks_however_many_are_matched_at_once(folder, monkeypatch, match_rows):
+@pytest.mark.parametrize(("match_rows", "collect_images"), [(1, 1), (2, 2), (rows_module.MATCH_ROWS, 3)])
+def test_each_jobs_row_is_the_one_a_plain_loop_picks_however_many_are_matched_at_once(
+    folder, monkeypatch, match_rows, collect_images
+):
+    """However many rows are matched at a time and however many images' rows are chosen at a time
+    (a bucket of the spill per model and range of images), the table written is the same."""
     monkeypatch.setattr(rows_module, "MATCH_ROWS", match_rows)
-    table = collect_rows(folder, JOBS)
-    assert table.schema == RESPONSES_SCHEMA
-    assert table.column("text").to_pylist() == _by_hand(folder)
-    assert table.column("text").to_pylist() == ["latest failure", "first ok", "second try", "kept"]
+    monkeypatch.setattr(rows_module, "COLLECT_IMAGES", collect_images)
+    by_hand = _by_hand(folder)
     todo, n_done = todo_jobs(folder, JOBS)
+    written = collect_rows(folder, JOBS)
+    table = folder.read("responses")
+    assert table.schema == RESPONSES_SCHEMA and written.rows == table.num_rows == 4
+    assert table.column("text").to_pylist() == by_hand
+    assert table.column("text").to_pylist() == ["latest failure", "first ok", "second try", "kept"]
+    assert written.status.unfinished() == {"error": 2}  # a/i1 and a/i3's latest attempts
+    assert [(f.subject, f.failed, f.rows) for f in written.status.failed()] == [("a", 2, 3)]
+    assert not (folder.root / ".spill" / "responses").exists()
     assert n_done == 2  # a/i2 and b/i2; a/i1 and a/i3 failed, a/i4 was never tried
     assert todo.column("image_id").to_pylist() == ["i3", "i1", "i4"]  # still in the jobs' order

@@ -13,7 +13,7 @@ from vlm_decade.core.dispatch import original, raised_in
 from vlm_decade.core.errors import RemoteError, error_text, plain
 from vlm_decade.core.progress import Reporter
 from vlm_decade.core.runfolder import RunFolder
-from vlm_decade.core.runner import Failed, Stage, StudyRun, failed_rows, run_failures
+from vlm_decade.core.runner import Failed, StatusTally, Stage, StudyRun, run_failures, tallied
 from vlm_decade.core.runtime import LazyRay
 from vlm_decade.models.backends import Stimulus
 from vlm_decade.stages.describe.local import describe_batch
@@ -95,14 +95,17 @@ def test_failed_rows_per_table_and_model_with_the_most_common_error():
         ("delta", "ok", None),
     ]
     table = pa.table({k: [s[i] for s in statuses] for i, k in enumerate(("subject", "status", "error"))})
-    assert failed_rows("responses", table) == [
-        Failed("responses", "alpha", 3, 5, "B: timeout", 2),
-        Failed("responses", "beta", 2, 2, "A: tie", 1),
-    ]
+    expected = [Failed("responses", "alpha", 3, 5, "B: timeout", 2), Failed("responses", "beta", 2, 2, "A: tie", 1)]
+    assert tallied("responses", table).failed() == expected
+    assert tallied("responses", table).unfinished() == {"error": 5, "skipped": 2}
+    in_batches = StatusTally("responses")  # as a table written batch by batch is counted
+    for batch in table.to_batches(max_chunksize=2):
+        in_batches.add(batch)
+    assert in_batches.failed() == expected and in_batches.unfinished() == {"error": 5, "skipped": 2}
     judged = pa.table({"status": ["error", "error", "ok"], "error": ["no verdict", "no verdict", None]})
-    (judge,) = failed_rows("judgments", judged)  # no subject column: the judge's own rows
+    (judge,) = tallied("judgments", judged).failed()  # no subject column: the judge's own rows
     assert judge == Failed("judgments", None, 2, 3, "no verdict", 2)
-    assert judge.who == "judgments" and failed_rows("scores", pa.table({"subject": ["a"]})) == []
+    assert judge.who == "judgments" and tallied("scores", pa.table({"subject": ["a"]})).failed() == []
     assert Failed("responses", "beta", 2, 2, "A: tie", 1).line() == (
         "beta: 2 of 2 responses failed (every one); most common (1): A: tie"
     )

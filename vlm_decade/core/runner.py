@@ -7,7 +7,7 @@ Incremental stages keep their finished rows across crashes (`runfolder`), so the
 is per stage and the resume is per row. A stage whose table has rows it could not finish (`status`
 error or skipped) is recorded `incomplete`, never skipped: the next run redoes just those rows. Its
 failed rows (`status` error), per model with their most common error, are recorded with it
-(`failed_rows`): a run that leaves any is a failed run (`run_failures`, exit status 3).
+(`StatusTally`): a run that leaves any is a failed run (`run_failures`, exit status 3).
 
 `open_run` begins a run (the run folder and the manifest's record of it) and returns a `StudyRun`:
 what every compute function is given (the tables stages hand on, the run folder, the reporter, and
@@ -64,16 +64,6 @@ def fingerprint(payload: Any) -> str:
 
 
 @dataclass(frozen=True)
-class Written:
-    """A table a stage wrote itself, batch by batch (`RunFolder.write_batches`), because it is too
-    big to hand over whole; later stages read it with `RunFolder.batches`."""
-
-    fingerprint: str
-    file: dict
-    rows: int
-
-
-@dataclass(frozen=True)
 class Stage:
     """`compute` gets the run and returns one table (or `Written` record) per name in `outputs` (by
     default the stage's own name); it writes any `files` itself (the report)."""
@@ -90,15 +80,6 @@ class Stage:
     @property
     def tables(self) -> tuple[str, ...]:
         return (self.name,) if self.outputs is None else self.outputs
-
-
-def unfinished_rows(table: pa.Table) -> dict[str, int]:
-    """Rows a stage could not finish (a `status` other than ok: error, skipped), counted by status.
-    A stage that leaves any is `incomplete`: the next run runs it again, and it redoes just those."""
-    if "status" not in table.column_names:
-        return {}
-    counts = pc.value_counts(table.column("status")).to_pylist()
-    return {c["values"]: c["counts"] for c in counts if c["values"] != "ok"}
 
 
 @dataclass(frozen=True)
@@ -125,28 +106,67 @@ class Failed:
         return f"{who}{self.failed} of {self.rows} {self.table} failed{every}; most common ({self.count}): {self.error}"
 
 
-def failed_rows(name: str, table: pa.Table) -> list[Failed]:
-    """Per subject (in order of name), the rows of table `name` whose `status` is error, out of the
-    subject's rows, and their most common error (ties: the first in order of text)."""
-    if "status" not in table.column_names:
-        return []
-    n = table.num_rows
-    columns = {
-        c: table.column(c) if c in table.column_names else pa.nulls(n, pa.string()) for c in ("subject", "error")
-    }
-    rows = pa.table({**columns, "error": pc.fill_null(columns["error"], ""), "status": table.column("status")})
-    totals = {
-        r["subject"]: r["status_count"] for r in rows.group_by("subject").aggregate([("status", "count")]).to_pylist()
-    }
-    errors = rows.filter(pc.equal(rows.column("status"), "error"))
-    said: dict[str | None, Counter] = {}
-    for r in errors.group_by(["subject", "error"]).aggregate([("status", "count")]).to_pylist():
-        said.setdefault(r["subject"], Counter())[plain(r["error"])] += r["status_count"]
-    out = []
-    for subject in sorted(said, key=lambda s: (s is not None, s or "")):
-        error, count = min(said[subject].items(), key=lambda text_count: (-text_count[1], text_count[0]))
-        out.append(Failed(name, subject, sum(said[subject].values()), totals[subject], error, count))
-    return out
+class StatusTally:
+    """The rows of table `name` a stage could not finish, counted as its rows are written, in
+    batches or whole: by `status` (other than ok: error, skipped), and per subject its rows and its
+    error rows' errors. A stage that leaves any is `incomplete`: the next run runs it again, and it
+    redoes just those."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.by_status: Counter = Counter()
+        self.rows: Counter = Counter()  # per subject (None: a table without one, the judge's)
+        self.errors: dict[str | None, Counter] = {}
+
+    def add(self, table: pa.Table | pa.RecordBatch) -> None:
+        if "status" not in table.column_names:
+            return
+        n = table.num_rows
+        columns = {
+            c: table.column(c) if c in table.column_names else pa.nulls(n, pa.string()) for c in ("subject", "error")
+        }
+        rows = pa.table({**columns, "error": pc.fill_null(columns["error"], ""), "status": table.column("status")})
+        for c in pc.value_counts(rows.column("status")).to_pylist():
+            if c["values"] != "ok":
+                self.by_status[c["values"]] += c["counts"]
+        for r in rows.group_by("subject").aggregate([("status", "count")]).to_pylist():
+            self.rows[r["subject"]] += r["status_count"]
+        errors = rows.filter(pc.equal(rows.column("status"), "error"))
+        for r in errors.group_by(["subject", "error"]).aggregate([("status", "count")]).to_pylist():
+            self.errors.setdefault(r["subject"], Counter())[plain(r["error"])] += r["status_count"]
+
+    def unfinished(self) -> dict[str, int]:
+        """The rows not finished, by status."""
+        return {status: n for status, n in self.by_status.items() if n}
+
+    def failed(self) -> list[Failed]:
+        """Per subject (in order of name), its rows whose `status` is error, out of its rows, and
+        their most common error (ties: the first in order of text)."""
+        out = []
+        for subject in sorted(self.errors, key=lambda s: (s is not None, s or "")):
+            said = self.errors[subject]
+            error, count = min(said.items(), key=lambda text_count: (-text_count[1], text_count[0]))
+            out.append(Failed(self.name, subject, sum(said.values()), self.rows[subject], error, count))
+        return out
+
+
+def tallied(name: str, table: pa.Table) -> StatusTally:
+    """A whole table's `StatusTally`."""
+    tally = StatusTally(name)
+    tally.add(table)
+    return tally
+
+
+@dataclass(frozen=True)
+class Written:
+    """A table a stage wrote itself, batch by batch (`RunFolder.write_batches`), because it is too
+    big to hand over whole; later stages read it with `RunFolder.batches`. `status`: its rows'
+    tally, for a table with a `status` column."""
+
+    fingerprint: str
+    file: dict
+    rows: int
+    status: StatusTally | None = None
 
 
 def run_failures(manifest: dict) -> list[Failed]:
@@ -256,8 +276,11 @@ class StudyRun:
         rows = {name: tables[name].num_rows if name in tables else outputs[name].rows for name in stage.tables}
         for name in stage.tables:
             self.folder.clear_parts(name)  # folded into the table just written
-        unfinished = {name: counts for name in tables if (counts := unfinished_rows(tables[name]))}
-        failed = [asdict(f) for name in unfinished for f in failed_rows(name, tables[name])]
+        tallies = [
+            tallied(name, tables[name]) if name in tables else outputs[name].status for name in stage.tables
+        ]
+        unfinished = {t.name: counts for t in tallies if t is not None and (counts := t.unfinished())}
+        failed = [asdict(f) for t in tallies if t is not None and t.name in unfinished for f in t.failed()]
         manifest = self.folder.manifest()
         manifest.setdefault("tables", {}).update({name: fp for name, (fp, _) in written.items()})
         manifest.setdefault("files", {}).update({name: record for name, (_, record) in written.items()})

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from vlm_decade.core.config import StudyBase
-from vlm_decade.core.runner import Stage, StudyRun, release_memory
+from vlm_decade.core.runner import Stage, StudyRun, Written, release_memory
 from vlm_decade.models.backends import backend_class
 from vlm_decade.stages.describe.local import describe_local
 from vlm_decade.stages.describe.plan import (
@@ -37,8 +37,8 @@ from vlm_decade.stages.describe.rows import RESPONSE_KEY, collect_rows, todo_job
 __all__ = ["Plan", "check_models", "run_describe", "stage"]
 
 
-def run_describe(study: StudyBase, plan: Plan, run: StudyRun) -> pa.Table:
-    """Every job's best row: those done before are kept; of the rest, the batch-mode API models'
+def run_describe(study: StudyBase, plan: Plan, run: StudyRun) -> Written:
+    """Every job's best row, written: those done before are kept; of the rest, the batch-mode API models'
     requests are submitted first, then the other models run in the study's order while the
     batches are worked on, and the batches are collected last."""
     jobs = plan_jobs(study, plan, run.table("images"))

@@ -4,6 +4,7 @@ left in its parts, read by the stage to resume and by `vlm-decade status` to cou
 
 from __future__ import annotations
 
+import shutil
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 
@@ -14,7 +15,8 @@ import pyarrow.compute as pc
 from vlm_decade.core.columns import first_per_key
 from vlm_decade.core.errors import error_text
 from vlm_decade.core.runfolder import RunFolder
-from vlm_decade.core.runner import release_memory
+from vlm_decade.core.runner import StatusTally, Written
+from vlm_decade.core.spill import Spill
 from vlm_decade.models.api.answers import failed_answer
 from vlm_decade.stages.describe.plan import Job
 
@@ -146,20 +148,67 @@ def _best_rows(rows: pa.Table, jobs: pa.Table) -> np.ndarray:
     return best[best >= 0]
 
 
-def collect_rows(folder: RunFolder, jobs: pa.Table) -> pa.Table:
-    """For each current job, its best row so far from the previous table and the parts a crash or
-    this run left (the first ok row; else the latest attempt), sorted by key; rows of other settings
-    (another cache key) are dropped. Columnar, and the rows are copied once, a column at a time
-    (each source column let go as it is taken): the choice is made on row numbers."""
-    rows = _rows_so_far(folder)
-    best = pa.array(_best_rows(rows, jobs), pa.int64())
-    columns = dict(zip(rows.column_names, rows.columns))
-    del rows
-    taken = []
-    for f in RESPONSES_SCHEMA:
-        taken.append(columns.pop(f.name).take(best).cast(f.type))
-        release_memory()  # the source column's blocks, kept by the pools, go back before the next is copied
-    return pa.Table.from_arrays(taken, schema=RESPONSES_SCHEMA)
+COLLECT_IMAGES = 65_536  # images whose rows are chosen at a time, per model: a bucket of the spill
+
+
+def _buckets(table: pa.Table, subjects: pa.Array, bounds: list[str]) -> np.ndarray:
+    """Each row's bucket: its subject's place among `subjects` (sorted), then which of the image
+    ranges that start at `bounds` (sorted) holds its image; -1 for a subject of no current job.
+    The buckets' order is the rows' key order (subject, then image)."""
+    subject = pc.index_in(table.column("subject"), value_set=subjects).fill_null(-1).to_numpy(zero_copy_only=False)
+    image = table.column("image_id")
+    shard = np.zeros(table.num_rows, np.int64)
+    for bound in bounds[1:]:
+        shard += pc.greater_equal(image, bound).to_numpy(zero_copy_only=False)
+    return np.where(subject >= 0, subject.astype(np.int64) * len(bounds) + shard, -1)
+
+
+def _row_sources(folder: RunFolder):
+    """The previous table's rows (if trusted) and then the parts' rows, a batch or part at a time,
+    in `RESPONSES_SCHEMA`."""
+    if folder.trusted("responses"):
+        for batch in folder.batches("responses"):
+            yield conform(pa.Table.from_batches([batch]))
+    for part in folder.iter_parts("responses", RESPONSES_SCHEMA):
+        yield conform(part)
+
+
+def collect_rows(folder: RunFolder, jobs: pa.Table) -> Written:
+    """Write the `responses` table: for each current job, its best row so far from the previous
+    table and the parts a crash or this run left (the first ok row; else the latest attempt),
+    sorted by key; rows of other settings (another cache key) are dropped. Never held whole: the
+    rows are spread over buckets on disk (the run folder's `.spill/`) by model and range of
+    `COLLECT_IMAGES` images, in the order read, and each bucket's rows are chosen against its jobs
+    (on row numbers), tallied and written in turn."""
+    subjects = pc.unique(jobs.column("subject")).sort()
+    images = pc.unique(jobs.column("image_id")).sort()
+    bounds = images.take(pa.array(range(0, len(images), COLLECT_IMAGES), pa.int64())).to_pylist()
+    job_bucket = _buckets(jobs, subjects, bounds)
+    order = np.argsort(job_bucket, kind="stable")
+    starts = np.searchsorted(job_bucket[order], np.arange(len(subjects) * max(len(bounds), 1) + 1))
+    spill_root = folder.root / ".spill" / "responses"
+    shutil.rmtree(spill_root, ignore_errors=True)  # what a killed run left is of no use
+    spill = Spill(spill_root, RESPONSES_SCHEMA)
+    tally = StatusTally("responses")
+    try:
+        for rows in _row_sources(folder):
+            bucket = _buckets(rows, subjects, bounds)
+            keep = np.flatnonzero(bucket >= 0)
+            spill.add(rows.take(pa.array(keep, pa.int64())), bucket[keep])
+        spill.close()
+
+        def chosen():
+            for bucket in spill.buckets:
+                rows = spill.read(bucket)
+                theirs = jobs.take(pa.array(order[starts[bucket] : starts[bucket + 1]], pa.int64()))
+                best = rows.take(pa.array(_best_rows(rows, theirs), pa.int64()))
+                tally.add(best)
+                yield from best.to_batches()
+
+        fingerprint, record, n = folder.write_batches("responses", RESPONSES_SCHEMA, chosen())
+    finally:
+        spill.remove()
+    return Written(fingerprint, record, n, tally)
 
 
 def todo_jobs(folder: RunFolder, jobs: pa.Table) -> tuple[pa.Table, int]:
