@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from vlm_decade.core.config import ModelConfig
 from vlm_decade.core.errors import Problems
-from vlm_decade.core.tables import _arrow_csv, _python_csv, cell_present, cell_text, read_table
+from vlm_decade.core.tables import _arrow_csv, _plain_header, _python_csv, cell_present, cell_text, read_table
 from vlm_decade.models.backends.imported import ImportedBackend, missing_rows
 from vlm_decade.stages.images import IMAGE_COLUMNS, check_images
 from vlm_decade.studies.decade import data as study_a
@@ -74,10 +74,18 @@ def test_the_arrow_csv_reader_reads_what_the_row_by_row_reader_reads(rows, damag
     assert [(r.number, r.cells) for r in table.rows] == want
 
 
-def test_a_plain_csv_goes_through_pyarrow():
+def test_a_plain_csv_goes_through_pyarrow_a_block_at_a_time():
     path = written([["d1", "i1", "w", "full", "a text"]], study_a.DESCRIPTION_COLUMNS)
-    read = _arrow_csv(path, path.read_bytes(), study_a.DESCRIPTION_COLUMNS, Problems(), ())
+    header = _plain_header(path.read_bytes(), study_a.DESCRIPTION_COLUMNS, ())
+    read = _arrow_csv(path, header, study_a.DESCRIPTION_COLUMNS, Problems(), ())
     assert read is not None and read[0].column("text").to_pylist() == ["a text"] and read[1].to_pylist() == [2]
+    # Many of Arrow's blocks (1 MB each): one array per column, row for row what the reference reads.
+    rows = [[f"d{k}", f"i{k % 7}", "w", "full", f"text {k} " + "x" * (k % 50)] for k in range(60_000)]
+    path = written(rows, study_a.DESCRIPTION_COLUMNS)
+    columns, numbers = _arrow_csv(path, header, study_a.DESCRIPTION_COLUMNS, Problems(), ())
+    reference, reference_numbers = _python_csv(path, path.read_bytes(), study_a.DESCRIPTION_COLUMNS, Problems())
+    assert path.stat().st_size > 3 << 20 and all(columns.column(c).num_chunks == 1 for c in columns.column_names)
+    assert columns.equals(reference) and numbers.equals(reference_numbers)
 
 
 # --- Study A's descriptions ---------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from vlm_decade.core.dispatch import original, raised_in
 from vlm_decade.core.errors import RemoteError, error_text, plain
 from vlm_decade.core.progress import Reporter
 from vlm_decade.core.runfolder import RunFolder
-from vlm_decade.core.runner import Failed, StatusTally, Stage, StudyRun, run_failures, tallied
+from vlm_decade.core.runner import Failed, Stage, StatusTally, StudyRun, run_failures, tallied
 from vlm_decade.core.runtime import LazyRay
 from vlm_decade.models.backends import Stimulus
 from vlm_decade.stages.describe.local import describe_batch

@@ -19,13 +19,32 @@ def first_per_key(table: pa.Table, key: str) -> pa.Table:
 
 def first_rows(keys: pa.Table, among: np.ndarray) -> np.ndarray:
     """For each row of `keys`, the index of the first row where `among` is true with the same values
-    in every column of `keys`; -1 where there is none. What `FirstRows` says of a table, at once."""
+    in every column of `keys`; -1 where there is none (and for a row with a null key). What
+    `FirstRows` says of a table, at once. Found by a stable sort, not a hash join: a join of a table
+    of millions of rows holds several times its keys."""
     n = keys.num_rows
-    indexed = keys.append_column("_row", pa.array(np.arange(n, dtype=np.int64)))
-    firsts = indexed.filter(pa.array(among, pa.bool_())).group_by(keys.column_names, use_threads=False)
-    joined = indexed.join(firsts.aggregate([("_row", "min")]), keys.column_names, use_threads=False)
     out = np.full(n, -1, dtype=np.int64)
-    out[joined.column("_row").to_numpy()] = joined.column("_row_min").fill_null(-1).to_numpy()
+    if n == 0:
+        return out
+    null = np.zeros(n, bool)
+    for column in keys.columns:
+        null |= column.is_null().to_numpy(zero_copy_only=False)
+    counted = among & ~null
+    # Equal keys sort together, the rows counted first, each part in row order (the sort is stable).
+    ranked = keys.append_column("_not_counted", pa.array(~counted))
+    by = [*((c, "ascending") for c in keys.column_names), ("_not_counted", "ascending")]
+    order = pc.sort_indices(ranked, sort_keys=by).to_numpy()
+    starts = np.zeros(n, bool)
+    starts[0] = True
+    for column in keys.columns:
+        in_order = column.take(order)
+        starts[1:] |= (
+            pc.not_equal(in_order.slice(1), in_order.slice(0, n - 1)).fill_null(True).to_numpy(zero_copy_only=False)
+        )
+    heads = order[starts]  # each key's first row in that order: its first counted row, if it has one
+    firsts = np.where(counted[heads], heads, -1)
+    out[order] = firsts[np.cumsum(starts) - 1]
+    out[null] = -1
     return out
 
 

@@ -276,9 +276,7 @@ class StudyRun:
         rows = {name: tables[name].num_rows if name in tables else outputs[name].rows for name in stage.tables}
         for name in stage.tables:
             self.folder.clear_parts(name)  # folded into the table just written
-        tallies = [
-            tallied(name, tables[name]) if name in tables else outputs[name].status for name in stage.tables
-        ]
+        tallies = [tallied(name, tables[name]) if name in tables else outputs[name].status for name in stage.tables]
         unfinished = {t.name: counts for t in tallies if t is not None and (counts := t.unfinished())}
         failed = [asdict(f) for t in tallies if t is not None and t.name in unfinished for f in t.failed()]
         manifest = self.folder.manifest()

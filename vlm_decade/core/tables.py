@@ -62,8 +62,20 @@ def _whitespace() -> str:
     return "".join(c for c in map(chr, range(0x110000)) if c.isspace())
 
 
+@cache
+def _edge_space() -> str:
+    """A pattern for a cell that begins or ends with what `_whitespace` holds."""
+    space = "[" + "".join(f"\\x{{{ord(c):x}}}" for c in _whitespace()) + "]"
+    return f"^{space}|{space}$"
+
+
 _BLANK_LINE = re.compile(rb"(?:\r\n|\r(?!\n)|\n)[\r\n]")
 _CHUNK = 1 << 16  # rows the row-by-row CSV reader holds as Python objects before they become Arrow
+
+
+def _whole(column: pa.ChunkedArray) -> pa.Array:
+    """`column` as one array: its only chunk itself (`combine_chunks` would copy it)."""
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
 
 
 @dataclass(frozen=True)
@@ -88,17 +100,19 @@ class Table:
 
     def text(self, column: str) -> pa.Array:
         """`cell_text` of every row: the cell stripped (a list joined with ';')."""
-        values = self.columns.column(column).combine_chunks()
+        values = _whole(self.columns.column(column))
         if pa.types.is_list(values.type):
             return pc.binary_join(values, ";")
+        if not pc.any(pc.match_substring_regex(values, _edge_space())).as_py():
+            return values  # nothing to strip: the column itself, not a copy of it
         return pc.utf8_trim(values, _whitespace())
 
     def blank(self, column: str) -> np.ndarray:
         """Where `column` is empty or only whitespace (a list: empty), as `cell_present` says."""
-        values = self.columns.column(column).combine_chunks()
+        values = _whole(self.columns.column(column))
         if pa.types.is_list(values.type):
             return pc.equal(pc.list_value_length(values), 0).to_numpy(zero_copy_only=False)
-        return pc.equal(pc.utf8_length(pc.utf8_trim(values, _whitespace())), 0).to_numpy(zero_copy_only=False)
+        return pc.equal(pc.utf8_length(self.text(column)), 0).to_numpy(zero_copy_only=False)
 
 
 def read_table(
@@ -128,22 +142,23 @@ def read_table(
         problems.add(path, "file not found" if problem == "not found" else problem)
         return None
     try:
-        raw = path.read_bytes()
+        # A CSV file's bytes are read by `_csv_columns`, which lets them go before Arrow parses the file.
+        raw = path.read_bytes() if kind != ".csv" else None
+        header = (_csv_header(path) if raw is None else _parquet_header(raw)) if extra else []
+        named = set(required) | set(optional)
+        others = tuple(dict.fromkeys(c for c in header if c and c not in named))
+        optional = tuple(optional) + others
+        if raw is None:
+            read = _csv_columns(path, required, problems, optional)
+        else:
+            kinds: dict[str, tuple[str, ...]] = {c: ("numbers", "flags") for c in others}
+            for allowed, columns in (("lists", lists), ("numbers", numbers), ("flags", flags)):
+                for column in columns:
+                    kinds[column] = kinds.get(column, ()) + (allowed,)
+            read = _parquet_columns(path, raw, required, problems, optional, kinds)
     except OSError as exc:
         problems.add(path, f"cannot be read: {exc.strerror or exc}")
         return None
-    header = _header(path, raw, kind) if extra else []
-    named = set(required) | set(optional)
-    others = tuple(dict.fromkeys(c for c in header if c and c not in named))
-    optional = tuple(optional) + others
-    if kind == ".csv":
-        read = _csv_columns(path, raw, required, problems, optional)
-    else:
-        kinds: dict[str, tuple[str, ...]] = {c: ("numbers", "flags") for c in others}
-        for allowed, columns in (("lists", lists), ("numbers", numbers), ("flags", flags)):
-            for column in columns:
-                kinds[column] = kinds.get(column, ()) + (allowed,)
-        read = _parquet_columns(path, raw, required, problems, optional, kinds)
     if read is None:
         return None
     columns, row_numbers = read
@@ -153,14 +168,21 @@ def read_table(
     return Table(str(path), path.name, columns.select([*required, *optional]), row_numbers, others)
 
 
-def _header(path: Path, raw: bytes, kind: str) -> list[str]:
-    """The table's column names, stripped ([] when the file cannot be read: its reader says why)."""
+def _csv_header(path: Path) -> list[str]:
+    """A CSV file's column names, stripped, read from its first record only ([] when the file cannot
+    be read as CSV: its reader says why)."""
     try:
-        if kind == ".csv":
-            text = raw.decode("utf-8-sig", errors="surrogateescape")
-            return [h.strip() for h in next(csv.reader(io.StringIO(text, newline="")), [])]
+        with open(path, encoding="utf-8-sig", errors="surrogateescape", newline="") as f:
+            return [h.strip() for h in next(csv.reader(f), [])]
+    except csv.Error:
+        return []
+
+
+def _parquet_header(raw: bytes) -> list[str]:
+    """A Parquet file's column names ([] when it cannot be read: its reader says why)."""
+    try:
         return list(pq.read_schema(pa.BufferReader(raw)).names)
-    except Exception:  # noqa: BLE001 - a damaged file: _csv_rows or _parquet_rows reports it
+    except Exception:  # noqa: BLE001 - a damaged file: _parquet_columns reports it
         return []
 
 
@@ -172,24 +194,26 @@ def _missing_columns(path: Path, header: list[str], required: tuple[str, ...], p
 
 
 def _csv_columns(
-    path: Path, raw: bytes, required: tuple[str, ...], problems: Problems, optional: tuple[str, ...] = ()
+    path: Path, required: tuple[str, ...], problems: Problems, optional: tuple[str, ...] = ()
 ) -> tuple[pa.Table, pa.Array] | None:
-    if raw.startswith((b"\xff\xfe", b"\xfe\xff")) or b"\x00" in raw.split(b"\n", 1)[0]:
+    raw = path.read_bytes()
+    header_end = raw.find(b"\n")
+    if raw.startswith((b"\xff\xfe", b"\xfe\xff")) or b"\x00" in raw[: header_end if header_end >= 0 else len(raw)]:
         problems.add(path, "the file looks like UTF-16 (NUL bytes in the header): save it as UTF-8", row=1)
         return None
-    if b'"' not in raw:  # no quotes: Arrow's reader splits the rows as Python's would
-        read = _arrow_csv(path, raw, required, problems, optional)
+    header = _plain_header(raw, required, optional) if b'"' not in raw else None
+    if header is not None:  # no quotes: Arrow's reader splits the rows as Python's would
+        del raw  # Arrow reads the file itself, a block at a time
+        read = _arrow_csv(path, header, required, problems, optional)
         if read is not None:
             return read
+        raw = path.read_bytes()
     return _python_csv(path, raw, required, problems, optional)
 
 
-def _arrow_csv(
-    path: Path, raw: bytes, required: tuple[str, ...], problems: Problems, optional: tuple[str, ...]
-) -> tuple[pa.Table, pa.Array] | None:
-    """The columns read by pyarrow.csv when the file has nothing the row-by-row reader would say
-    (a clean header, no blank line, every row as long as the header, all UTF-8); else None, and
-    `_python_csv` reads it and says what is wrong."""
+def _plain_header(raw: bytes, required: tuple[str, ...], optional: tuple[str, ...]) -> list[str] | None:
+    """The header of a file with nothing in its header or lines that the row-by-row reader would
+    say (a clean UTF-8 header naming each column once, no blank line), or None."""
     body = raw[3:] if raw.startswith(b"\xef\xbb\xbf") else raw
     first = re.match(rb"[^\r\n]*", body).group()
     try:
@@ -201,10 +225,20 @@ def _arrow_csv(
         return None  # the header's problems are said there
     if _BLANK_LINE.search(body):  # Arrow reads a blank line as a row of empty cells
         return None
-    index = {c: header.index(c) for c in named}
+    return header
+
+
+def _arrow_csv(
+    path: Path, header: list[str], required: tuple[str, ...], problems: Problems, optional: tuple[str, ...]
+) -> tuple[pa.Table, pa.Array] | None:
+    """The columns read by pyarrow.csv from a file with a `_plain_header` when every row is as long
+    as the header and all UTF-8; else None, and `_python_csv` reads it and says what is wrong. The
+    file is read a block at a time, and each column becomes one array as the next is copied."""
+    index = {c: header.index(c) for c in (*required, *(c for c in optional if c in header))}
+    chunks: dict[str, list[pa.Array]] = {c: [] for c in index}
     try:
-        table = pacsv.read_csv(
-            pa.py_buffer(body),
+        reader = pacsv.open_csv(
+            str(path),
             # One thread: what Arrow's pool threads allocate stays in their own heaps of the memory pool
             # after it is freed, which no `release_unused` gives back (0.8 KB per image of a study's input).
             read_options=pacsv.ReadOptions(
@@ -217,9 +251,14 @@ def _arrow_csv(
                 strings_can_be_null=False,
             ),
         )
+        for batch in reader:
+            for c, j in index.items():
+                chunks[c].append(batch.column(f"c{j}"))
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
-    columns = pa.table({c: table.column(f"c{j}").combine_chunks() for c, j in index.items()})
+    columns = pa.table(
+        {c: pa.concat_arrays(chunks.pop(c)) if chunks[c] else pa.array([], pa.string()) for c in list(chunks)}
+    )
     numbers = pa.array(np.arange(2, columns.num_rows + 2, dtype=np.int64))
     _nul_problems(path, columns, numbers, problems)
     return columns, numbers

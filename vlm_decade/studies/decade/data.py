@@ -106,6 +106,7 @@ def load_study_data(
     methods = _ranking_methods(images, tally, votes_t, problems) if images is not None else {}
     if problems:
         raise InputError(problems.items, image_ids=None if known is None else set(known.to_pylist()))
+    del descriptions_t  # what is kept of it is in `descriptions` (its own columns, when every row was kept in order)
 
     return StudyData(
         images=images_table(images, data.background),
@@ -121,9 +122,9 @@ _ID_COLUMNS = DESCRIPTION_COLUMNS[:4]
 
 
 def _check_descriptions(table: Table, known: pa.Array | None, conditions: list[str], problems: Problems) -> pa.Table:
-    """The descriptions that passed their checks (row, then DESCRIPTION_COLUMNS as text), in the
-    table's order. The checks run on whole columns; only the rows found bad are looked at one by one,
-    to say what is wrong with each."""
+    """The descriptions that passed their checks (row, then DESCRIPTION_COLUMNS as text), sorted by
+    image, condition and id (the references table's order). The checks run on whole columns; only
+    the rows found bad are looked at one by one, to say what is wrong with each."""
     blank = {c: table.blank(c) for c in _ID_COLUMNS}
     ids_ok = ~np.logical_or.reduce(list(blank.values()))
     text_empty = table.blank("text")
@@ -154,8 +155,14 @@ def _check_descriptions(table: Table, known: pa.Array | None, conditions: list[s
         if not condition_ok[i]:
             message = f"unknown condition '{condition[i].as_py()}': expected one of {', '.join(conditions)}"
             problems.add(table.file, message, row=row, field="condition")
-    columns = {"row": table.numbers} | {c: table.text(c) for c in DESCRIPTION_COLUMNS}
-    return pa.table(columns).filter(pa.array(kept))
+    checked = pa.table({"row": table.numbers} | {c: table.text(c) for c in DESCRIPTION_COLUMNS})
+    order = pc.sort_indices(
+        checked, sort_keys=[("image_id", "ascending"), ("condition", "ascending"), ("description_id", "ascending")]
+    ).to_numpy()
+    order = order[kept[order]]
+    if len(order) == len(table) and (order == np.arange(len(order))).all():
+        return checked  # every row kept, in order already: the table's own columns, not a copy
+    return checked.take(pa.array(order, pa.int64()))
 
 
 def _is_in(values: pa.Array, known: pa.Array) -> np.ndarray:
@@ -285,21 +292,20 @@ _SLAB = 1 << 12  # descriptions ranked at a time: the Python objects ranking nee
 def _references_table(
     images: pa.Table, descriptions: pa.Table, tally: _Tally, methods: dict[str, str], cfg: RankingConfig
 ) -> pa.Table:
-    order = descriptions.sort_by(
-        [("image_id", "ascending"), ("condition", "ascending"), ("description_id", "ascending")]
-    )
-    image_ids = order.column("image_id").combine_chunks()
+    """`descriptions` (sorted by image, condition and id: `_check_descriptions`) with their
+    datasets, roles and vote counts."""
+    image_ids = descriptions.column("image_id").combine_chunks()
     dataset = images.column("dataset").take(pc.index_in(image_ids, value_set=images.column("image_id")))
-    order = order.append_column("dataset", dataset)
+    descriptions = descriptions.append_column("dataset", dataset)
     # Each image's descriptions are contiguous: slabs end where an image does.
     changed = pc.not_equal(image_ids.slice(1), image_ids.slice(0, len(image_ids) - 1))
     starts = np.concatenate([[0], np.flatnonzero(changed.to_numpy(zero_copy_only=False)) + 1])
     roles, votes, shown = [], [], []
     begin = 0
-    while begin < len(order):
+    while begin < len(descriptions):
         at = np.searchsorted(starts, begin + _SLAB)  # the first image that starts a slab's length on
-        end = int(starts[at]) if at < len(starts) else len(order)
-        slab = order.slice(begin, end - begin)
+        end = int(starts[at]) if at < len(starts) else len(descriptions)
+        slab = descriptions.slice(begin, end - begin)
         ids, images_of, conditions, texts, datasets = (
             slab.column(c).to_pylist() for c in ("description_id", "image_id", "condition", "text", "dataset")
         )
@@ -324,9 +330,9 @@ def _references_table(
         votes.append(pa.array([tally.votes[i] for i in ids], pa.int64()))
         shown.append(pa.array([tally.shown[i] for i in ids], pa.int64()))
         begin = end
-    columns = {c: order.column(c) for c in ("description_id", "image_id", "dataset", "condition", "worker_id")}
+    columns = {c: descriptions.column(c) for c in ("description_id", "image_id", "dataset", "condition", "worker_id")}
     columns |= {"role": pa.chunked_array(roles, pa.string()), "votes": pa.chunked_array(votes, pa.int64())}
-    columns |= {"shown": pa.chunked_array(shown, pa.int64()), "text": order.column("text")}
+    columns |= {"shown": pa.chunked_array(shown, pa.int64()), "text": descriptions.column("text")}
     return pa.table(columns, schema=REFERENCES_SCHEMA)
 
 
