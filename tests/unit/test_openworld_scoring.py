@@ -317,7 +317,7 @@ def test_an_imported_file_answers_per_prompt_and_a_row_without_prompt_answers_ev
     images = LABELS.select(["image_id", "dataset"]).append_column("path", pa.array(["x.png"] * 3))
     images = images.append_column("sha256", pa.array(["0" * 64] * 3))
     steps = plan(study, {})
-    jobs = jobs_from(plan_jobs(study, steps, images), steps)
+    jobs = jobs_from(plan_jobs(study, steps, images), steps, images)
     responses = pa.Table.from_pylist(DescribeActor(study.models[0]).describe(jobs, None))
     failed = [(r["image_id"], r["prompt_id"], r["error"]) for r in responses.to_pylist() if r["status"] != "ok"]
     assert failed == [("i3", "p2", "no description for (i3, full, prompt p2) in the file")]

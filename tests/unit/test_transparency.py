@@ -198,7 +198,7 @@ def test_the_studys_background_reaches_the_models_and_their_cache_keys(tmp_path)
             }
         )
         table = plan_jobs(study, plan, images)
-        return table.column("cache_key").to_pylist(), jobs_from(table, plan)
+        return table.column("cache_key").to_pylist(), jobs_from(table, plan, images)
 
     (white_key, plain_key), jobs = keys(["#ffffff", None])
     (black_key, plain_again), _ = keys(["#000000", None])

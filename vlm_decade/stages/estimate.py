@@ -70,7 +70,8 @@ def describe_lines(study: StudyBase, plan: Plan, images: pa.Table, cache) -> tup
     api_models = {m.name: m for m in study.models if backend_class(m.backend).remote}
     by_model = defaultdict(list)
     jobs = plan_jobs(study, plan, images)
-    for job in jobs_from(jobs.filter(pc.is_in(jobs.column("subject"), pa.array(list(api_models), pa.string()))), plan):
+    api_jobs = jobs.filter(pc.is_in(jobs.column("subject"), pa.array(list(api_models), pa.string())))
+    for job in jobs_from(api_jobs, plan, images):
         by_model[job.subject].append(job)
     lines, answer_tokens = [], 0
     n_answers = sum(len(j) for j in by_model.values())

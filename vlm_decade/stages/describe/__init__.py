@@ -41,7 +41,8 @@ def run_describe(study: StudyBase, plan: Plan, run: StudyRun) -> Written:
     """Every job's best row, written: those done before are kept; of the rest, the batch-mode API models'
     requests are submitted first, then the other models run in the study's order while the
     batches are worked on, and the batches are collected last."""
-    jobs = plan_jobs(study, plan, run.table("images"))
+    images = run.table("images")
+    jobs = plan_jobs(study, plan, images)
     todo, n_done = todo_jobs(run.folder, jobs)
     if n_done:
         run.reporter.say(f"     responses    {n_done} of {jobs.num_rows} already done, kept")
@@ -59,13 +60,13 @@ def run_describe(study: StudyBase, plan: Plan, run: StudyRun) -> Written:
         batched = {m.name for m in remote if api.in_batches(m)}
         for model in remote:
             if model.name in batched:
-                api.send(model, jobs_from(work.pop(model.name), plan))
+                api.send(model, jobs_from(work.pop(model.name), plan, images))
         api.submit()
         for model in models:
             if model.name not in work:
                 continue  # sent in batches above
             if backend_class(model.backend).remote:
-                api.send(model, jobs_from(work.pop(model.name), plan))
+                api.send(model, jobs_from(work.pop(model.name), plan, images))
             else:
                 describe_local(study, model, work.pop(model.name), plan, run, partial(advance, part=model.name))
         api.collect()

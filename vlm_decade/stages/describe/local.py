@@ -86,7 +86,8 @@ def describe_local(study: StudyBase, model: ModelConfig, jobs: pa.Table, plan: P
     # Loaders reserve no CPU: the actors may hold every CPU there is, and the in-flight cap
     # already bounds how many loads run at once (two per actor).
     loader = ray.remote(load_stimuli).options(num_cpus=0)
-    work = (jobs_from(jobs.slice(i, model.batch_size), plan) for i in range(0, jobs.num_rows, model.batch_size))
+    images = run.table("images")
+    work = (jobs_from(jobs.slice(i, model.batch_size), plan, images) for i in range(0, jobs.num_rows, model.batch_size))
     call = lambda actor, batch: actor.describe.remote(batch, loader.remote(batch) if needs_images else None)  # noqa: E731
     with run.folder.parts("responses", RESPONSES_SCHEMA, PART_ROWS, PART_S) as parts:
         for done in pool_map(

@@ -114,7 +114,9 @@ def check_actor_fit(study: StudyBase, ray) -> None:
 
 
 # jobs -------------------------------------------------------------------------------------------
-JOB_COLUMNS = (*("subject", "image_id", "variant", "prompt_id"), "dataset", "path", "background", "cache_key")
+# `image`: the job's row of the images table, where its dataset, file and background are (not a
+# copy of them per job: the table has a row per response).
+JOB_COLUMNS = (*("subject", "image_id", "variant", "prompt_id"), "image", "cache_key")
 
 
 PLAN_IMAGES = 65_536  # images planned at a time: their jobs become columns before the next are read
@@ -124,8 +126,8 @@ def plan_jobs(study: StudyBase, plan: Plan, images: pa.Table) -> pa.Table:
     """Every response to produce, as a table (one row per job, in plan order: model, prompt, image,
     variant) with its cache key, so a study of any size holds no Python object per job: the images
     are planned a slice at a time (`PLAN_IMAGES`), each slice's jobs a chunk of the table (never
-    copied into one); `jobs_from` turns a slice of it into `Job`s."""
-    rows = images.select(["image_id", "dataset", "path", "sha256"])
+    copied into one); `jobs_from` turns a slice of it, with `images`, into `Job`s."""
+    rows = images.select(["image_id", "dataset", "sha256"])
     # an images table written before transparency was recorded has every image opaque
     if "background" in images.column_names:
         rows = rows.append_column("background", images.column("background"))
@@ -136,21 +138,25 @@ def plan_jobs(study: StudyBase, plan: Plan, images: pa.Table) -> pa.Table:
         keys = backend_class(model.backend).answer_keys(model)  # once per model: an imported file is read once
         for prompt_id, prompt in plan.prompts[model.name]:
             for start in range(0, rows.num_rows, PLAN_IMAGES):
-                chunks.append(_plan_slice(plan, model, keys, prompt_id, prompt, rows.slice(start, PLAN_IMAGES)))
+                chunks.append(_plan_slice(plan, model, keys, prompt_id, prompt, rows, start))
     if not chunks:
-        return pa.table({c: pa.array([], pa.string()) for c in JOB_COLUMNS})
+        return pa.table({c: pa.array([], pa.int32() if c == "image" else pa.string()) for c in JOB_COLUMNS})
     return pa.concat_tables(chunks)
 
 
-def _plan_slice(plan: Plan, model: ModelConfig, keys, prompt_id: str, prompt: str, rows: pa.Table) -> pa.Table:
-    """The jobs of one model and prompt over some images (`plan_jobs`' columns); `keys`: the
-    model's `answer_keys`."""
+def _plan_slice(
+    plan: Plan, model: ModelConfig, keys, prompt_id: str, prompt: str, images: pa.Table, start: int
+) -> pa.Table:
+    """The jobs of one model and prompt over `PLAN_IMAGES` images from row `start` (`plan_jobs`'
+    columns); `keys`: the model's `answer_keys`."""
     specs = {s.mask_id: s for s in plan.masks}
     settings, row_keys = keys
     closed = plan.closed.get(model.name, False)
     variants = plan.variants(model)
     n = len(variants)
-    jobs = rows.take(pa.array(np.repeat(np.arange(rows.num_rows), n), pa.int64()))  # each image once per variant
+    rows = images.slice(start, PLAN_IMAGES)
+    image = np.repeat(np.arange(start, start + rows.num_rows, dtype=np.int32), n)  # each image once per variant
+    jobs = images.select(["image_id"]).take(pa.array(image))
     variant = pa.array(variants * rows.num_rows, pa.string())
     answers = row_keys(jobs.column("image_id").combine_chunks(), variant, prompt_id) if row_keys else None
     datasets, shas, backgrounds = (rows.column(c).to_pylist() for c in ("dataset", "sha256", "background"))
@@ -179,18 +185,21 @@ def _plan_slice(plan: Plan, model: ModelConfig, keys, prompt_id: str, prompt: st
             "image_id": jobs.column("image_id"),
             "variant": variant,
             "prompt_id": pa.repeat(pa.scalar(prompt_id, pa.string()), size),
-            "dataset": jobs.column("dataset"),
-            "path": jobs.column("path"),
-            "background": jobs.column("background"),
+            "image": pa.array(image, pa.int32()),
             "cache_key": pa.array(cache_keys, pa.string()),
         }
     )
 
 
-def jobs_from(table: pa.Table, plan: Plan) -> list[Job]:
-    """The `Job`s of some rows of `plan_jobs`' table."""
+def jobs_from(table: pa.Table, plan: Plan, images: pa.Table) -> list[Job]:
+    """The `Job`s of some rows of `plan_jobs`' table over `images`."""
     specs = {s.mask_id: s for s in plan.masks}
     prompts = {(subject, pid): text for subject, pairs in plan.prompts.items() for pid, text in pairs}
+    at = table.column("image")
+    datasets, paths = (images.column(c).take(at).to_pylist() for c in ("dataset", "path"))
+    # an images table written before transparency was recorded has every image opaque
+    opaque = "background" not in images.column_names
+    backgrounds = [None] * table.num_rows if opaque else images.column("background").take(at).to_pylist()
     return [
         Job(
             r["subject"],
@@ -198,13 +207,13 @@ def jobs_from(table: pa.Table, plan: Plan) -> list[Job]:
             r["variant"],
             r["prompt_id"],
             prompts[(r["subject"], r["prompt_id"])],
-            r["path"],
+            path,
             specs.get(r["variant"]),
             r["cache_key"],
-            tuple(plan.classnames.get(r["dataset"], ())) if plan.closed.get(r["subject"]) else (),
-            r.get("background"),
+            tuple(plan.classnames.get(dataset, ())) if plan.closed.get(r["subject"]) else (),
+            background,
         )
-        for r in table.to_pylist()
+        for r, dataset, path, background in zip(table.to_pylist(), datasets, paths, backgrounds)
     ]
 
 
