@@ -153,6 +153,7 @@ def _plan_slice(
     settings, row_keys = keys
     closed = plan.closed.get(model.name, False)
     variants = plan.variants(model)
+    masks = [asdict(specs[name]) if name in specs else None for name in variants]  # once, not once per job
     n = len(variants)
     rows = images.slice(start, PLAN_IMAGES)
     image = np.repeat(np.arange(start, start + rows.num_rows, dtype=np.int32), n)  # each image once per variant
@@ -163,14 +164,8 @@ def _plan_slice(
     cache_keys = []
     for i, (dataset, sha, background) in enumerate(zip(datasets, shas, backgrounds)):
         classes = list(plan.classnames.get(dataset, ())) if closed else None
-        for j, name in enumerate(variants):
-            mask = specs.get(name)
-            payload = {
-                "model": settings,
-                "prompt": prompt,
-                "image": sha,
-                "mask": asdict(mask) if mask else None,
-            }
+        for j, mask in enumerate(masks):
+            payload = {"model": settings, "prompt": prompt, "image": sha, "mask": mask}
             if closed:
                 payload["classes"] = classes
             if background is not None:  # an opaque image's key is what it always was
