@@ -186,3 +186,62 @@ def test_each_jobs_row_is_the_one_a_plain_loop_picks_however_many_are_matched_at
     assert not (folder.root / ".spill" / "responses").exists()
     assert n_done == 2  # a/i2 and b/i2; a/i1 and a/i3 failed, a/i4 was never tried
     assert todo.column("image_id").to_pylist() == ["i3", "i1", "i4"]  # still in the jobs' order
+
+
+def test_an_imported_model_looked_up_in_the_driver_gives_the_rows_its_actors_gave(tmp_path, monkeypatch):
+    """The driver's lookup, slices straddling prompts, against the actor path's `describe` over the
+    same jobs: every field but the timing, rows found and rows missing alike; an unreadable file is
+    an error row per job saying why."""
+    from types import SimpleNamespace
+
+    import vlm_decade.stages.describe.local as local_module
+    from vlm_decade.stages.describe.local import DescribeActor
+    from vlm_decade.stages.describe.plan import Plan, jobs_from, plan_jobs
+    from vlm_decade.studies import study_from_dict
+
+    file = tmp_path / "answers.csv"
+    file.write_text(
+        "image_id,variant,prompt,text\n"
+        "i1,full,p1, a red bird \n"
+        "i1,m1,,every prompt\n"
+        "i2,full,p2,a cat\n"
+        "i3,full,,first\n"
+        "i3,full,,last\n"
+    )
+    model = ModelConfig(name="m", backend="imported", model_id="m", era="pre-mllm", options={"file": str(file)})
+    study = study_from_dict(
+        {
+            "name": "lookup",
+            "data": {"images": "x.csv", "image_dir": str(tmp_path), "descriptions": "d.csv"},
+            "models": [model.model_dump(mode="json") | {"variants": "all"}],
+        }
+    )
+    images = pa.table(
+        {
+            "image_id": ["i1", "i2", "i3", "i4"],
+            "dataset": ["everyday"] * 4,
+            "path": [f"/x/i{i}.png" for i in range(1, 5)],
+            "sha256": [f"{i}" * 64 for i in range(1, 5)],
+        }
+    )
+    plan = Plan({"m": (("p1", "say"), ("p2", "say more"))}, masks=(MaskSpec("m1", (0.25, 0.25, 0.75, 0.75), 0.0),))
+    jobs = plan_jobs(study, plan, images)
+    by_actor = DescribeActor(model).describe(jobs_from(jobs, plan, images), None)
+
+    def looked_up(name: str) -> list[dict]:
+        folder = RunFolder(tmp_path / name)
+        advanced = []
+        local_module.look_up(model, jobs, SimpleNamespace(folder=folder), advanced.append)
+        assert sum(advanced) == jobs.num_rows
+        return folder.read_parts("responses", RESPONSES_SCHEMA).to_pylist()
+
+    monkeypatch.setattr(local_module, "LOOKUP_ROWS", 3)  # slices of 3 over 16 jobs: some hold both prompts
+    rows = looked_up("driver")
+    untimed = lambda rows: [{k: v for k, v in r.items() if k != "latency_s"} for r in rows]  # noqa: E731
+    assert untimed(rows) == untimed(by_actor) and len(rows) == 16
+    texts = {(r["image_id"], r["variant"], r["prompt_id"]): (r["status"], r["text"]) for r in rows}
+    assert texts[("i1", "full", "p1")] == ("ok", "a red bird") and texts[("i1", "m1", "p2")] == ("ok", "every prompt")
+    assert texts[("i3", "full", "p2")] == ("ok", "last") and texts[("i4", "full", "p1")][0] == "error"
+    file.unlink()
+    (failed,) = {(r["status"], r["error"]) for r in looked_up("unreadable")}
+    assert failed[0] == "error" and "answers.csv" in failed[1]

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from vlm_decade.core.config import BackendOptions, ModelConfig, check_options, field_path
 from vlm_decade.core.errors import Problem
@@ -50,6 +51,9 @@ class Backend:
     remote = False
     # Closed-world backends choose among the dataset's class names (`Stimulus.classes`).
     closed_world = False
+    # Backends whose answers are a lookup (an imported file) answer a table of questions at once, in
+    # the driver (`answer_rows`), not in actors: a Ray call per batch costs more than the lookup.
+    looks_up = False
     # The options it takes (docs/models.md's tables are generated from these).
     Options: type[BackendOptions] = BackendOptions
 
@@ -57,6 +61,11 @@ class Backend:
         self.model = model
 
     def describe(self, batch: list[Stimulus]) -> list[Description]:
+        raise NotImplementedError
+
+    def answer_rows(self, questions: pa.Table) -> pa.Table:
+        """For a `looks_up` backend: per question (image_id, variant, prompt_id), the fields of its
+        `Description` (text, status, error, model_version), as `describe` gives them."""
         raise NotImplementedError
 
     @classmethod

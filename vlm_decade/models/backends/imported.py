@@ -147,6 +147,7 @@ def missing_rows(
 
 class ImportedBackend(Backend):
     needs_images = False
+    looks_up = True
 
     class Options(BackendOptions):
         file: str | None = Field(
@@ -164,23 +165,34 @@ class ImportedBackend(Backend):
         self.per_prompt = bool(pc.any(pc.not_equal(table.text("prompt"), EVERY_PROMPT)).as_py())
         self.file = path.name
 
-    def describe(self, batch: list[Stimulus]) -> list[Description]:
-        texts: list[str | None] = [None] * len(batch)
-        for prompt_id in dict.fromkeys(s.prompt_id for s in batch):  # the file looked up a prompt at a time
-            at = [i for i, s in enumerate(batch) if s.prompt_id == prompt_id]
-            image_ids, variants = (
-                pa.array([getattr(batch[i], c) for i in at], pa.string()) for c in ("image_id", "variant")
-            )
-            for i, text in zip(at, self.answers.texts(image_ids, variants, prompt_id).to_pylist()):
-                texts[i] = text
-        out = []
-        for s, text in zip(batch, texts):
+    def answer_rows(self, questions: pa.Table) -> pa.Table:
+        """The file looked up a prompt at a time; a question it has no row for is an error row."""
+        prompts = questions.column("prompt_id")
+        found, places = [], []
+        for prompt_id in pc.unique(prompts).to_pylist():
+            at = pc.indices_nonzero(pc.equal(prompts, prompt_id))
+            image_ids, variants = (questions.column(c).take(at) for c in ("image_id", "variant"))
+            found.append(self.answers.texts(image_ids, variants, prompt_id))
+            places.append(at.to_numpy())
+        in_order = np.argsort(np.concatenate(places)) if places else np.zeros(0, np.int64)
+        texts = (pa.concat_arrays(found) if found else pa.array([], pa.string())).take(pa.array(in_order))
+        out: dict[str, list] = {"text": [], "status": [], "error": [], "model_version": []}
+        asked = zip(*(questions.column(c).to_pylist() for c in ("image_id", "variant", "prompt_id")))
+        for (image_id, variant, prompt_id), text in zip(asked, texts.to_pylist()):
             if text is None:
-                what = f"({s.image_id}, {s.variant}" + (f", prompt {s.prompt_id})" if self.per_prompt else ")")
-                out.append(Description("", "error", f"no description for {what} in the file", self.file))
+                what = f"({image_id}, {variant}" + (f", prompt {prompt_id})" if self.per_prompt else ")")
+                answer = ("", "error", f"no description for {what} in the file", self.file)
             else:  # the row's own hash: rows other than it may change without it
-                out.append(Description(text.strip(), model_version=f"{self.file}@sha256:{answer_key(text)[:12]}"))
-        return out
+                answer = (text.strip(), "ok", "", f"{self.file}@sha256:{answer_key(text)[:12]}")
+            for column, value in zip(out, answer):
+                out[column].append(value)
+        return pa.table(out, schema=pa.schema([(c, pa.string()) for c in out]))
+
+    def describe(self, batch: list[Stimulus]) -> list[Description]:
+        questions = pa.table(
+            {c: pa.array([getattr(s, c) for s in batch], pa.string()) for c in ("image_id", "variant", "prompt_id")}
+        )
+        return [Description(**r) for r in self.answer_rows(questions).to_pylist()]
 
     @classmethod
     def fingerprint(cls, model: ModelConfig) -> dict:

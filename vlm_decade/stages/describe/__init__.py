@@ -3,8 +3,9 @@
 What a study asks of its models (each model's prompts, the masked variants, the class lists of
 closed-world baselines) comes in a `Plan` that the study builds; `plan` turns it into jobs, one per
 response, each with a cache key (model, prompt, image bytes, mask geometry), and rows whose key is
-already done are never described again (`rows`). Local models run in Ray actors (`local`); API
-models send through their provider's gateway actor (`remote`). In batch mode every API model's
+already done are never described again (`rows`). Local models run in Ray actors (`local`), but for
+imported files, looked up in the driver; API models send through their provider's gateway actor
+(`remote`). In batch mode every API model's
 requests are submitted as batches first, before any local or sync model runs and before any batch
 is waited on, so the batches are worked on meanwhile and a study waits one batch turnaround for
 all its models.
@@ -51,7 +52,7 @@ def run_describe(study: StudyBase, plan: Plan, run: StudyRun) -> Written:
     work = model_jobs(study, todo)
     models = [m for m in study.models if work[m.name].num_rows]
     remote = [m for m in models if backend_class(m.backend).remote]
-    if len(remote) < len(models):
+    if any(not (backend_class(m.backend).remote or backend_class(m.backend).looks_up) for m in models):
         check_actor_fit(study, run.ray())  # before any batch is submitted
     total = todo.num_rows
     del todo

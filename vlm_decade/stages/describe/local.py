@@ -78,8 +78,11 @@ class DescribeActor:
 
 def describe_local(study: StudyBase, model: ModelConfig, jobs: pa.Table, plan: Plan, run: StudyRun, advance) -> None:
     """A local model in its actors; images decoded and masked by loader tasks (none for backends
-    that need no images, such as imported files, which read their own file in the actor). The
-    caller has checked that the actors fit (`plan.check_actor_fit`)."""
+    that need no images). The caller has checked that the actors fit (`plan.check_actor_fit`). A
+    backend that looks its answers up (an imported file) answers in the driver (`look_up`)."""
+    if backend_class(model.backend).looks_up:
+        look_up(model, jobs, run, advance)
+        return
     ray, rt = run.ray(), study.runtime
     needs_images = backend_class(model.backend).needs_images
     actor_cls = ray.remote(DescribeActor).options(num_cpus=rt.cpus_per_actor, num_gpus=rt.gpus_per_actor)
@@ -106,3 +109,38 @@ def describe_local(study: StudyBase, model: ModelConfig, jobs: pa.Table, plan: P
             # a batch that failed (or whose actors kept dying) is recorded per row, tried again next run
             parts.add(done.value if done.error is None else failed_batch(done.work, done.error))
             advance(len(done.work))
+
+
+LOOKUP_ROWS = 65_536  # questions a looked-up model answers at a time
+
+
+def look_up(model: ModelConfig, jobs: pa.Table, run: StudyRun, advance) -> None:
+    """A backend whose answers are a lookup answers in the driver, `LOOKUP_ROWS` jobs at a time, each
+    slice saved as a part: no actors and no images (in actors, a Ray call per batch of a few rows
+    cost more than the lookup itself). A backend that cannot be made (its file unreadable) is an
+    error row per job, saying why, as an actor that cannot be made is."""
+    try:
+        backend, failed = backend_class(model.backend)(model), None
+    except Exception as exc:  # noqa: BLE001 - recorded per row, tried again by the next run
+        backend, failed = None, failed_answer("error", error_text(exc))
+    with run.folder.parts("responses", RESPONSES_SCHEMA, PART_ROWS, PART_S) as parts:
+        for start in range(0, jobs.num_rows, LOOKUP_ROWS):
+            part = jobs.slice(start, LOOKUP_ROWS)
+            began = time.perf_counter()
+            if backend is None:
+                answers = {
+                    k: pa.repeat(pa.scalar(v, RESPONSES_SCHEMA.field(k).type), part.num_rows) for k, v in failed.items()
+                }
+            else:
+                found = backend.answer_rows(part.select(["image_id", "variant", "prompt_id"]))
+                latency = (time.perf_counter() - began) / max(part.num_rows, 1)
+                answers = {c: found.column(c) for c in found.column_names} | {
+                    k: pa.repeat(pa.scalar(v, RESPONSES_SCHEMA.field(k).type), part.num_rows)
+                    for k, v in _local_answer(Description(""), latency).items()
+                    if k not in found.column_names
+                }
+            columns = {c: part.column(c) for c in ("subject", "image_id", "variant", "prompt_id", "cache_key")}
+            parts.add(
+                pa.table({f.name: (columns | answers)[f.name] for f in RESPONSES_SCHEMA}, schema=RESPONSES_SCHEMA)
+            )
+            advance(part.num_rows)
