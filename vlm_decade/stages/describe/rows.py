@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import shutil
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -109,13 +109,6 @@ def conform(table: pa.Table, schema: pa.Schema = RESPONSES_SCHEMA) -> pa.Table:
 MATCH_ROWS = 65_536  # rows whose cache keys are compared with their jobs' at a time
 
 
-def _rows_so_far(folder: RunFolder) -> pa.Table:
-    """The previous table's rows (if trusted) and then the parts' rows, in `RESPONSES_SCHEMA`."""
-    old = folder.previous("responses")
-    sources = [RESPONSES_SCHEMA.empty_table() if old is None else conform(old)]
-    return pa.concat_tables([*sources, folder.read_parts("responses", RESPONSES_SCHEMA)])
-
-
 def _job_of(rows: pa.Table, jobs: pa.Table) -> np.ndarray:
     """Per row, the number of the current job it answers: the job with its key and its cache key
     (a row of other settings answers none); -1 where none."""
@@ -163,61 +156,69 @@ def _buckets(table: pa.Table, subjects: pa.Array, bounds: list[str]) -> np.ndarr
     return np.where(subject >= 0, subject.astype(np.int64) * len(bounds) + shard, -1)
 
 
-def _row_sources(folder: RunFolder):
+def _row_sources(folder: RunFolder, schema: pa.Schema):
     """The previous table's rows (if trusted) and then the parts' rows, a batch or part at a time,
-    in `RESPONSES_SCHEMA`."""
+    in `schema` (some of `RESPONSES_SCHEMA`'s columns)."""
     if folder.trusted("responses"):
-        for batch in folder.batches("responses"):
-            yield conform(pa.Table.from_batches([batch]))
+        have = [c for c in schema.names if c in folder.schema("responses").names]  # a table of before lacks some
+        for batch in folder.batches("responses", columns=have):
+            yield conform(pa.Table.from_batches([batch]), schema)
     for part in folder.iter_parts("responses", RESPONSES_SCHEMA):
-        yield conform(part)
+        yield conform(part, schema)
 
 
-def collect_rows(folder: RunFolder, jobs: pa.Table) -> Written:
-    """Write the `responses` table: for each current job, its best row so far from the previous
-    table and the parts a crash or this run left (the first ok row; else the latest attempt),
-    sorted by key; rows of other settings (another cache key) are dropped. Never held whole: the
-    rows are spread over buckets on disk (the run folder's `.spill/`) by model and range of
-    `COLLECT_IMAGES` images, in the order read, and each bucket's rows are chosen against its jobs
-    (on row numbers), tallied and written in turn."""
+def _in_buckets(folder: RunFolder, jobs: pa.Table, columns: list[str]) -> Iterator[tuple[pa.Table, np.ndarray]]:
+    """Per bucket (a model and a range of `COLLECT_IMAGES` images, in key order) that has rows: its
+    rows so far (those `columns`), in the order read, and the numbers of its jobs. The rows are
+    spread over the buckets on disk first (the run folder's `.spill/`), so none is held whole."""
     subjects = pc.unique(jobs.column("subject")).sort()
     images = pc.unique(jobs.column("image_id")).sort()
     bounds = images.take(pa.array(range(0, len(images), COLLECT_IMAGES), pa.int64())).to_pylist()
     job_bucket = _buckets(jobs, subjects, bounds)
     order = np.argsort(job_bucket, kind="stable")
     starts = np.searchsorted(job_bucket[order], np.arange(len(subjects) * max(len(bounds), 1) + 1))
+    schema = pa.schema([RESPONSES_SCHEMA.field(c) for c in columns])
     spill_root = folder.root / ".spill" / "responses"
     shutil.rmtree(spill_root, ignore_errors=True)  # what a killed run left is of no use
-    spill = Spill(spill_root, RESPONSES_SCHEMA)
-    tally = StatusTally("responses")
+    spill = Spill(spill_root, schema)
     try:
-        for rows in _row_sources(folder):
+        for rows in _row_sources(folder, schema):
             bucket = _buckets(rows, subjects, bounds)
             keep = np.flatnonzero(bucket >= 0)
             spill.add(rows.take(pa.array(keep, pa.int64())), bucket[keep])
         spill.close()
-
-        def chosen():
-            for bucket in spill.buckets:
-                rows = spill.read(bucket)
-                theirs = jobs.take(pa.array(order[starts[bucket] : starts[bucket + 1]], pa.int64()))
-                best = rows.take(pa.array(_best_rows(rows, theirs), pa.int64()))
-                tally.add(best)
-                yield from best.to_batches()
-
-        fingerprint, record, n = folder.write_batches("responses", RESPONSES_SCHEMA, chosen())
+        for bucket in spill.buckets:
+            yield spill.read(bucket), order[starts[bucket] : starts[bucket + 1]]
     finally:
         spill.remove()
+
+
+def collect_rows(folder: RunFolder, jobs: pa.Table) -> Written:
+    """Write the `responses` table: for each current job, its best row so far from the previous
+    table and the parts a crash or this run left (the first ok row; else the latest attempt),
+    sorted by key; rows of other settings (another cache key) are dropped. Never held whole: each
+    bucket's rows (`_in_buckets`) are chosen against its jobs (on row numbers), tallied and
+    written in turn."""
+    tally = StatusTally("responses")
+
+    def chosen():
+        for rows, theirs in _in_buckets(folder, jobs, RESPONSES_SCHEMA.names):
+            best = rows.take(pa.array(_best_rows(rows, jobs.take(pa.array(theirs, pa.int64()))), pa.int64()))
+            tally.add(best)
+            yield from best.to_batches()
+
+    fingerprint, record, n = folder.write_batches("responses", RESPONSES_SCHEMA, chosen())
     return Written(fingerprint, record, n, tally)
 
 
 def todo_jobs(folder: RunFolder, jobs: pa.Table) -> tuple[pa.Table, int]:
-    """The jobs without an ok row so far (still in plan order), and how many have one."""
-    rows = _rows_so_far(folder).select([*RESPONSE_KEY, "status", "cache_key"])
-    job = _job_of(rows, jobs)
+    """The jobs without an ok row so far (still in plan order), and how many have one; the rows
+    so far read a bucket at a time (`_in_buckets`)."""
     done = np.zeros(jobs.num_rows, bool)
-    ok = pc.equal(rows.column("status"), "ok").fill_null(False).to_numpy(zero_copy_only=False)
-    done[job[(job >= 0) & ok]] = True
+    for rows, theirs in _in_buckets(folder, jobs, [*RESPONSE_KEY, "status", "cache_key"]):
+        job = _job_of(rows, jobs.take(pa.array(theirs, pa.int64())))
+        ok = pc.equal(rows.column("status"), "ok").fill_null(False).to_numpy(zero_copy_only=False)
+        done[theirs[job[(job >= 0) & ok]]] = True
     n_done = int(done.sum())
     return (jobs.filter(pa.array(~done)) if n_done else jobs), n_done
 
