@@ -47,11 +47,13 @@ class FileAnswers:
     would make describing an imported model quadratic in the images."""
 
     def __init__(self, table: Table):
-        last_first = pa.array(np.arange(len(table) - 1, -1, -1), pa.int64())
-        rows = _keys(table).append_column("text", table.columns.column("text")).take(last_first)
-        rows = rows.filter(pc.is_valid(rows.column("image_id")))  # a row of no image answers nothing
-        # A stable sort: an image's rows stay last first.
-        self.rows = rows.take(pc.sort_indices(rows, [("image_id", "ascending")]))
+        keys = _keys(table)
+        last_first = np.arange(len(table) - 1, -1, -1)
+        # a row of no image answers nothing
+        last_first = last_first[pc.is_valid(keys.column("image_id")).to_numpy(zero_copy_only=False)[last_first]]
+        # A stable sort: an image's rows stay last first. One copy of the rows, in that order.
+        by_image = pc.sort_indices(keys.column("image_id").take(pa.array(last_first))).to_numpy()
+        self.rows = keys.append_column("text", table.columns.column("text")).take(pa.array(last_first[by_image]))
         ids = self.rows.column("image_id").combine_chunks()
         changed = pc.not_equal(ids.slice(1), ids.slice(0, len(ids) - 1)).to_numpy(zero_copy_only=False)
         starts = np.concatenate([[0], np.flatnonzero(changed) + 1]) if len(ids) else np.zeros(0, np.int64)
