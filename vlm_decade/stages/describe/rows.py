@@ -141,7 +141,7 @@ def _best_rows(rows: pa.Table, jobs: pa.Table) -> np.ndarray:
     return best[best >= 0]
 
 
-COLLECT_IMAGES = 65_536  # images whose rows are chosen at a time, per model: a bucket of the spill
+COLLECT_IMAGES = 16_384  # images whose rows are chosen at a time, per model: a bucket of the spill (a few MB)
 
 
 def _buckets(table: pa.Table, subjects: pa.Array, bounds: list[str]) -> np.ndarray:
