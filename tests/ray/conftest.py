@@ -13,7 +13,8 @@ def ray_session():
 
 
 def describe_stage(study, images, out):
-    """The describe stage alone, as a run would run it: the images stage first, then `responses`."""
+    """The describe stage alone, as a run would run it: the images stage first, then `responses`
+    (the table it wrote)."""
     from vlm_decade.core.progress import Reporter
     from vlm_decade.core.runfolder import RunFolder
     from vlm_decade.core.runner import StudyRun, given
@@ -23,7 +24,8 @@ def describe_stage(study, images, out):
 
     run = StudyRun(RunFolder(out), Reporter(quiet=True), LazyRay(study.runtime))
     run.run_stage(given("images", images))
-    return run_describe(study, pipeline_of(study).plan(study), run)
+    run_describe(study, pipeline_of(study).plan(study), run)
+    return run.folder.read("responses")
 
 
 @pytest.fixture(scope="session")

@@ -88,7 +88,8 @@ def test_rows_hold_what_the_provider_answered_for_the_exact_png(server, tmp_path
     study, images, table = describe(study_file(tmp_path, server), tmp_path / "run")
     assert table.num_rows == 16 * 4 + 16 and set(table.column("status").to_pylist()) == {"ok"}
     jobs = {
-        (j.subject, j.image_id, j.variant): j for j in jobs_from(plan_jobs(study, plan(study), images), plan(study))
+        (j.subject, j.image_id, j.variant): j
+        for j in jobs_from(plan_jobs(study, plan(study), images), plan(study), images)
     }
     rows = table.to_pylist()
     sample = [r for r in rows if r["variant"] in ("full", "m2")][:12]

@@ -85,7 +85,8 @@ def direct(served, body: dict) -> str:
 def sent_pngs(study, images, rows) -> list[bytes]:
     """The exact PNG bytes the describe stage sent for each row."""
     jobs = {
-        (j.subject, j.image_id, j.variant): j for j in jobs_from(plan_jobs(study, plan(study), images), plan(study))
+        (j.subject, j.image_id, j.variant): j
+        for j in jobs_from(plan_jobs(study, plan(study), images), plan(study), images)
     }
     return load_png([jobs[(r["subject"], r["image_id"], r["variant"])] for r in rows])
 
