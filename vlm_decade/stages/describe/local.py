@@ -127,18 +127,14 @@ def look_up(model: ModelConfig, jobs: pa.Table, run: StudyRun, advance) -> None:
         for start in range(0, jobs.num_rows, LOOKUP_ROWS):
             part = jobs.slice(start, LOOKUP_ROWS)
             began = time.perf_counter()
-            if backend is None:
-                answers = {
-                    k: pa.repeat(pa.scalar(v, RESPONSES_SCHEMA.field(k).type), part.num_rows) for k, v in failed.items()
-                }
-            else:
-                found = backend.answer_rows(part.select(["image_id", "variant", "prompt_id"]))
-                latency = (time.perf_counter() - began) / max(part.num_rows, 1)
-                answers = {c: found.column(c) for c in found.column_names} | {
-                    k: pa.repeat(pa.scalar(v, RESPONSES_SCHEMA.field(k).type), part.num_rows)
-                    for k, v in _local_answer(Description(""), latency).items()
-                    if k not in found.column_names
-                }
+            found = None if backend is None else backend.answer_rows(part.select(["image_id", "variant", "prompt_id"]))
+            latency = (time.perf_counter() - began) / max(part.num_rows, 1)
+            fields = failed if backend is None else _local_answer(Description(""), latency)
+            answers = {
+                k: pa.repeat(pa.scalar(v, RESPONSES_SCHEMA.field(k).type), part.num_rows) for k, v in fields.items()
+            }
+            if found is not None:  # the looked-up fields; the rest as every local row has them
+                answers |= {c: found.column(c) for c in found.column_names}
             columns = {c: part.column(c) for c in ("subject", "image_id", "variant", "prompt_id", "cache_key")}
             parts.add(
                 pa.table({f.name: (columns | answers)[f.name] for f in RESPONSES_SCHEMA}, schema=RESPONSES_SCHEMA)
