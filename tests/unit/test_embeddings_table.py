@@ -161,3 +161,26 @@ def test_a_table_without_the_mode_column_is_reused_with_it_empty(tmp_path):
         and rows[text_key(new_text)]["vector"] == new_vector.tolist()
     )
     assert {r["encoder_key"] for r in rows.values()} == {encoder_key(cfg)}
+
+
+@pytest.mark.parametrize("passes", [2, 7, 512])
+def test_spilling_a_range_of_buckets_at_a_time_writes_the_same_table(tmp_path, monkeypatch, passes):
+    references, responses = MANY + REFERENCES, [("ok", t) for t in MANY[30:]] + RESPONSES
+    whole = RunFolder(tmp_path / "whole")
+    inputs(whole, references, responses)
+    embed_here(whole, [SBERT, OTHER])
+    monkeypatch.setattr(embed, "write_passes", lambda source_bytes, free_bytes, buckets: passes)
+    cut = RunFolder(tmp_path / "cut")
+    inputs(cut, references, responses)
+    embed_here(cut, [SBERT, OTHER])
+    assert cut.read("embeddings").equals(whole.read("embeddings"))
+
+
+def test_the_passes_keep_the_spill_and_the_table_within_the_free_space():
+    gb = 10**9
+    # 26 GB of parts: a 26 GB table and a 32.5 GB spill, within 90% of the free space.
+    assert embed.write_passes(26 * gb, 80 * gb, 512) == 1  # 46 GB of room
+    assert embed.write_passes(26 * gb, 40 * gb, 512) == 4  # 10 GB of room: 32.5 / 10
+    assert embed.write_passes(26 * gb, 20 * gb, 512) == 512  # no room even for the table: as small as it goes
+    assert embed.write_passes(26 * gb, int(28.9 * gb), 512) == 512  # 0.01 GB of room
+    assert embed.write_passes(0, 0, 256) == 256 and embed.write_passes(0, 1, 256) == 1

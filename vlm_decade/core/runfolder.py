@@ -260,6 +260,10 @@ class RunFolder:
                 self.mirror.push([self._parts_dir(name) / part])
             _pause_for_a_kill(name)
 
+    def parts_bytes(self, name: str) -> int:
+        """The bytes of the parts table `name` has saved so far."""
+        return sum(f.stat().st_size for f in self._parts_dir(name).glob("part-*.parquet"))
+
     def iter_parts(self, name: str, schema: pa.Schema, columns: list[str] | None = None):
         """Every whole part of table `name` (its `columns`), one table at a time in the order
         written; damaged ones are discarded, and said."""

@@ -16,6 +16,7 @@ worked through a bucket at a time (a local encoder's texts a chunk of buckets at
 from __future__ import annotations
 
 import hashlib
+import math
 import shutil
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -61,6 +62,9 @@ REMOTE_IN_FLIGHT = 8  # batches of texts in flight to an API encoder's gateway
 # with fewer is batched exactly as if they were sorted whole.
 CHUNK_TEXTS = 65_536
 TEXTS_SCHEMA = pa.schema([("text_sha256", pa.string()), ("text", pa.string())])
+# Writing the table: a spilled row (Arrow, uncompressed) against the same row in a part (Parquet),
+# and the share of the free space the spill and the table may take.
+SPILL_GROWTH, FREE_KEPT = 1.25, 0.9
 
 
 def encoder_key(cfg: EncoderConfig) -> str:
@@ -400,30 +404,56 @@ def _embed_remote(
         )
 
 
+def write_passes(source_bytes: int, free_bytes: int, buckets: int) -> int:
+    """How many passes over the sources `_write_selected` makes, each spilling a range of its
+    buckets, so that the spill beside the table being written fits in the free space (the table
+    takes about what its sources take): one when the whole spill fits, at most one per bucket."""
+    room = FREE_KEPT * free_bytes - source_bytes
+    if room <= 0:
+        return buckets
+    return max(1, min(buckets, math.ceil(SPILL_GROWTH * source_bytes / room)))
+
+
 def _write_selected(folder: RunFolder, plan: _Plan, spill: Path) -> Written:
     """Write the vectors the current texts and encoders need, one row each (the first the sources
     hold), sorted by (encoder, text), without holding them all: the sources' rows are spread over
     buckets by encoder and the key's first two hex digits (spill files under `spill`: a bucket is
     1/256 of an encoder's vectors), then each bucket is kept to its texts (`plan`), sorted and
-    written. Vectors of texts no longer wanted, or of encoders no longer named, are left out."""
+    written. Where the disk has no room for the whole spill beside the table, the buckets are
+    spilled a range at a time, a pass over the sources each (`write_passes`). Vectors of texts no
+    longer wanted, or of encoders no longer named, are left out."""
     name_of = {encoder_key(cfg): cfg.name for cfg in plan.encoders}
     order = {name: i for i, name in enumerate(sorted(set(name_of.values())))}
     keys = pa.array(list(name_of), pa.string())
     names = pa.array(list(name_of.values()), pa.string())
     rank = np.array([order[name] for name in name_of.values()], dtype=np.int64)
-    vectors = Spill(spill, EMBEDDINGS_SCHEMA)
-    for table in _sources(folder):
-        table = table.filter(pc.is_in(table.column("encoder_key"), keys))
-        which = pc.index_in(table.column("encoder_key"), value_set=keys)
-        table = table.set_column(1, "encoder", pc.take(names, which))
-        vectors.add(table, rank[which.to_numpy(zero_copy_only=False)] * 256 + key_buckets(table.column("text_sha256")))
-    vectors.close()
+    buckets = len(order) * 256
+    source_bytes = folder.parts_bytes("embeddings")
+    if folder.trusted("embeddings"):
+        source_bytes += folder.table_path("embeddings").stat().st_size
+    passes = write_passes(source_bytes, shutil.disk_usage(folder.root).free, buckets)
+
+    def spilled(first: int, end: int) -> Spill:
+        vectors = Spill(spill / f"{first:06d}", EMBEDDINGS_SCHEMA)
+        for table in _sources(folder):
+            table = table.filter(pc.is_in(table.column("encoder_key"), keys))
+            which = pc.index_in(table.column("encoder_key"), value_set=keys)
+            table = table.set_column(1, "encoder", pc.take(names, which))
+            bucket = rank[which.to_numpy(zero_copy_only=False)] * 256 + key_buckets(table.column("text_sha256"))
+            mine = (bucket >= first) & (bucket < end)
+            vectors.add(table.filter(pa.array(mine)), bucket[mine])
+        vectors.close()
+        return vectors
 
     def sorted_batches():
-        for bucket in vectors.buckets:
-            table = vectors.read(bucket)
-            table = table.filter(pc.is_in(table.column("text_sha256"), plan.wanted_keys(bucket % 256)))
-            yield from first_per_key(table.sort_by("text_sha256"), "text_sha256").to_batches()
+        bounds = np.linspace(0, buckets, passes + 1).round().astype(int).tolist()
+        for first, end in zip(bounds, bounds[1:]):
+            vectors = spilled(first, end)
+            for bucket in vectors.buckets:
+                table = vectors.read(bucket)
+                table = table.filter(pc.is_in(table.column("text_sha256"), plan.wanted_keys(bucket % 256)))
+                yield from first_per_key(table.sort_by("text_sha256"), "text_sha256").to_batches()
+            vectors.remove()
 
     fingerprint, record, rows = folder.write_batches(
         "embeddings", EMBEDDINGS_SCHEMA, sorted_batches(), row_group_rows=VECTOR_BATCH
