@@ -17,6 +17,9 @@ def first_per_key(table: pa.Table, key: str) -> pa.Table:
     return table.filter(pa.concat_arrays([pa.array([True]), changed.fill_null(True)]))
 
 
+COMPARED_ROWS = 1 << 20  # `first_rows` compares this many neighbours at a time
+
+
 def first_rows(keys: pa.Table, among: np.ndarray) -> np.ndarray:
     """For each row of `keys`, the index of the first row where `among` is true with the same values
     in every column of `keys`; -1 where there is none (and for a row with a null key). What
@@ -37,10 +40,12 @@ def first_rows(keys: pa.Table, among: np.ndarray) -> np.ndarray:
     starts = np.zeros(n, bool)
     starts[0] = True
     for column in keys.columns:
-        in_order = column.take(order)
-        starts[1:] |= (
-            pc.not_equal(in_order.slice(1), in_order.slice(0, n - 1)).fill_null(True).to_numpy(zero_copy_only=False)
-        )
+        # Neighbours in that order compared a slice at a time: the column in that order is never held whole.
+        for begin in range(0, n - 1, COMPARED_ROWS):
+            at = order[begin : begin + COMPARED_ROWS + 1]
+            in_order = column.take(pa.array(at))
+            differs = pc.not_equal(in_order.slice(1), in_order.slice(0, len(at) - 1))
+            starts[begin + 1 : begin + len(at)] |= differs.fill_null(True).to_numpy(zero_copy_only=False)
     heads = order[starts]  # each key's first row in that order: its first counted row, if it has one
     firsts = np.where(counted[heads], heads, -1)
     out[order] = firsts[np.cumsum(starts) - 1]

@@ -110,7 +110,7 @@ def answer_key(text: str) -> str:
 
 def missing_rows(
     models: Iterable[ModelConfig],
-    image_ids: set[str],
+    image_ids: set[str] | pa.ChunkedArray,
     variants_of: Callable[[ModelConfig], list[str]],
     prompts: tuple[str, ...] = (EVERY_PROMPT,),
 ) -> list[str]:

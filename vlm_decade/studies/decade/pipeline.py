@@ -132,7 +132,7 @@ def estimate(study: StudyConfig, data: StudyData) -> tuple[list[Line], tuple[str
 
 def incomplete_models(study: StudyConfig, data: StudyData) -> list[str]:
     """Imported models whose files lack some of the descriptions the study asks for."""
-    return missing_rows(study.models, set(data.images.column("image_id").to_pylist()), plan(study).variants)
+    return missing_rows(study.models, data.images.column("image_id"), plan(study).variants)
 
 
 def input_warnings(study: StudyConfig, data: StudyData) -> list[str]:

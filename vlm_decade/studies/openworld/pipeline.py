@@ -98,7 +98,7 @@ def estimate(study: OpenWorldStudyConfig, data: OpenWorldData) -> tuple[list[Lin
 
 def incomplete_models(study: OpenWorldStudyConfig, data: OpenWorldData) -> list[str]:
     """Imported models whose files lack some of the answers the study asks for."""
-    ids = set(data.images.column("image_id").to_pylist())
+    ids = data.images.column("image_id")
     return missing_rows(study.models, ids, lambda model: ["full"], tuple(p.id for p in study.prompts))
 
 
