@@ -12,6 +12,7 @@ from pathlib import Path
 from unittest.mock import patch
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -85,6 +86,21 @@ def test_a_file_scanned_a_block_at_a_time_is_plain_as_the_whole_of_it_is(body, b
     whole = b'"' not in body and tables._BLANK_LINE.search(body) is None
     with patch.object(tables, "_SCAN", block):
         assert tables._plain_body(path) == whole
+
+
+@SETTINGS
+@given(st.lists(st.tuples(*[st.sampled_from(["a", "b", "ab", ""])] * 3), max_size=8), st.integers(1, 3))
+def test_rows_are_in_order_when_the_stable_sort_leaves_them_as_they_are(rows, chunks):
+    columns = list(zip(*rows)) if rows else [(), (), ()]
+    cut = max(1, -(-len(rows) // chunks))  # the columns in chunks, as a file read a block at a time has them
+    table = pa.table(
+        {
+            name: pa.chunked_array([list(values[i : i + cut]) for i in range(0, len(values), cut)] or [[]], pa.string())
+            for name, values in zip(("x", "y", "z"), columns)
+        }
+    )
+    order = pc.sort_indices(table, sort_keys=[(c, "ascending") for c in ("x", "y", "z")]).to_pylist()
+    assert study_a._in_order(table, ("x", "y", "z")) == (order == list(range(len(rows))))
 
 
 def test_a_plain_csv_goes_through_pyarrow_a_block_at_a_time():

@@ -6,10 +6,13 @@ one a plain loop over the rows picks, however many rows are matched at a time.""
 from __future__ import annotations
 
 import hashlib
+import json
 
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import vlm_decade.stages.describe.plan as plan_module
 import vlm_decade.stages.describe.rows as rows_module
@@ -245,3 +248,44 @@ def test_an_imported_model_looked_up_in_the_driver_gives_the_rows_its_actors_gav
     file.unlink()
     (failed,) = {(r["status"], r["error"]) for r in looked_up("unreadable")}
     assert failed[0] == "error" and "answers.csv" in failed[1]
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    JSON,
+    st.text(max_size=20),
+    st.text(alphabet="0123456789abcdef", min_size=64, max_size=64),
+    st.none() | st.dictionaries(st.text(max_size=5), JSON, max_size=3),
+    st.none() | st.lists(st.text(max_size=6), max_size=3),
+    st.none() | st.text(max_size=9),
+    st.none() | st.just("absent") | st.text(max_size=64),
+)
+def test_a_cache_key_put_together_from_its_pieces_is_the_sha256_of_its_payload_as_sorted_json(
+    settings_, prompt, image, mask, classes, background, answer
+):
+    """The keys of every run before: what `json.dumps(payload, sort_keys=True)` hashed."""
+    from vlm_decade.stages.describe.plan import _ABSENT, KeyTemplate
+
+    payload = {"model": settings_, "prompt": prompt, "image": image, "mask": mask}
+    if classes is not None:
+        payload["classes"] = classes
+    if background is not None:
+        payload["background"] = background
+    if answer != "absent":
+        payload["answer"] = answer
+    want = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+    key = KeyTemplate(settings_, prompt)(
+        image,
+        json.dumps(mask, sort_keys=True),
+        _ABSENT if classes is None else classes,
+        background,
+        _ABSENT if answer == "absent" else answer,
+    )
+    assert key == want

@@ -37,18 +37,26 @@ def first_rows(keys: pa.Table, among: np.ndarray) -> np.ndarray:
     ranked = keys.append_column("_not_counted", pa.array(~counted))
     by = [*((c, "ascending") for c in keys.column_names), ("_not_counted", "ascending")]
     order = pc.sort_indices(ranked, sort_keys=by).to_numpy()
+    del ranked
     starts = np.zeros(n, bool)
     starts[0] = True
     for column in keys.columns:
-        # Neighbours in that order compared a slice at a time: the column in that order is never held whole.
+        # One array (a take from many chunks joins them each time), its neighbours in that order
+        # compared a slice at a time: the column in that order is never held whole.
+        values = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
         for begin in range(0, n - 1, COMPARED_ROWS):
             at = order[begin : begin + COMPARED_ROWS + 1]
-            in_order = column.take(pa.array(at))
+            in_order = values.take(pa.array(at))
             differs = pc.not_equal(in_order.slice(1), in_order.slice(0, len(at) - 1))
             starts[begin + 1 : begin + len(at)] |= differs.fill_null(True).to_numpy(zero_copy_only=False)
+        del values
     heads = order[starts]  # each key's first row in that order: its first counted row, if it has one
     firsts = np.where(counted[heads], heads, -1)
-    out[order] = firsts[np.cumsum(starts) - 1]
+    del heads
+    key = np.cumsum(starts, dtype=np.int32 if n < 2**31 else np.int64)  # each row's key's number, from 1
+    key -= 1
+    for begin in range(0, n, COMPARED_ROWS):  # a slice at a time: no third array of a number per row
+        out[order[begin : begin + COMPARED_ROWS]] = firsts[key[begin : begin + COMPARED_ROWS]]
     out[null] = -1
     return out
 

@@ -109,11 +109,18 @@ class Fingerprinter:
         return self.sink.digest.hexdigest()
 
 
+def batches_of(table: pa.Table, rows: int):
+    """`table` as record batches of `rows` rows (the last fewer), whatever its chunks, each joined
+    on its own: joining the whole table first would be a copy of it."""
+    for start in range(0, table.num_rows, rows):
+        yield from table.slice(start, rows).combine_chunks().to_batches()
+
+
 def table_fingerprint(table: pa.Table) -> str:
     """A content hash of a table's schema and rows but its wall-clock columns (independent of
     Parquet writer details and of the table's chunking)."""
     fingerprint = Fingerprinter(table.schema)
-    for batch in table.combine_chunks().to_batches(max_chunksize=FINGERPRINT_ROWS):
+    for batch in batches_of(table, FINGERPRINT_ROWS):
         fingerprint.add(batch)
     return fingerprint.hexdigest()
 
@@ -174,9 +181,7 @@ class RunFolder:
         """Write a table atomically. Returns its content fingerprint (the manifest's `tables`, what
         later stages' fingerprints use) and its file record (the manifest's `files`: sha256 and size,
         what `verified` checks)."""
-        fingerprint, record, _ = self.write_batches(
-            name, table.schema, table.combine_chunks().to_batches(max_chunksize=ROW_GROUP_ROWS)
-        )
+        fingerprint, record, _ = self.write_batches(name, table.schema, batches_of(table, ROW_GROUP_ROWS))
         return fingerprint, record
 
     def write_batches(

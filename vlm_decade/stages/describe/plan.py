@@ -153,7 +153,8 @@ def _plan_slice(
     settings, row_keys = keys
     closed = plan.closed.get(model.name, False)
     variants = plan.variants(model)
-    masks = [asdict(specs[name]) if name in specs else None for name in variants]  # once, not once per job
+    # once, not once per job
+    masks = [json.dumps(asdict(specs[name]) if name in specs else None, sort_keys=True) for name in variants]
     n = len(variants)
     rows = images.slice(start, PLAN_IMAGES)
     image = np.repeat(np.arange(start, start + rows.num_rows, dtype=np.int32), n)  # each image once per variant
@@ -161,18 +162,13 @@ def _plan_slice(
     variant = pa.array(variants * rows.num_rows, pa.string())
     answers = row_keys(jobs.column("image_id").combine_chunks(), variant, prompt_id) if row_keys else None
     datasets, shas, backgrounds = (rows.column(c).to_pylist() for c in ("dataset", "sha256", "background"))
+    key_of = KeyTemplate(settings, prompt)
     cache_keys = []
     for i, (dataset, sha, background) in enumerate(zip(datasets, shas, backgrounds)):
-        classes = list(plan.classnames.get(dataset, ())) if closed else None
+        classes = list(plan.classnames.get(dataset, ())) if closed else _ABSENT
         for j, mask in enumerate(masks):
-            payload = {"model": settings, "prompt": prompt, "image": sha, "mask": mask}
-            if closed:
-                payload["classes"] = classes
-            if background is not None:  # an opaque image's key is what it always was
-                payload["background"] = background
-            if answers is not None:  # keyed by its own row of a file, not the whole file
-                payload["answer"] = answers[i * n + j]
-            cache_keys.append(hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest())
+            answer = answers[i * n + j] if answers is not None else _ABSENT  # keyed by its own row of a file
+            cache_keys.append(key_of(sha, mask, classes, background, answer))
     size = jobs.num_rows
     return pa.table(
         {
@@ -184,6 +180,32 @@ def _plan_slice(
             "cache_key": pa.array(cache_keys, pa.string()),
         }
     )
+
+
+_ABSENT = object()  # a part of a cache key's payload that the job has not
+
+
+class KeyTemplate:
+    """Cache keys of one model's and prompt's jobs: the sha256 of the job's payload as
+    `json.dumps(payload, sort_keys=True)` writes it, put together from its pieces in the sorted order
+    of the payload's keys (answer, background, classes, image, mask, model, prompt), the constant
+    ones serialised once, for the millions of jobs of a large study. An opaque image has no
+    `background`, an open-world job no `classes`, a model that is not a file's rows no `answer`;
+    `mask`: the mask's JSON (`json.dumps(mask, sort_keys=True)`)."""
+
+    def __init__(self, settings: dict, prompt: str):
+        self.tail = ', "model": ' + json.dumps(settings, sort_keys=True) + ', "prompt": ' + json.dumps(prompt) + "}"
+
+    def __call__(self, image: str, mask: str, classes=_ABSENT, background=None, answer=_ABSENT) -> str:
+        head = []
+        if answer is not _ABSENT:
+            head.append('"answer": ' + json.dumps(answer))
+        if background is not None:  # an opaque image's key is what it always was
+            head.append('"background": ' + json.dumps(background))
+        if classes is not _ABSENT:
+            head.append('"classes": ' + json.dumps(classes))
+        head.append('"image": ' + json.dumps(image) + ', "mask": ' + mask)
+        return hashlib.sha256(("{" + ", ".join(head) + self.tail).encode()).hexdigest()
 
 
 def jobs_from(table: pa.Table, plan: Plan, images: pa.Table) -> list[Job]:

@@ -86,16 +86,17 @@ def load_study_data(
     `group_by`: the study's `analysis.group_by`, each a column the images table must have."""
     problems = Problems()
     images_t = read_table(Path(data.images), IMAGE_COLUMNS, problems, extra=True)
-    descriptions_t = read_table(Path(data.descriptions), DESCRIPTION_COLUMNS, problems)
-    votes_t = read_table(Path(data.votes), VOTE_COLUMNS, problems, lists=("shown",)) if data.votes is not None else None
-
     images = descriptions = known = None
     if images_t is not None:
+        # The images are checked before the descriptions are read: what checking a million images
+        # holds for a moment is let go before the descriptions are held.
         images = check_images(images_t, data.image_dir, problems, cache, data.background)
         # References are checked against every id the table names, so one bad images row is one
         # problem, not one more for each description and vote of its image.
         known = declared_ids(images_t)
         check_group_by(group_by, images_t, problems)
+    descriptions_t = read_table(Path(data.descriptions), DESCRIPTION_COLUMNS, problems)
+    votes_t = read_table(Path(data.votes), VOTE_COLUMNS, problems, lists=("shown",)) if data.votes is not None else None
     if descriptions_t is not None:
         descriptions = _check_descriptions(descriptions_t, known, [FULL, *mask_ids(masks)], problems)
     if images is not None and descriptions is not None:
@@ -156,13 +157,27 @@ def _check_descriptions(table: Table, known: pa.Array | None, conditions: list[s
             message = f"unknown condition '{condition[i].as_py()}': expected one of {', '.join(conditions)}"
             problems.add(table.file, message, row=row, field="condition")
     checked = pa.table({"row": table.numbers} | {c: table.text(c) for c in DESCRIPTION_COLUMNS})
-    order = pc.sort_indices(
-        checked, sort_keys=[("image_id", "ascending"), ("condition", "ascending"), ("description_id", "ascending")]
-    ).to_numpy()
-    order = order[kept[order]]
-    if len(order) == len(table) and (order == np.arange(len(order))).all():
+    if kept.all() and _in_order(checked, _REFERENCE_ORDER):
         return checked  # every row kept, in order already: the table's own columns, not a copy
-    return checked.take(pa.array(order, pa.int64()))
+    order = pc.sort_indices(checked, sort_keys=[(c, "ascending") for c in _REFERENCE_ORDER]).to_numpy()
+    return checked.take(pa.array(order[kept[order]], pa.int64()))
+
+
+_REFERENCE_ORDER = ("image_id", "condition", "description_id")
+
+
+def _in_order(table: pa.Table, columns: tuple[str, ...]) -> bool:
+    """Whether the rows are sorted by `columns` (ties kept in row order: a stable sort leaves
+    them as they are), each row compared with the next."""
+    n = table.num_rows
+    before = np.zeros(max(n - 1, 0), bool)  # a row decided to be before the next by an earlier column
+    for column in columns:
+        values = table.column(column)
+        this, following = values.slice(0, n - 1), values.slice(1)
+        if not np.all(before | pc.less_equal(this, following).fill_null(False).to_numpy(zero_copy_only=False)):
+            return False
+        before |= pc.less(this, following).fill_null(False).to_numpy(zero_copy_only=False)
+    return True
 
 
 def _is_in(values: pa.Array, known: pa.Array) -> np.ndarray:
@@ -172,7 +187,7 @@ def _is_in(values: pa.Array, known: pa.Array) -> np.ndarray:
 def _check_every_image_has_full(
     table: Table, images: pa.Table, descriptions: pa.Table, source: str, problems: Problems
 ) -> None:
-    with_full = descriptions.filter(pc.equal(descriptions.column("condition"), FULL)).column("image_id")
+    with_full = pc.unique(pc.filter(descriptions.column("image_id"), pc.equal(descriptions.column("condition"), FULL)))
     lacking = images.filter(pc.invert(pc.is_in(images.column("image_id"), value_set=with_full)))
     for image_id, row in zip(lacking.column("image_id").to_pylist(), lacking.column("row").to_pylist()):
         problems.add(table.file, f"image '{image_id}' has no 'full' description in {source}", row=row, field="image_id")
