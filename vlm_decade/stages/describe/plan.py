@@ -51,10 +51,10 @@ class Job:
 
 
 # checks -----------------------------------------------------------------------------------------
-def check_models(study: StudyBase, image_ids: set[str] | None, variants: list[str]) -> list[Problem]:
+def check_models(study: StudyBase, image_ids: set[str] | pa.ChunkedArray | None, variants: list[str]) -> list[Problem]:
     """Each model's backend and what its `check` finds before any work (weights, files, keys), and a
     price for every API model. Checks that need the images wait until the data could be read
-    (`image_ids` None: it could not)."""
+    (`image_ids`, a set or a column of them; None: it could not)."""
     problems, wanted = [], {}
     for i, model in enumerate(study.models):
         try:

@@ -15,7 +15,7 @@ import pyarrow as pa
 from vlm_decade.core.errors import InputError, Problem, Problems
 from vlm_decade.core.progress import Reporter
 from vlm_decade.core.runfolder import RunFolder
-from vlm_decade.core.runner import given, run_study
+from vlm_decade.core.runner import given, release_memory, run_study
 from vlm_decade.core.smoke import first_images
 from vlm_decade.imaging.masks import mask_specs
 from vlm_decade.models.backends import backend_class
@@ -51,7 +51,8 @@ def check(study: StudyConfig, cache: ImageCache | None = None) -> StudyData:
     data = None
     try:
         data = load_study_data(study.data, study.ranking, study.masks, cache, study.analysis.group_by)
-        image_ids = set(data.images.column("image_id").to_pylist())
+        release_memory()  # what the checks let go of, before the models' files are read beside the tables
+        image_ids = data.images.column("image_id")  # a column, not a Python string per image
     except InputError as exc:
         problems += exc.problems
         image_ids = exc.image_ids  # the ids the table names, when it could be read
@@ -61,6 +62,8 @@ def check(study: StudyConfig, cache: ImageCache | None = None) -> StudyData:
     problems += check_verifier(study)
     ratings = hand_labels = None
     found = Problems()
+    if image_ids is not None and (study.data.ratings is not None or study.data.hand_labels is not None):
+        image_ids = image_ids if isinstance(image_ids, set) else set(image_ids.to_pylist())
     if study.data.ratings is not None and image_ids is not None:
         ratings = metric_validation.check_ratings(study.data.ratings, [m.name for m in study.models], image_ids, found)
     if study.data.hand_labels is not None and image_ids is not None:
