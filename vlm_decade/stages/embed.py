@@ -133,17 +133,17 @@ def _rows(keys, vectors: np.ndarray, cfg: EncoderConfig, modes: list[str] | None
     )
 
 
-def _sources(folder: RunFolder, columns: list[str] | None = None):
+def _sources(folder: RunFolder, previous: bool, columns: list[str] | None = None):
     """The vectors this run may reuse, a table at a time (never all at once): the previous table
-    (if it verifies) and the parts a killed run or this one saved; written before the `mode`
-    column existed, they get it empty."""
+    (`previous`: it verifies, `folder.trusted`) and the parts a killed run or this one saved;
+    written before the `mode` column existed, they get it empty."""
 
     def whole(table: pa.Table) -> pa.Table:
         if columns is None and "mode" not in table.column_names:
             table = table.append_column("mode", pa.nulls(table.num_rows, pa.string()))
         return table.cast(pa.schema([EMBEDDINGS_SCHEMA.field(c) for c in table.column_names]))
 
-    if folder.trusted("embeddings"):
+    if previous:
         for batch in folder.batches("embeddings", columns=columns, batch_size=VECTOR_BATCH):
             yield whole(pa.Table.from_batches([batch]))
     for table in folder.iter_parts("embeddings", EMBEDDINGS_SCHEMA, columns):
@@ -229,7 +229,7 @@ def _plan(folder: RunFolder, encoders: list[EncoderConfig], spill: Path) -> _Pla
     raw.close()
     keys = pa.array([encoder_key(cfg) for cfg in encoders], pa.string())
     have = Spill(spill / "have", pa.schema([("text_sha256", pa.string()), ("encoder_key", pa.string())]))
-    for table in _sources(folder, ["text_sha256", "encoder_key"]):
+    for table in _sources(folder, folder.trusted("embeddings"), ["text_sha256", "encoder_key"]):
         table = table.filter(pc.is_in(table.column("encoder_key"), keys))
         have.add(table, key_buckets(table.column("text_sha256")))
     have.close()
@@ -428,14 +428,15 @@ def _write_selected(folder: RunFolder, plan: _Plan, spill: Path) -> Written:
     names = pa.array(list(name_of.values()), pa.string())
     rank = np.array([order[name] for name in name_of.values()], dtype=np.int64)
     buckets = len(order) * 256
+    previous = folder.trusted("embeddings")  # hashed once, not once per pass
     source_bytes = folder.parts_bytes("embeddings")
-    if folder.trusted("embeddings"):
+    if previous:
         source_bytes += folder.table_path("embeddings").stat().st_size
     passes = write_passes(source_bytes, shutil.disk_usage(folder.root).free, buckets)
 
     def spilled(first: int, end: int) -> Spill:
         vectors = Spill(spill / f"{first:06d}", EMBEDDINGS_SCHEMA)
-        for table in _sources(folder):
+        for table in _sources(folder, previous):
             table = table.filter(pc.is_in(table.column("encoder_key"), keys))
             which = pc.index_in(table.column("encoder_key"), value_set=keys)
             table = table.set_column(1, "encoder", pc.take(names, which))
