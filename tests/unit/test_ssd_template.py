@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -207,3 +209,15 @@ def test_real_describe_batch_with_one_bad_row(captioner, photos):
     assert {d.model_version for d in out} == {MODEL_VERSION}
     assert captioner.describe(batch) == out  # deterministic
     assert captioner.describe([]) == []
+
+
+def test_an_opencv_that_cannot_read_tensorflow_graphs_is_found_before_any_work(monkeypatch):
+    import types
+
+    from vlm_decade.models.backends.ssd_template import opencv_problems
+
+    assert opencv_problems("ssd-template") == []  # the OpenCV the project installs reads them
+    monkeypatch.setitem(sys.modules, "cv2", types.SimpleNamespace(__version__="5.1.0", dnn=types.SimpleNamespace()))
+    (problem,) = opencv_problems("ssd-label")
+    assert problem.file == "environment" and "OpenCV 5.1.0 no longer reads" in problem.message
+    assert "opencv-python-headless>=4.8,<5" in problem.message

@@ -146,6 +146,24 @@ def weight_files(path: Path | None) -> tuple[Path, Path]:
     )
 
 
+def opencv_problems(backend: str) -> list[Problem]:
+    """What keeps OpenCV from running the SSD here: it is not installed, or it is OpenCV 5 or
+    later, which no longer reads TensorFlow graphs (`dnn.readNetFromTensorflow`)."""
+    try:
+        import cv2
+    except ImportError:
+        return [Problem("environment", f'{backend} needs OpenCV: pip install "vlm-decade[demo]"')]
+    if not hasattr(cv2.dnn, "readNetFromTensorflow"):
+        return [
+            Problem(
+                "environment",
+                f"{backend} runs a TensorFlow graph, which OpenCV {cv2.__version__} no longer reads: "
+                'install OpenCV 4 (pip install "opencv-python-headless>=4.8,<5")',
+            )
+        ]
+    return []
+
+
 class SSDTemplateCaptioner(Backend):
     """Detect with the COCO SSD, then describe with `template_sentence`. Options: `score_threshold`
     (default 0.5), the lowest detector score an object needs to be mentioned."""
@@ -166,12 +184,13 @@ class SSDTemplateCaptioner(Backend):
 
     @classmethod
     def check(cls, model: ModelConfig, image_ids: set[str], variants: list[str]) -> list[Problem]:
-        """Missing weights are found at `validate`, before any work is scheduled."""
+        """Missing weights, and an OpenCV that cannot read them, are found at `validate`, before any
+        work is scheduled."""
         try:
             weight_files(model.path)
         except InputError as exc:
             return exc.problems
-        return []
+        return opencv_problems(model.backend)
 
     def detect(self, images: list[np.ndarray]) -> list[list[Detection]]:
         """Detections for each image, in one forward pass; raises ValueError on an unusable image."""
