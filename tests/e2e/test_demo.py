@@ -12,6 +12,8 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
+from vlm_decade.core.runfolder import RunFolder
+
 from .conftest import BIN, cli_env, vlm_decade
 
 pytestmark = pytest.mark.e2e
@@ -54,12 +56,23 @@ VOLATILE = {"responses": ["latency_s"]}
 
 
 def _table(run, name):
-    table = pq.read_table(run / f"{name}.parquet")
+    table = RunFolder(run).read(name)
     drop = [c for c in VOLATILE.get(name, []) if c in table.column_names]
     table = table.drop_columns(drop)
     if name == "images":  # absolute paths differ between two run folders
         table = table.drop_columns(["path"])
     return table
+
+
+def _files(run, name):
+    """The files of table `name`: its one file, or its segments (the embeddings)."""
+    folder = RunFolder(run)
+    return folder.segments(name) if folder.segmented(name) else [folder.table_path(name)]
+
+
+def _written(run, name):
+    """When each file of table `name` was last written."""
+    return [(p.name, p.stat().st_mtime_ns) for p in _files(run, name)]
 
 
 def test_demo_writes_report_and_tables(demo_run):
@@ -69,7 +82,7 @@ def test_demo_writes_report_and_tables(demo_run):
     manifest = json.loads((out / "manifest.json").read_text())
     assert "Demo data" in html and "not findings" in html
     for name in TABLES:
-        assert (out / f"{name}.parquet").exists(), name
+        assert RunFolder(out).has(name), name
     assert all(manifest["stages"][s]["state"] == "done" for s in STAGES)
     assert manifest["ranking_method"] == {"everyday": "votes", "specialist": "votes"}
     assert "api_key" not in json.dumps(manifest).lower()
@@ -212,14 +225,14 @@ def test_export_of_both_demo_runs_holds_every_response_with_its_scores_labels_an
 def test_second_run_does_no_work_and_says_so(demo_run):
     root, _ = demo_run
     studies = ((root / "decade", TABLES), (root / "openworld", OPENWORLD_TABLES))
-    before = [{n: (out / f"{n}.parquet").stat().st_mtime_ns for n in tables} for out, tables in studies]
+    before = [{n: _written(out, n) for n in tables} for out, tables in studies]
     again = vlm_decade("demo", "--out", str(root))
     assert again.returncode == 0, again.stderr[-3000:]
     said = " ".join(again.stderr.split())
     for stage in set(STAGES) | set(OPENWORLD_STAGES):
         assert f"skip {stage}" in said, again.stderr
     assert "run " not in again.stderr
-    assert before == [{n: (out / f"{n}.parquet").stat().st_mtime_ns for n in tables} for out, tables in studies]
+    assert before == [{n: _written(out, n) for n in tables} for out, tables in studies]
 
 
 def test_sigkill_midway_then_rerun_gives_the_same_tables(demo_run_in_place, tmp_path):
@@ -326,7 +339,7 @@ def test_damaged_tables_parts_and_manifests_are_found_and_redone(demo_run_in_pla
     k = 0
     for study, names in studies.items():
         for name in names:
-            _damage(tmp_path / study / f"{name}.parquet", k % 4)
+            _damage(_files(tmp_path / study, name)[0], k % 4)
             k += 1
     bad_part = tmp_path / "decade" / ".parts" / "responses" / f"part-{0:020d}-{'0' * 16}.parquet"
     bad_part.parent.mkdir(parents=True)

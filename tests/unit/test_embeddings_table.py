@@ -11,6 +11,7 @@ import hashlib
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from vlm_decade.core.config import EncoderConfig
@@ -46,9 +47,13 @@ def embed_here(folder: RunFolder, encoders: list[EncoderConfig]) -> tuple[dict, 
                     parts.add(_rows(batch.column("text_sha256"), np.stack([vector(cfg, t) for t in texts]), cfg))
             assert len(encoded[cfg.name]) == plan.todo[cfg.name]
         written = _write_selected(folder, plan, spill / "vectors")
-        assert written.fingerprint == table_fingerprint(folder.read("embeddings"))
+        for segment in written.file["segments"]:  # each carries its own content's fingerprint
+            path = folder.segment_folder("embeddings") / segment["name"]
+            assert segment["fingerprint"] == table_fingerprint(pq.read_table(path))
+        # as the runner does once the table is written
         folder.save_manifest({"tables": {"embeddings": written.fingerprint}, "files": {"embeddings": written.file}})
-        folder.clear_parts("embeddings")  # as the runner does once the table is written
+        folder.prune_segments("embeddings")
+        folder.clear_parts("embeddings")
     return encoded, given
 
 
@@ -161,6 +166,7 @@ def test_a_table_without_the_mode_column_is_reused_with_it_empty(tmp_path):
         and rows[text_key(new_text)]["vector"] == new_vector.tolist()
     )
     assert {r["encoder_key"] for r in rows.values()} == {encoder_key(cfg)}
+    assert not folder.table_path("embeddings").exists()  # the one-file table is now a folder of segments
 
 
 @pytest.mark.parametrize("passes", [2, 7, 512])
@@ -184,3 +190,114 @@ def test_the_passes_keep_the_spill_and_the_table_within_the_free_space():
     assert embed.write_passes(26 * gb, 20 * gb, 512) == 512  # no room even for the table: as small as it goes
     assert embed.write_passes(26 * gb, int(28.9 * gb), 512) == 512  # 0.01 GB of room
     assert embed.write_passes(0, 0, 256) == 256 and embed.write_passes(0, 1, 256) == 1
+
+
+def _segments(folder: RunFolder) -> dict[str, tuple[int, int]]:
+    """Each segment file of the table: (its inode, its modification time), to tell a file kept as
+    it was from one written again."""
+    return {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in folder.segments("embeddings")}
+
+
+def _in_order(table: pa.Table) -> pa.Table:
+    return table.sort_by([("encoder", "ascending"), ("text_sha256", "ascending")])
+
+
+def test_texts_added_cost_one_new_segment_of_their_vectors_and_the_table_is_a_fresh_runs(tmp_path):
+    folder = RunFolder(tmp_path / "incremental")
+    inputs(folder, MANY[:40], [("ok", t) for t in MANY[10:30]])
+    embed_here(folder, [SBERT, OTHER])
+    first = _segments(folder)
+    assert list(first) == ["segment-000001.parquet"]
+
+    references, responses = MANY[:60], [("ok", t) for t in MANY[10:30]] + [("ok", "a new answer")]
+    inputs(folder, references, responses)
+    encoded, _ = embed_here(folder, [SBERT, OTHER])
+
+    added = sorted([t.strip() for t in MANY[40:60]] + ["a new answer"])
+    assert {name: sorted(texts) for name, texts in encoded.items()} == {"SBERT-SI": added, "Other-SI": added}
+    now = _segments(folder)
+    assert now["segment-000001.parquet"] == first["segment-000001.parquet"]  # not written again
+    new = pq.read_table(folder.segment_folder("embeddings") / "segment-000002.parquet")
+    assert sorted(new.column("text_sha256").to_pylist()) == sorted([text_key(t) for t in added] * 2)
+    assert new.equals(_in_order(new))  # a segment is sorted by encoder and text
+    fresh = RunFolder(tmp_path / "fresh")
+    inputs(fresh, references, responses)
+    embed_here(fresh, [SBERT, OTHER])
+    assert _in_order(folder.read("embeddings")).equals(fresh.read("embeddings"))
+    assert fresh.read("embeddings").equals(expected(references, responses, [SBERT, OTHER], {}))
+
+
+def test_a_segment_holding_a_text_no_longer_wanted_is_written_again_without_it_and_the_others_kept(tmp_path):
+    folder = RunFolder(tmp_path)
+    for end in (20, 40, 60):  # three runs: three segments
+        inputs(folder, MANY[:end], [])
+        embed_here(folder, [SBERT])
+    before = _segments(folder)
+    assert len(before) == 3
+    references = MANY[:25] + MANY[26:60]  # one text of the second segment gone
+    inputs(folder, references, [])
+
+    encoded, _ = embed_here(folder, [SBERT])
+
+    assert encoded == {"SBERT-SI": []}
+    now = _segments(folder)
+    assert {k: now[k] for k in ("segment-000001.parquet", "segment-000003.parquet")} == {
+        k: before[k] for k in ("segment-000001.parquet", "segment-000003.parquet")
+    }
+    assert "segment-000002.parquet" not in now  # pruned once the manifest no longer records it
+    rewritten = pq.read_table(folder.segment_folder("embeddings") / "segment-000004.parquet")
+    assert sorted(rewritten.column("text_sha256").to_pylist()) == sorted(
+        text_key(t) for t in MANY[20:40] if t != MANY[25]
+    )
+    assert _in_order(folder.read("embeddings")).equals(expected(references, [], [SBERT], {}))
+
+
+def test_an_encoder_renamed_has_its_segments_written_again_under_its_new_name_and_nothing_encoded(tmp_path):
+    folder = RunFolder(tmp_path)
+    inputs(folder, MANY[:30], [])
+    embed_here(folder, [SBERT, OTHER])
+    renamed = EncoderConfig(name="MiniLM", model_id=SBERT.model_id)  # the same vectors: the same encoder key
+    assert encoder_key(renamed) == encoder_key(SBERT)
+
+    encoded, _ = embed_here(folder, [renamed, OTHER])
+
+    assert encoded == {"MiniLM": [], "Other-SI": []}
+    assert list(_segments(folder)) == ["segment-000002.parquet"]
+    assert _in_order(folder.read("embeddings")).equals(expected(MANY[:30], [], [renamed, OTHER], {}))
+
+
+def test_a_segment_the_manifest_does_not_record_is_removed_and_its_texts_encoded_again(tmp_path):
+    """A run killed after writing its new segment and before saving the manifest: the segment is
+    not part of the table; the next run removes it and writes the table a run without the kill gives."""
+    folder = RunFolder(tmp_path / "killed")
+    inputs(folder, MANY[:30], [])
+    embed_here(folder, [SBERT])
+    inputs(folder, MANY[:50], [])
+    recorded = folder.manifest()
+    embed_here(folder, [SBERT])
+    folder.save_manifest(recorded)  # the manifest as the kill left it: the second segment unrecorded
+    assert len(_segments(folder)) == 2
+
+    folder.prune_segments("embeddings")  # as the runner does before the stage runs
+    assert list(_segments(folder)) == ["segment-000001.parquet"]
+    encoded, _ = embed_here(folder, [SBERT])
+
+    assert sorted(encoded["SBERT-SI"]) == sorted(t.strip() for t in MANY[30:50])
+    assert _in_order(folder.read("embeddings")).equals(expected(MANY[:50], [], [SBERT], {}))
+
+
+def test_the_folder_of_segments_reads_as_one_table_in_pyarrow_pandas_and_duckdb(tmp_path):
+    import duckdb
+
+    folder = RunFolder(tmp_path)
+    for end in (30, 60):  # two segments
+        inputs(folder, MANY[:end], [])
+        embed_here(folder, [SBERT, OTHER])
+    assert len(folder.segments("embeddings")) == 2
+    table = _in_order(folder.read("embeddings"))
+    assert _in_order(pq.read_table(folder.segment_folder("embeddings"))).equals(table)
+    frame = __import__("pandas").read_parquet(folder.segment_folder("embeddings"))
+    assert sorted(frame["text_sha256"]) == sorted(table.column("text_sha256").to_pylist())
+    glob = str(folder.segment_folder("embeddings") / "*.parquet")
+    rows = duckdb.sql(f"SELECT encoder, text_sha256, vector FROM read_parquet('{glob}') ORDER BY 1, 2").fetchall()
+    assert rows == [(r["encoder"], r["text_sha256"], r["vector"]) for r in table.to_pylist()]

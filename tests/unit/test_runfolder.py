@@ -12,8 +12,8 @@ import pytest
 
 from vlm_decade.core.config import RuntimeConfig
 from vlm_decade.core.progress import Reporter
-from vlm_decade.core.runfolder import RunFolder, RunFolderBusy
-from vlm_decade.core.runner import Stage, StudyRun
+from vlm_decade.core.runfolder import RunFolder, RunFolderBusy, segments_record, table_fingerprint
+from vlm_decade.core.runner import Stage, StudyRun, Written
 from vlm_decade.core.runtime import LazyRay
 
 
@@ -58,6 +58,68 @@ def test_a_damaged_table_is_found_and_its_stage_done_again(tmp_path, damage):
     assert run.run_stage(_stage(calls)) and len(calls) == 2
     assert any("does not match the hash recorded" in m for m in said)
     assert RunFolder(tmp_path).read("t").column("x").to_pylist() == [1, 2, 3]
+
+
+def _segmented_stage(calls, pieces=([1, 2], [3], [4, 5, 6])):
+    """A stage whose table `s` is written as segments, one per piece."""
+
+    def compute(run):
+        calls.append(1)
+        segments = [
+            run.folder.write_segment("s", k + 1, pa.schema([("x", pa.int64())]), pa.table({"x": xs}).to_batches())
+            for k, xs in enumerate(pieces)
+        ]
+        return {"s": Written(**segments_record(segments))}
+
+    return Stage("s", (), {}, compute)
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_a_damaged_segment_is_found_and_its_stage_done_again(tmp_path, damage):
+    folder = RunFolder(tmp_path)
+    run, said = _run(folder)
+    calls = []
+    assert run.run_stage(_segmented_stage(calls))
+    assert not run.run_stage(_segmented_stage(calls))
+    assert folder.read("s").column("x").to_pylist() == [1, 2, 3, 4, 5, 6] and folder.num_rows("s") == 6
+    record = folder.manifest()["files"]["s"]
+    for segment in record["segments"]:  # each records its own rows' fingerprint
+        assert segment["fingerprint"] == table_fingerprint(pq.read_table(tmp_path / "s" / segment["name"]))
+    DAMAGE[damage](tmp_path / "s" / "segment-000002.parquet")
+    run, said = _run(RunFolder(tmp_path))
+    assert run.run_stage(_segmented_stage(calls)) and len(calls) == 2
+    assert any("s/segment-000002.parquet does not match the hash recorded" in m for m in said)
+    assert RunFolder(tmp_path).read("s").column("x").to_pylist() == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_segmented_table_is_rebuilt_into_an_unreadable_manifest_from_its_segments(tmp_path):
+    folder = RunFolder(tmp_path)
+    run, _ = _run(folder)
+    run.run_stage(_segmented_stage([]))
+    good = folder.manifest()
+    folder.manifest_path.write_text("{")
+    with folder.lock():
+        rebuilt = folder.manifest()
+    assert rebuilt["tables"] == good["tables"] and rebuilt["files"] == good["files"]
+    # One damaged segment, and the table is not rebuilt: it is done again.
+    DAMAGE["edited"](tmp_path / "s" / "segment-000003.parquet")
+    folder.manifest_path.write_text("{")
+    with folder.lock():
+        assert "s" not in folder.manifest()["tables"]
+
+
+def test_what_a_segmented_table_no_longer_records_is_removed_and_nothing_else(tmp_path):
+    folder = RunFolder(tmp_path)
+    fingerprint, record = folder.write("s", pa.table({"x": [0]}))  # as an earlier version wrote it
+    folder.save_manifest({"tables": {"s": fingerprint}, "files": {"s": record}})
+    stray = folder.write_segment("s", 1, pa.schema([("x", pa.int64())]), [])
+    folder.prune_segments("s")  # a segment the manifest does not record: a killed run's
+    assert folder.table_path("s").exists() and not folder.segmented("s")
+    written = segments_record([folder.write_segment("s", 2, pa.schema([("x", pa.int64())]), [])])
+    folder.save_manifest({"tables": {"s": written["fingerprint"]}, "files": {"s": written["file"]}})
+    folder.prune_segments("s")
+    assert not folder.table_path("s").exists() and [p.name for p in folder.segments("s")] == ["segment-000002.parquet"]
+    assert stray["name"] == "segment-000001.parquet" and folder.verified("s", written["file"]) is None
 
 
 def test_a_damaged_table_is_not_resumed_from(tmp_path):

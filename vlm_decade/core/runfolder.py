@@ -10,6 +10,12 @@ old file or the new one, never half of one. Nothing is trusted because it exists
   `.parts/<table>/`, each named with the hash of its bytes: a part that does not hash to its name
   (truncated by a crash or a full disk) is discarded and its rows are done again;
 - a manifest that cannot be read is set aside under another name and rebuilt from what verifies.
+A table a run adds to, rather than rewrites (the embeddings), is a folder of segments
+(`<table>/segment-NNNNNN.parquet`, a Parquet file each, read in order as one table, as pandas,
+pyarrow and Ray Data read such a folder): a run writes one new segment and keeps the segments whose
+every row it still wants as they are, file for file (`write_segment`, `segments_record`). Its record
+lists each segment's hash; what of the table the manifest does not record (a segment of a run killed
+before it saved the manifest, the one-file table a segmented one replaced) is removed (`prune_segments`).
 One run at a time: `lock()` holds an exclusive lock on the folder (a lock file that names the pid
 and host; the operating system releases it when that process dies, however it dies), and for a run
 folder in a bucket, the bucket's lease too (`storage.Lease`: one run per URI across machines).
@@ -25,10 +31,12 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import socket
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +49,7 @@ from vlm_decade.core.storage import Lease, LeaseHeld, Mirror, is_uri, uri_proble
 
 FINGERPRINT_KEY = b"vlm_decade.fingerprint"
 PART = re.compile(r"^part-(\d{20})-([0-9a-f]{16})\.parquet$")
+SEGMENT = re.compile(r"^segment-(\d{6})\.parquet$")
 # A table's fingerprint hashes its Arrow IPC stream in record batches of exactly this many rows (the
 # last one shorter), so it does not depend on how the table happens to be chunked, and a table that
 # is written in pieces (`write_batches`) gets the fingerprint it would get written whole.
@@ -52,9 +61,22 @@ WALL_CLOCK_COLUMNS = frozenset({"latency_s", "queued_s"})
 ROW_GROUP_ROWS = 65_536
 
 
+def _writer_options(schema: pa.Schema) -> dict[str, Any]:
+    """Parquet writer options: zstd, and Arrow's own list names (non-compliant), so a table reads
+    back exactly as written and its fingerprint can be checked from the file alone. Columns of
+    float vectors are stored plain, with neither dictionary nor compression: neither makes them
+    smaller, and both cost most of the time their writing and reading take (benchmarks/RESULTS.md)."""
+    options: dict[str, Any] = {"compression": "zstd", "use_compliant_nested_type": False}
+    raw = [f.name for f in schema if pa.types.is_list(f.type) and pa.types.is_floating(f.type.value_type)]
+    if raw:
+        options["compression"] = {name: "none" if name in raw else "zstd" for name in schema.names}
+        options["use_dictionary"] = [name for name in schema.names if name not in raw]
+    return options
+
+
 def table_bytes(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, compression="zstd", use_compliant_nested_type=False)
+    pq.write_table(table, sink, **_writer_options(table.schema))
     return sink.getvalue().to_pybytes()
 
 
@@ -137,6 +159,51 @@ def _pause_for_a_kill(table: str) -> None:
             time.sleep(60)
 
 
+def _write_file(path: Path, schema: pa.Schema, batches, row_group_rows: int) -> tuple[str, dict[str, Any], int]:
+    """`RunFolder.write_batches` to any path: the fingerprint, the file record and the row count."""
+    fingerprint = Fingerprinter(schema)
+    rows = 0
+    with atomic_file(path) as fh:
+        with pq.ParquetWriter(fh, schema, **_writer_options(schema)) as writer:
+            for batch in batches:
+                for piece in pa.Table.from_batches([batch]).to_batches(max_chunksize=row_group_rows):
+                    fingerprint.add(piece)
+                    writer.write_batch(piece, row_group_size=row_group_rows)
+                    rows += piece.num_rows
+            digest = fingerprint.hexdigest()
+            writer.add_key_value_metadata({FINGERPRINT_KEY: digest.encode()})
+    return digest, {"sha256": file_sha256(path), "bytes": path.stat().st_size}, rows
+
+
+def _file_problem(path: Path, record: dict) -> str | None:
+    """None when the file at `path` has the size and sha256 `record` says; else what is wrong."""
+    if not path.is_file():
+        return f"{path.name} is missing"
+    if path.stat().st_size != record["bytes"] or file_sha256(path) != record["sha256"]:
+        return f"{path.name} does not match the hash recorded when it was written"
+    return None
+
+
+def _self_verified(path: Path) -> tuple[str, dict[str, Any], int] | None:
+    """A Parquet file's own fingerprint, its file record and rows, when the fingerprint it carries
+    matches its rows; else None."""
+    try:
+        stored = (pq.ParquetFile(path).metadata.metadata or {}).get(FINGERPRINT_KEY)
+        table = pq.read_table(path)
+        if stored is None or stored.decode() != table_fingerprint(table):
+            return None
+    except Exception:  # noqa: BLE001 - a damaged Parquet file raises many kinds of error
+        return None
+    return stored.decode(), {"sha256": file_sha256(path), "bytes": path.stat().st_size}, table.num_rows
+
+
+def segments_record(segments: list[dict[str, Any]]) -> dict[str, Any]:
+    """A segmented table as the runner records it (`runner.Written`'s fields): its fingerprint
+    (of its segments' fingerprints, in order), its file record (the segments' records) and rows."""
+    fingerprint = hashlib.sha256(json.dumps([s["fingerprint"] for s in segments]).encode()).hexdigest()
+    return {"fingerprint": fingerprint, "file": {"segments": segments}, "rows": sum(s["rows"] for s in segments)}
+
+
 class RunFolderBusy(RuntimeError):
     """Another live process holds the run folder's lock."""
 
@@ -163,19 +230,35 @@ class RunFolder:
 
     # tables -----------------------------------------------------------------------------------
     def table_path(self, name: str) -> Path:
+        """Table `name`'s file (a segmented table's is its `segment_folder`)."""
         return self.root / f"{name}.parquet"
 
-    def has(self, name: str) -> bool:
-        return self.table_path(name).exists()
+    def segment_folder(self, name: str) -> Path:
+        return self.root / name
 
-    def read(self, name: str) -> pa.Table:
-        return pq.read_table(self.table_path(name))
+    def has(self, name: str) -> bool:
+        return self.table_path(name).exists() or self.segmented(name)
+
+    def segmented(self, name: str) -> bool:
+        """Whether table `name` is a folder of segments, not one file."""
+        return self.segment_folder(name).is_dir()
+
+    def segments(self, name: str) -> list[Path]:
+        """The segment files of a segmented table, in order."""
+        return sorted(p for p in self.segment_folder(name).iterdir() if SEGMENT.match(p.name))
+
+    def _files(self, name: str) -> list[Path]:
+        return self.segments(name) if self.segmented(name) else [self.table_path(name)]
+
+    def read(self, name: str, columns: list[str] | None = None) -> pa.Table:
+        tables = [pq.read_table(f, columns=columns) for f in self._files(name)]
+        return pa.concat_tables(tables) if len(tables) != 1 else tables[0]
 
     def schema(self, name: str) -> pa.Schema:
-        return pq.read_schema(self.table_path(name))
+        return pq.read_schema(self._files(name)[0])
 
     def num_rows(self, name: str) -> int:
-        return pq.ParquetFile(self.table_path(name)).metadata.num_rows
+        return sum(pq.ParquetFile(f).metadata.num_rows for f in self._files(name))
 
     def write(self, name: str, table: pa.Table) -> tuple[str, dict[str, Any]]:
         """Write a table atomically. Returns its content fingerprint (the manifest's `tables`, what
@@ -192,39 +275,53 @@ class RunFolder:
         metadata too. Row groups hold at most `row_group_rows` rows (a reader decodes one whole
         row group at a time: keep them small for wide rows). Returns the fingerprint, the file
         record and the row count."""
-        path = self.table_path(name)
-        fingerprint = Fingerprinter(schema)
-        rows = 0
-        with atomic_file(path) as fh:
-            # Non-compliant list names keep Arrow's own ("item"), so a table reads back exactly as
-            # written and its fingerprint can be checked from the file alone.
-            with pq.ParquetWriter(fh, schema, compression="zstd", use_compliant_nested_type=False) as writer:
-                for batch in batches:
-                    for piece in pa.Table.from_batches([batch]).to_batches(max_chunksize=row_group_rows):
-                        fingerprint.add(piece)
-                        writer.write_batch(piece, row_group_size=row_group_rows)
-                        rows += piece.num_rows
-                digest = fingerprint.hexdigest()
-                writer.add_key_value_metadata({FINGERPRINT_KEY: digest.encode()})
-        return digest, {"sha256": file_sha256(path), "bytes": path.stat().st_size}, rows
+        return _write_file(self.table_path(name), schema, batches, row_group_rows)
+
+    def write_segment(
+        self, name: str, number: int, schema: pa.Schema, batches, row_group_rows: int = ROW_GROUP_ROWS
+    ) -> dict[str, Any]:
+        """Write segment `number` of table `name` (`write_batches`' way) and return its record:
+        its file's name, fingerprint, rows, sha256 and size (what `segments_record` joins)."""
+        path = self.segment_folder(name) / f"segment-{number:06d}.parquet"
+        fingerprint, record, rows = _write_file(path, schema, batches, row_group_rows)
+        return {"name": path.name, "fingerprint": fingerprint, "rows": rows, **record}
 
     def batches(self, name: str, columns: list[str] | None = None, batch_size: int = ROW_GROUP_ROWS):
         """Table `name` as record batches, in order, a row group at a time (for tables too big to read whole)."""
+        for path in self._files(name):
+            yield from self.file_batches(path, columns, batch_size)
+
+    def row_groups(self, name: str):
+        """Table `name`'s row groups, in order, each as a function of the columns to read of it, for
+        a reader that looks at some columns of a group before it reads the others."""
+        for path in self._files(name):
+            source = pq.ParquetFile(path, pre_buffer=False)
+            for group in range(source.num_row_groups):
+                yield partial(source.read_row_group, group, use_threads=False)
+
+    @staticmethod
+    def file_batches(path: Path, columns: list[str] | None = None, batch_size: int = ROW_GROUP_ROWS):
+        """One file of a table (`batches`) as record batches, a row group at a time."""
         # No pre-buffering (it would cache the whole file) and no read-ahead: one row group at a time.
-        source = pq.ParquetFile(self.table_path(name), pre_buffer=False)
+        source = pq.ParquetFile(path, pre_buffer=False)
         yield from source.iter_batches(batch_size=batch_size, columns=columns, use_threads=False)
 
     def verified(self, name: str, record: dict | None) -> str | None:
-        """None when table `name` is there and its file hashes as its `files` record says; else what
-        is wrong."""
+        """None when table `name` is there and its file hashes as its `files` record says (for a
+        segmented table: each segment the record lists); else what is wrong."""
+        if record and "segments" in record:
+            folder = self.segment_folder(name)
+            for segment in record["segments"]:
+                problem = _file_problem(folder / segment["name"], segment)
+                if problem is not None:
+                    return f"{folder.name}/{problem}"
+            return None
         path = self.table_path(name)
         if not path.exists():
             return f"{path.name} is missing"
         if not record or "sha256" not in record:
             return f"{path.name} has no recorded hash"
-        if path.stat().st_size != record["bytes"] or file_sha256(path) != record["sha256"]:
-            return f"{path.name} does not match the hash recorded when it was written"
-        return None
+        return _file_problem(path, record)
 
     def trusted(self, name: str) -> bool:
         """Whether table `name` is there as the last finished stage wrote it (it verifies): what an
@@ -240,15 +337,36 @@ class RunFolder:
 
     def self_verified(self, name: str) -> tuple[str, dict[str, Any]] | None:
         """Table `name`'s fingerprint and file record, rebuilt from the file alone (the fingerprint
-        it carries matches its rows), or None when it does not verify."""
-        path = self.table_path(name)
-        try:
-            stored = (pq.ParquetFile(path).metadata.metadata or {}).get(FINGERPRINT_KEY)
-            if stored is None or stored.decode() != table_fingerprint(pq.read_table(path)):
+        it carries matches its rows; for a segmented table, each segment's), or None when it does
+        not verify."""
+        if self.segmented(name):
+            found = [_self_verified(path) for path in self.segments(name)]
+            if not found or any(f is None for f in found):
                 return None
-        except Exception:  # noqa: BLE001 - a damaged Parquet file raises many kinds of error
-            return None
-        return stored.decode(), {"sha256": file_sha256(path), "bytes": path.stat().st_size}
+            record = segments_record(
+                [
+                    {"name": p.name, "fingerprint": f[0], "rows": f[2], **f[1]}
+                    for p, f in zip(self.segments(name), found)
+                ]
+            )
+            return record["fingerprint"], record["file"]
+        found = _self_verified(self.table_path(name))
+        return None if found is None else found[:2]
+
+    def prune_segments(self, name: str) -> None:
+        """Remove what of table `name` the manifest does not record: segment files a run wrote but
+        was killed before recording (their rows are done again), and the one-file table a
+        segmented one replaced. A no-op for a table that is neither."""
+        record = self.manifest().get("files", {}).get(name) or {}
+        if self.segmented(name):
+            recorded = {s["name"] for s in record.get("segments", [])}
+            for segment in self.segments(name):
+                if segment.name not in recorded:
+                    segment.unlink()
+            if not recorded:
+                shutil.rmtree(self.segment_folder(name))
+        if "segments" in record:
+            self.table_path(name).unlink(missing_ok=True)
 
     # partial results ----------------------------------------------------------------------------
     def _parts_dir(self, name: str) -> Path:
@@ -322,10 +440,13 @@ class RunFolder:
         aside = self.manifest_path.with_name(f"manifest.json.unreadable-{time.strftime('%Y%m%dT%H%M%S')}")
         os.replace(self.manifest_path, aside)
         tables, files = {}, {}
-        for path in sorted(self.root.glob("*.parquet")):
-            found = self.self_verified(path.stem)
+        named = {p.stem for p in self.root.glob("*.parquet")} | {
+            p.name for p in self.root.iterdir() if p.is_dir() and any(SEGMENT.match(f.name) for f in p.iterdir())
+        }
+        for name in sorted(named):
+            found = self.self_verified(name)
             if found is not None:
-                tables[path.stem], files[path.stem] = found
+                tables[name], files[name] = found
         self.say(
             f"[yellow]{self.manifest_path} could not be read: kept as {aside.name}; rebuilt from the "
             f"{len(tables)} tables that verify, and every stage runs again[/yellow]"

@@ -194,7 +194,7 @@ class StudyRun:
         self.reporter = reporter
         self.ray = ray  # call it for the `ray` module, started or joined on first use
         self._lock = lock  # the folder's lock, held until the run ends
-        self._tables: dict[str, pa.Table] = {}  # the tables the running stage has read
+        self._tables: dict = {}  # the tables the running stage has read, by name (and columns)
         self._stage: str | None = None  # the stage running now
         self._lost: list[dict] = []  # its actors lost and replaced
 
@@ -211,13 +211,14 @@ class StudyRun:
         manifest["stages"][self._stage]["lost_actors"] = self._lost
         self.folder.save_manifest(manifest)
 
-    def table(self, name: str) -> pa.Table:
-        """A table of the run folder, read once per stage (the stage that wrote it was checked
-        before this one ran, so it verified). Let go as the stage ends, so that the driver holds
-        what the running stage reads, not every table of the run."""
-        if name not in self._tables:
-            self._tables[name] = self.folder.read(name)
-        return self._tables[name]
+    def table(self, name: str, columns: tuple[str, ...] | None = None) -> pa.Table:
+        """A table of the run folder (those of its `columns`), read once per stage (the stage that
+        wrote it was checked before this one ran, so it verified). Let go as the stage ends, so that
+        the driver holds what the running stage reads, not every table of the run."""
+        key = name if columns is None else (name, columns)
+        if key not in self._tables:
+            self._tables[key] = self.folder.read(name, None if columns is None else list(columns))
+        return self._tables[key]
 
     def _fingerprint(self, stage: Stage) -> str:
         tables = self.folder.manifest().get("tables", {})
@@ -256,6 +257,8 @@ class StudyRun:
             self.reporter.stage(stage.name, "skip", "unchanged inputs and settings")
             return False
         fp = self._fingerprint(stage)
+        for name in stage.tables:  # what a run killed before recording its table left of it
+            self.folder.prune_segments(name)
         manifest = self.folder.manifest()
         manifest.setdefault("stages", {})[stage.name] = {"state": "running", "fingerprint": fp, "started": now()}
         self.folder.save_manifest(manifest)
@@ -294,6 +297,8 @@ class StudyRun:
             **({"lost_actors": self._lost} if self._lost else {}),
         }
         self.folder.save_manifest(manifest)
+        for name in stage.tables:  # the segments (or the one file) the table just recorded replaced
+            self.folder.prune_segments(name)
         said = ", ".join([f"{rows[n]} {n}" for n in stage.tables] + list(stage.files))
         self.reporter.stage(stage.name, "done", f"{said} in {time.monotonic() - start:.1f}s")
         for name, counts in unfinished.items():

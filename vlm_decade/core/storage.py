@@ -190,7 +190,13 @@ def _named_tables(manifest: Path) -> set[str]:
         files = json.loads(manifest.read_bytes()).get("files", {})
     except (OSError, ValueError, AttributeError):
         return set()
-    return {f"{name}.parquet" for name in files} if isinstance(files, dict) else set()
+    if not isinstance(files, dict):
+        return set()
+    named = set()
+    for name, record in files.items():
+        segments = record.get("segments") if isinstance(record, dict) else None
+        named |= {f"{name}/{s['name']}" for s in segments} if segments else {f"{name}.parquet"}
+    return named
 
 
 def _local_state(path: Path) -> list[int] | None:

@@ -11,6 +11,11 @@ turnaround for all its encoders.
 The driver never holds a row per text of the whole study: the texts, the vectors already there and
 then the vectors to write are spread over 256 buckets on disk by the key's first two hex digits, and
 worked through a bucket at a time (a local encoder's texts a chunk of buckets at a time).
+
+The table is a folder of segments (`RunFolder.write_segment`): a run keeps, file for file, each
+segment of the last table whose every row it still wants, and writes one new segment of the rest
+(the vectors it encoded, and the rows it keeps of a segment that also holds rows it no longer
+wants), so images added to a run cost their own vectors, not a rewrite of every vector.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -31,7 +37,7 @@ from vlm_decade.core.columns import first_per_key
 from vlm_decade.core.config import EncoderConfig, StudyBase
 from vlm_decade.core.dispatch import batches, bounded, pool_map
 from vlm_decade.core.errors import Problem
-from vlm_decade.core.runfolder import RunFolder
+from vlm_decade.core.runfolder import SEGMENT, RunFolder, segments_record
 from vlm_decade.core.runner import Stage, StudyRun, Written
 from vlm_decade.core.spill import Spill, key_buckets
 from vlm_decade.models.api.endpoints import endpoint_problems, sending_problems
@@ -133,21 +139,34 @@ def _rows(keys, vectors: np.ndarray, cfg: EncoderConfig, modes: list[str] | None
     )
 
 
-def _sources(folder: RunFolder, previous: bool, columns: list[str] | None = None):
-    """The vectors this run may reuse, a table at a time (never all at once): the previous table
-    (`previous`: it verifies, `folder.trusted`) and the parts a killed run or this one saved;
-    written before the `mode` column existed, they get it empty."""
+def _previous(folder: RunFolder) -> list[tuple[Path, dict[str, Any] | None]]:
+    """The last table's files, if it verifies (`folder.trusted`): its segments, each with its
+    record, or the one file (no record) of a table written before tables had segments."""
+    if not folder.trusted("embeddings"):
+        return []
+    record = folder.manifest()["files"]["embeddings"]
+    if "segments" in record:
+        return [(folder.segment_folder("embeddings") / s["name"], s) for s in record["segments"]]
+    return [(folder.table_path("embeddings"), None)]
+
+
+def _sources(folder: RunFolder, previous: list, columns: list[str] | None = None, skip: frozenset[int] = frozenset()):
+    """The vectors this run may reuse, as (source, table) a table at a time (never all at once):
+    the `previous` table's files (source: their place in it), but those in `skip`, then the parts
+    a killed run or this one saved (source: `len(previous)`). Rows written before the `mode`
+    column existed get it empty."""
 
     def whole(table: pa.Table) -> pa.Table:
         if columns is None and "mode" not in table.column_names:
             table = table.append_column("mode", pa.nulls(table.num_rows, pa.string()))
         return table.cast(pa.schema([EMBEDDINGS_SCHEMA.field(c) for c in table.column_names]))
 
-    if previous:
-        for batch in folder.batches("embeddings", columns=columns, batch_size=VECTOR_BATCH):
-            yield whole(pa.Table.from_batches([batch]))
+    for source, (path, _) in enumerate(previous):
+        if source not in skip:
+            for batch in folder.file_batches(path, columns=columns, batch_size=VECTOR_BATCH):
+                yield source, whole(pa.Table.from_batches([batch]))
     for table in folder.iter_parts("embeddings", EMBEDDINGS_SCHEMA, columns):
-        yield whole(table)
+        yield len(previous), whole(table)
 
 
 @contextmanager
@@ -174,18 +193,22 @@ def _hashed(texts: pa.Array) -> tuple[pa.Table, np.ndarray]:
 @dataclass
 class _Plan:
     """The stage's work, bucket by bucket on disk: each bucket's distinct texts (sorted by key) with
-    a `todo_<i>` column saying whether encoder i still needs its vector, and the counts."""
+    a `source_<i>` column saying where encoder i's vector of it is (a file of the previous table,
+    the parts: `_sources`' numbers; -1: to encode), the previous table's files and which of them are
+    kept as they are (`clean`), and the counts."""
 
     encoders: list[EncoderConfig]
     texts: Spill
     wanted: int  # distinct texts
     todo: dict[str, int]  # texts to encode, per encoder name
+    previous: list[tuple[Path, dict[str, Any] | None]]
+    clean: frozenset[int]  # the previous table's segments whose every row is wanted as it is
 
     def todo_tables(self, i: int):
         """Encoder i's texts to encode, (text_sha256, text) a bucket at a time, in key order."""
         for bucket in self.texts.buckets:
             table = self.texts.read(bucket)
-            table = table.filter(table.column(f"todo_{i}")).select(["text_sha256", "text"])
+            table = table.filter(pc.equal(table.column(f"source_{i}"), -1)).select(["text_sha256", "text"])
             if table.num_rows:
                 yield table
 
@@ -204,9 +227,12 @@ class _Plan:
         if chunk:
             yield from _by_length(pa.concat_tables(chunk))
 
-    def wanted_keys(self, digits: int) -> pa.ChunkedArray:
-        """The keys of the texts in bucket `digits`."""
-        return self.texts.read(digits).column("text_sha256")
+    def written_keys(self, digits: int, i: int) -> pa.ChunkedArray:
+        """The keys of bucket `digits` whose vector of encoder i goes into the new segment: those
+        not in a segment kept as it is."""
+        table = self.texts.read(digits)
+        kept = pc.is_in(table.column(f"source_{i}"), pa.array(sorted(self.clean), pa.int32()))
+        return table.column("text_sha256").filter(pc.invert(kept))
 
 
 def _by_length(todo: pa.Table):
@@ -216,43 +242,63 @@ def _by_length(todo: pa.Table):
         yield todo.take(order.slice(start, TEXT_BATCH))
 
 
+HAVE_SCHEMA = pa.schema(
+    [("text_sha256", pa.string()), ("encoder_key", pa.string()), ("encoder", pa.string()), ("source", pa.int32())]
+)
+
+
 def _plan(folder: RunFolder, encoders: list[EncoderConfig], spill: Path) -> _Plan:
     """Every distinct non-empty text of the references and the ok responses, stripped, keyed by
-    its sha256, and which of them each encoder already has a vector for (in the previous table or
-    the parts), worked out a bucket of keys at a time: the texts and the (key, encoder) pairs the
-    sources hold are first spread over 256 buckets by the key's first two hex digits."""
+    its sha256, and where each encoder's vector of it is (the first the previous table or the parts
+    hold), worked out a bucket of keys at a time: the texts and the (key, encoder) pairs the sources
+    hold are first spread over 256 buckets by the key's first two hex digits. A segment of the
+    previous table is kept as it is (`clean`) when each of its rows is such a first vector, under
+    its encoder's current name."""
     raw = Spill(spill / "raw", TEXTS_SCHEMA)
     for batch in folder.batches("references", columns=["text"]):
         raw.add(*_hashed(batch.column("text")))
     for batch in folder.batches("responses", columns=["status", "text"]):
         raw.add(*_hashed(batch.filter(pc.equal(batch.column("status"), "ok")).column("text")))
     raw.close()
+    previous = _previous(folder)
     keys = pa.array([encoder_key(cfg) for cfg in encoders], pa.string())
-    have = Spill(spill / "have", pa.schema([("text_sha256", pa.string()), ("encoder_key", pa.string())]))
-    for table in _sources(folder, folder.trusted("embeddings"), ["text_sha256", "encoder_key"]):
+    have = Spill(spill / "have", HAVE_SCHEMA)
+    for source, table in _sources(folder, previous, ["text_sha256", "encoder_key", "encoder"]):
         table = table.filter(pc.is_in(table.column("encoder_key"), keys))
+        table = table.append_column("source", pa.array(np.full(table.num_rows, source, np.int32)))
         have.add(table, key_buckets(table.column("text_sha256")))
     have.close()
     texts = Spill(spill / "texts", _plan_schema(len(encoders)))
     wanted, todo = 0, dict.fromkeys([cfg.name for cfg in encoders], 0)
+    in_place = np.zeros(len(previous) + 1, np.int64)  # per source, its rows chosen as they are
     for bucket in raw.buckets:
         table = first_per_key(raw.read(bucket).sort_by("text_sha256"), "text_sha256")
         encoded = have.read(bucket)
         for i, cfg in enumerate(encoders):
-            mine = encoded.filter(pc.equal(encoded.column("encoder_key"), encoder_key(cfg))).column("text_sha256")
-            needed = pc.invert(pc.is_in(table.column("text_sha256"), mine))
-            table = table.append_column(f"todo_{i}", needed)
-            todo[cfg.name] += pc.sum(needed).as_py() or 0
+            mine = encoded.filter(pc.equal(encoded.column("encoder_key"), encoder_key(cfg)))
+            mine = first_per_key(mine.sort_by("text_sha256"), "text_sha256")  # a stable sort: the first source's
+            at = pc.index_in(table.column("text_sha256"), mine.column("text_sha256"))
+            source = pc.fill_null(mine.column("source").take(at), -1)
+            table = table.append_column(f"source_{i}", source)
+            todo[cfg.name] += pc.sum(pc.equal(source, -1)).as_py() or 0
+            chosen = pc.and_(
+                pc.is_in(mine.column("text_sha256"), table.column("text_sha256")),
+                pc.equal(mine.column("encoder"), cfg.name),
+            )
+            in_place += np.bincount(mine.column("source").filter(chosen).to_numpy(), minlength=len(in_place))
         texts.add(table, np.full(table.num_rows, bucket))
         wanted += table.num_rows
     raw.remove()
     have.remove()
     texts.close()
-    return _Plan(encoders, texts, wanted, todo)
+    clean = frozenset(
+        i for i, (_, segment) in enumerate(previous) if segment is not None and in_place[i] == segment["rows"]
+    )
+    return _Plan(encoders, texts, wanted, todo, previous, clean)
 
 
 def _plan_schema(n_encoders: int) -> pa.Schema:
-    return pa.schema([*TEXTS_SCHEMA, *(pa.field(f"todo_{i}", pa.bool_()) for i in range(n_encoders))])
+    return pa.schema([*TEXTS_SCHEMA, *(pa.field(f"source_{i}", pa.int32()) for i in range(n_encoders))])
 
 
 def run_embed(study: StudyBase, run: StudyRun) -> Written:
@@ -415,28 +461,32 @@ def write_passes(source_bytes: int, free_bytes: int, buckets: int) -> int:
 
 
 def _write_selected(folder: RunFolder, plan: _Plan, spill: Path) -> Written:
-    """Write the vectors the current texts and encoders need, one row each (the first the sources
-    hold), sorted by (encoder, text), without holding them all: the sources' rows are spread over
-    buckets by encoder and the key's first two hex digits (spill files under `spill`: a bucket is
-    1/256 of an encoder's vectors), then each bucket is kept to its texts (`plan`), sorted and
-    written. Where the disk has no room for the whole spill beside the table, the buckets are
-    spilled a range at a time, a pass over the sources each (`write_passes`). Vectors of texts no
-    longer wanted, or of encoders no longer named, are left out."""
+    """The table the current texts and encoders need, one vector each (the first the sources
+    hold): the previous table's `clean` segments kept as they are, and one new segment of every
+    other vector (sorted by encoder and text), written without holding them all: the sources' rows
+    but those of the clean segments are spread over buckets by encoder and the key's first two hex
+    digits (spill files under `spill`: a bucket is 1/256 of an encoder's vectors), then each bucket
+    is kept to its texts (`plan.written_keys`), sorted and written. Where the disk has no room for
+    the whole spill beside the segment, the buckets are spilled a range at a time, a pass over the
+    sources each (`write_passes`). Vectors of texts no longer wanted, or of encoders no longer
+    named, are left out. A new segment with no rows is written only when no segment is kept (the
+    table then has none)."""
     name_of = {encoder_key(cfg): cfg.name for cfg in plan.encoders}
     order = {name: i for i, name in enumerate(sorted(set(name_of.values())))}
+    index_of = {cfg.name: i for i, cfg in enumerate(plan.encoders)}
     keys = pa.array(list(name_of), pa.string())
     names = pa.array(list(name_of.values()), pa.string())
     rank = np.array([order[name] for name in name_of.values()], dtype=np.int64)
+    by_rank = [index_of[name] for name in sorted(order)]  # the encoder of each rank
     buckets = len(order) * 256
-    previous = folder.trusted("embeddings")  # hashed once, not once per pass
-    source_bytes = folder.parts_bytes("embeddings")
-    if previous:
-        source_bytes += folder.table_path("embeddings").stat().st_size
+    source_bytes = folder.parts_bytes("embeddings") + sum(
+        path.stat().st_size for i, (path, _) in enumerate(plan.previous) if i not in plan.clean
+    )
     passes = write_passes(source_bytes, shutil.disk_usage(folder.root).free, buckets)
 
     def spilled(first: int, end: int) -> Spill:
         vectors = Spill(spill / f"{first:06d}", EMBEDDINGS_SCHEMA)
-        for table in _sources(folder, previous):
+        for _, table in _sources(folder, plan.previous, skip=plan.clean):
             table = table.filter(pc.is_in(table.column("encoder_key"), keys))
             which = pc.index_in(table.column("encoder_key"), value_set=keys)
             table = table.set_column(1, "encoder", pc.take(names, which))
@@ -452,14 +502,21 @@ def _write_selected(folder: RunFolder, plan: _Plan, spill: Path) -> Written:
             vectors = spilled(first, end)
             for bucket in vectors.buckets:
                 table = vectors.read(bucket)
-                table = table.filter(pc.is_in(table.column("text_sha256"), plan.wanted_keys(bucket % 256)))
+                wanted = plan.written_keys(bucket % 256, by_rank[bucket // 256])
+                table = table.filter(pc.is_in(table.column("text_sha256"), wanted))
                 yield from first_per_key(table.sort_by("text_sha256"), "text_sha256").to_batches()
             vectors.remove()
 
-    fingerprint, record, rows = folder.write_batches(
-        "embeddings", EMBEDDINGS_SCHEMA, sorted_batches(), row_group_rows=VECTOR_BATCH
+    kept = [segment for i, (_, segment) in enumerate(plan.previous) if i in plan.clean]
+    numbers = [int(SEGMENT.match(s["name"]).group(1)) for _, s in plan.previous if s is not None]
+    new = folder.write_segment(
+        "embeddings", max(numbers, default=0) + 1, EMBEDDINGS_SCHEMA, sorted_batches(), row_group_rows=VECTOR_BATCH
     )
-    return Written(fingerprint, record, rows)
+    if not new["rows"] and kept:
+        (folder.segment_folder("embeddings") / new["name"]).unlink()
+    else:
+        kept.append(new)
+    return Written(**segments_record(kept))
 
 
 def stage(study: StudyBase) -> Stage:
