@@ -3,20 +3,29 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from vlm_decade.studies.decade.ranking import (
+    ROLES,
+    assign_roles,
+    consensus_places,
     consensus_scores,
     group_sizes,
+    grouped_consensus_scores,
     rank_by_consensus,
     rank_by_votes,
+    roles_of_places,
     tie_draw,
     tied_cuts,
     tokens,
     vote_order,
     vote_ties,
+    word_tokens,
 )
 
 SEED = dict(seed=5, stream="img")
@@ -172,3 +181,58 @@ def test_consensus_ties_go_to_the_draw_and_wordless_texts_score_zero():
     assert rank_by_consensus(["z", "y"], ["same words", "same words"], 1, 1, **SEED)[first] == "gold"
     scores = consensus_scores(["!!!", "a cat", "a cat"])
     assert np.isfinite(scores).all() and scores[0] == 0.0
+
+
+def dense_consensus_scores(texts):
+    """The formula one image at a time, as a dense TF-IDF matrix and its Gram matrix: the reference."""
+    n = len(texts)
+    if n < 2:
+        return np.zeros(n)
+    counts = [Counter(tokens(t)) for t in texts]
+    vocab = {w: j for j, w in enumerate(sorted(set().union(*counts)))}
+    tf = np.zeros((n, len(vocab)))
+    for row, c in enumerate(counts):
+        for w, k in c.items():
+            tf[row, vocab[w]] = k
+    weights = tf * (np.log((1 + n) / (1 + (tf > 0).sum(axis=0))) + 1)
+    norms = np.linalg.norm(weights, axis=1, keepdims=True)
+    unit = np.divide(weights, norms, out=np.zeros_like(weights), where=norms > 0)
+    sim = unit @ unit.T
+    np.fill_diagonal(sim, 0.0)
+    return sim.sum(axis=1) / (n - 1)
+
+
+WORDS = ["a", "cat", "Cat", "dog", "on", "the", "mat", "red", "bus", "Ünïcode", "ß", "!!", "2", ""]
+texts = st.lists(st.lists(st.sampled_from(WORDS), max_size=6).map(" ".join), min_size=1, max_size=7)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(texts, min_size=1, max_size=6), st.integers(0, 3), st.integers(0, 3))
+def test_many_images_at_once_score_and_rank_as_each_alone(images, top_k, bottom_k):
+    flat = [t for image in images for t in image]
+    starts = np.cumsum([0] + [len(image) for image in images[:-1]])
+    scores = grouped_consensus_scores(flat, starts)
+    reference = np.concatenate([dense_consensus_scores(image) for image in images])
+    assert np.allclose(scores, reference, rtol=0, atol=1e-13)
+    ids = [f"d{k}" for k in range(len(flat))]
+    streams = [f"img{g}" for g in range(len(images))]
+    places = consensus_places(ids, flat, starts, streams, seed=5)
+    roles = roles_of_places(places, np.repeat([len(i) for i in images], [len(i) for i in images]), top_k, bottom_k)
+    for g, (start, image) in enumerate(zip(starts, images)):
+        mine = ids[start : start + len(image)]
+        rounded = np.round(reference[start : start + len(image)], 12)
+        draw = tie_draw(mine, 5, streams[g])
+        order = sorted(range(len(image)), key=lambda j: (-rounded[j], draw[mine[j]]))  # the documented order
+        assert places[start : start + len(image)].tolist() == [order.index(j) for j in range(len(image))]
+        expected = assign_roles([mine[j] for j in order], top_k, bottom_k)
+        assert [ROLES[r] for r in roles[start : start + len(image)]] == [expected[i] for i in mine]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.text(alphabet=st.sampled_from("aZ_9 ,.!-'\\tÜßİΣς٣²\u0301é"), max_size=20), max_size=12))
+def test_texts_split_by_arrow_give_the_tokens_python_gives(texts):
+    owner, words = word_tokens(texts)
+    found = [[] for _ in texts]
+    for k, word in zip(owner.tolist(), words.to_pylist()):
+        found[k].append(word)
+    assert found == [tokens(t) for t in texts]

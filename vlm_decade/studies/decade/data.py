@@ -37,7 +37,7 @@ from vlm_decade.stages.images import (
     metadata_table,
 )
 from vlm_decade.studies.decade.config import DataConfig, RankingConfig, StudyConfig
-from vlm_decade.studies.decade.ranking import group_sizes, rank_by_consensus, rank_by_votes
+from vlm_decade.studies.decade.ranking import ROLES, consensus_places, group_sizes, rank_by_votes, roles_of_places
 from vlm_decade.studies.decade.taxonomy.spatial import MIN_MASKED_PER_MASK, MIN_MASKS
 from vlm_decade.studies.rows import FirstRows
 
@@ -301,54 +301,89 @@ def _ranking_methods(images: pa.Table, tally: _Tally, votes_t: Table | None, pro
     return methods
 
 
-_SLAB = 1 << 12  # descriptions ranked at a time: the Python objects ranking needs live for one slab
+_SLAB = 1 << 16  # descriptions ranked at a time: the Python objects ranking needs live for one slab
+ROLE_NAMES = pa.array([*ROLES, MASKED], pa.string())  # `roles_of_places`' codes, and one for a masked description
 
 
 def _references_table(
     images: pa.Table, descriptions: pa.Table, tally: _Tally, methods: dict[str, str], cfg: RankingConfig
 ) -> pa.Table:
     """`descriptions` (sorted by image, condition and id: `_check_descriptions`) with their
-    datasets, roles and vote counts."""
+    datasets, roles and vote counts. The images of datasets ranked by consensus are ranked a slab
+    at a time on arrays (`consensus_places`); those ranked by votes one at a time."""
     image_ids = descriptions.column("image_id").combine_chunks()
     dataset = images.column("dataset").take(pc.index_in(image_ids, value_set=images.column("image_id")))
     descriptions = descriptions.append_column("dataset", dataset)
     # Each image's descriptions are contiguous: slabs end where an image does.
-    changed = pc.not_equal(image_ids.slice(1), image_ids.slice(0, len(image_ids) - 1))
-    starts = np.concatenate([[0], np.flatnonzero(changed.to_numpy(zero_copy_only=False)) + 1])
+    starts = _run_starts(image_ids)
+    by_consensus = pa.array([d for d, m in methods.items() if m == CONSENSUS], pa.string())
+    voted = bool(tally.votes or tally.shown)
     roles, votes, shown = [], [], []
     begin = 0
     while begin < len(descriptions):
         at = np.searchsorted(starts, begin + _SLAB)  # the first image that starts a slab's length on
         end = int(starts[at]) if at < len(starts) else len(descriptions)
         slab = descriptions.slice(begin, end - begin)
-        ids, images_of, conditions, texts, datasets = (
-            slab.column(c).to_pylist() for c in ("description_id", "image_id", "condition", "text", "dataset")
-        )
-        ranked: dict[str, str] = {}
-        j = 0
-        while j < len(ids):
-            k = j
-            while k < len(ids) and images_of[k] == images_of[j]:
-                k += 1
-            full = [(ids[m], texts[m]) for m in range(j, k) if conditions[m] == FULL]  # sorted by id
-            full_ids = [d for d, _ in full]
-            if methods[datasets[j]] == VOTES:
-                ranked |= rank_by_votes(
-                    full_ids, tally.votes, tally.shown, cfg.top_k, cfg.bottom_k, seed=cfg.seed, stream=images_of[j]
-                )
-            else:
-                ranked |= rank_by_consensus(
-                    full_ids, [t for _, t in full], cfg.top_k, cfg.bottom_k, seed=cfg.seed, stream=images_of[j]
-                )
-            j = k
-        roles.append(pa.array([ranked.get(i, MASKED) for i in ids], pa.string()))
-        votes.append(pa.array([tally.votes[i] for i in ids], pa.int64()))
-        shown.append(pa.array([tally.shown[i] for i in ids], pa.int64()))
+        full = pc.equal(slab.column("condition"), FULL)
+        codes = np.full(slab.num_rows, len(ROLES), np.int8)  # masked, unless ranked below
+        consensus = pc.and_(full, pc.is_in(slab.column("dataset"), value_set=by_consensus))
+        codes[_where(consensus)] = _consensus_codes(slab.filter(consensus), cfg)
+        by_votes = _where(pc.and_(full, pc.invert(consensus)))
+        if len(by_votes):
+            codes[by_votes] = _vote_codes(slab.take(pa.array(by_votes)), tally, cfg)
+        roles.append(ROLE_NAMES.take(pa.array(codes)))
+        if voted:
+            ids = slab.column("description_id").to_pylist()
+            votes.append(pa.array([tally.votes[i] for i in ids], pa.int64()))
+            shown.append(pa.array([tally.shown[i] for i in ids], pa.int64()))
+        else:  # nothing was voted on: every count is 0
+            votes.append(pa.array(np.zeros(slab.num_rows, np.int64)))
+            shown.append(pa.array(np.zeros(slab.num_rows, np.int64)))
         begin = end
     columns = {c: descriptions.column(c) for c in ("description_id", "image_id", "dataset", "condition", "worker_id")}
     columns |= {"role": pa.chunked_array(roles, pa.string()), "votes": pa.chunked_array(votes, pa.int64())}
     columns |= {"shown": pa.chunked_array(shown, pa.int64()), "text": descriptions.column("text")}
     return pa.table(columns, schema=REFERENCES_SCHEMA)
+
+
+def _run_starts(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Where each run of equal values begins (the first at 0; none for no values)."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    if not len(values):
+        return np.zeros(0, np.int64)
+    changed = pc.not_equal(values.slice(1), values.slice(0, len(values) - 1))
+    return np.concatenate([[0], np.flatnonzero(changed.to_numpy(zero_copy_only=False)) + 1])
+
+
+def _where(mask: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    return np.flatnonzero(pc.fill_null(mask, False).to_numpy(zero_copy_only=False))
+
+
+def _consensus_codes(rows: pa.Table, cfg: RankingConfig) -> np.ndarray:
+    """The role codes of full descriptions of images ranked by consensus (each image's contiguous)."""
+    if not rows.num_rows:
+        return np.zeros(0, np.int8)
+    image = rows.column("image_id")
+    first = _run_starts(image)
+    streams = image.take(pa.array(first)).to_pylist()
+    texts, ids = rows.column("text").to_pylist(), rows.column("description_id").to_pylist()
+    places = consensus_places(ids, texts, first, streams, cfg.seed)
+    counts = np.diff(np.append(first, rows.num_rows))
+    return roles_of_places(places, np.repeat(counts, counts), cfg.top_k, cfg.bottom_k)
+
+
+def _vote_codes(rows: pa.Table, tally: _Tally, cfg: RankingConfig) -> np.ndarray:
+    """The role codes of full descriptions of images ranked by votes, an image at a time."""
+    image, ids = rows.column("image_id").to_pylist(), rows.column("description_id").to_pylist()
+    first = _run_starts(rows.column("image_id")).tolist()
+    codes = []
+    for a, b in zip(first, [*first[1:], len(ids)]):
+        ranked = rank_by_votes(
+            ids[a:b], tally.votes, tally.shown, cfg.top_k, cfg.bottom_k, seed=cfg.seed, stream=image[a]
+        )
+        codes += [ROLES.index(ranked[i]) for i in ids[a:b]]
+    return np.array(codes, np.int8)
 
 
 # --- what the human data can support -----------------------------------------------------------------

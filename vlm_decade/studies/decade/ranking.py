@@ -1,7 +1,8 @@
 """Ranking one image's human descriptions into gold / top / bottom / other (Study A).
 
-Pure functions, no I/O; `vlm_decade.studies.decade.data` feeds them one image at a time. Two methods
-(docs/data-format.md, "Ranking"):
+Pure functions, no I/O; `vlm_decade.studies.decade.data` feeds them the images' descriptions (by
+votes one image at a time; by consensus many images at once, on arrays: `consensus_places`). Two
+methods (docs/data-format.md, "Ranking"):
 
 - by votes, as in the paper: the description chosen "best" most often is the gold standard, and of
   the rest the `top_k` highest-ranked are `top` and the `bottom_k` lowest-ranked are `bottom`;
@@ -16,11 +17,12 @@ the role boundaries that fell inside such a tie, for the report.
 from __future__ import annotations
 
 import re
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from vlm_decade.stats.resampling import named_generator
 
@@ -148,6 +150,28 @@ def tokens(text: str) -> list[str]:
     return _WORD.findall(text.lower())
 
 
+_NOT_ASCII_WORD = r"[^a-z0-9_]+"  # what `_WORD` does not match, in a lower-cased ASCII text
+
+
+def word_tokens(texts: Sequence[str] | pa.Array) -> tuple[np.ndarray, pa.Array]:
+    """Every token of every text (`tokens`), as each token's text (its index) and the token, in
+    order of text and place. An ASCII text, where Python's `\\w` is [a-zA-Z0-9_] and lower-casing
+    is ASCII's, is split by Arrow; any other by `tokens` itself."""
+    column = texts if isinstance(texts, pa.Array) else pa.array(texts, pa.string())
+    ascii_text = pc.fill_null(pc.string_is_ascii(column), True).to_numpy(zero_copy_only=False)
+    fast, slow = np.flatnonzero(ascii_text), np.flatnonzero(~ascii_text)
+    split = pc.split_pattern_regex(pc.ascii_lower(column.take(pa.array(fast))), _NOT_ASCII_WORD)
+    words, owner = pc.list_flatten(split), fast[pc.list_parent_indices(split).to_numpy(zero_copy_only=False)]
+    real = pc.not_equal(words, "")  # the empty ends of a text that begins or ends with no word
+    words, owner = words.filter(real), owner[real.to_numpy(zero_copy_only=False)]
+    if len(slow):
+        found = [tokens(t) for t in column.take(pa.array(slow)).to_pylist()]
+        words = pa.concat_arrays([words, pa.array([w for ws in found for w in ws], pa.string())])
+        owner = np.concatenate([owner, np.repeat(slow, [len(ws) for ws in found])])
+    order = np.argsort(owner, kind="stable")
+    return owner[order], words.take(pa.array(order))
+
+
 def consensus_scores(texts: Sequence[str]) -> np.ndarray:
     """Each text's mean TF-IDF cosine similarity to the other texts (0.0 for a lone text).
 
@@ -155,31 +179,85 @@ def consensus_scores(texts: Sequence[str]) -> np.ndarray:
     ln((1 + n) / (1 + df)) + 1; rows are L2-normalised, and a text with no word tokens is a zero
     vector (similarity 0 to everything).
     """
+    return grouped_consensus_scores(texts, np.zeros(min(len(texts), 1), np.int64))
+
+
+def grouped_consensus_scores(texts: Sequence[str], starts: np.ndarray) -> np.ndarray:
+    """`consensus_scores` of each group of `texts` (the groups are the runs that begin at `starts`,
+    sorted, the first at 0: one image's descriptions each), for all of them at once: the TF-IDF
+    weights are kept as (text, token) entries, not a matrix per image, and a text's summed
+    similarity to the others of its group is its unit vector's dot product with the sum of the
+    others' unit vectors (the group's sum less its own), so that no per-image Python runs."""
     n = len(texts)
-    if n < 2:
-        return np.zeros(n)
-    counts = [Counter(tokens(t)) for t in texts]
-    vocab = {w: j for j, w in enumerate(sorted(set().union(*counts)))}
-    tf = np.zeros((n, len(vocab)))
-    for row, c in enumerate(counts):
-        for w, k in c.items():
-            tf[row, vocab[w]] = k
-    df = (tf > 0).sum(axis=0)
-    weights = tf * (np.log((1 + n) / (1 + df)) + 1)
-    norms = np.linalg.norm(weights, axis=1, keepdims=True)
-    unit = np.divide(weights, norms, out=np.zeros_like(weights), where=norms > 0)
-    sim = unit @ unit.T
-    np.fill_diagonal(sim, 0.0)
-    return sim.sum(axis=1) / (n - 1)
+    sizes = np.diff(np.append(starts, n)).astype(np.int64)
+    group = np.repeat(np.arange(len(starts)), sizes)
+    owner, words = word_tokens(texts)
+    encoded = pc.dictionary_encode(words)
+    token = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    width = max(len(encoded.dictionary), 1)
+    entry, tf = np.unique(owner * width + token, return_counts=True)
+    text, token = entry // width, entry % width
+    # df: the texts of the group that hold the token; `cell` numbers each (group, token)
+    _, cell, df = np.unique(group[text] * width + token, return_inverse=True, return_counts=True)
+    m = sizes[group[text]]
+    weight = tf * (np.log((1 + m) / (1 + df[cell])) + 1)
+    unit = weight / np.sqrt(np.bincount(text, weight * weight, minlength=n))[text]
+    summed = np.bincount(cell, unit)
+    others = np.bincount(text, unit * (summed[cell] - unit), minlength=n)
+    alone = sizes[group] < 2
+    return np.where(alone, 0.0, others / np.where(alone, 1, sizes[group] - 1))
+
+
+def consensus_places(
+    description_ids: Sequence[str], texts: Sequence[str], starts: np.ndarray, streams: Sequence[str], seed: int
+) -> np.ndarray:
+    """Each description's place in its image's order (0: the best), by consensus score, higher
+    first, ties by the draw (`tie_draw` on the image's stream). The images are the runs of
+    descriptions that begin at `starts`, `streams` their ids; the draw is made only for an image
+    whose scores tie, as it decides nothing for the others."""
+    n = len(texts)
+    scores = np.round(grouped_consensus_scores(texts, starts), _SCORE_DECIMALS)
+    sizes = np.diff(np.append(starts, n)).astype(np.int64)
+    group = np.repeat(np.arange(len(starts)), sizes)
+    order = np.lexsort((-scores, group))
+    tie = (group[order][1:] == group[order][:-1]) & (scores[order][1:] == scores[order][:-1])
+    for g in np.unique(group[order][1:][tie]).tolist():
+        rows = np.arange(starts[g], starts[g] + sizes[g])
+        draw = tie_draw([description_ids[r] for r in rows], seed, streams[g])
+        by_draw = np.array([draw[description_ids[r]] for r in rows])
+        order[starts[g] : starts[g] + sizes[g]] = rows[np.lexsort((by_draw, -scores[rows]))]
+    places = np.empty(n, np.int64)
+    places[order] = np.arange(n) - np.repeat(starts, sizes)
+    return places
+
+
+ROLES = (GOLD, TOP, BOTTOM, OTHER)  # `roles_of_places`' codes
+
+
+def roles_of_places(places: np.ndarray, sizes: np.ndarray, top_k: int, bottom_k: int) -> np.ndarray:
+    """Each description's role as a code into `ROLES`, from its place in its image's order and how
+    many descriptions the image has (`sizes`, per description): `assign_roles` on arrays."""
+    k = np.maximum(sizes - 1, 0) // 2
+    small = sizes < 1 + top_k + bottom_k
+    n_top, n_bottom = np.where(small, np.minimum(top_k, k), top_k), np.where(small, np.minimum(bottom_k, k), bottom_k)
+    roles = np.full(len(places), ROLES.index(OTHER), np.int8)
+    roles[(places >= 1) & (places <= n_top)] = ROLES.index(TOP)
+    roles[places >= sizes - n_bottom] = ROLES.index(BOTTOM)
+    roles[places == 0] = ROLES.index(GOLD)
+    return roles
 
 
 def rank_by_consensus(
     description_ids: Sequence[str], texts: Sequence[str], top_k: int, bottom_k: int, *, seed: int, stream: str
 ) -> dict[str, str]:
-    """Map each id to gold/top/bottom/other by consensus score, higher first, ties by the draw."""
+    """Map each id to gold/top/bottom/other by consensus score, higher first, ties by the draw
+    (one image: `consensus_places` and `roles_of_places`)."""
     if len(description_ids) != len(texts):
         raise ValueError("description_ids and texts must have the same length")
-    scores = np.round(consensus_scores(texts), _SCORE_DECIMALS)
-    draw = tie_draw(description_ids, seed, stream)
-    order = sorted(range(len(description_ids)), key=lambda j: (-scores[j], draw[description_ids[j]]))
-    return assign_roles([description_ids[j] for j in order], top_k, bottom_k)
+    if not description_ids:
+        raise ValueError("no descriptions to rank")
+    if len(set(description_ids)) != len(description_ids):
+        raise ValueError("description ids must be unique")
+    places = consensus_places(description_ids, texts, np.zeros(1, np.int64), [stream], seed)
+    roles = roles_of_places(places, np.full(len(places), len(places)), top_k, bottom_k)
+    return {i: ROLES[r] for i, r in zip(description_ids, roles.tolist())}
