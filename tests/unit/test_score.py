@@ -222,17 +222,49 @@ def test_the_embeddings_are_read_once_per_encoder_whatever_the_shards_and_not_at
     monkeypatch.setattr(score, "SHARD_IMAGES", shard)
     images, refs, responses, emb, _ = _study(11)
     passes = []
-    read = score._batches
+    read = score._row_groups
 
-    def counted(embeddings, encoder):
-        passes.append(encoder)
-        yield from read(embeddings, encoder)
+    def counted(embeddings):
+        passes.append(1)
+        yield from read(embeddings)
 
-    monkeypatch.setattr(score, "_batches", counted)
+    monkeypatch.setattr(score, "_row_groups", counted)
     first = similarity_scores(images, refs, responses, emb, ["E", "F"], settings="s")
-    assert passes == ["E", "F"]
+    assert len(passes) == 2  # one per encoder
     again = similarity_scores(images, refs, responses, emb, ["E", "F"], previous=first, settings="s")
-    assert again.equals(first) and passes == ["E", "F"]
+    assert again.equals(first) and len(passes) == 2
+
+
+def test_images_added_read_the_vectors_of_the_groups_holding_their_texts_only(monkeypatch):
+    """The embeddings as a run with images added leaves them: the first run's vectors, then the
+    added texts' (a segment of their own); only groups holding added texts have their vectors read."""
+    images, refs, responses, emb, _ = _study(8)
+    before = similarity_scores(images, refs, responses, emb, ["E"], settings="s")
+    images, refs, responses, grown, _ = _study(10)
+    fresh = similarity_scores(images, refs, responses, grown, ["E"], settings="s")
+    old = emb.combine_chunks()
+    added = grown.filter(pa.compute.invert(pa.compute.is_in(grown.column("text_sha256"), old.column("text_sha256"))))
+    old = pa.concat_tables([old.slice(at, 4) for at in range(0, old.num_rows, 4)])  # groups of four rows
+    old_groups = len(old.to_batches())
+    read = score._row_groups
+    vectors_read = []
+
+    def recorded(embeddings):
+        for k, group in enumerate(read(embeddings)):
+
+            def columns_of(columns, k=k, group=group):
+                if "vector" in columns:
+                    vectors_read.append(k)
+                return group(columns)
+
+            yield columns_of
+
+    monkeypatch.setattr(score, "_row_groups", recorded)
+    after = similarity_scores(
+        images, refs, responses, pa.concat_tables([old, added]), ["E"], previous=before, settings="s"
+    )
+    assert after.equals(fresh)
+    assert vectors_read and min(vectors_read) >= old_groups
 
 
 def test_the_run_folder_s_tables_are_streamed_into_shards_and_score_as_the_tables_do(monkeypatch, tmp_path):

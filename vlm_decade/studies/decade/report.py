@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from vlm_decade.core.files import safe_name
+from vlm_decade.core.reuse import INPUTS
 from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.core.runner import Stage, run_failures
 from vlm_decade.report import samples as report_samples
@@ -406,7 +407,12 @@ def stage(study: StudyConfig, ranking: Mapping[str, str], made: list[str]) -> St
         "report",
         tables,
         {"demo": study.demo, "ranking": ranking, "format": REPORT_FORMAT},
-        lambda run: write_report(run.folder, study, {n: run.table(n) for n in tables if n not in TEXT_TABLES}) or {},
+        lambda run: (
+            write_report(
+                run.folder, study, {n: run.table(n, _shown(run.folder, n)) for n in tables if n not in TEXT_TABLES}
+            )
+            or {}
+        ),
         outputs=(),
         files=("report.html",),
     )
@@ -417,5 +423,11 @@ def redraw(folder: RunFolder, study: StudyConfig) -> list[str]:
     missing = [n for n in REPORT_TABLES if not folder.has(n)]
     if not missing:
         names = list(REPORT_TABLES) + [n for n in OPTIONAL_TABLES if folder.has(n)]
-        write_report(folder, study, {n: folder.read(n) for n in names if n not in TEXT_TABLES})
+        write_report(folder, study, {n: folder.read(n, list(_shown(folder, n))) for n in names if n not in TEXT_TABLES})
     return missing
+
+
+def _shown(folder: RunFolder, name: str) -> tuple[str, ...]:
+    """Table `name`'s columns but the rows' inputs hashes, which neither the page nor its CSVs show
+    (a million images' scores hold hundreds of MB of them)."""
+    return tuple(c for c in folder.schema(name).names if c != INPUTS)

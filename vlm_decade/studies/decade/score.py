@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 
 from vlm_decade.core.reuse import INPUTS, reusable, unit_inputs
 from vlm_decade.core.runfolder import RunFolder
-from vlm_decade.core.runner import Stage, StudyRun
+from vlm_decade.core.runner import Stage, StudyRun, Written
 from vlm_decade.core.spill import Spill, key_buckets
 from vlm_decade.models.encoders import text_key
 from vlm_decade.models.metrics import build_metric
@@ -150,20 +150,25 @@ def by_image_shard(
     return spill
 
 
-def _batches(embeddings: pa.Table | RunFolder, encoder: str):
-    """One encoder's rows of the embeddings, a batch at a time (`_rows`)."""
+def _row_groups(embeddings: pa.Table | RunFolder):
+    """The embeddings' rows a group at a time, each group as a function of the columns to read of
+    it (`RunFolder.row_groups`; a table's are its batches), so that a group's vectors are read only
+    when its keys are needed."""
+    if isinstance(embeddings, RunFolder):
+        yield from embeddings.row_groups("embeddings")
+        return
     for batch in _rows(embeddings, "embeddings"):
-        batch = pa.Table.from_batches([batch]).filter(pc.equal(batch.column("encoder"), encoder))
-        if batch.num_rows:
-            yield batch
+        yield lambda columns, batch=batch: pa.Table.from_batches([batch.select(columns)])
 
 
 class ShardVectors:
     """Each shard's vectors of one encoder, gathered in one pass over the embeddings, so that the
-    file is read once per encoder whatever the number of shards. The keys each shard needs are
-    spread over 256 key buckets on disk (`need`); the embeddings, sorted by key within an encoder,
-    are read in order, each run of rows of one bucket matched against that bucket's needs, and the
-    vectors spread over buckets by the shard that needs them."""
+    table is read once per encoder whatever the number of shards. The keys each shard needs are
+    spread over 256 key buckets on disk (`need`); the embeddings, each segment sorted by key within
+    an encoder, are read in order, a row group's keys first, each run of rows of one bucket matched
+    against that bucket's needs; the vectors of a group that holds needed keys (of the new texts'
+    segment alone, when only images were added) are read and spread over buckets by the shard that
+    needs them."""
 
     def __init__(self, folder: Path):
         self.folder = folder
@@ -182,15 +187,22 @@ class ShardVectors:
         vectors = Spill(self.folder / f"vectors-{self.gathered}", VECTORS_SCHEMA)
         loaded, need = None, None
         try:
-            for batch in _batches(embeddings, encoder):
-                buckets = key_buckets(batch.column("text_sha256"))
+            for read in _row_groups(embeddings):
+                keys = read(["text_sha256", "encoder"])
+                keys = keys.append_column("row", pa.array(np.arange(keys.num_rows)))
+                keys = keys.filter(pc.equal(keys.column("encoder"), encoder))
+                buckets = key_buckets(keys.column("text_sha256"))
+                found = []  # (the group's rows needed, by which shards)
                 for bucket in np.unique(buckets).tolist():
-                    if bucket != loaded:  # runs of one bucket follow each other in a sorted file
+                    if bucket != loaded:  # runs of one bucket follow each other in a sorted segment
                         loaded, need = bucket, self.needs.read(bucket)
-                    rows = batch.filter(pa.array(buckets == bucket)).select(VECTORS_SCHEMA.names)
+                    rows = keys.filter(pa.array(buckets == bucket))
                     at = pc.index_in(need.column("text_sha256"), rows.column("text_sha256"))
-                    found = need.filter(pc.is_valid(at))
-                    vectors.add(rows.take(pc.drop_null(at)).cast(VECTORS_SCHEMA), found.column("shard").to_numpy())
+                    found.append((rows.column("row").take(pc.drop_null(at)), need.filter(pc.is_valid(at))))
+                if any(len(row) for row, _ in found):  # only then are the group's vectors read
+                    group = read(VECTORS_SCHEMA.names)
+                    for row, needed in found:
+                        vectors.add(group.take(row).cast(VECTORS_SCHEMA), needed.column("shard").to_numpy())
         finally:
             vectors.close()
         return vectors
@@ -255,15 +267,32 @@ def similarity_scores(
     previous: pa.Table | RunFolder | None = None,
     settings=None,
 ) -> pa.Table:
+    """`score_batches` as one table, for a caller that holds it."""
+    batches = score_batches(images, references, responses, embeddings, metrics, pair_metrics, previous, settings)
+    return pa.Table.from_batches(list(batches), SCORED_SCHEMA)
+
+
+def score_batches(
+    images: pa.Table,
+    references: pa.Table | RunFolder,
+    responses: pa.Table | RunFolder,
+    embeddings: pa.Table | RunFolder,
+    metrics: list[str],
+    pair_metrics=(),
+    previous: pa.Table | RunFolder | None = None,
+    settings=None,
+):
     """Cosine to the gold standard for each encoder in `metrics`, and each loaded pairwise metric in `pair_metrics` (e.g. BERTScore,
     `vlm_decade.models.metrics`), with each row's `inputs_sha256` (`image_inputs` under `settings`,
-    what decides the vectors and metrics). The rows of `previous` (the last scores) of the images whose
-    inputs are unchanged are kept; only the other images are scored (`core.reuse`). The images are
-    scored `SHARD_IMAGES` at a time, so that what is built per pair exists for one shard only; an
-    image's rows do not depend on the others of its shard. The references, responses and embeddings
-    are tables, or the run folder, whose tables are streamed (they may be too big to hold): the
-    texts are spread over the shards in one pass, and wait with the shards' pairs and vectors in a
-    temporary folder (the run folder's `.spill/`, for a run folder) between the passes."""
+    what decides the vectors and metrics), as record batches in `SCORE_ORDER`. The rows of
+    `previous` (the last scores) of the images whose inputs are unchanged are kept; only the other
+    images are scored (`core.reuse`). The images are scored `SHARD_IMAGES` at a time, so that what
+    is built per pair exists for one shard only; an image's rows do not depend on the others of its
+    shard. The references, responses and embeddings are tables, or the run folder, whose tables are
+    streamed (they may be too big to hold): the texts are spread over the shards in one pass, and
+    wait with the shards' pairs and vectors in a temporary folder (the run folder's `.spill/`, for
+    a run folder) between the passes; the rows, kept and new, wait there too, spread by metric and
+    subject, and come out a metric and subject at a time, sorted by image (`_Ordered`)."""
     schema = previous.schema("scores") if isinstance(previous, RunFolder) else getattr(previous, "schema", None)
     if schema is not None and schema.remove_metadata() != SCORED_SCHEMA.remove_metadata():
         previous = None  # a table of an earlier version: nothing of it is kept (`reusable`)
@@ -282,7 +311,7 @@ def similarity_scores(
         kept_rows = (
             None if previous is None else by_image_shard(previous, "scores", SCORED_SCHEMA.names, images, folder)
         )
-        parts, todo = [], {}  # the rows kept; the shards with images to score, and their images
+        rows, todo = _Ordered(folder / "rows"), {}  # every row; the shards with images to score, and their images
         vectors = ShardVectors(folder)
         # First pass: each shard's pairs, what of them is kept, and the vectors its other pairs need.
         for shard, start in enumerate(range(0, images.num_rows, SHARD_IMAGES)):
@@ -293,7 +322,7 @@ def similarity_scores(
             pairs = pairs.sort_by([("image_id", "ascending"), ("subject", "ascending"), ("candidate_key", "ascending")])
             wanted = image_inputs(pairs, of_shard, settings)
             kept = reusable(None if kept_rows is None else kept_rows.read(shard), wanted, ["image_id"], SCORED_SCHEMA)
-            parts.append(kept.select(SCORED_SCHEMA.names).cast(SCORED_SCHEMA))
+            rows.add(kept.select(SCORED_SCHEMA.names).cast(SCORED_SCHEMA))
             new = wanted.filter(pc.invert(pc.is_in(wanted.column("image_id"), kept.column("image_id"))))
             if not new.num_rows:
                 continue
@@ -313,13 +342,37 @@ def similarity_scores(
                 for shard in todo
             }
         for shard, new in todo.items():  # third: each shard's rows
-            parts.append(
+            rows.add(
                 _shard_scores(
                     _read(folder / f"pairs-{shard}.arrow"), new, {n: v[shard] for n, v in values.items()}, pair_metrics
                 )
             )
-    table = pa.concat_tables(parts).combine_chunks() if parts else SCORED_SCHEMA.empty_table()
-    return table.take(pc.sort_indices(table, sort_keys=[(c, "ascending") for c in SCORE_ORDER]))
+        yield from rows.batches()
+
+
+class _Ordered:
+    """The scores' rows spread over buckets on disk by (metric, subject), and read back in
+    `SCORE_ORDER`: a bucket at a time in order of metric and subject, each sorted by image (one row
+    per metric, subject and image), so that no more than one metric and subject's rows are held."""
+
+    def __init__(self, folder: Path):
+        self.spill = Spill(folder, SCORED_SCHEMA)
+        self.bucket: dict[tuple[str, str], int] = {}
+
+    def add(self, table: pa.Table) -> None:
+        if not table.num_rows:
+            return
+        pairs = pa.table({"metric": table.column("metric"), "subject": table.column("subject")})
+        for key in pairs.group_by(["metric", "subject"], use_threads=False).aggregate([]).to_pylist():
+            self.bucket.setdefault((key["metric"], key["subject"]), len(self.bucket))
+        keys = pa.array([f"{m}\x1f{s}" for m, s in self.bucket], pa.string())
+        at = pc.index_in(pc.binary_join_element_wise(table.column("metric"), table.column("subject"), "\x1f"), keys)
+        self.spill.add(table, np.asarray(at.to_numpy(zero_copy_only=False), np.int64))
+
+    def batches(self):
+        self.spill.close()
+        for key in sorted(self.bucket):
+            yield from self.spill.read(self.bucket[key]).sort_by("image_id").to_batches()
 
 
 def _write(path: Path, table: pa.Table) -> None:
@@ -381,23 +434,27 @@ def stage(study: StudyConfig) -> Stage:
         [m.fingerprint() for m in study.metrics],
     ]
 
-    def compute(run: StudyRun) -> dict[str, pa.Table]:
+    def compute(run: StudyRun) -> dict[str, Written]:
         images = run.table("images")
         metrics = [build_metric(m) for m in study.metrics]
-        # The texts are streamed from the run folder, not held: at a million images they are gigabytes.
+        # The texts are streamed from the run folder, not held: at a million images they are gigabytes;
+        # so is the table, written as its rows come.
         folder = run.folder
         previous = folder if folder.trusted("scores") else None
-        scores = similarity_scores(images, folder, folder, folder, encoders, metrics, previous, per_image)
-        if study.caption_metrics:  # against all human descriptions at once: these read the texts whole
-            from vlm_decade.studies.decade.captions import caption_metric_scores
 
-            texts = [run.table(n) for n in ("references", "responses")]
-            scores = pa.concat_tables([scores, unkeyed(caption_metric_scores(images, *texts, study.caption_metrics))])
-        if study.judge_metrics:
-            from vlm_decade.studies.decade.judging import judge_values
+        def batches():
+            yield from score_batches(images, folder, folder, folder, encoders, metrics, previous, per_image)
+            if study.caption_metrics:  # against all human descriptions at once: these read the texts whole
+                from vlm_decade.studies.decade.captions import caption_metric_scores
 
-            scores = pa.concat_tables([scores, unkeyed(judge_values(study, run.table("judge_scores"), images))])
-        return {"scores": scores}
+                texts = [run.table(n) for n in ("references", "responses")]
+                yield from unkeyed(caption_metric_scores(images, *texts, study.caption_metrics)).to_batches()
+            if study.judge_metrics:
+                from vlm_decade.studies.decade.judging import judge_values
+
+                yield from unkeyed(judge_values(study, run.table("judge_scores"), images)).to_batches()
+
+        return {"scores": Written(*folder.write_batches("scores", SCORED_SCHEMA, batches()))}
 
     settings = [encoders, [m.fingerprint() for m in study.metrics]] + (
         [list(study.caption_metrics)] if study.caption_metrics else []

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from vlm_decade.core.runner import Stage, StudyRun
-from vlm_decade.stats import METHOD_VERSION, analyse
+from vlm_decade.stats import METHOD_VERSION, SCORES_SCHEMA, analyse
 from vlm_decade.stats.groups import grouped_tables
 from vlm_decade.studies.decade.config import StudyConfig
 
@@ -35,9 +35,9 @@ def stage(study: StudyConfig) -> Stage:
     def compute(run: StudyRun) -> dict[str, pa.Table]:
         run.ray()  # bootstrap blocks run as Ray tasks
         metadata = run.table("metadata") if group_by else None
-        stats, comparisons = grouped_analysis(
-            run.table("scores"), metadata, study.eras, group_by, study.statistics.model_dump()
-        )
+        # Only what the bootstrap reads: a million images' scores hold hundreds of MB of row hashes.
+        scores = run.table("scores", tuple(SCORES_SCHEMA.names))
+        stats, comparisons = grouped_analysis(scores, metadata, study.eras, group_by, study.statistics.model_dump())
         return {"stats": stats, "comparisons": comparisons}
 
     return Stage(
