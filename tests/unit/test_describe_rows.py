@@ -10,6 +10,7 @@ import json
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -20,7 +21,14 @@ from vlm_decade.core.config import ModelConfig
 from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.imaging.masks import MaskSpec
 from vlm_decade.models.backends.imported import ImportedBackend
-from vlm_decade.stages.describe.rows import RESPONSE_KEY, RESPONSES_SCHEMA, collect_rows, todo_jobs
+from vlm_decade.stages.describe.rows import (
+    DONE_COLUMNS,
+    RESPONSE_KEY,
+    RESPONSES_SCHEMA,
+    RowsSoFar,
+    collect_rows,
+    todo_jobs,
+)
 
 
 def test_an_imported_models_keys_are_its_own_rows_whatever_the_slice(tmp_path, monkeypatch):
@@ -178,8 +186,12 @@ def test_each_jobs_row_is_the_one_a_plain_loop_picks_however_many_are_matched_at
     monkeypatch.setattr(rows_module, "MATCH_ROWS", match_rows)
     monkeypatch.setattr(rows_module, "COLLECT_IMAGES", collect_images)
     by_hand = _by_hand(folder)
-    todo, n_done = todo_jobs(folder, JOBS)
-    written = collect_rows(folder, JOBS)
+    subjects, image_ids = ["a", "b"], pa.array(["i1", "i2", "i3", "i4"])
+    with RowsSoFar(folder, subjects, image_ids, DONE_COLUMNS) as so_far:  # each subject's jobs on their own
+        todo = [todo_jobs(so_far, JOBS.filter(pc.equal(JOBS.column("subject"), s))) for s in ("b", "a")]
+    n_done = sum(done for _, done in todo)
+    todo = pa.concat_tables([jobs for jobs, _ in todo])
+    written = collect_rows(folder, subjects, image_ids, lambda s: JOBS.filter(pc.equal(JOBS.column("subject"), s)))
     table = folder.read("responses")
     assert table.schema == RESPONSES_SCHEMA and written.rows == table.num_rows == 4
     assert table.column("text").to_pylist() == by_hand

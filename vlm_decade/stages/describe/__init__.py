@@ -13,11 +13,11 @@ all its models.
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import asdict
 from functools import partial
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from vlm_decade.core.config import StudyBase
 from vlm_decade.core.runner import Stage, StudyRun, Written, release_memory
@@ -33,7 +33,7 @@ from vlm_decade.stages.describe.plan import (
     plan_jobs,
 )
 from vlm_decade.stages.describe.remote import RemoteModels
-from vlm_decade.stages.describe.rows import RESPONSE_KEY, collect_rows, todo_jobs
+from vlm_decade.stages.describe.rows import DONE_COLUMNS, RESPONSE_KEY, RowsSoFar, collect_rows, todo_jobs
 
 __all__ = ["Plan", "check_models", "run_describe", "stage"]
 
@@ -41,49 +41,85 @@ __all__ = ["Plan", "check_models", "run_describe", "stage"]
 def run_describe(study: StudyBase, plan: Plan, run: StudyRun) -> Written:
     """Every job's best row, written: those done before are kept; of the rest, the batch-mode API models'
     requests are submitted first, then the other models run in the study's order while the
-    batches are worked on, and the batches are collected last."""
+    batches are worked on, and the batches are collected last. The jobs are planned a model at a
+    time, and each model's (and those it has still to do) wait on disk until needed (`_Planned`),
+    so that no more than one model's are held."""
     images = run.table("images")
-    jobs = plan_jobs(study, plan, images)
-    todo, n_done = todo_jobs(run.folder, jobs)
-    if n_done:
-        run.reporter.say(f"     responses    {n_done} of {jobs.num_rows} already done, kept")
-    jobs = jobs.select([*RESPONSE_KEY, "cache_key"])  # what choosing the rows needs; the todo holds the rest
-    release_memory()  # what planning freed, before the models run
-    work = model_jobs(study, todo)
-    models = [m for m in study.models if work[m.name].num_rows]
-    remote = [m for m in models if backend_class(m.backend).remote]
-    if any(not (backend_class(m.backend).remote or backend_class(m.backend).looks_up) for m in models):
-        check_actor_fit(study, run.ray())  # before any batch is submitted
-    total = todo.num_rows
-    del todo
-    per_model = {m.name: work[m.name].num_rows for m in models}
-    with run.reporter.track("describe", total, per_model) as advance, RemoteModels(study, run, remote, advance) as api:
-        batched = {m.name for m in remote if api.in_batches(m)}
-        for model in remote:
-            if model.name in batched:
-                api.send(model, jobs_from(work.pop(model.name), plan, images))
-        api.submit()
-        for model in models:
-            if model.name not in work:
-                continue  # sent in batches above
-            if backend_class(model.backend).remote:
-                api.send(model, jobs_from(work.pop(model.name), plan, images))
-            else:
-                describe_local(study, model, work.pop(model.name), plan, run, partial(advance, part=model.name))
-        api.collect()
-        api.stop()
-    return collect_rows(run.folder, jobs)
+    subjects = [m.name for m in study.models]
+    with _Planned(run.folder) as planned:
+        with RowsSoFar(run.folder, subjects, images.column("image_id"), DONE_COLUMNS) as so_far:
+            n_done, n_jobs = 0, 0
+            for model in study.models:
+                jobs = plan_jobs(study, plan, images, [model])
+                todo, done = todo_jobs(so_far, jobs)
+                planned.add(model.name, jobs.select([*RESPONSE_KEY, "cache_key"]), todo)
+                n_done, n_jobs = n_done + done, n_jobs + jobs.num_rows
+                del jobs, todo
+        if n_done:
+            run.reporter.say(f"     responses    {n_done} of {n_jobs} already done, kept")
+        release_memory()  # what planning freed, before the models run
+        models = [m for m in study.models if planned.todo_count[m.name]]
+        remote = [m for m in models if backend_class(m.backend).remote]
+        if any(not (backend_class(m.backend).remote or backend_class(m.backend).looks_up) for m in models):
+            check_actor_fit(study, run.ray())  # before any batch is submitted
+        per_model = {m.name: planned.todo_count[m.name] for m in models}
+        total = sum(per_model.values())
+        with (
+            run.reporter.track("describe", total, per_model) as advance,
+            RemoteModels(study, run, remote, advance) as api,
+        ):
+            batched = {m.name for m in remote if api.in_batches(m)}
+            for model in remote:
+                if model.name in batched:
+                    api.send(model, jobs_from(planned.todo(model.name), plan, images))
+            api.submit()
+            for model in models:
+                if model.name in batched:
+                    continue  # sent in batches above
+                if backend_class(model.backend).remote:
+                    api.send(model, jobs_from(planned.todo(model.name), plan, images))
+                else:
+                    describe_local(study, model, planned.todo(model.name), plan, run, partial(advance, part=model.name))
+            api.collect()
+            api.stop()
+        return collect_rows(run.folder, subjects, images.column("image_id"), planned.jobs)
 
 
-def model_jobs(study: StudyBase, todo: pa.Table) -> dict[str, pa.Table]:
-    """Each model's jobs of `todo`, as slices of it (not copies): jobs are planned model by model,
-    in the study's order, so each model's are one run of rows."""
-    subjects, out, start = todo.column("subject"), {}, 0
-    for model in study.models:
-        n = pc.sum(pc.equal(subjects, model.name)).as_py() or 0
-        out[model.name] = todo.slice(start, n)
-        start += n
-    return out
+class _Planned:
+    """Each model's jobs (key and cache key) and the jobs it has still to do, on disk (the run
+    folder's `.spill/describe`, removed on leaving the context) until asked for, a model at a time."""
+
+    def __init__(self, folder):
+        self.root = folder.root / ".spill" / "describe"
+        self.todo_count: dict[str, int] = {}
+        self.files: dict[str, tuple] = {}
+
+    def __enter__(self) -> _Planned:
+        shutil.rmtree(self.root, ignore_errors=True)  # what a killed run left is of no use
+        self.root.mkdir(parents=True)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def add(self, name: str, jobs: pa.Table, todo: pa.Table) -> None:
+        k = len(self.files)
+        self.files[name] = (self.root / f"jobs-{k}.arrow", self.root / f"todo-{k}.arrow")
+        for table, path in zip((jobs, todo), self.files[name]):
+            with pa.ipc.new_stream(str(path), table.schema) as writer:
+                writer.write_table(table)
+        self.todo_count[name] = todo.num_rows
+
+    @staticmethod
+    def _read(path) -> pa.Table:
+        with pa.ipc.open_stream(str(path)) as reader:
+            return reader.read_all()
+
+    def jobs(self, name: str) -> pa.Table:
+        return self._read(self.files[name][0])
+
+    def todo(self, name: str) -> pa.Table:
+        return self._read(self.files[name][1])
 
 
 def stage(study: StudyBase, plan: Plan) -> Stage:

@@ -122,11 +122,12 @@ JOB_COLUMNS = (*("subject", "image_id", "variant", "prompt_id"), "image", "cache
 PLAN_IMAGES = 65_536  # images planned at a time: their jobs become columns before the next are read
 
 
-def plan_jobs(study: StudyBase, plan: Plan, images: pa.Table) -> pa.Table:
-    """Every response to produce, as a table (one row per job, in plan order: model, prompt, image,
-    variant) with its cache key, so a study of any size holds no Python object per job: the images
-    are planned a slice at a time (`PLAN_IMAGES`), each slice's jobs a chunk of the table (never
-    copied into one); `jobs_from` turns a slice of it, with `images`, into `Job`s."""
+def plan_jobs(study: StudyBase, plan: Plan, images: pa.Table, models: list[ModelConfig] | None = None) -> pa.Table:
+    """Every response to produce (of the study's `models`, by default all), as a table (one row per
+    job, in plan order: model, prompt, image, variant) with its cache key, so a study of any size
+    holds no Python object per job: the images are planned a slice at a time (`PLAN_IMAGES`), each
+    slice's jobs a chunk of the table (never copied into one); `jobs_from` turns a slice of it,
+    with `images`, into `Job`s."""
     rows = images.select(["image_id", "dataset", "sha256"])
     # an images table written before transparency was recorded has every image opaque
     if "background" in images.column_names:
@@ -134,7 +135,7 @@ def plan_jobs(study: StudyBase, plan: Plan, images: pa.Table) -> pa.Table:
     else:
         rows = rows.append_column("background", pa.nulls(images.num_rows, pa.string()))
     chunks = []
-    for model in study.models:
+    for model in study.models if models is None else models:
         keys = backend_class(model.backend).answer_keys(model)  # once per model: an imported file is read once
         for prompt_id, prompt in plan.prompts[model.name]:
             for start in range(0, rows.num_rows, PLAN_IMAGES):

@@ -167,55 +167,78 @@ def _row_sources(folder: RunFolder, schema: pa.Schema):
         yield conform(part, schema)
 
 
-def _in_buckets(folder: RunFolder, jobs: pa.Table, columns: list[str]) -> Iterator[tuple[pa.Table, np.ndarray]]:
-    """Per bucket (a model and a range of `COLLECT_IMAGES` images, in key order) that has rows: its
-    rows so far (those `columns`), in the order read, and the numbers of its jobs. The rows are
-    spread over the buckets on disk first (the run folder's `.spill/`), so none is held whole."""
-    subjects = pc.unique(jobs.column("subject")).sort()
-    images = pc.unique(jobs.column("image_id")).sort()
-    bounds = images.take(pa.array(range(0, len(images), COLLECT_IMAGES), pa.int64())).to_pylist()
-    job_bucket = _buckets(jobs, subjects, bounds)
-    order = np.argsort(job_bucket, kind="stable")
-    starts = np.searchsorted(job_bucket[order], np.arange(len(subjects) * max(len(bounds), 1) + 1))
-    schema = pa.schema([RESPONSES_SCHEMA.field(c) for c in columns])
-    spill_root = folder.root / ".spill" / "responses"
-    shutil.rmtree(spill_root, ignore_errors=True)  # what a killed run left is of no use
-    spill = Spill(spill_root, schema)
-    try:
-        for rows in _row_sources(folder, schema):
-            bucket = _buckets(rows, subjects, bounds)
-            keep = np.flatnonzero(bucket >= 0)
-            spill.add(rows.take(pa.array(keep, pa.int64())), bucket[keep])
-        spill.close()
-        for bucket in spill.buckets:
-            yield spill.read(bucket), order[starts[bucket] : starts[bucket + 1]]
-    finally:
-        spill.remove()
+class RowsSoFar:
+    """The rows so far (`_row_sources`: those `columns`) of the `subjects`' jobs, spread over buckets on
+    disk (the run folder's `.spill/`) by subject and range of `COLLECT_IMAGES` of the images
+    `image_ids`, in one pass, so that none is held whole; then read a bucket at a time against the
+    jobs of any of the subjects (`buckets`), one model's after another's. A context: the spill is
+    removed on leaving it."""
+
+    def __init__(self, folder: RunFolder, subjects, image_ids: pa.Array | pa.ChunkedArray, columns: list[str]):
+        self.subjects = pa.array(sorted(set(subjects)), pa.string())
+        images = pc.unique(image_ids).sort()
+        self.bounds = images.take(pa.array(range(0, len(images), COLLECT_IMAGES), pa.int64())).to_pylist()
+        schema = pa.schema([RESPONSES_SCHEMA.field(c) for c in columns])
+        self.root = folder.root / ".spill" / "responses"
+        shutil.rmtree(self.root, ignore_errors=True)  # what a killed run left is of no use
+        self.spill = Spill(self.root, schema)
+        try:
+            for rows in _row_sources(folder, schema):
+                bucket = _buckets(rows, self.subjects, self.bounds)
+                keep = np.flatnonzero(bucket >= 0)
+                self.spill.add(rows.take(pa.array(keep, pa.int64())), bucket[keep])
+        finally:
+            self.spill.close()
+
+    def __enter__(self) -> RowsSoFar:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.spill.remove()
+
+    def buckets(self, jobs: pa.Table) -> Iterator[tuple[pa.Table, np.ndarray]]:
+        """Per bucket (in key order) of the subjects of `jobs` that has rows: its rows so far, in
+        the order read, and the numbers of its jobs (rows of `jobs`)."""
+        job_bucket = _buckets(jobs, self.subjects, self.bounds)
+        order = np.argsort(job_bucket, kind="stable")
+        n = len(self.subjects) * max(len(self.bounds), 1)
+        starts = np.searchsorted(job_bucket[order], np.arange(n + 1))
+        theirs = set((job_bucket[job_bucket >= 0] // max(len(self.bounds), 1)).tolist())
+        for bucket in self.spill.buckets:
+            if bucket // max(len(self.bounds), 1) in theirs:
+                yield self.spill.read(bucket), order[starts[bucket] : starts[bucket + 1]]
 
 
-def collect_rows(folder: RunFolder, jobs: pa.Table) -> Written:
+def collect_rows(folder: RunFolder, subjects, image_ids: pa.Array | pa.ChunkedArray, jobs_of) -> Written:
     """Write the `responses` table: for each current job, its best row so far from the previous
     table and the parts a crash or this run left (the first ok row; else the latest attempt),
-    sorted by key; rows of other settings (another cache key) are dropped. Never held whole: each
-    bucket's rows (`_in_buckets`) are chosen against its jobs (on row numbers), tallied and
-    written in turn."""
+    sorted by key; rows of other settings (another cache key) are dropped. Never held whole: the
+    `subjects`' jobs are asked for a subject at a time (`jobs_of(subject)`: its jobs, their key
+    and cache key), and each bucket's rows (`RowsSoFar`) are chosen against its jobs (on row
+    numbers), tallied and written in turn."""
     tally = StatusTally("responses")
 
-    def chosen():
-        for rows, theirs in _in_buckets(folder, jobs, RESPONSES_SCHEMA.names):
-            best = rows.take(pa.array(_best_rows(rows, jobs.take(pa.array(theirs, pa.int64()))), pa.int64()))
-            tally.add(best)
-            yield from best.to_batches()
+    def chosen(so_far: RowsSoFar):
+        for subject in so_far.subjects.to_pylist():
+            jobs = jobs_of(subject)
+            for rows, theirs in so_far.buckets(jobs):
+                best = rows.take(pa.array(_best_rows(rows, jobs.take(pa.array(theirs, pa.int64()))), pa.int64()))
+                tally.add(best)
+                yield from best.to_batches()
 
-    fingerprint, record, n = folder.write_batches("responses", RESPONSES_SCHEMA, chosen())
+    with RowsSoFar(folder, subjects, image_ids, RESPONSES_SCHEMA.names) as so_far:
+        fingerprint, record, n = folder.write_batches("responses", RESPONSES_SCHEMA, chosen(so_far))
     return Written(fingerprint, record, n, tally)
 
 
-def todo_jobs(folder: RunFolder, jobs: pa.Table) -> tuple[pa.Table, int]:
+DONE_COLUMNS = [*RESPONSE_KEY, "status", "cache_key"]  # what finding the jobs still to do reads of the rows
+
+
+def todo_jobs(so_far: RowsSoFar, jobs: pa.Table) -> tuple[pa.Table, int]:
     """The jobs without an ok row so far (still in plan order), and how many have one; the rows
-    so far read a bucket at a time (`_in_buckets`)."""
+    so far (`so_far`, of `DONE_COLUMNS`) read a bucket at a time."""
     done = np.zeros(jobs.num_rows, bool)
-    for rows, theirs in _in_buckets(folder, jobs, [*RESPONSE_KEY, "status", "cache_key"]):
+    for rows, theirs in so_far.buckets(jobs):
         job = _job_of(rows, jobs.take(pa.array(theirs, pa.int64())))
         ok = pc.equal(rows.column("status"), "ok").fill_null(False).to_numpy(zero_copy_only=False)
         done[theirs[job[(job >= 0) & ok]]] = True
