@@ -22,8 +22,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from scale import make_study, run_once
+
+from vlm_decade.core.runfolder import RunFolder
 
 # What a run measures of itself (times, its own version), not what it found.
 VOLATILE = {"latency_s"}
@@ -49,12 +50,17 @@ def compare(a: Path, b: Path) -> dict:
     """Per table of run folder `a`: None where `b`'s equals it (floats within 1e-6), else why not;
     and the largest float difference seen."""
     out = {}
-    for path in sorted(a.glob("*.parquet")):
-        ta, tb = pq.read_table(path), pq.read_table(b / path.name)
+    # Every table: one file, or a folder of segments (the embeddings), each read whole.
+    folder_a, folder_b = RunFolder(a), RunFolder(b)
+    names = {p.stem for p in a.glob("*.parquet")} | {
+        p.name for p in a.iterdir() if p.is_dir() and folder_a.segments(p.name)
+    }
+    for name in sorted(names):
+        ta, tb = folder_a.read(name), folder_b.read(name)
         keep = [c for c in ta.column_names if c not in VOLATILE]
         ta, tb = ta.select(keep), tb.select(keep)
         if ta.num_rows != tb.num_rows or ta.schema != tb.schema:
-            out[path.stem] = f"rows {ta.num_rows} vs {tb.num_rows}, or other columns"
+            out[name] = f"rows {ta.num_rows} vs {tb.num_rows}, or other columns"
             continue
         plain = [c for c in keep if not pa.types.is_list(ta.schema.field(c).type)]
         order = [(c, "ascending") for c in plain if not pa.types.is_floating(ta.schema.field(c).type)]
@@ -81,7 +87,7 @@ def compare(a: Path, b: Path) -> dict:
                 inexact.update(row_of[~same | (np.nan_to_num(x) != np.nan_to_num(y))].tolist())
             elif not ta.column(c).equals(tb.column(c)):
                 differs.append(c)
-        out[path.stem] = {
+        out[name] = {
             "max_float_diff": worst,
             "rows_not_bit_equal": len(inexact),
             "rows": ta.num_rows,
