@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from vlm_decade.core.config import StudyBase
@@ -118,13 +120,16 @@ def unfinished_lines(run_dir: str | Path, left_out: frozenset[str] = frozenset()
     from the run folder's tables (the next run retries just those); rows whose status is in
     `left_out` are not counted (a run's failed summary says its errors)."""
     lines = []
+    skipped = pa.array(sorted({"ok", *left_out}), pa.string())
     for path in sorted(Path(run_dir).glob("*.parquet")):
         names = pq.read_schema(path).names
         if "status" not in names:
             continue
         counts, errors = defaultdict(Counter), defaultdict(Counter)
-        for row in pq.read_table(path, columns=[c for c in ("subject", "status", "error") if c in names]).to_pylist():
-            if row["status"] != "ok" and row["status"] not in left_out:
+        # A batch at a time, and only the unfinished rows as Python: a million images' responses are millions of rows.
+        for batch in RunFolder.file_batches(path, [c for c in ("subject", "status", "error") if c in names]):
+            unfinished = pc.invert(pc.fill_null(pc.is_in(batch.column("status"), value_set=skipped), False))
+            for row in batch.filter(unfinished).to_pylist():
                 who = row.get("subject") or "judge"
                 counts[who][row["status"]] += 1
                 errors[who][row.get("error") or ""] += 1
