@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import math
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -305,8 +306,13 @@ def run_embed(study: StudyBase, run: StudyRun) -> Written:
     """Encode the texts of the run's references and responses (`_plan`) that no encoder has a
     vector for yet, and write the embeddings table."""
     encoders = list(study.encoders)
-    with spill_folder(run.folder) as spill:
-        plan = _plan(run.folder, encoders, spill)
+    local = [cfg for cfg in encoders if not encoder_class(cfg.backend).remote]
+    with spill_folder(run.folder) as spill, ThreadPoolExecutor(1) as planner:
+        # The plan is made on a thread while Ray and the first local encoder's actors start (their
+        # imports take seconds): the vectors and texts to keep are found meanwhile.
+        planning = planner.submit(_plan, run.folder, encoders, spill)
+        started = {local[0].name: _start_actors(study, local[0], run)} if local else {}
+        plan = planning.result()
         todo, total = plan.todo, sum(plan.todo.values())
         if total < plan.wanted * len(encoders):
             run.reporter.say(f"     embeddings   {plan.wanted * len(encoders) - total} already encoded, kept")
@@ -341,9 +347,13 @@ def run_embed(study: StudyBase, run: StudyRun) -> Written:
                     except APIStopped as exc:  # the other encoders go on; the stage stops after them, naming each
                         stops.append(exc)
                 elif todo[cfg.name]:
+                    actors = started.pop(cfg.name, [])
                     _embed_local(
-                        study, cfg, plan.local_batches(i), todo[cfg.name], run, partial(advance, part=cfg.name)
+                        study, cfg, plan.local_batches(i), todo[cfg.name], run, partial(advance, part=cfg.name), actors
                     )
+        for actors in started.values():  # started for an encoder that had nothing to encode
+            for actor in actors:
+                run.ray().kill(actor)
         raise_stops(stops)
         return _write_selected(run.folder, plan, spill / "vectors")
 
@@ -356,18 +366,36 @@ def encoder_actors(study: StudyBase, ray) -> int:
     return max(1, int(have.get("CPU", 1) // max(rt.cpus_per_actor, 1e-9)))
 
 
-def _embed_local(study: StudyBase, cfg: EncoderConfig, work, n_texts: int, run: StudyRun, advance) -> None:
+def _actor_class(study: StudyBase, ray):
+    rt = study.runtime
+    return ray.remote(EncodeActor).options(num_cpus=rt.cpus_per_actor, num_gpus=rt.gpus_per_actor)
+
+
+def _start_actors(study: StudyBase, cfg: EncoderConfig, run: StudyRun) -> list:
+    """An encoder's actors, as many as the cluster fits (`encoder_actors`), started now (they load
+    the encoder while the caller goes on)."""
+    ray = run.ray()
+    return [_actor_class(study, ray).remote(cfg) for _ in range(encoder_actors(study, ray))]
+
+
+def _embed_local(
+    study: StudyBase, cfg: EncoderConfig, work, n_texts: int, run: StudyRun, advance, started: list = ()
+) -> None:
     """Batches of texts (`work`: `_Plan.local_batches`, `n_texts` in all, taken as the actors are ready
-    for them) through encoder actors (as many as the cluster's CPUs or GPUs allow), the finished
-    vectors saved as parts every few thousand rows."""
+    for them) through encoder actors (as many as the cluster's CPUs or GPUs allow; those `started`
+    already first), the finished vectors saved as parts every few thousand rows."""
     ray, rt = run.ray(), study.runtime
-    actor_cls = ray.remote(EncodeActor).options(num_cpus=rt.cpus_per_actor, num_gpus=rt.gpus_per_actor)
+    actor_cls, started = _actor_class(study, ray), list(started)
+    n_actors = min(encoder_actors(study, ray), -(-n_texts // TEXT_BATCH))
+    for actor in started[n_actors:]:  # more than so few texts need
+        ray.kill(actor)
+    started = started[:n_actors]
     call = lambda actor, batch: actor.encode.remote(batch.column("text").to_pylist())  # noqa: E731
     with run.folder.parts("embeddings", EMBEDDINGS_SCHEMA, PART_ROWS, PART_S) as parts:
         for done in pool_map(
             ray,
-            lambda: actor_cls.remote(cfg),
-            min(encoder_actors(study, ray), -(-n_texts // TEXT_BATCH)),
+            lambda: started.pop() if started else actor_cls.remote(cfg),
+            n_actors,
             work,
             call,
             in_flight_per_actor=IN_FLIGHT_PER_ACTOR,

@@ -158,8 +158,11 @@ class ImageCache:
             with self.track("images", len(paths)) as advance:
                 return self.inspect(paths, workers, advance)
         start = time.monotonic()
-        with ThreadPoolExecutor() as pool:  # a stat is I/O (a request per object in a bucket)
-            keys = list(pool.map(_key, paths))
+        if paths and storage.is_uri(paths[0]):
+            with ThreadPoolExecutor() as pool:  # a stat is a request per object in a bucket: many at once
+                keys = list(pool.map(_key, paths))
+        else:  # a local stat takes microseconds, less than handing it to a thread
+            keys = [_key(path) for path in paths]
         results: list[Found | str | None] = self._known(keys)
         todo = [i for i, result in enumerate(results) if result is None]
         advance(len(paths) - len(todo))
