@@ -257,19 +257,9 @@ def image_inputs(pairs: pa.Table, images: pa.Table, settings) -> pa.Table:
     return pa.table({"image_id": pa.array(ids, pa.string()), INPUTS: pa.chunked_array(hashes, pa.string())})
 
 
-def similarity_scores(
-    images: pa.Table,
-    references: pa.Table | RunFolder,
-    responses: pa.Table | RunFolder,
-    embeddings: pa.Table | RunFolder,
-    metrics: list[str],
-    pair_metrics=(),
-    previous: pa.Table | RunFolder | None = None,
-    settings=None,
-) -> pa.Table:
-    """`score_batches` as one table, for a caller that holds it."""
-    batches = score_batches(images, references, responses, embeddings, metrics, pair_metrics, previous, settings)
-    return pa.Table.from_batches(list(batches), SCORED_SCHEMA)
+def similarity_scores(*args, **kwargs) -> pa.Table:
+    """`score_batches(*args, **kwargs)` as one table, for a caller that holds it."""
+    return pa.Table.from_batches(list(score_batches(*args, **kwargs)), SCORED_SCHEMA)
 
 
 def score_batches(
