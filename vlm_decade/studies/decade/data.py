@@ -14,7 +14,7 @@ the report says it where the missing figure would be.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from itertools import count
 from pathlib import Path
@@ -81,9 +81,13 @@ def load_study_data(
     masks: MaskConfig,
     cache: ImageCache | None = None,
     group_by: tuple[str, ...] = (),
+    images_checked: Callable[[pa.ChunkedArray | None], None] = lambda image_ids: None,
 ) -> StudyData:
     """Read, check and rank Study A's input; every problem is raised together as one InputError.
-    `group_by`: the study's `analysis.group_by`, each a column the images table must have."""
+    `group_by`: the study's `analysis.group_by`, each a column the images table must have.
+    `images_checked` is given the image ids once the images are checked and before the descriptions
+    are read (those that passed, or every id the table names when any did not; None when it could
+    not be read), for checks that need the ids and memory of their own (the models' files)."""
     problems = Problems()
     images_t = read_table(Path(data.images), IMAGE_COLUMNS, problems, extra=True)
     images = descriptions = known = None
@@ -95,6 +99,7 @@ def load_study_data(
         # problem, not one more for each description and vote of its image.
         known = declared_ids(images_t)
         check_group_by(group_by, images_t, problems)
+    images_checked(None if images is None else images.column("image_id") if not problems else pa.chunked_array([known]))
     descriptions_t = read_table(Path(data.descriptions), DESCRIPTION_COLUMNS, problems)
     votes_t = read_table(Path(data.votes), VOTE_COLUMNS, problems, lists=("shown",)) if data.votes is not None else None
     if descriptions_t is not None:

@@ -49,14 +49,21 @@ def check(study: StudyConfig, cache: ImageCache | None = None) -> StudyData:
     runs found about unchanged image files (`ImageCache`)."""
     problems: list[Problem] = []
     data = None
+    models: list[Problem] = []
+
+    def check_models(image_ids) -> None:
+        # Before the descriptions are read: the models' files (imported ones are as long as the
+        # descriptions) are not held beside them.
+        models.extend(describe.check_models(study, image_ids, ["full"] + [s.mask_id for s in mask_specs(study.masks)]))
+        release_memory()
+
     try:
-        data = load_study_data(study.data, study.ranking, study.masks, cache, study.analysis.group_by)
-        release_memory()  # what the checks let go of, before the models' files are read beside the tables
+        data = load_study_data(study.data, study.ranking, study.masks, cache, study.analysis.group_by, check_models)
         image_ids = data.images.column("image_id")  # a column, not a Python string per image
     except InputError as exc:
         problems += exc.problems
         image_ids = exc.image_ids  # the ids the table names, when it could be read
-    problems += describe.check_models(study, image_ids, ["full"] + [s.mask_id for s in mask_specs(study.masks)])
+    problems += models
     problems += embed.check_encoders(study)
     problems += judging.check_judges(study)
     problems += check_verifier(study)
