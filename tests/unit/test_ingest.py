@@ -552,3 +552,26 @@ def test_unchanged_images_are_not_read_again_and_changed_ones_are(study, tmp_pat
     reads.clear()
     load_study_data(data, study.ranking, MaskConfig(count=3), images.ImageCache.of(tmp_path / "run", rehash=True))
     assert sorted(reads) == sorted(str(study.image_dir / f) for f in study.files)  # --rehash reads everything
+
+
+def test_the_images_ids_are_handed_on_before_the_descriptions_are_read(study, monkeypatch):
+    """What needs the ids and memory of its own (the models' files) runs between the two, so that
+    it is not held beside the descriptions: the ids that passed and the images table; every id the
+    table names, and no table, when an image is bad."""
+    import vlm_decade.studies.decade.data as data_module
+
+    read, calls = data_module.read_table, []
+    monkeypatch.setattr(data_module, "read_table", lambda path, *a, **k: calls.append(path.name) or read(path, *a, **k))
+
+    def handed(image_ids, images):
+        calls.append((sorted(image_ids.to_pylist()), None if images is None else images.num_rows))
+
+    data = study.write()
+    loaded = load_study_data(data, study.ranking, MaskConfig(count=3), images_checked=handed)
+    ids = sorted(loaded.images.column("image_id").to_pylist())
+    assert calls[:3] == ["images.csv", (ids, len(ids)), "descriptions.csv"]
+    (data.image_dir / f"{ids[0]}.png").write_bytes(b"not an image")
+    calls.clear()
+    with pytest.raises(InputError):
+        load_study_data(data, study.ranking, MaskConfig(count=3), images_checked=handed)
+    assert calls[:3] == ["images.csv", (ids, None), "descriptions.csv"]

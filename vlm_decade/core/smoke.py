@@ -14,19 +14,24 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 
+def first_rows_per_dataset(images: pa.Table, limit: int) -> list[int]:
+    """The rows of the first `limit` images of each dataset of an `images` table, in its order."""
+    seen: dict[str, int] = {}
+    keep = []
+    for row, dataset in enumerate(images.column("dataset").to_pylist()):
+        seen[dataset] = seen.get(dataset, 0) + 1
+        if seen[dataset] <= limit:
+            keep.append(row)
+    return keep
+
+
 def first_images(data, limit: int | None):
     """`data` (a study's checked input: a dataclass whose `images` table has `image_id` and `dataset`)
     with only the first `limit` images of each dataset, in the images table's order, and every
     other table with an `image_id` column cut to those images. `limit` None: `data` as it is."""
     if limit is None:
         return data
-    seen: dict[str, int] = {}
-    keep = []
-    for row, dataset in enumerate(data.images.column("dataset").to_pylist()):
-        seen[dataset] = seen.get(dataset, 0) + 1
-        if seen[dataset] <= limit:
-            keep.append(row)
-    images = data.images.take(keep)
+    images = data.images.take(first_rows_per_dataset(data.images, limit))
     ids = images.column("image_id")
     cut = {"images": images}
     for field in fields(data):

@@ -73,6 +73,7 @@ class StudyData:
     metadata: pa.Table | None = None  # image_id and the images table's further columns (stages.images.metadata_table)
     ratings: pa.Table | None = None  # human similarity ratings, when the study has them (metric_validation)
     hand_labels: pa.Table | None = None  # hand error labels, when the study has them (taxonomy)
+    incomplete: tuple[str, ...] = ()  # what imported models' files lack (`imported.missing_rows`), said before a run
 
 
 def load_study_data(
@@ -81,13 +82,14 @@ def load_study_data(
     masks: MaskConfig,
     cache: ImageCache | None = None,
     group_by: tuple[str, ...] = (),
-    images_checked: Callable[[pa.ChunkedArray | None], None] = lambda image_ids: None,
+    images_checked: Callable[[pa.ChunkedArray | None, pa.Table | None], None] = lambda image_ids, images: None,
 ) -> StudyData:
     """Read, check and rank Study A's input; every problem is raised together as one InputError.
     `group_by`: the study's `analysis.group_by`, each a column the images table must have.
     `images_checked` is given the image ids once the images are checked and before the descriptions
     are read (those that passed, or every id the table names when any did not; None when it could
-    not be read), for checks that need the ids and memory of their own (the models' files)."""
+    not be read) and the `images` table (None unless every image passed), for what needs the ids
+    and memory of its own (the models' files)."""
     problems = Problems()
     images_t = read_table(Path(data.images), IMAGE_COLUMNS, problems, extra=True)
     images = descriptions = known = None
@@ -99,7 +101,11 @@ def load_study_data(
         # problem, not one more for each description and vote of its image.
         known = declared_ids(images_t)
         check_group_by(group_by, images_t, problems)
-    images_checked(None if images is None else images.column("image_id") if not problems else pa.chunked_array([known]))
+    checked = images_table(images, data.background) if images is not None and not problems else None
+    if checked is not None:
+        images_checked(checked.column("image_id"), checked)
+    else:
+        images_checked(None if known is None else pa.chunked_array([known]), None)
     descriptions_t = read_table(Path(data.descriptions), DESCRIPTION_COLUMNS, problems)
     votes_t = read_table(Path(data.votes), VOTE_COLUMNS, problems, lists=("shown",)) if data.votes is not None else None
     if descriptions_t is not None:
@@ -115,7 +121,7 @@ def load_study_data(
     del descriptions_t  # what is kept of it is in `descriptions` (its own columns, when every row was kept in order)
 
     return StudyData(
-        images=images_table(images, data.background),
+        images=checked,
         references=_references_table(images, descriptions, tally, methods, ranking),
         ranking_method=methods,
         metadata=metadata_table(images_t, images),

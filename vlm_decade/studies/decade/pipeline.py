@@ -16,7 +16,7 @@ from vlm_decade.core.errors import InputError, Problem, Problems
 from vlm_decade.core.progress import Reporter
 from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.core.runner import given, release_memory, run_study
-from vlm_decade.core.smoke import first_images
+from vlm_decade.core.smoke import first_images, first_rows_per_dataset
 from vlm_decade.imaging.masks import mask_specs
 from vlm_decade.models.backends import backend_class
 from vlm_decade.models.backends.imported import missing_rows
@@ -50,11 +50,15 @@ def check(study: StudyConfig, cache: ImageCache | None = None) -> StudyData:
     problems: list[Problem] = []
     data = None
     models: list[Problem] = []
+    incomplete: list[str] = []
 
-    def check_models(image_ids) -> None:
-        # Before the descriptions are read: the models' files (imported ones are as long as the
-        # descriptions) are not held beside them.
+    def check_models(image_ids, images) -> None:
+        # Before the descriptions are read, so that the models' files (an imported one is as long
+        # as the descriptions) are not held beside them: their checks, and what they lack.
         models.extend(describe.check_models(study, image_ids, ["full"] + [s.mask_id for s in mask_specs(study.masks)]))
+        if images is not None and not models:
+            limited = images if study.limit is None else images.take(first_rows_per_dataset(images, study.limit))
+            incomplete.extend(missing_rows(study.models, limited.column("image_id"), plan(study).variants))
         release_memory()
 
     try:
@@ -89,7 +93,9 @@ def check(study: StudyConfig, cache: ImageCache | None = None) -> StudyData:
     problems += found.items
     if problems:
         raise InputError(problems)
-    return first_images(replace(data, ratings=ratings, hand_labels=hand_labels), study.limit)
+    return first_images(
+        replace(data, ratings=ratings, hand_labels=hand_labels, incomplete=tuple(incomplete)), study.limit
+    )
 
 
 def run(study: StudyConfig, reporter: Reporter | None = None) -> RunFolder:
@@ -140,17 +146,12 @@ def estimate(study: StudyConfig, data: StudyData) -> tuple[list[Line], tuple[str
     return lines + probes, notes
 
 
-def incomplete_models(study: StudyConfig, data: StudyData) -> list[str]:
-    """Imported models whose files lack some of the descriptions the study asks for."""
-    return missing_rows(study.models, data.images.column("image_id"), plan(study).variants)
-
-
 def input_warnings(study: StudyConfig, data: StudyData) -> list[str]:
     """What `validate` warns of and a run says before it starts: imported models that lack rows, and
     human data too thin for what the study asks (`thin_human_data`)."""
     thin = thin_human_data(study, data.references, data.ranking_method)
     few = data.ratings is not None and metric_validation.too_few_ratings(data.ratings, str(study.data.ratings))
-    return incomplete_models(study, data) + [t.message for t in thin] + ([few] if few else [])
+    return list(data.incomplete) + [t.message for t in thin] + ([few] if few else [])
 
 
 def summary(study: StudyConfig, data: StudyData) -> tuple[str, list[str]]:
