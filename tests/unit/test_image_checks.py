@@ -98,6 +98,14 @@ def test_the_checks_are_timed_and_their_progress_shown(tmp_path):
     again, shown[:] = ImageCache(cache.found, track), []
     _check(csv_path, tmp_path, workers=1, cache=again)
     assert shown == [("images", 6), 3, 1, 1, 1]
+    # What a check found waits in a file of its own until the run folder takes it, as it was found.
+    found = cache.found
+    cache.save(tmp_path / "run")
+    saved = ImageCache.of(tmp_path / "run", track=track)
+    assert saved.known.equals(found) and found.num_rows == 3 and not cache.known.num_rows
+    shown[:] = []
+    _check(csv_path, tmp_path, workers=1, cache=saved)
+    assert shown == [("images", 6), 3, 1, 1, 1]
 
 
 def test_the_images_stage_takes_the_time_of_the_checks(tmp_path):

@@ -26,9 +26,8 @@ def first_rows(keys: pa.Table, among: np.ndarray) -> np.ndarray:
     `FirstRows` says of a table, at once. Found by a stable sort, not a hash join: a join of a table
     of millions of rows holds several times its keys."""
     n = keys.num_rows
-    out = np.full(n, -1, dtype=np.int64)
     if n == 0:
-        return out
+        return np.full(0, -1, dtype=np.int64)
     null = np.zeros(n, bool)
     for column in keys.columns:
         null |= column.is_null().to_numpy(zero_copy_only=False)
@@ -50,6 +49,9 @@ def first_rows(keys: pa.Table, among: np.ndarray) -> np.ndarray:
             differs = pc.not_equal(in_order.slice(1), in_order.slice(0, len(at) - 1))
             starts[begin + 1 : begin + len(at)] |= differs.fill_null(True).to_numpy(zero_copy_only=False)
         del values
+    if starts.all():  # every key once (the usual case): each counted row is its own first
+        return np.where(counted, np.arange(n, dtype=np.int64), -1)
+    out = np.full(n, -1, dtype=np.int64)
     heads = order[starts]  # each key's first row in that order: its first counted row, if it has one
     firsts = np.where(counted[heads], heads, -1)
     del heads

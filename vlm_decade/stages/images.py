@@ -32,6 +32,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import io
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -46,7 +48,7 @@ import pyarrow.parquet as pq
 from vlm_decade.core import storage
 from vlm_decade.core.columns import first_rows
 from vlm_decade.core.errors import Problems
-from vlm_decade.core.files import atomic_write_bytes
+from vlm_decade.core.files import atomic_file, atomic_write_bytes
 from vlm_decade.core.names import did_you_mean
 from vlm_decade.core.tables import Table
 from vlm_decade.imaging.decode import NO_BACKGROUND, WHITE, ImageDecodeError, decode_image
@@ -121,6 +123,7 @@ class ImageCache:
     def __init__(self, known: pa.Table | None = None, track: Track | None = None):
         self.known = known if known is not None else CACHE_SCHEMA.empty_table()
         self._found: list[pa.Table] = []
+        self._settled = None  # `settle`'s file of what was found, until `save`
         self.track = track or _no_track
         self.seconds = 0.0
 
@@ -139,7 +142,11 @@ class ImageCache:
     @property
     def found(self) -> pa.Table:
         """What this check found, one row per (path, size, time), sorted by them."""
-        found = pa.concat_tables([CACHE_SCHEMA.empty_table(), *self._found])
+        if self._settled is not None and not self._found:
+            self._settled.seek(0)
+            return pq.read_table(self._settled)
+        settled = [] if self._settled is None else [pq.read_table(self._settled)]
+        found = pa.concat_tables([CACHE_SCHEMA.empty_table(), *settled, *self._found])
         order = pc.sort_indices(found, [(c, "ascending") for c in _KEY])  # stable: of equal keys, the last found last
         keys = found.select(_KEY).take(order)
         n = keys.num_rows
@@ -186,13 +193,29 @@ class ImageCache:
             out[at] = tuple(found)
         return out
 
+    def settle(self) -> None:
+        """Once a check has looked up every file: let go of what earlier checks found, and keep
+        what this one found (`found`, as `save` writes it) in a temporary file, not in memory: a
+        million images' records are a few hundred MB, which the descriptions' checks need."""
+        found = self.found
+        self._settled = tempfile.TemporaryFile()  # gone when closed, or when the process ends
+        pq.write_table(found, self._settled)
+        self.known, self._found = CACHE_SCHEMA.empty_table(), []
+
     def save(self, run_folder: str | Path) -> None:
         """Write what this check found to the run folder's cache, and let go of every record: a run
         holds none per image after its checks."""
-        sink = pa.BufferOutputStream()
-        pq.write_table(self.found, sink)
-        atomic_write_bytes(Path(run_folder) / CACHE_FILE, sink.getvalue().to_pybytes())
-        self.known, self._found = CACHE_SCHEMA.empty_table(), []
+        if self._settled is not None and not self._found:  # written already: copied, not read
+            self._settled.seek(0)
+            with atomic_file(Path(run_folder) / CACHE_FILE) as out:
+                shutil.copyfileobj(self._settled, out, 8 << 20)
+        else:
+            sink = pa.BufferOutputStream()
+            pq.write_table(self.found, sink)
+            atomic_write_bytes(Path(run_folder) / CACHE_FILE, sink.getvalue().to_pybytes())
+        if self._settled is not None:
+            self._settled.close()
+        self.known, self._found, self._settled = CACHE_SCHEMA.empty_table(), [], None
 
 
 def declared_ids(table: Table) -> pa.Array:
@@ -248,6 +271,7 @@ def check_images(
                 _found_problems(table.file, paths, found, rows.slice(begin, CHUNK).to_pylist(), background, problems)
             columns = [paths] + [[f[j] if not isinstance(f, str) else empty for f in found] for j, empty in _EMPTY]
             chunks.append(pa.table(columns, schema=_schema(CHECKED_SCHEMA, ["path", *_FOUND])))
+    cache.settle()  # every file is looked up: what was known before is no longer needed
     found = pa.concat_tables([_schema(CHECKED_SCHEMA, ["path", *_FOUND]).empty_table(), *chunks]).combine_chunks()
     return pa.table(images | {c: found.column(c) for c in found.column_names}, schema=CHECKED_SCHEMA)
 

@@ -88,8 +88,8 @@ def load_study_data(
     `group_by`: the study's `analysis.group_by`, each a column the images table must have.
     `images_checked` is given the image ids once the images are checked and before the descriptions
     are read (those that passed, or every id the table names when any did not; None when it could
-    not be read) and the `images` table (None unless every image passed), for what needs the ids
-    and memory of its own (the models' files)."""
+    not be read) and the images table (None unless every image passed), for what needs the ids and
+    memory of its own (the models' files)."""
     problems = Problems()
     images_t = read_table(Path(data.images), IMAGE_COLUMNS, problems, extra=True)
     images = descriptions = known = None
@@ -101,11 +101,14 @@ def load_study_data(
         # problem, not one more for each description and vote of its image.
         known = declared_ids(images_t)
         check_group_by(group_by, images_t, problems)
-    checked = images_table(images, data.background) if images is not None and not problems else None
-    if checked is not None:
-        images_checked(checked.column("image_id"), checked)
+    table = None  # the images table, once every image passed
+    if images is not None and not problems:
+        table = images_table(images, data.background)
+        images_checked(table.column("image_id"), table)
     else:
         images_checked(None if known is None else pa.chunked_array([known]), None)
+    if images is not None:  # what the checks below read of it: the rest is in `table`, not held twice
+        images = images.select(["image_id", "row", "dataset"])
     descriptions_t = read_table(Path(data.descriptions), DESCRIPTION_COLUMNS, problems)
     votes_t = read_table(Path(data.votes), VOTE_COLUMNS, problems, lists=("shown",)) if data.votes is not None else None
     if descriptions_t is not None:
@@ -119,9 +122,10 @@ def load_study_data(
     if problems:
         raise InputError(problems.items, image_ids=None if known is None else set(known.to_pylist()))
     del descriptions_t  # what is kept of it is in `descriptions` (its own columns, when every row was kept in order)
+    descriptions = descriptions.drop_columns(["row"])  # the rows' numbers, for problems: there are none
 
     return StudyData(
-        images=checked,
+        images=table,
         references=_references_table(images, descriptions, tally, methods, ranking),
         ranking_method=methods,
         metadata=metadata_table(images_t, images),
@@ -329,6 +333,8 @@ def _references_table(
     starts = _run_starts(image_ids)
     by_consensus = pa.array([d for d, m in methods.items() if m == CONSENSUS], pa.string())
     voted = bool(tally.votes or tally.shown)
+    # Nothing voted on: every count is 0, one array of zeros for both columns.
+    zeros = None if voted else pa.array(np.zeros(len(descriptions), np.int64))
     roles, votes, shown = [], [], []
     begin = 0
     while begin < len(descriptions):
@@ -347,9 +353,9 @@ def _references_table(
             ids = slab.column("description_id").to_pylist()
             votes.append(pa.array([tally.votes[i] for i in ids], pa.int64()))
             shown.append(pa.array([tally.shown[i] for i in ids], pa.int64()))
-        else:  # nothing was voted on: every count is 0
-            votes.append(pa.array(np.zeros(slab.num_rows, np.int64)))
-            shown.append(pa.array(np.zeros(slab.num_rows, np.int64)))
+        else:
+            votes.append(zeros.slice(begin, slab.num_rows))
+            shown.append(zeros.slice(begin, slab.num_rows))
         begin = end
     columns = {c: descriptions.column(c) for c in ("description_id", "image_id", "dataset", "condition", "worker_id")}
     columns |= {"role": pa.chunked_array(roles, pa.string()), "votes": pa.chunked_array(votes, pa.int64())}

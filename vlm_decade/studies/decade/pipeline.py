@@ -57,8 +57,9 @@ def check(study: StudyConfig, cache: ImageCache | None = None) -> StudyData:
         # as the descriptions) are not held beside them: their checks, and what they lack.
         models.extend(describe.check_models(study, image_ids, ["full"] + [s.mask_id for s in mask_specs(study.masks)]))
         if images is not None and not models:
-            limited = images if study.limit is None else images.take(first_rows_per_dataset(images, study.limit))
-            incomplete.extend(missing_rows(study.models, limited.column("image_id"), plan(study).variants))
+            if study.limit is not None:  # a smoke run's images: the first of each dataset, as `first_images` takes them
+                images = images.take(first_rows_per_dataset(images, study.limit))
+            incomplete.extend(missing_rows(study.models, images.column("image_id"), plan(study).variants))
         release_memory()
 
     try:
