@@ -93,7 +93,7 @@ def measure(n: int, batches: int, actor_batches: int, folder: Path) -> dict:
         }
     )
     start = time.perf_counter()
-    look_up(model, jobs, type("Run", (), {"folder": RunFolder(folder / f"run-{n}")})(), lambda done: None)
+    look_up(model, [jobs], type("Run", (), {"folder": RunFolder(folder / f"run-{n}")})(), lambda done: None)
     out["driver_rows_per_s"] = round(jobs.num_rows / (time.perf_counter() - start))
     actor = DescribeActor(model)
     rows = [

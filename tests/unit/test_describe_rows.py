@@ -78,9 +78,11 @@ def test_an_imported_models_keys_are_its_own_rows_whatever_the_slice(tmp_path, m
     assert moved == [("m", "i2", "full", "p2")]
 
 
-def test_an_imported_file_answers_a_few_questions_at_a_time_as_a_dict_of_its_rows_does(tmp_path):
-    """Questions asked a few at a time, as an actor does, of a file in no order with repeated
-    questions, rows per prompt and rows for every prompt: what a plain dict of the rows answers."""
+@pytest.mark.parametrize("by_image", [False, True])
+def test_an_imported_file_answers_a_few_questions_at_a_time_as_a_dict_of_its_rows_does(tmp_path, by_image):
+    """Questions asked a few at a time, as an actor does, of a file in no order (or in image order,
+    which is kept as read) with repeated questions, rows per prompt and rows for every prompt: what a
+    plain dict of the rows answers."""
     rng = np.random.default_rng(7)
     rows = [
         (
@@ -91,6 +93,8 @@ def test_an_imported_file_answers_a_few_questions_at_a_time_as_a_dict_of_its_row
         )
         for k in range(300)
     ]
+    if by_image:
+        rows.sort(key=lambda r: r[0])  # stable: an image's repeated questions stay in the file's order
     file = tmp_path / "answers.csv"
     file.write_text("image_id,variant,prompt,text\n" + "".join(",".join(r) + "\n" for r in rows))
     last = {(i, v, p): t for i, v, p, t in rows}  # a later row of the same question wins
@@ -246,7 +250,7 @@ def test_an_imported_model_looked_up_in_the_driver_gives_the_rows_its_actors_gav
     def looked_up(name: str) -> list[dict]:
         folder = RunFolder(tmp_path / name)
         advanced = []
-        local_module.look_up(model, jobs, SimpleNamespace(folder=folder), advanced.append)
+        local_module.look_up(model, [jobs], SimpleNamespace(folder=folder), advanced.append)
         assert sum(advanced) == jobs.num_rows
         return folder.read_parts("responses", RESPONSES_SCHEMA).to_pylist()
 

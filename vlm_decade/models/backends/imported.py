@@ -42,18 +42,23 @@ def imported_file(model: ModelConfig) -> Path | None:
 class FileAnswers:
     """A file's answers as Arrow columns, to look up many questions at once (`texts`) without a
     Python object per row. Where the file repeats a question (an error `check` reports), its last
-    row answers. The rows are sorted by image once, so that a lookup finds its images' rows by binary
-    search: an actor asks a few questions at a time, and a scan of the whole file for each batch
-    would make describing an imported model quadratic in the images."""
+    row answers. The rows are in image order (a file that is not is sorted once; one that is is kept
+    as read), so that a lookup finds its images' rows by binary search: an actor asks a few
+    questions at a time, and a scan of the whole file for each batch would make describing an
+    imported model quadratic in the images."""
 
     def __init__(self, table: Table):
-        keys = _keys(table)
-        last_first = np.arange(len(table) - 1, -1, -1)
-        # a row of no image answers nothing
-        last_first = last_first[pc.is_valid(keys.column("image_id")).to_numpy(zero_copy_only=False)[last_first]]
-        # A stable sort: an image's rows stay last first. One copy of the rows, in that order.
-        by_image = pc.sort_indices(keys.column("image_id").take(pa.array(last_first))).to_numpy()
-        self.rows = keys.append_column("text", table.columns.column("text")).take(pa.array(last_first[by_image]))
+        rows = _keys(table).append_column("text", table.columns.column("text"))
+        ids = rows.column("image_id")
+        in_order = not ids.null_count and (
+            len(ids) < 2 or pc.all(pc.less_equal(ids.slice(0, len(ids) - 1), ids.slice(1))).as_py()
+        )
+        if not in_order:  # a stable sort: an image's rows stay in the file's order; a row of no image answers nothing
+            valid = np.flatnonzero(pc.is_valid(ids).to_numpy(zero_copy_only=False))
+            by_image = pc.sort_indices(ids.take(pa.array(valid))).to_numpy()
+            rows = rows.take(pa.array(valid[by_image]))
+        # A file in image order (as most are) is kept as read, not copied.
+        self.rows = rows
         ids = self.rows.column("image_id").combine_chunks()
         changed = pc.not_equal(ids.slice(1), ids.slice(0, len(ids) - 1)).to_numpy(zero_copy_only=False)
         starts = np.concatenate([[0], np.flatnonzero(changed) + 1]) if len(ids) else np.zeros(0, np.int64)
@@ -69,7 +74,7 @@ class FileAnswers:
         inside = at < len(self.images)
         at, wanted = at[inside], wanted[inside]
         at = at[self.images[at] == wanted]
-        index = [np.arange(self.starts[k], self.ends[k]) for k in at]
+        index = [np.arange(self.ends[k] - 1, self.starts[k] - 1, -1) for k in at]  # last first: the last row answers
         return self.rows.take(pa.array(np.concatenate(index) if index else np.zeros(0, np.int64), pa.int64()))
 
     def texts(self, image_ids: pa.Array, variants: pa.Array, prompt_id: str) -> pa.Array:

@@ -22,7 +22,7 @@ import pyarrow as pa
 from vlm_decade.core.config import StudyBase
 from vlm_decade.core.runner import Stage, StudyRun, Written, release_memory
 from vlm_decade.models.backends import backend_class
-from vlm_decade.stages.describe.local import describe_local
+from vlm_decade.stages.describe.local import describe_local, look_up
 from vlm_decade.stages.describe.plan import (
     Plan,
     api_budgets,
@@ -30,7 +30,7 @@ from vlm_decade.stages.describe.plan import (
     check_models,
     jobs_from,
     model_fingerprint,
-    plan_jobs,
+    planned_slices,
 )
 from vlm_decade.stages.describe.remote import RemoteModels
 from vlm_decade.stages.describe.rows import DONE_COLUMNS, RESPONSE_KEY, RowsSoFar, collect_rows, todo_jobs
@@ -50,11 +50,11 @@ def run_describe(study: StudyBase, plan: Plan, run: StudyRun) -> Written:
         with RowsSoFar(run.folder, subjects, images.column("image_id"), DONE_COLUMNS) as so_far:
             n_done, n_jobs = 0, 0
             for model in study.models:
-                jobs = plan_jobs(study, plan, images, [model])
-                todo, done = todo_jobs(so_far, jobs)
-                planned.add(model.name, jobs.select([*RESPONSE_KEY, "cache_key"]), todo)
-                n_done, n_jobs = n_done + done, n_jobs + jobs.num_rows
-                del jobs, todo
+                for jobs in planned_slices(study, plan, images, [model]):
+                    todo, done = todo_jobs(so_far, jobs)
+                    planned.add(model.name, jobs.select([*RESPONSE_KEY, "cache_key"]), todo)
+                    n_done, n_jobs = n_done + done, n_jobs + jobs.num_rows
+            planned.close()
         if n_done:
             run.reporter.say(f"     responses    {n_done} of {n_jobs} already done, kept")
         release_memory()  # what planning freed, before the models run
@@ -78,6 +78,8 @@ def run_describe(study: StudyBase, plan: Plan, run: StudyRun) -> Written:
                     continue  # sent in batches above
                 if backend_class(model.backend).remote:
                     api.send(model, jobs_from(planned.todo(model.name), plan, images))
+                elif backend_class(model.backend).looks_up:  # in the driver, a slice of its jobs at a time
+                    look_up(model, planned.todo_slices(model.name), run, partial(advance, part=model.name))
                 else:
                     describe_local(study, model, planned.todo(model.name), plan, run, partial(advance, part=model.name))
             api.collect()
@@ -87,11 +89,13 @@ def run_describe(study: StudyBase, plan: Plan, run: StudyRun) -> Written:
 
 class _Planned:
     """Each model's jobs (key and cache key) and the jobs it has still to do, on disk (the run
-    folder's `.spill/describe`, removed on leaving the context) until asked for, a model at a time."""
+    folder's `.spill/describe`, removed on leaving the context) as they are planned, a slice at a
+    time (`add`, then `close`), until asked for a model at a time."""
 
     def __init__(self, folder):
         self.root = folder.root / ".spill" / "describe"
         self.todo_count: dict[str, int] = {}
+        self.writers: dict[str, tuple] = {}
         self.files: dict[str, tuple] = {}
 
     def __enter__(self) -> _Planned:
@@ -100,15 +104,26 @@ class _Planned:
         return self
 
     def __exit__(self, *exc) -> None:
+        self.close()
         shutil.rmtree(self.root, ignore_errors=True)
 
     def add(self, name: str, jobs: pa.Table, todo: pa.Table) -> None:
-        k = len(self.files)
-        self.files[name] = (self.root / f"jobs-{k}.arrow", self.root / f"todo-{k}.arrow")
-        for table, path in zip((jobs, todo), self.files[name]):
-            with pa.ipc.new_stream(str(path), table.schema) as writer:
-                writer.write_table(table)
-        self.todo_count[name] = todo.num_rows
+        if name not in self.files:
+            k = len(self.files)
+            self.files[name] = (self.root / f"jobs-{k}.arrow", self.root / f"todo-{k}.arrow")
+            self.writers[name] = tuple(
+                pa.ipc.new_stream(str(path), table.schema) for path, table in zip(self.files[name], (jobs, todo))
+            )
+            self.todo_count[name] = 0
+        for writer, table in zip(self.writers[name], (jobs, todo)):
+            writer.write_table(table)
+        self.todo_count[name] += todo.num_rows
+
+    def close(self) -> None:
+        for writers in self.writers.values():
+            for writer in writers:
+                writer.close()
+        self.writers = {}
 
     @staticmethod
     def _read(path) -> pa.Table:
@@ -120,6 +135,12 @@ class _Planned:
 
     def todo(self, name: str) -> pa.Table:
         return self._read(self.files[name][1])
+
+    def todo_slices(self, name: str):
+        """The model's jobs to do as they were planned, a slice at a time."""
+        with pa.ipc.open_stream(str(self.files[name][1])) as reader:
+            for batch in reader:
+                yield pa.Table.from_batches([batch])
 
 
 def stage(study: StudyBase, plan: Plan) -> Stage:

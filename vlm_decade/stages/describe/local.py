@@ -79,10 +79,7 @@ class DescribeActor:
 def describe_local(study: StudyBase, model: ModelConfig, jobs: pa.Table, plan: Plan, run: StudyRun, advance) -> None:
     """A local model in its actors; images decoded and masked by loader tasks (none for backends
     that need no images). The caller has checked that the actors fit (`plan.check_actor_fit`). A
-    backend that looks its answers up (an imported file) answers in the driver (`look_up`)."""
-    if backend_class(model.backend).looks_up:
-        look_up(model, jobs, run, advance)
-        return
+    backend that looks its answers up (an imported file) answers in the driver instead (`look_up`)."""
     ray, rt = run.ray(), study.runtime
     needs_images = backend_class(model.backend).needs_images
     actor_cls = ray.remote(DescribeActor).options(num_cpus=rt.cpus_per_actor, num_gpus=rt.gpus_per_actor)
@@ -114,17 +111,19 @@ def describe_local(study: StudyBase, model: ModelConfig, jobs: pa.Table, plan: P
 LOOKUP_ROWS = 65_536  # questions a looked-up model answers at a time
 
 
-def look_up(model: ModelConfig, jobs: pa.Table, run: StudyRun, advance) -> None:
+def look_up(model: ModelConfig, tables, run: StudyRun, advance) -> None:
     """A backend whose answers are a lookup answers in the driver, `LOOKUP_ROWS` jobs at a time, each
     slice saved as a part: no actors and no images (in actors, a Ray call per batch of a few rows
-    cost more than the lookup itself). A backend that cannot be made (its file unreadable) is an
-    error row per job, saying why, as an actor that cannot be made is."""
+    cost more than the lookup itself). The jobs come as `tables` (an iterable of tables, taken one
+    at a time). A backend that cannot be made (its file unreadable) is an error row per job, saying
+    why, as an actor that cannot be made is."""
     try:
         backend, failed = backend_class(model.backend)(model), None
     except Exception as exc:  # noqa: BLE001 - recorded per row, tried again by the next run
         backend, failed = None, failed_answer("error", error_text(exc))
+    parts_of = ((jobs, start) for jobs in tables for start in range(0, jobs.num_rows, LOOKUP_ROWS))
     with run.folder.parts("responses", RESPONSES_SCHEMA, PART_ROWS, PART_S) as parts:
-        for start in range(0, jobs.num_rows, LOOKUP_ROWS):
+        for jobs, start in parts_of:
             part = jobs.slice(start, LOOKUP_ROWS)
             began = time.perf_counter()
             found = None if backend is None else backend.answer_rows(part.select(["image_id", "variant", "prompt_id"]))

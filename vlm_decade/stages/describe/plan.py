@@ -124,25 +124,30 @@ PLAN_IMAGES = 65_536  # images planned at a time: their jobs become columns befo
 
 def plan_jobs(study: StudyBase, plan: Plan, images: pa.Table, models: list[ModelConfig] | None = None) -> pa.Table:
     """Every response to produce (of the study's `models`, by default all), as a table (one row per
-    job, in plan order: model, prompt, image, variant) with its cache key, so a study of any size
-    holds no Python object per job: the images are planned a slice at a time (`PLAN_IMAGES`), each
-    slice's jobs a chunk of the table (never copied into one); `jobs_from` turns a slice of it,
-    with `images`, into `Job`s."""
+    job, in plan order: model, prompt, image, variant) with its cache key: `planned_slices` as
+    chunks of one table (never copied into one); `jobs_from` turns a slice of it, with `images`,
+    into `Job`s."""
+    chunks = list(planned_slices(study, plan, images, models))
+    if not chunks:
+        return pa.table({c: pa.array([], pa.int32() if c == "image" else pa.string()) for c in JOB_COLUMNS})
+    return pa.concat_tables(chunks)
+
+
+def planned_slices(study: StudyBase, plan: Plan, images: pa.Table, models: list[ModelConfig] | None = None):
+    """`plan_jobs`' table a slice of `PLAN_IMAGES` images (of one model and prompt) at a time, in plan
+    order, so that a study of any size holds no Python object per job, and a caller that puts each
+    slice aside holds no more than one."""
     rows = images.select(["image_id", "dataset", "sha256"])
     # an images table written before transparency was recorded has every image opaque
     if "background" in images.column_names:
         rows = rows.append_column("background", images.column("background"))
     else:
         rows = rows.append_column("background", pa.nulls(images.num_rows, pa.string()))
-    chunks = []
     for model in study.models if models is None else models:
         keys = backend_class(model.backend).answer_keys(model)  # once per model: an imported file is read once
         for prompt_id, prompt in plan.prompts[model.name]:
             for start in range(0, rows.num_rows, PLAN_IMAGES):
-                chunks.append(_plan_slice(plan, model, keys, prompt_id, prompt, rows, start))
-    if not chunks:
-        return pa.table({c: pa.array([], pa.int32() if c == "image" else pa.string()) for c in JOB_COLUMNS})
-    return pa.concat_tables(chunks)
+                yield _plan_slice(plan, model, keys, prompt_id, prompt, rows, start)
 
 
 def _plan_slice(

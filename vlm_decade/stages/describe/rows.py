@@ -197,16 +197,14 @@ class RowsSoFar:
         self.spill.remove()
 
     def buckets(self, jobs: pa.Table) -> Iterator[tuple[pa.Table, np.ndarray]]:
-        """Per bucket (in key order) of the subjects of `jobs` that has rows: its rows so far, in
-        the order read, and the numbers of its jobs (rows of `jobs`)."""
+        """Per bucket (in key order) that holds jobs of `jobs` and rows: its rows so far, in the
+        order read, and the numbers of its jobs (rows of `jobs`)."""
         job_bucket = _buckets(jobs, self.subjects, self.bounds)
         order = np.argsort(job_bucket, kind="stable")
         n = len(self.subjects) * max(len(self.bounds), 1)
         starts = np.searchsorted(job_bucket[order], np.arange(n + 1))
-        theirs = set((job_bucket[job_bucket >= 0] // max(len(self.bounds), 1)).tolist())
-        for bucket in self.spill.buckets:
-            if bucket // max(len(self.bounds), 1) in theirs:
-                yield self.spill.read(bucket), order[starts[bucket] : starts[bucket + 1]]
+        for bucket in sorted(set(np.unique(job_bucket).tolist()) & set(self.spill.buckets)):
+            yield self.spill.read(bucket), order[starts[bucket] : starts[bucket + 1]]
 
 
 def collect_rows(folder: RunFolder, subjects, image_ids: pa.Array | pa.ChunkedArray, jobs_of) -> Written:
