@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from vlm_decade.core.progress import Reporter
+from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.demo.openworld import materialize as materialize_openworld
 from vlm_decade.studies import load_study
 from vlm_decade.studies.openworld.pipeline import run as run_openworld
@@ -78,7 +79,7 @@ def test_a_rerun_sends_exactly_the_rows_that_failed_and_the_last_lines_say_what_
     assert set(final.column("status").to_pylist()) == {"ok"} and final.num_rows == len(responses)
     # Every text was paid for once: the vectors bought in the first run were not bought again.
     embedded = sum(r.inputs for r in log_1 + log_2 if r.endpoint == "openai.embeddings" and r.outcome == "ok")
-    assert embedded == pq.read_table(out / "embeddings.parquet").num_rows
+    assert embedded == RunFolder(out).num_rows("embeddings")
 
 
 JUDGE_MARK = "This is the target value: "
