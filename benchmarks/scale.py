@@ -10,13 +10,14 @@ framework's default batch sizes. Each run is a fresh process (`python -m vlm_dec
 peak RSS is read from `getrusage(RUSAGE_SELF)` (the driver only: Ray's workers are other processes).
 A study's files are kept in `--work` and reused by a later run of the same shape and size.
 
-Prints one JSON object per N (per-stage seconds, and the driver's peak RSS over the run and within
-each stage), then a summary: the log-log slope of total time against N over the two
+Prints one JSON object per N (per-stage seconds, and the driver's peak RSS over the run, before the
+first stage (`input`: reading and checking the study's files) and within each stage), then a summary: the log-log slope of total time against N over the two
 largest sizes (`loglog_slope`), the marginal milliseconds per image between them
 (`ms_per_image_marginal`), the driver's RSS growth per image, and `driver_rss_gb_at_1m`: measured
 when a million ran, otherwise extrapolated linearly from the two largest sizes
 (`driver_rss_gb_at_1m_extrapolated: true`). Run from the repository root:
     .venv/bin/python benchmarks/scale.py [--sizes 100000 1000000] [--humans 9] [--model-texts 8] [--work DIR]
+        [--again STAGE]
 """
 
 from __future__ import annotations
@@ -158,6 +159,8 @@ def run_once(study: Path, out: Path) -> dict:
     for line in done.stderr.splitlines():
         if line.startswith("STAGE_RSS_KB"):
             _, name, kb = line.split()
+            if not stage_kb:  # the peak before the first stage: reading and checking the study's inputs
+                name = "input"
             stage_kb[name] = max(stage_kb.get(name, 0), int(kb))
     # Resetting the high-water mark resets getrusage's too: the run's peak is the highest of them all.
     peak_kb = max([peak_kb, *stage_kb.values()])
@@ -175,6 +178,13 @@ def run_once(study: Path, out: Path) -> dict:
     }
 
 
+def mark_stale(out: Path, stage: str) -> None:
+    manifest_path = out / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["stages"][stage]["fingerprint"] = "stale"
+    manifest_path.write_text(json.dumps(manifest, indent=2))
+
+
 def slope(xs, ys) -> float:
     return float(np.polyfit(np.log(xs), np.log(ys), 1)[0])
 
@@ -186,6 +196,12 @@ def main() -> None:
     parser.add_argument("--model-texts", type=int, default=8, help="model texts per image (imported models' rows)")
     parser.add_argument(
         "--work", type=Path, help="where the synthetic studies and runs go (default: a temporary folder)"
+    )
+    parser.add_argument(
+        "--again",
+        metavar="STAGE",
+        help="in a run folder already finished, run this stage again (its record marked stale): the input "
+        "checks and that stage measured without the hours of encoding before it",
     )
     args = parser.parse_args()
     from tests.hf_tiny import save_sentence_encoder
@@ -199,6 +215,8 @@ def main() -> None:
         made = time.monotonic()
         shape = f"h{args.humans}-m{args.model_texts}"
         study = make_study(work / f"study-{n}-{shape}", n, encoder, args.humans, args.model_texts)
+        if args.again:
+            mark_stale(work / f"run-{n}-{shape}", args.again)
         row = {
             "images": n,
             "humans": args.humans,
