@@ -5,6 +5,7 @@ import json
 import os
 import re
 import stat
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -46,16 +47,22 @@ DAMAGE = {
 }
 
 
+def _damaged_and_done_again(tmp_path, damage: str, make_stage, damaged: Path) -> list[str]:
+    """Run the stage (once: a second run skips it), damage a file of its table, run it again:
+    it runs again; what the run said."""
+    run, _ = _run(RunFolder(tmp_path))
+    calls = []
+    assert run.run_stage(make_stage(calls))
+    assert not run.run_stage(make_stage(calls))
+    DAMAGE[damage](damaged)
+    run, said = _run(RunFolder(tmp_path))
+    assert run.run_stage(make_stage(calls)) and len(calls) == 2
+    return said
+
+
 @pytest.mark.parametrize("damage", sorted(DAMAGE))
 def test_a_damaged_table_is_found_and_its_stage_done_again(tmp_path, damage):
-    folder = RunFolder(tmp_path)
-    run, said = _run(folder)
-    calls = []
-    assert run.run_stage(_stage(calls))
-    assert not run.run_stage(_stage(calls))
-    DAMAGE[damage](folder.table_path("t"))
-    run, said = _run(RunFolder(tmp_path))
-    assert run.run_stage(_stage(calls)) and len(calls) == 2
+    said = _damaged_and_done_again(tmp_path, damage, _stage, RunFolder(tmp_path).table_path("t"))
     assert any("does not match the hash recorded" in m for m in said)
     assert RunFolder(tmp_path).read("t").column("x").to_pylist() == [1, 2, 3]
 
@@ -74,20 +81,20 @@ def _segmented_stage(calls, pieces=([1, 2], [3], [4, 5, 6])):
     return Stage("s", (), {}, compute)
 
 
-@pytest.mark.parametrize("damage", sorted(DAMAGE))
-def test_a_damaged_segment_is_found_and_its_stage_done_again(tmp_path, damage):
+def test_a_segmented_table_reads_as_one_and_records_each_segment(tmp_path):
     folder = RunFolder(tmp_path)
-    run, said = _run(folder)
-    calls = []
-    assert run.run_stage(_segmented_stage(calls))
-    assert not run.run_stage(_segmented_stage(calls))
+    run, _ = _run(folder)
+    assert run.run_stage(_segmented_stage([]))
     assert folder.read("s").column("x").to_pylist() == [1, 2, 3, 4, 5, 6] and folder.num_rows("s") == 6
     record = folder.manifest()["files"]["s"]
+    assert [s["name"] for s in record["segments"]] == [f"segment-00000{k}.parquet" for k in (1, 2, 3)]
     for segment in record["segments"]:  # each records its own rows' fingerprint
         assert segment["fingerprint"] == table_fingerprint(pq.read_table(tmp_path / "s" / segment["name"]))
-    DAMAGE[damage](tmp_path / "s" / "segment-000002.parquet")
-    run, said = _run(RunFolder(tmp_path))
-    assert run.run_stage(_segmented_stage(calls)) and len(calls) == 2
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_a_damaged_segment_is_found_and_its_stage_done_again(tmp_path, damage):
+    said = _damaged_and_done_again(tmp_path, damage, _segmented_stage, tmp_path / "s" / "segment-000002.parquet")
     assert any("s/segment-000002.parquet does not match the hash recorded" in m for m in said)
     assert RunFolder(tmp_path).read("s").column("x").to_pylist() == [1, 2, 3, 4, 5, 6]
 
