@@ -59,6 +59,21 @@ def test_off_a_terminal_lines_stay_whole_and_a_problem_on_many_rows_is_collapsed
     assert sorted(tmp_path.rglob("*")) == files  # a refused command writes nothing
 
 
+def _stderr_once_stopped(proc: subprocess.Popen) -> str:
+    """The stopped driver's stderr; a driver still there two minutes after Ctrl-C fails the test with
+    its threads' stacks (PYTHONFAULTHANDLER dumps them on SIGABRT) and its session's processes, so a
+    rare hang says where it hung."""
+    try:
+        return proc.communicate(timeout=120)[1]
+    except subprocess.TimeoutExpired:
+        processes = subprocess.run(
+            ["ps", "-s", str(proc.pid), "-o", "pid,stat,etime,args"], capture_output=True, text=True
+        )
+        proc.send_signal(signal.SIGABRT)
+        stderr = proc.communicate(timeout=60)[1]
+        raise AssertionError(f"still running 120 s after Ctrl-C:\n{processes.stdout}\n{stderr[-6000:]}") from None
+
+
 def test_a_smoke_run_stopped_with_ctrl_c_says_what_it_kept_and_how_to_go_on(tmp_path):
     study = materialize(tmp_path / "inputs")
     paused = tmp_path / "paused"
@@ -66,7 +81,7 @@ def test_a_smoke_run_stopped_with_ctrl_c_says_what_it_kept_and_how_to_go_on(tmp_
     proc = subprocess.Popen(
         command,
         cwd=tmp_path,  # the demo study's run folder is runs/study, under the current folder
-        env=pipe_env(VLM_DECADE_PAUSE_AFTER_PART=f"responses:{paused}"),
+        env=pipe_env(VLM_DECADE_PAUSE_AFTER_PART=f"responses:{paused}", PYTHONFAULTHANDLER="1"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -78,7 +93,7 @@ def test_a_smoke_run_stopped_with_ctrl_c_says_what_it_kept_and_how_to_go_on(tmp_
         assert time.monotonic() < deadline, "no part of the responses within 10 minutes"
         time.sleep(0.1)
     proc.send_signal(signal.SIGINT)  # to the driver, as Ctrl-C would
-    _, stderr = proc.communicate(timeout=120)
+    stderr = _stderr_once_stopped(proc)
     assert proc.returncode == 130, stderr[-3000:]
 
     run = tmp_path / "runs" / "study-smoke2"  # never runs/study: a smoke run has its own folder
