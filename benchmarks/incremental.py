@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -46,51 +47,72 @@ def subset(full: Path, base: Path, keep: set[str]) -> Path:
     return base / "study.json"
 
 
+SLICE_ROWS = 65_536  # rows compared at a time: a million images' vectors do not fit in memory as floats twice
+
+
 def compare(a: Path, b: Path) -> dict:
     """Per table of run folder `a`: None where `b`'s equals it (floats within 1e-6), else why not;
     and the largest float difference seen."""
     out = {}
-    # Every table: one file, or a folder of segments (the embeddings), each read whole.
+    # Every table: one file, or a folder of segments (the embeddings); a column at a time, both
+    # tables in the order of their other columns.
     folder_a, folder_b = RunFolder(a), RunFolder(b)
     names = {p.stem for p in a.glob("*.parquet")} | {
         p.name for p in a.iterdir() if p.is_dir() and folder_a.segments(p.name)
     }
     for name in sorted(names):
-        ta, tb = folder_a.read(name), folder_b.read(name)
-        keep = [c for c in ta.column_names if c not in VOLATILE]
-        ta, tb = ta.select(keep), tb.select(keep)
-        if ta.num_rows != tb.num_rows or ta.schema != tb.schema:
-            out[name] = f"rows {ta.num_rows} vs {tb.num_rows}, or other columns"
+        schema_a, schema_b = folder_a.schema(name), folder_b.schema(name)
+        rows_a, rows_b = folder_a.num_rows(name), folder_b.num_rows(name)
+        keep = [c for c in schema_a.names if c not in VOLATILE]
+        if rows_a != rows_b or [schema_a.field(c) for c in keep] != [
+            schema_b.field(c) for c in keep if c in schema_b.names
+        ]:
+            out[name] = f"rows {rows_a} vs {rows_b}, or other columns"
             continue
-        plain = [c for c in keep if not pa.types.is_list(ta.schema.field(c).type)]
-        order = [(c, "ascending") for c in plain if not pa.types.is_floating(ta.schema.field(c).type)]
-        ta, tb = (t.take(pc.sort_indices(t, sort_keys=order)) if order else t for t in (ta, tb))
+        kinds = {c: schema_a.field(c).type for c in keep}
+        floats = {
+            c
+            for c, k in kinds.items()
+            if pa.types.is_floating(k) or (pa.types.is_list(k) and pa.types.is_floating(k.value_type))
+        }
+        order = [
+            (c, "ascending") for c in keep if not pa.types.is_list(kinds[c]) and not pa.types.is_floating(kinds[c])
+        ]
+        sorted_by = {}
+        for key, folder in (("a", folder_a), ("b", folder_b)):
+            t = folder.read(name, [c for c, _ in order]) if order else None
+            sorted_by[key] = pc.sort_indices(t, sort_keys=order) if order else pa.array(np.arange(rows_a))
         worst, differs, inexact = 0.0, [], set()
         for c in keep:
-            kind = ta.schema.field(c).type
-            if pa.types.is_floating(kind) or (pa.types.is_list(kind) and pa.types.is_floating(kind.value_type)):
-                x, y = (
-                    np.asarray(t.column(c).combine_chunks().flatten() if pa.types.is_list(kind) else t.column(c), float)
-                    for t in (ta, tb)
-                )
+            ca, cb = (
+                folder.read(name, [c]).column(0).take(sorted_by[k]) for k, folder in (("a", folder_a), ("b", folder_b))
+            )
+            if c not in floats:
+                if not ca.equals(cb):
+                    differs.append(c)
+                continue
+            bad = False
+            for lo in range(0, rows_a, SLICE_ROWS):
+                sa, sb = ca.slice(lo, SLICE_ROWS).combine_chunks(), cb.slice(lo, SLICE_ROWS).combine_chunks()
+                listed = pa.types.is_list(kinds[c])
+                x, y = (np.asarray(s.flatten() if listed else s, float) for s in (sa, sb))
                 same = np.isnan(x) == np.isnan(y)
                 gap = float(np.nanmax(np.abs(x - y))) if x.size and not np.isnan(x).all() else 0.0
                 worst = max(worst, gap)
-                if not same.all() or gap > 1e-6:
-                    differs.append(c)
+                bad = bad or not same.all() or gap > 1e-6
                 # Which rows differ at all (in any bit), for a list column by the row its values belong to.
                 row_of = (
-                    np.repeat(np.arange(ta.num_rows), pc.list_value_length(ta.column(c)).to_numpy(zero_copy_only=False))
-                    if pa.types.is_list(kind)
-                    else np.arange(ta.num_rows)
+                    lo + np.repeat(np.arange(len(sa)), pc.list_value_length(sa).to_numpy(zero_copy_only=False))
+                    if listed
+                    else lo + np.arange(len(sa))
                 )
                 inexact.update(row_of[~same | (np.nan_to_num(x) != np.nan_to_num(y))].tolist())
-            elif not ta.column(c).equals(tb.column(c)):
+            if bad:
                 differs.append(c)
         out[name] = {
             "max_float_diff": worst,
             "rows_not_bit_equal": len(inexact),
-            "rows": ta.num_rows,
+            "rows": rows_a,
             **({"differs": differs} if differs else {}),
         }
     return out
@@ -126,8 +148,7 @@ def main() -> None:
     runs = {"base": finished(run_once(base, work / "run-incremental"), "base")}
     runs["incremental"] = finished(run_once(full, work / "run-incremental"), "incremental")
     runs["fresh"] = finished(run_once(full, work / "run-fresh"), "fresh")
-    tables = compare(work / "run-fresh", work / "run-incremental")
-    result = {
+    times = {
         "images": args.images,
         "added": n_all - args.images,
         "humans": args.humans,
@@ -135,6 +156,11 @@ def main() -> None:
         **{f"{k}_s": r["total_s"] for k, r in runs.items()},
         "incremental_over_fresh": round(runs["incremental"]["total_s"] / runs["fresh"]["total_s"], 3),
         "stages_s": {k: r["stages_s"] for k, r in runs.items()},
+    }
+    print(json.dumps(times), file=sys.stderr, flush=True)  # kept if the comparison below fails
+    tables = compare(work / "run-fresh", work / "run-incremental")
+    result = {
+        **times,
         "tables_equal": all(isinstance(v, dict) and "differs" not in v for v in tables.values()),
         "tables": tables,
         "wall_s": round(time.monotonic() - start, 1),
