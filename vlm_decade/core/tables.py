@@ -69,7 +69,10 @@ def _edge_space() -> str:
     return f"^{space}|{space}$"
 
 
-_BLANK_LINE = re.compile(rb"(?:\r\n|\r(?!\n)|\n)[\r\n]")
+# A blank line (Arrow reads it as a row of empty cells): a line ending (\r\n, \r or \n) followed by
+# \r or \n, which is one of these pairs of bytes somewhere in the file (found by `in`, several
+# times faster than a pattern).
+_BLANK_PAIRS = (b"\n\n", b"\n\r", b"\r\r")
 _CHUNK = 1 << 16  # rows the row-by-row CSV reader holds as Python objects before they become Arrow
 _SCAN = 1 << 24  # bytes of a CSV file looked at a time, to choose its reader
 
@@ -225,12 +228,12 @@ def _plain_header(head: bytes, required: tuple[str, ...], optional: tuple[str, .
 def _plain_body(path: Path) -> bool:
     """Whether the file has no quote and no blank line (Arrow reads one as a row of empty cells),
     scanned a block at a time (the file is never held whole)."""
-    carry = b""  # a blank line may straddle two blocks: at most two bytes of it in the first
+    last = b""  # a pair may straddle two blocks: the last byte of the one before
     with open(path, "rb") as f:
         while block := f.read(_SCAN):
-            if b'"' in block or _BLANK_LINE.search(carry + block):
+            if b'"' in block or any(pair in block or pair == last + block[:1] for pair in _BLANK_PAIRS):
                 return False
-            carry = block[-2:]
+            last = block[-1:]
     return True
 
 

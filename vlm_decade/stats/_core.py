@@ -25,8 +25,12 @@ def multinomial_counts(rng: np.random.Generator, n_resamples: int, n: int) -> np
     the same generator state both see the very same resamples; counting is a single bincount.
     """
     idx = rng.integers(0, n, size=(n_resamples, n))
-    idx += np.arange(n_resamples)[:, None] * n  # row offset: one bincount for all rows
-    return np.bincount(idx.ravel(), minlength=n_resamples * n).reshape(n_resamples, n).astype(np.float64)
+    counts = np.empty((n_resamples, n))
+    # A bincount per row, each written straight into the float matrix: one bincount of offset
+    # indices over every row, then cast, made two more passes over B x n integers in memory.
+    for row, drawn in zip(counts, idx):
+        row[:] = np.bincount(drawn, minlength=n)
+    return counts
 
 
 # Poisson(1) by table look-up on uniform 32-bit integers: value = #{thresholds <= u}. The table is
