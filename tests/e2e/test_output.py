@@ -71,7 +71,9 @@ def _stderr_once_stopped(proc: subprocess.Popen) -> str:
         )
         proc.send_signal(signal.SIGABRT)
         stderr = proc.communicate(timeout=60)[1]
-        raise AssertionError(f"still running 120 s after Ctrl-C:\n{processes.stdout}\n{stderr[-6000:]}") from None
+        # Every thread's stack, each innermost frame first (the main thread's last): the whole dump.
+        dump = stderr[max(stderr.find("Fatal Python error"), 0) :]
+        raise AssertionError(f"still running 120 s after Ctrl-C:\n{processes.stdout}\n{dump[:40_000]}") from None
 
 
 def test_a_smoke_run_stopped_with_ctrl_c_says_what_it_kept_and_how_to_go_on(tmp_path):

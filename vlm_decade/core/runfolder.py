@@ -155,8 +155,10 @@ def _pause_for_a_kill(table: str) -> None:
     wanted, _, signal_file = hook.partition(":")
     if wanted == table and signal_file and not Path(signal_file).exists():  # once: a stop may save the rest
         atomic_write_bytes(Path(signal_file), str(os.getpid()).encode())
+        # Short sleeps: a Ctrl-C that the kernel hands to one of Ray's threads is only seen by
+        # this (the main) thread once its sleep ends.
         while True:
-            time.sleep(60)
+            time.sleep(0.1)
 
 
 def _write_file(path: Path, schema: pa.Schema, batches, row_group_rows: int) -> tuple[str, dict[str, Any], int]:
