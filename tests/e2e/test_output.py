@@ -80,15 +80,22 @@ def test_a_smoke_run_stopped_with_ctrl_c_says_what_it_kept_and_how_to_go_on(tmp_
     study = materialize(tmp_path / "inputs")
     paused = tmp_path / "paused"
     command = [str(BIN / "vlm-decade"), "run", str(study), "--limit", "2"]
-    proc = subprocess.Popen(
-        command,
-        cwd=tmp_path,  # the demo study's run folder is runs/study, under the current folder
-        env=pipe_env(VLM_DECADE_PAUSE_AFTER_PART=f"responses:{paused}", PYTHONFAULTHANDLER="1"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    # The driver starts as a command typed at a terminal does, whatever started this suite: a
+    # suite run in the background of a script (nohup, `&`) ignores SIGINT, and a child inherits an
+    # ignored signal, so Ctrl-C would never reach it.
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen(
+            command,
+            cwd=tmp_path,  # the demo study's run folder is runs/study, under the current folder
+            env=pipe_env(VLM_DECADE_PAUSE_AFTER_PART=f"responses:{paused}", PYTHONFAULTHANDLER="1"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+    finally:
+        signal.signal(signal.SIGINT, inherited)
     deadline = time.monotonic() + 600
     while not paused.exists():
         assert proc.poll() is None, proc.stderr.read()[-3000:]
