@@ -22,12 +22,12 @@ def multinomial_counts(rng: np.random.Generator, n_resamples: int, n: int) -> np
     """(n_resamples, n) float64 counts of each image in each ordinary bootstrap resample.
 
     Draws the same indices as scipy.stats.bootstrap does (``rng.integers(0, n, (B, n))``), so with
-    the same generator state both see the very same resamples; counting is a single bincount.
+    the same generator state both see the very same resamples; each row is counted by a bincount
+    written straight into the float matrix (one bincount of offset indices over every row, then a
+    cast, made two more passes over B x n integers in memory).
     """
     idx = rng.integers(0, n, size=(n_resamples, n))
     counts = np.empty((n_resamples, n))
-    # A bincount per row, each written straight into the float matrix: one bincount of offset
-    # indices over every row, then cast, made two more passes over B x n integers in memory.
     for row, drawn in zip(counts, idx):
         row[:] = np.bincount(drawn, minlength=n)
     return counts
