@@ -124,3 +124,58 @@ def test_the_driver_lets_go_of_each_table_once_its_stage_is_over(tmp_path):
             assert pa.total_allocated_bytes() - before < 1_000_000
     assert seen == [7, 7]
     assert folder.read("given").equals(big(7))
+
+
+class _Actors:
+    """Stands in for `LazyRay` where a stage's actors are started ahead: records what was started
+    and killed (`start_soon` hands `then` this object as the `ray` module)."""
+
+    def __init__(self):
+        self.events, self.killed = [], []
+
+    def __call__(self):
+        return self
+
+    def start_soon(self, then):
+        from concurrent.futures import Future
+
+        future = Future()
+        future.set_result(then(self))
+        return future
+
+    def kill(self, actor):
+        self.killed.append(actor)
+
+
+def _warm_pipeline(calls, ray, settings):
+    def warm(run):
+        ray.events.append("warm")
+        return run.ray.start_soon(lambda module: ["actor-1", "actor-2"])
+
+    def first(run):
+        ray.events.append("first")
+        return {"first": pa.table({"x": [1]})}
+
+    def second(run):
+        calls.append(run.warmed())
+        return {"second": pa.table({"x": [1]})}
+
+    return [Stage("first", (), settings, first), Stage("second", ("first",), {}, second, warm=warm)]
+
+
+def test_actors_are_started_ahead_once_an_earlier_stage_runs_and_let_go_when_not_taken(tmp_path):
+    """`Stage.warm` begins as the first stage that runs before it begins (before that stage's own
+    work), its stage takes the actors (`run.warmed`); a run that runs nothing starts none, and
+    actors started for a stage then found current are killed."""
+    calls, ray = [], _Actors()
+    StudyRun(RunFolder(tmp_path), Reporter(quiet=True), ray)(*_warm_pipeline(calls, ray, 1))
+    assert ray.events == ["warm", "first"] and calls == [["actor-1", "actor-2"]] and ray.killed == []
+
+    ray = _Actors()
+    StudyRun(RunFolder(tmp_path), Reporter(quiet=True), ray)(*_warm_pipeline(calls, ray, 1))
+    assert ray.events == [] and len(calls) == 1  # nothing to run: nothing started
+
+    # `first` runs with new settings but writes the same table: `second` is current, its actors killed.
+    ray = _Actors()
+    StudyRun(RunFolder(tmp_path), Reporter(quiet=True), ray)(*_warm_pipeline(calls, ray, 2))
+    assert ray.events == ["warm", "first"] and len(calls) == 1 and ray.killed == ["actor-1", "actor-2"]

@@ -24,6 +24,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from importlib import metadata
@@ -76,6 +77,10 @@ class Stage:
     files: tuple[str, ...] = ()
     before_s: float = 0.0  # its work done before the run began (the image checks): counted in its time
     finished: Callable[[], None] | None = None  # called once the stage has run or was found current
+    # The Ray actors the stage will work with, started ahead (`LazyRay.start_soon`) as soon as a stage
+    # before it runs, so that Ray and the actors start while that stage works (a core idles there);
+    # `compute` takes them with `run.warmed()`, and those it does not take are killed after it.
+    warm: Callable[[StudyRun], Future] | None = None
 
     @property
     def tables(self) -> tuple[str, ...]:
@@ -197,6 +202,8 @@ class StudyRun:
         self._tables: dict = {}  # the tables the running stage has read, by name (and columns)
         self._stage: str | None = None  # the stage running now
         self._lost: list[dict] = []  # its actors lost and replaced
+        self._pipeline: tuple[Stage, ...] = ()
+        self._warm: dict[str, Future] = {}  # by stage, the actors started ahead for it (`Stage.warm`)
 
     def actor_lost(self, lost: LostActor) -> None:
         """Said, and kept in the running stage's manifest record (`lost_actors`) as it happens, so
@@ -239,14 +246,41 @@ class StudyRun:
 
     def __call__(self, *stages: Stage) -> None:
         self.folder.update_manifest(pipeline=[stage.name for stage in stages])  # the order `status` shows
+        self._pipeline = stages
         for stage in stages:
             self.run_stage(stage)
+
+    def warmed(self) -> list:
+        """The actors started ahead for the running stage (`Stage.warm`), now its own; none when
+        nothing was started ahead or the start failed (the stage starts them itself, and says why
+        when it cannot)."""
+        return self._take_warm(self._stage)
+
+    def _take_warm(self, name: str) -> list:
+        future = self._warm.pop(name, None)
+        try:
+            return list(future.result()) if future is not None else []
+        except Exception:  # noqa: BLE001 - the stage starts its own and says why if that fails too
+            return []
+
+    def _warm_later(self, stage: Stage) -> None:
+        """Begin `Stage.warm` for every stage after `stage` (which is about to run) not begun yet."""
+        names = [s.name for s in self._pipeline]
+        for later in self._pipeline[names.index(stage.name) + 1 :] if stage.name in names else ():
+            if later.warm is not None and later.name not in self._warm:
+                self._warm[later.name] = later.warm(self)
+
+    def _let_go(self, stage: Stage) -> None:
+        """Kill the actors started ahead for `stage` that it did not take (it was found current)."""
+        for actor in self._take_warm(stage.name):
+            self.ray().kill(actor)
 
     def run_stage(self, stage: Stage) -> bool:
         """Run the stage unless it is current; return whether it ran."""
         try:
             return self._run_stage(stage)
         finally:
+            self._let_go(stage)
             self._tables.clear()
             if stage.finished is not None:
                 stage.finished()
@@ -257,6 +291,7 @@ class StudyRun:
             self.reporter.stage(stage.name, "skip", "unchanged inputs and settings")
             return False
         fp = self._fingerprint(stage)
+        self._warm_later(stage)
         for name in stage.tables:  # what a run killed before recording its table left of it
             self.folder.prune_segments(name)
         manifest = self.folder.manifest()

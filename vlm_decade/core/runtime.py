@@ -17,10 +17,15 @@ from __future__ import annotations
 import logging
 import os
 import re
+import signal
+import sys
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from typing import Any
 
 from vlm_decade.core.config import RuntimeConfig
 from vlm_decade.core.files import atomic_write_bytes
@@ -201,28 +206,71 @@ def ray_logs_dir(ray) -> Path | None:
 
 
 class LazyRay:
-    """Starts (or joins) Ray the first time a stage needs it; shuts down only what it started.
-    Call it for the `ray` module."""
+    """Starts (or joins) Ray the first time a stage needs it, or ahead of that on a thread
+    (`start_soon`); shuts down only what it started. Call it for the `ray` module."""
 
     def __init__(self, runtime: RuntimeConfig, log_dir: Path | None = None):
         self.runtime = runtime
         self.log_dir = log_dir  # where Ray's own lines go (the run folder's logs/)
         self.ray = None
         self.started = self.local = False
+        self.closed = False
+        self._lock = threading.Lock()  # one start, and no start after `close`
+        self._keeper: threading.Thread | None = None
+        self._closing = threading.Event()
 
     def __call__(self):
-        if self.ray is None:
-            import ray
+        with self._lock:
+            if self.closed:
+                raise RuntimeError("the run has ended: Ray is not started again")
+            if self.ray is None:
+                import ray
 
-            self.started = not ray.is_initialized()
-            # Only a local Ray's session folder holds this run's workers alone (a cluster's, other jobs' too).
-            self.local = self.started and not (self.runtime.address or os.environ.get("RAY_ADDRESS"))
-            self.ray = start_ray(self.runtime.address, self.runtime.num_cpus, log_dir=self.log_dir)
-        return self.ray
+                self.started = not ray.is_initialized()
+                # Only a local Ray's session folder holds this run's workers alone (a cluster's, other jobs' too).
+                self.local = self.started and not (self.runtime.address or os.environ.get("RAY_ADDRESS"))
+                self.ray = start_ray(self.runtime.address, self.runtime.num_cpus, log_dir=self.log_dir)
+            return self.ray
+
+    def start_soon(self, then: Callable[[Any], Any]) -> Future:
+        """Start (or join) Ray on a thread while the caller goes on, then call `then(ray)` there (it
+        should not block: start actors, say); the future holds what it returned, or why it failed (a
+        stage that calls for Ray afterwards tries the start again and says why). The thread lives
+        until `close`: a local Ray's own processes are bound to the thread that started them and
+        are killed when it ends. While a local Ray starts, HOME is its private one in `os.environ`
+        (`offline_env`); the caches the driver may open meanwhile are named by XDG_CACHE_HOME and
+        HF_HOME, which stay the user's."""
+        future: Future = Future()
+        if self._keeper is not None or self.ray is not None:
+            try:
+                future.set_result(then(self()))
+            except Exception as exc:  # noqa: BLE001 - kept in the future, for its taker
+                future.set_exception(exc)
+            return future
+        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            # What ray.init does on the main thread only: SIGTERM ends the driver through its
+            # `finally` blocks, so Ray is shut down and the run folder left as after an error.
+            signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))
+
+        def keep() -> None:
+            try:
+                future.set_result(then(self()))
+            except BaseException as exc:  # noqa: BLE001 - kept in the future, for its taker
+                future.set_exception(exc)
+            self._closing.wait()
+
+        self._keeper = threading.Thread(target=keep, name="ray-start", daemon=True)
+        self._keeper.start()
+        return future
 
     def close(self) -> None:
-        if self.ray is not None and self.started:
-            logs = ray_logs_dir(self.ray)
-            self.ray.shutdown()
-            if self.local and logs is not None and self.log_dir is not None and not verbose():
-                keep_worker_logs(logs, self.log_dir)
+        with self._lock:  # a start under way finishes first, so what it starts is shut down here
+            self.closed = True
+            if self.ray is not None and self.started:
+                logs = ray_logs_dir(self.ray)
+                self.ray.shutdown()
+                if self.local and logs is not None and self.log_dir is not None and not verbose():
+                    keep_worker_logs(logs, self.log_dir)
+        self._closing.set()
+        if self._keeper is not None and self._keeper is not threading.current_thread():
+            self._keeper.join()

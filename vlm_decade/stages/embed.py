@@ -255,13 +255,17 @@ def _plan(folder: RunFolder, encoders: list[EncoderConfig], spill: Path) -> _Pla
     hold are first spread over 256 buckets by the key's first two hex digits. A segment of the
     previous table is kept as it is (`clean`) when each of its rows is such a first vector, under
     its encoder's current name."""
-    raw = Spill(spill / "raw", TEXTS_SCHEMA)
-    for batch in folder.batches("references", columns=["text"]):
-        raw.add(*_hashed(batch.column("text")))
-    for batch in folder.batches("responses", columns=["status", "text"]):
-        raw.add(*_hashed(batch.filter(pc.equal(batch.column("status"), "ok")).column("text")))
-    raw.close()
-    previous = _previous(folder)
+    with ThreadPoolExecutor(1) as checker:
+        # The previous table's files are checked (hashed whole: gigabytes) on a thread while the
+        # texts are hashed here, a text at a time: hashlib lets go of the GIL for large buffers.
+        checked = checker.submit(_previous, folder)
+        raw = Spill(spill / "raw", TEXTS_SCHEMA)
+        for batch in folder.batches("references", columns=["text"]):
+            raw.add(*_hashed(batch.column("text")))
+        for batch in folder.batches("responses", columns=["status", "text"]):
+            raw.add(*_hashed(batch.filter(pc.equal(batch.column("status"), "ok")).column("text")))
+        raw.close()
+        previous = checked.result()
     keys = pa.array([encoder_key(cfg) for cfg in encoders], pa.string())
     have = Spill(spill / "have", HAVE_SCHEMA)
     for source, table in _sources(folder, previous, ["text_sha256", "encoder_key", "encoder"]):
@@ -309,9 +313,10 @@ def run_embed(study: StudyBase, run: StudyRun) -> Written:
     local = [cfg for cfg in encoders if not encoder_class(cfg.backend).remote]
     with spill_folder(run.folder) as spill, ThreadPoolExecutor(1) as planner:
         # The plan is made on a thread while Ray and the first local encoder's actors start (their
-        # imports take seconds): the vectors and texts to keep are found meanwhile.
+        # imports take seconds), if they were not started ahead (`warm`): the vectors and texts to
+        # keep are found meanwhile.
         planning = planner.submit(_plan, run.folder, encoders, spill)
-        started = {local[0].name: _start_actors(study, local[0], run)} if local else {}
+        started = {local[0].name: run.warmed() or _start_actors(study, local[0], run.ray())} if local else {}
         plan = planning.result()
         todo, total = plan.todo, sum(plan.todo.values())
         if total < plan.wanted * len(encoders):
@@ -371,10 +376,9 @@ def _actor_class(study: StudyBase, ray):
     return ray.remote(EncodeActor).options(num_cpus=rt.cpus_per_actor, num_gpus=rt.gpus_per_actor)
 
 
-def _start_actors(study: StudyBase, cfg: EncoderConfig, run: StudyRun) -> list:
+def _start_actors(study: StudyBase, cfg: EncoderConfig, ray) -> list:
     """An encoder's actors, as many as the cluster fits (`encoder_actors`), started now (they load
     the encoder while the caller goes on)."""
-    ray = run.ray()
     return [_actor_class(study, ray).remote(cfg) for _ in range(encoder_actors(study, ray))]
 
 
@@ -553,4 +557,15 @@ def stage(study: StudyBase) -> Stage:
     def compute(run: StudyRun) -> dict[str, Written]:
         return {"embeddings": run_embed(study, run)}
 
-    return Stage("embeddings", ("references", "responses"), [e.fingerprint() for e in study.encoders], compute)
+    local = [cfg for cfg in study.encoders if not encoder_class(cfg.backend).remote]
+
+    def warm(run: StudyRun):
+        return run.ray.start_soon(partial(_start_actors, study, local[0]))
+
+    return Stage(
+        "embeddings",
+        ("references", "responses"),
+        [e.fingerprint() for e in study.encoders],
+        compute,
+        warm=warm if local else None,
+    )

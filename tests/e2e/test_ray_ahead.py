@@ -1,0 +1,47 @@
+"""Ray started ahead (`LazyRay.start_soon`, the embed stage's actors started while earlier stages
+run): a local Ray started on a thread keeps working after that start is over, until the run ends."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+DRIVER = """
+import json, os, sys, threading, time
+from pathlib import Path
+from vlm_decade.core.config import RuntimeConfig
+from vlm_decade.core.runtime import LazyRay
+
+def where():
+    return os.getpid()
+
+lazy = LazyRay(RuntimeConfig(num_cpus=1), Path(sys.argv[1]))
+# `then` runs on the starting thread: it submits a task, as the embed stage starts its actors there
+future = lazy.start_soon(lambda ray: ray.remote(where).remote())
+first = lazy().get(future.result(timeout=300))
+time.sleep(3)  # a local Ray's processes die with the thread that started them: it must still be alive
+later = lazy().get(lazy().remote(where).remote(), timeout=120)
+raylet = lazy()._private.worker._global_node.all_processes["raylet"][0].process
+lazy.close()
+raylet.wait(timeout=60)
+print(json.dumps({
+    "driver": os.getpid(), "first": first, "later": later, "raylet_exit": raylet.returncode,
+    "starter_alive": any(t.name == "ray-start" and t.is_alive() for t in threading.enumerate()),
+}))
+"""
+
+
+def test_ray_started_on_a_thread_works_after_the_start_and_ends_with_close(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-c", DRIVER, str(tmp_path / "logs")], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["first"] != out["driver"] and out["later"] != out["driver"]  # both ran in Ray's workers
+    assert out["raylet_exit"] is not None  # `close` shut the local Ray down
+    assert not out["starter_alive"]
