@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
+from json.encoder import encode_basestring_ascii
 
 import numpy as np
 import pyarrow as pa
@@ -203,15 +204,22 @@ class KeyTemplate:
         self.tail = ', "model": ' + json.dumps(settings, sort_keys=True) + ', "prompt": ' + json.dumps(prompt) + "}"
 
     def __call__(self, image: str, mask: str, classes=_ABSENT, background=None, answer=_ABSENT) -> str:
-        head = []
+        head = "{"
         if answer is not _ABSENT:
-            head.append('"answer": ' + json.dumps(answer))
+            head += '"answer": ' + _json(answer) + ", "
         if background is not None:  # an opaque image's key is what it always was
-            head.append('"background": ' + json.dumps(background))
+            head += '"background": ' + _json(background) + ", "
         if classes is not _ABSENT:
-            head.append('"classes": ' + json.dumps(classes))
-        head.append('"image": ' + json.dumps(image) + ', "mask": ' + mask)
-        return hashlib.sha256(("{" + ", ".join(head) + self.tail).encode()).hexdigest()
+            head += '"classes": ' + json.dumps(classes) + ", "
+        return hashlib.sha256(
+            (head + '"image": ' + _json(image) + ', "mask": ' + mask + self.tail).encode()
+        ).hexdigest()
+
+
+def _json(value) -> str:
+    """`json.dumps(value)`; for a string, the function it returns it from, called directly (a key
+    1.9 -> 1.5 us, millions of keys in a large study)."""
+    return encode_basestring_ascii(value) if isinstance(value, str) else json.dumps(value)
 
 
 def jobs_from(table: pa.Table, plan: Plan, images: pa.Table) -> list[Job]:

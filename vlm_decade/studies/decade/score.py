@@ -102,6 +102,7 @@ def scoring_pairs(references: pa.Table, responses: pa.Table, texts: bool = True)
         .select(["image_id", "text"])
         .rename_columns(["image_id", "gold"])
     )
+    gold = gold.append_column("gold_key", _keyed(gold.column("gold")))  # once per image, not per pair
     ok = pc.and_(pc.equal(responses.column("status"), "ok"), pc.equal(responses.column("variant"), "full"))
     models = responses.filter(ok).select(["subject", "image_id", "text"])
     humans = full.filter(pc.is_in(full.column("role"), pa.array(list(HUMAN_GROUPS))))
@@ -116,9 +117,8 @@ def scoring_pairs(references: pa.Table, responses: pa.Table, texts: bool = True)
         ["subject", "image_id", "candidate"]
     )
     pairs = candidates.join(gold, "image_id", join_type="inner").combine_chunks()
-    pairs = pairs.append_column("candidate_key", _keyed(pairs.column("candidate"))).append_column(
-        "gold_key", _keyed(pairs.column("gold"))
-    )
+    pairs = pairs.append_column("candidate_key", _keyed(pairs.column("candidate")))
+    pairs = pairs.select(["subject", "image_id", "candidate", "gold", "candidate_key", "gold_key"])
     return pairs if texts else pairs.drop_columns(["candidate", "gold"])
 
 
