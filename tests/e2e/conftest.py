@@ -17,6 +17,9 @@ def cli_env() -> dict[str, str]:
     env = dict(os.environ)
     env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0", "COLUMNS": "200"})
     env.pop("RAY_ADDRESS", None)
+    # ray.init sets it in the process that calls it: a test that ran a study in this process would
+    # hand it on, and a user's shell has none.
+    env.pop("RAY_AUTH_MODE", None)
     return env
 
 

@@ -148,34 +148,47 @@ class _Actors:
 
 
 def _warm_pipeline(calls, ray, settings):
+    """first -> middle -> second, whose actors are started ahead; `settings`: first's and middle's."""
+
     def warm(run):
         ray.events.append("warm")
         return run.ray.start_soon(lambda module: ["actor-1", "actor-2"])
 
-    def first(run):
-        ray.events.append("first")
-        return {"first": pa.table({"x": [1]})}
+    def same_table(name):
+        def compute(run):
+            ray.events.append(name)
+            return {name: pa.table({"x": [1]})}
+
+        return compute
 
     def second(run):
         calls.append(run.warmed())
         return {"second": pa.table({"x": [1]})}
 
-    return [Stage("first", (), settings, first), Stage("second", ("first",), {}, second, warm=warm)]
+    return [
+        Stage("first", (), settings[0], same_table("first")),
+        Stage("middle", ("first",), settings[1], same_table("middle")),
+        Stage("second", ("middle",), {}, second, warm=warm),
+    ]
 
 
-def test_actors_are_started_ahead_once_an_earlier_stage_runs_and_let_go_when_not_taken(tmp_path):
-    """`Stage.warm` begins as the first stage that runs before it begins (before that stage's own
-    work), its stage takes the actors (`run.warmed`); a run that runs nothing starts none, and
-    actors started for a stage then found current are killed."""
-    calls, ray = [], _Actors()
-    StudyRun(RunFolder(tmp_path), Reporter(quiet=True), ray)(*_warm_pipeline(calls, ray, 1))
-    assert ray.events == ["warm", "first"] and calls == [["actor-1", "actor-2"]] and ray.killed == []
+def test_actors_are_started_ahead_as_the_stage_before_runs_and_let_go_when_not_taken(tmp_path):
+    """`Stage.warm` begins as the stage before it begins (before that stage's own work), and its
+    stage takes the actors (`run.warmed`); a run that does not reach the stage before starts none,
+    and actors started for a stage then found current are killed."""
 
-    ray = _Actors()
-    StudyRun(RunFolder(tmp_path), Reporter(quiet=True), ray)(*_warm_pipeline(calls, ray, 1))
-    assert ray.events == [] and len(calls) == 1  # nothing to run: nothing started
+    def run(settings):
+        ray = _Actors()
+        StudyRun(RunFolder(tmp_path), Reporter(quiet=True), ray)(*_warm_pipeline(calls, ray, settings))
+        return ray
 
-    # `first` runs with new settings but writes the same table: `second` is current, its actors killed.
-    ray = _Actors()
-    StudyRun(RunFolder(tmp_path), Reporter(quiet=True), ray)(*_warm_pipeline(calls, ray, 2))
-    assert ray.events == ["warm", "first"] and len(calls) == 1 and ray.killed == ["actor-1", "actor-2"]
+    calls = []
+    ray = run((1, 1))
+    assert ray.events == ["first", "warm", "middle"] and calls == [["actor-1", "actor-2"]] and ray.killed == []
+    assert run((1, 1)).events == [] and len(calls) == 1  # nothing to run: nothing started
+    # `first` runs again (new settings, the same table): `middle` is current, nothing is started.
+    ray = run((2, 1))
+    assert ray.events == ["first"] and len(calls) == 1
+    # `middle` runs again, writing the same table: `second` is current, its actors are killed.
+    ray = run((2, 2))
+    assert ray.events == ["warm", "middle"] and len(calls) == 1 and ray.killed == ["actor-1", "actor-2"]

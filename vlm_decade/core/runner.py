@@ -77,7 +77,7 @@ class Stage:
     files: tuple[str, ...] = ()
     before_s: float = 0.0  # its work done before the run began (the image checks): counted in its time
     finished: Callable[[], None] | None = None  # called once the stage has run or was found current
-    # The Ray actors the stage will work with, started ahead (`LazyRay.start_soon`) as soon as a stage
+    # The Ray actors the stage will work with, started ahead (`LazyRay.start_soon`) when the stage
     # before it runs, so that Ray and the actors start while that stage works (a core idles there);
     # `compute` takes them with `run.warmed()`, and those it does not take are killed after it.
     warm: Callable[[StudyRun], Future] | None = None
@@ -263,12 +263,13 @@ class StudyRun:
         except Exception:  # noqa: BLE001 - the stage starts its own and says why if that fails too
             return []
 
-    def _warm_later(self, stage: Stage) -> None:
-        """Begin `Stage.warm` for every stage after `stage` (which is about to run) not begun yet."""
+    def _warm_next(self, stage: Stage) -> None:
+        """Begin `Stage.warm` of the stage after `stage`, which is about to run (only then: a run that
+        stops earlier, on an error, starts nothing)."""
         names = [s.name for s in self._pipeline]
-        for later in self._pipeline[names.index(stage.name) + 1 :] if stage.name in names else ():
-            if later.warm is not None and later.name not in self._warm:
-                self._warm[later.name] = later.warm(self)
+        after = names.index(stage.name) + 1 if stage.name in names else len(names)
+        if after < len(names) and self._pipeline[after].warm is not None and names[after] not in self._warm:
+            self._warm[names[after]] = self._pipeline[after].warm(self)
 
     def _let_go(self, stage: Stage) -> None:
         """Kill the actors started ahead for `stage` that it did not take (it was found current)."""
@@ -291,7 +292,7 @@ class StudyRun:
             self.reporter.stage(stage.name, "skip", "unchanged inputs and settings")
             return False
         fp = self._fingerprint(stage)
-        self._warm_later(stage)
+        self._warm_next(stage)
         for name in stage.tables:  # what a run killed before recording its table left of it
             self.folder.prune_segments(name)
         manifest = self.folder.manifest()
