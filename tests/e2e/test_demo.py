@@ -301,6 +301,7 @@ def test_a_fully_done_rerun_never_starts_ray(demo_run, monkeypatch):
         raise AssertionError("a stage asked for Ray on a run with nothing left to do")
 
     monkeypatch.setattr(runtime, "start_ray", no_ray)
+    monkeypatch.setattr(runtime.LazyRay, "start_soon", no_ray)  # nor started ahead, on a thread
     for study in studies:
         pipeline_of(study).run(study, Reporter(quiet=True))
 
