@@ -11,7 +11,7 @@ failed rows (`status` error), per model with their most common error, are record
 
 `open_run` begins a run (the run folder and the manifest's record of it) and returns a `StudyRun`:
 what every compute function is given (the tables stages hand on, the run folder, the reporter, and
-Ray, started the first time a stage needs it).
+Ray, started the first time a stage needs it, or ahead of a stage's actors: `Stage.warm`).
 """
 
 from __future__ import annotations
