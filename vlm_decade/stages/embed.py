@@ -312,7 +312,7 @@ def run_embed(study: StudyBase, run: StudyRun) -> Written:
     """Encode the texts of the run's references and responses (`_plan`) that no encoder has a
     vector for yet, and write the embeddings table."""
     encoders = list(study.encoders)
-    local = [cfg for cfg in encoders if not encoder_class(cfg.backend).remote]
+    local = _local(encoders)
     with spill_folder(run.folder) as spill, ThreadPoolExecutor(1) as planner:
         # The plan is made on a thread while Ray and the first local encoder's actors start (their
         # imports take seconds), if they were not started ahead (`warm`): the vectors and texts to
@@ -363,6 +363,11 @@ def run_embed(study: StudyBase, run: StudyRun) -> Written:
                 run.ray().kill(actor)
         raise_stops(stops)
         return _write_selected(run.folder, plan, spill / "vectors")
+
+
+def _local(encoders) -> list[EncoderConfig]:
+    """The encoders that run in the cluster's actors (not an API's)."""
+    return [cfg for cfg in encoders if not encoder_class(cfg.backend).remote]
 
 
 def encoder_actors(study: StudyBase, ray) -> int:
@@ -559,7 +564,7 @@ def stage(study: StudyBase) -> Stage:
     def compute(run: StudyRun) -> dict[str, Written]:
         return {"embeddings": run_embed(study, run)}
 
-    local = [cfg for cfg in study.encoders if not encoder_class(cfg.backend).remote]
+    local = _local(study.encoders)
 
     def warm(run: StudyRun):
         return run.ray.start_soon(partial(_start_actors, study, local[0]))
