@@ -147,7 +147,7 @@ class _Actors:
         self.killed.append(actor)
 
 
-def _warm_pipeline(calls, ray, settings):
+def _warm_pipeline(calls, ray, settings, middle_holds_cluster=False):
     """first -> middle -> second, whose actors are started ahead; `settings`: first's and middle's."""
 
     def warm(run):
@@ -167,7 +167,7 @@ def _warm_pipeline(calls, ray, settings):
 
     return [
         Stage("first", (), settings[0], same_table("first")),
-        Stage("middle", ("first",), settings[1], same_table("middle")),
+        Stage("middle", ("first",), settings[1], same_table("middle"), holds_cluster=middle_holds_cluster),
         Stage("second", ("middle",), {}, second, warm=warm),
     ]
 
@@ -192,3 +192,26 @@ def test_actors_are_started_ahead_as_the_stage_before_runs_and_let_go_when_not_t
     # `middle` runs again, writing the same table: `second` is current, its actors are killed.
     ray = run((2, 2))
     assert ray.events == ["warm", "middle"] and len(calls) == 1 and ray.killed == ["actor-1", "actor-2"]
+
+
+def test_no_actors_are_started_ahead_while_the_stage_before_holds_the_cluster(tmp_path):
+    """A stage with actors of its own (local models) runs before `second`: `second`'s actors are not
+    started beside them (they would take the CPUs those wait for); `second` starts its own."""
+    ray, calls = _Actors(), []
+    StudyRun(RunFolder(tmp_path), Reporter(quiet=True), ray)(*_warm_pipeline(calls, ray, (1, 1), True))
+    assert ray.events == ["first", "middle"] and calls == [[]] and ray.killed == []
+
+
+def test_the_demo_responses_stage_holds_the_cluster_and_one_of_imported_captions_does_not(tmp_path):
+    """Study A's demo runs a local captioner on actors (its embeddings' actors then wait for the
+    stage to end); without it, the stage reads imported captions in the driver."""
+    from vlm_decade.demo import decade_demo
+    from vlm_decade.stages import describe
+    from vlm_decade.studies.decade.pipeline import plan
+
+    study = decade_demo(tmp_path)
+    assert describe.stage(study, plan(study)).holds_cluster
+    models = tuple(m for m in study.models if m.backend == "imported")
+    assert len(models) == 1
+    study = study.model_copy(update={"models": models})
+    assert not describe.stage(study, plan(study)).holds_cluster

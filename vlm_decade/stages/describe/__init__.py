@@ -38,6 +38,12 @@ from vlm_decade.stages.describe.rows import DONE_COLUMNS, RESPONSE_KEY, RowsSoFa
 __all__ = ["Plan", "check_models", "run_describe", "stage"]
 
 
+def _on_actors(model) -> bool:
+    """Whether the model runs on Ray actors of its own (neither an API nor a look-up in the driver)."""
+    backend = backend_class(model.backend)
+    return not (backend.remote or backend.looks_up)
+
+
 def run_describe(study: StudyBase, plan: Plan, run: StudyRun) -> Written:
     """Every job's best row, written: those done before are kept; of the rest, the batch-mode API models'
     requests are submitted first, then the other models run in the study's order while the
@@ -60,7 +66,7 @@ def run_describe(study: StudyBase, plan: Plan, run: StudyRun) -> Written:
         release_memory()  # what planning freed, before the models run
         models = [m for m in study.models if planned.todo_count[m.name]]
         remote = [m for m in models if backend_class(m.backend).remote]
-        if any(not (backend_class(m.backend).remote or backend_class(m.backend).looks_up) for m in models):
+        if any(map(_on_actors, models)):
             check_actor_fit(study, run.ray())  # before any batch is submitted
         per_model = {m.name: planned.todo_count[m.name] for m in models}
         total = sum(per_model.values())
@@ -158,4 +164,5 @@ def stage(study: StudyBase, plan: Plan) -> Stage:
         ("images",),
         settings | ({"budgets": budgets} if budgets else {}),
         lambda run: {"responses": run_describe(study, plan, run)},
+        holds_cluster=any(map(_on_actors, study.models)),
     )
