@@ -147,7 +147,7 @@ class _Actors:
         self.killed.append(actor)
 
 
-def _warm_pipeline(calls, ray, settings, middle_holds_cluster=False):
+def _warm_pipeline(calls, ray, settings, middle_frees_cluster=True):
     """first -> middle -> second, whose actors are started ahead; `settings`: first's and middle's."""
 
     def warm(run):
@@ -167,7 +167,7 @@ def _warm_pipeline(calls, ray, settings, middle_holds_cluster=False):
 
     return [
         Stage("first", (), settings[0], same_table("first")),
-        Stage("middle", ("first",), settings[1], same_table("middle"), holds_cluster=middle_holds_cluster),
+        Stage("middle", ("first",), settings[1], same_table("middle"), frees_cluster=middle_frees_cluster),
         Stage("second", ("middle",), {}, second, warm=warm),
     ]
 
@@ -194,15 +194,18 @@ def test_actors_are_started_ahead_as_the_stage_before_runs_and_let_go_when_not_t
     assert ray.events == ["warm", "middle"] and len(calls) == 1 and ray.killed == ["actor-1", "actor-2"]
 
 
-def test_no_actors_are_started_ahead_while_the_stage_before_holds_the_cluster(tmp_path):
-    """A stage with actors of its own (local models) runs before `second`: `second`'s actors are not
-    started beside them (they would take the CPUs those wait for); `second` starts its own."""
+def test_no_actors_are_started_ahead_unless_the_stage_before_leaves_the_cluster_free(tmp_path):
+    """A stage not said to free the cluster (it may run actors of its own: local models) runs before
+    `second`: `second`'s actors are not started beside it (they could take the CPUs its actors wait
+    for); `second` starts its own."""
     ray, calls = _Actors(), []
-    StudyRun(RunFolder(tmp_path), Reporter(quiet=True), ray)(*_warm_pipeline(calls, ray, (1, 1), True))
+    StudyRun(RunFolder(tmp_path), Reporter(quiet=True), ray)(
+        *_warm_pipeline(calls, ray, (1, 1), middle_frees_cluster=False)
+    )
     assert ray.events == ["first", "middle"] and calls == [[]] and ray.killed == []
 
 
-def test_the_demo_responses_stage_holds_the_cluster_and_one_of_imported_captions_does_not(tmp_path):
+def test_the_demo_responses_stage_keeps_the_cluster_and_one_of_imported_captions_frees_it(tmp_path):
     """Study A's demo runs a local captioner on actors (its embeddings' actors then wait for the
     stage to end); without it, the stage reads imported captions in the driver."""
     from vlm_decade.demo import decade_demo
@@ -210,8 +213,8 @@ def test_the_demo_responses_stage_holds_the_cluster_and_one_of_imported_captions
     from vlm_decade.studies.decade.pipeline import plan
 
     study = decade_demo(tmp_path)
-    assert describe.stage(study, plan(study)).holds_cluster
+    assert not describe.stage(study, plan(study)).frees_cluster
     models = tuple(m for m in study.models if m.backend == "imported")
     assert len(models) == 1
     study = study.model_copy(update={"models": models})
-    assert not describe.stage(study, plan(study)).holds_cluster
+    assert describe.stage(study, plan(study)).frees_cluster

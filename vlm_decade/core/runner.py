@@ -81,10 +81,10 @@ class Stage:
     # before it runs, so that Ray and the actors start while that stage works (a core idles there);
     # `compute` takes them with `run.warmed()`, and those it does not take are killed after it.
     warm: Callable[[StudyRun], Future] | None = None
-    # Whether `compute` runs Ray actors that take CPUs or GPUs (local models): the next stage's
-    # actors are then not started ahead, as they would take the cluster from this stage's, which
-    # would wait for them for ever.
-    holds_cluster: bool = False
+    # Whether `compute` leaves the cluster's CPUs and GPUs free (no actors of its own take them): only
+    # then are the next stage's actors started ahead beside it. Actors started beside a stage's own
+    # could take the cluster first, and the stage's would wait for them for ever.
+    frees_cluster: bool = False
 
     @property
     def tables(self) -> tuple[str, ...]:
@@ -269,8 +269,8 @@ class StudyRun:
 
     def _warm_next(self, stage: Stage) -> None:
         """Begin `Stage.warm` of the stage after `stage`, which is about to run (only then: a run that
-        stops earlier, on an error, starts nothing), unless `stage` holds the cluster itself."""
-        if stage.holds_cluster:
+        stops earlier, on an error, starts nothing), and only beside a stage that leaves the cluster free."""
+        if not stage.frees_cluster:
             return
         names = [s.name for s in self._pipeline]
         after = names.index(stage.name) + 1 if stage.name in names else len(names)

@@ -164,5 +164,5 @@ def stage(study: StudyBase, plan: Plan) -> Stage:
         ("images",),
         settings | ({"budgets": budgets} if budgets else {}),
         lambda run: {"responses": run_describe(study, plan, run)},
-        holds_cluster=any(map(_on_actors, study.models)),
+        frees_cluster=not any(map(_on_actors, study.models)),
     )
