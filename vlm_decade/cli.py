@@ -265,7 +265,7 @@ def run(
     rehash: bool = typer.Option(
         False,
         "--rehash",
-        help="Read and hash every image again, instead of trusting the run folder's record of unchanged files.",
+        help="Read and hash every image and table file again, instead of trusting the run folder's record of unchanged files.",
     ),
     wait: bool = typer.Option(
         True,

@@ -13,7 +13,8 @@ import pytest
 
 from vlm_decade.core.config import RuntimeConfig
 from vlm_decade.core.progress import Reporter
-from vlm_decade.core.runfolder import RunFolder, RunFolderBusy, segments_record, table_fingerprint
+from vlm_decade.core import runfolder
+from vlm_decade.core.runfolder import STAMP_NS, RunFolder, RunFolderBusy, segments_record, table_fingerprint
 from vlm_decade.core.runner import Stage, StudyRun, Written
 from vlm_decade.core.runtime import LazyRay
 
@@ -204,7 +205,7 @@ def test_the_manifest_records_fingerprint_and_file_hash(tmp_path):
     run, _ = _run(folder)
     run.run_stage(_stage([]))
     manifest = json.loads(folder.manifest_path.read_text())
-    assert set(manifest["files"]["t"]) == {"sha256", "bytes"} and len(manifest["tables"]["t"]) == 64
+    assert set(manifest["files"]["t"]) == {"sha256", "bytes", "mtime_ns"} and len(manifest["tables"]["t"]) == 64
     assert folder.self_verified("t") == (manifest["tables"]["t"], manifest["files"]["t"])
 
 
@@ -354,3 +355,53 @@ def test_a_run_that_cannot_begin_releases_the_folder_at_once(tmp_path, monkeypat
     monkeypatch.setattr(storage.Mirror, "push", lambda self, paths=None: 0)  # the store is back
     with RunFolder(copy).lock():
         pass
+
+
+def _counting_hashes(monkeypatch) -> list[str]:
+    hashed = []
+    real = runfolder.file_sha256
+    monkeypatch.setattr(runfolder, "file_sha256", lambda path: hashed.append(Path(path).name) or real(path))
+    return hashed
+
+
+def _same_size_edit(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-9] ^= 1  # inside the footer: the file no longer hashes the same
+    path.write_bytes(bytes(data))
+
+
+def test_an_unchanged_table_is_trusted_by_its_size_and_time_and_hashed_on_rehash(tmp_path, monkeypatch):
+    folder = RunFolder(tmp_path)
+    _, record = folder.write("t", pa.table({"x": [1, 2, 3]}))
+    hashed = _counting_hashes(monkeypatch)
+    assert folder.verified("t", record) is None and hashed == []  # as written: not read again
+    assert RunFolder(tmp_path, rehash=True).verified("t", record) is None and hashed == ["t.parquet"]
+    # Bytes changed and the time put back as recorded: only a rehash can tell (the limit of the rule).
+    _same_size_edit(folder.table_path("t"))
+    os.utime(folder.table_path("t"), ns=(record["mtime_ns"], record["mtime_ns"]))
+    assert folder.verified("t", record) is None
+    assert "does not match the hash" in RunFolder(tmp_path, rehash=True).verified("t", record)
+
+
+def test_a_change_in_the_clock_tick_of_the_write_is_still_found(tmp_path):
+    """A write just after the table's gets the file system's time of the same coarse clock tick: the
+    time it had before the record set it past (`STAMP_NS`), never the recorded one."""
+    folder = RunFolder(tmp_path)
+    _, record = folder.write("t", pa.table({"x": [1, 2, 3]}))
+    path = folder.table_path("t")
+    _same_size_edit(path)
+    same_tick = record["mtime_ns"] - STAMP_NS
+    os.utime(path, ns=(same_tick, same_tick))
+    assert path.stat().st_size == record["bytes"]
+    assert "does not match the hash recorded" in folder.verified("t", record)
+
+
+def test_a_file_system_without_nanoseconds_records_no_time_and_is_always_hashed(tmp_path, monkeypatch):
+    monkeypatch.setattr(runfolder.os, "utime", lambda path, ns: None)  # the time set is not kept
+    folder = RunFolder(tmp_path)
+    _, record = folder.write("t", pa.table({"x": [1, 2, 3]}))
+    assert "mtime_ns" not in record
+    hashed = _counting_hashes(monkeypatch)
+    assert folder.verified("t", record) is None and hashed == ["t.parquet"]
+    _same_size_edit(folder.table_path("t"))
+    assert "does not match the hash recorded" in folder.verified("t", record)

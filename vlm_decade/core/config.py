@@ -385,7 +385,7 @@ class RuntimeConfig(Settings):
     )
     rehash: bool = Field(
         False,
-        description="Read and hash every image again, instead of trusting the run folder's record of unchanged files (also --rehash).",
+        description="Read and hash every image and table file again, instead of trusting the run folder's record of unchanged files (same size and time; also --rehash).",
     )
     max_restarts: int = Field(
         3,

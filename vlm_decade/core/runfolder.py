@@ -2,10 +2,11 @@
 
 Every file is written whole (`core.files`), so a reader (or a re-run after SIGKILL) sees either the
 old file or the new one, never half of one. Nothing is trusted because it exists:
-- each table's content fingerprint (`tables`) and the sha256 of its file (`files`) are recorded in
-  the manifest when it is written, and a table is used again only while its file still hashes the same (`verified`); the
-  fingerprint also travels inside the file's metadata, so a table verifies on its own when the
-  manifest is lost;
+- each table's content fingerprint (`tables`) and the sha256, size and time of its file (`files`)
+  are recorded in the manifest when it is written, and a table is used again only while its file
+  still has that size and time or, when its time changed, still hashes the same (`verified`;
+  `runtime.rehash` hashes every file); the fingerprint also travels inside the file's metadata, so
+  a table verifies on its own when the manifest is lost;
 - a stage that produces rows incrementally appends finished batches as parts under
   `.parts/<table>/`, each named with the hash of its bytes: a part that does not hash to its name
   (truncated by a crash or a full disk) is discarded and its rows are done again;
@@ -174,14 +175,42 @@ def _write_file(path: Path, schema: pa.Schema, batches, row_group_rows: int) -> 
                     rows += piece.num_rows
             digest = fingerprint.hexdigest()
             writer.add_key_value_metadata({FINGERPRINT_KEY: digest.encode()})
-    return digest, {"sha256": file_sha256(path), "bytes": path.stat().st_size}, rows
+    return digest, _file_record(path), rows
 
 
-def _file_problem(path: Path, record: dict) -> str | None:
-    """None when the file at `path` has the size and sha256 `record` says; else what is wrong."""
+# A recorded file's time is set this far past the time the file system gave it: any later write
+# gets the clock's time, and a write within the same tick of that coarse clock (milliseconds) would
+# otherwise leave the time as recorded.
+STAMP_NS = 1000
+
+
+def _file_record(path: Path, written: bool = True) -> dict[str, Any]:
+    """What `verified` checks of a file whose bytes are as wanted: its sha256 and size, and its time:
+    for a file just `written`, set past the file system's (`STAMP_NS`) where the file system keeps
+    the time to the nanosecond it is set to (where it does not, the record has no time and the file
+    is hashed whenever it is checked); for one written long before (found when a manifest is
+    rebuilt), the time it has."""
+    stat = path.stat()
+    record = {"sha256": file_sha256(path), "bytes": stat.st_size}
+    if not written:
+        return record | {"mtime_ns": stat.st_mtime_ns}
+    stamp = stat.st_mtime_ns + STAMP_NS
+    os.utime(path, ns=(stat.st_atime_ns, stamp))
+    if path.stat().st_mtime_ns == stamp:
+        record["mtime_ns"] = stamp
+    return record
+
+
+def _file_problem(path: Path, record: dict, rehash: bool = False) -> str | None:
+    """None when the file at `path` has the size and sha256 `record` says; else what is wrong. A
+    file with the size and time recorded is not hashed again, unless `rehash`: a table of gigabytes
+    is checked in microseconds, as `make` and the image cache trust an unchanged file."""
     if not path.is_file():
         return f"{path.name} is missing"
-    if path.stat().st_size != record["bytes"] or file_sha256(path) != record["sha256"]:
+    stat = path.stat()
+    if stat.st_size == record["bytes"] and not rehash and record.get("mtime_ns") == stat.st_mtime_ns:
+        return None
+    if stat.st_size != record["bytes"] or file_sha256(path) != record["sha256"]:
         return f"{path.name} does not match the hash recorded when it was written"
     return None
 
@@ -196,7 +225,7 @@ def _self_verified(path: Path) -> tuple[str, dict[str, Any], int] | None:
             return None
     except Exception:  # noqa: BLE001 - a damaged Parquet file raises many kinds of error
         return None
-    return stored.decode(), {"sha256": file_sha256(path), "bytes": path.stat().st_size}, table.num_rows
+    return stored.decode(), _file_record(path, written=False), table.num_rows
 
 
 def segments_record(segments: list[dict[str, Any]]) -> dict[str, Any]:
@@ -213,10 +242,12 @@ class RunFolderBusy(RuntimeError):
 class RunFolder:
     """The folder a study writes: tables, manifest, report. The driver alone writes it.
 
-    `say` reports what the folder found and set right (a corrupt table redone, a part discarded)."""
+    `say` reports what the folder found and set right (a corrupt table redone, a part discarded);
+    `rehash`: every table is hashed when it is checked, whatever its recorded time (`_file_problem`)."""
 
-    def __init__(self, root: str | Path, say: Callable[[str], None] | None = None):
+    def __init__(self, root: str | Path, say: Callable[[str], None] | None = None, rehash: bool = False):
         self.root = Path(root)
+        self.rehash = rehash
         self.say = say if say is not None else (lambda message: None)
         self.repairs = False  # set while a run holds the folder: only then is a damaged manifest rebuilt
         self.mirror = Mirror.of(self.root)  # None unless this is the working copy of a folder in a bucket
@@ -314,7 +345,7 @@ class RunFolder:
         if record and "segments" in record:
             folder = self.segment_folder(name)
             for segment in record["segments"]:
-                problem = _file_problem(folder / segment["name"], segment)
+                problem = _file_problem(folder / segment["name"], segment, self.rehash)
                 if problem is not None:
                     return f"{folder.name}/{problem}"
             return None
@@ -323,7 +354,7 @@ class RunFolder:
             return f"{path.name} is missing"
         if not record or "sha256" not in record:
             return f"{path.name} has no recorded hash"
-        return _file_problem(path, record)
+        return _file_problem(path, record, self.rehash)
 
     def trusted(self, name: str) -> bool:
         """Whether table `name` is there as the last finished stage wrote it (it verifies): what an

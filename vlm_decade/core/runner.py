@@ -377,7 +377,7 @@ def open_run(study: StudyBase, reporter: Reporter | None, summary: str, **manife
     hash, package versions, the start); `manifest` adds what the study kind records."""
     reporter = reporter or Reporter()
     release_memory()  # what checking the input freed
-    folder = RunFolder(study.output, say=reporter.say)
+    folder = RunFolder(study.output, say=reporter.say, rehash=study.runtime.rehash)
     if folder.mirror is not None:
         folder.mirror.check()  # a store without the bucket stops the run before it takes the folder
     lock = folder.lock()
