@@ -11,9 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from vlm_decade.core import runfolder
 from vlm_decade.core.config import RuntimeConfig
 from vlm_decade.core.progress import Reporter
-from vlm_decade.core import runfolder
 from vlm_decade.core.runfolder import STAMP_NS, RunFolder, RunFolderBusy, segments_record, table_fingerprint
 from vlm_decade.core.runner import Stage, StudyRun, Written
 from vlm_decade.core.runtime import LazyRay
