@@ -74,8 +74,10 @@ class FileAnswers:
         inside = at < len(self.images)
         at, wanted = at[inside], wanted[inside]
         at = at[self.images[at] == wanted]
-        index = [np.arange(self.ends[k] - 1, self.starts[k] - 1, -1) for k in at]  # last first: the last row answers
-        return self.rows.take(pa.array(np.concatenate(index) if index else np.zeros(0, np.int64), pa.int64()))
+        # Each image's rows from its last down to its first (the last row answers), on arrays.
+        sizes = self.ends[at] - self.starts[at]
+        within = np.arange(sizes.sum()) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+        return self.rows.take(pa.array(np.repeat(self.ends[at] - 1, sizes) - within, pa.int64()))
 
     def texts(self, image_ids: pa.Array, variants: pa.Array, prompt_id: str) -> pa.Array:
         """Per question (image_ids[i], variants[i], prompt_id), the file's text (not stripped): its row
