@@ -297,11 +297,13 @@ def test_a_cache_key_put_together_from_its_pieces_is_the_sha256_of_its_payload_a
     if answer != "absent":
         payload["answer"] = answer
     want = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
-    key = KeyTemplate(settings_, prompt)(
-        image,
-        json.dumps(mask, sort_keys=True),
-        _ABSENT if classes is None else classes,
-        background,
-        _ABSENT if answer == "absent" else answer,
-    )
+    template = KeyTemplate(settings_, prompt)
+    mask_json, classes_ = json.dumps(mask, sort_keys=True), _ABSENT if classes is None else classes
+    key = template(image, mask_json, classes_, background, _ABSENT if answer == "absent" else answer)
     assert key == want
+    # An image's keys for several masks at once: each the key of its own payload.
+    other = {"id": "m2", "box": [0.1, 0.2]}
+    answers = None if answer == "absent" else [answer, None]
+    keys = template.image_keys(image, [mask_json, json.dumps(other, sort_keys=True)], classes_, background, answers)
+    payload2 = payload | {"mask": other} | ({} if answers is None else {"answer": None})
+    assert keys == [want, hashlib.sha256(json.dumps(payload2, sort_keys=True).encode()).hexdigest()]

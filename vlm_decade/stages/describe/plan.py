@@ -173,9 +173,8 @@ def _plan_slice(
     cache_keys = []
     for i, (dataset, sha, background) in enumerate(zip(datasets, shas, backgrounds)):
         classes = list(plan.classnames.get(dataset, ())) if closed else _ABSENT
-        for j, mask in enumerate(masks):
-            answer = answers[i * n + j] if answers is not None else _ABSENT  # keyed by its own row of a file
-            cache_keys.append(key_of(sha, mask, classes, background, answer))
+        answer = answers[i * n : (i + 1) * n] if answers is not None else None  # keyed by its own row of a file
+        cache_keys += key_of.image_keys(sha, masks, classes, background, answer)
     size = jobs.num_rows
     return pa.table(
         {
@@ -204,16 +203,26 @@ class KeyTemplate:
         self.tail = ', "model": ' + json.dumps(settings, sort_keys=True) + ', "prompt": ' + json.dumps(prompt) + "}"
 
     def __call__(self, image: str, mask: str, classes=_ABSENT, background=None, answer=_ABSENT) -> str:
-        head = "{"
-        if answer is not _ABSENT:
-            head += '"answer": ' + _json(answer) + ", "
+        return self.image_keys(image, [mask], classes, background, None if answer is _ABSENT else [answer])[0]
+
+    def image_keys(
+        self, image: str, masks: list[str], classes=_ABSENT, background=None, answers: list | None = None
+    ) -> list[str]:
+        """The keys of one image's jobs, one per mask of `masks` (with `answers`, one per mask: a
+        file's rows), the image's part of the payload put together once."""
+        middle = ""
         if background is not None:  # an opaque image's key is what it always was
-            head += '"background": ' + _json(background) + ", "
+            middle += '"background": ' + _json(background) + ", "
         if classes is not _ABSENT:
-            head += '"classes": ' + json.dumps(classes) + ", "
-        return hashlib.sha256(
-            (head + '"image": ' + _json(image) + ', "mask": ' + mask + self.tail).encode()
-        ).hexdigest()
+            middle += '"classes": ' + json.dumps(classes) + ", "
+        middle += '"image": ' + _json(image) + ', "mask": '
+        sha256, tail = hashlib.sha256, self.tail
+        if answers is None:
+            return [sha256(("{" + middle + mask + tail).encode()).hexdigest() for mask in masks]
+        return [
+            sha256(('{"answer": ' + _json(answer) + ", " + middle + mask + tail).encode()).hexdigest()
+            for mask, answer in zip(masks, answers)
+        ]
 
 
 def _json(value) -> str:
