@@ -331,8 +331,8 @@ def save_sentence_encoder(folder: Path, seed: int = 0, dim: int = 384) -> Path:
     )
     _seeded(lambda: BertModel(config), seed).save_pretrained(bert)
     word = models.Transformer(str(bert), max_seq_length=64)
-    pooling = models.Pooling(word.get_word_embedding_dimension(), "mean")
-    widen = _seeded(lambda: models.Dense(word.get_word_embedding_dimension(), dim), seed)
+    pooling = models.Pooling(config.hidden_size, "mean")  # the word vectors are the BERT's hidden states
+    widen = _seeded(lambda: models.Dense(config.hidden_size, dim), seed)
     SentenceTransformer(modules=[word, pooling, widen], device="cpu").save(str(folder))
     return folder
 
