@@ -45,8 +45,8 @@ def test_an_imported_models_keys_are_its_own_rows_whatever_the_slice(tmp_path, m
     _, keys = ImportedBackend.answer_keys(model)
     ids, variants = pa.array(["i1", "i2", "i3", "i4"]), pa.array(["full"] * 4)
     sha = lambda text: hashlib.sha256(text.encode()).hexdigest()  # noqa: E731 - the answer's text, stripped
-    assert keys(ids, variants, "p1") == [sha("a red bird"), None, sha("last"), None]
-    assert keys(ids, variants, "p2") == [sha("any prompt"), sha("a cat"), sha("last"), None]
+    assert keys(ids, variants, "p1").to_pylist() == [sha("a red bird"), None, sha("last"), None]
+    assert keys(ids, variants, "p2").to_pylist() == [sha("any prompt"), sha("a cat"), sha("last"), None]
 
     from vlm_decade.stages.describe.plan import Plan, plan_jobs
     from vlm_decade.studies import study_from_dict
@@ -110,7 +110,7 @@ def test_an_imported_file_answers_a_few_questions_at_a_time_as_a_dict_of_its_row
         for i, v in zip(ids, variants):
             text = last.get((i, v, prompt), last.get((i, v, "")))
             expected.append(None if text is None else sha(text))
-        assert keys(pa.array(ids), pa.array(variants), prompt) == expected
+        assert keys(pa.array(ids), pa.array(variants), prompt).to_pylist() == expected
 
 
 def _row(subject, image_id, variant, status, cache_key, text):
@@ -286,8 +286,9 @@ JSON = st.recursive(
 def test_a_cache_key_put_together_from_its_pieces_is_the_sha256_of_its_payload_as_sorted_json(
     settings_, prompt, image, mask, classes, background, answer
 ):
-    """The keys of every run before: what `json.dumps(payload, sort_keys=True)` hashed."""
-    from vlm_decade.stages.describe.plan import _ABSENT, KeyTemplate
+    """The keys of every run before: what `json.dumps(payload, sort_keys=True)` hashed, for each
+    job of a column of them (here an image's two masks, the second without an answer)."""
+    from vlm_decade.stages.describe.plan import KeyTemplate
 
     payload = {"model": settings_, "prompt": prompt, "image": image, "mask": mask}
     if classes is not None:
@@ -296,14 +297,15 @@ def test_a_cache_key_put_together_from_its_pieces_is_the_sha256_of_its_payload_a
         payload["background"] = background
     if answer != "absent":
         payload["answer"] = answer
-    want = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
-    template = KeyTemplate(settings_, prompt)
-    mask_json, classes_ = json.dumps(mask, sort_keys=True), _ABSENT if classes is None else classes
-    key = template(image, mask_json, classes_, background, _ABSENT if answer == "absent" else answer)
-    assert key == want
-    # An image's keys for several masks at once: each the key of its own payload.
     other = {"id": "m2", "box": [0.1, 0.2]}
-    answers = None if answer == "absent" else [answer, None]
-    keys = template.image_keys(image, [mask_json, json.dumps(other, sort_keys=True)], classes_, background, answers)
-    payload2 = payload | {"mask": other} | ({} if answers is None else {"answer": None})
-    assert keys == [want, hashlib.sha256(json.dumps(payload2, sort_keys=True).encode()).hexdigest()]
+    payload2 = payload | {"mask": other} | ({} if answer == "absent" else {"answer": None})
+    want = [hashlib.sha256(json.dumps(p, sort_keys=True).encode()).hexdigest() for p in (payload, payload2)]
+    keys = KeyTemplate(settings_, prompt).keys(
+        pa.array([0, 0]),
+        pa.array([image], pa.string()),
+        pa.array([background], pa.string()),
+        pa.array([json.dumps(mask, sort_keys=True), json.dumps(other, sort_keys=True)], pa.string()),
+        None if classes is None else pa.array([json.dumps(classes)] * 2, pa.string()),
+        None if answer == "absent" else pa.array([answer, None], pa.string()),
+    )
+    assert keys.to_pylist() == want

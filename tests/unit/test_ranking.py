@@ -236,3 +236,17 @@ def test_texts_split_by_arrow_give_the_tokens_python_gives(texts):
     for k, word in zip(owner.tolist(), words.to_pylist()):
         found[k].append(word)
     assert found == [tokens(t) for t in texts]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 40), max_size=60))
+def test_counted_values_are_numpy_s_unique_with_counts_and_inverse(values):
+    from vlm_decade.studies.decade.ranking import _counted
+
+    x = np.array(values, np.int64)
+    unique, counts = np.unique(x, return_counts=True)
+    got, got_counts, none = _counted(x)
+    assert none is None and np.array_equal(got, unique) and np.array_equal(got_counts, counts)
+    unique, inverse, counts = np.unique(x, return_inverse=True, return_counts=True)
+    got, got_counts, places = _counted(x, inverse=True)
+    assert np.array_equal(got, unique) and np.array_equal(got_counts, counts) and np.array_equal(places, inverse)

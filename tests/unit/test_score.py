@@ -3,6 +3,9 @@
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.models.encoders import text_key
@@ -288,3 +291,36 @@ def test_the_run_folder_s_tables_are_streamed_into_shards_and_score_as_the_table
     assert streamed.equals(held)
     assert metric.pairs == 6 + 6 + 6  # the kept rows were found in the streamed scores: as in the test above
     assert not (tmp_path / ".spill").exists() or not any((tmp_path / ".spill").iterdir())
+
+
+NAME = st.text(alphabet=st.sampled_from(list('ab"\\\x01é中 ')), max_size=4)
+
+
+@hsettings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from(["i1", "i2", "i3"]), NAME, NAME, NAME), min_size=1, max_size=12),
+    st.dictionaries(st.sampled_from(["i1", "i2", "i3"]), st.none() | NAME),
+    st.booleans(),
+)
+def test_an_image_s_inputs_are_the_hash_unit_inputs_gives_its_dataset_gold_and_pairs(rows, datasets, texts):
+    """The hash each scores row carries, as runs before computed it: `unit_inputs` of
+    (dataset, gold, [[subject, candidate], ...]) per image, its JSON put together in Python."""
+    from vlm_decade.core.reuse import INPUTS, unit_inputs
+
+    gold_of = {}
+    for image_id, _, _, gold in rows:
+        gold_of.setdefault(image_id, gold)  # one gold standard per image
+    rows = sorted((i, s, c, gold_of[i]) for i, s, c, _ in rows)
+    candidate, gold = ("candidate", "gold") if texts else ("candidate_key", "gold_key")
+    pairs = pa.table({k: [r[j] for r in rows] for j, k in enumerate(["image_id", "subject", candidate, gold])})
+    images = pa.table(
+        {"image_id": pa.array(list(datasets), pa.string()), "dataset": pa.array(list(datasets.values()), pa.string())}
+    )
+    settings = [1, {"SBERT": "key\u00e9"}, []]
+    got = score.image_inputs(pairs, images, settings)
+    ids = sorted(gold_of)
+    want = unit_inputs(
+        settings, [[datasets.get(i), gold_of[i], [[s, c] for j, s, c, _ in rows if j == i]] for i in ids]
+    )
+    assert got.column("image_id").to_pylist() == ids
+    assert got.column(INPUTS).to_pylist() == want.to_pylist()

@@ -3,9 +3,88 @@ never a Python object per row."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import threading
+from functools import cache
+from json.encoder import encode_basestring_ascii
+
+import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+# What Python's `str.strip()` removes: exactly the characters that `str.isspace()` is true of.
+PYTHON_WHITESPACE = (
+    "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006"
+    "\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+)
+# A string with one of these characters is escaped by `json.dumps` (with ensure_ascii, every
+# character past ASCII too); one without is written as it is, between quotes.
+_JSON_ESCAPED = {True: r"[^\x20-\x21\x23-\x5b\x5d-\x7e]", False: r'[\x00-\x1f"\\]'}
+
+
+def stripped(texts: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """Each text as `str.strip()` leaves it, on the column (nulls stay null)."""
+    return pc.utf8_trim(texts, characters=PYTHON_WHITESPACE)
+
+
+# Where DuckDB hashes a column faster than hashlib's loop over its bytes: many short strings, on
+# every core (benchmarks/column_hashing.py: texts of 64 bytes about twice as fast; of 540 bytes, a
+# cache key's payload, no faster for more CPU); each DuckDB call costs a few milliseconds.
+DUCKDB_MIN_ROWS, DUCKDB_MAX_MEAN_BYTES = 20_000, 256
+
+
+def sha256_hex(values: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """Each string's sha256 (of its UTF-8) in hex, as `hashlib.sha256(s.encode()).hexdigest()`
+    gives it; null stays null. No Python string is made of a value: many short strings are hashed
+    by DuckDB over the whole column on every core, others by hashlib from the column's own bytes."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    if not len(values):
+        return pa.array([], pa.string())
+    _, offsets, data = values.buffers()
+    width = np.int64 if pa.types.is_large_string(values.type) or pa.types.is_large_binary(values.type) else np.int32
+    bounds = np.frombuffer(offsets, width)[values.offset : values.offset + len(values) + 1]
+    if len(values) >= DUCKDB_MIN_ROWS and bounds[-1] - bounds[0] <= DUCKDB_MAX_MEAN_BYTES * len(values):
+        return _duckdb_sha256(values)
+    bounds = bounds.tolist()
+    data = memoryview(data if data is not None else b"")
+    sha256 = hashlib.sha256
+    hashed = pa.array([sha256(data[a:b]).hexdigest() for a, b in zip(bounds, bounds[1:])], pa.string())
+    return pc.if_else(pc.is_valid(values), hashed, pa.scalar(None, pa.string())) if values.null_count else hashed
+
+
+@cache
+def _database() -> tuple[duckdb.DuckDBPyConnection, threading.Lock]:
+    return duckdb.connect(":memory:"), threading.Lock()
+
+
+def _duckdb_sha256(values: pa.Array) -> pa.Array:
+    database, lock = _database()
+    with lock:  # a cursor per call: one connection is not to be used by two threads at once
+        cursor = database.cursor()
+    try:
+        hashed = cursor.from_arrow(pa.table({"v": values})).project("sha256(v) AS k").to_arrow_table()
+    finally:
+        cursor.close()
+    return hashed.column("k").combine_chunks().cast(pa.string())
+
+
+def json_strings(values: pa.Array | pa.ChunkedArray, ensure_ascii: bool = True) -> pa.Array:
+    """Each string as `json.dumps` writes it (with `ensure_ascii`), null as `null`: quoted on the
+    column where nothing needs escaping (hex keys, plain names), by `json.dumps` where it does."""
+    values = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+    quoted = pc.binary_join_element_wise('"', values, '"', "")
+    odd = pc.fill_null(pc.match_substring_regex(values, _JSON_ESCAPED[ensure_ascii]), False)
+    if pc.any(odd).as_py():
+        at = np.flatnonzero(odd.to_numpy(zero_copy_only=False))
+        dump = encode_basestring_ascii if ensure_ascii else lambda v: json.dumps(v, ensure_ascii=False)
+        escaped = pa.array([dump(v) for v in values.take(pa.array(at)).to_pylist()], pa.string())
+        mask = np.zeros(len(values), bool)
+        mask[at] = True
+        quoted = pc.replace_with_mask(quoted, pa.array(mask), escaped)
+    return pc.fill_null(quoted, "null")
 
 
 def first_per_key(table: pa.Table, key: str) -> pa.Table:

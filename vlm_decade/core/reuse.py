@@ -25,7 +25,7 @@ INPUTS = "inputs_sha256"
 def unit_inputs(settings: Any, *columns: pa.Array | pa.ChunkedArray | Sequence) -> pa.Array:
     """Per row, the sha256 of `settings` (JSON) and the row's value in each column (strings, or
     anything JSON writes: lists of keys, numbers): what one unit's rows are computed from."""
-    head = json.dumps(settings, sort_keys=True, separators=(",", ":"), default=str)
+    head = inputs_head(settings)
     values = [c.to_pylist() if isinstance(c, pa.Array | pa.ChunkedArray) else list(c) for c in columns]
     return pa.array(
         [
@@ -34,6 +34,11 @@ def unit_inputs(settings: Any, *columns: pa.Array | pa.ChunkedArray | Sequence) 
         ],
         pa.string(),
     )
+
+
+def inputs_head(settings: Any) -> str:
+    """The settings' part of every unit's inputs (`unit_inputs`), as JSON."""
+    return json.dumps(settings, sort_keys=True, separators=(",", ":"), default=str)
 
 
 def _key(table: pa.Table, columns: list[str]) -> pa.ChunkedArray | pa.Array:

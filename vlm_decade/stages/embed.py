@@ -20,7 +20,6 @@ wants), so images added to a run cost their own vectors, not a rewrite of every 
 
 from __future__ import annotations
 
-import hashlib
 import math
 import shutil
 from concurrent.futures import ThreadPoolExecutor
@@ -34,7 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from vlm_decade.core.columns import first_per_key
+from vlm_decade.core.columns import first_per_key, sha256_hex, stripped
 from vlm_decade.core.config import EncoderConfig, StudyBase
 from vlm_decade.core.dispatch import batches, bounded, pool_map
 from vlm_decade.core.errors import Problem
@@ -63,7 +62,8 @@ EMBEDDINGS_SCHEMA = pa.schema(
 TEXT_BATCH = 128
 IN_FLIGHT_PER_ACTOR = 2  # batches in flight to each local encoder actor: the next is ready while one is saved
 PART_ROWS, PART_S = 8192, 10.0  # save vectors as a part this often
-VECTOR_BATCH = 4096  # rows read (or texts hashed) at a time
+VECTOR_BATCH = 4096  # rows read at a time
+KEY_BATCH = 65_536  # rows read at a time without their vectors
 REMOTE_IN_FLIGHT = 8  # batches of texts in flight to an API encoder's gateway
 # A local encoder's texts are sorted by length (for its batches) this many at least at a time: a study
 # with fewer is batched exactly as if they were sorted whole.
@@ -162,9 +162,11 @@ def _sources(folder: RunFolder, previous: list, columns: list[str] | None = None
             table = table.append_column("mode", pa.nulls(table.num_rows, pa.string()))
         return table.cast(pa.schema([EMBEDDINGS_SCHEMA.field(c) for c in table.column_names]))
 
+    # Keys alone are read many row groups at a time: each table taken is spread over 256 buckets.
+    rows = VECTOR_BATCH if columns is None or "vector" in columns else KEY_BATCH
     for source, (path, _) in enumerate(previous):
         if source not in skip:
-            for batch in folder.file_batches(path, columns=columns, batch_size=VECTOR_BATCH):
+            for batch in folder.file_batches(path, columns=columns, batch_size=rows):
                 yield source, whole(pa.Table.from_batches([batch]))
     for table in folder.iter_parts("embeddings", EMBEDDINGS_SCHEMA, columns):
         yield len(previous), whole(table)
@@ -185,10 +187,10 @@ def spill_folder(folder: RunFolder):
 def _hashed(texts: pa.Array) -> tuple[pa.Table, np.ndarray]:
     """The non-blank texts of a batch, stripped, with their keys (text_sha256, text), and each one's
     bucket (the key's first two hex digits)."""
-    stripped = [s for s in (t.strip() for t in texts.to_pylist() if t) if s]
-    keys = [hashlib.sha256(s.encode("utf-8")).hexdigest() for s in stripped]
-    table = pa.table({"text_sha256": pa.array(keys, pa.string()), "text": pa.array(stripped, pa.string())})
-    return table, np.array([int(k[:2], 16) for k in keys], dtype=np.int64)
+    texts = stripped(texts)
+    texts = texts.filter(pc.fill_null(pc.greater(pc.binary_length(texts), 0), False))
+    table = pa.table({"text_sha256": sha256_hex(texts), "text": texts.cast(pa.string())})
+    return table, key_buckets(table.column("text_sha256"))
 
 
 @dataclass
@@ -258,8 +260,8 @@ def _plan(folder: RunFolder, encoders: list[EncoderConfig], spill: Path) -> _Pla
     previous table is kept as it is (`clean`) when each of its rows is such a first vector, under
     its encoder's current name."""
     with ThreadPoolExecutor(1) as checker:
-        # The previous table's files are checked (hashed whole: gigabytes) on a thread while the
-        # texts are hashed here, a text at a time: hashlib lets go of the GIL for large buffers.
+        # The previous table's files are checked (hashed whole: gigabytes; or trusted by their recorded
+        # size and time) on a thread while the texts are hashed here, a column at a time.
         checked = checker.submit(_previous, folder)
         raw = Spill(spill / "raw", TEXTS_SCHEMA)
         for batch in folder.batches("references", columns=["text"]):

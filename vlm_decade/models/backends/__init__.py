@@ -75,10 +75,11 @@ class Backend:
         return model.model_dump(mode="json", exclude={"name", "batch_size", "variants"})
 
     @classmethod
-    def answer_keys(cls, model: ModelConfig) -> tuple[dict, Callable[[Any, Any, str], list[str | None]] | None]:
+    def answer_keys(cls, model: ModelConfig) -> tuple[dict, Callable[[Any, Any, str], Any] | None]:
         """What goes into each response's cache key: the settings all its answers share, and, for a
         backend whose answers are rows of a file, the keys of some (image_ids, variants) for a prompt
-        id, each its own row's (None where the file has none), so that only the rows that change are done again."""
+        id as an Arrow array, each its own row's (null where the file has none), so that only the
+        rows that change are done again."""
         return cls.fingerprint(model), None
 
     @classmethod

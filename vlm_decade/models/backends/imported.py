@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import Field
 
-from vlm_decade.core.columns import first_rows
+from vlm_decade.core.columns import first_rows, sha256_hex, stripped
 from vlm_decade.core.config import BackendOptions, ModelConfig
 from vlm_decade.core.errors import STUDY_FILE, Problem, Problems
 from vlm_decade.core.tables import Table, read_table
@@ -212,7 +212,7 @@ class ImportedBackend(Backend):
         return settings
 
     @classmethod
-    def answer_keys(cls, model: ModelConfig) -> tuple[dict, Callable[[pa.Array, pa.Array, str], list[str | None]]]:
+    def answer_keys(cls, model: ModelConfig) -> tuple[dict, Callable[[pa.Array, pa.Array, str], pa.Array]]:
         """Each response is keyed by its own row, not the whole file: adding rows for new images, or
         changing one row, does again only the responses whose rows are new or changed. The file is
         read once, into Arrow columns, and looked up a slice of questions at a time."""
@@ -221,12 +221,10 @@ class ImportedBackend(Backend):
         table = read_table(imported_file(model), COLUMNS, Problems(), OPTIONAL)  # unreadable: `check` said so
         found = FileAnswers(table) if table is not None else None
 
-        def keys(image_ids: pa.Array, variants: pa.Array, prompt_id: str) -> list[str | None]:
+        def keys(image_ids: pa.Array, variants: pa.Array, prompt_id: str) -> pa.Array:
             if found is None:
-                return [None] * len(image_ids)
-            return [
-                None if t is None else answer_key(t) for t in found.texts(image_ids, variants, prompt_id).to_pylist()
-            ]
+                return pa.nulls(len(image_ids), pa.string())
+            return sha256_hex(stripped(found.texts(image_ids, variants, prompt_id)))  # `answer_key` of each
 
         return settings, keys
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 import hashlib
 
 import numpy as np
+import pyarrow as pa
 
+from vlm_decade.core.columns import sha256_hex, stripped
 from vlm_decade.core.config import BackendOptions, EncoderConfig
 from vlm_decade.core.registry import Registry
 
@@ -50,6 +52,11 @@ def encoder_class(name: str) -> type[Encoder]:
 def text_key(text: str) -> str:
     """A text's key in the `embeddings` table: the sha256 of the stripped text."""
     return hashlib.sha256(text.strip().encode("utf-8")).hexdigest()
+
+
+def text_keys(texts: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """`text_key` of every text of a column (null: null), on the column."""
+    return sha256_hex(stripped(texts))
 
 
 def normalise(vectors: np.ndarray) -> np.ndarray:

@@ -5,14 +5,14 @@ model sees it (decoded and masked) or as an API model is sent it (PNG bytes)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import asdict, dataclass, field
-from json.encoder import encode_basestring_ascii
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from vlm_decade.core.columns import json_strings, sha256_hex
 from vlm_decade.core.config import ModelConfig, StudyBase
 from vlm_decade.core.errors import InputError, Problem
 from vlm_decade.imaging.masks import MaskSpec
@@ -158,23 +158,29 @@ def _plan_slice(
     columns); `keys`: the model's `answer_keys`."""
     specs = {s.mask_id: s for s in plan.masks}
     settings, row_keys = keys
-    closed = plan.closed.get(model.name, False)
     variants = plan.variants(model)
     # once, not once per job
     masks = [json.dumps(asdict(specs[name]) if name in specs else None, sort_keys=True) for name in variants]
     n = len(variants)
     rows = images.slice(start, PLAN_IMAGES)
-    image = np.repeat(np.arange(start, start + rows.num_rows, dtype=np.int32), n)  # each image once per variant
-    jobs = images.select(["image_id"]).take(pa.array(image))
+    within = pa.array(np.repeat(np.arange(rows.num_rows, dtype=np.int32), n))  # each image once per variant
+    image = pa.array(np.repeat(np.arange(start, start + rows.num_rows, dtype=np.int32), n))
+    jobs = rows.take(within)
     variant = pa.array(variants * rows.num_rows, pa.string())
     answers = row_keys(jobs.column("image_id").combine_chunks(), variant, prompt_id) if row_keys else None
-    datasets, shas, backgrounds = (rows.column(c).to_pylist() for c in ("dataset", "sha256", "background"))
-    key_of = KeyTemplate(settings, prompt)
-    cache_keys = []
-    for i, (dataset, sha, background) in enumerate(zip(datasets, shas, backgrounds)):
-        classes = list(plan.classnames.get(dataset, ())) if closed else _ABSENT
-        answer = answers[i * n : (i + 1) * n] if answers is not None else None  # keyed by its own row of a file
-        cache_keys += key_of.image_keys(sha, masks, classes, background, answer)
+    classes = None
+    if plan.closed.get(model.name, False):  # the dataset's class names, given to closed-world models only
+        datasets = pc.dictionary_encode(jobs.column("dataset").combine_chunks())
+        listed = [json.dumps(list(plan.classnames.get(d, ()))) for d in datasets.dictionary.to_pylist()]
+        classes = pa.array(listed, pa.string()).take(datasets.indices)
+    cache_keys = KeyTemplate(settings, prompt).keys(
+        within,
+        rows.column("sha256"),
+        rows.column("background"),
+        pa.array(masks * rows.num_rows, pa.string()),
+        classes,
+        answers,
+    )
     size = jobs.num_rows
     return pa.table(
         {
@@ -182,53 +188,46 @@ def _plan_slice(
             "image_id": jobs.column("image_id"),
             "variant": variant,
             "prompt_id": pa.repeat(pa.scalar(prompt_id, pa.string()), size),
-            "image": pa.array(image, pa.int32()),
-            "cache_key": pa.array(cache_keys, pa.string()),
+            "image": image,
+            "cache_key": cache_keys,
         }
     )
 
 
-_ABSENT = object()  # a part of a cache key's payload that the job has not
-
-
 class KeyTemplate:
     """Cache keys of one model's and prompt's jobs: the sha256 of the job's payload as
-    `json.dumps(payload, sort_keys=True)` writes it, put together from its pieces in the sorted order
-    of the payload's keys (answer, background, classes, image, mask, model, prompt), the constant
-    ones serialised once, for the millions of jobs of a large study. An opaque image has no
-    `background`, an open-world job no `classes`, a model that is not a file's rows no `answer`;
-    `mask`: the mask's JSON (`json.dumps(mask, sort_keys=True)`)."""
+    `json.dumps(payload, sort_keys=True)` writes it, put together on the columns of the jobs, in the
+    sorted order of the payload's keys (answer, background, classes, image, mask, model, prompt),
+    the constant parts serialised once, for the millions of jobs of a large study."""
 
     def __init__(self, settings: dict, prompt: str):
         self.tail = ', "model": ' + json.dumps(settings, sort_keys=True) + ', "prompt": ' + json.dumps(prompt) + "}"
 
-    def __call__(self, image: str, mask: str, classes=_ABSENT, background=None, answer=_ABSENT) -> str:
-        return self.image_keys(image, [mask], classes, background, None if answer is _ABSENT else [answer])[0]
-
-    def image_keys(
-        self, image: str, masks: list[str], classes=_ABSENT, background=None, answers: list | None = None
-    ) -> list[str]:
-        """The keys of one image's jobs, one per mask of `masks` (with `answers`, one per mask: a
-        file's rows), the image's part of the payload put together once."""
-        middle = ""
-        if background is not None:  # an opaque image's key is what it always was
-            middle += '"background": ' + _json(background) + ", "
-        if classes is not _ABSENT:
-            middle += '"classes": ' + json.dumps(classes) + ", "
-        middle += '"image": ' + _json(image) + ', "mask": '
-        sha256, tail = hashlib.sha256, self.tail
-        if answers is None:
-            return [sha256(("{" + middle + mask + tail).encode()).hexdigest() for mask in masks]
-        return [
-            sha256(('{"answer": ' + _json(answer) + ", " + middle + mask + tail).encode()).hexdigest()
-            for mask, answer in zip(masks, answers)
-        ]
-
-
-def _json(value) -> str:
-    """`json.dumps(value)`; for a string, the function it returns it from, called directly (a key
-    1.9 -> 1.5 us, millions of keys in a large study)."""
-    return encode_basestring_ascii(value) if isinstance(value, str) else json.dumps(value)
+    def keys(
+        self,
+        at: pa.Array,
+        images: pa.Array | pa.ChunkedArray,
+        backgrounds: pa.Array | pa.ChunkedArray,
+        masks: pa.Array,
+        classes: pa.Array | None = None,
+        answers: pa.Array | None = None,
+    ) -> pa.Array:
+        """One key per job, `at` its image's row of `images` (the images' sha256) and `backgrounds`
+        (null: an opaque image, whose key is what it always was); and per job, its mask's JSON
+        (`json.dumps(mask, sort_keys=True)`), its class names' JSON (None: an open-world model's
+        jobs have none) and its answer's key (None: not a file's rows; null: the file has no row
+        for it). An image's part of the payload is put together once for all its jobs."""
+        parts: list = []
+        if answers is not None:
+            parts += ['"answer": ', json_strings(answers), ", "]
+        if backgrounds.null_count < len(backgrounds):
+            named = pc.binary_join_element_wise('"background": ', json_strings(backgrounds), ", ", "")
+            parts.append(pc.if_else(pc.is_null(backgrounds), "", named).take(at))
+        if classes is not None:
+            parts += ['"classes": ', classes, ", "]
+        image = pc.binary_join_element_wise('"image": ', json_strings(images), ', "mask": ', "")
+        parts += [image.take(at), masks, self.tail]
+        return sha256_hex(pc.binary_join_element_wise("{", *parts, ""))
 
 
 def jobs_from(table: pa.Table, plan: Plan, images: pa.Table) -> list[Job]:

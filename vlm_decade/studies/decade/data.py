@@ -384,7 +384,7 @@ def _consensus_codes(rows: pa.Table, cfg: RankingConfig) -> np.ndarray:
     image = rows.column("image_id")
     first = _run_starts(image)
     streams = image.take(pa.array(first)).to_pylist()
-    texts, ids = rows.column("text").to_pylist(), rows.column("description_id").to_pylist()
+    texts, ids = (rows.column(c).combine_chunks() for c in ("text", "description_id"))
     places = consensus_places(ids, texts, first, streams, cfg.seed)
     counts = np.diff(np.append(first, rows.num_rows))
     return roles_of_places(places, np.repeat(counts, counts), cfg.top_k, cfg.bottom_k)

@@ -182,7 +182,7 @@ def consensus_scores(texts: Sequence[str]) -> np.ndarray:
     return grouped_consensus_scores(texts, np.zeros(min(len(texts), 1), np.int64))
 
 
-def grouped_consensus_scores(texts: Sequence[str], starts: np.ndarray) -> np.ndarray:
+def grouped_consensus_scores(texts: Sequence[str] | pa.Array, starts: np.ndarray) -> np.ndarray:
     """`consensus_scores` of each group of `texts` (the groups are the runs that begin at `starts`,
     sorted, the first at 0: one image's descriptions each), for all of them at once: the TF-IDF
     weights are kept as (text, token) entries, not a matrix per image, and a text's summed
@@ -195,10 +195,10 @@ def grouped_consensus_scores(texts: Sequence[str], starts: np.ndarray) -> np.nda
     encoded = pc.dictionary_encode(words)
     token = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
     width = max(len(encoded.dictionary), 1)
-    entry, tf = np.unique(owner * width + token, return_counts=True)
+    entry, tf, _ = _counted(owner * width + token)
     text, token = entry // width, entry % width
     # df: the texts of the group that hold the token; `cell` numbers each (group, token)
-    _, cell, df = np.unique(group[text] * width + token, return_inverse=True, return_counts=True)
+    _, df, cell = _counted(group[text] * width + token, inverse=True)
     m = sizes[group[text]]
     weight = tf * (np.log((1 + m) / (1 + df[cell])) + 1)
     unit = weight / np.sqrt(np.bincount(text, weight * weight, minlength=n))[text]
@@ -208,13 +208,35 @@ def grouped_consensus_scores(texts: Sequence[str], starts: np.ndarray) -> np.nda
     return np.where(alone, 0.0, others / np.where(alone, 1, sizes[group] - 1))
 
 
+def _counted(values: np.ndarray, inverse: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """`np.unique(values, return_counts=True, return_inverse=inverse)`, as (unique, counts, inverse),
+    by a stable sort: the values come mostly in order (a text's or an image's entries together),
+    which a stable sort uses and np.unique's does not (a quarter of the time at a million texts)."""
+    order = np.argsort(values, kind="stable") if inverse else None
+    ordered = values[order] if inverse else np.sort(values, kind="stable")
+    first = np.ones(len(ordered), bool)
+    np.not_equal(ordered[1:], ordered[:-1], out=first[1:])
+    starts = np.flatnonzero(first)
+    counts = np.diff(np.append(starts, len(ordered)))
+    if not inverse:
+        return ordered[starts], counts, None
+    places = np.empty(len(values), np.int64)
+    places[order] = np.cumsum(first) - 1
+    return ordered[starts], counts, places
+
+
 def consensus_places(
-    description_ids: Sequence[str], texts: Sequence[str], starts: np.ndarray, streams: Sequence[str], seed: int
+    description_ids: Sequence[str] | pa.Array,
+    texts: Sequence[str] | pa.Array,
+    starts: np.ndarray,
+    streams: Sequence[str],
+    seed: int,
 ) -> np.ndarray:
     """Each description's place in its image's order (0: the best), by consensus score, higher
     first, ties by the draw (`tie_draw` on the image's stream). The images are the runs of
     descriptions that begin at `starts`, `streams` their ids; the draw is made only for an image
-    whose scores tie, as it decides nothing for the others."""
+    whose scores tie, as it decides nothing for the others. The ids and texts may be Arrow arrays
+    (no Python string per description)."""
     n = len(texts)
     scores = np.round(grouped_consensus_scores(texts, starts), _SCORE_DECIMALS)
     sizes = np.diff(np.append(starts, n)).astype(np.int64)
@@ -223,8 +245,10 @@ def consensus_places(
     tie = (group[order][1:] == group[order][:-1]) & (scores[order][1:] == scores[order][:-1])
     for g in np.unique(group[order][1:][tie]).tolist():
         rows = np.arange(starts[g], starts[g] + sizes[g])
-        draw = tie_draw([description_ids[r] for r in rows], seed, streams[g])
-        by_draw = np.array([draw[description_ids[r]] for r in rows])
+        ids = description_ids[starts[g] : starts[g] + sizes[g]]
+        ids = ids.to_pylist() if isinstance(ids, pa.Array) else list(ids)
+        draw = tie_draw(ids, seed, streams[g])
+        by_draw = np.array([draw[i] for i in ids])
         order[starts[g] : starts[g] + sizes[g]] = rows[np.lexsort((by_draw, -scores[rows]))]
     places = np.empty(n, np.int64)
     places[order] = np.arange(n) - np.repeat(starts, sizes)

@@ -9,20 +9,21 @@ only the new and changed images and keeps the others' rows (`core.reuse`).
 
 from __future__ import annotations
 
+import json
 import tempfile
 from collections.abc import Mapping
-from itertools import chain, groupby
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from vlm_decade.core.reuse import INPUTS, reusable, unit_inputs
+from vlm_decade.core.columns import json_strings, sha256_hex
+from vlm_decade.core.reuse import INPUTS, inputs_head, reusable
 from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.core.runner import Stage, StudyRun, Written
 from vlm_decade.core.spill import Spill, key_buckets
-from vlm_decade.models.encoders import text_key
+from vlm_decade.models.encoders import text_keys
 from vlm_decade.models.metrics import build_metric
 from vlm_decade.stages.embed import EMBEDDINGS_SCHEMA, encoder_key
 from vlm_decade.stats import SCORES_SCHEMA
@@ -39,7 +40,7 @@ SHARD_IMAGES = 4096
 PAIR_ROWS = 4096  # pairs whose cosines are taken at a time (their vectors as float64)
 NEEDS_SCHEMA = pa.schema([("text_sha256", pa.string()), ("shard", pa.int32())])
 VECTORS_SCHEMA = pa.schema([EMBEDDINGS_SCHEMA.field(c) for c in ("text_sha256", "dim", "vector")])
-PYTHON_ROWS = 65_536  # rows turned into Python values at a time (texts hashed, pairs' inputs)
+PYTHON_ROWS = 65_536  # rows spread over the shards at a time
 SCORE_ORDER = ["metric", "subject", "image_id"]  # orders the rows fully (one per metric, subject and image)
 
 
@@ -79,18 +80,6 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
-def _keyed(texts: pa.ChunkedArray, chunk: int = PYTHON_ROWS) -> pa.ChunkedArray:
-    """Each text's key, hashed a slice at a time (no list of every text at once)."""
-    return pa.chunked_array(
-        [
-            pa.array([text_key(t) for t in texts.slice(i, chunk).to_pylist()], pa.string())
-            for i in range(0, len(texts), chunk)
-        ]
-        or [pa.array([], pa.string())],
-        pa.string(),
-    )
-
-
 def scoring_pairs(references: pa.Table, responses: pa.Table, texts: bool = True) -> pa.Table:
     """(subject, image_id, candidate, gold, candidate_key, gold_key) for every model's full-image
     description and every member of a human reference group; a group's value per image is the mean
@@ -102,7 +91,7 @@ def scoring_pairs(references: pa.Table, responses: pa.Table, texts: bool = True)
         .select(["image_id", "text"])
         .rename_columns(["image_id", "gold"])
     )
-    gold = gold.append_column("gold_key", _keyed(gold.column("gold")))  # once per image, not per pair
+    gold = gold.append_column("gold_key", text_keys(gold.column("gold")))  # once per image, not per pair
     ok = pc.and_(pc.equal(responses.column("status"), "ok"), pc.equal(responses.column("variant"), "full"))
     models = responses.filter(ok).select(["subject", "image_id", "text"])
     humans = full.filter(pc.is_in(full.column("role"), pa.array(list(HUMAN_GROUPS))))
@@ -117,7 +106,7 @@ def scoring_pairs(references: pa.Table, responses: pa.Table, texts: bool = True)
         ["subject", "image_id", "candidate"]
     )
     pairs = candidates.join(gold, "image_id", join_type="inner").combine_chunks()
-    pairs = pairs.append_column("candidate_key", _keyed(pairs.column("candidate")))
+    pairs = pairs.append_column("candidate_key", text_keys(pairs.column("candidate")))
     pairs = pairs.select(["subject", "image_id", "candidate", "gold", "candidate_key", "gold_key"])
     return pairs if texts else pairs.drop_columns(["candidate", "gold"])
 
@@ -237,26 +226,36 @@ def cosine_values(pairs: pa.Table, vectors: pa.Table, encoder: str) -> np.ndarra
 def image_inputs(pairs: pa.Table, images: pa.Table, settings) -> pa.Table:
     """Per image with pairs to score: image_id and `inputs_sha256`, the hash of the `settings`, the
     image's dataset, its gold standard and the (subject, candidate) of each of its pairs (their
-    keys, or with pairwise metrics their texts): everything its rows of scores are computed from.
-    `pairs` sorted by image_id, subject and candidate."""
-    dataset = dict(zip(images.column("image_id").to_pylist(), images.column("dataset").to_pylist()))
+    keys, or with pairwise metrics their texts): everything its rows of scores are computed from,
+    as `unit_inputs` hashes it, its JSON put together on the columns. `pairs` sorted by image_id,
+    subject and candidate."""
     texts = "candidate" in pairs.column_names
-    columns = ["image_id", "subject", "candidate" if texts else "candidate_key", "gold" if texts else "gold_key"]
-    # The pairs a slice at a time, and their inputs hashed as they are put together: no Python value
-    # per pair outlives its slice.
-    slices = (pairs.slice(at, PYTHON_ROWS) for at in range(0, pairs.num_rows, PYTHON_ROWS))
-    pair_rows = chain.from_iterable(zip(*(part.column(c).to_pylist() for c in columns)) for part in slices)
-    ids, inputs, hashes, pending = [], [], [], 0
-    for image_id, rows in groupby(pair_rows, key=lambda r: r[0]):
-        rows = list(rows)
-        ids.append(image_id)
-        inputs.append([dataset.get(image_id), rows[0][3], [[r[1], r[2]] for r in rows]])
-        pending += len(rows)
-        if pending >= PYTHON_ROWS:
-            hashes.append(unit_inputs(settings, inputs))
-            inputs, pending = [], 0
-    hashes.append(unit_inputs(settings, inputs))
-    return pa.table({"image_id": pa.array(ids, pa.string()), INPUTS: pa.chunked_array(hashes, pa.string())})
+    candidate, gold = ("candidate", "gold") if texts else ("candidate_key", "gold_key")
+    n = pairs.num_rows
+    if not n:
+        return pa.table({"image_id": pa.array([], pa.string()), INPUTS: pa.array([], pa.string())})
+    ids = pairs.column("image_id").combine_chunks()
+    changed = pc.not_equal(ids.slice(1), ids.slice(0, n - 1)).to_numpy(zero_copy_only=False)
+    first = np.concatenate([[0], np.flatnonzero(changed) + 1])  # each image's first pair
+    subjects = pc.dictionary_encode(pairs.column("subject").combine_chunks())
+    subject = json_strings(subjects.dictionary, ensure_ascii=False).take(subjects.indices)
+    each = pc.binary_join_element_wise(
+        "[", subject, ",", json_strings(pairs.column(candidate), ensure_ascii=False), "]", ""
+    )
+    of_image = pc.binary_join(pa.ListArray.from_arrays(pa.array(np.append(first, n), pa.int64()), each), ",")
+    image_ids = ids.take(pa.array(first))
+    dataset = images.column("dataset").take(pc.index_in(image_ids, images.column("image_id")))
+    row = pc.binary_join_element_wise(
+        "[" + json.dumps(inputs_head(settings), ensure_ascii=False) + ",[",
+        json_strings(dataset, ensure_ascii=False),
+        ",",
+        json_strings(pairs.column(gold).take(pa.array(first)), ensure_ascii=False),
+        ",[",
+        of_image,
+        "]]]",
+        "",
+    )
+    return pa.table({"image_id": image_ids, INPUTS: sha256_hex(row)})
 
 
 def similarity_scores(*args, **kwargs) -> pa.Table:
