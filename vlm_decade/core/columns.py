@@ -87,6 +87,16 @@ def json_strings(values: pa.Array | pa.ChunkedArray, ensure_ascii: bool = True) 
     return pc.fill_null(quoted, "null")
 
 
+def run_starts(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Where each run of equal values begins (the first at 0; none for no values)."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    if not len(values):
+        return np.zeros(0, np.int64)
+    changed = pc.not_equal(values.slice(1), values.slice(0, len(values) - 1))
+    return np.concatenate([[0], np.flatnonzero(changed.to_numpy(zero_copy_only=False)) + 1])
+
+
 def first_per_key(table: pa.Table, key: str) -> pa.Table:
     """The first row of each run of equal `key` values in a table sorted by `key`."""
     if table.num_rows < 2:

@@ -33,7 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from vlm_decade.core.columns import first_per_key, sha256_hex, stripped
+from vlm_decade.core.columns import first_per_key, stripped
 from vlm_decade.core.config import EncoderConfig, StudyBase
 from vlm_decade.core.dispatch import batches, bounded, pool_map
 from vlm_decade.core.errors import Problem
@@ -43,7 +43,7 @@ from vlm_decade.core.spill import Spill, key_buckets
 from vlm_decade.models.api.endpoints import endpoint_problems, sending_problems
 from vlm_decade.models.api.keys import api_key, key_hint
 from vlm_decade.models.api.session import APIStopped, BatchesPending, BudgetReached, RemoteSession
-from vlm_decade.models.encoders import api_provider, encoder_class
+from vlm_decade.models.encoders import api_provider, encoder_class, text_keys
 from vlm_decade.stages.gateways import Gateways, raise_stops
 
 EMBEDDINGS_SCHEMA = pa.schema(
@@ -189,7 +189,7 @@ def _hashed(texts: pa.Array) -> tuple[pa.Table, np.ndarray]:
     bucket (the key's first two hex digits)."""
     texts = stripped(texts)
     texts = texts.filter(pc.fill_null(pc.greater(pc.binary_length(texts), 0), False))
-    table = pa.table({"text_sha256": sha256_hex(texts), "text": texts.cast(pa.string())})
+    table = pa.table({"text_sha256": text_keys(texts), "text": texts.cast(pa.string())})
     return table, key_buckets(table.column("text_sha256"))
 
 

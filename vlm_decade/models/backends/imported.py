@@ -23,11 +23,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import Field
 
-from vlm_decade.core.columns import first_rows, sha256_hex, stripped
+from vlm_decade.core.columns import first_rows, run_starts
 from vlm_decade.core.config import BackendOptions, ModelConfig
 from vlm_decade.core.errors import STUDY_FILE, Problem, Problems
 from vlm_decade.core.tables import Table, read_table
 from vlm_decade.models.backends import Backend, Description, Stimulus
+from vlm_decade.models.encoders import text_keys
 
 COLUMNS = ("image_id", "variant", "text")
 OPTIONAL = ("prompt",)
@@ -60,8 +61,7 @@ class FileAnswers:
         # A file in image order (as most are) is kept as read, not copied.
         self.rows = rows
         ids = self.rows.column("image_id").combine_chunks()
-        changed = pc.not_equal(ids.slice(1), ids.slice(0, len(ids) - 1)).to_numpy(zero_copy_only=False)
-        starts = np.concatenate([[0], np.flatnonzero(changed) + 1]) if len(ids) else np.zeros(0, np.int64)
+        starts = run_starts(ids)
         # One Python string per image, not per row; Arrow's order of UTF-8 is Python's order of str.
         self.images = ids.take(pa.array(starts, pa.int64())).to_numpy(zero_copy_only=False)
         self.ends = np.append(starts[1:], len(ids)).astype(np.int64)
@@ -224,7 +224,7 @@ class ImportedBackend(Backend):
         def keys(image_ids: pa.Array, variants: pa.Array, prompt_id: str) -> pa.Array:
             if found is None:
                 return pa.nulls(len(image_ids), pa.string())
-            return sha256_hex(stripped(found.texts(image_ids, variants, prompt_id)))  # `answer_key` of each
+            return text_keys(found.texts(image_ids, variants, prompt_id))  # `answer_key` of each
 
         return settings, keys
 

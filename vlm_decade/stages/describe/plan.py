@@ -163,8 +163,8 @@ def _plan_slice(
     masks = [json.dumps(asdict(specs[name]) if name in specs else None, sort_keys=True) for name in variants]
     n = len(variants)
     rows = images.slice(start, PLAN_IMAGES)
-    within = pa.array(np.repeat(np.arange(rows.num_rows, dtype=np.int32), n))  # each image once per variant
-    image = pa.array(np.repeat(np.arange(start, start + rows.num_rows, dtype=np.int32), n))
+    of_slice = np.repeat(np.arange(rows.num_rows, dtype=np.int32), n)  # each image once per variant
+    within, image = pa.array(of_slice), pa.array(of_slice + np.int32(start))  # its row of the slice, of `images`
     jobs = rows.take(within)
     variant = pa.array(variants * rows.num_rows, pa.string())
     answers = row_keys(jobs.column("image_id").combine_chunks(), variant, prompt_id) if row_keys else None

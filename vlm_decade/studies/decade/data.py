@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from vlm_decade.core.columns import first_rows
+from vlm_decade.core.columns import first_rows, run_starts
 from vlm_decade.core.errors import InputError, Problems
 from vlm_decade.core.tables import Table, cell_present, cell_text, read_table
 from vlm_decade.imaging.masks import MaskConfig, mask_ids
@@ -330,7 +330,7 @@ def _references_table(
     dataset = images.column("dataset").take(pc.index_in(image_ids, value_set=images.column("image_id")))
     descriptions = descriptions.append_column("dataset", dataset)
     # Each image's descriptions are contiguous: slabs end where an image does.
-    starts = _run_starts(image_ids)
+    starts = run_starts(image_ids)
     by_consensus = pa.array([d for d, m in methods.items() if m == CONSENSUS], pa.string())
     voted = bool(tally.votes or tally.shown)
     # Nothing voted on: every count is 0, one array of zeros for both columns.
@@ -363,16 +363,6 @@ def _references_table(
     return pa.table(columns, schema=REFERENCES_SCHEMA)
 
 
-def _run_starts(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """Where each run of equal values begins (the first at 0; none for no values)."""
-    if isinstance(values, pa.ChunkedArray):
-        values = values.combine_chunks()
-    if not len(values):
-        return np.zeros(0, np.int64)
-    changed = pc.not_equal(values.slice(1), values.slice(0, len(values) - 1))
-    return np.concatenate([[0], np.flatnonzero(changed.to_numpy(zero_copy_only=False)) + 1])
-
-
 def _where(mask: pa.Array | pa.ChunkedArray) -> np.ndarray:
     return np.flatnonzero(pc.fill_null(mask, False).to_numpy(zero_copy_only=False))
 
@@ -382,7 +372,7 @@ def _consensus_codes(rows: pa.Table, cfg: RankingConfig) -> np.ndarray:
     if not rows.num_rows:
         return np.zeros(0, np.int8)
     image = rows.column("image_id")
-    first = _run_starts(image)
+    first = run_starts(image)
     streams = image.take(pa.array(first)).to_pylist()
     texts, ids = (rows.column(c).combine_chunks() for c in ("text", "description_id"))
     places = consensus_places(ids, texts, first, streams, cfg.seed)
@@ -393,7 +383,7 @@ def _consensus_codes(rows: pa.Table, cfg: RankingConfig) -> np.ndarray:
 def _vote_codes(rows: pa.Table, tally: _Tally, cfg: RankingConfig) -> np.ndarray:
     """The role codes of full descriptions of images ranked by votes, an image at a time."""
     image, ids = rows.column("image_id").to_pylist(), rows.column("description_id").to_pylist()
-    first = _run_starts(rows.column("image_id")).tolist()
+    first = run_starts(rows.column("image_id")).tolist()
     codes = []
     for a, b in zip(first, [*first[1:], len(ids)]):
         ranked = rank_by_votes(

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from vlm_decade.core.columns import json_strings, sha256_hex
+from vlm_decade.core.columns import json_strings, run_starts, sha256_hex
 from vlm_decade.core.reuse import INPUTS, inputs_head, reusable
 from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.core.runner import Stage, StudyRun, Written
@@ -235,8 +235,7 @@ def image_inputs(pairs: pa.Table, images: pa.Table, settings) -> pa.Table:
     if not n:
         return pa.table({"image_id": pa.array([], pa.string()), INPUTS: pa.array([], pa.string())})
     ids = pairs.column("image_id").combine_chunks()
-    changed = pc.not_equal(ids.slice(1), ids.slice(0, n - 1)).to_numpy(zero_copy_only=False)
-    first = np.concatenate([[0], np.flatnonzero(changed) + 1])  # each image's first pair
+    first = run_starts(ids)  # each image's first pair
     subjects = pc.dictionary_encode(pairs.column("subject").combine_chunks())
     subject = json_strings(subjects.dictionary, ensure_ascii=False).take(subjects.indices)
     each = pc.binary_join_element_wise(
