@@ -400,7 +400,7 @@ def test_a_responses_table_written_before_the_new_columns_is_still_read(tmp_path
     import pyarrow as pa
 
     from vlm_decade.core.runfolder import RunFolder
-    from vlm_decade.stages.describe.rows import RESPONSES_SCHEMA, collect_rows
+    from vlm_decade.stages.describe.rows import RESPONSES_SCHEMA, RowsSoFar, collect_rows
 
     old_columns = [
         "subject",
@@ -441,7 +441,8 @@ def test_a_responses_table_written_before_the_new_columns_is_still_read(tmp_path
     jobs = pa.table(
         {"subject": ["gpt"], "image_id": ["i1"], "variant": ["full"], "prompt_id": ["p"], "cache_key": ["k"]}
     )
-    collect_rows(folder, ["gpt"], jobs.column("image_id"), lambda subject: jobs)
+    with RowsSoFar(folder, ["gpt"], jobs.column("image_id")) as so_far:
+        collect_rows(folder, so_far, lambda subject: jobs)
     (kept,) = folder.read("responses").to_pylist()
     assert kept == {**row, "queued_s": None, "paid_usd": None, "cached": None, "mode": None}
 

@@ -22,7 +22,6 @@ from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.imaging.masks import MaskSpec
 from vlm_decade.models.backends.imported import ImportedBackend
 from vlm_decade.stages.describe.rows import (
-    DONE_COLUMNS,
     RESPONSE_KEY,
     RESPONSES_SCHEMA,
     RowsSoFar,
@@ -186,25 +185,31 @@ def test_each_jobs_row_is_the_one_a_plain_loop_picks_however_many_are_matched_at
     folder, monkeypatch, match_rows, collect_images
 ):
     """However many rows are matched at a time and however many images' rows are chosen at a time
-    (a bucket of the spill per model and range of images), the table written is the same."""
+    (a bucket of the spill per model and range of images), the table written is the same; the rows
+    spread once find the jobs still to do, and, caught up with the answers saved after that, choose
+    each job's row."""
     monkeypatch.setattr(rows_module, "MATCH_ROWS", match_rows)
     monkeypatch.setattr(rows_module, "COLLECT_IMAGES", collect_images)
-    by_hand = _by_hand(folder)
     subjects, image_ids = ["a", "b"], pa.array(["i1", "i2", "i3", "i4"])
-    with RowsSoFar(folder, subjects, image_ids, DONE_COLUMNS) as so_far:  # each subject's jobs on their own
-        todo = [todo_jobs(so_far, JOBS.filter(pc.equal(JOBS.column("subject"), s))) for s in ("b", "a")]
+    jobs_of = lambda s: JOBS.filter(pc.equal(JOBS.column("subject"), s))  # noqa: E731
+    with RowsSoFar(folder, subjects, image_ids) as so_far:  # each subject's jobs on their own
+        todo = [todo_jobs(so_far, jobs_of(s)) for s in ("b", "a")]
+        # This run's answers, saved after the rows so far were spread: a/i3 done at last, a/i4 failed.
+        answers = [_row("a", "i4", "full", "error", "ka4", "new failure"), _row("a", "i3", "full", "ok", "ka3", "done")]
+        folder.append_part("responses", pa.Table.from_pylist(answers, schema=RESPONSES_SCHEMA))
+        by_hand = _by_hand(folder)
+        written = collect_rows(folder, so_far, jobs_of)
     n_done = sum(done for _, done in todo)
     todo = pa.concat_tables([jobs for jobs, _ in todo])
-    written = collect_rows(folder, subjects, image_ids, lambda s: JOBS.filter(pc.equal(JOBS.column("subject"), s)))
-    table = folder.read("responses")
-    assert table.schema == RESPONSES_SCHEMA and written.rows == table.num_rows == 4
-    assert table.column("text").to_pylist() == by_hand
-    assert table.column("text").to_pylist() == ["latest failure", "first ok", "second try", "kept"]
-    assert written.status.unfinished() == {"error": 2}  # a/i1 and a/i3's latest attempts
-    assert [(f.subject, f.failed, f.rows) for f in written.status.failed()] == [("a", 2, 3)]
-    assert not (folder.root / ".spill" / "responses").exists()
     assert n_done == 2  # a/i2 and b/i2; a/i1 and a/i3 failed, a/i4 was never tried
     assert todo.column("image_id").to_pylist() == ["i3", "i1", "i4"]  # still in the jobs' order
+    table = folder.read("responses")
+    assert table.schema == RESPONSES_SCHEMA and written.rows == table.num_rows == 5
+    assert table.column("text").to_pylist() == by_hand
+    assert table.column("text").to_pylist() == ["latest failure", "first ok", "done", "new failure", "kept"]
+    assert written.status.unfinished() == {"error": 2}  # a/i1's latest attempt and a/i4's
+    assert [(f.subject, f.failed, f.rows) for f in written.status.failed()] == [("a", 2, 4)]
+    assert not (folder.root / ".spill" / "responses").exists()
 
 
 def test_an_imported_model_looked_up_in_the_driver_gives_the_rows_its_actors_gave(tmp_path, monkeypatch):

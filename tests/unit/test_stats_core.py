@@ -8,13 +8,19 @@ from statsmodels.stats.multitest import multipletests
 from vlm_decade.stats import _core, _streams, format_p
 
 
-def test_multinomial_counts_are_the_bincount_of_scipys_indices():
-    # Same generator state -> same indices as scipy.stats.bootstrap draws, counted per row.
-    w = _core.multinomial_counts(np.random.default_rng(3), 7, 11)
-    idx = np.random.default_rng(3).integers(0, 11, size=(7, 11))
-    expect = np.stack([np.bincount(r, minlength=11) for r in idx])
+@pytest.mark.parametrize(("b", "n"), [(7, 11), (16, 5), (33, 7), (40, 1000), (1, 3)])
+def test_multinomial_counts_are_the_bincount_of_scipys_indices(b, n):
+    # Same generator state -> same indices as scipy.stats.bootstrap draws in one call, counted per
+    # row, though they are drawn a few rows at a time (odd widths and a last short block included);
+    # and the generator is left where one draw leaves it, so the next chunk's stream is unchanged.
+    rng = np.random.default_rng(3)
+    w = _core.multinomial_counts(rng, b, n)
+    reference = np.random.default_rng(3)
+    idx = reference.integers(0, n, size=(b, n))
+    expect = np.stack([np.bincount(r, minlength=n) for r in idx])
     np.testing.assert_array_equal(w, expect)
-    assert (w.sum(axis=1) == 11).all()
+    assert (w.sum(axis=1) == n).all()
+    assert rng.integers(0, 2**62) == reference.integers(0, 2**62)
 
 
 def test_weighted_means_hand_worked_with_missing():

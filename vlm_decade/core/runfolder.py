@@ -420,10 +420,15 @@ class RunFolder:
         """The bytes of the parts table `name` has saved so far."""
         return sum(f.stat().st_size for f in self._parts_dir(name).glob("part-*.parquet"))
 
-    def iter_parts(self, name: str, schema: pa.Schema, columns: list[str] | None = None):
+    def iter_parts(self, name: str, schema: pa.Schema, columns: list[str] | None = None, seen: set[str] | None = None):
         """Every whole part of table `name` (its `columns`), one table at a time in the order
-        written; damaged ones are discarded, and said."""
+        written; damaged ones are discarded, and said. With `seen`, the parts named in it are passed
+        over and those read are added to it: a later call reads only the parts saved since."""
         for f in sorted(self._parts_dir(name).glob("part-*.parquet")):
+            if seen is not None:
+                if f.name in seen:
+                    continue
+                seen.add(f.name)
             found = PART.match(f.name)
             data = f.read_bytes()
             if found is None or hashlib.sha256(data).hexdigest()[:16] != found.group(2):

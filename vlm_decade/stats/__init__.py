@@ -20,6 +20,7 @@ See docs/statistics.md for the definitions.
 """
 
 from vlm_decade.stats._core import bh_qvalues, bootstrap_p, p_floor
+from vlm_decade.stats._engine import warm_workers
 from vlm_decade.stats._validate import StatsInputError
 from vlm_decade.stats.analysis import analyse, bootstrap_study, correlation_ci, format_p, pivot
 from vlm_decade.stats.exact import discordant_counts, mcnemar_exact
@@ -47,6 +48,7 @@ __all__ = [
     "correlation_ci",
     "format_p",
     "pivot",
+    "warm_workers",
     "bh_qvalues",
     "bootstrap_p",
     "p_floor",

@@ -22,15 +22,20 @@ def multinomial_counts(rng: np.random.Generator, n_resamples: int, n: int) -> np
     """(n_resamples, n) float64 counts of each image in each ordinary bootstrap resample.
 
     Draws the same indices as scipy.stats.bootstrap does (``rng.integers(0, n, (B, n))``), so with
-    the same generator state both see the very same resamples; each row is counted by a bincount
-    written straight into the float matrix (one bincount of offset indices over every row, then a
-    cast, made two more passes over B x n integers in memory).
+    the same generator state both see the very same resamples: drawn `DRAW_ROWS` rows at a time,
+    which continues one stream exactly as one draw of every row does, but keeps the indices a few
+    MB instead of B x n integers (each chunk's fresh pages cost more than the draws); each row is
+    counted by a bincount written straight into the float matrix.
     """
-    idx = rng.integers(0, n, size=(n_resamples, n))
     counts = np.empty((n_resamples, n))
-    for row, drawn in zip(counts, idx):
-        row[:] = np.bincount(drawn, minlength=n)
+    for start in range(0, n_resamples, DRAW_ROWS):
+        drawn = rng.integers(0, n, size=(min(DRAW_ROWS, n_resamples - start), n))
+        for row, indices in zip(counts[start : start + DRAW_ROWS], drawn):
+            row[:] = np.bincount(indices, minlength=n)
     return counts
+
+
+DRAW_ROWS = 16  # resample rows drawn at a time by `multinomial_counts`
 
 
 # Poisson(1) by table look-up on uniform 32-bit integers: value = #{thresholds <= u}. The table is

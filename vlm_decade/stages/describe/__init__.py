@@ -33,7 +33,7 @@ from vlm_decade.stages.describe.plan import (
     planned_slices,
 )
 from vlm_decade.stages.describe.remote import RemoteModels
-from vlm_decade.stages.describe.rows import DONE_COLUMNS, RESPONSE_KEY, RowsSoFar, collect_rows, todo_jobs
+from vlm_decade.stages.describe.rows import RESPONSE_KEY, RowsSoFar, collect_rows, todo_jobs
 
 __all__ = ["Plan", "check_models", "run_describe", "stage"]
 
@@ -52,15 +52,16 @@ def run_describe(study: StudyBase, plan: Plan, run: StudyRun) -> Written:
     so that no more than one model's are held."""
     images = run.table("images")
     subjects = [m.name for m in study.models]
-    with _Planned(run.folder) as planned:
-        with RowsSoFar(run.folder, subjects, images.column("image_id"), DONE_COLUMNS) as so_far:
-            n_done, n_jobs = 0, 0
-            for model in study.models:
-                for jobs in planned_slices(study, plan, images, [model]):
-                    todo, done = todo_jobs(so_far, jobs)
-                    planned.add(model.name, jobs.select([*RESPONSE_KEY, "cache_key"]), todo)
-                    n_done, n_jobs = n_done + done, n_jobs + jobs.num_rows
-            planned.close()
+    # The rows so far are spread over buckets once: to find the jobs still to do and then, caught up
+    # with the stage's own answers, to choose each job's row.
+    with _Planned(run.folder) as planned, RowsSoFar(run.folder, subjects, images.column("image_id")) as so_far:
+        n_done, n_jobs = 0, 0
+        for model in study.models:
+            for jobs in planned_slices(study, plan, images, [model]):
+                todo, done = todo_jobs(so_far, jobs)
+                planned.add(model.name, jobs.select([*RESPONSE_KEY, "cache_key"]), todo)
+                n_done, n_jobs = n_done + done, n_jobs + jobs.num_rows
+        planned.close()
         if n_done:
             run.reporter.say(f"     responses    {n_done} of {n_jobs} already done, kept")
         release_memory()  # what planning freed, before the models run
@@ -90,7 +91,7 @@ def run_describe(study: StudyBase, plan: Plan, run: StudyRun) -> Written:
                     describe_local(study, model, planned.todo(model.name), plan, run, partial(advance, part=model.name))
             api.collect()
             api.stop()
-        return collect_rows(run.folder, subjects, images.column("image_id"), planned.jobs)
+        return collect_rows(run.folder, so_far, planned.jobs)
 
 
 class _Planned:

@@ -156,45 +156,59 @@ def _buckets(table: pa.Table, subjects: pa.Array, bounds: list[str]) -> np.ndarr
     return np.where(subject >= 0, subject.astype(np.int64) * len(bounds) + shard, -1)
 
 
-def _row_sources(folder: RunFolder, schema: pa.Schema):
+def _row_sources(folder: RunFolder, seen: set[str]):
     """The previous table's rows (if trusted) and then the parts' rows, a batch or part at a time,
-    in `schema` (some of `RESPONSES_SCHEMA`'s columns)."""
+    in `RESPONSES_SCHEMA` (a table of before lacks some columns); the parts read are added to `seen`."""
     if folder.trusted("responses"):
-        have = [c for c in schema.names if c in folder.schema("responses").names]  # a table of before lacks some
-        for batch in folder.batches("responses", columns=have):
-            yield conform(pa.Table.from_batches([batch]), schema)
-    for part in folder.iter_parts("responses", RESPONSES_SCHEMA):
-        yield conform(part, schema)
+        for batch in folder.batches("responses"):
+            yield conform(pa.Table.from_batches([batch]))
+    yield from _parts(folder, seen)
+
+
+def _parts(folder: RunFolder, seen: set[str]):
+    """The parts not in `seen` (added to it as read)."""
+    for part in folder.iter_parts("responses", RESPONSES_SCHEMA, seen=seen):
+        yield conform(part)
 
 
 class RowsSoFar:
-    """The rows so far (`_row_sources`: those `columns`) of the `subjects`' jobs, spread over buckets on
+    """The rows so far (`_row_sources`) of the `subjects`' jobs, spread over buckets on
     disk (the run folder's `.spill/`) by subject and range of `COLLECT_IMAGES` of the images
     `image_ids`, in one pass, so that none is held whole; then read a bucket at a time against the
-    jobs of any of the subjects (`buckets`), one model's after another's. A context: the spill is
-    removed on leaving it."""
+    jobs of any of the subjects (`buckets`), one model's after another's. The parts saved since
+    (the stage's own answers) are added after them by `catch_up`, so that the rows read first are
+    not spread again. A context: the spill is removed on leaving it."""
 
-    def __init__(self, folder: RunFolder, subjects, image_ids: pa.Array | pa.ChunkedArray, columns: list[str]):
+    def __init__(self, folder: RunFolder, subjects, image_ids: pa.Array | pa.ChunkedArray):
+        self.folder = folder
         self.subjects = pa.array(sorted(set(subjects)), pa.string())
         images = pc.unique(image_ids).sort()
         self.bounds = images.take(pa.array(range(0, len(images), COLLECT_IMAGES), pa.int64())).to_pylist()
-        schema = pa.schema([RESPONSES_SCHEMA.field(c) for c in columns])
         self.root = folder.root / ".spill" / "responses"
         shutil.rmtree(self.root, ignore_errors=True)  # what a killed run left is of no use
-        self.spill = Spill(self.root, schema)
+        self.seen: set[str] = set()  # the parts spilled
+        self.spills = [self._spill(self.root / "0", _row_sources(folder, self.seen))]
+
+    def _spill(self, root, sources) -> Spill:
+        spill = Spill(root, RESPONSES_SCHEMA)
         try:
-            for rows in _row_sources(folder, schema):
+            for rows in sources:
                 bucket = _buckets(rows, self.subjects, self.bounds)
                 keep = np.flatnonzero(bucket >= 0)
-                self.spill.add(rows.take(pa.array(keep, pa.int64())), bucket[keep])
+                spill.add(rows.take(pa.array(keep, pa.int64())), bucket[keep])
         finally:
-            self.spill.close()
+            spill.close()
+        return spill
+
+    def catch_up(self) -> None:
+        """Add the parts saved since the rows were spread (or last caught up), after them."""
+        self.spills.append(self._spill(self.root / str(len(self.spills)), _parts(self.folder, self.seen)))
 
     def __enter__(self) -> RowsSoFar:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.spill.remove()
+        shutil.rmtree(self.root, ignore_errors=True)
 
     def buckets(self, jobs: pa.Table) -> Iterator[tuple[pa.Table, np.ndarray]]:
         """Per bucket (in key order) that holds jobs of `jobs` and rows: its rows so far, in the
@@ -203,20 +217,24 @@ class RowsSoFar:
         order = np.argsort(job_bucket, kind="stable")
         n = len(self.subjects) * max(len(self.bounds), 1)
         starts = np.searchsorted(job_bucket[order], np.arange(n + 1))
-        for bucket in sorted(set(np.unique(job_bucket).tolist()) & set(self.spill.buckets)):
-            yield self.spill.read(bucket), order[starts[bucket] : starts[bucket + 1]]
+        held = set().union(*(spill.buckets for spill in self.spills))
+        for bucket in sorted(set(np.unique(job_bucket).tolist()) & held):
+            rows = pa.concat_tables([spill.read(bucket) for spill in self.spills])
+            yield rows, order[starts[bucket] : starts[bucket + 1]]
 
 
-def collect_rows(folder: RunFolder, subjects, image_ids: pa.Array | pa.ChunkedArray, jobs_of) -> Written:
+def collect_rows(folder: RunFolder, so_far: RowsSoFar, jobs_of) -> Written:
     """Write the `responses` table: for each current job, its best row so far from the previous
     table and the parts a crash or this run left (the first ok row; else the latest attempt),
     sorted by key; rows of other settings (another cache key) are dropped. Never held whole: the
-    `subjects`' jobs are asked for a subject at a time (`jobs_of(subject)`: its jobs, their key
-    and cache key), and each bucket's rows (`RowsSoFar`) are chosen against its jobs (on row
+    rows so far (`so_far`, caught up with the parts saved since it was made) are
+    read a bucket at a time, the `subjects`' jobs asked for a subject at a time (`jobs_of(subject)`:
+    its jobs, their key and cache key), and each bucket's rows are chosen against its jobs (on row
     numbers), tallied and written in turn."""
+    so_far.catch_up()
     tally = StatusTally("responses")
 
-    def chosen(so_far: RowsSoFar):
+    def chosen():
         for subject in so_far.subjects.to_pylist():
             jobs = jobs_of(subject)
             for rows, theirs in so_far.buckets(jobs):
@@ -224,17 +242,13 @@ def collect_rows(folder: RunFolder, subjects, image_ids: pa.Array | pa.ChunkedAr
                 tally.add(best)
                 yield from best.to_batches()
 
-    with RowsSoFar(folder, subjects, image_ids, RESPONSES_SCHEMA.names) as so_far:
-        fingerprint, record, n = folder.write_batches("responses", RESPONSES_SCHEMA, chosen(so_far))
+    fingerprint, record, n = folder.write_batches("responses", RESPONSES_SCHEMA, chosen())
     return Written(fingerprint, record, n, tally)
-
-
-DONE_COLUMNS = [*RESPONSE_KEY, "status", "cache_key"]  # what finding the jobs still to do reads of the rows
 
 
 def todo_jobs(so_far: RowsSoFar, jobs: pa.Table) -> tuple[pa.Table, int]:
     """The jobs without an ok row so far (still in plan order), and how many have one; the rows
-    so far (`so_far`, of `DONE_COLUMNS`) read a bucket at a time."""
+    so far (`so_far`) read a bucket at a time."""
     done = np.zeros(jobs.num_rows, bool)
     for rows, theirs in so_far.buckets(jobs):
         job = _job_of(rows, jobs.take(pa.array(theirs, pa.int64())))

@@ -453,4 +453,5 @@ def stage(study: StudyConfig) -> Stage:
     if study.judge_metrics:  # a study without judges keeps the settings, and the scores, it had
         settings.append([j.fingerprint() for j in study.judge_metrics])
         inputs += ("judge_scores",)
-    return Stage("scores", inputs, settings, compute)
+    # Scores are computed in the driver (no Ray): the statistics' workers start beside them.
+    return Stage("scores", inputs, settings, compute, frees_cluster=True)

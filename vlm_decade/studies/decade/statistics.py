@@ -7,7 +7,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from vlm_decade.core.runner import Stage, StudyRun
-from vlm_decade.stats import METHOD_VERSION, SCORES_SCHEMA, analyse
+from vlm_decade.stats import METHOD_VERSION, SCORES_SCHEMA, analyse, warm_workers
 from vlm_decade.stats.groups import grouped_tables
 from vlm_decade.studies.decade.config import StudyConfig
 
@@ -47,4 +47,5 @@ def stage(study: StudyConfig) -> Stage:
         [study.statistics.model_dump(), study.eras, METHOD_VERSION] + ([list(group_by)] if group_by else []),
         compute,
         outputs=("stats", "comparisons"),
+        warm=lambda run: run.ray.start_soon(warm_workers),  # the bootstrap's workers, started beside the scores
     )
