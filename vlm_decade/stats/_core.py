@@ -9,9 +9,10 @@ series and all resamples is one matrix product instead of a Python loop.
 
 from __future__ import annotations
 
+from functools import cache
+
 import numpy as np
 from scipy.special import ndtr, ndtri
-from scipy.stats import poisson as _poisson_dist
 
 # --------------------------------------------------------------------------------------------
 # Resample weights
@@ -40,12 +41,18 @@ DRAW_ROWS = 16  # resample rows drawn at a time by `multinomial_counts`
 
 # Poisson(1) by table look-up on uniform 32-bit integers: value = #{thresholds <= u}. The table is
 # the CDF scaled to 2**32, so the law is exact up to 2**-32 per cell (P(X >= 13) ~ 6e-11 is cut).
-_P1_THRESH = np.unique(np.round(_poisson_dist.cdf(np.arange(40), 1.0) * 2.0**32).astype(np.uint64))
-_P1_THRESH = _P1_THRESH[_P1_THRESH < 2**32]
-_HI = np.arange(65536, dtype=np.uint64) << np.uint64(16)
-_P1_LUT_LO = np.searchsorted(_P1_THRESH, _HI, side="right").astype(np.uint8)
-_P1_LUT_HI = np.searchsorted(_P1_THRESH, _HI + np.uint64(65535), side="right").astype(np.uint8)
-_P1_AMBIGUOUS = _P1_LUT_LO != _P1_LUT_HI  # the ~12 high-16-bit cells that straddle a threshold
+@cache
+def _poisson_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(thresholds, each high-16-bit cell's value, whether the cell straddles a threshold (~12 of
+    65,536)); made on first use, as scipy.stats takes most of a second to import."""
+    from scipy.stats import poisson
+
+    thresholds = np.unique(np.round(poisson.cdf(np.arange(40), 1.0) * 2.0**32).astype(np.uint64))
+    thresholds = thresholds[thresholds < 2**32]
+    high = np.arange(65536, dtype=np.uint64) << np.uint64(16)
+    low_end = np.searchsorted(thresholds, high, side="right").astype(np.uint8)
+    high_end = np.searchsorted(thresholds, high + np.uint64(65535), side="right").astype(np.uint8)
+    return thresholds, low_end, low_end != high_end
 
 
 def poisson_counts(rng: np.random.Generator, n_resamples: int, n: int) -> np.ndarray:
@@ -55,13 +62,14 @@ def poisson_counts(rng: np.random.Generator, n_resamples: int, n: int) -> np.nda
     top 16 bits, which index a table; only in the ~12 of 65,536 cells that straddle a CDF
     threshold are the low 16 bits drawn as well and the value resolved exactly.
     """
+    thresholds, by_cell, ambiguous = _poisson_tables()
     hi = rng.integers(0, 65536, size=(n_resamples, n), dtype=np.uint16)
-    out = _P1_LUT_LO[hi]
-    amb = np.flatnonzero(_P1_AMBIGUOUS[hi])
+    out = by_cell[hi]
+    amb = np.flatnonzero(ambiguous[hi])
     if amb.size:
         lo = rng.integers(0, 65536, size=amb.size, dtype=np.uint16).astype(np.uint64)
         u = (hi.ravel()[amb].astype(np.uint64) << np.uint64(16)) | lo
-        out.ravel()[amb] = np.searchsorted(_P1_THRESH, u, side="right")
+        out.ravel()[amb] = np.searchsorted(thresholds, u, side="right")
     return out.astype(np.float64)
 
 

@@ -9,7 +9,6 @@ capped at 1 (McNemar 1947; the exact form as statsmodels' `mcnemar(exact=True)` 
 from __future__ import annotations
 
 import numpy as np
-from scipy.stats import binom
 
 
 def mcnemar_exact(a_only, b_only) -> np.ndarray:
@@ -19,6 +18,8 @@ def mcnemar_exact(a_only, b_only) -> np.ndarray:
     if np.any(a_only < 0) or np.any(b_only < 0):
         raise ValueError("McNemar counts must be non-negative")
     discordant = a_only + b_only
+    from scipy.stats import binom  # on first use: scipy.stats takes most of a second to import
+
     p = 2.0 * binom.cdf(np.minimum(a_only, b_only), discordant, 0.5)
     return np.where(discordant == 0, 1.0, np.minimum(p, 1.0))
 
