@@ -7,12 +7,17 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
+import os
 from contextlib import nullcontext
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
+from vlm_decade.core import storage
 from vlm_decade.core.errors import Problems
 from vlm_decade.core.tables import read_table
 from vlm_decade.stages.images import IMAGE_COLUMNS, ImageCache, check_images, images_table
@@ -123,3 +128,19 @@ def test_the_images_stage_takes_the_time_of_the_checks(tmp_path):
     StudyRun(folder, reporter, LazyRay(RuntimeConfig())).run_stage(given("images", pa.table({"x": [1]}), 12.5))
     assert 12.5 <= folder.manifest()["stages"]["images"]["seconds"] < 20  # once, plus the write (a loaded machine)
     assert said[-1].endswith("1 images in 12.5s")
+
+
+_SEGMENTS = st.sampled_from(["a", "b.png", ".", "..", "", "x y", "é", "..."])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    folder=st.sampled_from(["imgs", "./imgs/", "../imgs", "/tmp/x", "/", "//srv/x", "a/../b"]),
+    lead=st.sampled_from(["", "/", "//", "./"]),
+    segments=st.lists(_SEGMENTS, max_size=5),
+)
+def test_an_image_files_place_is_where_pathlib_puts_it(folder, lead, segments):
+    """A file's path under a local image folder, as the checks make it for every image: the one
+    `Path(folder) / name` names (absolute, `.` and `..` resolved), by a cheaper join."""
+    name = lead + "/".join(segments)
+    assert storage.join(folder, name) == os.path.abspath(Path(folder) / name)
