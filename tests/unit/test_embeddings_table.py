@@ -169,17 +169,28 @@ def test_a_table_without_the_mode_column_is_reused_with_it_empty(tmp_path):
     assert not folder.table_path("embeddings").exists()  # the one-file table is now a folder of segments
 
 
-@pytest.mark.parametrize("passes", [2, 7, 512])
-def test_spilling_a_range_of_buckets_at_a_time_writes_the_same_table(tmp_path, monkeypatch, passes):
+@pytest.mark.parametrize("passes", [1, 2, 7, 512])
+def test_spilling_a_range_of_buckets_at_a_time_writes_the_table_sorted_in_memory(tmp_path, monkeypatch, passes):
+    """Sources spread over buckets on disk, in one pass or a range of buckets at a time, give the
+    table that sorting them in memory gives (what a study's few new vectors take): from parts alone,
+    and again from a segment that holds texts no longer wanted beside the parts of new ones."""
     references, responses = MANY + REFERENCES, [("ok", t) for t in MANY[30:]] + RESPONSES
-    whole = RunFolder(tmp_path / "whole")
-    inputs(whole, references, responses)
-    embed_here(whole, [SBERT, OTHER])
+    later = MANY[10:] + REFERENCES + ["a text added later", "and another"]
+
+    def two_runs(folder: RunFolder) -> list[pa.Table]:
+        inputs(folder, references, responses)
+        embed_here(folder, [SBERT, OTHER])
+        first = folder.read("embeddings")
+        inputs(folder, later, responses)
+        embed_here(folder, [SBERT, OTHER])
+        return [first, folder.read("embeddings")]
+
+    in_memory = two_runs(RunFolder(tmp_path / "in-memory"))
+    monkeypatch.setattr(embed, "SORT_IN_MEMORY_BYTES", -1)
     monkeypatch.setattr(embed, "write_passes", lambda source_bytes, free_bytes, buckets: passes)
-    cut = RunFolder(tmp_path / "cut")
-    inputs(cut, references, responses)
-    embed_here(cut, [SBERT, OTHER])
-    assert cut.read("embeddings").equals(whole.read("embeddings"))
+    spilled = two_runs(RunFolder(tmp_path / "spilled"))
+    assert [t.num_rows for t in in_memory] == [t.num_rows for t in spilled]
+    assert all(a.equals(b) for a, b in zip(spilled, in_memory))
 
 
 def test_the_passes_keep_the_spill_and_the_table_within_the_free_space():

@@ -147,7 +147,7 @@ class _Actors:
         self.killed.append(actor)
 
 
-def _warm_pipeline(calls, ray, settings, middle_frees_cluster=True):
+def _warm_pipeline(calls, ray, settings, middle_frees_cluster=True, first_frees_cluster=False):
     """first -> middle -> second, whose actors are started ahead; `settings`: first's and middle's."""
 
     def warm(run):
@@ -166,7 +166,7 @@ def _warm_pipeline(calls, ray, settings, middle_frees_cluster=True):
         return {"second": pa.table({"x": [1]})}
 
     return [
-        Stage("first", (), settings[0], same_table("first")),
+        Stage("first", (), settings[0], same_table("first"), frees_cluster=first_frees_cluster),
         Stage("middle", ("first",), settings[1], same_table("middle"), frees_cluster=middle_frees_cluster),
         Stage("second", ("middle",), {}, second, warm=warm),
     ]
@@ -203,6 +203,21 @@ def test_no_actors_are_started_ahead_unless_the_stage_before_leaves_the_cluster_
         *_warm_pipeline(calls, ray, (1, 1), middle_frees_cluster=False)
     )
     assert ray.events == ["first", "middle"] and calls == [[]] and ray.killed == []
+
+
+@pytest.mark.parametrize("middle_frees_cluster", [True, False])
+def test_actors_are_started_ahead_past_every_stage_between_that_leaves_the_cluster_free(tmp_path, middle_frees_cluster):
+    """Where `first` and `middle` both leave the cluster free, `second`'s actors start as `first`
+    begins, and once only; where `middle` may run actors of its own, not before it (nor beside it)."""
+    ray, calls = _Actors(), []
+    StudyRun(RunFolder(tmp_path), Reporter(quiet=True), ray)(
+        *_warm_pipeline(calls, ray, (1, 1), middle_frees_cluster=middle_frees_cluster, first_frees_cluster=True)
+    )
+    if middle_frees_cluster:
+        assert ray.events == ["warm", "first", "middle"] and calls == [["actor-1", "actor-2"]]
+    else:
+        assert ray.events == ["first", "middle"] and calls == [[]]
+    assert ray.killed == []
 
 
 def test_the_demo_responses_stage_keeps_the_cluster_and_one_of_imported_captions_frees_it(tmp_path):

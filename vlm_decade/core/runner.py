@@ -191,7 +191,13 @@ def given(name: str, table: pa.Table, before_s: float = 0.0) -> Stage:
     written already): the stages after it read the run folder's."""
     held = [table]
     return Stage(
-        name, (), table_fingerprint(table), lambda run: {name: held.pop()}, before_s=before_s, finished=held.clear
+        name,
+        (),
+        table_fingerprint(table),
+        lambda run: {name: held.pop()},
+        before_s=before_s,
+        finished=held.clear,
+        frees_cluster=True,  # writing the table needs nothing of the cluster
     )
 
 
@@ -268,14 +274,21 @@ class StudyRun:
             return []
 
     def _warm_next(self, stage: Stage) -> None:
-        """Begin `Stage.warm` of the stage after `stage`, which is about to run (only then: a run that
-        stops earlier, on an error, starts nothing), and only beside a stage that leaves the cluster free."""
+        """Begin `Stage.warm` of the first stage after `stage`, which is about to run, that has one
+        (only then: a run that stops earlier, on an error, starts nothing), and only when `stage`
+        and every stage between leave the cluster free: the tables given to a run and a stage of
+        imported answers take a second, the start of Ray and the actors many."""
         if not stage.frees_cluster:
             return
         names = [s.name for s in self._pipeline]
         after = names.index(stage.name) + 1 if stage.name in names else len(names)
-        if after < len(names) and self._pipeline[after].warm is not None and names[after] not in self._warm:
-            self._warm[names[after]] = self._pipeline[after].warm(self)
+        for later in self._pipeline[after:]:
+            if later.warm is not None:
+                if later.name not in self._warm:
+                    self._warm[later.name] = later.warm(self)
+                return
+            if not later.frees_cluster:
+                return
 
     def _let_go(self, stage: Stage) -> None:
         """Kill the actors started ahead for `stage` that it did not take (it was found current)."""

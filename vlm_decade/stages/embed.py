@@ -33,7 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from vlm_decade.core.columns import first_per_key, stripped
+from vlm_decade.core.columns import first_per_key, run_starts, stripped
 from vlm_decade.core.config import EncoderConfig, StudyBase
 from vlm_decade.core.dispatch import batches, bounded, pool_map
 from vlm_decade.core.errors import Problem
@@ -72,6 +72,9 @@ TEXTS_SCHEMA = pa.schema([("text_sha256", pa.string()), ("text", pa.string())])
 # Writing the table: a spilled row (Arrow, uncompressed) against the same row in a part (Parquet),
 # and the share of the free space the spill and the table may take.
 SPILL_GROWTH, FREE_KEPT = 1.25, 0.9
+# Sources (the parts and the segments not kept) up to this size are sorted in memory (about twice
+# their size at the peak), not spread over buckets on disk first: what images added to a run encode.
+SORT_IN_MEMORY_BYTES = 512 * 2**20
 
 
 def encoder_key(cfg: EncoderConfig) -> str:
@@ -537,7 +540,30 @@ def _write_selected(folder: RunFolder, plan: _Plan, spill: Path) -> Written:
         vectors.close()
         return vectors
 
+    def sorted_in_memory():
+        # The rows the spill's buckets give, in their order (by encoder, then key; a key's first
+        # source, as the stable sort keeps it), the vectors taken once: twice the sources at most.
+        tables = [table for _, table in _sources(folder, plan.previous, skip=plan.clean)]
+        if not tables:
+            return
+        table = pa.concat_tables(tables)
+        which = pc.index_in(table.column("encoder_key"), value_set=keys).to_numpy(zero_copy_only=False)
+        which = np.nan_to_num(which, nan=-1).astype(np.int64)  # -1: a vector of an encoder no longer named
+        for r, name in enumerate(sorted(order)):
+            wanted = pa.concat_arrays([plan.written_keys(digits, by_rank[r]).combine_chunks() for digits in range(256)])
+            mine = (which >= 0) & (rank[which] == r)
+            mine &= pc.is_in(table.column("text_sha256"), value_set=wanted).to_numpy(zero_copy_only=False)
+            at = np.flatnonzero(mine)
+            at = at[pc.sort_indices(table.column("text_sha256").take(at)).to_numpy()]
+            rows = table.take(at[run_starts(table.column("text_sha256").take(at))])
+            yield from rows.set_column(
+                1, "encoder", pa.repeat(pa.scalar(name, pa.string()), rows.num_rows)
+            ).to_batches()
+
     def sorted_batches():
+        if source_bytes <= SORT_IN_MEMORY_BYTES:
+            yield from sorted_in_memory()
+            return
         bounds = np.linspace(0, buckets, passes + 1).round().astype(int).tolist()
         for first, end in zip(bounds, bounds[1:]):
             vectors = spilled(first, end)
