@@ -41,3 +41,16 @@ def test_poisson_shards_as_ray_tasks_match_in_process(ray_session):
     remote = _engine.poisson_partial_sums_many({"big": (v, m)}, 700, 3, shard_size=1000, use_ray=True)["big"]
     np.testing.assert_array_equal(local[0], remote[0])
     np.testing.assert_array_equal(local[1], remote[1])
+
+
+def test_workers_started_ahead_take_the_bootstraps_tasks_and_change_no_result(ray_session):
+    """`warm_workers` (begun beside Study A's scores stage) starts one worker per CPU by a block of one
+    resample; the bootstrap that follows gives what it gives in-process."""
+    import ray
+
+    assert _engine.warm_workers(ray_session) == []  # tasks, not actors: nothing for a stage to let go
+    t = _study()
+    remote = bootstrap_study(t, ERAS, 2300, 7, use_ray=True)
+    local = bootstrap_study(t, ERAS, 2300, 7, use_ray=False)
+    assert remote.stats.equals(local.stats) and remote.comparisons.equals(local.comparisons)
+    assert ray.available_resources().get("CPU") == ray.cluster_resources()["CPU"]  # the warm blocks ended

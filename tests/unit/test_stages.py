@@ -220,6 +220,16 @@ def test_actors_are_started_ahead_past_every_stage_between_that_leaves_the_clust
     assert ray.killed == []
 
 
+def test_study_as_statistics_workers_start_beside_its_scores_which_leave_the_cluster_free(tmp_path):
+    """The scores are computed in the driver alone; the bootstrap's workers are started beside them
+    (`stats.warm_workers`, tests/ray/test_stats_ray.py)."""
+    from vlm_decade.demo import decade_demo
+    from vlm_decade.studies.decade import score, statistics
+
+    study = decade_demo(tmp_path)
+    assert score.stage(study).frees_cluster and statistics.stage(study).warm is not None
+
+
 def test_the_demo_responses_stage_keeps_the_cluster_and_one_of_imported_captions_frees_it(tmp_path):
     """Study A's demo runs a local captioner on actors (its embeddings' actors then wait for the
     stage to end); without it, the stage reads imported captions in the driver."""
