@@ -325,18 +325,24 @@ def test_a_valid_input_gives_the_references_the_row_by_row_ranking_gives(counts,
 
 
 def test_the_references_of_more_descriptions_than_a_slab_are_the_same(monkeypatch):
-    """The ranking goes a slab of descriptions at a time, each ending where an image does."""
+    """The ranking goes a slab of descriptions at a time, each ending where an image does, a slab per
+    core at once: the same roles and votes as one slab, and as the row-by-row ranking, by consensus
+    and by votes."""
     rows = [[f"d{k:04d}", f"i{k // 5:03d}", "w", "full", f"text {k % 7} {k % 3}"] for k in range(400)]
     table = read_table(written(rows, list(study_a.DESCRIPTION_COLUMNS)), study_a.DESCRIPTION_COLUMNS, Problems())
-    images = {f"i{j:03d}": "coco" for j in range(80)}
+    images = {f"i{j:03d}": "coco" if j % 3 else "vg" for j in range(80)}
     kept = study_a._check_descriptions(table, pa.array(list(images)), CONDITIONS, Problems())
     checked = pa.table({"image_id": list(images), "dataset": list(images.values())})
     cfg = RankingConfig(top_k=1, bottom_k=1)
-    whole = study_a._references_table(checked, kept, study_a._Tally(), {"coco": study_a.CONSENSUS}, cfg)
+    tally = study_a._Tally()
+    tally.votes = Counter({r[0]: k % 4 for k, r in enumerate(rows) if images[r[1]] == "vg"})
+    tally.shown = Counter({r[0]: 4 for r in rows if images[r[1]] == "vg"})
+    methods = {"coco": study_a.CONSENSUS, "vg": study_a.VOTES}
+    whole = study_a._references_table(checked, kept, tally, methods, cfg)
     monkeypatch.setattr(study_a, "_SLAB", 7)
-    sliced = study_a._references_table(checked, kept, study_a._Tally(), {"coco": study_a.CONSENSUS}, cfg)
+    sliced = study_a._references_table(checked, kept, tally, methods, cfg)
     descriptions = {r[0]: (0, *r[1:]) for r in rows}
-    expected = reference_references(images, descriptions, study_a._Tally(), {"coco": study_a.CONSENSUS}, cfg)
+    expected = reference_references(images, descriptions, tally, methods, cfg)
     assert whole.to_pylist() == sliced.to_pylist() == expected
     assert sliced.column("role").num_chunks > 1
 

@@ -13,8 +13,10 @@ the report says it where the missing figure would be.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import count
 from pathlib import Path
@@ -325,7 +327,8 @@ def _references_table(
 ) -> pa.Table:
     """`descriptions` (sorted by image, condition and id: `_check_descriptions`) with their
     datasets, roles and vote counts. The images of datasets ranked by consensus are ranked a slab
-    at a time on arrays (`consensus_places`); those ranked by votes one at a time."""
+    at a time on arrays (`consensus_places`), a slab per core at once (an image's roles are its
+    own: slabs on threads give what one after another gives); those ranked by votes one at a time."""
     image_ids = descriptions.column("image_id").combine_chunks()
     dataset = images.column("dataset").take(pc.index_in(image_ids, value_set=images.column("image_id")))
     descriptions = descriptions.append_column("dataset", dataset)
@@ -335,11 +338,12 @@ def _references_table(
     voted = bool(tally.votes or tally.shown)
     # Nothing voted on: every count is 0, one array of zeros for both columns.
     zeros = None if voted else pa.array(np.zeros(len(descriptions), np.int64))
-    roles, votes, shown = [], [], []
-    begin = 0
-    while begin < len(descriptions):
-        at = np.searchsorted(starts, begin + _SLAB)  # the first image that starts a slab's length on
-        end = int(starts[at]) if at < len(starts) else len(descriptions)
+    bounds = [0]
+    while bounds[-1] < len(descriptions):
+        at = np.searchsorted(starts, bounds[-1] + _SLAB)  # the first image that starts a slab's length on
+        bounds.append(int(starts[at]) if at < len(starts) else len(descriptions))
+
+    def slab_columns(begin: int, end: int) -> tuple[pa.Array, pa.Array, pa.Array]:
         slab = descriptions.slice(begin, end - begin)
         full = pc.equal(slab.column("condition"), FULL)
         codes = np.full(slab.num_rows, len(ROLES), np.int8)  # masked, unless ranked below
@@ -348,15 +352,19 @@ def _references_table(
         by_votes = _where(pc.and_(full, pc.invert(consensus)))
         if len(by_votes):
             codes[by_votes] = _vote_codes(slab.take(pa.array(by_votes)), tally, cfg)
-        roles.append(ROLE_NAMES.take(pa.array(codes)))
-        if voted:
-            ids = slab.column("description_id").to_pylist()
-            votes.append(pa.array([tally.votes[i] for i in ids], pa.int64()))
-            shown.append(pa.array([tally.shown[i] for i in ids], pa.int64()))
-        else:
-            votes.append(zeros.slice(begin, slab.num_rows))
-            shown.append(zeros.slice(begin, slab.num_rows))
-        begin = end
+        if not voted:
+            return (
+                ROLE_NAMES.take(pa.array(codes)),
+                zeros.slice(begin, slab.num_rows),
+                zeros.slice(begin, slab.num_rows),
+            )
+        ids = slab.column("description_id").to_pylist()
+        votes = pa.array([tally.votes[i] for i in ids], pa.int64())
+        return ROLE_NAMES.take(pa.array(codes)), votes, pa.array([tally.shown[i] for i in ids], pa.int64())
+
+    with ThreadPoolExecutor(os.cpu_count()) as pool:
+        slabs = list(pool.map(slab_columns, bounds[:-1], bounds[1:]))
+    roles, votes, shown = ([slab[k] for slab in slabs] for k in range(3))
     columns = {c: descriptions.column(c) for c in ("description_id", "image_id", "dataset", "condition", "worker_id")}
     columns |= {"role": pa.chunked_array(roles, pa.string()), "votes": pa.chunked_array(votes, pa.int64())}
     columns |= {"shown": pa.chunked_array(shown, pa.int64()), "text": descriptions.column("text")}
