@@ -312,3 +312,19 @@ def test_the_folder_of_segments_reads_as_one_table_in_pyarrow_pandas_and_duckdb(
     glob = str(folder.segment_folder("embeddings") / "*.parquet")
     rows = duckdb.sql(f"SELECT encoder, text_sha256, vector FROM read_parquet('{glob}') ORDER BY 1, 2").fetchall()
     assert rows == [(r["encoder"], r["text_sha256"], r["vector"]) for r in table.to_pylist()]
+
+
+@pytest.mark.parametrize("widths", [(3, 3, 3), (3, 5, 3)])
+def test_vectors_gathered_as_matrix_rows_are_the_ones_arrow_takes(widths):
+    """Rows of a vector column in many chunks, gathered by numpy where every vector has one width,
+    and by Arrow otherwise: the rows Arrow's take gives."""
+    rng = np.random.default_rng(0)
+    chunks = [
+        pa.array([rng.random(width, dtype=np.float32).tolist() for _ in range(n)], pa.list_(pa.float32()))
+        for width, n in zip(widths, (4, 1, 6))
+    ]
+    column = pa.chunked_array([chunks[0], chunks[1].slice(0), chunks[2].slice(1)])
+    for at in (np.array([], np.int64), np.array([9, 0, 4, 4, 2]), rng.permutation(len(column))):
+        taken = embed._take_vectors(column, at)
+        assert taken.type == pa.list_(pa.float32())
+        assert taken.to_pylist() == column.take(at).to_pylist()

@@ -494,6 +494,19 @@ def _embed_remote(
         )
 
 
+def _take_vectors(vectors: pa.ChunkedArray, at: np.ndarray) -> pa.Array | pa.ChunkedArray:
+    """Rows `at` of a vector column: gathered as rows of one float matrix where every vector has
+    one width (a list take copies a vector at a time, several times slower), else by Arrow."""
+    widths = pc.list_value_length(vectors)
+    width = pc.min_max(widths).as_py()
+    if not len(at) or width["min"] != width["max"]:
+        return vectors.take(at)
+    flat = pc.list_flatten(vectors)
+    matrix = np.concatenate([chunk.to_numpy() for chunk in flat.chunks]).reshape(-1, width["min"])
+    offsets = pa.array(np.arange(len(at) + 1, dtype=np.int32) * width["min"])
+    return pa.ListArray.from_arrays(offsets, pa.array(matrix[at].reshape(-1)))
+
+
 def write_passes(source_bytes: int, free_bytes: int, buckets: int) -> int:
     """How many passes over the sources `_write_selected` makes, each spilling a range of its
     buckets, so that the spill beside the table being written fits in the free space (the table
@@ -542,7 +555,7 @@ def _write_selected(folder: RunFolder, plan: _Plan, spill: Path) -> Written:
 
     def sorted_in_memory():
         # The rows the spill's buckets give, in their order (by encoder, then key; a key's first
-        # source, as the stable sort keeps it), the vectors taken once: twice the sources at most.
+        # source, as the stable sort keeps it), the vectors gathered once: twice the sources at most.
         tables = [table for _, table in _sources(folder, plan.previous, skip=plan.clean)]
         if not tables:
             return
@@ -555,7 +568,9 @@ def _write_selected(folder: RunFolder, plan: _Plan, spill: Path) -> Written:
             mine &= pc.is_in(table.column("text_sha256"), value_set=wanted).to_numpy(zero_copy_only=False)
             at = np.flatnonzero(mine)
             at = at[pc.sort_indices(table.column("text_sha256").take(at)).to_numpy()]
-            rows = table.take(at[run_starts(table.column("text_sha256").take(at))])
+            at = at[run_starts(table.column("text_sha256").take(at))]
+            rows = table.drop_columns(["vector"]).take(at)
+            rows = rows.add_column(4, EMBEDDINGS_SCHEMA.field("vector"), _take_vectors(table.column("vector"), at))
             yield from rows.set_column(
                 1, "encoder", pa.repeat(pa.scalar(name, pa.string()), rows.num_rows)
             ).to_batches()
