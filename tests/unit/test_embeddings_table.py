@@ -315,16 +315,18 @@ def test_the_folder_of_segments_reads_as_one_table_in_pyarrow_pandas_and_duckdb(
 
 
 @pytest.mark.parametrize("widths", [(3, 3, 3), (3, 5, 3)])
-def test_vectors_gathered_as_matrix_rows_are_the_ones_arrow_takes(widths):
-    """Rows of a vector column in many chunks, gathered by numpy where every vector has one width,
-    and by Arrow otherwise: the rows Arrow's take gives."""
+def test_vectors_gathered_in_blocks_are_the_ones_arrow_takes(widths):
+    """Rows of a vector column in many chunks, gathered a block at a time as rows of each chunk's
+    matrix where every vector has one width, and by Arrow otherwise: the rows Arrow's take gives."""
     rng = np.random.default_rng(0)
     chunks = [
         pa.array([rng.random(width, dtype=np.float32).tolist() for _ in range(n)], pa.list_(pa.float32()))
         for width, n in zip(widths, (4, 1, 6))
     ]
-    column = pa.chunked_array([chunks[0], chunks[1].slice(0), chunks[2].slice(1)])
+    column = pa.chunked_array([chunks[0], chunks[1].slice(0, 0), chunks[1], chunks[2].slice(1)])
     for at in (np.array([], np.int64), np.array([9, 0, 4, 4, 2]), rng.permutation(len(column))):
-        taken = embed._take_vectors(column, at)
-        assert taken.type == pa.list_(pa.float32())
-        assert taken.to_pylist() == column.take(at).to_pylist()
+        for rows in (1, 3, 100):
+            blocks = list(embed._vector_blocks(column, at, rows))
+            assert [len(b) for b in blocks] == [min(rows, len(at) - lo) for lo in range(0, len(at), rows)]
+            assert all(b.type == pa.list_(pa.float32()) for b in blocks)
+            assert [v for b in blocks for v in b.to_pylist()] == column.take(at).to_pylist()

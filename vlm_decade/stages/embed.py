@@ -494,17 +494,29 @@ def _embed_remote(
         )
 
 
-def _take_vectors(vectors: pa.ChunkedArray, at: np.ndarray) -> pa.Array | pa.ChunkedArray:
-    """Rows `at` of a vector column: gathered as rows of one float matrix where every vector has
-    one width (a list take copies a vector at a time, several times slower), else by Arrow."""
-    widths = pc.list_value_length(vectors)
-    width = pc.min_max(widths).as_py()
-    if not len(at) or width["min"] != width["max"]:
-        return vectors.take(at)
-    flat = pc.list_flatten(vectors)
-    matrix = np.concatenate([chunk.to_numpy() for chunk in flat.chunks]).reshape(-1, width["min"])
-    offsets = pa.array(np.arange(len(at) + 1, dtype=np.int32) * width["min"])
-    return pa.ListArray.from_arrays(offsets, pa.array(matrix[at].reshape(-1)))
+def _vector_blocks(vectors: pa.ChunkedArray, at: np.ndarray, rows: int):
+    """Rows `at` of a vector column, `rows` at a time: where every vector has one width, gathered
+    as rows of each chunk's float matrix into a block (neither a list take, which copies a vector
+    at a time, nor one matrix of them all, whose fresh pages cost more than the copying: 0.8 s
+    for 261 MB here); else by Arrow."""
+    width = pc.min_max(pc.list_value_length(vectors)).as_py()
+    if width["min"] != width["max"]:
+        for lo in range(0, len(at), rows):
+            yield vectors.take(at[lo : lo + rows]).combine_chunks()
+        return
+    width = width["min"]
+    matrices = [chunk.flatten().to_numpy().reshape(-1, width) for chunk in vectors.chunks if len(chunk)]
+    starts = np.cumsum([0, *(len(m) for m in matrices)])
+    chunk_of = np.searchsorted(starts, at, side="right") - 1
+    within = at - starts[chunk_of]
+    for lo in range(0, len(at), rows):
+        chunks, places = chunk_of[lo : lo + rows], within[lo : lo + rows]
+        block = np.empty((len(chunks), width), np.float32)
+        for k in np.unique(chunks).tolist():
+            mine = chunks == k
+            block[mine] = matrices[k][places[mine]]
+        offsets = pa.array(np.arange(len(block) + 1, dtype=np.int32) * width)
+        yield pa.ListArray.from_arrays(offsets, pa.array(block.reshape(-1)))
 
 
 def write_passes(source_bytes: int, free_bytes: int, buckets: int) -> int:
@@ -555,7 +567,7 @@ def _write_selected(folder: RunFolder, plan: _Plan, spill: Path) -> Written:
 
     def sorted_in_memory():
         # The rows the spill's buckets give, in their order (by encoder, then key; a key's first
-        # source, as the stable sort keeps it), the vectors gathered once: twice the sources at most.
+        # source, as the stable sort keeps it), the vectors gathered a block at a time.
         tables = [table for _, table in _sources(folder, plan.previous, skip=plan.clean)]
         if not tables:
             return
@@ -570,10 +582,10 @@ def _write_selected(folder: RunFolder, plan: _Plan, spill: Path) -> Written:
             at = at[pc.sort_indices(table.column("text_sha256").take(at)).to_numpy()]
             at = at[run_starts(table.column("text_sha256").take(at))]
             rows = table.drop_columns(["vector"]).take(at)
-            rows = rows.add_column(4, EMBEDDINGS_SCHEMA.field("vector"), _take_vectors(table.column("vector"), at))
-            yield from rows.set_column(
-                1, "encoder", pa.repeat(pa.scalar(name, pa.string()), rows.num_rows)
-            ).to_batches()
+            rows = rows.set_column(1, "encoder", pa.repeat(pa.scalar(name, pa.string()), rows.num_rows))
+            for lo, vectors in zip(range(0, len(at), VECTOR_BATCH), _vector_blocks(table["vector"], at, VECTOR_BATCH)):
+                block = rows.slice(lo, VECTOR_BATCH).add_column(4, EMBEDDINGS_SCHEMA.field("vector"), vectors)
+                yield from block.to_batches()
 
     def sorted_batches():
         if source_bytes <= SORT_IN_MEMORY_BYTES:
