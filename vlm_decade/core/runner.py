@@ -77,13 +77,14 @@ class Stage:
     files: tuple[str, ...] = ()
     before_s: float = 0.0  # its work done before the run began (the image checks): counted in its time
     finished: Callable[[], None] | None = None  # called once the stage has run or was found current
-    # The Ray actors the stage will work with, started ahead (`LazyRay.start_soon`) when the stage
-    # before it runs, so that Ray and the actors start while that stage works (a core idles there);
-    # `compute` takes them with `run.warmed()`, and those it does not take are killed after it.
+    # The Ray actors (or task workers) the stage will work with, started ahead (`LazyRay.start_soon`)
+    # when an earlier stage runs, so that Ray and the actors start while the stages before work (a
+    # core idles there); `compute` takes them with `run.warmed()`, and those it does not take are
+    # killed after it.
     warm: Callable[[StudyRun], Future] | None = None
     # Whether `compute` leaves the cluster's CPUs and GPUs free (no actors of its own take them): only
-    # then are the next stage's actors started ahead beside it. Actors started beside a stage's own
-    # could take the cluster first, and the stage's would wait for them for ever.
+    # then are a later stage's actors started ahead beside it (`StudyRun._warm_next`). Actors started
+    # beside a stage's own could take the cluster first, and the stage's would wait for them for ever.
     frees_cluster: bool = False
 
     @property
