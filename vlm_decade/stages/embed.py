@@ -499,12 +499,12 @@ def _vector_blocks(vectors: pa.ChunkedArray, at: np.ndarray, rows: int):
     as rows of each chunk's float matrix into a block (neither a list take, which copies a vector
     at a time, nor one matrix of them all, whose fresh pages cost more than the copying: 0.8 s
     for 261 MB here); else by Arrow."""
-    width = pc.min_max(pc.list_value_length(vectors)).as_py()
-    if width["min"] != width["max"]:
+    widths = pc.min_max(pc.list_value_length(vectors)).as_py()
+    if widths["min"] != widths["max"]:
         for lo in range(0, len(at), rows):
             yield vectors.take(at[lo : lo + rows]).combine_chunks()
         return
-    width = width["min"]
+    width = widths["min"]
     matrices = [chunk.flatten().to_numpy().reshape(-1, width) for chunk in vectors.chunks if len(chunk)]
     starts = np.cumsum([0, *(len(m) for m in matrices)])
     chunk_of = np.searchsorted(starts, at, side="right") - 1

@@ -352,15 +352,11 @@ def _references_table(
         by_votes = _where(pc.and_(full, pc.invert(consensus)))
         if len(by_votes):
             codes[by_votes] = _vote_codes(slab.take(pa.array(by_votes)), tally, cfg)
+        roles = ROLE_NAMES.take(pa.array(codes))
         if not voted:
-            return (
-                ROLE_NAMES.take(pa.array(codes)),
-                zeros.slice(begin, slab.num_rows),
-                zeros.slice(begin, slab.num_rows),
-            )
+            return roles, zeros.slice(begin, slab.num_rows), zeros.slice(begin, slab.num_rows)
         ids = slab.column("description_id").to_pylist()
-        votes = pa.array([tally.votes[i] for i in ids], pa.int64())
-        return ROLE_NAMES.take(pa.array(codes)), votes, pa.array([tally.shown[i] for i in ids], pa.int64())
+        return roles, *(pa.array([counts[i] for i in ids], pa.int64()) for counts in (tally.votes, tally.shown))
 
     with ThreadPoolExecutor(os.cpu_count()) as pool:
         slabs = list(pool.map(slab_columns, bounds[:-1], bounds[1:]))
