@@ -1,5 +1,7 @@
 """The bootstrap as Ray tasks gives bit-identical results to the in-process run (uses the session Ray)."""
 
+import time
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -53,4 +55,9 @@ def test_workers_started_ahead_take_the_bootstraps_tasks_and_change_no_result(ra
     remote = bootstrap_study(t, ERAS, 2300, 7, use_ray=True)
     local = bootstrap_study(t, ERAS, 2300, 7, use_ray=False)
     assert remote.stats.equals(local.stats) and remote.comparisons.equals(local.comparisons)
-    assert ray.available_resources().get("CPU") == ray.cluster_resources()["CPU"]  # the warm blocks ended
+    # The warm blocks are not awaited, so one may still be queued or running as the bootstrap
+    # ends, and the free CPUs are reported late; they must all come back, not at once.
+    deadline = time.monotonic() + 60
+    while ray.available_resources().get("CPU", 0) < ray.cluster_resources()["CPU"]:
+        assert time.monotonic() < deadline, "the warm blocks still hold CPUs a minute on"
+        time.sleep(0.2)
