@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 
 from vlm_decade.core.runfolder import RunFolder
-from vlm_decade.stages.describe.rows import RESPONSES_SCHEMA
+from vlm_decade.stages.describe.rows import RESPONSES_SCHEMA, response_states
 from vlm_decade.stages.status import kept_lines, status_lines, unfinished_lines
 from vlm_decade.studies import study_from_dict
 
@@ -154,3 +154,21 @@ def test_a_stopped_run_says_the_stages_it_finished_and_the_rows_it_saved(tmp_pat
         "kept: 5 rows of responses, saved before the stop (not done again)",
     ]
     assert kept_lines(tmp_path / "never-run") == ["nothing was kept: the run had not begun"]
+
+
+def test_each_response_is_counted_once_from_the_table_and_the_parts_ok_first_else_the_latest(tmp_path):
+    def rows(*answers, schema=None):
+        return pa.Table.from_pylist(
+            [
+                {"subject": "beta", "image_id": i, "variant": "full", "prompt_id": "p", "text": "", "status": s}
+                for i, s in answers
+            ],
+            schema=schema,
+        )
+
+    folder = RunFolder(tmp_path)
+    # The table as an older run wrote it, without the columns added since (cache_key, ...).
+    folder.write("responses", rows(("i1", "error"), ("i2", "ok"), ("i3", "error")))
+    folder.append_part("responses", rows(("i1", "ok"), ("i2", "error"), ("i3", "error"), schema=RESPONSES_SCHEMA))
+    folder.append_part("responses", rows(("i3", "skipped"), ("i4", "error"), schema=RESPONSES_SCHEMA))
+    assert response_states(folder) == {"beta": {"ok": 2, "skipped": 1, "error": 1}}

@@ -261,8 +261,12 @@ def todo_jobs(so_far: RowsSoFar, jobs: pa.Table) -> tuple[pa.Table, int]:
 def response_states(folder: RunFolder) -> dict[str, Counter]:
     """Per subject, its responses by status so far (the table, and the parts of a stage still
     running or stopped), the best row of each response counted once (ok wins, else the latest)."""
-    old = conform(folder.read("responses")) if folder.has("responses") else RESPONSES_SCHEMA.empty_table()
-    rows = pa.concat_tables([old, folder.read_parts("responses", RESPONSES_SCHEMA)]).select([*RESPONSE_KEY, "status"])
+    # Only the key and the status: the texts are most of a million images' responses.
+    columns = [*RESPONSE_KEY, "status"]
+    narrow = pa.schema([RESPONSES_SCHEMA.field(c) for c in columns])
+    tables = [folder.read("responses", columns).select(columns).cast(narrow)] if folder.has("responses") else []
+    tables += [part.select(columns) for part in folder.iter_parts("responses", RESPONSES_SCHEMA, columns)]
+    rows = pa.concat_tables([narrow.empty_table(), *tables])
     ok = pc.equal(rows.column("status"), "ok")
     order = pa.array(np.arange(rows.num_rows), pa.int64())
     rows = rows.append_column("_ok", ok).append_column("_rank", pc.negate(order))
