@@ -438,10 +438,12 @@ class RunFolder:
             table = pq.read_table(pa.BufferReader(data), columns=columns)
             yield table.cast(pa.schema([schema.field(c) for c in table.column_names]))
 
-    def read_parts(self, name: str, schema: pa.Schema) -> pa.Table:
-        """Every whole part of table `name`, in the order written; damaged ones are discarded."""
-        tables = list(self.iter_parts(name, schema))
-        return pa.concat_tables(tables) if tables else schema.empty_table()
+    def read_parts(self, name: str, schema: pa.Schema, columns: list[str] | None = None) -> pa.Table:
+        """Every whole part of table `name` (its `columns`), in the order written; damaged ones are discarded."""
+        tables = list(self.iter_parts(name, schema, columns))
+        if tables:
+            return pa.concat_tables(tables)
+        return (schema if columns is None else pa.schema([schema.field(c) for c in columns])).empty_table()
 
     def parts(self, name: str, schema: pa.Schema, rows: int = 1, seconds: float = 0.0, on_save=None) -> PartWriter:
         """A buffer of finished rows for table `name`, saved as a part every `rows` rows or `seconds`."""

@@ -264,9 +264,8 @@ def response_states(folder: RunFolder) -> dict[str, Counter]:
     # Only the key and the status: the texts are most of a million images' responses.
     columns = [*RESPONSE_KEY, "status"]
     narrow = pa.schema([RESPONSES_SCHEMA.field(c) for c in columns])
-    tables = [folder.read("responses", columns).select(columns).cast(narrow)] if folder.has("responses") else []
-    tables += [part.select(columns) for part in folder.iter_parts("responses", RESPONSES_SCHEMA, columns)]
-    rows = pa.concat_tables([narrow.empty_table(), *tables])
+    old = conform(folder.read("responses", columns), narrow) if folder.has("responses") else narrow.empty_table()
+    rows = pa.concat_tables([old, folder.read_parts("responses", RESPONSES_SCHEMA, columns)])
     ok = pc.equal(rows.column("status"), "ok")
     order = pa.array(np.arange(rows.num_rows), pa.int64())
     rows = rows.append_column("_ok", ok).append_column("_rank", pc.negate(order))
