@@ -15,10 +15,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import vlm_decade.models.backends.imported as imported
 import vlm_decade.stages.describe.plan as plan_module
 import vlm_decade.stages.describe.rows as rows_module
 from vlm_decade.core.config import ModelConfig
 from vlm_decade.core.runfolder import RunFolder
+from vlm_decade.core.tables import read_table
 from vlm_decade.imaging.masks import MaskSpec
 from vlm_decade.models.backends.imported import ImportedBackend
 from vlm_decade.stages.describe.rows import (
@@ -75,6 +77,40 @@ def test_an_imported_models_keys_are_its_own_rows_whatever_the_slice(tmp_path, m
     changed = plan_jobs(study, plan, images).column("cache_key").to_pylist()
     moved = [tuple(j[c] for c in RESPONSE_KEY) for j, k in zip(whole.to_pylist(), changed) if j["cache_key"] != k]
     assert moved == [("m", "i2", "full", "p2")]
+
+
+def test_a_run_parses_an_imported_file_once_and_a_changed_file_again(tmp_path, monkeypatch):
+    """In a run (`files_held`) the file's check, what it lacks, the plan's keys and the look-up
+    parse it once between them, each seeing what it saw on its own (the bad row's problem too);
+    a file rewritten meanwhile is parsed again, and outside a run every reader parses it."""
+    file = tmp_path / "answers.csv"
+    file.write_text("image_id,variant,text\ni1,full,a bird\ni2,full,\n")  # i2's text empty: a problem
+    model = ModelConfig(name="m", backend="imported", model_id="m", era="pre-mllm", options={"file": str(file)})
+    parsed = []
+    monkeypatch.setattr(imported, "read_table", lambda path, *a: parsed.append(path) or read_table(path, *a))
+    ids, full = pa.array(["i1", "i2"]), pa.array(["full", "full"])
+
+    def everything():
+        problems = ImportedBackend.check(model, {"i1", "i2"}, ["full"])
+        lacking = imported.missing_rows([model], {"i1", "i2"}, lambda m: ["full"])
+        keys = ImportedBackend.answer_keys(model)[1](ids, full, "p")
+        looked_up = ImportedBackend(model).answer_rows(
+            pa.table({"image_id": ids, "variant": full, "prompt_id": ["p"] * 2})
+        )
+        return [(p.row, p.field, p.message) for p in problems], lacking, keys.to_pylist(), looked_up.to_pylist()
+
+    alone = everything()
+    assert len(parsed) == 4 and alone[0] == [(3, "text", "empty text")]
+    assert alone[2][0] == hashlib.sha256(b"a bird").hexdigest() and alone[3][0]["text"] == "a bird"
+    parsed.clear()
+    with imported.files_held():
+        assert everything() == alone and len(parsed) == 1
+        assert everything() == alone and len(parsed) == 1  # as long as the run lasts
+        file.write_text("image_id,variant,text\ni1,full,a red bird\ni2,full,a cat\n")
+        again = everything()
+        assert len(parsed) == 2 and again[0] == [] and again[3][0]["text"] == "a red bird"
+    everything()
+    assert len(parsed) == 2 + 4  # the run over: nothing held
 
 
 @pytest.mark.parametrize("by_image", [False, True])
@@ -180,16 +216,18 @@ def _by_hand(folder: RunFolder) -> list[str]:
     return [best[k]["text"] for k in sorted(best)]
 
 
+@pytest.mark.parametrize("held", [True, False])
 @pytest.mark.parametrize(("match_rows", "collect_images"), [(1, 1), (2, 2), (rows_module.MATCH_ROWS, 3)])
 def test_each_jobs_row_is_the_one_a_plain_loop_picks_however_many_are_matched_at_once(
-    folder, monkeypatch, match_rows, collect_images
+    folder, monkeypatch, match_rows, collect_images, held
 ):
     """However many rows are matched at a time and however many images' rows are chosen at a time
-    (a bucket of the spill per model and range of images), the table written is the same; the rows
-    spread once find the jobs still to do, and, caught up with the answers saved after that, choose
-    each job's row."""
+    (a bucket of the spill per model and range of images), and whether the buckets are held in
+    memory or spread over files, the table written is the same; the rows spread once find the jobs
+    still to do, and, caught up with the answers saved after that, choose each job's row."""
     monkeypatch.setattr(rows_module, "MATCH_ROWS", match_rows)
     monkeypatch.setattr(rows_module, "COLLECT_IMAGES", collect_images)
+    monkeypatch.setattr(rows_module, "HOLD_FILES_BYTES", 2**40 if held else -1)
     subjects, image_ids = ["a", "b"], pa.array(["i1", "i2", "i3", "i4"])
     jobs_of = lambda s: JOBS.filter(pc.equal(JOBS.column("subject"), s))  # noqa: E731
     with RowsSoFar(folder, subjects, image_ids) as so_far:  # each subject's jobs on their own

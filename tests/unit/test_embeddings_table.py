@@ -213,7 +213,10 @@ def _in_order(table: pa.Table) -> pa.Table:
     return table.sort_by([("encoder", "ascending"), ("text_sha256", "ascending")])
 
 
-def test_texts_added_cost_one_new_segment_of_their_vectors_and_the_table_is_a_fresh_runs(tmp_path):
+@pytest.mark.parametrize("held", [True, False])
+def test_texts_added_cost_one_new_segment_of_their_vectors_and_the_table_is_a_fresh_runs(tmp_path, monkeypatch, held):
+    # the plan's buckets held in memory (small files) or spread over files: the same table
+    monkeypatch.setattr(embed, "HOLD_FILES_BYTES", 2**40 if held else -1)
     folder = RunFolder(tmp_path / "incremental")
     inputs(folder, MANY[:40], [("ok", t) for t in MANY[10:30]])
     embed_here(folder, [SBERT, OTHER])

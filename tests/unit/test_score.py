@@ -270,9 +270,12 @@ def test_images_added_read_the_vectors_of_the_groups_holding_their_texts_only(mo
     assert vectors_read and min(vectors_read) >= old_groups
 
 
-def test_the_run_folder_s_tables_are_streamed_into_shards_and_score_as_the_tables_do(monkeypatch, tmp_path):
+@pytest.mark.parametrize("held", [True, False])
+def test_the_run_folder_s_tables_are_streamed_into_shards_and_score_as_the_tables_do(monkeypatch, tmp_path, held):
     """At a million images the texts are gigabytes: they are read from the run folder a batch at a
-    time (batches that straddle shards), never whole, and give the same table as when held."""
+    time (batches that straddle shards), never whole, and give the same table as when held; their
+    shards are held in memory when the files are small, else spread over files."""
+    monkeypatch.setattr(score, "HOLD_FILES_BYTES", 2**40 if held else -1)
     images, refs, responses, emb, _ = _study(10, changed={2, 5})
     before = similarity_scores(*_study(8)[:4], ["E"], [_Counted()], settings="s")
     held = similarity_scores(images, refs, responses, emb, ["E"], [_Counted()], previous=before, settings="s")

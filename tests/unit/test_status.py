@@ -172,3 +172,19 @@ def test_each_response_is_counted_once_from_the_table_and_the_parts_ok_first_els
     folder.append_part("responses", rows(("i1", "ok"), ("i2", "error"), ("i3", "error"), schema=RESPONSES_SCHEMA))
     folder.append_part("responses", rows(("i3", "skipped"), ("i4", "error"), schema=RESPONSES_SCHEMA))
     assert response_states(folder) == {"beta": {"ok": 2, "skipped": 1, "error": 1}}
+
+
+def test_a_damaged_part_is_left_out_of_the_counts_and_left_where_it_is(tmp_path):
+    """`vlm-decade status` only looks: a truncated part is not counted and not deleted (the next run
+    discards it, and says so)."""
+    said = []
+    folder = RunFolder(tmp_path, say=said.append)
+    answers = [{"subject": "m", "image_id": i, "variant": "full", "prompt_id": "p", "status": "ok"} for i in "ab"]
+    folder.append_part("responses", pa.Table.from_pylist(answers[:1], schema=RESPONSES_SCHEMA))
+    folder.append_part("responses", pa.Table.from_pylist(answers[1:], schema=RESPONSES_SCHEMA))
+    damaged = sorted((tmp_path / ".parts" / "responses").iterdir())[1]
+    damaged.write_bytes(damaged.read_bytes()[:20])
+    assert response_states(folder) == {"m": {"ok": 1}}
+    assert damaged.exists() and any("damaged; left out" in line for line in said)
+    assert folder.read_parts("responses", RESPONSES_SCHEMA).num_rows == 1  # as a run reads them: discarded
+    assert not damaged.exists()

@@ -416,14 +416,28 @@ class RunFolder:
                 self.mirror.push([self._parts_dir(name) / part])
             _pause_for_a_kill(name)
 
+    def stored_bytes(self, name: str) -> int:
+        """The bytes of table `name`'s files and of its parts so far (0: none)."""
+        files = self._files(name) if self.has(name) else []
+        return sum(f.stat().st_size for f in files) + self.parts_bytes(name)
+
     def parts_bytes(self, name: str) -> int:
         """The bytes of the parts table `name` has saved so far."""
         return sum(f.stat().st_size for f in self._parts_dir(name).glob("part-*.parquet"))
 
-    def iter_parts(self, name: str, schema: pa.Schema, columns: list[str] | None = None, seen: set[str] | None = None):
+    def iter_parts(
+        self,
+        name: str,
+        schema: pa.Schema,
+        columns: list[str] | None = None,
+        seen: set[str] | None = None,
+        discard: bool = True,
+    ):
         """Every whole part of table `name` (its `columns`), one table at a time in the order
-        written; damaged ones are discarded, and said. With `seen`, the parts named in it are passed
-        over and those read are added to it: a later call reads only the parts saved since."""
+        written; damaged ones are said and left out, and deleted unless `discard` is false (a look
+        at the folder, as `vlm-decade status` takes, changes nothing in it). With `seen`, the parts
+        named in it are passed over and those read are added to it: a later call reads only the
+        parts saved since."""
         for f in sorted(self._parts_dir(name).glob("part-*.parquet")):
             if seen is not None:
                 if f.name in seen:
@@ -432,15 +446,25 @@ class RunFolder:
             found = PART.match(f.name)
             data = f.read_bytes()
             if found is None or hashlib.sha256(data).hexdigest()[:16] != found.group(2):
-                self.say(f"     [yellow]{name}: part {f.name} is damaged; discarded, its rows are done again[/yellow]")
-                f.unlink()
+                if discard:
+                    self.say(
+                        f"     [yellow]{name}: part {f.name} is damaged; discarded, its rows are done again[/yellow]"
+                    )
+                    f.unlink()
+                else:
+                    self.say(
+                        f"     [yellow]{name}: part {f.name} is damaged; left out (the next run discards it)[/yellow]"
+                    )
                 continue
             table = pq.read_table(pa.BufferReader(data), columns=columns)
             yield table.cast(pa.schema([schema.field(c) for c in table.column_names]))
 
-    def read_parts(self, name: str, schema: pa.Schema, columns: list[str] | None = None) -> pa.Table:
-        """Every whole part of table `name` (its `columns`), in the order written; damaged ones are discarded."""
-        tables = list(self.iter_parts(name, schema, columns))
+    def read_parts(
+        self, name: str, schema: pa.Schema, columns: list[str] | None = None, discard: bool = True
+    ) -> pa.Table:
+        """Every whole part of table `name` (its `columns`), in the order written; damaged ones are
+        left out (and deleted, unless `discard` is false: `iter_parts`)."""
+        tables = list(self.iter_parts(name, schema, columns, discard=discard))
         if tables:
             return pa.concat_tables(tables)
         return (schema if columns is None else pa.schema([schema.field(c) for c in columns])).empty_table()

@@ -39,7 +39,7 @@ from vlm_decade.core.dispatch import batches, bounded, pool_map
 from vlm_decade.core.errors import Problem
 from vlm_decade.core.runfolder import SEGMENT, RunFolder, segments_record
 from vlm_decade.core.runner import Stage, StudyRun, Written
-from vlm_decade.core.spill import Spill, key_buckets
+from vlm_decade.core.spill import HOLD_FILES_BYTES, Spill, key_buckets
 from vlm_decade.models.api.endpoints import endpoint_problems, sending_problems
 from vlm_decade.models.api.keys import api_key, key_hint
 from vlm_decade.models.api.session import APIStopped, BatchesPending, BudgetReached, RemoteSession
@@ -261,12 +261,14 @@ def _plan(folder: RunFolder, encoders: list[EncoderConfig], spill: Path) -> _Pla
     hold), worked out a bucket of keys at a time: the texts and the (key, encoder) pairs the sources
     hold are first spread over 256 buckets by the key's first two hex digits. A segment of the
     previous table is kept as it is (`clean`) when each of its rows is such a first vector, under
-    its encoder's current name."""
+    its encoder's current name. The buckets are held in memory when the texts' files are small
+    (`HOLD_FILES_BYTES`; the vectors' keys, one per text and encoder, count once per encoder)."""
+    held = (folder.stored_bytes("references") + folder.stored_bytes("responses")) * len(encoders) <= HOLD_FILES_BYTES
     with ThreadPoolExecutor(1) as checker:
         # The previous table's files are checked (hashed whole: gigabytes; or trusted by their recorded
         # size and time) on a thread while the texts are hashed here, a column at a time.
         checked = checker.submit(_previous, folder)
-        raw = Spill(spill / "raw", TEXTS_SCHEMA)
+        raw = Spill(spill / "raw", TEXTS_SCHEMA, held)
         for batch in folder.batches("references", columns=["text"]):
             raw.add(*_hashed(batch.column("text")))
         for batch in folder.batches("responses", columns=["status", "text"]):
@@ -274,13 +276,13 @@ def _plan(folder: RunFolder, encoders: list[EncoderConfig], spill: Path) -> _Pla
         raw.close()
         previous = checked.result()
     keys = pa.array([encoder_key(cfg) for cfg in encoders], pa.string())
-    have = Spill(spill / "have", HAVE_SCHEMA)
+    have = Spill(spill / "have", HAVE_SCHEMA, held)
     for source, table in _sources(folder, previous, ["text_sha256", "encoder_key", "encoder"]):
         table = table.filter(pc.is_in(table.column("encoder_key"), keys))
         table = table.append_column("source", pa.array(np.full(table.num_rows, source, np.int32)))
         have.add(table, key_buckets(table.column("text_sha256")))
     have.close()
-    texts = Spill(spill / "texts", _plan_schema(len(encoders)))
+    texts = Spill(spill / "texts", _plan_schema(len(encoders)), held)
     wanted, todo = 0, dict.fromkeys([cfg.name for cfg in encoders], 0)
     in_place = np.zeros(len(previous) + 1, np.int64)  # per source, its rows chosen as they are
     for bucket in raw.buckets:

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +34,60 @@ from vlm_decade.models.encoders import text_keys
 COLUMNS = ("image_id", "variant", "text")
 OPTIONAL = ("prompt",)
 EVERY_PROMPT = ""  # the prompt cell of a row that answers every prompt
+
+
+# Within a run (`files_held`), a file is parsed once, not once by each of its readers (its check, what
+# it lacks, the plan's keys, the look-up: four times a run), while the files held take up to this
+# much; larger ones are read again where needed, so that a million images' files are not held
+# beside the descriptions.
+HELD_BYTES = 256 * 2**20
+
+
+class _Held:
+    """The files parsed in the current run (none outside `files_held`): by path, size and mtime,
+    each as `read_table` gave it, with the problems it found."""
+
+    def __init__(self) -> None:
+        self.files: dict[tuple[str, int, int], tuple[Table | None, list[Problem]]] | None = None
+
+    def read(self, path: Path, problems: Problems) -> Table | None:
+        try:
+            stat = path.stat()
+        except OSError:
+            stat = None  # `read_table` says why
+        if self.files is None or stat is None:
+            return read_table(path, COLUMNS, problems, OPTIONAL)
+        key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+        if key not in self.files:
+            found = Problems()
+            table = read_table(path, COLUMNS, found, OPTIONAL)
+            held = sum(t.columns.nbytes for t, _ in self.files.values() if t is not None)
+            if table is None or held + table.columns.nbytes <= HELD_BYTES:
+                self.files[key] = (table, found.items)
+            problems.extend(found)
+            return table
+        table, found = self.files[key]
+        problems.extend(found)
+        return table
+
+
+_HELD = _Held()
+
+
+@contextmanager
+def files_held() -> Iterator[None]:
+    """For the length of a run (a decorator of its function too): each imported file parsed once
+    (`HELD_BYTES`)."""
+    _HELD.files = {}
+    try:
+        yield
+    finally:
+        _HELD.files = None
+
+
+def _read(path: Path, problems: Problems) -> Table | None:
+    """The file's good rows (`read_table`), or None with problems added: parsed once in a run."""
+    return _HELD.read(path, problems)
 
 
 def imported_file(model: ModelConfig) -> Path | None:
@@ -129,7 +184,7 @@ def missing_rows(
         path = imported_file(model)
         if model.backend != "imported" or path is None:
             continue
-        table = read_table(path, COLUMNS, Problems(), OPTIONAL)
+        table = _read(path, Problems())
         if table is None:
             continue
         ids = _id_array(image_ids)
@@ -168,7 +223,7 @@ class ImportedBackend(Backend):
         super().__init__(model)
         path = imported_file(model)
         problems = Problems()
-        table = read_table(path, COLUMNS, problems, OPTIONAL)
+        table = _read(path, problems)
         problems.raise_if_any()
         self.answers = FileAnswers(table)
         self.per_prompt = bool(pc.any(pc.not_equal(table.text("prompt"), EVERY_PROMPT)).as_py())
@@ -218,7 +273,7 @@ class ImportedBackend(Backend):
         read once, into Arrow columns, and looked up a slice of questions at a time."""
         settings = super().fingerprint(model)
         settings["options"] = {k: v for k, v in settings["options"].items() if k != "file"}
-        table = read_table(imported_file(model), COLUMNS, Problems(), OPTIONAL)  # unreadable: `check` said so
+        table = _read(imported_file(model), Problems())  # unreadable: `check` said so
         found = FileAnswers(table) if table is not None else None
 
         def keys(image_ids: pa.Array, variants: pa.Array, prompt_id: str) -> pa.Array:
@@ -240,7 +295,7 @@ class ImportedBackend(Backend):
                 Problem(STUDY_FILE, "the imported backend needs options: {file: PATH} (CSV or Parquet)", field=where)
             ]
         problems = Problems()
-        table = read_table(path, COLUMNS, problems, OPTIONAL)
+        table = _read(path, problems)
         if table is None:
             return problems.items
         ids = _id_array(image_ids)
@@ -292,7 +347,7 @@ def prompt_problems(models: Iterable[ModelConfig], prompt_ids: list[str]) -> lis
         path = imported_file(model)
         if model.backend != "imported" or path is None:
             continue
-        table = read_table(path, COLUMNS, Problems(), OPTIONAL)  # unreadable: `check` says so
+        table = _read(path, Problems())  # unreadable: `check` says so
         if table is None:
             continue
         prompts = table.text("prompt")

@@ -16,7 +16,7 @@ from vlm_decade.core.columns import first_per_key
 from vlm_decade.core.errors import error_text
 from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.core.runner import StatusTally, Written
-from vlm_decade.core.spill import Spill
+from vlm_decade.core.spill import HOLD_FILES_BYTES, Spill
 from vlm_decade.models.api.answers import failed_answer
 from vlm_decade.stages.describe.plan import Job
 
@@ -174,7 +174,8 @@ def _parts(folder: RunFolder, seen: set[str]):
 class RowsSoFar:
     """The rows so far (`_row_sources`) of the `subjects`' jobs, spread over buckets on
     disk (the run folder's `.spill/`) by subject and range of `COLLECT_IMAGES` of the images
-    `image_ids`, in one pass, so that none is held whole; then read a bucket at a time against the
+    `image_ids`, in one pass, so that none is held whole (held in memory instead when their files
+    are small: `HOLD_FILES_BYTES`); then read a bucket at a time against the
     jobs of any of the subjects (`buckets`), one model's after another's. The parts saved since
     (the stage's own answers) are added after them by `catch_up`, so that the rows read first are
     not spread again. A context: the spill is removed on leaving it."""
@@ -186,11 +187,12 @@ class RowsSoFar:
         self.bounds = images.take(pa.array(range(0, len(images), COLLECT_IMAGES), pa.int64())).to_pylist()
         self.root = folder.root / ".spill" / "responses"
         shutil.rmtree(self.root, ignore_errors=True)  # what a killed run left is of no use
+        self.held = folder.stored_bytes("responses") <= HOLD_FILES_BYTES
         self.seen: set[str] = set()  # the parts spilled
         self.spills = [self._spill(self.root / "0", _row_sources(folder, self.seen))]
 
     def _spill(self, root, sources) -> Spill:
-        spill = Spill(root, RESPONSES_SCHEMA)
+        spill = Spill(root, RESPONSES_SCHEMA, held=self.held)
         try:
             for rows in sources:
                 bucket = _buckets(rows, self.subjects, self.bounds)
@@ -265,7 +267,8 @@ def response_states(folder: RunFolder) -> dict[str, Counter]:
     columns = [*RESPONSE_KEY, "status"]
     narrow = pa.schema([RESPONSES_SCHEMA.field(c) for c in columns])
     old = conform(folder.read("responses", columns), narrow) if folder.has("responses") else narrow.empty_table()
-    rows = pa.concat_tables([old, folder.read_parts("responses", RESPONSES_SCHEMA, columns)])
+    parts = folder.read_parts("responses", RESPONSES_SCHEMA, columns, discard=False)  # a look changes nothing
+    rows = pa.concat_tables([old, parts])
     ok = pc.equal(rows.column("status"), "ok")
     order = pa.array(np.arange(rows.num_rows), pa.int64())
     rows = rows.append_column("_ok", ok).append_column("_rank", pc.negate(order))

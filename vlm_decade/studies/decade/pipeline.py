@@ -19,7 +19,7 @@ from vlm_decade.core.runner import given, release_memory, run_study
 from vlm_decade.core.smoke import first_images, first_rows_per_dataset
 from vlm_decade.imaging.masks import mask_specs
 from vlm_decade.models.backends import backend_class
-from vlm_decade.models.backends.imported import missing_rows
+from vlm_decade.models.backends.imported import files_held, missing_rows
 from vlm_decade.stages import describe, embed
 from vlm_decade.stages.estimate import Line, describe_lines, embed_lines, response_cache
 from vlm_decade.stages.images import ImageCache, transparency_note
@@ -99,6 +99,7 @@ def check(study: StudyConfig, cache: ImageCache | None = None) -> StudyData:
     )
 
 
+@files_held()  # the run reads its imported files once
 def run(study: StudyConfig, reporter: Reporter | None = None) -> RunFolder:
     reporter = reporter or Reporter()  # from here: the image checks show their progress
     cache = ImageCache.of(study.output, study.runtime.rehash, reporter.track)

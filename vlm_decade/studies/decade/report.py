@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -332,6 +333,18 @@ def write_report(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Table]
     read from the run folder, only the rows the page draws on (`rows_of`)."""
     # The page shows the analysis of all images; the tables' CSVs keep the per-group rows too.
     all_rows, tables = tables, {**tables, **{n: ungrouped(t) for n, t in tables.items() if n in GROUPED_TABLES}}
+    # The CSVs (a million images' responses are gigabytes) are written on a thread while the page is
+    # made here: Arrow's reader and CSV writer leave the interpreter free for the figures.
+    with ThreadPoolExecutor(1) as writer:
+        csvs = writer.submit(write_csvs, run, all_rows, ("stats", "comparisons", "scores", "responses"))
+        page = _page(run, study, tables, all_rows, csvs)
+    write_page(run.root / "report.html", page)
+
+
+def _page(
+    run: RunFolder, study: StudyConfig, tables: dict[str, pa.Table], all_rows: dict[str, pa.Table], csvs: Future
+) -> str:
+    """`write_report`'s page and figures; `csvs`: the CSVs being written (`write_csvs`)."""
     metrics = sorted(pc.unique(tables["stats"].column("metric")).to_pylist())
     for metric in metrics:
         similarity_figure(tables["stats"], study, metric, run.file("figures", f"similarity_{safe_name(metric)}.png"))
@@ -358,7 +371,7 @@ def write_report(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Table]
             shown=ids,
         )
     comparisons, era_note = _without_repeats(tables["comparisons"], study.eras)
-    page = render(
+    return render(
         TEMPLATES,
         "decade_report.html",
         title=f"{study.name}: vlm_decade report",
@@ -394,9 +407,8 @@ def write_report(run: RunFolder, study: StudyConfig, tables: dict[str, pa.Table]
         metric=metric,
         examples=_examples(tables, metric, picked) if metric is not None else None,
         responses=_failed_responses(run, all_rows),
-        csvs=write_csvs(run, all_rows, ("stats", "comparisons", "scores", "responses")),
+        csvs=csvs.result(),
     )
-    write_page(run.root / "report.html", page)
 
 
 def stage(study: StudyConfig, ranking: Mapping[str, str], made: list[str]) -> Stage:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import tempfile
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,7 @@ from vlm_decade.core.columns import json_strings, run_starts, sha256_hex
 from vlm_decade.core.reuse import INPUTS, inputs_head, reusable
 from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.core.runner import Stage, StudyRun, Written
-from vlm_decade.core.spill import Spill, key_buckets
+from vlm_decade.core.spill import HOLD_FILES_BYTES, Spill, key_buckets
 from vlm_decade.models.encoders import text_keys
 from vlm_decade.models.metrics import build_metric
 from vlm_decade.stages.embed import EMBEDDINGS_SCHEMA, encoder_key
@@ -124,15 +125,17 @@ def by_image_shard(
 ) -> Spill:
     """Table `name`'s rows (`_rows`) spread over buckets on disk by their image's shard: the
     position of their image in `images` over `SHARD_IMAGES`; the rows of other images are left out.
-    Each shard's rows keep the table's order, so that they are what filtering the table would give."""
+    Each shard's rows keep the table's order, so that they are what filtering the table would give.
+    The buckets are held in memory when the run folder's file is small (`HOLD_FILES_BYTES`)."""
     ids = images.column("image_id")
+    held = isinstance(source, RunFolder) and source.stored_bytes(name) <= HOLD_FILES_BYTES
     spill = None
     # Each batch's lookup builds a hash table of every image id: in batches of PYTHON_ROWS, not
     # EMBEDDING_BATCH (the texts' tables hold no vectors), it is built 16 times less often.
     for batch in _rows(source, name, columns, PYTHON_ROWS):
         at = pc.index_in(batch.column("image_id"), value_set=ids)
         rows = pa.Table.from_batches([batch]).filter(pc.is_valid(at))
-        spill = spill or Spill(folder / name, rows.schema)
+        spill = spill or Spill(folder / name, rows.schema, held)
         spill.add(rows, pc.drop_null(at).to_numpy(zero_copy_only=False) // SHARD_IMAGES)
     if spill is None:  # a table without rows
         schema = source.schema if isinstance(source, pa.Table) else source.schema(name)
@@ -292,15 +295,18 @@ def score_batches(
         spill.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="scores-", dir=spill) as folder:
         folder = Path(folder)
-        texts = [
-            by_image_shard(references, "references", ["image_id", "condition", "role", "text"], images, folder),
-            by_image_shard(
-                responses, "responses", ["subject", "image_id", "variant", "status", "text"], images, folder
-            ),
-        ]
-        kept_rows = (
-            None if previous is None else by_image_shard(previous, "scores", SCORED_SCHEMA.names, images, folder)
-        )
+        # The three tables are spread at once, on threads: most of it is Arrow's reading and lookups.
+        with ThreadPoolExecutor(3) as pool:
+            spreads = [
+                pool.submit(by_image_shard, *source, images, folder)
+                for source in (
+                    (references, "references", ["image_id", "condition", "role", "text"]),
+                    (responses, "responses", ["subject", "image_id", "variant", "status", "text"]),
+                    *([(previous, "scores", SCORED_SCHEMA.names)] if previous is not None else []),
+                )
+            ]
+            spread = [future.result() for future in spreads]
+        texts, kept_rows = spread[:2], spread[2] if previous is not None else None
         rows, todo = _Ordered(folder / "rows"), {}  # every row; the shards with images to score, and their images
         vectors = ShardVectors(folder)
         # First pass: each shard's pairs, what of them is kept, and the vectors its other pairs need.

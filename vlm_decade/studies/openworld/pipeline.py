@@ -16,7 +16,7 @@ from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.core.runner import given, run_study
 from vlm_decade.core.smoke import first_images
 from vlm_decade.models.backends import backend_class
-from vlm_decade.models.backends.imported import missing_rows, prompt_problems
+from vlm_decade.models.backends.imported import files_held, missing_rows, prompt_problems
 from vlm_decade.stages import describe
 from vlm_decade.stages.estimate import Line, describe_lines, response_cache
 from vlm_decade.stages.images import ImageCache, transparency_note
@@ -64,6 +64,7 @@ def check(study: OpenWorldStudyConfig, cache: ImageCache | None = None) -> OpenW
     return first_images(data, study.limit)
 
 
+@files_held()  # the run reads its imported files once
 def run(study: OpenWorldStudyConfig, reporter: Reporter | None = None) -> RunFolder:
     reporter = reporter or Reporter()  # from here: the image checks show their progress
     cache = ImageCache.of(study.output, study.runtime.rehash, reporter.track)
