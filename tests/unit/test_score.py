@@ -270,6 +270,40 @@ def test_images_added_read_the_vectors_of_the_groups_holding_their_texts_only(mo
     assert vectors_read and min(vectors_read) >= old_groups
 
 
+@pytest.mark.parametrize("changed", [set(), {6}])
+def test_the_newest_segment_is_read_first_and_the_older_ones_only_for_what_it_lacks(monkeypatch, tmp_path, changed):
+    """The embeddings as a run with images added leaves them in its run folder: the first run's
+    segment, then the added texts'. The added images' texts are all in the newest: the older
+    segment's keys are not read at all. An image whose top description changed needs its other
+    texts' vectors from the older one too: it is read, and the scores are a fresh run's."""
+    images, refs, responses, emb, _ = _study(8)
+    before = similarity_scores(images, refs, responses, emb, ["E"], settings="s")
+    images, refs, responses, grown, _ = _study(10, changed=changed)
+    fresh = similarity_scores(images, refs, responses, grown, ["E"], settings="s")
+    old = emb.combine_chunks()
+    added = grown.filter(pa.compute.invert(pa.compute.is_in(grown.column("text_sha256"), old.column("text_sha256"))))
+    folder = RunFolder(tmp_path)
+    for number, segment in enumerate([old, added], 1):
+        batches = segment.combine_chunks().to_batches(max_chunksize=4)
+        folder.write_segment("embeddings", number, EMBEDDINGS_SCHEMA, batches, row_group_rows=4)
+    newest_groups = len(added.combine_chunks().to_batches(max_chunksize=4))
+    keys_read = []
+    read = score._row_groups
+
+    def recorded(embeddings):
+        for k, group in enumerate(read(embeddings)):
+            keys_read.append(k)
+            yield group
+
+    monkeypatch.setattr(score, "_row_groups", recorded)
+    after = similarity_scores(images, refs, responses, folder, ["E"], previous=before, settings="s")
+    assert after.equals(fresh)
+    if changed:
+        assert max(keys_read) >= newest_groups  # into the older segment
+    else:
+        assert keys_read and max(keys_read) < newest_groups
+
+
 @pytest.mark.parametrize("held", [True, False])
 def test_the_run_folder_s_tables_are_streamed_into_shards_and_score_as_the_tables_do(monkeypatch, tmp_path, held):
     """At a million images the texts are gigabytes: they are read from the run folder a batch at a

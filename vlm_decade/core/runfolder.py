@@ -324,10 +324,12 @@ class RunFolder:
         for path in self._files(name):
             yield from self.file_batches(path, columns, batch_size)
 
-    def row_groups(self, name: str):
-        """Table `name`'s row groups, in order, each as a function of the columns to read of it, for
-        a reader that looks at some columns of a group before it reads the others."""
-        for path in self._files(name):
+    def row_groups(self, name: str, newest_first: bool = False):
+        """Table `name`'s row groups, in order (`newest_first`: a segmented table's last segment
+        first, each segment's groups in order), each as a function of the columns to read of it,
+        for a reader that looks at some columns of a group before it reads the others."""
+        files = self._files(name)
+        for path in reversed(files) if newest_first else files:
             source = pq.ParquetFile(path, pre_buffer=False)
             for group in range(source.num_row_groups):
                 yield partial(source.read_row_group, group, use_threads=False)

@@ -146,10 +146,10 @@ def by_image_shard(
 
 def _row_groups(embeddings: pa.Table | RunFolder):
     """The embeddings' rows a group at a time, each group as a function of the columns to read of
-    it (`RunFolder.row_groups`; a table's are its batches), so that a group's vectors are read only
-    when its keys are needed."""
+    it (`RunFolder.row_groups`, the newest segment first; a table's are its batches), so that a
+    group's vectors are read only when its keys are needed."""
     if isinstance(embeddings, RunFolder):
-        yield from embeddings.row_groups("embeddings")
+        yield from embeddings.row_groups("embeddings", newest_first=True)
         return
     for batch in _rows(embeddings, "embeddings"):
         yield lambda columns, batch=batch: pa.Table.from_batches([batch.select(columns)])
@@ -159,29 +159,34 @@ class ShardVectors:
     """Each shard's vectors of one encoder, gathered in one pass over the embeddings, so that the
     table is read once per encoder whatever the number of shards. The keys each shard needs are
     spread over 256 key buckets on disk (`need`); the embeddings, each segment sorted by key within
-    an encoder, are read in order, a row group's keys first, each run of rows of one bucket matched
-    against that bucket's needs; the vectors of a group that holds needed keys (of the new texts'
-    segment alone, when only images were added) are read and spread over buckets by the shard that
-    needs them."""
+    an encoder, are read newest segment first, a row group's keys first, each run of rows of one
+    bucket matched against that bucket's needs; the vectors of a group that holds needed keys are
+    read and spread over buckets by the shard that needs them. Once every need is met the rest is
+    not read: when only images were added, their texts' vectors are in the newest segment, and
+    the older segments' keys (most of the table) are passed over."""
 
     def __init__(self, folder: Path):
         self.folder = folder
         self.needs = Spill(folder / "needs", NEEDS_SCHEMA)
+        self.wanted = 0  # rows of `needs`: (key, shard) pairs, each met by one vector (one per text and encoder)
         self.gathered = 0  # encoders gathered so far: each gets a folder of its own
 
     def need(self, shard: int, keys: pa.Array | pa.ChunkedArray) -> None:
         keys = pc.unique(keys)
         table = pa.table({"text_sha256": keys, "shard": pa.array(np.full(len(keys), shard, np.int32))})
         self.needs.add(table, key_buckets(table.column("text_sha256")))
+        self.wanted += table.num_rows
 
     def gather(self, embeddings: pa.Table | RunFolder, encoder: str) -> Spill:
         """Each shard's vectors of `encoder` (text_sha256, dim, vector): a bucket per shard."""
         self.needs.close()  # closing again, for a second encoder, is allowed
         self.gathered += 1
         vectors = Spill(self.folder / f"vectors-{self.gathered}", VECTORS_SCHEMA)
-        loaded, need = None, None
+        loaded, need, met = None, None, 0
         try:
             for read in _row_groups(embeddings):
+                if met >= self.wanted:
+                    break  # every need met: the older segments are not read
                 keys = read(["text_sha256", "encoder"])
                 keys = keys.append_column("row", pa.array(np.arange(keys.num_rows)))
                 keys = keys.filter(pc.equal(keys.column("encoder"), encoder))
@@ -193,6 +198,7 @@ class ShardVectors:
                     rows = keys.filter(pa.array(buckets == bucket))
                     at = pc.index_in(need.column("text_sha256"), rows.column("text_sha256"))
                     found.append((rows.column("row").take(pc.drop_null(at)), need.filter(pc.is_valid(at))))
+                    met += len(at) - at.null_count
                 if any(len(row) for row, _ in found):  # only then are the group's vectors read
                     group = read(VECTORS_SCHEMA.names)
                     for row, needed in found:
