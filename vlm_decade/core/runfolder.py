@@ -448,15 +448,10 @@ class RunFolder:
             found = PART.match(f.name)
             data = f.read_bytes()
             if found is None or hashlib.sha256(data).hexdigest()[:16] != found.group(2):
+                fate = "discarded, its rows are done again" if discard else "left out (the next run discards it)"
+                self.say(f"     [yellow]{name}: part {f.name} is damaged; {fate}[/yellow]")
                 if discard:
-                    self.say(
-                        f"     [yellow]{name}: part {f.name} is damaged; discarded, its rows are done again[/yellow]"
-                    )
                     f.unlink()
-                else:
-                    self.say(
-                        f"     [yellow]{name}: part {f.name} is damaged; left out (the next run discards it)[/yellow]"
-                    )
                 continue
             table = pq.read_table(pa.BufferReader(data), columns=columns)
             yield table.cast(pa.schema([schema.field(c) for c in table.column_names]))

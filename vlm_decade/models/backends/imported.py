@@ -51,6 +51,7 @@ class _Held:
         self.files: dict[tuple[str, int, int], tuple[Table | None, list[Problem]]] | None = None
 
     def read(self, path: Path, problems: Problems) -> Table | None:
+        """The file's good rows (`read_table`), or None with problems added: parsed once in a run."""
         try:
             stat = path.stat()
         except OSError:
@@ -83,11 +84,6 @@ def files_held() -> Iterator[None]:
         yield
     finally:
         _HELD.files = None
-
-
-def _read(path: Path, problems: Problems) -> Table | None:
-    """The file's good rows (`read_table`), or None with problems added: parsed once in a run."""
-    return _HELD.read(path, problems)
 
 
 def imported_file(model: ModelConfig) -> Path | None:
@@ -184,7 +180,7 @@ def missing_rows(
         path = imported_file(model)
         if model.backend != "imported" or path is None:
             continue
-        table = _read(path, Problems())
+        table = _HELD.read(path, Problems())
         if table is None:
             continue
         ids = _id_array(image_ids)
@@ -223,7 +219,7 @@ class ImportedBackend(Backend):
         super().__init__(model)
         path = imported_file(model)
         problems = Problems()
-        table = _read(path, problems)
+        table = _HELD.read(path, problems)
         problems.raise_if_any()
         self.answers = FileAnswers(table)
         self.per_prompt = bool(pc.any(pc.not_equal(table.text("prompt"), EVERY_PROMPT)).as_py())
@@ -273,7 +269,7 @@ class ImportedBackend(Backend):
         read once, into Arrow columns, and looked up a slice of questions at a time."""
         settings = super().fingerprint(model)
         settings["options"] = {k: v for k, v in settings["options"].items() if k != "file"}
-        table = _read(imported_file(model), Problems())  # unreadable: `check` said so
+        table = _HELD.read(imported_file(model), Problems())  # unreadable: `check` said so
         found = FileAnswers(table) if table is not None else None
 
         def keys(image_ids: pa.Array, variants: pa.Array, prompt_id: str) -> pa.Array:
@@ -295,7 +291,7 @@ class ImportedBackend(Backend):
                 Problem(STUDY_FILE, "the imported backend needs options: {file: PATH} (CSV or Parquet)", field=where)
             ]
         problems = Problems()
-        table = _read(path, problems)
+        table = _HELD.read(path, problems)
         if table is None:
             return problems.items
         ids = _id_array(image_ids)
@@ -347,7 +343,7 @@ def prompt_problems(models: Iterable[ModelConfig], prompt_ids: list[str]) -> lis
         path = imported_file(model)
         if model.backend != "imported" or path is None:
             continue
-        table = _read(path, Problems())  # unreadable: `check` says so
+        table = _HELD.read(path, Problems())  # unreadable: `check` says so
         if table is None:
             continue
         prompts = table.text("prompt")
