@@ -1,9 +1,11 @@
 """Image checks: seconds to read, decode and hash N generated PNGs with `stages.images.check_images`
-(no cache) in one thread (`workers=1`) and on its pool of threads (the default), against the same
-inspection on a pool of spawned processes, one per core, its start included (the alternative the
-checks do not take: `stages/images.py` says why). Interleaved rounds, best of each (the machine may
-be shared). Prints one JSON object per measurement and a summary. Run from the repository root:
-    .venv/bin/python benchmarks/image_checks.py [--images 2000] [--rounds 2]
+(no cache) in one thread (`workers=1`), on a pool of threads of Python's default size (`threads`),
+as a run calls it (`default`: one thread for images whose check is quick, else the pool), against
+the same inspection on a pool of spawned processes, one per core, its start included (the
+alternative the checks do not take: `stages/images.py` says why). Each of `--sizes` (width x
+height); interleaved rounds, best of each (the machine may be shared). Prints one JSON object per
+measurement and one summary per size. Run from the repository root:
+    .venv/bin/python benchmarks/image_checks.py [--images 2000] [--rounds 2] [--sizes 160x120,32x32]
 """
 
 from __future__ import annotations
@@ -31,12 +33,12 @@ from vlm_decade.core.tables import cell_text, read_table  # noqa: E402
 from vlm_decade.stages import images as stage  # noqa: E402
 
 
-def make_images(folder: Path, count: int) -> Path:
-    """`count` 160x120 RGB PNGs: a smooth gradient with noise (about 30 KB each), and their table."""
+def make_images(folder: Path, count: int, width: int, height: int) -> Path:
+    """`count` RGB PNGs: a smooth gradient with noise (160x120: about 30 KB each), and their table."""
     rng = np.random.default_rng(0)
-    ramp = np.linspace(0, 200, 160, dtype=np.float32)[None, :, None]
+    ramp = np.linspace(0, 200, width, dtype=np.float32)[None, :, None]
     for i in range(count):
-        noise = rng.normal(0, 12, (120, 160, 3)).astype(np.float32)
+        noise = rng.normal(0, 12, (height, width, 3)).astype(np.float32)
         pixels = np.clip(ramp + noise + (i % 50), 0, 255).astype(np.uint8)
         buf = io.BytesIO()
         Image.fromarray(pixels).save(buf, format="PNG")
@@ -59,7 +61,8 @@ def check(table_path: Path, folder: Path, how: str) -> float:
             found = list(pool.map(stage._inspect_image, paths, chunksize=32))
         assert not [f for f in found if isinstance(f, str)]
     else:
-        images = stage.check_images(table, folder, problems, workers=1 if how == "serial" else None)
+        workers = {"serial": 1, "threads": min(32, (os.cpu_count() or 1) + 4), "default": None}[how]
+        images = stage.check_images(table, folder, problems, workers=workers)
         assert len(images) == len(table.rows)
     assert not problems.items, problems.items[:3]
     return time.perf_counter() - start
@@ -69,27 +72,24 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--images", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--sizes", default="160x120,32x32")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp)
-        table = make_images(folder, args.images)
-        best: dict[str, float] = {}
-        for _ in range(args.rounds):
-            for how in ("serial", "threads", "processes"):
-                seconds = check(table, folder, how)
-                print(json.dumps({"how": how, "images": args.images, "seconds": round(seconds, 2)}), flush=True)
-                best[how] = min(best.get(how, seconds), seconds)
-    print(
-        json.dumps(
-            {
-                "images": args.images,
-                "cores": len(os.sched_getaffinity(0)),
-                **{f"{how}_s": round(s, 2) for how, s in best.items()},
-                "threads_speedup_vs_serial": round(best["serial"] / best["threads"], 2),
-                "load_1min": round(os.getloadavg()[0], 1),
-            }
-        )
-    )
+    for size in args.sizes.split(","):
+        width, height = map(int, size.split("x"))
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = Path(tmp)
+            table = make_images(folder, args.images, width, height)
+            best: dict[str, float] = {}
+            for _ in range(args.rounds):
+                for how in ("serial", "threads", "default", "processes"):
+                    seconds = check(table, folder, how)
+                    print(json.dumps({"how": how, "size": size, "images": args.images, "seconds": round(seconds, 2)}))
+                    best[how] = min(best.get(how, seconds), seconds)
+        summary = {"images": args.images, "size": size, "cores": len(os.sched_getaffinity(0))}
+        summary |= {f"{how}_s": round(s, 2) for how, s in best.items()}
+        summary["default_speedup_vs_serial"] = round(best["serial"] / best["default"], 2)
+        summary["default_speedup_vs_threads"] = round(best["threads"] / best["default"], 2)
+        print(json.dumps(summary | {"load_1min": round(os.getloadavg()[0], 1)}), flush=True)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,10 @@ import csv
 import hashlib
 import io
 import os
+import threading
+import time
 from contextlib import nullcontext
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -85,6 +88,36 @@ def test_parallel_checks_find_what_serial_ones_do(tmp_path):
     assert [(row, field) for _, row, field, _ in serial_problems] == [(3, "file"), (5, "file"), (7, "file")]
     assert serial_problems[1][3] == f"image file not found: {tmp_path / 'missing.png'}"
     assert "not a readable image" in serial_problems[0][3] and "not a readable image" in serial_problems[2][3]
+
+
+def test_by_default_small_images_stay_in_one_thread_and_slow_ones_go_to_the_pool(tmp_path, monkeypatch):
+    """The default (workers None) times the first PROBE files of a chunk in the calling thread: tiny
+    images are then all checked there (threads would take turns at the GIL, slower than one), while
+    files that take longer than SERIAL_BELOW_S each go to the pool; either way the results are the
+    serial check's, in order."""
+    from vlm_decade.stages import images as stage
+
+    names = [f"im{i:02d}.png" for i in range(3 * stage.PROBE)]
+    for i, name in enumerate(names):
+        (tmp_path / name).write_bytes(_png(8, 6, i))
+    (tmp_path / names[-1]).write_bytes(b"not an image")
+    paths = [str(tmp_path / name) for name in names]
+    serial = list(stage._inspect_all(paths, 1))
+    inspect, threads = stage._inspect_image, []
+
+    def watched(path, pause=0.0):
+        threads.append(threading.current_thread().name)
+        time.sleep(pause)
+        return inspect(path)
+
+    monkeypatch.setattr(stage, "_inspect_image", watched)
+    assert list(stage._inspect_all(paths, None)) == serial
+    assert set(threads) == {threading.current_thread().name}  # 8x6 PNGs: well under SERIAL_BELOW_S each
+    threads[:] = []
+    monkeypatch.setattr(stage, "_inspect_image", partial(watched, pause=2 * stage.SERIAL_BELOW_S))
+    assert list(stage._inspect_all(paths, None)) == serial
+    here = threading.current_thread().name
+    assert threads[: stage.PROBE] == [here] * stage.PROBE and here not in threads[stage.PROBE :]
 
 
 def test_the_checks_are_timed_and_their_progress_shown(tmp_path):

@@ -16,9 +16,13 @@ file again otherwise (or always, with `runtime.rehash`).
 
 The files the cache does not know are read, decoded and hashed on a pool of threads in the driver,
 as many as Python's default (cores + 4, at most 32): reading, Pillow's decoders, zlib and sha256
-release the GIL, so the threads use every core and overlap a bucket's latency. Not a pool of
-processes: measured at 2,000 images on 2 cores (benchmarks/image_checks.py) it was no faster than
-one thread, as each process pays seconds of imports before its first image. Not Ray tasks:
+release the GIL, so the threads use every core and overlap a bucket's latency. Small local images
+are the exception: their check is mostly Python, which holds the GIL, and threads taking turns at it
+were twice as slow as one thread (32x32 PNGs, benchmarks/image_checks.py). So the first few files of
+each chunk are checked in the calling thread and timed, and the rest go to the pool only when those
+took longer than `SERIAL_BELOW_S` each (an object store's files always do: reading them is waiting).
+Not a pool of processes: measured at 2,000 images on 2 cores it was no faster than one thread, as
+each process pays seconds of imports before its first image. Not Ray tasks:
 `validate` checks the images without starting Ray, and a run checks them before it starts Ray, so
 that bad input is refused in seconds. The cache times the checks and shows their progress
 (`ImageCache.seconds`, `track`), which the `images` stage reports as its time.
@@ -113,6 +117,10 @@ def _no_track(description: str, total: int) -> AbstractContextManager[Callable[[
 _KEY = ["path", "bytes", "mtime_ns"]
 _FOUND = CACHE_SCHEMA.names[3:]  # what inspecting a file found, in `Found`'s order
 CHUNK = 1 << 13  # images checked at a time: the Python objects a check needs live for one chunk
+# Below this median check time per image (of the first PROBE of a chunk), one thread beats a pool on
+# 2 cores: threads gain only on the decoding and reading that release the GIL (benchmarks/image_checks.py).
+SERIAL_BELOW_S = 0.4e-3
+PROBE = 16
 
 
 class ImageCache:
@@ -309,11 +317,24 @@ def _key(path: str) -> tuple[str, int, int] | None:
 
 
 def _inspect_all(paths: list[str], workers: int | None) -> Iterator[Found | str]:
-    """`_inspect_image` of each path, in order, yielded as each is done: on `workers` threads
-    (default: Python's, cores + 4), or in this thread with 1."""
+    """`_inspect_image` of each path, in order, yielded as each is done: on `workers` threads, or in
+    this thread with 1. By default (None) the first PROBE local files are checked in this thread, and
+    the rest on a pool of Python's default size (cores + 4) only when they took `SERIAL_BELOW_S` or
+    more each (the median: the first file also pays Pillow's imports), else here too."""
     if workers == 1:
         yield from map(_inspect_image, paths)
         return
+    if workers is None and paths and not storage.is_uri(paths[0]):
+        took = []
+        for path in paths[:PROBE]:
+            start = time.perf_counter()
+            found = _inspect_image(path)
+            took.append(time.perf_counter() - start)
+            yield found
+        paths = paths[PROBE:]
+        if float(np.median(took)) < SERIAL_BELOW_S:
+            yield from map(_inspect_image, paths)
+            return
     with ThreadPoolExecutor(workers) as pool:
         yield from pool.map(_inspect_image, paths)
 
