@@ -1,8 +1,9 @@
 """Image checks: seconds to read, decode and hash N generated PNGs with `stages.images.check_images`
 (no cache) in one thread (`workers=1`), on a pool of threads of Python's default size (`threads`),
-as a run calls it (`default`: one thread for images whose check is quick, else the pool), against
-the same inspection on a pool of spawned processes, one per core, its start included (the
-alternative the checks do not take: `stages/images.py` says why). Each of `--sizes` (width x
+as a run calls it (`default`: images whose check is quick in one thread, or on a pool of processes
+from a forkserver when there are many; slower ones on the threads), against the same inspection on
+a pool of spawned processes, one per core, its start included (`processes`: the alternative the
+checks do not take, `stages/images.py` says why). Each of `--sizes` (width x
 height); interleaved rounds, best of each (the machine may be shared). Prints one JSON object per
 measurement and one summary per size. Run from the repository root:
     .venv/bin/python benchmarks/image_checks.py [--images 2000] [--rounds 2] [--sizes 160x120,32x32]

@@ -120,6 +120,110 @@ def test_by_default_small_images_stay_in_one_thread_and_slow_ones_go_to_the_pool
     assert threads[: stage.PROBE] == [here] * stage.PROBE and here not in threads[stage.PROBE :]
 
 
+_SCRIPT = """
+import json, sys
+from pathlib import Path
+import multiprocessing.forkserver
+from vlm_decade.core.errors import Problems
+from vlm_decade.core.tables import read_table
+from vlm_decade.stages import images as stage
+
+with open(sys.argv[2], "a") as fh:  # at the top level, with no __main__ guard, as a user's script may be
+    fh.write("ran\\n")
+stage.PROCESSES_FROM = 1
+problems = Problems()
+found = stage.check_images(read_table(Path(sys.argv[1]), stage.IMAGE_COLUMNS, problems), Path(sys.argv[1]).parent, problems)
+print(json.dumps({
+    "images": stage.images_table(found).to_pylist(),
+    "problems": [[p.file, p.row, p.field, p.message] for p in problems.items],
+    "forkserver": multiprocessing.forkserver._forkserver._forkserver_pid is not None,
+}))
+"""
+
+
+def test_many_quick_images_are_checked_on_processes_as_in_one_thread(tmp_path):
+    """Past PROCESSES_FROM quick images, the checks go to a pool of processes (from a forkserver),
+    and find what one thread finds, the bad file's problem included; a driver's script without a
+    `__main__` guard is not run again in them."""
+    import json
+    import subprocess
+    import sys
+
+    from vlm_decade.stages import images as stage
+
+    rows = [[f"i{i}", "d", f"i{i}.png"] for i in range(2 * stage.PROBE)]
+    for i in range(len(rows)):
+        (tmp_path / f"i{i}.png").write_bytes(_png(6, 4, i))
+    (tmp_path / "i20.png").write_bytes(b"not an image")
+    with open(tmp_path / "images.csv", "w", newline="") as fh:
+        csv.writer(fh).writerows([list(IMAGE_COLUMNS), *rows])
+    (tmp_path / "check.py").write_text(_SCRIPT)
+    ran = tmp_path / "ran.txt"
+    out = subprocess.run(
+        [sys.executable, str(tmp_path / "check.py"), str(tmp_path / "images.csv"), str(ran)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    found = json.loads(out.stdout)
+    serial_table, serial_problems = _check(tmp_path / "images.csv", tmp_path, workers=1)
+    assert found["forkserver"] and ran.read_text() == "ran\n"
+    assert found["images"] == serial_table.to_pylist()
+    assert [tuple(p) for p in found["problems"]] == serial_problems and serial_problems[0][1] == 22
+
+
+def test_a_killed_driver_leaves_no_process_of_its_checks_behind(tmp_path):
+    """SIGKILL of the driver mid-check: its processes (and their forkserver) end within seconds."""
+    import signal
+    import subprocess
+    import sys
+
+    psutil = __import__("psutil")  # Ray's dependency
+    image = _png(400, 300, 1)  # noise: a few ms to decode, so that the checks outlast the kill
+    rows = [[f"i{i}", "d", f"i{i}.png"] for i in range(3000)]
+    for i in range(len(rows)):
+        (tmp_path / f"i{i}.png").write_bytes(image)
+    with open(tmp_path / "images.csv", "w", newline="") as fh:
+        csv.writer(fh).writerows([list(IMAGE_COLUMNS), *rows])
+    script = _SCRIPT.replace("stage.PROCESSES_FROM = 1", "stage.PROCESSES_FROM, stage.SERIAL_BELOW_S = 1, 1.0")
+    (tmp_path / "check.py").write_text(script)
+    args = [sys.executable, str(tmp_path / "check.py"), str(tmp_path / "images.csv"), str(tmp_path / "ran.txt")]
+    driver = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while len(psutil.Process(driver.pid).children(recursive=True)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)  # the forkserver, then its processes
+        children = psutil.Process(driver.pid).children(recursive=True)
+        assert len(children) >= 3 and driver.poll() is None
+    finally:
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+    _, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive
+
+
+def test_when_a_process_dies_the_rest_are_checked_in_the_driver(tmp_path, monkeypatch):
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from vlm_decade.stages import images as stage
+
+    paths = []
+    for i in range(2 * stage.PROBE):
+        (tmp_path / f"{i}.png").write_bytes(_png(5, 5, i))
+        paths.append(str(tmp_path / f"{i}.png"))
+    dying = ProcessPoolExecutor(
+        1, mp_context=multiprocessing.get_context("forkserver"), initializer=os._exit, initargs=(3,)
+    )
+    monkeypatch.setattr(stage._Processes, "pool", lambda self: None if self._closed else dying)
+    monkeypatch.setattr(stage, "PROCESSES_FROM", 1)
+    with stage._Processes() as processes:
+        assert list(stage._inspect_all(paths, None, processes)) == list(stage._inspect_all(paths, 1))
+        assert processes.pool() is None  # not asked again for the rest of the check
+    dying.shutdown()
+
+
 def test_the_checks_are_timed_and_their_progress_shown(tmp_path):
     _, csv_path = _study(tmp_path)
     shown = []

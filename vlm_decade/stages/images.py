@@ -19,10 +19,13 @@ as many as Python's default (cores + 4, at most 32): reading, Pillow's decoders,
 release the GIL, so the threads use every core and overlap a bucket's latency. Small local images
 are the exception: their check is mostly Python, which holds the GIL, and threads taking turns at it
 were twice as slow as one thread (32x32 PNGs, benchmarks/image_checks.py). So the first few files of
-each chunk are checked in the calling thread and timed, and the rest go to the pool only when those
-took longer than `SERIAL_BELOW_S` each (an object store's files always do: reading them is waiting).
-Not a pool of processes: measured at 2,000 images on 2 cores it was no faster than one thread, as
-each process pays seconds of imports before its first image. Not Ray tasks:
+each chunk are checked in the calling thread and timed, and the rest go to the pool of threads only
+when those took longer than `SERIAL_BELOW_S` each (an object store's files always do: reading them
+is waiting). Quick ones are checked in the calling thread, or, when `PROCESSES_FROM` or more are
+left in the chunk, on a pool of processes, one per core (`_Processes`), started once a check from a
+forkserver that has imported this module: no process pays the imports of its own (a spawned one
+pays them, and at 2,000 images such a pool was no faster than one thread), and none is forked from
+the driver, whose other threads may hold a lock that a fork would copy held. Not Ray tasks:
 `validate` checks the images without starting Ray, and a run checks them before it starts Ray, so
 that bad input is refused in seconds. The cache times the checks and shows their progress
 (`ImageCache.seconds`, `track`), which the `images` stage reports as its time.
@@ -36,12 +39,19 @@ from __future__ import annotations
 import functools
 import hashlib
 import io
+import multiprocessing
+import os
 import shutil
+import signal
+import sys
 import tempfile
+import threading
 import time
+import types
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager, nullcontext
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -121,6 +131,10 @@ CHUNK = 1 << 13  # images checked at a time: the Python objects a check needs li
 # 2 cores: threads gain only on the decoding and reading that release the GIL (benchmarks/image_checks.py).
 SERIAL_BELOW_S = 0.4e-3
 PROBE = 16
+# Quick images left in a chunk from which a pool of processes repays its start (about half a second
+# on 2 cores, the first time a driver starts one).
+PROCESSES_FROM = 4096
+PROCESS_BATCH = 64  # images handed to a process at a time
 
 
 class ImageCache:
@@ -164,14 +178,19 @@ class ImageCache:
         return found.take(order.filter(last) if n else order)
 
     def inspect(
-        self, paths: list[str], workers: int | None = None, advance: Callable[[int], None] | None = None
+        self,
+        paths: list[str],
+        workers: int | None = None,
+        advance: Callable[[int], None] | None = None,
+        processes: _Processes | None = None,
     ) -> list[Found | str]:
         """`_inspect_image`'s answer for each path, in order: from the cache while the file's size
-        and time are unchanged, else read on `workers` threads (`_inspect_all`). `advance`: the
-        progress of a check of which these paths are a part (else they are shown as the whole)."""
+        and time are unchanged, else read on `workers` threads or `processes` (`_inspect_all`).
+        `advance`: the progress of a check of which these paths are a part (else they are shown as
+        the whole)."""
         if advance is None:
             with self.track("images", len(paths)) as advance:
-                return self.inspect(paths, workers, advance)
+                return self.inspect(paths, workers, advance, processes)
         start = time.monotonic()
         if paths and storage.is_uri(paths[0]):
             with ThreadPoolExecutor() as pool:  # a stat is a request per object in a bucket: many at once
@@ -181,7 +200,7 @@ class ImageCache:
         results: list[Found | str | None] = self._known(keys)
         todo = [i for i, result in enumerate(results) if result is None]
         advance(len(paths) - len(todo))
-        for i, result in zip(todo, _inspect_all([paths[i] for i in todo], workers)):
+        for i, result in zip(todo, _inspect_all([paths[i] for i in todo], workers, processes)):
             results[i] = result
             advance(1)
         kept = [(key, result) for key, result in zip(keys, results) if key is not None and not isinstance(result, str)]
@@ -270,12 +289,15 @@ def check_images(
         problems.add(str(image_dir), "image folder not found", field="data.image_dir")
     cache = cache or ImageCache()
     chunks = []
-    with cache.track("images", len(files)) if folder else nullcontext(None) as advance:
+    with (
+        cache.track("images", len(files)) if folder else nullcontext(None) as advance,
+        _Processes() as processes,
+    ):
         for begin in range(0, len(files), CHUNK):
             paths = [storage.join(image_dir, f) for f in files.slice(begin, CHUNK).to_pylist()]
             found = [("", 0, 0, "", False)] * len(paths)
             if folder:
-                found = cache.inspect(paths, workers, advance)
+                found = cache.inspect(paths, workers, advance, processes)
                 _found_problems(table.file, paths, found, rows.slice(begin, CHUNK).to_pylist(), background, problems)
             columns = [paths] + [[f[j] if not isinstance(f, str) else empty for f in found] for j, empty in _EMPTY]
             chunks.append(pa.table(columns, schema=_schema(CHECKED_SCHEMA, ["path", *_FOUND])))
@@ -316,11 +338,12 @@ def _key(path: str) -> tuple[str, int, int] | None:
         return None  # `_inspect_image` says what is wrong with the path
 
 
-def _inspect_all(paths: list[str], workers: int | None) -> Iterator[Found | str]:
+def _inspect_all(paths: list[str], workers: int | None, processes: _Processes | None = None) -> Iterator[Found | str]:
     """`_inspect_image` of each path, in order, yielded as each is done: on `workers` threads, or in
     this thread with 1. By default (None) the first PROBE local files are checked in this thread, and
-    the rest on a pool of Python's default size (cores + 4) only when they took `SERIAL_BELOW_S` or
-    more each (the median: the first file also pays Pillow's imports), else here too."""
+    the rest on a pool of threads of Python's default size (cores + 4) when they took
+    `SERIAL_BELOW_S` or more each (the median: the first file also pays Pillow's imports); else on
+    `processes` when `PROCESSES_FROM` or more are left, or here."""
     if workers == 1:
         yield from map(_inspect_image, paths)
         return
@@ -333,10 +356,86 @@ def _inspect_all(paths: list[str], workers: int | None) -> Iterator[Found | str]
             yield found
         paths = paths[PROBE:]
         if float(np.median(took)) < SERIAL_BELOW_S:
-            yield from map(_inspect_image, paths)
+            pool = processes.pool() if processes is not None and len(paths) >= PROCESSES_FROM else None
+            done = 0
+            if pool is not None:
+                try:
+                    with _main_not_run_again():  # the processes start as their work is handed over
+                        answers = pool.map(_inspect_image, paths, chunksize=PROCESS_BATCH)
+                    for found in answers:
+                        yield found
+                        done += 1
+                except BrokenProcessPool:  # a process died (killed, out of memory): the rest here
+                    processes.close()
+            yield from map(_inspect_image, paths[done:])
             return
     with ThreadPoolExecutor(workers) as pool:
         yield from pool.map(_inspect_image, paths)
+
+
+class _Processes:
+    """One check's pool of processes for many quick images, one per core: started when first asked
+    for (`pool`; None on one core, where no forkserver can be had, or once a process has died) and
+    shut down on leaving the context. Its processes ignore Ctrl-C: the driver's interrupt ends the
+    check, and the context them."""
+
+    def __init__(self):
+        self._pool: ProcessPoolExecutor | None = None
+        self._closed = False
+
+    def __enter__(self) -> _Processes:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def pool(self) -> ProcessPoolExecutor | None:
+        if self._pool is None and not self._closed:
+            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+            if cores < 2 or "forkserver" not in multiprocessing.get_all_start_methods():
+                self._closed = True
+                return None
+            context = multiprocessing.get_context("forkserver")
+            context.set_forkserver_preload([__name__])  # heeded when the forkserver starts, once a driver
+            self._pool = ProcessPoolExecutor(
+                cores, mp_context=context, initializer=_process_started, initargs=(os.getpid(),)
+            )
+        return self._pool
+
+    def close(self) -> None:
+        self._closed = True
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+            self._pool = None
+
+
+def _process_started(driver: int) -> None:
+    """In each of `_Processes`' processes: Ctrl-C is the driver's to handle, and the process ends
+    once the driver has (killed, it could not say so: the process would wait for work for ever)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            try:
+                os.kill(driver, 0)
+            except ProcessLookupError:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="driver-watch", daemon=True).start()
+
+
+@contextmanager
+def _main_not_run_again():
+    """While processes start: a new process of multiprocessing's would otherwise run the driver's
+    main script again, to find what it defines. These need only this module, and a user's script
+    without an `if __name__ == "__main__":` guard would run again in each of them."""
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
 
 
 def _inspect_image(path: str) -> Found | str:
