@@ -142,7 +142,7 @@ print(json.dumps({
 
 
 def test_many_quick_images_are_checked_on_processes_as_in_one_thread(tmp_path):
-    """Past PROCESSES_FROM quick images, the checks go to a pool of processes (from a forkserver),
+    """From PROCESSES_FROM quick images on, the checks go to a pool of processes (from a forkserver),
     and find what one thread finds, the bad file's problem included; a driver's script without a
     `__main__` guard is not run again in them."""
     import json
@@ -216,11 +216,11 @@ def test_when_a_process_dies_the_rest_are_checked_in_the_driver(tmp_path, monkey
     dying = ProcessPoolExecutor(
         1, mp_context=multiprocessing.get_context("forkserver"), initializer=os._exit, initargs=(3,)
     )
-    monkeypatch.setattr(stage._Processes, "pool", lambda self: None if self._closed else dying)
+    monkeypatch.setattr(stage._Processes, "pool", lambda self, quick: None if self._closed else dying)
     monkeypatch.setattr(stage, "PROCESSES_FROM", 1)
     with stage._Processes() as processes:
         assert list(stage._inspect_all(paths, None, processes)) == list(stage._inspect_all(paths, 1))
-        assert processes.pool() is None  # not asked again for the rest of the check
+        assert processes.pool(10**6) is None  # not asked again for the rest of the check
     dying.shutdown()
 
 

@@ -21,8 +21,8 @@ are the exception: their check is mostly Python, which holds the GIL, and thread
 were twice as slow as one thread (32x32 PNGs, benchmarks/image_checks.py). So the first few files of
 each chunk are checked in the calling thread and timed, and the rest go to the pool of threads only
 when those took longer than `SERIAL_BELOW_S` each (an object store's files always do: reading them
-is waiting). Quick ones are checked in the calling thread, or, when `PROCESSES_FROM` or more are
-left in the chunk, on a pool of processes, one per core (`_Processes`), started once a check from a
+is waiting). Quick ones are checked in the calling thread, or on a pool of processes, one per core
+(`_Processes`), once `PROCESSES_FROM` or more are left in a chunk: started once a check, from a
 forkserver that has imported this module: no process pays the imports of its own (a spawned one
 pays them, and at 2,000 images such a pool was no faster than one thread), and none is forked from
 the driver, whose other threads may hold a lock that a fork would copy held. Not Ray tasks:
@@ -131,9 +131,10 @@ CHUNK = 1 << 13  # images checked at a time: the Python objects a check needs li
 # 2 cores: threads gain only on the decoding and reading that release the GIL (benchmarks/image_checks.py).
 SERIAL_BELOW_S = 0.4e-3
 PROBE = 16
-# Quick images left in a chunk from which a pool of processes repays its start (about half a second
-# on 2 cores, the first time a driver starts one).
-PROCESSES_FROM = 4096
+# Quick images left in a chunk from which a pool of processes is started: about a second's work in one
+# thread, as long as the pool's start (0.5 to 1 s, the first time a driver starts one) on 2 cores.
+# Once started, the pool takes every later chunk's quick images, however few.
+PROCESSES_FROM = 8000
 PROCESS_BATCH = 64  # images handed to a process at a time
 
 
@@ -343,7 +344,7 @@ def _inspect_all(paths: list[str], workers: int | None, processes: _Processes | 
     this thread with 1. By default (None) the first PROBE local files are checked in this thread, and
     the rest on a pool of threads of Python's default size (cores + 4) when they took
     `SERIAL_BELOW_S` or more each (the median: the first file also pays Pillow's imports); else on
-    `processes` when `PROCESSES_FROM` or more are left, or here."""
+    `processes` when it gives a pool, or here."""
     if workers == 1:
         yield from map(_inspect_image, paths)
         return
@@ -356,7 +357,7 @@ def _inspect_all(paths: list[str], workers: int | None, processes: _Processes | 
             yield found
         paths = paths[PROBE:]
         if float(np.median(took)) < SERIAL_BELOW_S:
-            pool = processes.pool() if processes is not None and len(paths) >= PROCESSES_FROM else None
+            pool = processes.pool(len(paths)) if processes is not None else None
             done = 0
             if pool is not None:
                 try:
@@ -375,8 +376,8 @@ def _inspect_all(paths: list[str], workers: int | None, processes: _Processes | 
 
 class _Processes:
     """One check's pool of processes for many quick images, one per core: started when first asked
-    for (`pool`; None on one core, where no forkserver can be had, or once a process has died) and
-    shut down on leaving the context. Its processes ignore Ctrl-C: the driver's interrupt ends the
+    for with PROCESSES_FROM or more (`pool`; None before, on one core, where no forkserver can be
+    had, or once a process has died) and shut down on leaving the context. Its processes ignore Ctrl-C: the driver's interrupt ends the
     check, and the context them."""
 
     def __init__(self):
@@ -389,8 +390,9 @@ class _Processes:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def pool(self) -> ProcessPoolExecutor | None:
-        if self._pool is None and not self._closed:
+    def pool(self, quick: int) -> ProcessPoolExecutor | None:
+        """The pool, for `quick` images to check."""
+        if self._pool is None and not self._closed and quick >= PROCESSES_FROM:
             cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
             if cores < 2 or "forkserver" not in multiprocessing.get_all_start_methods():
                 self._closed = True
