@@ -132,8 +132,8 @@ CHUNK = 1 << 13  # images checked at a time: the Python objects a check needs li
 SERIAL_BELOW_S = 0.4e-3
 PROBE = 16
 # Quick images left in a chunk from which a pool of processes is started: about a second's work in one
-# thread, as long as the pool's start (0.5 to 1 s, the first time a driver starts one) on 2 cores.
-# Once started, the pool takes every later chunk's quick images, however few.
+# thread, which two cores repay with the pool's first start (0.5 to 1 s) included. Once started, the
+# pool takes every later chunk's quick images, however few.
 PROCESSES_FROM = 8000
 PROCESS_BATCH = 64  # images handed to a process at a time
 
@@ -377,8 +377,8 @@ def _inspect_all(paths: list[str], workers: int | None, processes: _Processes | 
 class _Processes:
     """One check's pool of processes for many quick images, one per core: started when first asked
     for with PROCESSES_FROM or more (`pool`; None before, on one core, where no forkserver can be
-    had, or once a process has died) and shut down on leaving the context. Its processes ignore Ctrl-C: the driver's interrupt ends the
-    check, and the context them."""
+    had, or once a process has died) and shut down on leaving the context. What its processes do
+    when the driver is interrupted or killed: `_process_started`."""
 
     def __init__(self):
         self._pool: ProcessPoolExecutor | None = None
