@@ -8,8 +8,12 @@ pays its imports (sentence-transformers takes seconds) and model load; the stage
 the run's `references` table (written before its clock starts; reading and hashing them is its work)
 and pays its actors' start-up (the same imports and load, in each actor). The figures are the best of
 interleaved rounds (the machine may be shared). Prints one JSON object per measurement and a summary
-with `ratio_vs_plain` (stage texts/s over plain texts/s). Run from the repository root:
-    .venv/bin/python benchmarks/embed_throughput.py [--texts 20000] [--rounds 2]
+with `ratio_vs_plain` (stage texts/s over plain texts/s). `--text-batches` runs the stage once per
+round at each of several `embed.TEXT_BATCH` (texts per call to an actor; the first is the one the
+ratios use), and `--encoder` takes another sentence-transformers folder (benchmarks/scale.py's small
+encoder, whose calls cost more than its compute). Run from the repository root:
+    .venv/bin/python benchmarks/embed_throughput.py [--texts 20000] [--rounds 2] [--text-batches 512 128]
+        [--encoder FOLDER]
 """
 
 from __future__ import annotations
@@ -55,24 +59,25 @@ def make_texts(n: int) -> list[str]:
     return [sentence(rng) + f" {i}" for i in range(n)]
 
 
-def plain_child(n: int) -> None:
+def plain_child(n: int, cfg: EncoderConfig) -> None:
     """The plain path, in this (fresh) process: prints its seconds from texts in memory to vectors."""
     texts = make_texts(n)
     start = time.perf_counter()
     from sentence_transformers import SentenceTransformer
 
     imported = time.perf_counter()
-    model = SentenceTransformer(resolve_weights(EncoderConfig(name="SBERT-SI")), device="cpu")
-    vectors = model.encode(texts, batch_size=embed.TEXT_BATCH, convert_to_numpy=True, normalize_embeddings=True)
+    model = SentenceTransformer(resolve_weights(cfg), device="cpu")
+    vectors = model.encode(texts, batch_size=cfg.batch_size, convert_to_numpy=True, normalize_embeddings=True)
     end = time.perf_counter()
-    assert vectors.shape == (n, 384)
+    assert vectors.shape[0] == n
     print(json.dumps({"seconds": end - start, "seconds_after_imports": end - imported}))
 
 
-def plain(n: int) -> dict:
+def plain(n: int, encoder: Path | None) -> dict:
     """The plain path's seconds: in all, and with the imports left out (as if already done)."""
+    command = [sys.executable, __file__, "--plain-child", "--texts", str(n)]
     done = subprocess.run(
-        [sys.executable, __file__, "--plain-child", "--texts", str(n)], capture_output=True, text=True, check=True
+        command + (["--encoder", str(encoder)] if encoder else []), capture_output=True, text=True, check=True
     )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -98,12 +103,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--texts", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--text-batches", type=int, nargs="+", default=[embed.TEXT_BATCH])
+    parser.add_argument("--encoder", type=Path, help="a sentence-transformers folder (default: all-MiniLM-L6-v2)")
     parser.add_argument("--plain-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    cfg = EncoderConfig(name="SBERT-SI", path=args.encoder)
     if args.plain_child:
-        return plain_child(args.texts)
+        return plain_child(args.texts, cfg)
     texts = make_texts(args.texts)
-    cfg = EncoderConfig(name="SBERT-SI")
     cpus = os.cpu_count() or 2
     study = EmbedStudy(
         name="embed-throughput",
@@ -112,10 +119,10 @@ def main() -> None:
         runtime=RuntimeConfig(num_cpus=cpus),
     )
     start_ray(num_cpus=cpus)
-    best = {"plain": 0.0, "plain_imported": 0.0, "stage": 0.0}
+    best = {"plain": 0.0, "plain_imported": 0.0} | {batch: 0.0 for batch in args.text_batches}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
-            timed = plain(len(texts))
+            timed = plain(len(texts), args.encoder)
             best["plain"] = max(best["plain"], len(texts) / timed["seconds"])
             best["plain_imported"] = max(best["plain_imported"], len(texts) / timed["seconds_after_imports"])
             emit(
@@ -127,25 +134,33 @@ def main() -> None:
                 seconds_after_imports=round(timed["seconds_after_imports"], 2),
                 texts_per_s=round(len(texts) / timed["seconds"], 1),
             )
-            seconds = stage(study, texts, Path(tmp) / f"run-{r}")
-            best["stage"] = max(best["stage"], len(texts) / seconds)
-            emit(
-                round=r,
-                path="stage",
-                texts=len(texts),
-                actors=cpus,
-                seconds=round(seconds, 2),
-                texts_per_s=round(len(texts) / seconds, 1),
-            )
+            for batch in args.text_batches:
+                embed.TEXT_BATCH = batch
+                seconds = stage(study, texts, Path(tmp) / f"run-{r}-{batch}")
+                best[batch] = max(best[batch], len(texts) / seconds)
+                emit(
+                    round=r,
+                    path="stage",
+                    texts=len(texts),
+                    text_batch=batch,
+                    actors=cpus,
+                    seconds=round(seconds, 2),
+                    texts_per_s=round(len(texts) / seconds, 1),
+                )
+    first = args.text_batches[0]
     emit(
         summary=True,
         texts=len(texts),
         cpus=cpus,
+        encoder=str(args.encoder or "all-MiniLM-L6-v2"),
         plain_texts_per_s=round(best["plain"], 1),
-        stage_texts_per_s=round(best["stage"], 1),
-        ratio_vs_plain=round(best["stage"] / best["plain"], 3),
+        stage_texts_per_s=round(best[first], 1),
+        text_batch=first,
+        ratio_vs_plain=round(best[first] / best["plain"], 3),
         plain_imports_done_texts_per_s=round(best["plain_imported"], 1),
-        ratio_vs_plain_imports_done=round(best["stage"] / best["plain_imported"], 3),
+        ratio_vs_plain_imports_done=round(best[first] / best["plain_imported"], 3),
+        **{f"stage_texts_per_s_at_{b}": round(best[b], 1) for b in args.text_batches[1:]},
+        **{f"speedup_over_{b}": round(best[first] / best[b], 3) for b in args.text_batches[1:]},
     )
 
 
