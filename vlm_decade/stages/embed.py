@@ -61,8 +61,9 @@ EMBEDDINGS_SCHEMA = pa.schema(
 )
 # Texts per call to a local encoder actor. Each call costs the driver and the actor a few
 # milliseconds of Ray's own (the texts out, the vectors back through the object store, the part's
-# rows): at 128 a small encoder on CPU spent a third of its time on them (benchmarks/RESULTS.md,
-# "Embedding throughput"); the encoder still batches its `batch_size` at a time within a call.
+# rows): at 128 a small encoder on CPU took 16% longer than at 512 for 170,000 texts, and 40% longer
+# inside a whole run (benchmarks/RESULTS.md, "Embedding throughput"); the encoder still batches its
+# `batch_size` at a time within a call.
 TEXT_BATCH = 512
 IN_FLIGHT_PER_ACTOR = 2  # batches in flight to each local encoder actor: the next is ready while one is saved
 PART_ROWS, PART_S = 8192, 10.0  # save vectors as a part this often
