@@ -333,3 +333,14 @@ def test_vectors_gathered_in_blocks_are_the_ones_arrow_takes(widths):
             assert [len(b) for b in blocks] == [min(rows, len(at) - lo) for lo in range(0, len(at), rows)]
             assert all(b.type == pa.list_(pa.float32()) for b in blocks)
             assert [v for b in blocks for v in b.to_pylist()] == column.take(at).to_pylist()
+
+
+@pytest.mark.parametrize(
+    "slots, n_texts, actors",
+    [(4, 1, 1), (4, 512, 1), (4, 513, 2), (4, 1536, 3), (4, 2048, 4), (4, 10**6, 4), (1, 10**6, 1)],
+)
+def test_an_encoder_gets_an_actor_per_call_of_work_up_to_what_the_cluster_fits(slots, n_texts, actors):
+    """docs/architecture.md: as many actors as the CPUs (or GPUs) allow, but none with no call of
+    512 texts to make (worked by hand: 513 texts are two calls)."""
+    assert embed.TEXT_BATCH == 512
+    assert embed.actors_for(slots, n_texts) == actors

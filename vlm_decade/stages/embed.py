@@ -390,6 +390,13 @@ def encoder_actors(study: StudyBase, ray) -> int:
     return max(1, int(have.get("CPU", 1) // max(rt.cpus_per_actor, 1e-9)))
 
 
+def actors_for(slots: int, n_texts: int) -> int:
+    """Encoder actors for `n_texts` new texts: `slots` (`encoder_actors`), but no more than one per
+    call of work (`TEXT_BATCH` texts): an actor's start (about 8 s of a core importing torch and
+    sentence-transformers) outweighs a call's work."""
+    return min(slots, -(-n_texts // TEXT_BATCH))
+
+
 def _actor_class(study: StudyBase, ray):
     rt = study.runtime
     return ray.remote(EncodeActor).options(num_cpus=rt.cpus_per_actor, num_gpus=rt.gpus_per_actor)
@@ -409,7 +416,7 @@ def _embed_local(
     already first), the finished vectors saved as parts every few thousand rows."""
     ray, rt = run.ray(), study.runtime
     actor_cls, started = _actor_class(study, ray), list(started)
-    n_actors = min(encoder_actors(study, ray), -(-n_texts // TEXT_BATCH))
+    n_actors = actors_for(encoder_actors(study, ray), n_texts)
     for actor in started[n_actors:]:  # more than so few texts need
         ray.kill(actor)
     started = started[:n_actors]
