@@ -412,8 +412,9 @@ def _embed_local(
     study: StudyBase, cfg: EncoderConfig, work, n_texts: int, run: StudyRun, advance, started: list = ()
 ) -> None:
     """Batches of texts (`work`: `_Plan.local_batches`, `n_texts` in all, taken as the actors are ready
-    for them) through encoder actors (as many as the cluster's CPUs or GPUs allow; those `started`
-    already first), the finished vectors saved as parts every few thousand rows."""
+    for them) through encoder actors (`actors_for`: as many as the cluster's CPUs or GPUs allow, at
+    most one per call of work; those `started` already first), the finished vectors saved as parts
+    every few thousand rows."""
     ray, rt = run.ray(), study.runtime
     actor_cls, started = _actor_class(study, ray), list(started)
     n_actors = actors_for(encoder_actors(study, ray), n_texts)
