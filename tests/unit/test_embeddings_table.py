@@ -344,3 +344,14 @@ def test_an_encoder_gets_an_actor_per_call_of_work_up_to_what_the_cluster_fits(s
     512 texts to make (worked by hand: 513 texts are two calls)."""
     assert embed.TEXT_BATCH == 512
     assert embed.actors_for(slots, n_texts) == actors
+
+
+@pytest.mark.parametrize(
+    "slots, cpus, local, at_once",
+    [(2, 2, True, 1), (1, 2, True, 1), (16, 16, True, 15), (4, 16, True, 4), (2, 1, True, 1), (8, 2, True, 1)]
+    + [(2, 2, False, 2), (64, 64, False, 64)],
+)
+def test_actors_load_at_once_no_more_than_the_cores_the_driver_leaves(slots, cpus, local, at_once):
+    """docs/architecture.md: on a local Ray the driver keeps a core, so 2 cores load one encoder at
+    a time (the second after the first), 16 cores fifteen; a cluster's nodes load all at once."""
+    assert embed.loading_at_once(slots, cpus, local) == at_once

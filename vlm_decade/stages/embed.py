@@ -130,6 +130,10 @@ class EncodeActor:
     def encode(self, texts: list[str]) -> np.ndarray:
         return self.encoder.encode(texts)
 
+    def ready(self) -> bool:
+        """Answered once the encoder is loaded (`_start_actors` waits for the first)."""
+        return True
+
 
 def _rows(keys, vectors: np.ndarray, cfg: EncoderConfig, modes: list[str] | None = None) -> pa.Table:
     vectors = np.ascontiguousarray(vectors, dtype=np.float32)
@@ -330,7 +334,9 @@ def run_embed(study: StudyBase, run: StudyRun) -> Written:
         # imports take seconds), if they were not started ahead (`warm`): the vectors and texts to
         # keep are found meanwhile.
         planning = planner.submit(_plan, run.folder, encoders, spill)
-        started = {local[0].name: run.warmed() or _start_actors(study, local[0], run.ray())} if local else {}
+        started = (
+            {local[0].name: run.warmed() or _start_actors(study, local[0], run.ray(), run.ray.local)} if local else {}
+        )
         plan = planning.result()
         todo, total = plan.todo, sum(plan.todo.values())
         if total < plan.wanted * len(encoders):
@@ -402,10 +408,24 @@ def _actor_class(study: StudyBase, ray):
     return ray.remote(EncodeActor).options(num_cpus=rt.cpus_per_actor, num_gpus=rt.gpus_per_actor)
 
 
-def _start_actors(study: StudyBase, cfg: EncoderConfig, ray) -> list:
-    """An encoder's actors, as many as the cluster fits (`encoder_actors`), started now (they load
-    the encoder while the caller goes on)."""
-    return [_actor_class(study, ray).remote(cfg) for _ in range(encoder_actors(study, ray))]
+def loading_at_once(slots: int, cpus: float, local: bool) -> int:
+    """How many of an encoder's `slots` actors load it at once: on a local Ray, whose `cpus` the
+    driver shares, no more than the CPUs the driver leaves (an actor's load is seconds of a core;
+    two loads on the one core a 2-core machine leaves make both late); on a cluster, all."""
+    return slots if not local else max(1, min(slots, int(cpus) - 1))
+
+
+def _start_actors(study: StudyBase, cfg: EncoderConfig, ray, local: bool) -> list:
+    """An encoder's actors, as many as the cluster fits (`encoder_actors`): those that load at once
+    (`loading_at_once`), and the rest once the first has loaded (or failed to: the stage says why)."""
+    actor_cls, slots = _actor_class(study, ray), encoder_actors(study, ray)
+    actors = [
+        actor_cls.remote(cfg) for _ in range(loading_at_once(slots, ray.cluster_resources().get("CPU", 1), local))
+    ]
+    if len(actors) < slots:
+        ray.wait([actors[0].ready.remote()], timeout=study.runtime.stall_timeout_s)
+        actors += [actor_cls.remote(cfg) for _ in range(slots - len(actors))]
+    return actors
 
 
 def _embed_local(
@@ -637,7 +657,7 @@ def stage(study: StudyBase) -> Stage:
     local = _local(study.encoders)
 
     def warm(run: StudyRun):
-        return run.ray.start_soon(partial(_start_actors, study, local[0]))
+        return run.ray.start_soon(lambda ray: _start_actors(study, local[0], ray, run.ray.local))
 
     return Stage(
         "embeddings",
