@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from vlm_decade.core.errors import Problems
-from vlm_decade.core.tables import read_table
+from vlm_decade.core.tables import Table, read_table
 
 COLUMNS = ("id", "text")
 # Text cells as people write them: commas, quotes and line breaks included (CSV writers quote them).
@@ -157,3 +157,20 @@ def test_declared_list_and_number_columns():
 def test_a_nul_in_a_parquet_string_is_named():
     _, (problem,) = read(parquet({"id": ["a", "b"], "text": ["ok", "b\x00d"]}), ".parquet")
     assert (problem.row, problem.field) == (3, "text") and "NUL" in problem.message
+
+
+# Cells with Python's whitespace (str.isspace: the ideographic space, NEL, ...) at either edge or inside.
+SPACED = st.text(st.sampled_from(["a", "é", " ", "\t", "\u3000", "\x85", "\u2028", "b"]), max_size=5)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(SPACED, max_size=4), min_size=1, max_size=4))
+def test_a_column_text_is_each_cell_as_str_strip_leaves_it_and_untrimmed_chunks_are_not_copied(chunks):
+    column = pa.chunked_array([pa.array(c, pa.string()) for c in chunks], pa.string())
+    table = Table("t.csv", "t.csv", pa.table({"text": column}), pa.array(range(len(column)), pa.int64()))
+    text = table.text("text")
+    assert text.to_pylist() == [cell.strip() for chunk in chunks for cell in chunk]
+    assert list(table.blank("text")) == [not cell.strip() for chunk in chunks for cell in chunk]
+    for before, after, cells in zip(column.chunks, text.chunks, chunks):
+        if all(cell == cell.strip() for cell in cells) and cells:  # nothing to take off: the same bytes
+            assert after.buffers()[2].address == before.buffers()[2].address
