@@ -112,3 +112,14 @@ def test_images_added_to_a_finished_run_do_only_what_is_new_and_end_as_a_fresh_r
         drop = [c for c in ("latency_s",) if c in a.column_names]  # the wall clock
         _same(a.drop_columns(drop), b.drop_columns(drop))
     assert pc.count_distinct(folder.read("scores").column("image_id")).as_py() == 24
+
+    # An image changed and a descriptions row naming no image: Ray and the encoder actors start
+    # ahead while the descriptions are checked, and the refused run leaves the folder as it was.
+    kept = {name: (run / name).read_bytes() for name in ("manifest.json", "logs/ray.log")}
+    Image.fromarray(np.zeros((16, 16, 3), np.uint8)).save(tmp_path / "study" / "images" / "img00.png")
+    with open(tmp_path / "study" / "descriptions.csv", "a", newline="") as f:
+        csv.writer(f).writerow(["img99-d0", "img99", "w0", "full", "a dog"])
+    refused = vlm_decade("run", study, "--out", str(run))
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert "descriptions.csv" in refused.stderr and "img99" in refused.stderr, refused.stderr[-3000:]
+    assert {name: (run / name).read_bytes() for name in kept} == kept

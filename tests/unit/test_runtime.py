@@ -7,6 +7,7 @@ import pytest
 
 from vlm_decade.core.runtime import (
     RAY_LOG,
+    PendingLog,
     RayStartFailed,
     keep_worker_logs,
     ray_log_handler,
@@ -80,6 +81,34 @@ def test_ray_warnings_go_to_the_log_not_the_terminal(tmp_path, capsys):
         logged = (tmp_path / RAY_LOG).read_text()
         assert "WARNING ray._private.authentication: Token authentication is enabled" in logged
         assert "WARNING ray.actor: an actor's warning" in logged
+    finally:
+        for handler in logger.handlers[:]:
+            logger.removeHandler(handler)
+            handler.close()
+        logger.handlers[:], logger.propagate, logger.level = saved[0], saved[1], saved[2]
+
+
+def test_lines_of_a_start_begun_before_the_run_folder_opened_are_written_there_first(tmp_path, capsys):
+    """A Ray started ahead of the run folder (images added to a finished run): its lines are held,
+    then written to the folder's log in order, before the lines after it is named; none on the terminal."""
+    logger = logging.getLogger("ray")
+    saved = logger.handlers[:], logger.propagate, logger.level
+    pending = PendingLog()
+    try:
+        with ray_logging_into(pending):
+            logger.handlers.clear()  # as ray.init(configure_logging=False) does
+            logging.getLogger("ray._private.worker").warning("SIGTERM handler is not set")
+            logging.getLogger("ray._private.worker").warning("Ray started on a thread")
+        assert not (tmp_path / RAY_LOG).exists()  # the folder is not named yet: nothing written
+        pending.keep_in(tmp_path)
+        logging.getLogger("ray.actor").warning("an actor's warning")
+        assert capsys.readouterr().err == ""
+        lines = (tmp_path / RAY_LOG).read_text().splitlines()
+        assert [line.split(" ", 2)[2] for line in lines] == [
+            "WARNING ray._private.worker: SIGTERM handler is not set",
+            "WARNING ray._private.worker: Ray started on a thread",
+            "WARNING ray.actor: an actor's warning",
+        ]
     finally:
         for handler in logger.handlers[:]:
             logger.removeHandler(handler)

@@ -205,7 +205,9 @@ def given(name: str, table: pa.Table, before_s: float = 0.0) -> Stage:
 class StudyRun:
     """One run of a study: runs stages in order, and hands each the tables the stages before it made."""
 
-    def __init__(self, folder: RunFolder, reporter: Reporter, ray: LazyRay, lock=None):
+    def __init__(
+        self, folder: RunFolder, reporter: Reporter, ray: LazyRay, lock=None, warm: dict[str, Future] | None = None
+    ):
         self.folder = folder
         self.reporter = reporter
         self.ray = ray  # call it for the `ray` module, started or joined on first use
@@ -214,7 +216,7 @@ class StudyRun:
         self._stage: str | None = None  # the stage running now
         self._lost: list[dict] = []  # its actors lost and replaced
         self._pipeline: tuple[Stage, ...] = ()
-        self._warm: dict[str, Future] = {}  # by stage, the actors started ahead for it (`Stage.warm`)
+        self._warm: dict[str, Future] = dict(warm or {})  # by stage, the actors started ahead for it (`Stage.warm`)
 
     def actor_lost(self, lost: LostActor) -> None:
         """Said, and kept in the running stage's manifest record (`lost_actors`) as it happens, so
@@ -386,9 +388,18 @@ def package_versions() -> dict[str, str]:
     return versions
 
 
-def open_run(study: StudyBase, reporter: Reporter | None, summary: str, **manifest: Any) -> StudyRun:
+def open_run(
+    study: StudyBase,
+    reporter: Reporter | None,
+    summary: str,
+    ray: LazyRay | None = None,
+    warm: dict[str, Future] | None = None,
+    **manifest: Any,
+) -> StudyRun:
     """Begin a run: the run folder, with the manifest's record of this run (the config and its
-    hash, package versions, the start); `manifest` adds what the study kind records."""
+    hash, package versions, the start); `manifest` adds what the study kind records. `ray` and
+    `warm`: a Ray and stages' actors started before the folder was opened (`StudyRun`'s from then on;
+    the caller closes `ray` if the folder cannot be opened)."""
     reporter = reporter or Reporter()
     release_memory()  # what checking the input freed
     folder = RunFolder(study.output, say=reporter.say, rehash=study.runtime.rehash)
@@ -418,7 +429,9 @@ def open_run(study: StudyBase, reporter: Reporter | None, summary: str, **manife
     reporter.say(f"[bold]{study.name}[/bold]{summary} -> {folder.location}")
     if study.limit is not None:
         reporter.say(f"     [yellow]{smoke_note(study.limit)}[/yellow]")
-    return StudyRun(folder, reporter, LazyRay(study.runtime, folder.root / "logs"), lock)
+    ray = ray or LazyRay(study.runtime)
+    ray.keep_logs_in(folder.root / "logs")
+    return StudyRun(folder, reporter, ray, lock, warm)
 
 
 def run_study(
@@ -428,11 +441,14 @@ def run_study(
     stages: list[Stage],
     notes: list[str] = (),
     opened: Callable[[Path], None] | None = None,
+    ray: LazyRay | None = None,
+    warm: dict[str, Future] | None = None,
     **manifest: Any,
 ) -> RunFolder:
-    """A study's run: `open_run`, then its `notes` said (what the run leaves out), `opened` given the
-    folder's root (the image cache keeps its record there), and the stages run in order. Returns the folder."""
-    with open_run(study, reporter, summary, **manifest) as spine:
+    """A study's run: `open_run` (with what was started ahead of it: `ray`, `warm`), then its `notes`
+    said (what the run leaves out), `opened` given the folder's root (the image cache keeps its
+    record there), and the stages run in order. Returns the folder."""
+    with open_run(study, reporter, summary, ray, warm, **manifest) as spine:
         for note in notes:
             spine.reporter.say(f"     [yellow]{note}[/yellow]")
         if opened is not None:

@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -90,6 +90,35 @@ def ray_log_handler(log_dir: Path | None) -> logging.Handler:
     handler = logging.FileHandler(log_dir / RAY_LOG, encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     return handler
+
+
+class PendingLog(logging.Handler):
+    """Ray's lines from a start begun before the run folder was opened (`LazyRay.keep_logs_in`): held
+    until the folder's logs/ is named, then written there, as are the lines after."""
+
+    def __init__(self):
+        super().__init__()
+        self.held: list[logging.LogRecord] = []
+        self.target: logging.Handler | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.target is None:
+            self.held.append(record)
+        else:
+            self.target.handle(record)
+
+    def keep_in(self, log_dir: Path) -> None:
+        target = ray_log_handler(log_dir)
+        with self.lock:  # `handle` holds it around `emit`: no line is written out of order or lost
+            self.target = target
+            for record in self.held:
+                target.handle(record)
+            self.held = []
+
+    def close(self) -> None:
+        if self.target is not None:
+            self.target.close()
+        super().close()
 
 
 @contextmanager
@@ -162,10 +191,14 @@ def _environ(overrides: dict[str, str]):
 
 
 def start_ray(
-    address: str | None = None, num_cpus: int | None = None, num_gpus: int | None = None, log_dir: Path | None = None
+    address: str | None = None,
+    num_cpus: int | None = None,
+    num_gpus: int | None = None,
+    log_dir: Path | None = None,
+    handler: logging.Handler | None = None,
 ):
     """Join the cluster at `address` (or RAY_ADDRESS), else start a local, offline Ray. Idempotent.
-    Unless `verbose()`, Ray's own lines go to `log_dir/ray.log` instead of the terminal."""
+    Unless `verbose()`, Ray's own lines go to `handler`, by default `log_dir/ray.log`, instead of the terminal."""
     import ray
 
     if ray.is_initialized():
@@ -174,7 +207,7 @@ def start_ray(
     os.environ.update({k: os.environ.get(k, v) for k, v in QUIET_RAY_ENV.items()})
     loud = verbose()
     quiet = {"log_to_driver": loud, "configure_logging": loud, **({"logging_level": "WARNING"} if loud else {})}
-    logging_into = nullcontext() if loud else ray_logging_into(ray_log_handler(log_dir))
+    logging_into = nullcontext() if loud else ray_logging_into(handler or ray_log_handler(log_dir))
     if address:
         with logging_into:
             ray.init(address=address, **quiet)
@@ -212,12 +245,18 @@ class LazyRay:
     def __init__(self, runtime: RuntimeConfig, log_dir: Path | None = None):
         self.runtime = runtime
         self.log_dir = log_dir  # where Ray's own lines go (the run folder's logs/)
+        self._log: logging.Handler | None = None  # what takes them, once Ray is started
+        self._log_lock = threading.Lock()  # the handler chosen, and `keep_logs_in`, one at a time
         self.ray = None
         self.started = self.local = False
         self.closed = False
         self._lock = threading.Lock()  # one start, and no start after `close`
         self._keeper: threading.Thread | None = None
+        self._ahead: Future | None = None  # what the keeper's `then` returns
         self._closing = threading.Event()
+        # Set as the run ends: a `then` that waits (for an actor to load) stops, so that nothing
+        # touches Ray once it is shut down (Ray ends the process when its worker is used after).
+        self.stopping = threading.Event()
 
     def __call__(self):
         with self._lock:
@@ -229,12 +268,23 @@ class LazyRay:
                 self.started = not ray.is_initialized()
                 # Only a local Ray's session folder holds this run's workers alone (a cluster's, other jobs' too).
                 self.local = self.started and not (self.runtime.address or os.environ.get("RAY_ADDRESS"))
-                self.ray = start_ray(self.runtime.address, self.runtime.num_cpus, log_dir=self.log_dir)
+                with self._log_lock:
+                    self._log = ray_log_handler(self.log_dir) if self.log_dir is not None else PendingLog()
+                self.ray = start_ray(self.runtime.address, self.runtime.num_cpus, handler=self._log)
             return self.ray
 
+    def keep_logs_in(self, log_dir: Path) -> None:
+        """Ray's own lines, and its workers' at `close`, go to `log_dir/ray.log` from now on; those of
+        a start begun before (`start_soon` ahead of the run folder) are written there first. Never
+        waits for a start under way."""
+        with self._log_lock:
+            self.log_dir = log_dir
+            if isinstance(self._log, PendingLog):
+                self._log.keep_in(log_dir)
+
     def start_soon(self, then: Callable[[Any], Any]) -> Future:
-        """Start (or join) Ray on a thread while the caller goes on, then call `then(ray)` there (it
-        should not block: start actors, say); the future holds what it returned, or why it failed (a
+        """Start (or join) Ray on a thread while the caller goes on, then call `then(ray)` there (start
+        actors, say; whoever takes the future waits for it); the future holds what it returned, or why it failed (a
         stage that calls for Ray afterwards tries the start again and says why). The thread lives
         until `close`: a local Ray's own processes are bound to the thread that started them and
         are killed when it ends. While a local Ray starts, HOME is its private one in `os.environ`
@@ -259,12 +309,19 @@ class LazyRay:
                 future.set_exception(exc)
             self._closing.wait()
 
-        self._keeper = threading.Thread(target=keep, name="ray-start", daemon=True)
+        self._keeper, self._ahead = threading.Thread(target=keep, name="ray-start", daemon=True), future
         self._keeper.start()
         return future
 
     def close(self) -> None:
+        """Shut down what this started (once: closing again does nothing), once what was started
+        ahead is done: a `then` still waiting stops (`stopping`)."""
+        self.stopping.set()
+        if self._ahead is not None and self._keeper is not threading.current_thread():
+            wait([self._ahead])
         with self._lock:  # a start under way finishes first, so what it starts is shut down here
+            if self.closed:
+                return
             self.closed = True
             if self.ray is not None and self.started:
                 logs = ray_logs_dir(self.ray)

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import math
 import shutil
-from concurrent.futures import ThreadPoolExecutor
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -39,6 +41,7 @@ from vlm_decade.core.dispatch import batches, bounded, pool_map
 from vlm_decade.core.errors import Problem
 from vlm_decade.core.runfolder import SEGMENT, RunFolder, segments_record
 from vlm_decade.core.runner import Stage, StudyRun, Written
+from vlm_decade.core.runtime import LazyRay
 from vlm_decade.core.spill import HOLD_FILES_BYTES, Spill, key_buckets
 from vlm_decade.models.api.endpoints import endpoint_problems, sending_problems
 from vlm_decade.models.api.keys import api_key, key_hint
@@ -334,9 +337,7 @@ def run_embed(study: StudyBase, run: StudyRun) -> Written:
         # imports take seconds), if they were not started ahead (`warm`): the vectors and texts to
         # keep are found meanwhile.
         planning = planner.submit(_plan, run.folder, encoders, spill)
-        started = (
-            {local[0].name: run.warmed() or _start_actors(study, local[0], run.ray(), run.ray.local)} if local else {}
-        )
+        started = {local[0].name: run.warmed() or _start_actors(study, local[0], run.ray)} if local else {}
         plan = planning.result()
         todo, total = plan.todo, sum(plan.todo.values())
         if total < plan.wanted * len(encoders):
@@ -415,17 +416,35 @@ def loading_at_once(slots: int, cpus: float, local: bool) -> int:
     return slots if not local else max(1, min(slots, int(cpus) - 1))
 
 
-def _start_actors(study: StudyBase, cfg: EncoderConfig, ray, local: bool) -> list:
+def _start_actors(study: StudyBase, cfg: EncoderConfig, lazy: LazyRay) -> list:
     """An encoder's actors, as many as the cluster fits (`encoder_actors`): those that load at once
-    (`loading_at_once`), and the rest once the first has loaded (or failed to: the stage says why)."""
+    (`loading_at_once`), and the rest once the first has loaded (or failed to: the stage says why),
+    unless the run ends meanwhile (`LazyRay.stopping`)."""
+    ray = lazy()
     actor_cls, slots = _actor_class(study, ray), encoder_actors(study, ray)
-    actors = [
-        actor_cls.remote(cfg) for _ in range(loading_at_once(slots, ray.cluster_resources().get("CPU", 1), local))
-    ]
+    at_once = loading_at_once(slots, ray.cluster_resources().get("CPU", 1), lazy.local)
+    actors = [actor_cls.remote(cfg) for _ in range(at_once)]
     if len(actors) < slots:
-        ray.wait([actors[0].ready.remote()], timeout=study.runtime.stall_timeout_s)
-        actors += [actor_cls.remote(cfg) for _ in range(slots - len(actors))]
+        _loaded(ray, actors[0], study.runtime.stall_timeout_s, lazy.stopping)
+        if not lazy.stopping.is_set():
+            actors += [actor_cls.remote(cfg) for _ in range(slots - len(actors))]
     return actors
+
+
+def _loaded(ray, actor, timeout_s: float, stopping: threading.Event) -> None:
+    """Wait until `actor` has loaded its encoder (or failed to), at most `timeout_s`, and not past
+    `stopping`."""
+    ready, deadline = actor.ready.remote(), time.monotonic() + timeout_s
+    while not stopping.is_set() and time.monotonic() < deadline:
+        if ray.wait([ready], timeout=0.25)[0]:
+            return
+
+
+def start_ahead(study: StudyBase, lazy: LazyRay) -> Future | None:
+    """Ray and the first local encoder's actors (`_start_actors`), started on `lazy`'s thread while
+    the caller goes on (`LazyRay.start_soon`); None for a study with no local encoder."""
+    local = _local(study.encoders)
+    return lazy.start_soon(lambda ray: _start_actors(study, local[0], lazy)) if local else None
 
 
 def _embed_local(
@@ -654,15 +673,10 @@ def stage(study: StudyBase) -> Stage:
     def compute(run: StudyRun) -> dict[str, Written]:
         return {"embeddings": run_embed(study, run)}
 
-    local = _local(study.encoders)
-
-    def warm(run: StudyRun):
-        return run.ray.start_soon(lambda ray: _start_actors(study, local[0], ray, run.ray.local))
-
     return Stage(
         "embeddings",
         ("references", "responses"),
         [e.fingerprint() for e in study.encoders],
         compute,
-        warm=warm if local else None,
+        warm=(lambda run: start_ahead(study, run.ray)) if _local(study.encoders) else None,
     )

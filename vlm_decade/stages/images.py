@@ -149,6 +149,7 @@ class ImageCache:
         self._settled = None  # `settle`'s file of what was found, until `save`
         self.track = track or _no_track
         self.seconds = 0.0
+        self.unknown = 0  # files read because the cache did not know them (new or changed)
 
     @classmethod
     def of(cls, run_folder: str | Path, rehash: bool = False, track: Track | None = None) -> ImageCache:
@@ -200,6 +201,7 @@ class ImageCache:
             keys = [_key(path) for path in paths]
         results: list[Found | str | None] = self._known(keys)
         todo = [i for i, result in enumerate(results) if result is None]
+        self.unknown += len(todo)
         advance(len(paths) - len(todo))
         for i, result in zip(todo, _inspect_all([paths[i] for i in todo], workers, processes)):
             results[i] = result

@@ -8,6 +8,7 @@ Study B's pipeline: `check`, `run`, `estimate`, `summary`, `redraw_report`, `exp
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import asdict, replace
 
 import pyarrow as pa
@@ -15,7 +16,8 @@ import pyarrow as pa
 from vlm_decade.core.errors import InputError, Problem, Problems
 from vlm_decade.core.progress import Reporter
 from vlm_decade.core.runfolder import RunFolder
-from vlm_decade.core.runner import given, release_memory, run_study
+from vlm_decade.core.runner import Stage, given, release_memory, run_study
+from vlm_decade.core.runtime import LazyRay
 from vlm_decade.core.smoke import first_images, first_rows_per_dataset
 from vlm_decade.imaging.masks import mask_specs
 from vlm_decade.models.backends import backend_class
@@ -44,15 +46,20 @@ def plan(study: StudyConfig) -> describe.Plan:
     return describe.Plan(prompts, masks=tuple(mask_specs(study.masks)))
 
 
-def check(study: StudyConfig, cache: ImageCache | None = None) -> StudyData:
+def check(
+    study: StudyConfig, cache: ImageCache | None = None, images_passed: Callable[[], None] | None = None
+) -> StudyData:
     """Check data and models; raise every problem together. Writes nothing. `cache`: what earlier
-    runs found about unchanged image files (`ImageCache`)."""
+    runs found about unchanged image files (`ImageCache`); `images_passed` is called when every image
+    has passed its checks, before the models' files and the descriptions are checked."""
     problems: list[Problem] = []
     data = None
     models: list[Problem] = []
     incomplete: list[str] = []
 
     def check_models(image_ids, images) -> None:
+        if images is not None and images_passed is not None:
+            images_passed()
         # Before the descriptions are read, so that the models' files (an imported one is as long
         # as the descriptions) are not held beside them: their checks, and what they lack.
         models.extend(describe.check_models(study, image_ids, ["full"] + [s.mask_id for s in mask_specs(study.masks)]))
@@ -102,13 +109,32 @@ def check(study: StudyConfig, cache: ImageCache | None = None) -> StudyData:
 @files_held()  # the run reads its imported files once
 def run(study: StudyConfig, reporter: Reporter | None = None) -> RunFolder:
     reporter = reporter or Reporter()  # from here: the image checks show their progress
+    ray = LazyRay(study.runtime)
+    try:
+        return _run(study, reporter, ray)
+    finally:
+        ray.close()  # what a failed check or a folder that could not be opened left started; after a run, nothing
+
+
+def _run(study: StudyConfig, reporter: Reporter, ray: LazyRay) -> RunFolder:
     cache = ImageCache.of(study.output, study.runtime.rehash, reporter.track)
-    data = check(study, cache)
+    responses, warm = describe.stage(study, plan(study)), {}
+
+    def start_ahead() -> None:
+        # Ray and the encoder actors start now, while the driver checks the descriptions and the
+        # models' files on one core, rather than as the stages begin: their start took longer than
+        # the stages before the embed stage of a run with images added.
+        if adds_to_a_finished_run(study.output, cache, responses):
+            future = embed.start_ahead(study, ray)
+            if future is not None:
+                warm["embeddings"] = future
+
+    data = check(study, cache, start_ahead)
     stages = [
         given("images", data.images, cache.seconds),  # its time: the image checks
         given("references", data.references),
         given("metadata", data.metadata),
-        describe.stage(study, plan(study)),
+        responses,
         embed.stage(study),
         *([judging.stage(study)] if study.judge_metrics else []),
         score.stage(study),
@@ -125,7 +151,23 @@ def run(study: StudyConfig, reporter: Reporter | None = None) -> RunFolder:
     warnings, ranking = input_warnings(study, data), data.ranking_method
     del data  # its tables live on in their stages only until written: later stages read the run folder's
     masks = [asdict(s) for s in mask_specs(study.masks)]
-    return run_study(study, reporter, summary, stages, warnings, cache.save, ranking_method=ranking, masks=masks)
+    return run_study(
+        study, reporter, summary, stages, warnings, cache.save, ray, warm, ranking_method=ranking, masks=masks
+    )
+
+
+def adds_to_a_finished_run(output, cache: ImageCache, responses: Stage) -> bool:
+    """Whether images were added to (or changed in) a run whose embed stage finished before: the
+    image checks read files the cache did not know, and the run folder at `output` records the
+    stage as done. Only past a `responses` stage that leaves the cluster free
+    (`Stage.frees_cluster`: the encoder actors could take a local model's CPUs first)."""
+    if not (responses.frees_cluster and cache.unknown):
+        return False
+    try:
+        stages = RunFolder(output).manifest().get("stages", {})
+    except ValueError:  # a manifest that cannot be read: the run says so once it holds the folder
+        return False
+    return stages.get("embeddings", {}).get("state") == "done"
 
 
 def estimate(study: StudyConfig, data: StudyData) -> tuple[list[Line], tuple[str, ...]]:

@@ -1,0 +1,73 @@
+"""When a run starts Ray and the encoder actors while it still checks the descriptions and the models'
+files (`pipeline.adds_to_a_finished_run`): images added to a run whose embed stage finished, and only
+then; a fresh run, a fully cached rerun, a killed run and a study with local models' actors start
+nothing ahead (docs/architecture.md)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from vlm_decade.core.runner import Stage
+from vlm_decade.stages.images import ImageCache
+from vlm_decade.studies.decade.pipeline import adds_to_a_finished_run
+
+
+def _responses(frees_cluster: bool) -> Stage:
+    return Stage("responses", (), None, lambda run: {}, frees_cluster=frees_cluster)
+
+
+@pytest.fixture
+def checked(tmp_path):
+    """Two caches of one image folder: one that read an image it did not know, one that knew them all."""
+    paths = []
+    for i in range(2):
+        path = tmp_path / f"img{i}.png"
+        Image.fromarray(np.full((4, 4, 3), i, np.uint8)).save(path)
+        paths.append(str(path))
+    first = ImageCache(track=None)
+    first.inspect(paths[:1])
+    cached = ImageCache(first.found)
+    cached.inspect(paths[:1])
+    added = ImageCache(first.found)
+    added.inspect(paths)
+    return {"added": added, "cached": cached}
+
+
+def _folder(tmp_path, state: str | None) -> str:
+    run = tmp_path / "run"
+    run.mkdir()
+    if state is not None:
+        (run / "manifest.json").write_text(json.dumps({"stages": {"embeddings": {"state": state}}}))
+    return str(run)
+
+
+def test_images_added_to_a_run_whose_embed_stage_finished_start_it_ahead(tmp_path, checked):
+    assert checked["added"].unknown == 1 and checked["cached"].unknown == 0
+    assert adds_to_a_finished_run(_folder(tmp_path, "done"), checked["added"], _responses(True))
+
+
+@pytest.mark.parametrize(
+    "state, cache, frees, why",
+    [
+        ("done", "cached", True, "a fully cached rerun starts nothing"),
+        (None, "added", True, "a fresh run: its long stages hide the start"),
+        ("running", "added", True, "a killed run's embed stage"),
+        ("incomplete", "added", True, "an embed stage that stopped"),
+        ("done", "added", False, "a local model's actors could wait for ever behind the encoders'"),
+    ],
+)
+def test_other_runs_start_nothing_ahead(tmp_path, checked, state, cache, frees, why):
+    assert not adds_to_a_finished_run(_folder(tmp_path, state), checked[cache], _responses(frees)), why
+
+
+def test_an_unreadable_manifest_starts_nothing_and_is_left_as_it_is(tmp_path, checked):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "manifest.json").write_text("{not json")
+    assert not adds_to_a_finished_run(str(run), checked["added"], _responses(True))
+    assert (run / "manifest.json").read_text() == "{not json"  # set aside only by a run that holds the folder
+    assert [p.name for p in run.iterdir()] == ["manifest.json"]
