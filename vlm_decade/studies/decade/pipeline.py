@@ -46,12 +46,17 @@ def plan(study: StudyConfig) -> describe.Plan:
     return describe.Plan(prompts, masks=tuple(mask_specs(study.masks)))
 
 
-def check(
+def check(study: StudyConfig, cache: ImageCache | None = None) -> StudyData:
+    """Check data and models; raise every problem together. Writes nothing. `cache`: what earlier
+    runs found about unchanged image files (`ImageCache`)."""
+    return _check(study, cache)
+
+
+def _check(
     study: StudyConfig, cache: ImageCache | None = None, images_passed: Callable[[], None] | None = None
 ) -> StudyData:
-    """Check data and models; raise every problem together. Writes nothing. `cache`: what earlier
-    runs found about unchanged image files (`ImageCache`); `images_passed` is called when every image
-    has passed its checks, before the models' files and the descriptions are checked."""
+    """`check`, calling `images_passed` when every image has passed its checks, before the models'
+    files and the descriptions are checked (`run` starts Ray then, for images added to a finished run)."""
     problems: list[Problem] = []
     data = None
     models: list[Problem] = []
@@ -129,7 +134,7 @@ def _run(study: StudyConfig, reporter: Reporter, ray: LazyRay) -> RunFolder:
             if future is not None:
                 warm["embeddings"] = future
 
-    data = check(study, cache, start_ahead)
+    data = _check(study, cache, start_ahead)
     stages = [
         given("images", data.images, cache.seconds),  # its time: the image checks
         given("references", data.references),
