@@ -250,6 +250,31 @@ def test_each_jobs_row_is_the_one_a_plain_loop_picks_however_many_are_matched_at
     assert not (folder.root / ".spill" / "responses").exists()
 
 
+def test_a_fresh_runs_own_answers_are_spread_on_disk_when_many_though_none_were_there_before(tmp_path, monkeypatch):
+    """A fresh run finds no rows so far, and holds those (none) in memory. Its own answers, caught up
+    before the table is written, are every row it writes: they are judged on their own bytes and go
+    to disk when too many to hold (at a million images, 8 million rows held took the driver to
+    4.4 GB). The table is the one a plain loop picks either way."""
+    monkeypatch.setattr(rows_module, "HOLD_FILES_BYTES", 0)  # nothing is held but nothing
+    folder = RunFolder(tmp_path / "fresh")
+    spill = folder.root / ".spill" / "responses"
+    jobs_of = lambda s: JOBS.filter(pc.equal(JOBS.column("subject"), s))  # noqa: E731
+    with RowsSoFar(folder, ["a", "b"], pa.array(["i1", "i2", "i3", "i4"])) as so_far:
+        assert not list(spill.rglob("*.arrow"))  # no rows so far, held
+        answers = [
+            _row("a", "i1", "full", "ok", "ka1", "one"),
+            _row("a", "i3", "full", "error", "ka3", "failed"),
+            _row("b", "i2", "full", "ok", "kb2", "two"),
+        ]
+        folder.append_part("responses", pa.Table.from_pylist(answers[:2], schema=RESPONSES_SCHEMA))
+        folder.append_part("responses", pa.Table.from_pylist(answers[2:], schema=RESPONSES_SCHEMA))
+        written = collect_rows(folder, so_far, jobs_of)
+        on_disk = sorted(p.parent.name for p in spill.rglob("*.arrow"))
+    assert on_disk and set(on_disk) == {"1"}  # the answers caught up, each bucket a file
+    table = folder.read("responses")
+    assert written.rows == 3 and table.column("text").to_pylist() == ["one", "failed", "two"]
+
+
 def test_an_imported_model_looked_up_in_the_driver_gives_the_rows_its_actors_gave(tmp_path, monkeypatch):
     """The driver's lookup, slices straddling prompts, against the actor path's `describe` over the
     same jobs: every field but the timing, rows found and rows missing alike; an unreadable file is

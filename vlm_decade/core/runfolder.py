@@ -423,9 +423,10 @@ class RunFolder:
         files = self._files(name) if self.has(name) else []
         return sum(f.stat().st_size for f in files) + self.parts_bytes(name)
 
-    def parts_bytes(self, name: str) -> int:
-        """The bytes of the parts table `name` has saved so far."""
-        return sum(f.stat().st_size for f in self._parts_dir(name).glob("part-*.parquet"))
+    def parts_bytes(self, name: str, besides: set[str] | frozenset[str] = frozenset()) -> int:
+        """The bytes of the parts table `name` has saved so far, but those named in `besides` (the
+        `seen` of `iter_parts`: what a later call would read)."""
+        return sum(f.stat().st_size for f in self._parts_dir(name).glob("part-*.parquet") if f.name not in besides)
 
     def iter_parts(
         self,

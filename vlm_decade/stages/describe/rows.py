@@ -187,12 +187,12 @@ class RowsSoFar:
         self.bounds = images.take(pa.array(range(0, len(images), COLLECT_IMAGES), pa.int64())).to_pylist()
         self.root = folder.root / ".spill" / "responses"
         shutil.rmtree(self.root, ignore_errors=True)  # what a killed run left is of no use
-        self.held = folder.stored_bytes("responses") <= HOLD_FILES_BYTES
         self.seen: set[str] = set()  # the parts spilled
-        self.spills = [self._spill(self.root / "0", _row_sources(folder, self.seen))]
+        held = folder.stored_bytes("responses") <= HOLD_FILES_BYTES
+        self.spills = [self._spill(self.root / "0", _row_sources(folder, self.seen), held)]
 
-    def _spill(self, root, sources) -> Spill:
-        spill = Spill(root, RESPONSES_SCHEMA, held=self.held)
+    def _spill(self, root, sources, held: bool) -> Spill:
+        spill = Spill(root, RESPONSES_SCHEMA, held=held)
         try:
             for rows in sources:
                 bucket = _buckets(rows, self.subjects, self.bounds)
@@ -203,8 +203,11 @@ class RowsSoFar:
         return spill
 
     def catch_up(self) -> None:
-        """Add the parts saved since the rows were spread (or last caught up), after them."""
-        self.spills.append(self._spill(self.root / str(len(self.spills)), _parts(self.folder, self.seen)))
+        """Add the parts saved since the rows were spread (or last caught up), after them: held in
+        memory only if those parts are small too (a fresh run's are every answer it has: at a
+        million images, 8 million rows held took the driver to 4.4 GB)."""
+        held = self.folder.parts_bytes("responses", besides=self.seen) <= HOLD_FILES_BYTES
+        self.spills.append(self._spill(self.root / str(len(self.spills)), _parts(self.folder, self.seen), held))
 
     def __enter__(self) -> RowsSoFar:
         return self
