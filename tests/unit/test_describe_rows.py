@@ -255,7 +255,7 @@ def test_a_fresh_runs_own_answers_are_spread_on_disk_when_many_though_none_were_
     before the table is written, are every row it writes: they are judged on their own bytes and go
     to disk when too many to hold (at a million images, 8 million rows held took the driver to
     4.4 GB). The table is the one a plain loop picks either way."""
-    monkeypatch.setattr(rows_module, "HOLD_FILES_BYTES", 0)  # nothing is held but nothing
+    monkeypatch.setattr(rows_module, "HOLD_FILES_BYTES", 0)  # only rows of no bytes at all are held
     folder = RunFolder(tmp_path / "fresh")
     spill = folder.root / ".spill" / "responses"
     jobs_of = lambda s: JOBS.filter(pc.equal(JOBS.column("subject"), s))  # noqa: E731
