@@ -193,6 +193,72 @@ def test_spilling_a_range_of_buckets_at_a_time_writes_the_table_sorted_in_memory
     assert all(a.equals(b) for a, b in zip(spilled, in_memory))
 
 
+def test_a_pass_reads_only_the_parts_and_row_groups_that_hold_keys_of_its_buckets(tmp_path, monkeypatch):
+    """Parts saved as the plan hands out the texts (a bucket of keys at a time here) are read about
+    once over all the passes, not once a pass (at a million images, 26 GB read six times): a part
+    again only where a pass's first bucket falls among its keys. So are a segment's row groups
+    when a later run rewrites it. The tables are those one pass writes."""
+    monkeypatch.setattr(embed, "CHUNK_TEXTS", 1)  # each bucket's texts batched on their own
+    monkeypatch.setattr(embed, "PART_ROWS", 3)
+    monkeypatch.setattr(embed, "VECTOR_BATCH", 4)  # a segment of row groups of 4 rows
+    monkeypatch.setattr(embed, "SORT_IN_MEMORY_BYTES", -1)
+    references, responses = MANY + REFERENCES, [("ok", t) for t in MANY[30:]] + RESPONSES
+    later = MANY[10:] + REFERENCES + ["a text added later"]
+    passes, reads = 7, {"parts": 0, "row groups": 0}
+
+    iter_parts, file_batches = RunFolder.iter_parts, RunFolder.file_batches
+
+    def parts_read(*args, **kwargs):
+        for part in iter_parts(*args, **kwargs):
+            reads["parts"] += writing
+            yield part
+
+    def groups_read(path, *args, row_groups=None, **kwargs):
+        if writing:
+            reads["row groups"] += pq.ParquetFile(path).num_row_groups if row_groups is None else len(row_groups)
+        return file_batches(path, *args, row_groups=row_groups, **kwargs)
+
+    monkeypatch.setattr(RunFolder, "iter_parts", parts_read)
+    monkeypatch.setattr(RunFolder, "file_batches", staticmethod(groups_read))
+    write = _write_selected
+
+    def written(folder, plan, spill):
+        nonlocal writing
+        parts = len(list(folder._parts_dir("embeddings").glob("part-*.parquet")))
+        groups = sum(
+            pq.ParquetFile(path).num_row_groups for i, (path, _) in enumerate(plan.previous) if i not in plan.clean
+        )
+        writing = True
+        try:
+            return write(folder, plan, spill)
+        finally:
+            writing = False
+            counts.append((parts, groups, dict(reads)))
+            reads.update(dict.fromkeys(reads, 0))
+
+    def two_runs(folder: RunFolder) -> list[pa.Table]:
+        inputs(folder, references, responses)
+        embed_here(folder, [SBERT, OTHER])
+        first = folder.read("embeddings")
+        inputs(folder, later, responses)
+        embed_here(folder, [SBERT, OTHER])
+        return [first, folder.read("embeddings")]
+
+    writing, counts = False, []
+    monkeypatch.setitem(globals(), "_write_selected", written)  # what `embed_here` calls
+    one_pass = two_runs(RunFolder(tmp_path / "one-pass"))
+    monkeypatch.setattr(embed, "write_passes", lambda source_bytes, free_bytes, buckets: passes)
+    many_passes = two_runs(RunFolder(tmp_path / "passes"))
+
+    assert all(a.equals(b) for a, b in zip(many_passes, one_pass))
+    (fresh_parts, _, fresh_reads), (later_parts, later_groups, later_reads) = counts[2:]
+    assert fresh_parts > 2 * passes and later_parts and later_groups > passes
+    # Each part or group once, and once more for each of the passes' 6 inner bounds it may straddle.
+    assert fresh_parts <= fresh_reads["parts"] <= fresh_parts + passes - 1
+    assert later_parts <= later_reads["parts"] <= later_parts + passes - 1
+    assert later_groups <= later_reads["row groups"] <= later_groups + passes - 1
+
+
 def test_the_passes_keep_the_spill_and_the_table_within_the_free_space():
     gb = 10**9
     # 26 GB of parts: a 26 GB table and a 32.5 GB spill, within 90% of the free space.

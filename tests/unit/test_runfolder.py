@@ -8,6 +8,7 @@ import stat
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -149,6 +150,29 @@ def test_a_damaged_part_is_discarded_and_whole_ones_kept(tmp_path):
     DAMAGE["truncated"](first)
     assert folder.read_parts("t", schema).column("x").to_pylist() == [3]
     assert not first.exists() and any("damaged" in m for m in said)
+
+
+def test_a_files_row_groups_tell_their_ranges_from_the_footer_and_a_damaged_one_none(tmp_path):
+    folder = RunFolder(tmp_path)
+    keys = [f"{i:02x}{'a' * 62}" for i in (7, 3, 200, 90, 91, 10)]
+    folder.write_batches(
+        "t",
+        pa.schema([("key", pa.string()), ("n", pa.int64())]),
+        [pa.record_batch({"key": keys, "n": [5, None, 1, 2, 3, 4]})],
+        row_group_rows=2,
+    )
+    path = folder.table_path("t")
+    table = pq.read_table(path)
+    expected = []
+    for lo in range(0, 6, 2):  # computed from the rows themselves
+        group = table.slice(lo, 2)
+        expected.append({c: tuple(pc.min_max(group[c]).as_py().values()) for c in ("key", "n")})
+    assert folder.column_ranges(path, ["key", "n"]) == expected
+    assert expected[0]["key"] == (keys[1], keys[0]) and expected[0]["n"] == (5, 5)
+    read = [key for batch in folder.file_batches(path, row_groups=[0, 2]) for key in batch["key"].to_pylist()]
+    assert read == keys[:2] + keys[4:]
+    path.write_bytes(path.read_bytes()[:-20])  # the footer cut off
+    assert folder.column_ranges(path, ["key"]) is None
 
 
 def test_an_unreadable_manifest_is_set_aside_and_rebuilt_from_what_verifies(tmp_path):

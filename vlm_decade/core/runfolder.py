@@ -335,11 +335,38 @@ class RunFolder:
                 yield partial(source.read_row_group, group, use_threads=False)
 
     @staticmethod
-    def file_batches(path: Path, columns: list[str] | None = None, batch_size: int = ROW_GROUP_ROWS):
-        """One file of a table (`batches`) as record batches, a row group at a time."""
+    def file_batches(
+        path: Path,
+        columns: list[str] | None = None,
+        batch_size: int = ROW_GROUP_ROWS,
+        row_groups: list[int] | None = None,
+    ):
+        """One file of a table (`batches`) as record batches, a row group at a time (of `row_groups`
+        only, where given)."""
         # No pre-buffering (it would cache the whole file) and no read-ahead: one row group at a time.
         source = pq.ParquetFile(path, pre_buffer=False)
-        yield from source.iter_batches(batch_size=batch_size, columns=columns, use_threads=False)
+        yield from source.iter_batches(batch_size=batch_size, row_groups=row_groups, columns=columns, use_threads=False)
+
+    @staticmethod
+    def column_ranges(path: Path, columns: list[str]) -> list[dict[str, tuple[Any, Any] | None]] | None:
+        """Each row group's least and greatest value of each of `columns`, from the file's footer
+        alone (no row is read): None for a column it has no such statistics of, and in place of the
+        list for a file whose footer cannot be read (a damaged part: whoever reads it says so)."""
+        try:
+            footer = pq.ParquetFile(path, pre_buffer=False).metadata
+        except (OSError, pa.ArrowException):
+            return None
+        ranges = []
+        for g in range(footer.num_row_groups):
+            group = footer.row_group(g)
+            stats = {group.column(j).path_in_schema: group.column(j).statistics for j in range(group.num_columns)}
+            ranges.append(
+                {
+                    c: (stats[c].min, stats[c].max) if stats.get(c) is not None and stats[c].has_min_max else None
+                    for c in columns
+                }
+            )
+        return ranges
 
     def verified(self, name: str, record: dict | None) -> str | None:
         """None when table `name` is there and its file hashes as its `files` record says (for a
@@ -435,13 +462,16 @@ class RunFolder:
         columns: list[str] | None = None,
         seen: set[str] | None = None,
         discard: bool = True,
+        keep: Callable[[Path], bool] | None = None,
     ):
         """Every whole part of table `name` (its `columns`), one table at a time in the order
         written; damaged ones are said and left out, and deleted unless `discard` is false (a look
         at the folder, as `vlm-decade status` takes, changes nothing in it). With `seen`, the parts
         named in it are passed over and those read are added to it: a later call reads only the
-        parts saved since."""
+        parts saved since. With `keep`, a part for whose path it is false is passed over unread."""
         for f in sorted(self._parts_dir(name).glob("part-*.parquet")):
+            if keep is not None and not keep(f):
+                continue
             if seen is not None:
                 if f.name in seen:
                     continue

@@ -24,6 +24,7 @@ import math
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -77,6 +78,8 @@ REMOTE_IN_FLIGHT = 8  # batches of texts in flight to an API encoder's gateway
 # with fewer is batched exactly as if they were sorted whole.
 CHUNK_TEXTS = 65_536
 TEXTS_SCHEMA = pa.schema([("text_sha256", pa.string()), ("text", pa.string())])
+# The columns whose ranges in a row group's footer tell which buckets its rows may fall in.
+RANGED = ["text_sha256", "encoder_key"]
 # Writing the table: a spilled row (Arrow, uncompressed) against the same row in a part (Parquet),
 # and the share of the free space the spill and the table may take.
 SPILL_GROWTH, FREE_KEPT = 1.25, 0.9
@@ -166,11 +169,19 @@ def _previous(folder: RunFolder) -> list[tuple[Path, dict[str, Any] | None]]:
     return [(folder.table_path("embeddings"), None)]
 
 
-def _sources(folder: RunFolder, previous: list, columns: list[str] | None = None, skip: frozenset[int] = frozenset()):
+def _sources(
+    folder: RunFolder,
+    previous: list,
+    columns: list[str] | None = None,
+    skip: frozenset[int] = frozenset(),
+    touches: Callable[[dict], bool] | None = None,
+):
     """The vectors this run may reuse, as (source, table) a table at a time (never all at once):
     the `previous` table's files (source: their place in it), but those in `skip`, then the parts
     a killed run or this one saved (source: `len(previous)`). Rows written before the `mode`
-    column existed get it empty."""
+    column existed get it empty. With `touches` (whether a row group, by the least and greatest
+    of its `RANGED` columns, may hold rows wanted), the row groups and parts whose footers say it
+    holds none are not read."""
 
     def whole(table: pa.Table) -> pa.Table:
         if columns is None and "mode" not in table.column_names:
@@ -181,10 +192,20 @@ def _sources(folder: RunFolder, previous: list, columns: list[str] | None = None
     rows = VECTOR_BATCH if columns is None or "vector" in columns else KEY_BATCH
     for source, (path, _) in enumerate(previous):
         if source not in skip:
-            for batch in folder.file_batches(path, columns=columns, batch_size=rows):
+            ranges = None if touches is None else folder.column_ranges(path, RANGED)
+            groups = None if ranges is None else [g for g, group in enumerate(ranges) if touches(group)]
+            for batch in folder.file_batches(path, columns=columns, batch_size=rows, row_groups=groups):
                 yield source, whole(pa.Table.from_batches([batch]))
-    for table in folder.iter_parts("embeddings", EMBEDDINGS_SCHEMA, columns):
+    keep = None if touches is None else partial(_touched, folder, touches)
+    for table in folder.iter_parts("embeddings", EMBEDDINGS_SCHEMA, columns, keep=keep):
         yield len(previous), whole(table)
+
+
+def _touched(folder: RunFolder, touches: Callable[[dict], bool], path: Path) -> bool:
+    """Whether a part may hold rows `touches` wants: yes, unless its footer says none of its row
+    groups does (a part whose footer cannot be read is read, and said to be damaged)."""
+    ranges = folder.column_ranges(path, RANGED)
+    return ranges is None or any(touches(group) for group in ranges)
 
 
 @contextmanager
@@ -607,9 +628,18 @@ def _write_selected(folder: RunFolder, plan: _Plan, spill: Path) -> Written:
     )
     passes = write_passes(source_bytes, shutil.disk_usage(folder.root).free, buckets)
 
+    def in_range(first: int, end: int, ranges: dict) -> bool:
+        # Whether a row group may hold rows of buckets [first, end): the plan hands each encoder's
+        # texts out a few buckets of keys at a time, so a part's keys span few buckets, and a
+        # segment's row groups fewer; a pass reads those alone, not every source again.
+        text, encoder = ranges["text_sha256"], ranges["encoder_key"]
+        low, high = (0, 255) if text is None else (int(text[0][:2], 16), int(text[1][:2], 16))
+        ranks = {rank[i] for i, key in enumerate(name_of) if encoder is None or encoder[0] <= key <= encoder[1]}
+        return any(r * 256 + low < end and r * 256 + high >= first for r in ranks)
+
     def spilled(first: int, end: int) -> Spill:
         vectors = Spill(spill / f"{first:06d}", EMBEDDINGS_SCHEMA)
-        for _, table in _sources(folder, plan.previous, skip=plan.clean):
+        for _, table in _sources(folder, plan.previous, skip=plan.clean, touches=partial(in_range, first, end)):
             table = table.filter(pc.is_in(table.column("encoder_key"), keys))
             which = pc.index_in(table.column("encoder_key"), value_set=keys)
             table = table.set_column(1, "encoder", pc.take(names, which))
