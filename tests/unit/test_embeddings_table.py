@@ -169,22 +169,23 @@ def test_a_table_without_the_mode_column_is_reused_with_it_empty(tmp_path):
     assert not folder.table_path("embeddings").exists()  # the one-file table is now a folder of segments
 
 
+def two_runs(folder: RunFolder) -> list[pa.Table]:
+    """Both encoders' tables after a first run of many texts, and after a second run in which ten of
+    them are no longer wanted and two are new."""
+    responses = [("ok", t) for t in MANY[30:]] + RESPONSES
+    inputs(folder, MANY + REFERENCES, responses)
+    embed_here(folder, [SBERT, OTHER])
+    first = folder.read("embeddings")
+    inputs(folder, MANY[10:] + REFERENCES + ["a text added later", "and another"], responses)
+    embed_here(folder, [SBERT, OTHER])
+    return [first, folder.read("embeddings")]
+
+
 @pytest.mark.parametrize("passes", [1, 2, 7, 512])
 def test_spilling_a_range_of_buckets_at_a_time_writes_the_table_sorted_in_memory(tmp_path, monkeypatch, passes):
     """Sources spread over buckets on disk, in one pass or a range of buckets at a time, give the
     table that sorting them in memory gives (what a study's few new vectors take): from parts alone,
     and again from a segment that holds texts no longer wanted beside the parts of new ones."""
-    references, responses = MANY + REFERENCES, [("ok", t) for t in MANY[30:]] + RESPONSES
-    later = MANY[10:] + REFERENCES + ["a text added later", "and another"]
-
-    def two_runs(folder: RunFolder) -> list[pa.Table]:
-        inputs(folder, references, responses)
-        embed_here(folder, [SBERT, OTHER])
-        first = folder.read("embeddings")
-        inputs(folder, later, responses)
-        embed_here(folder, [SBERT, OTHER])
-        return [first, folder.read("embeddings")]
-
     in_memory = two_runs(RunFolder(tmp_path / "in-memory"))
     monkeypatch.setattr(embed, "SORT_IN_MEMORY_BYTES", -1)
     monkeypatch.setattr(embed, "write_passes", lambda source_bytes, free_bytes, buckets: passes)
@@ -202,8 +203,6 @@ def test_a_pass_reads_only_the_parts_and_row_groups_that_hold_keys_of_its_bucket
     monkeypatch.setattr(embed, "PART_ROWS", 3)
     monkeypatch.setattr(embed, "VECTOR_BATCH", 4)  # a segment of row groups of 4 rows
     monkeypatch.setattr(embed, "SORT_IN_MEMORY_BYTES", -1)
-    references, responses = MANY + REFERENCES, [("ok", t) for t in MANY[30:]] + RESPONSES
-    later = MANY[10:] + REFERENCES + ["a text added later"]
     passes, reads = 7, {"parts": 0, "row groups": 0}
 
     iter_parts, file_batches = RunFolder.iter_parts, RunFolder.file_batches
@@ -235,14 +234,6 @@ def test_a_pass_reads_only_the_parts_and_row_groups_that_hold_keys_of_its_bucket
             writing = False
             counts.append((parts, groups, dict(reads)))
             reads.update(dict.fromkeys(reads, 0))
-
-    def two_runs(folder: RunFolder) -> list[pa.Table]:
-        inputs(folder, references, responses)
-        embed_here(folder, [SBERT, OTHER])
-        first = folder.read("embeddings")
-        inputs(folder, later, responses)
-        embed_here(folder, [SBERT, OTHER])
-        return [first, folder.read("embeddings")]
 
     writing, counts = False, []
     monkeypatch.setitem(globals(), "_write_selected", written)  # what `embed_here` calls
