@@ -442,7 +442,8 @@ def test_a_responses_table_written_before_the_new_columns_is_still_read(tmp_path
         {"subject": ["gpt"], "image_id": ["i1"], "variant": ["full"], "prompt_id": ["p"], "cache_key": ["k"]}
     )
     with RowsSoFar(folder, ["gpt"], jobs.column("image_id")) as so_far:
-        collect_rows(folder, so_far, lambda subject: jobs)
+        so_far.add_jobs(jobs)
+        collect_rows(folder, so_far)
     (kept,) = folder.read("responses").to_pylist()
     assert kept == {**row, "queued_s": None, "paid_usd": None, "cached": None, "mode": None}
 

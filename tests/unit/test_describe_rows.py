@@ -232,11 +232,13 @@ def test_each_jobs_row_is_the_one_a_plain_loop_picks_however_many_are_matched_at
     jobs_of = lambda s: JOBS.filter(pc.equal(JOBS.column("subject"), s))  # noqa: E731
     with RowsSoFar(folder, subjects, image_ids) as so_far:  # each subject's jobs on their own
         todo = [todo_jobs(so_far, jobs_of(s)) for s in ("b", "a")]
+        for s in ("b", "a"):
+            so_far.add_jobs(jobs_of(s))
         # This run's answers, saved after the rows so far were spread: a/i3 done at last, a/i4 failed.
         answers = [_row("a", "i4", "full", "error", "ka4", "new failure"), _row("a", "i3", "full", "ok", "ka3", "done")]
         folder.append_part("responses", pa.Table.from_pylist(answers, schema=RESPONSES_SCHEMA))
         by_hand = _by_hand(folder)
-        written = collect_rows(folder, so_far, jobs_of)
+        written = collect_rows(folder, so_far)
     n_done = sum(done for _, done in todo)
     todo = pa.concat_tables([jobs for jobs, _ in todo])
     assert n_done == 2  # a/i2 and b/i2; a/i1 and a/i3 failed, a/i4 was never tried
@@ -258,7 +260,6 @@ def test_a_fresh_runs_own_answers_are_spread_on_disk_when_many_though_none_were_
     monkeypatch.setattr(rows_module, "HOLD_FILES_BYTES", 0)  # only rows of no bytes at all are held
     folder = RunFolder(tmp_path / "fresh")
     spill = folder.root / ".spill" / "responses"
-    jobs_of = lambda s: JOBS.filter(pc.equal(JOBS.column("subject"), s))  # noqa: E731
     with RowsSoFar(folder, ["a", "b"], pa.array(["i1", "i2", "i3", "i4"])) as so_far:
         assert not list(spill.rglob("*.arrow"))  # no rows so far, held
         answers = [
@@ -268,9 +269,10 @@ def test_a_fresh_runs_own_answers_are_spread_on_disk_when_many_though_none_were_
         ]
         folder.append_part("responses", pa.Table.from_pylist(answers[:2], schema=RESPONSES_SCHEMA))
         folder.append_part("responses", pa.Table.from_pylist(answers[2:], schema=RESPONSES_SCHEMA))
-        written = collect_rows(folder, so_far, jobs_of)
+        so_far.add_jobs(JOBS)
+        written = collect_rows(folder, so_far)
         on_disk = sorted(p.parent.name for p in spill.rglob("*.arrow"))
-    assert on_disk and set(on_disk) == {"1"}  # the answers caught up, each bucket a file
+    assert on_disk and set(on_disk) == {"1", "jobs"}  # the answers caught up and the jobs, each bucket a file
     table = folder.read("responses")
     assert written.rows == 3 and table.column("text").to_pylist() == ["one", "failed", "two"]
 

@@ -33,7 +33,7 @@ from vlm_decade.stages.describe.plan import (
     planned_slices,
 )
 from vlm_decade.stages.describe.remote import RemoteModels
-from vlm_decade.stages.describe.rows import RESPONSE_KEY, RowsSoFar, collect_rows, todo_jobs
+from vlm_decade.stages.describe.rows import RowsSoFar, collect_rows, todo_jobs
 
 __all__ = ["Plan", "check_models", "run_describe", "stage"]
 
@@ -48,8 +48,9 @@ def run_describe(study: StudyBase, plan: Plan, run: StudyRun) -> Written:
     """Every job's best row, written: those done before are kept; of the rest, the batch-mode API models'
     requests are submitted first, then the other models run in the study's order while the
     batches are worked on, and the batches are collected last. The jobs are planned a model at a
-    time, and each model's (and those it has still to do) wait on disk until needed (`_Planned`),
-    so that no more than one model's are held."""
+    time: those each model has still to do wait on disk until needed (`_Planned`), and all of
+    them, spread by the rows so far over their buckets, until the rows are chosen, so that no
+    more than one model's are held."""
     images = run.table("images")
     subjects = [m.name for m in study.models]
     # The rows so far are spread over buckets once: to find the jobs still to do and then, caught up
@@ -59,7 +60,8 @@ def run_describe(study: StudyBase, plan: Plan, run: StudyRun) -> Written:
         for model in study.models:
             for jobs in planned_slices(study, plan, images, [model]):
                 todo, done = todo_jobs(so_far, jobs)
-                planned.add(model.name, jobs.select([*RESPONSE_KEY, "cache_key"]), todo)
+                so_far.add_jobs(jobs)
+                planned.add(model.name, todo)
                 n_done, n_jobs = n_done + done, n_jobs + jobs.num_rows
         planned.close()
         if n_done:
@@ -91,19 +93,19 @@ def run_describe(study: StudyBase, plan: Plan, run: StudyRun) -> Written:
                     describe_local(study, model, planned.todo(model.name), plan, run, partial(advance, part=model.name))
             api.collect()
             api.stop()
-        return collect_rows(run.folder, so_far, planned.jobs)
+        return collect_rows(run.folder, so_far)
 
 
 class _Planned:
-    """Each model's jobs (key and cache key) and the jobs it has still to do, on disk (the run
-    folder's `.spill/describe`, removed on leaving the context) as they are planned, a slice at a
-    time (`add`, then `close`), until asked for a model at a time."""
+    """The jobs each model has still to do, on disk (the run folder's `.spill/describe`, removed on
+    leaving the context) as they are planned, a slice at a time (`add`, then `close`), until asked
+    for a model at a time."""
 
     def __init__(self, folder):
         self.root = folder.root / ".spill" / "describe"
         self.todo_count: dict[str, int] = {}
-        self.writers: dict[str, tuple] = {}
-        self.files: dict[str, tuple] = {}
+        self.writers: dict[str, pa.ipc.RecordBatchStreamWriter] = {}
+        self.files: dict[str, str] = {}
 
     def __enter__(self) -> _Planned:
         shutil.rmtree(self.root, ignore_errors=True)  # what a killed run left is of no use
@@ -114,38 +116,28 @@ class _Planned:
         self.close()
         shutil.rmtree(self.root, ignore_errors=True)
 
-    def add(self, name: str, jobs: pa.Table, todo: pa.Table) -> None:
+    def add(self, name: str, todo: pa.Table) -> None:
         if name not in self.files:
-            k = len(self.files)
-            self.files[name] = (self.root / f"jobs-{k}.arrow", self.root / f"todo-{k}.arrow")
-            self.writers[name] = tuple(
-                pa.ipc.new_stream(str(path), table.schema) for path, table in zip(self.files[name], (jobs, todo))
-            )
+            self.files[name] = str(self.root / f"todo-{len(self.files)}.arrow")
+            self.writers[name] = pa.ipc.new_stream(self.files[name], todo.schema)
             self.todo_count[name] = 0
-        for writer, table in zip(self.writers[name], (jobs, todo)):
-            writer.write_table(table)
+        self.writers[name].write_table(todo)
         self.todo_count[name] += todo.num_rows
 
     def close(self) -> None:
-        for writers in self.writers.values():
-            for writer in writers:
-                writer.close()
+        for writer in self.writers.values():
+            writer.close()
         self.writers = {}
 
-    @staticmethod
-    def _read(path) -> pa.Table:
-        with pa.ipc.open_stream(str(path)) as reader:
+    def todo(self, name: str) -> pa.Table:
+        with pa.ipc.open_stream(self.files[name]) as reader:
             return reader.read_all()
 
-    def jobs(self, name: str) -> pa.Table:
-        return self._read(self.files[name][0])
-
-    def todo(self, name: str) -> pa.Table:
-        return self._read(self.files[name][1])
-
     def todo_slices(self, name: str):
-        """The model's jobs to do as they were planned, a slice at a time."""
-        with pa.ipc.open_stream(str(self.files[name][1])) as reader:
+        """The model's jobs to do as they were planned, a slice at a time, each read into memory:
+        a stream read from a path maps the file, and every page read would stay counted against
+        the driver until the last slice."""
+        with pa.OSFile(self.files[name]) as file, pa.ipc.open_stream(file) as reader:
             for batch in reader:
                 yield pa.Table.from_batches([batch])
 

@@ -42,6 +42,7 @@ RESPONSES_SCHEMA = pa.schema(
     ]
 )
 RESPONSE_KEY = ("subject", "image_id", "variant", "prompt_id")
+JOBS_SCHEMA = pa.schema([(name, pa.string()) for name in (*RESPONSE_KEY, "cache_key")])  # what a row is matched on
 ANSWER_FIELDS = (
     "text",
     "status",
@@ -178,7 +179,9 @@ class RowsSoFar:
     are small: `HOLD_FILES_BYTES`); then read a bucket at a time against the
     jobs of any of the subjects (`buckets`), one model's after another's. The parts saved since
     (the stage's own answers) are added after them by `catch_up`, so that the rows read first are
-    not spread again. A context: the spill is removed on leaving it."""
+    not spread again. The current jobs are spread over the same buckets as they are planned
+    (`add_jobs`), so that `collect_rows` holds a bucket's, not a model's (at a million images,
+    4 million jobs a model: 0.4 GB). A context: the spills are removed on leaving it."""
 
     def __init__(self, folder: RunFolder, subjects, image_ids: pa.Array | pa.ChunkedArray):
         self.folder = folder
@@ -190,6 +193,7 @@ class RowsSoFar:
         self.seen: set[str] = set()  # the parts spilled
         held = folder.stored_bytes("responses") <= HOLD_FILES_BYTES
         self.spills = [self._spill(self.root / "0", _row_sources(folder, self.seen), held)]
+        self.jobs = Spill(self.root / "jobs", JOBS_SCHEMA)
 
     def _spill(self, root, sources, held: bool) -> Spill:
         spill = Spill(root, RESPONSES_SCHEMA, held=held)
@@ -215,6 +219,16 @@ class RowsSoFar:
     def __exit__(self, *exc) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
 
+    def add_jobs(self, jobs: pa.Table) -> None:
+        """Current jobs (their key and cache key), for `collect_rows`; each job once."""
+        table = jobs.select(JOBS_SCHEMA.names).cast(JOBS_SCHEMA)
+        bucket = _buckets(table, self.subjects, self.bounds)
+        keep = np.flatnonzero(bucket >= 0)
+        self.jobs.add(table.take(pa.array(keep, pa.int64())), bucket[keep])
+
+    def _rows(self, bucket: int) -> pa.Table:
+        return pa.concat_tables([spill.read(bucket) for spill in self.spills])
+
     def buckets(self, jobs: pa.Table) -> Iterator[tuple[pa.Table, np.ndarray]]:
         """Per bucket (in key order) that holds jobs of `jobs` and rows: its rows so far, in the
         order read, and the numbers of its jobs (rows of `jobs`)."""
@@ -224,28 +238,33 @@ class RowsSoFar:
         starts = np.searchsorted(job_bucket[order], np.arange(n + 1))
         held = set().union(*(spill.buckets for spill in self.spills))
         for bucket in sorted(set(np.unique(job_bucket).tolist()) & held):
-            rows = pa.concat_tables([spill.read(bucket) for spill in self.spills])
-            yield rows, order[starts[bucket] : starts[bucket + 1]]
+            yield self._rows(bucket), order[starts[bucket] : starts[bucket + 1]]
+
+    def job_buckets(self) -> Iterator[tuple[pa.Table, pa.Table]]:
+        """Per bucket (in key order) that holds jobs added and rows: its rows so far, in the order
+        read, and its jobs."""
+        self.jobs.close()
+        held = set().union(*(spill.buckets for spill in self.spills))
+        for bucket in self.jobs.buckets:
+            if bucket in held:
+                yield self._rows(bucket), self.jobs.read(bucket)
 
 
-def collect_rows(folder: RunFolder, so_far: RowsSoFar, jobs_of) -> Written:
-    """Write the `responses` table: for each current job, its best row so far from the previous
-    table and the parts a crash or this run left (the first ok row; else the latest attempt),
-    sorted by key; rows of other settings (another cache key) are dropped. Never held whole: the
-    rows so far (`so_far`, caught up with the parts saved since it was made) are
-    read a bucket at a time, the `subjects`' jobs asked for a subject at a time (`jobs_of(subject)`:
-    its jobs, their key and cache key), and each bucket's rows are chosen against its jobs (on row
-    numbers), tallied and written in turn."""
+def collect_rows(folder: RunFolder, so_far: RowsSoFar) -> Written:
+    """Write the `responses` table: for each current job (those added to `so_far`), its best row
+    so far from the previous table and the parts a crash or this run left (the first ok row; else
+    the latest attempt), sorted by key; rows of other settings (another cache key) are dropped.
+    Never held whole: the rows so far (caught up with the parts saved since `so_far` was made) and
+    the jobs are read a bucket at a time, and each bucket's rows are chosen against its jobs (on
+    row numbers), tallied and written in turn."""
     so_far.catch_up()
     tally = StatusTally("responses")
 
     def chosen():
-        for subject in so_far.subjects.to_pylist():
-            jobs = jobs_of(subject)
-            for rows, theirs in so_far.buckets(jobs):
-                best = rows.take(pa.array(_best_rows(rows, jobs.take(pa.array(theirs, pa.int64()))), pa.int64()))
-                tally.add(best)
-                yield from best.to_batches()
+        for rows, jobs in so_far.job_buckets():
+            best = rows.take(pa.array(_best_rows(rows, jobs), pa.int64()))
+            tally.add(best)
+            yield from best.to_batches()
 
     fingerprint, record, n = folder.write_batches("responses", RESPONSES_SCHEMA, chosen())
     return Written(fingerprint, record, n, tally)
