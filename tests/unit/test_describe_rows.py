@@ -28,7 +28,6 @@ from vlm_decade.stages.describe.rows import (
     RESPONSES_SCHEMA,
     RowsSoFar,
     collect_rows,
-    todo_jobs,
 )
 
 
@@ -231,9 +230,7 @@ def test_each_jobs_row_is_the_one_a_plain_loop_picks_however_many_are_matched_at
     subjects, image_ids = ["a", "b"], pa.array(["i1", "i2", "i3", "i4"])
     jobs_of = lambda s: JOBS.filter(pc.equal(JOBS.column("subject"), s))  # noqa: E731
     with RowsSoFar(folder, subjects, image_ids) as so_far:  # each subject's jobs on their own
-        todo = [todo_jobs(so_far, jobs_of(s)) for s in ("b", "a")]
-        for s in ("b", "a"):
-            so_far.add_jobs(jobs_of(s))
+        todo = [so_far.add_jobs(jobs_of(s)) for s in ("b", "a")]
         # This run's answers, saved after the rows so far were spread: a/i3 done at last, a/i4 failed.
         answers = [_row("a", "i4", "full", "error", "ka4", "new failure"), _row("a", "i3", "full", "ok", "ka3", "done")]
         folder.append_part("responses", pa.Table.from_pylist(answers, schema=RESPONSES_SCHEMA))

@@ -33,7 +33,7 @@ from vlm_decade.stages.describe.plan import (
     planned_slices,
 )
 from vlm_decade.stages.describe.remote import RemoteModels
-from vlm_decade.stages.describe.rows import RowsSoFar, collect_rows, todo_jobs
+from vlm_decade.stages.describe.rows import RowsSoFar, collect_rows
 
 __all__ = ["Plan", "check_models", "run_describe", "stage"]
 
@@ -59,8 +59,7 @@ def run_describe(study: StudyBase, plan: Plan, run: StudyRun) -> Written:
         n_done, n_jobs = 0, 0
         for model in study.models:
             for jobs in planned_slices(study, plan, images, [model]):
-                todo, done = todo_jobs(so_far, jobs)
-                so_far.add_jobs(jobs)
+                todo, done = so_far.add_jobs(jobs)
                 planned.add(model.name, todo)
                 n_done, n_jobs = n_done + done, n_jobs + jobs.num_rows
         planned.close()

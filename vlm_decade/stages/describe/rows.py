@@ -176,12 +176,12 @@ class RowsSoFar:
     """The rows so far (`_row_sources`) of the `subjects`' jobs, spread over buckets on
     disk (the run folder's `.spill/`) by subject and range of `COLLECT_IMAGES` of the images
     `image_ids`, in one pass, so that none is held whole (held in memory instead when their files
-    are small: `HOLD_FILES_BYTES`); then read a bucket at a time against the
-    jobs of any of the subjects (`buckets`), one model's after another's. The parts saved since
-    (the stage's own answers) are added after them by `catch_up`, so that the rows read first are
-    not spread again. The current jobs are spread over the same buckets as they are planned
-    (`add_jobs`), so that `collect_rows` holds a bucket's, not a model's (at a million images,
-    4 million jobs a model: 0.4 GB). A context: the spills are removed on leaving it."""
+    are small: `HOLD_FILES_BYTES`); then read a bucket at a time against the jobs of any of the
+    subjects as they are planned (`add_jobs`: which are still to do), one model's after another's.
+    The parts saved since (the stage's own answers) are added after them by `catch_up`, so that the
+    rows read first are not spread again. The jobs added are spread over the same buckets, so that
+    `collect_rows` holds a bucket's, not a model's (at a million images, 4 million jobs a model:
+    0.4 GB). A context: the spills are removed on leaving it."""
 
     def __init__(self, folder: RunFolder, subjects, image_ids: pa.Array | pa.ChunkedArray):
         self.folder = folder
@@ -199,9 +199,7 @@ class RowsSoFar:
         spill = Spill(root, RESPONSES_SCHEMA, held=held)
         try:
             for rows in sources:
-                bucket = _buckets(rows, self.subjects, self.bounds)
-                keep = np.flatnonzero(bucket >= 0)
-                spill.add(rows.take(pa.array(keep, pa.int64())), bucket[keep])
+                _spread(spill, rows, _buckets(rows, self.subjects, self.bounds))
         finally:
             spill.close()
         return spill
@@ -219,35 +217,45 @@ class RowsSoFar:
     def __exit__(self, *exc) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
 
-    def add_jobs(self, jobs: pa.Table) -> None:
-        """Current jobs (their key and cache key), for `collect_rows`; each job once."""
-        table = jobs.select(JOBS_SCHEMA.names).cast(JOBS_SCHEMA)
-        bucket = _buckets(table, self.subjects, self.bounds)
-        keep = np.flatnonzero(bucket >= 0)
-        self.jobs.add(table.take(pa.array(keep, pa.int64())), bucket[keep])
-
-    def _rows(self, bucket: int) -> pa.Table:
-        return pa.concat_tables([spill.read(bucket) for spill in self.spills])
-
-    def buckets(self, jobs: pa.Table) -> Iterator[tuple[pa.Table, np.ndarray]]:
-        """Per bucket (in key order) that holds jobs of `jobs` and rows: its rows so far, in the
-        order read, and the numbers of its jobs (rows of `jobs`)."""
+    def add_jobs(self, jobs: pa.Table) -> tuple[pa.Table, int]:
+        """Add current jobs (their key and cache key, kept for `collect_rows`; each job once), and
+        say which have still to be done: the jobs without an ok row so far (still in plan order),
+        and how many have one. Each job's bucket is found once, for both."""
         job_bucket = _buckets(jobs, self.subjects, self.bounds)
+        _spread(self.jobs, jobs.select(JOBS_SCHEMA.names).cast(JOBS_SCHEMA), job_bucket)
         order = np.argsort(job_bucket, kind="stable")
         n = len(self.subjects) * max(len(self.bounds), 1)
         starts = np.searchsorted(job_bucket[order], np.arange(n + 1))
-        held = set().union(*(spill.buckets for spill in self.spills))
-        for bucket in sorted(set(np.unique(job_bucket).tolist()) & held):
-            yield self._rows(bucket), order[starts[bucket] : starts[bucket + 1]]
+        done = np.zeros(jobs.num_rows, bool)
+        for bucket in sorted(set(np.unique(job_bucket).tolist()) & self._held()):
+            rows, theirs = self._rows(bucket), order[starts[bucket] : starts[bucket + 1]]
+            job = _job_of(rows, jobs.take(pa.array(theirs, pa.int64())))
+            ok = pc.equal(rows.column("status"), "ok").fill_null(False).to_numpy(zero_copy_only=False)
+            done[theirs[job[(job >= 0) & ok]]] = True
+        n_done = int(done.sum())
+        return (jobs.filter(pa.array(~done)) if n_done else jobs), n_done
+
+    def _held(self) -> set[int]:
+        """The buckets that hold rows so far."""
+        return set().union(*(spill.buckets for spill in self.spills))
+
+    def _rows(self, bucket: int) -> pa.Table:
+        return pa.concat_tables([spill.read(bucket) for spill in self.spills])
 
     def job_buckets(self) -> Iterator[tuple[pa.Table, pa.Table]]:
         """Per bucket (in key order) that holds jobs added and rows: its rows so far, in the order
         read, and its jobs."""
         self.jobs.close()
-        held = set().union(*(spill.buckets for spill in self.spills))
+        held = self._held()
         for bucket in self.jobs.buckets:
             if bucket in held:
                 yield self._rows(bucket), self.jobs.read(bucket)
+
+
+def _spread(spill: Spill, table: pa.Table, bucket: np.ndarray) -> None:
+    """`table`'s rows into `spill` by their `bucket`s, leaving out those of no bucket (-1)."""
+    keep = np.flatnonzero(bucket >= 0)
+    spill.add(table.take(pa.array(keep, pa.int64())), bucket[keep])
 
 
 def collect_rows(folder: RunFolder, so_far: RowsSoFar) -> Written:
@@ -268,18 +276,6 @@ def collect_rows(folder: RunFolder, so_far: RowsSoFar) -> Written:
 
     fingerprint, record, n = folder.write_batches("responses", RESPONSES_SCHEMA, chosen())
     return Written(fingerprint, record, n, tally)
-
-
-def todo_jobs(so_far: RowsSoFar, jobs: pa.Table) -> tuple[pa.Table, int]:
-    """The jobs without an ok row so far (still in plan order), and how many have one; the rows
-    so far (`so_far`) read a bucket at a time."""
-    done = np.zeros(jobs.num_rows, bool)
-    for rows, theirs in so_far.buckets(jobs):
-        job = _job_of(rows, jobs.take(pa.array(theirs, pa.int64())))
-        ok = pc.equal(rows.column("status"), "ok").fill_null(False).to_numpy(zero_copy_only=False)
-        done[theirs[job[(job >= 0) & ok]]] = True
-    n_done = int(done.sum())
-    return (jobs.filter(pa.array(~done)) if n_done else jobs), n_done
 
 
 def response_states(folder: RunFolder) -> dict[str, Counter]:
