@@ -1,5 +1,7 @@
 """Ray started ahead (`LazyRay.start_soon`, the embed stage's actors started while earlier stages
-run): a local Ray started on a thread keeps working after that start is over, until the run ends."""
+run): a local Ray started on a thread keeps working after that start is over, until the run ends;
+and shut down beside the last stages (`LazyRay.close_soon`, from then on refused), with `close`
+waiting for that."""
 
 from __future__ import annotations
 
@@ -27,21 +29,29 @@ first = lazy().get(future.result(timeout=300))
 time.sleep(3)  # a local Ray's processes die with the thread that started them: it must still be alive
 later = lazy().get(lazy().remote(where).remote(), timeout=120)
 raylet = lazy()._private.worker._global_node.all_processes["raylet"][0].process
+lazy.close_soon()
+try:
+    lazy()
+    refused = False
+except RuntimeError:
+    refused = True
 lazy.close()
-raylet.wait(timeout=60)
+closed_when_close_returned = raylet.poll() is not None
 print(json.dumps({
     "driver": os.getpid(), "first": first, "later": later, "raylet_exit": raylet.returncode,
-    "starter_alive": any(t.name == "ray-start" and t.is_alive() for t in threading.enumerate()),
+    "refused": refused, "closed_when_close_returned": closed_when_close_returned,
+    "threads_alive": [t.name for t in threading.enumerate() if t.name in ("ray-start", "ray-close") and t.is_alive()],
 }))
 """
 
 
-def test_ray_started_on_a_thread_works_after_the_start_and_ends_with_close(tmp_path):
+def test_ray_started_on_a_thread_works_after_the_start_and_ends_with_close_soon_then_close(tmp_path):
     done = subprocess.run(
         [sys.executable, "-c", DRIVER, str(tmp_path / "logs")], capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["first"] != out["driver"] and out["later"] != out["driver"]  # both ran in Ray's workers
-    assert out["raylet_exit"] is not None  # `close` shut the local Ray down
-    assert not out["starter_alive"]
+    assert out["refused"]  # Ray is not called for once it is being shut down
+    assert out["closed_when_close_returned"]  # `close` waited for `close_soon`'s shutdown
+    assert out["threads_alive"] == []

@@ -146,6 +146,10 @@ class _Actors:
     def kill(self, actor):
         self.killed.append(actor)
 
+    def close_soon(self):  # as `LazyRay.close_soon`: once
+        if "close_soon" not in self.events:
+            self.events.append("close_soon")
+
 
 def _warm_pipeline(calls, ray, settings, middle_frees_cluster=True, first_frees_cluster=False):
     """first -> middle -> second, whose actors are started ahead; `settings`: first's and middle's."""
@@ -228,6 +232,31 @@ def test_study_as_statistics_workers_start_beside_its_scores_which_leave_the_clu
 
     study = decade_demo(tmp_path)
     assert score.stage(study).frees_cluster and statistics.stage(study).warm is not None
+
+
+def test_ray_is_shut_down_beside_the_stages_after_the_last_that_needs_it(tmp_path):
+    """Once no stage left may call for Ray (the report, tables given to the run), it is shut down as
+    they begin, not after them (`LazyRay.close_soon`); where the last stage needs Ray, the run's
+    end shuts it down."""
+
+    def pipeline(ray, *stages):
+        def stage(name, needs_ray):
+            def compute(run):
+                ray.events.append(name)
+                return {name: pa.table({"x": [1]})}
+
+            return Stage(name, (), name, compute, needs_ray=needs_ray)
+
+        return [stage(name, needs) for name, needs in stages]
+
+    ray = _Actors()
+    StudyRun(RunFolder(tmp_path / "a"), Reporter(quiet=True), ray)(
+        *pipeline(ray, ("stats", True), ("report", False), ("export", False))
+    )
+    assert ray.events == ["stats", "close_soon", "report", "export"]
+    ray = _Actors()
+    StudyRun(RunFolder(tmp_path / "b"), Reporter(quiet=True), ray)(*pipeline(ray, ("report", False), ("stats", True)))
+    assert ray.events == ["report", "stats"]
 
 
 def test_the_demo_responses_stage_keeps_the_cluster_and_one_of_imported_captions_frees_it(tmp_path):

@@ -86,6 +86,8 @@ class Stage:
     # then are a later stage's actors started ahead beside it (`StudyRun._warm_next`). Actors started
     # beside a stage's own could take the cluster first, and the stage's would wait for them for ever.
     frees_cluster: bool = False
+    # Whether `compute` may call for Ray: once no stage left does, Ray is shut down beside them.
+    needs_ray: bool = True
 
     @property
     def tables(self) -> tuple[str, ...]:
@@ -199,6 +201,7 @@ def given(name: str, table: pa.Table, before_s: float = 0.0) -> Stage:
         before_s=before_s,
         finished=held.clear,
         frees_cluster=True,  # writing the table needs nothing of the cluster
+        needs_ray=False,
     )
 
 
@@ -298,12 +301,21 @@ class StudyRun:
         for actor in self._take_warm(stage.name):
             self.ray().kill(actor)
 
+    def _close_ray_after(self, stage: Stage) -> None:
+        """Shut Ray down beside the stages after `stage` when none of them needs it (the report):
+        its processes take a second or more to end, which the run no longer waits for at its end."""
+        names = [s.name for s in self._pipeline]
+        later = self._pipeline[names.index(stage.name) + 1 :] if stage.name in names else ()
+        if later and not any(s.needs_ray for s in later):
+            self.ray.close_soon()
+
     def run_stage(self, stage: Stage) -> bool:
         """Run the stage unless it is current; return whether it ran."""
         try:
             return self._run_stage(stage)
         finally:
             self._let_go(stage)
+            self._close_ray_after(stage)
             self._tables.clear()
             if stage.finished is not None:
                 stage.finished()

@@ -253,6 +253,7 @@ class LazyRay:
         self._lock = threading.Lock()  # one start, and no start after `close`
         self._keeper: threading.Thread | None = None
         self._ahead: Future | None = None  # what the keeper's `then` returns
+        self._closer: threading.Thread | None = None  # `close_soon`'s
         self._closing = threading.Event()
         # Set as the run ends: a `then` that waits (for an actor to load) stops, so that nothing
         # touches Ray once it is shut down (Ray ends the process when its worker is used after).
@@ -260,7 +261,7 @@ class LazyRay:
 
     def __call__(self):
         with self._lock:
-            if self.closed:
+            if self.closed or self._closer is not None:
                 raise RuntimeError("the run has ended: Ray is not started again")
             if self.ray is None:
                 import ray
@@ -313,9 +314,25 @@ class LazyRay:
         self._keeper.start()
         return future
 
+    def close_soon(self) -> None:
+        """`close` on a thread while the caller goes on (to stages that need no Ray): the shutdown
+        waits about a second for Ray's processes to end. `close` waits for it."""
+        with self._lock:
+            if self.closed or self._closer is not None:
+                return
+            self._closer = threading.Thread(target=self._close, name="ray-close", daemon=True)
+            self._closer.start()
+
     def close(self) -> None:
         """Shut down what this started (once: closing again does nothing), once what was started
         ahead is done: a `then` still waiting stops (`stopping`)."""
+        closer = self._closer
+        if closer is not None and closer is not threading.current_thread():
+            closer.join()
+            return
+        self._close()
+
+    def _close(self) -> None:
         self.stopping.set()
         if self._ahead is not None and self._keeper is not threading.current_thread():
             wait([self._ahead])

@@ -427,6 +427,7 @@ def stage(study: StudyConfig, ranking: Mapping[str, str], made: list[str]) -> St
         ),
         outputs=(),
         files=("report.html",),
+        needs_ray=False,
     )
 
 

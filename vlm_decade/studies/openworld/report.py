@@ -360,6 +360,7 @@ def stage(study: OpenWorldStudyConfig, no_judge: str | None) -> Stage:
         lambda run: write_openworld_report(run.folder, study, {n: run.table(n) for n in REPORT_TABLES}, no_judge) or {},
         outputs=(),
         files=("report.html",),
+        needs_ray=False,
     )
 
 
