@@ -232,6 +232,7 @@ def test_many_images_at_once_score_and_rank_as_each_alone(images, top_k, bottom_
 @given(st.lists(st.text(alphabet=st.sampled_from("aZ_9 ,.!-'\\tÜßİΣς٣²\u0301é"), max_size=20), max_size=12))
 def test_texts_split_by_arrow_give_the_tokens_python_gives(texts):
     owner, words = word_tokens(texts)
+    assert (np.diff(owner) >= 0).all()  # in order of text
     found = [[] for _ in texts]
     for k, word in zip(owner.tolist(), words.to_pylist()):
         found[k].append(word)

@@ -210,8 +210,9 @@ def _csv_columns(
         problems.add(path, "the file looks like UTF-16 (NUL bytes in the header): save it as UTF-8", row=1)
         return None
     header = _plain_header(head, required, optional) if (header_end >= 0 or len(head) < _SCAN) else None
-    if header is not None and _plain_body(path):  # Arrow's reader splits the rows as Python's would
-        read = _arrow_csv(path, header, required, problems, optional)
+    plain, nul = _scan_body(path) if header is not None else (False, True)
+    if plain:  # Arrow's reader splits the rows as Python's would
+        read = _arrow_csv(path, header, required, problems, optional, nul)
         if read is not None:
             return read
     return _python_csv(path, path.read_bytes(), required, problems, optional)
@@ -232,23 +233,31 @@ def _plain_header(head: bytes, required: tuple[str, ...], optional: tuple[str, .
     return header
 
 
-def _plain_body(path: Path) -> bool:
+def _scan_body(path: Path) -> tuple[bool, bool]:
     """Whether the file has no quote and no blank line (Arrow reads one as a row of empty cells),
-    scanned a block at a time (the file is never held whole)."""
-    last = b""  # a pair may straddle two blocks: the last byte of the one before
+    and, if so, whether it holds a NUL byte anywhere (if not, no cell does); scanned a block at a
+    time (the file is never held whole)."""
+    last, nul = b"", False  # a pair may straddle two blocks: the last byte of the one before
     with open(path, "rb") as f:
         while block := f.read(_SCAN):
             if b'"' in block or any(pair in block or pair == last + block[:1] for pair in _BLANK_PAIRS):
-                return False
+                return False, True
+            nul = nul or b"\x00" in block
             last = block[-1:]
-    return True
+    return True, nul
 
 
 def _arrow_csv(
-    path: Path, header: list[str], required: tuple[str, ...], problems: Problems, optional: tuple[str, ...]
+    path: Path,
+    header: list[str],
+    required: tuple[str, ...],
+    problems: Problems,
+    optional: tuple[str, ...],
+    nul: bool = True,
 ) -> tuple[pa.Table, pa.Array] | None:
     """The columns read by pyarrow.csv from a file with a `_plain_header` when every row is as long
-    as the header and all UTF-8; else None, and `_python_csv` reads it and says what is wrong. The
+    as the header and all UTF-8; else None, and `_python_csv` reads it and says what is wrong. Its
+    cells are searched for NUL bytes only when the file holds one (`nul`). The
     file is read a block at a time, and the columns kept in those blocks' chunks: joined into one
     array each, the chunks and the copy were held at once, and the chunks' freed memory stayed in
     the memory pool (1.1 GB at a million images' descriptions)."""
@@ -279,7 +288,8 @@ def _arrow_csv(
         return None
     columns = pa.table({c: pa.chunked_array(chunks[c], pa.string()) for c in chunks})
     numbers = pa.array(np.arange(2, columns.num_rows + 2, dtype=np.int64))
-    _nul_problems(path, columns, numbers, problems)
+    if nul:
+        _nul_problems(path, columns, numbers, problems)
     return columns, numbers
 
 

@@ -150,24 +150,36 @@ def tokens(text: str) -> list[str]:
     return _WORD.findall(text.lower())
 
 
-_NOT_ASCII_WORD = r"[^a-z0-9_]+"  # what `_WORD` does not match, in a lower-cased ASCII text
+# Each byte of a lower-cased ASCII text: itself where `_WORD` matches it ([a-z0-9_]), else a space.
+_ASCII_WORD_BYTES = np.full(256, ord(" "), np.uint8)
+_ASCII_WORD_BYTES[np.frombuffer(b"abcdefghijklmnopqrstuvwxyz0123456789_", np.uint8)] = np.frombuffer(
+    b"abcdefghijklmnopqrstuvwxyz0123456789_", np.uint8
+)
 
 
 def word_tokens(texts: Sequence[str] | pa.Array) -> tuple[np.ndarray, pa.Array]:
     """Every token of every text (`tokens`), as each token's text (its index) and the token, in
     order of text and place. An ASCII text, where Python's `\\w` is [a-zA-Z0-9_] and lower-casing
-    is ASCII's, is split by Arrow; any other by `tokens` itself."""
+    is ASCII's, is split by Arrow (its bytes other than a word's made spaces, then split at spaces:
+    a third of the time of splitting at a pattern); any other by `tokens` itself."""
     column = texts if isinstance(texts, pa.Array) else pa.array(texts, pa.string())
     ascii_text = pc.fill_null(pc.string_is_ascii(column), True).to_numpy(zero_copy_only=False)
     fast, slow = np.flatnonzero(ascii_text), np.flatnonzero(~ascii_text)
-    split = pc.split_pattern_regex(pc.ascii_lower(column.take(pa.array(fast))), _NOT_ASCII_WORD)
+    lower = pc.ascii_lower(column.take(pa.array(fast)) if len(slow) else column)
+    validity, offsets, data = lower.buffers()
+    spaced = np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
+    spaced = pa.Array.from_buffers(
+        pa.string(), len(lower), [validity, offsets, pa.py_buffer(_ASCII_WORD_BYTES[spaced])], offset=lower.offset
+    )
+    split = pc.ascii_split_whitespace(spaced)
     words, owner = pc.list_flatten(split), fast[pc.list_parent_indices(split).to_numpy(zero_copy_only=False)]
     real = pc.not_equal(words, "")  # the empty ends of a text that begins or ends with no word
     words, owner = words.filter(real), owner[real.to_numpy(zero_copy_only=False)]
-    if len(slow):
-        found = [tokens(t) for t in column.take(pa.array(slow)).to_pylist()]
-        words = pa.concat_arrays([words, pa.array([w for ws in found for w in ws], pa.string())])
-        owner = np.concatenate([owner, np.repeat(slow, [len(ws) for ws in found])])
+    if not len(slow):  # the ASCII texts' tokens come in order of text and place
+        return owner, words
+    found = [tokens(t) for t in column.take(pa.array(slow)).to_pylist()]
+    words = pa.concat_arrays([words, pa.array([w for ws in found for w in ws], pa.string())])
+    owner = np.concatenate([owner, np.repeat(slow, [len(ws) for ws in found])])
     order = np.argsort(owner, kind="stable")
     return owner[order], words.take(pa.array(order))
 
