@@ -169,7 +169,7 @@ def word_tokens(texts: Sequence[str] | pa.Array) -> tuple[np.ndarray, pa.Array]:
     validity, offsets, data = lower.buffers()
     spaced = np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
     spaced = pa.Array.from_buffers(
-        pa.string(), len(lower), [validity, offsets, pa.py_buffer(_ASCII_WORD_BYTES[spaced])], offset=lower.offset
+        lower.type, len(lower), [validity, offsets, pa.py_buffer(_ASCII_WORD_BYTES[spaced])], offset=lower.offset
     )
     split = pc.ascii_split_whitespace(spaced)
     words, owner = pc.list_flatten(split), fast[pc.list_parent_indices(split).to_numpy(zero_copy_only=False)]
