@@ -286,15 +286,18 @@ class StudyRun:
         imported answers take a second, the start of Ray and the actors many."""
         if not stage.frees_cluster:
             return
-        names = [s.name for s in self._pipeline]
-        after = names.index(stage.name) + 1 if stage.name in names else len(names)
-        for later in self._pipeline[after:]:
+        for later in self._after(stage):
             if later.warm is not None:
                 if later.name not in self._warm:
                     self._warm[later.name] = later.warm(self)
                 return
             if not later.frees_cluster:
                 return
+
+    def _after(self, stage: Stage) -> tuple[Stage, ...]:
+        """The stages of the run's pipeline after `stage` (none for a stage run on its own)."""
+        names = [s.name for s in self._pipeline]
+        return self._pipeline[names.index(stage.name) + 1 :] if stage.name in names else ()
 
     def _let_go(self, stage: Stage) -> None:
         """Kill the actors started ahead for `stage` that it did not take (it was found current)."""
@@ -304,8 +307,7 @@ class StudyRun:
     def _close_ray_after(self, stage: Stage) -> None:
         """Shut Ray down beside the stages after `stage` when none of them needs it (the report):
         its processes take a second or more to end, which the run no longer waits for at its end."""
-        names = [s.name for s in self._pipeline]
-        later = self._pipeline[names.index(stage.name) + 1 :] if stage.name in names else ()
+        later = self._after(stage)
         if later and not any(s.needs_ray for s in later):
             self.ray.close_soon()
 
