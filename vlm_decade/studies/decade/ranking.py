@@ -151,10 +151,9 @@ def tokens(text: str) -> list[str]:
 
 
 # Each byte of a lower-cased ASCII text: itself where `_WORD` matches it ([a-z0-9_]), else a space.
+_WORD_BYTES = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz0123456789_", np.uint8)
 _ASCII_WORD_BYTES = np.full(256, ord(" "), np.uint8)
-_ASCII_WORD_BYTES[np.frombuffer(b"abcdefghijklmnopqrstuvwxyz0123456789_", np.uint8)] = np.frombuffer(
-    b"abcdefghijklmnopqrstuvwxyz0123456789_", np.uint8
-)
+_ASCII_WORD_BYTES[_WORD_BYTES] = _WORD_BYTES
 
 
 def word_tokens(texts: Sequence[str] | pa.Array) -> tuple[np.ndarray, pa.Array]:
