@@ -23,6 +23,23 @@ def test_multinomial_counts_are_the_bincount_of_scipys_indices(b, n):
     assert rng.integers(0, 2**62) == reference.integers(0, 2**62)
 
 
+def test_a_block_of_chunks_drawn_into_one_matrix_gives_each_chunk_s_means_to_the_bit():
+    # The block draws every chunk's counts into one matrix (the last, shorter chunk into its first
+    # rows); each chunk's means are those of its counts drawn into a fresh matrix.
+    from vlm_decade.stats import _engine
+
+    rng = np.random.default_rng(5)
+    mask = (rng.random((4, 300)) > 0.2).astype(float)
+    values = rng.random((4, 300)) * mask
+    sizes = [500, 500, 123]
+    streams = _streams.chunk_streams(7, "coco", _streams.KIND_MULTINOMIAL, len(sizes))
+    fresh = [
+        _core.weighted_means(_core.multinomial_counts(np.random.default_rng(ss), b, 300), values, mask)
+        for ss, b in zip(streams, sizes)
+    ]
+    np.testing.assert_array_equal(_engine._multinomial_block(values, mask, streams, sizes), np.concatenate(fresh))
+
+
 def test_weighted_means_hand_worked_with_missing():
     values = np.array([[1.0, 2.0, 3.0], [10.0, 0.0, 30.0]])
     mask = np.array([[1.0, 1.0, 1.0], [1.0, 0.0, 1.0]])  # series 2 lacks image 2

@@ -19,8 +19,10 @@ from scipy.special import ndtr, ndtri
 # --------------------------------------------------------------------------------------------
 
 
-def multinomial_counts(rng: np.random.Generator, n_resamples: int, n: int) -> np.ndarray:
-    """(n_resamples, n) float64 counts of each image in each ordinary bootstrap resample.
+def multinomial_counts(rng: np.random.Generator, n_resamples: int, n: int, out: np.ndarray | None = None) -> np.ndarray:
+    """(n_resamples, n) float64 counts of each image in each ordinary bootstrap resample, written
+    into `out` when given (a matrix of that shape: an earlier chunk's, whose pages are touched
+    already; a fresh one's first touch took up to three times as long as its draws).
 
     Draws the same indices as scipy.stats.bootstrap does (``rng.integers(0, n, (B, n))``), so with
     the same generator state both see the very same resamples: drawn `DRAW_ROWS` rows at a time,
@@ -28,7 +30,7 @@ def multinomial_counts(rng: np.random.Generator, n_resamples: int, n: int) -> np
     MB instead of B x n integers (each chunk's fresh pages cost more than the draws); each row is
     counted by a bincount written straight into the float matrix.
     """
-    counts = np.empty((n_resamples, n))
+    counts = np.empty((n_resamples, n)) if out is None else out
     for start in range(0, n_resamples, DRAW_ROWS):
         drawn = rng.integers(0, n, size=(min(DRAW_ROWS, n_resamples - start), n))
         for row, indices in zip(counts[start : start + DRAW_ROWS], drawn):

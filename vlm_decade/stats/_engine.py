@@ -19,10 +19,14 @@ POISSON_SHARD = 25_000  # images per Poisson shard: part of the results' definit
 
 
 def _multinomial_block(values, mask, streams, sizes) -> np.ndarray:
-    """(sum(sizes), S) resampled means for some consecutive chunks, one stream per chunk."""
+    """(sum(sizes), S) resampled means for some consecutive chunks, one stream per chunk, their
+    counts drawn into one matrix in turn (`multinomial_counts`' `out`)."""
     n = values.shape[1]
+    counts = np.empty((max(sizes), n))
     out = [
-        _core.weighted_means(_core.multinomial_counts(np.random.default_rng(ss), size, n), values, mask)
+        _core.weighted_means(
+            _core.multinomial_counts(np.random.default_rng(ss), size, n, out=counts[:size]), values, mask
+        )
         for ss, size in zip(streams, sizes)
     ]
     return np.concatenate(out, axis=0)
