@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections import deque
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -38,6 +39,7 @@ EMBEDDING_BATCH = 4096  # vectors read at a time (a Parquet list column decodes 
 # Images scored at a time: what is built per pair (keys, the inputs' hashes) and the vectors the
 # pairs need (about seven per image) exist for one shard only.
 SHARD_IMAGES = 4096
+FIRST_PASS_THREADS = 2  # shards whose pairs and inputs are worked out at once (`score_batches`)
 PAIR_ROWS = 4096  # pairs whose cosines are taken at a time (their vectors as float64)
 NEEDS_SCHEMA = pa.schema([("text_sha256", pa.string()), ("shard", pa.int32())])
 VECTORS_SCHEMA = pa.schema([EMBEDDINGS_SCHEMA.field(c) for c in ("text_sha256", "dim", "vector")])
@@ -326,27 +328,38 @@ def score_batches(
         texts, kept_rows = spread[:2], spread[2] if previous is not None else None
         rows, todo = _Ordered(folder / "rows"), {}  # every row; the shards with images to score, and their images
         vectors = ShardVectors(folder)
-        # First pass: each shard's pairs, what of them is kept, and the vectors its other pairs need.
-        for shard, start in enumerate(range(0, images.num_rows, SHARD_IMAGES)):
-            of_shard = images.slice(start, SHARD_IMAGES).select(["image_id", "dataset"])
+
+        def first_pass(shard: int) -> tuple[pa.Table, pa.Table | None, pa.ChunkedArray | None]:
+            """A shard's rows kept; and of the images to score (if any), which they are (with their
+            dataset) and the keys of the vectors their pairs need, the pairs written to disk."""
+            of_shard = images.slice(shard * SHARD_IMAGES, SHARD_IMAGES).select(["image_id", "dataset"])
             pairs = scoring_pairs(*(t.read(shard) for t in texts), bool(pair_metrics))
             # One order of each image's pairs, so that a group's mean adds its members in the same
             # order whether the image is scored alone or with every other.
             pairs = pairs.sort_by([("image_id", "ascending"), ("subject", "ascending"), ("candidate_key", "ascending")])
             wanted = image_inputs(pairs, of_shard, settings)
             kept = reusable(None if kept_rows is None else kept_rows.read(shard), wanted, ["image_id"], SCORED_SCHEMA)
-            rows.add(kept.select(SCORED_SCHEMA.names).cast(SCORED_SCHEMA))
+            kept = kept.select(SCORED_SCHEMA.names).cast(SCORED_SCHEMA)
             new = wanted.filter(pc.invert(pc.is_in(wanted.column("image_id"), kept.column("image_id"))))
             if not new.num_rows:
-                continue
+                return kept, None, None
             if new.num_rows < wanted.num_rows:
                 pairs = pairs.filter(pc.is_in(pairs.column("image_id"), new.column("image_id")))
             _write(folder / f"pairs-{shard}.arrow", pairs)
-            todo[shard] = new.join(of_shard, "image_id", join_type="inner").sort_by("image_id")
-            if metrics:
-                vectors.need(
-                    shard, pa.chunked_array(pairs.column("candidate_key").chunks + pairs.column("gold_key").chunks)
-                )
+            keys = pa.chunked_array(pairs.column("candidate_key").chunks + pairs.column("gold_key").chunks)
+            return kept, new.join(of_shard, "image_id", join_type="inner").sort_by("image_id"), keys
+
+        # First pass: each shard's pairs, what of them is kept, and the vectors its other pairs need,
+        # two shards at a time (their work is Arrow's and DuckDB's, mostly outside the GIL), taken
+        # in shard order.
+        shards = range(-(-images.num_rows // SHARD_IMAGES))
+        with ThreadPoolExecutor(FIRST_PASS_THREADS) as pool:
+            for shard, (kept, new, keys) in zip(shards, _in_order(pool, first_pass, shards, FIRST_PASS_THREADS)):
+                rows.add(kept)
+                if new is not None:
+                    todo[shard] = new
+                    if metrics:
+                        vectors.need(shard, keys)
         values: dict[str, dict[int, np.ndarray]] = {}
         for name in metrics if todo else ():  # second: one pass over each encoder's vectors
             gathered = vectors.gather(embeddings, name)
@@ -361,6 +374,18 @@ def score_batches(
                 )
             )
         yield from rows.batches()
+
+
+def _in_order(pool: ThreadPoolExecutor, work, items, ahead: int):
+    """`work` of each item on `pool`, the results in the items' order, no more than `ahead` items
+    started past the one waited for (`pool.map` starts them all: their results would pile up)."""
+    started: deque = deque()
+    for item in items:
+        started.append(pool.submit(work, item))
+        if len(started) > ahead:
+            yield started.popleft().result()
+    while started:
+        yield started.popleft().result()
 
 
 class _Ordered:
