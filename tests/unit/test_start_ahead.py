@@ -1,16 +1,19 @@
-"""When a run starts Ray and the encoder actors while it still checks the descriptions and the models'
-files (`pipeline.adds_to_a_finished_run`): images added to a run whose embed stage finished, and only
-then; a fresh run, a fully cached rerun, a killed run and a study with local models' actors start
-nothing ahead (docs/architecture.md)."""
+"""When a run starts Ray and the encoder actors while it still checks the images, the descriptions and
+the models' files (`pipeline.adds_to_a_finished_run`): images added to a run whose embed stage
+finished (new ids as soon as the images table is read, new files once the images are checked), and
+only then; a fresh run, a fully cached rerun, a killed run and a study with local models' actors
+start nothing ahead (docs/architecture.md)."""
 
 from __future__ import annotations
 
 import json
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from PIL import Image
 
+from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.core.runner import Stage
 from vlm_decade.stages.images import ImageCache
 from vlm_decade.studies.decade.pipeline import adds_to_a_finished_run
@@ -38,8 +41,11 @@ def checked(tmp_path):
 
 
 def _folder(tmp_path, state: str | None) -> str:
+    """A run folder whose embed stage is in `state` (None: no manifest), and whose images table
+    names img0 and img1."""
     run = tmp_path / "run"
-    run.mkdir()
+    run.mkdir(parents=True)
+    RunFolder(run).write("images", pa.table({"image_id": ["img0", "img1"], "sha256": ["a" * 64, "b" * 64]}))
     if state is not None:
         (run / "manifest.json").write_text(json.dumps({"stages": {"embeddings": {"state": state}}}))
     return str(run)
@@ -47,7 +53,29 @@ def _folder(tmp_path, state: str | None) -> str:
 
 def test_images_added_to_a_run_whose_embed_stage_finished_start_it_ahead(tmp_path, checked):
     assert checked["added"].unknown == 1 and checked["cached"].unknown == 0
-    assert adds_to_a_finished_run(_folder(tmp_path, "done"), checked["added"], _responses(True))
+    assert adds_to_a_finished_run(_folder(tmp_path, "done"), _responses(True), checked["added"])
+
+
+@pytest.mark.parametrize(
+    "ids, added",
+    [(["img1", "img2"], True), (["img1"], False), (["img0", "img1"], False)],
+)
+def test_an_images_table_naming_an_image_the_finished_run_lacks_starts_it_ahead_as_soon_as_it_is_read(
+    tmp_path, ids, added
+):
+    """Before any image is checked: new ids start it; the finished run's ids (all or some) do not
+    (its files may still have changed: the image checks say so)."""
+    run = _folder(tmp_path, "done")
+    assert adds_to_a_finished_run(run, _responses(True), image_ids=pa.array(ids)) is added
+    assert not adds_to_a_finished_run(run, _responses(False), image_ids=pa.array(ids))  # a local model's actors
+
+
+def test_a_finished_run_whose_images_table_cannot_be_read_starts_nothing_on_ids(tmp_path):
+    run = _folder(tmp_path, "done")
+    (tmp_path / "run" / "images.parquet").write_bytes(b"not parquet")
+    assert not adds_to_a_finished_run(run, _responses(True), image_ids=pa.array(["img2"]))
+    (tmp_path / "run" / "images.parquet").unlink()
+    assert not adds_to_a_finished_run(run, _responses(True), image_ids=pa.array(["img2"]))
 
 
 @pytest.mark.parametrize(
@@ -61,13 +89,18 @@ def test_images_added_to_a_run_whose_embed_stage_finished_start_it_ahead(tmp_pat
     ],
 )
 def test_other_runs_start_nothing_ahead(tmp_path, checked, state, cache, frees, why):
-    assert not adds_to_a_finished_run(_folder(tmp_path, state), checked[cache], _responses(frees)), why
+    assert not adds_to_a_finished_run(_folder(tmp_path, state), _responses(frees), checked[cache]), why
+    if cache == "added":  # nor do new ids
+        assert not adds_to_a_finished_run(
+            _folder(tmp_path / "ids", state), _responses(frees), image_ids=pa.array(["x"])
+        )
 
 
 def test_an_unreadable_manifest_starts_nothing_and_is_left_as_it_is(tmp_path, checked):
     run = tmp_path / "run"
     run.mkdir()
     (run / "manifest.json").write_text("{not json")
-    assert not adds_to_a_finished_run(str(run), checked["added"], _responses(True))
+    assert not adds_to_a_finished_run(str(run), _responses(True), checked["added"])
+    assert not adds_to_a_finished_run(str(run), _responses(True), image_ids=pa.array(["img2"]))
     assert (run / "manifest.json").read_text() == "{not json"  # set aside only by a run that holds the folder
     assert [p.name for p in run.iterdir()] == ["manifest.json"]

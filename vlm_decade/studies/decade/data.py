@@ -86,23 +86,26 @@ def load_study_data(
     cache: ImageCache | None = None,
     group_by: tuple[str, ...] = (),
     images_checked: Callable[[pa.ChunkedArray | None, pa.Table | None], None] = lambda image_ids, images: None,
+    images_named: Callable[[pa.Array], None] = lambda image_ids: None,
 ) -> StudyData:
     """Read, check and rank Study A's input; every problem is raised together as one InputError.
     `group_by`: the study's `analysis.group_by`, each a column the images table must have.
-    `images_checked` is given the image ids once the images are checked and before the descriptions
-    are read (those that passed, or every id the table names when any did not; None when it could
-    not be read) and the images table (None unless every image passed), for what needs the ids and
-    memory of its own (the models' files)."""
+    `images_named` is given every id the images table names as soon as it is read, before its
+    images are checked. `images_checked` is given the image ids once the images are checked and
+    before the descriptions are read (those that passed, or every id the table names when any did
+    not; None when it could not be read) and the images table (None unless every image passed),
+    for what needs the ids and memory of its own (the models' files)."""
     problems = Problems()
     images_t = read_table(Path(data.images), IMAGE_COLUMNS, problems, extra=True)
     images = descriptions = known = None
     if images_t is not None:
-        # The images are checked before the descriptions are read: what checking a million images
-        # holds for a moment is let go before the descriptions are held.
-        images = check_images(images_t, data.image_dir, problems, cache, data.background)
         # References are checked against every id the table names, so one bad images row is one
         # problem, not one more for each description and vote of its image.
         known = declared_ids(images_t)
+        images_named(known)
+        # The images are checked before the descriptions are read: what checking a million images
+        # holds for a moment is let go before the descriptions are held.
+        images = check_images(images_t, data.image_dir, problems, cache, data.background)
         check_group_by(group_by, images_t, problems)
     table = None  # the images table, once every image passed
     if images is not None and not problems:

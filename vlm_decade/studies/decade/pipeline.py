@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import asdict, replace
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from vlm_decade.core.errors import InputError, Problem, Problems
 from vlm_decade.core.progress import Reporter
@@ -53,10 +54,14 @@ def check(study: StudyConfig, cache: ImageCache | None = None) -> StudyData:
 
 
 def _check(
-    study: StudyConfig, cache: ImageCache | None = None, images_passed: Callable[[], None] | None = None
+    study: StudyConfig,
+    cache: ImageCache | None = None,
+    images_passed: Callable[[], None] | None = None,
+    images_named: Callable[[pa.Array], None] = lambda image_ids: None,
 ) -> StudyData:
-    """`check`, calling `images_passed` when every image has passed its checks, before the models'
-    files and the descriptions are checked (`run` starts Ray then, for images added to a finished run)."""
+    """`check`, calling `images_named` with the ids the images table names as soon as it is read,
+    and `images_passed` when every image has passed its checks, before the models' files and the
+    descriptions are checked (`run` starts Ray at the first that shows images added to a finished run)."""
     problems: list[Problem] = []
     data = None
     models: list[Problem] = []
@@ -75,7 +80,9 @@ def _check(
         release_memory()
 
     try:
-        data = load_study_data(study.data, study.ranking, study.masks, cache, study.analysis.group_by, check_models)
+        data = load_study_data(
+            study.data, study.ranking, study.masks, cache, study.analysis.group_by, check_models, images_named
+        )
         image_ids = data.images.column("image_id")  # a column, not a Python string per image
     except InputError as exc:
         problems += exc.problems
@@ -125,16 +132,17 @@ def _run(study: StudyConfig, reporter: Reporter, ray: LazyRay) -> RunFolder:
     cache = ImageCache.of(study.output, study.runtime.rehash, reporter.track)
     responses, warm = describe.stage(study, plan(study)), {}
 
-    def start_ahead() -> None:
-        # Ray and the encoder actors start now, while the driver checks the descriptions and the
-        # models' files on one core, rather than as the stages begin: their start took longer than
-        # the stages before the embed stage of a run with images added.
-        if adds_to_a_finished_run(study.output, cache, responses):
+    def start_ahead(image_ids: pa.Array | None = None) -> None:
+        # Ray and the encoder actors start now, while the driver checks the images, the descriptions
+        # and the models' files on one core, rather than as the stages begin: their start took
+        # longer than the stages before the embed stage of a run with images added. New ids are seen
+        # as the images table is read; new files of known ids once the images are checked.
+        if "embeddings" not in warm and adds_to_a_finished_run(study.output, responses, cache, image_ids):
             future = embed.start_ahead(study, ray)
             if future is not None:
                 warm["embeddings"] = future
 
-    data = _check(study, cache, start_ahead)
+    data = _check(study, cache, start_ahead, start_ahead)
     stages = [
         given("images", data.images, cache.seconds),  # its time: the image checks
         given("references", data.references),
@@ -161,18 +169,30 @@ def _run(study: StudyConfig, reporter: Reporter, ray: LazyRay) -> RunFolder:
     )
 
 
-def adds_to_a_finished_run(output, cache: ImageCache, responses: Stage) -> bool:
-    """Whether images were added to (or changed in) a run whose embed stage finished before: the
-    image checks read files the cache did not know, and the run folder at `output` records the
-    stage as done. Only past a `responses` stage that leaves the cluster free
+def adds_to_a_finished_run(
+    output, responses: Stage, cache: ImageCache | None = None, image_ids: pa.Array | None = None
+) -> bool:
+    """Whether images were added to (or changed in) a run whose embed stage finished before: the run
+    folder at `output` records the stage as done, and the images table names an image its images
+    table lacks (`image_ids`, every id the table names), or (without `image_ids`) the image checks
+    read files the `cache` did not know. Only past a `responses` stage that leaves the cluster free
     (`Stage.frees_cluster`: the encoder actors could take a local model's CPUs first)."""
-    if not (responses.frees_cluster and cache.unknown):
+    if not responses.frees_cluster or (image_ids is None and not cache.unknown):
         return False
+    folder = RunFolder(output)
     try:
-        stages = RunFolder(output).manifest().get("stages", {})
+        stages = folder.manifest().get("stages", {})
     except ValueError:  # a manifest that cannot be read: the run says so once it holds the folder
         return False
-    return stages.get("embeddings", {}).get("state") == "done"
+    if stages.get("embeddings", {}).get("state") != "done":
+        return False
+    if image_ids is None:
+        return True
+    try:
+        known = folder.read("images", ["image_id"]).column("image_id").combine_chunks()
+    except (OSError, ValueError, pa.ArrowException):  # a table that cannot be read: the run says so as above
+        return False
+    return not pc.all(pc.is_in(image_ids, value_set=known)).as_py()
 
 
 def estimate(study: StudyConfig, data: StudyData) -> tuple[list[Line], tuple[str, ...]]:
