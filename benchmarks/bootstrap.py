@@ -2,7 +2,8 @@
 
 Prints one JSON object per line; the last line is the summary (speedup_vs_scipy against scipy called
 once without `batch`, speedup_vs_scipy_best against its fastest usage found, ours_over_floor against
-the bare arithmetic, seconds_per_million_images, scaling slope). Run: .venv/bin/python benchmarks/bootstrap.py
+the bare arithmetic, chunks_fresh_matrix_over_one: a block of chunks at 110,000 images with a fresh
+counts matrix per chunk against one matrix, seconds_per_million_images, scaling slope). Run: .venv/bin/python benchmarks/bootstrap.py
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import time
 import numpy as np
 from scipy import stats
 
-from vlm_decade.stats import _core, _engine
+from vlm_decade.stats import _core, _engine, _streams
 
 
 def emit(**kw):
@@ -106,6 +107,48 @@ def vs_scipy(n_images=200, n_subjects=20, n_metrics=6, n_resamples=10_000):
     return t_scipy / t_ours, usages[best_usage] / t_ours, t_ours / t_floor
 
 
+def chunk_matrix(n_images=110_000, n_series=10, n_chunks=10, repeat=2):
+    """One task's block of ordinary-bootstrap chunks at the incremental benchmark's size (500
+    resamples x 110,000 images a chunk): the counts drawn into one matrix in turn (`_engine`), side
+    by side with the obvious way, a fresh matrix per chunk, alternated; the means equal to the bit."""
+    rng = np.random.default_rng(3)
+    values, mask = rng.random((n_series, n_images)), np.ones((n_series, n_images))
+    sizes = [500] * n_chunks
+    streams = _streams.chunk_streams(0, "chunks", _streams.KIND_MULTINOMIAL, n_chunks)
+
+    def fresh():
+        return np.concatenate(
+            [
+                _core.weighted_means(_core.multinomial_counts(np.random.default_rng(ss), b, n_images), values, mask)
+                for ss, b in zip(streams, sizes)
+            ]
+        )
+
+    times = {"one_matrix": [], "fresh_matrix": []}
+    for _ in range(repeat):
+        for name, way in (
+            ("fresh_matrix", fresh),
+            ("one_matrix", lambda: _engine._multinomial_block(values, mask, streams, sizes)),
+        ):
+            t = time.perf_counter()
+            out = way()
+            times[name].append(time.perf_counter() - t)
+            if name == "fresh_matrix":
+                want = out
+            else:
+                assert np.array_equal(out, want), "the same means, to the bit"
+    best = {name: min(t) for name, t in times.items()}
+    emit(
+        case="chunk_matrix",
+        n_images=n_images,
+        series=n_series,
+        chunks=n_chunks,
+        seconds={name: [round(x, 2) for x in t] for name, t in times.items()},
+        fresh_over_one=round(best["fresh_matrix"] / best["one_matrix"], 2),
+    )
+    return best["fresh_matrix"] / best["one_matrix"]
+
+
 def scaling(sizes=(10**3, 10**4, 10**5, 10**6), n_series=6, n_resamples=1000):
     """Poisson bootstrap over image shards, as Ray tasks: seconds per image as n grows."""
     from vlm_decade.core.runtime import start_ray
@@ -142,6 +185,7 @@ def scaling(sizes=(10**3, 10**4, 10**5, 10**6), n_series=6, n_resamples=1000):
 def main():
     t0 = time.perf_counter()
     speedup, speedup_best, over_floor = vs_scipy()
+    one_matrix = chunk_matrix()
     rows, slope, b = scaling()
     per_million = rows[-1][1] / (rows[-1][0] / 1e6)
     emit(
@@ -149,6 +193,7 @@ def main():
         speedup_vs_scipy=round(speedup, 1),
         speedup_vs_scipy_best=round(speedup_best, 1),
         ours_over_floor=round(over_floor, 2),
+        chunks_fresh_matrix_over_one=round(one_matrix, 2),
         seconds_per_million_images=round(per_million, 2),
         scaling_resamples=b,
         scaling_series=6,
