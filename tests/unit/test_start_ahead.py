@@ -104,3 +104,35 @@ def test_an_unreadable_manifest_starts_nothing_and_is_left_as_it_is(tmp_path, ch
     assert not adds_to_a_finished_run(str(run), _responses(True), image_ids=pa.array(["img2"]))
     assert (run / "manifest.json").read_text() == "{not json"  # set aside only by a run that holds the folder
     assert [p.name for p in run.iterdir()] == ["manifest.json"]
+
+
+@pytest.mark.parametrize("error, closing", [("input", ["close_soon"]), ("other", ["close"])])
+def test_a_run_refused_for_its_input_shuts_ray_down_beside_saying_why(monkeypatch, error, closing):
+    """Ray started ahead for the images a refused run adds takes seconds to finish starting and shut
+    down: the problems are said meanwhile (`close_soon`; the process's end waits for it). Any other
+    failure closes it before it goes on."""
+    from types import SimpleNamespace
+
+    from vlm_decade.core.errors import InputError, Problem
+    from vlm_decade.studies.decade import pipeline
+
+    calls = []
+
+    class Ray:
+        def __init__(self, runtime):
+            pass
+
+        def close_soon(self):
+            calls.append("close_soon")
+
+        def close(self):
+            calls.append("close")
+
+    def refused(study, reporter, ray):
+        raise InputError([Problem("images.csv", "image file not found", 3, "file")]) if error == "input" else OSError()
+
+    monkeypatch.setattr(pipeline, "LazyRay", Ray)
+    monkeypatch.setattr(pipeline, "_run", refused)
+    with pytest.raises(InputError if error == "input" else OSError):
+        pipeline.run(SimpleNamespace(runtime=None))
+    assert calls == closing

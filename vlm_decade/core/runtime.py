@@ -315,12 +315,13 @@ class LazyRay:
         return future
 
     def close_soon(self) -> None:
-        """`close` on a thread while the caller goes on (to stages that need no Ray): the shutdown
-        waits about a second for Ray's processes to end. `close` waits for it."""
+        """`close` on a thread while the caller goes on (to stages that need no Ray, or to say why
+        a run was refused): the shutdown waits about a second for Ray's processes to end (and for a
+        start under way). `close` waits for it, and so does the process's end."""
         with self._lock:
             if self.closed or self._closer is not None:
                 return
-            self._closer = threading.Thread(target=self._close, name="ray-close", daemon=True)
+            self._closer = threading.Thread(target=self._close, name="ray-close")
             self._closer.start()
 
     def close(self) -> None:

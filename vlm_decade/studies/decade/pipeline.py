@@ -123,9 +123,17 @@ def run(study: StudyConfig, reporter: Reporter | None = None) -> RunFolder:
     reporter = reporter or Reporter()  # from here: the image checks show their progress
     ray = LazyRay(study.runtime)
     try:
-        return _run(study, reporter, ray)
-    finally:
-        ray.close()  # what a failed check or a folder that could not be opened left started; after a run, nothing
+        folder = _run(study, reporter, ray)
+    except InputError:
+        # Ray started ahead for the images a refused run adds: its start is seen through and Ray
+        # shut down on a thread while the problems are said (the process ends once that is done).
+        ray.close_soon()
+        raise
+    except BaseException:
+        ray.close()  # what a folder that could not be opened left started
+        raise
+    ray.close()  # after a run, nothing: the run closed it
+    return folder
 
 
 def _run(study: StudyConfig, reporter: Reporter, ray: LazyRay) -> RunFolder:
