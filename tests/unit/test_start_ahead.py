@@ -136,3 +136,27 @@ def test_a_run_refused_for_its_input_shuts_ray_down_beside_saying_why(monkeypatc
     with pytest.raises(InputError if error == "input" else OSError):
         pipeline.run(SimpleNamespace(runtime=None))
     assert calls == closing
+
+
+def test_the_process_ends_only_once_a_shutdown_handed_to_close_soon_is_done(tmp_path):
+    """What `close_soon` hands to its thread (a start under way seen through, Ray shut down) is
+    finished before the process ends, though the main thread ended first (a refused run's)."""
+    import subprocess
+    import sys
+
+    done = tmp_path / "closed"
+    script = (
+        "import sys, time\n"
+        "from vlm_decade.core.runtime import LazyRay\n"
+        "ray = LazyRay(None)\n"
+        "shut_down = ray._close\n"
+        "def slow():\n"
+        "    time.sleep(1.0)\n"
+        "    shut_down()\n"
+        "    open(sys.argv[1], 'w').write('closed')\n"
+        "ray._close = slow\n"
+        "ray.close_soon()\n"
+    )
+    ended = subprocess.run([sys.executable, "-c", script, str(done)], capture_output=True, text=True, timeout=60)
+    assert ended.returncode == 0, ended.stderr
+    assert done.read_text() == "closed"
