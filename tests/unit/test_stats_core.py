@@ -23,13 +23,15 @@ def test_multinomial_counts_are_the_bincount_of_scipys_indices(b, n):
     assert rng.integers(0, 2**62) == reference.integers(0, 2**62)
 
 
-def test_a_block_of_chunks_drawn_into_one_matrix_gives_each_chunk_s_means_to_the_bit():
+@pytest.mark.parametrize("missing", [0.2, 0.0])
+def test_a_block_of_chunks_drawn_into_one_matrix_gives_each_chunk_s_means_to_the_bit(missing):
     # The block draws every chunk's counts into one matrix (the last, shorter chunk into its first
-    # rows); each chunk's means are those of its counts drawn into a fresh matrix.
+    # rows); each chunk's means are those of its counts drawn into a fresh matrix, their totals
+    # summed (with no score missing, the block takes each resample's total as its n draws).
     from vlm_decade.stats import _engine
 
     rng = np.random.default_rng(5)
-    mask = (rng.random((4, 300)) > 0.2).astype(float)
+    mask = (rng.random((4, 300)) >= missing).astype(float)
     values = rng.random((4, 300)) * mask
     sizes = [500, 500, 123]
     streams = _streams.chunk_streams(7, "coco", _streams.KIND_MULTINOMIAL, len(sizes))

@@ -80,15 +80,20 @@ def poisson_counts(rng: np.random.Generator, n_resamples: int, n: int) -> np.nda
 # --------------------------------------------------------------------------------------------
 
 
-def weighted_sums(weights: np.ndarray, values: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def weighted_sums(
+    weights: np.ndarray, values: np.ndarray, mask: np.ndarray, rows_sum_to: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Partial sums of a resample block: (sum_i w_bi x_si m_si, sum_i w_bi m_si), each (B, S).
 
     `values` (S, n) must hold 0 where `mask` (S, n) is 0, so missing scores drop out of both the
     numerator and the denominator; a mask entry above 1 weighs an image by the units it holds.
-    Sums over disjoint image shards add up exactly.
+    Sums over disjoint image shards add up exactly. `rows_sum_to`: what every row of `weights`
+    sums to, where that is known (an ordinary bootstrap's counts: its n draws), so it is not
+    summed again (a sum of whole numbers below 2**53 is exact: the same value either way).
     """
     if (mask == 1.0).all():  # no missing scores, no unit weights: every total is the resample's weight sum
-        return weights @ values.T, np.repeat(weights.sum(axis=1)[:, None], mask.shape[0], axis=1)
+        totals = weights.sum(axis=1) if rows_sum_to is None else np.full(len(weights), float(rows_sum_to))
+        return weights @ values.T, np.repeat(totals[:, None], mask.shape[0], axis=1)
     return weights @ values.T, weights @ mask.T
 
 
@@ -98,9 +103,12 @@ def ratio(sums: np.ndarray, totals: np.ndarray) -> np.ndarray:
         return np.where(totals > 0, sums / np.where(totals > 0, totals, 1.0), np.nan)
 
 
-def weighted_means(weights: np.ndarray, values: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """(B, S) resampled means over the images each series has (mask-weighted mean)."""
-    return ratio(*weighted_sums(weights, values, mask))
+def weighted_means(
+    weights: np.ndarray, values: np.ndarray, mask: np.ndarray, rows_sum_to: int | None = None
+) -> np.ndarray:
+    """(B, S) resampled means over the images each series has (mask-weighted mean); `rows_sum_to`
+    as `weighted_sums` takes it."""
+    return ratio(*weighted_sums(weights, values, mask, rows_sum_to))
 
 
 def masked_means(values: np.ndarray, mask: np.ndarray) -> np.ndarray:

@@ -20,12 +20,13 @@ POISSON_SHARD = 25_000  # images per Poisson shard: part of the results' definit
 
 def _multinomial_block(values, mask, streams, sizes) -> np.ndarray:
     """(sum(sizes), S) resampled means for some consecutive chunks, one stream per chunk, their
-    counts drawn into one matrix in turn (`multinomial_counts`' `out`)."""
+    counts drawn into one matrix in turn (`multinomial_counts`' `out`); each resample's counts sum
+    to its n draws."""
     n = values.shape[1]
     counts = np.empty((max(sizes), n))
     out = [
         _core.weighted_means(
-            _core.multinomial_counts(np.random.default_rng(ss), size, n, out=counts[:size]), values, mask
+            _core.multinomial_counts(np.random.default_rng(ss), size, n, out=counts[:size]), values, mask, n
         )
         for ss, size in zip(streams, sizes)
     ]
