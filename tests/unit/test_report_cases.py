@@ -585,4 +585,32 @@ def test_the_report_streamed_from_the_run_folder_is_the_report_of_the_tables_hel
 
 def _small_batches(batches):
     """`RunFolder.batches` a few rows at a time, so that what is streamed spans many batches."""
-    return lambda self, name, columns=None, batch_size=None: batches(self, name, columns, batch_size=3)
+    return lambda self, name, columns=None, batch_size=None, **pruning: batches(self, name, columns, 3, **pruning)
+
+
+@pytest.mark.parametrize(
+    "ids",
+    [["img03", "img17"], ["img00", "img29"], ["img13x"], [], [f"img{i:02d}" for i in range(30)]],
+)
+def test_the_rows_of_sampled_images_are_read_from_the_row_groups_that_can_hold_them(tmp_path, monkeypatch, ids):
+    """`rows_of` with `_Images` gives the rows a filter of the whole table gives, in order, reading
+    only the row groups whose footer's image_id range holds one of the ids (an id that sorts
+    between two groups' images, "img13x", is in none)."""
+    from vlm_decade.studies.decade import report
+
+    folder = RunFolder(tmp_path)
+    image_ids = [f"img{i:02d}" for i in range(30) for _ in range(3)]  # sorted: a group holds 2 images' rows
+    table = pa.table({"image_id": image_ids, "text": [f"t{i}" for i in range(len(image_ids))]})
+    folder.write_batches("responses", table.schema, table.to_batches(), row_group_rows=6)
+    read_groups = []
+    file_batches = RunFolder.file_batches
+
+    def spied(path, columns=None, batch_size=65_536, row_groups=None):
+        read_groups.append(row_groups)
+        return file_batches(path, columns, batch_size, row_groups)
+
+    monkeypatch.setattr(RunFolder, "file_batches", staticmethod(spied))
+    got = report.rows_of(folder, {}, "responses", where=report._Images(ids))
+    assert got.equals(table.filter(pc.is_in(table.column("image_id"), value_set=pa.array(ids, pa.string()))))
+    expected = sorted({int(i[3:5]) // 2 for i in ids if len(i) == 5})
+    assert read_groups == ([expected] if expected else [])

@@ -171,6 +171,11 @@ def test_a_files_row_groups_tell_their_ranges_from_the_footer_and_a_damaged_one_
     assert expected[0]["key"] == (keys[1], keys[0]) and expected[0]["n"] == (5, 5)
     read = [key for batch in folder.file_batches(path, row_groups=[0, 2]) for key in batch["key"].to_pylist()]
     assert read == keys[:2] + keys[4:]
+    # A table's batches, but the row groups whose ranges rule them out (a group with 5 in range)
+    within = lambda ranges: ranges["n"] is not None and ranges["n"][0] <= 5 <= ranges["n"][1]  # noqa: E731
+    read = [key for batch in folder.batches("t", touches=within, ranged=["n"]) for key in batch["key"].to_pylist()]
+    assert read == keys[:2]
+    assert [b.num_rows for b in folder.batches("t", touches=lambda ranges: False, ranged=["n"])] == []
     path.write_bytes(path.read_bytes()[:-20])  # the footer cut off
     assert folder.column_ranges(path, ["key"]) is None
 

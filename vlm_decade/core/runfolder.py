@@ -319,10 +319,22 @@ class RunFolder:
         fingerprint, record, rows = _write_file(path, schema, batches, row_group_rows)
         return {"name": path.name, "fingerprint": fingerprint, "rows": rows, **record}
 
-    def batches(self, name: str, columns: list[str] | None = None, batch_size: int = ROW_GROUP_ROWS):
-        """Table `name` as record batches, in order, a row group at a time (for tables too big to read whole)."""
+    def batches(
+        self,
+        name: str,
+        columns: list[str] | None = None,
+        batch_size: int = ROW_GROUP_ROWS,
+        touches: Callable[[dict], bool] | None = None,
+        ranged: list[str] | None = None,
+    ):
+        """Table `name` as record batches, in order, a row group at a time (for tables too big to read
+        whole). With `touches` (whether a row group may hold rows wanted, by the least and greatest
+        of its `ranged` columns: `column_ranges`), the row groups its footer rules out are not read."""
         for path in self._files(name):
-            yield from self.file_batches(path, columns, batch_size)
+            ranges = None if touches is None else self.column_ranges(path, ranged or [])
+            groups = None if ranges is None else [g for g, group in enumerate(ranges) if touches(group)]
+            if groups != []:
+                yield from self.file_batches(path, columns, batch_size, row_groups=groups)
 
     def row_groups(self, name: str, newest_first: bool = False):
         """Table `name`'s row groups, in order (`newest_first`: a segmented table's last segment

@@ -15,7 +15,8 @@ a sample (each model's worst and best images, thumbnails embedded); `vlm-decade 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from bisect import bisect_left
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -193,7 +194,9 @@ def rows_of(
     if name in tables:
         parts = [tables[name] if columns is None else tables[name].select(columns)]
     else:
-        parts = (pa.Table.from_batches([b]) for b in run.batches(name, columns=columns))
+        touches = getattr(where, "touches", None)  # a filter that can rule row groups out (`_Images`)
+        batches = run.batches(name, columns=columns, touches=touches, ranged=["image_id"])
+        parts = (pa.Table.from_batches([b]) for b in batches)
     kept = [part if where is None else part.filter(where(part)) for part in parts]
     if not kept:  # a table without rows
         schema = run.schema(name)
@@ -202,10 +205,24 @@ def rows_of(
     return table if columns is None else table.select(columns)
 
 
-def _of(ids) -> Callable[[pa.Table], pa.ChunkedArray]:
-    """A `rows_of` filter: the rows of the images `ids`."""
-    value_set = pa.array(sorted(ids), pa.string())
-    return lambda t: pc.is_in(t.column("image_id"), value_set=value_set)
+class _Images:
+    """A `rows_of` filter: the rows of the images `ids`. A row group whose image ids all lie between
+    two of them is not read (`touches`): the texts of a few sampled images are read from the row
+    groups that hold them, not from every row of a million images' responses."""
+
+    def __init__(self, ids):
+        self.ids = sorted(ids)
+        self.value_set = pa.array(self.ids, pa.string())
+
+    def __call__(self, table: pa.Table) -> pa.ChunkedArray:
+        return pc.is_in(table.column("image_id"), value_set=self.value_set)
+
+    def touches(self, ranges: dict) -> bool:
+        span = ranges["image_id"]  # (least, greatest) of a row group; None: its footer does not say
+        if span is None:
+            return True
+        at = bisect_left(self.ids, span[0])
+        return at < len(self.ids) and self.ids[at] <= span[1]
 
 
 def voted_references(run: RunFolder, tables: Mapping[str, pa.Table]) -> pa.Table:
@@ -217,7 +234,7 @@ def voted_references(run: RunFolder, tables: Mapping[str, pa.Table]) -> pa.Table
     )
     if not shown.num_rows:
         return shown
-    return rows_of(run, tables, "references", columns, _of(pc.unique(shown.column("image_id")).to_pylist()))
+    return rows_of(run, tables, "references", columns, _Images(pc.unique(shown.column("image_id")).to_pylist()))
 
 
 def sampled_ids(picked: dict[str, tuple[list[dict], list[dict]]]) -> list[str]:
@@ -355,7 +372,7 @@ def _page(
     metric, picked = samples(tables, study)
     ids = sampled_ids(picked)
     # The texts of the sampled images: all the page shows of the references and responses.
-    tables |= {name: rows_of(run, tables, name, where=_of(ids)) for name in TEXT_TABLES}
+    tables |= {name: rows_of(run, tables, name, where=_Images(ids)) for name in TEXT_TABLES}
     errors = None
     if "errors" in tables:
         # Per-image parts of the error section (heat maps, examples, errors.html) cover the sampled images;
