@@ -224,6 +224,25 @@ def test_actors_are_started_ahead_past_every_stage_between_that_leaves_the_clust
     assert ray.killed == []
 
 
+def test_a_stage_that_frees_the_cluster_partway_has_the_next_stages_actors_started_then(tmp_path):
+    """A stage whose actors hold the cluster (the embed stage) says once they are done
+    (`run.cluster_freed`): the next stage's actors start then, beside the rest of its work (writing
+    its table), not as the stage begins, nor after it."""
+    ray, calls = _Actors(), []
+    first, middle, second = _warm_pipeline(calls, ray, (1, 1), middle_frees_cluster=False)
+
+    def middle_compute(run):
+        ray.events.append("middle actors")
+        run.cluster_freed()
+        ray.events.append("middle writes")
+        return {"middle": pa.table({"x": [1]})}
+
+    middle = Stage(middle.name, middle.inputs, middle.settings, middle_compute)
+    StudyRun(RunFolder(tmp_path), Reporter(quiet=True), ray)(first, middle, second)
+    assert ray.events == ["first", "middle actors", "warm", "middle writes"]
+    assert calls == [["actor-1", "actor-2"]] and ray.killed == []
+
+
 def test_study_as_statistics_workers_start_beside_its_scores_which_leave_the_cluster_free(tmp_path):
     """The scores are computed in the driver alone; the bootstrap's workers are started beside them
     (`stats.warm_workers`, tests/ray/test_stats_ray.py)."""

@@ -279,12 +279,22 @@ class StudyRun:
         except Exception:  # noqa: BLE001 - the stage starts its own and says why if that fails too
             return []
 
-    def _warm_next(self, stage: Stage) -> None:
+    def cluster_freed(self) -> None:
+        """Said by the running stage once its actors are done, with work of its own left that needs
+        none of the cluster (the embed stage's writing of its table): the next stage's `Stage.warm`
+        begins now, beside that work, as beside a stage that leaves the cluster free, rather than
+        beside the stages between (whose threads want the CPUs it would take)."""
+        current = [s for s in self._pipeline if s.name == self._stage]
+        if current:
+            self._warm_next(current[0], freed=True)
+
+    def _warm_next(self, stage: Stage, freed: bool = False) -> None:
         """Begin `Stage.warm` of the first stage after `stage`, which is about to run, that has one
         (only then: a run that stops earlier, on an error, starts nothing), and only when `stage`
-        and every stage between leave the cluster free: the tables given to a run and a stage of
-        imported answers take a second, the start of Ray and the actors many."""
-        if not stage.frees_cluster:
+        (or what is left of it: `freed`) and every stage between leave the cluster free: the tables
+        given to a run and a stage of imported answers take a second, the start of Ray and the
+        actors many."""
+        if not (stage.frees_cluster or freed):
             return
         for later in self._after(stage):
             if later.warm is not None:

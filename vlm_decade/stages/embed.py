@@ -402,6 +402,7 @@ def run_embed(study: StudyBase, run: StudyRun) -> Written:
             for actor in actors:
                 run.ray().kill(actor)
         raise_stops(stops)
+        run.cluster_freed()  # the actors are gone: what comes next starts beside the writing
         return _write_selected(run.folder, plan, spill / "vectors")
 
 
