@@ -315,3 +315,43 @@ def test_more_resamples_extend_the_fewer_ones():
     many = bootstrap_study(t, ERAS, 2_300, 12, keep_distributions=True)
     for key, dist in few.distributions.items():
         np.testing.assert_array_equal(many.distributions[key][:1_000], dist)
+
+
+def test_pivot_is_the_matrix_of_each_dataset_built_row_by_row():
+    """`pivot` against a plain build: per dataset, its images and series sorted as strings, each
+    row's value times weight and its weight at (series, image), zero where a series lacks an image
+    or its value is missing; whatever the order of the rows, and with codes of images and series
+    that another dataset alone has."""
+    from vlm_decade.stats.analysis import pivot
+
+    rng = np.random.default_rng(11)
+    rows = []
+    for dataset, images in (("coco", 40), ("vg", 25)):
+        for image in rng.choice(60, images, replace=False):
+            for subject in ("GPT-4", "UDC", "human:top")[: 2 + (dataset == "coco")]:
+                for variant in ("full", "mask_center"):
+                    if rng.random() < 0.8:
+                        value = None if rng.random() < 0.1 else float(rng.random())
+                        rows.append(
+                            (dataset, f"img{image:03d}", subject, "SBERT-SI", variant, value, float(rng.integers(1, 4)))
+                        )
+    order = rng.permutation(len(rows))
+    columns = list(zip(*[rows[i] for i in order]))
+    names = ["dataset", "image_id", "subject", "metric", "variant", "value", "weight"]
+    table = pa.table(
+        {n: pa.array(c, pa.float64() if n in ("value", "weight") else pa.string()) for n, c in zip(names, columns)}
+    )
+    got = pivot(table)
+    assert sorted(got) == ["coco", "vg"]
+    for dataset, matrix in got.items():
+        mine = [r for r in rows if r[0] == dataset]
+        images = sorted({r[1] for r in mine})
+        series = sorted({(r[2], r[3], r[4]) for r in mine})
+        values, mask = np.zeros((len(series), len(images))), np.zeros((len(series), len(images)))
+        for _, image, subject, metric, variant, value, weight in mine:
+            if value is not None:
+                at = series.index((subject, metric, variant)), images.index(image)
+                values[at], mask[at] = value * weight, weight
+        assert matrix.images == tuple(images) and matrix.series == tuple(series)
+        np.testing.assert_array_equal(matrix.values, values)
+        np.testing.assert_array_equal(matrix.mask, mask)
