@@ -47,7 +47,7 @@ from vlm_decade.core.spill import HOLD_FILES_BYTES, Spill, key_buckets
 from vlm_decade.models.api.endpoints import endpoint_problems, sending_problems
 from vlm_decade.models.api.keys import api_key, key_hint
 from vlm_decade.models.api.session import APIStopped, BatchesPending, BudgetReached, RemoteSession
-from vlm_decade.models.encoders import api_provider, encoder_class, text_keys
+from vlm_decade.models.encoders import EncodeActor, api_provider, encoder_class, text_keys
 from vlm_decade.stages.gateways import Gateways, raise_stops
 
 EMBEDDINGS_SCHEMA = pa.schema(
@@ -127,18 +127,6 @@ def check_encoders(study: StudyBase) -> list[Problem]:
                 )
             )
     return problems + endpoint_problems(study.providers, wanted)
-
-
-class EncodeActor:
-    def __init__(self, cfg: EncoderConfig):
-        self.encoder = encoder_class(cfg.backend)(cfg)
-
-    def encode(self, texts: list[str]) -> np.ndarray:
-        return self.encoder.encode(texts)
-
-    def ready(self) -> bool:
-        """Answered once the encoder is loaded (`_start_actors` waits for the first)."""
-        return True
 
 
 def _rows(keys, vectors: np.ndarray, cfg: EncoderConfig, modes: list[str] | None = None) -> pa.Table:
