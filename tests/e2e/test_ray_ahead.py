@@ -28,7 +28,9 @@ future = lazy.start_soon(lambda ray: ray.remote(where).remote())
 first = lazy().get(future.result(timeout=300))
 time.sleep(3)  # a local Ray's processes die with the thread that started them: it must still be alive
 later = lazy().get(lazy().remote(where).remote(), timeout=120)
-raylet = lazy()._private.worker._global_node.all_processes["raylet"][0].process
+started = lazy()._private.worker._global_node.all_processes
+processes = [(kind, info.process) for kind, infos in started.items() for info in infos]
+raylet = started["raylet"][0].process
 lazy.close_soon()
 try:
     lazy()
@@ -37,9 +39,11 @@ except RuntimeError:
     refused = True
 lazy.close()
 closed_when_close_returned = raylet.poll() is not None
+left = sorted(kind for kind, process in processes if process.poll() is None)
 print(json.dumps({
     "driver": os.getpid(), "first": first, "later": later, "raylet_exit": raylet.returncode,
-    "refused": refused, "closed_when_close_returned": closed_when_close_returned,
+    "refused": refused, "closed_when_close_returned": closed_when_close_returned, "left": left,
+    "kinds": sorted(kind for kind, _ in processes),
     "threads_alive": [t.name for t in threading.enumerate() if t.name in ("ray-start", "ray-close") and t.is_alive()],
 }))
 """
@@ -54,4 +58,6 @@ def test_ray_started_on_a_thread_works_after_the_start_and_ends_with_close_soon_
     assert out["first"] != out["driver"] and out["later"] != out["driver"]  # both ran in Ray's workers
     assert out["refused"]  # Ray is not called for once it is being shut down
     assert out["closed_when_close_returned"]  # `close` waited for `close_soon`'s shutdown
+    # Nothing it started is left, the autoscaler's monitor (killed ahead of the shutdown) included.
+    assert "monitor" in out["kinds"] and out["left"] == []
     assert out["threads_alive"] == []

@@ -18,12 +18,13 @@ import logging
 import os
 import re
 import signal
+import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, wait
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext, suppress
 from pathlib import Path
 from typing import Any
 
@@ -238,6 +239,19 @@ def ray_logs_dir(ray) -> Path | None:
     return Path(node.get_logs_dir_path()) if node is not None else None
 
 
+def kill_autoscaler_monitor(ray) -> None:
+    """Kill a local Ray's autoscaler monitor ahead of `ray.shutdown`, which stops GCS before it: the
+    monitor's SIGTERM handler then reports its end to GCS, which is gone, until the shutdown's second
+    of grace runs out and kills it anyway (a second at the end of every run). A local Ray's monitor
+    has nothing to keep: it scales no cluster."""
+    node = getattr(ray._private.worker, "_global_node", None)
+    for info in getattr(node, "all_processes", {}).get("monitor", []):
+        if info.process.poll() is None:
+            info.process.kill()
+            with suppress(subprocess.TimeoutExpired):  # then the shutdown sees to it, as before
+                info.process.wait(timeout=5)
+
+
 class LazyRay:
     """Starts (or joins) Ray the first time a stage needs it, or ahead of that on a thread
     (`start_soon`); shuts down only what it started. Call it for the `ray` module."""
@@ -343,6 +357,8 @@ class LazyRay:
             self.closed = True
             if self.ray is not None and self.started:
                 logs = ray_logs_dir(self.ray)
+                if self.local:
+                    kill_autoscaler_monitor(self.ray)
                 self.ray.shutdown()
                 if self.local and logs is not None and self.log_dir is not None and not verbose():
                     keep_worker_logs(logs, self.log_dir)
