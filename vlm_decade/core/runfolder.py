@@ -328,11 +328,10 @@ class RunFolder:
         ranged: list[str] | None = None,
     ):
         """Table `name` as record batches, in order, a row group at a time (for tables too big to read
-        whole). With `touches` (whether a row group may hold rows wanted, by the least and greatest
-        of its `ranged` columns: `column_ranges`), the row groups its footer rules out are not read."""
+        whole). With `touches` (`touched_row_groups` of its `ranged` columns), the row groups its
+        footer rules out are not read."""
         for path in self._files(name):
-            ranges = None if touches is None else self.column_ranges(path, ranged or [])
-            groups = None if ranges is None else [g for g, group in enumerate(ranges) if touches(group)]
+            groups = None if touches is None else self.touched_row_groups(path, ranged or [], touches)
             if groups != []:
                 yield from self.file_batches(path, columns, batch_size, row_groups=groups)
 
@@ -358,6 +357,14 @@ class RunFolder:
         # No pre-buffering (it would cache the whole file) and no read-ahead: one row group at a time.
         source = pq.ParquetFile(path, pre_buffer=False)
         yield from source.iter_batches(batch_size=batch_size, row_groups=row_groups, columns=columns, use_threads=False)
+
+    @classmethod
+    def touched_row_groups(cls, path: Path, columns: list[str], touches: Callable[[dict], bool]) -> list[int] | None:
+        """The row groups of the file at `path` that may hold rows wanted: those whose least and
+        greatest of `columns` (`column_ranges`) `touches` says may; None where the footer cannot be
+        read (the file is read whole, and whoever reads it says it is damaged)."""
+        ranges = cls.column_ranges(path, columns)
+        return None if ranges is None else [g for g, group in enumerate(ranges) if touches(group)]
 
     @staticmethod
     def column_ranges(path: Path, columns: list[str]) -> list[dict[str, tuple[Any, Any] | None]] | None:

@@ -180,8 +180,7 @@ def _sources(
     rows = VECTOR_BATCH if columns is None or "vector" in columns else KEY_BATCH
     for source, (path, _) in enumerate(previous):
         if source not in skip:
-            ranges = None if touches is None else folder.column_ranges(path, RANGED)
-            groups = None if ranges is None else [g for g, group in enumerate(ranges) if touches(group)]
+            groups = None if touches is None else folder.touched_row_groups(path, RANGED, touches)
             for batch in folder.file_batches(path, columns=columns, batch_size=rows, row_groups=groups):
                 yield source, whole(pa.Table.from_batches([batch]))
     keep = None if touches is None else partial(_touched, folder, touches)
@@ -192,8 +191,8 @@ def _sources(
 def _touched(folder: RunFolder, touches: Callable[[dict], bool], path: Path) -> bool:
     """Whether a part may hold rows `touches` wants: yes, unless its footer says none of its row
     groups does (a part whose footer cannot be read is read, and said to be damaged)."""
-    ranges = folder.column_ranges(path, RANGED)
-    return ranges is None or any(touches(group) for group in ranges)
+    groups = folder.touched_row_groups(path, RANGED, touches)
+    return groups is None or bool(groups)
 
 
 @contextmanager
