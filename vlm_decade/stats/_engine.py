@@ -26,7 +26,7 @@ def _multinomial_block(values, mask, streams, sizes) -> np.ndarray:
     counts = np.empty((max(sizes), n))
     out = [
         _core.weighted_means(
-            _core.multinomial_counts(np.random.default_rng(ss), size, n, out=counts[:size]), values, mask, n
+            _core.multinomial_counts(np.random.default_rng(ss), size, n, out=counts[:size]), values, mask, rows_sum_to=n
         )
         for ss, size in zip(streams, sizes)
     ]
