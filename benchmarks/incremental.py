@@ -68,13 +68,12 @@ def _in_order(sides, name: str, column: str, rows: int):
         for (folder, _), rank in zip(sides, ranks):
             pieces, at, start = [], [], 0
             for batch in folder.batches(name, columns=[column]):
-                mine = np.flatnonzero(
-                    (rank[start : start + batch.num_rows] >= first) & (rank[start : start + batch.num_rows] < end)
-                )
+                window = rank[start : start + batch.num_rows]
+                mine = np.flatnonzero((window >= first) & (window < end))
                 pieces.append(batch.column(0).take(pa.array(mine)))
-                at.append(rank[start + mine] - first)
+                at.append(window[mine] - first)
                 start += batch.num_rows
-            values = pa.chunked_array(pieces, pieces[0].type if pieces else None)
+            values = pa.chunked_array(pieces)  # a pass is made only of a table with rows
             ordered.append(values.take(pa.array(np.argsort(np.concatenate(at), kind="stable"))))
         for lo in range(0, end - first, SLICE_ROWS):
             yield first + lo, *(side.slice(lo, SLICE_ROWS).combine_chunks() for side in ordered)
