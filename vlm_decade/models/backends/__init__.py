@@ -75,12 +75,17 @@ class Backend:
         return model.model_dump(mode="json", exclude={"name", "batch_size", "variants"})
 
     @classmethod
-    def answer_keys(cls, model: ModelConfig) -> tuple[dict, Callable[[Any, Any, str], Any] | None]:
-        """What goes into each response's cache key: the settings all its answers share, and, for a
-        backend whose answers are rows of a file, the keys of some (image_ids, variants) for a prompt
-        id as an Arrow array, each its own row's (null where the file has none), so that only the
-        rows that change are done again."""
-        return cls.fingerprint(model), None
+    def key_settings(cls, model: ModelConfig) -> dict:
+        """What goes into each response's cache key of the model's settings: those all its answers share."""
+        return cls.fingerprint(model)
+
+    @classmethod
+    def answers(cls, model: ModelConfig) -> Callable[[Any, Any, str], Any] | None:
+        """For a backend whose answers are rows of a file: the answers to some (image_ids, variants) for
+        a prompt id, as an Arrow array of texts as the responses' rows hold them (null where the file
+        has none). Each response's cache key then holds its answer's `text_key`, so that only the
+        rows that change are done again. None: the answers are not known before they are asked for."""
+        return None
 
     @classmethod
     def check(cls, model: ModelConfig, image_ids: set[str], variants: list[str]) -> list[Problem]:

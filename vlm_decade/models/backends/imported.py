@@ -24,12 +24,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import Field
 
-from vlm_decade.core.columns import first_rows, run_starts
+from vlm_decade.core.columns import first_rows, run_starts, stripped
 from vlm_decade.core.config import BackendOptions, ModelConfig
 from vlm_decade.core.errors import STUDY_FILE, Problem, Problems
 from vlm_decade.core.tables import Table, read_table
 from vlm_decade.models.backends import Backend, Description, Stimulus
-from vlm_decade.models.encoders import text_keys
 
 COLUMNS = ("image_id", "variant", "text")
 OPTIONAL = ("prompt",)
@@ -263,21 +262,26 @@ class ImportedBackend(Backend):
         return settings
 
     @classmethod
-    def answer_keys(cls, model: ModelConfig) -> tuple[dict, Callable[[pa.Array, pa.Array, str], pa.Array]]:
-        """Each response is keyed by its own row, not the whole file: adding rows for new images, or
-        changing one row, does again only the responses whose rows are new or changed. The file is
-        read once, into Arrow columns, and looked up a slice of questions at a time."""
+    def key_settings(cls, model: ModelConfig) -> dict:
+        """Each response is keyed by its own row, not the whole file (`answers`): adding rows for
+        new images, or changing one row, does again only the responses whose rows are new or changed."""
         settings = super().fingerprint(model)
         settings["options"] = {k: v for k, v in settings["options"].items() if k != "file"}
+        return settings
+
+    @classmethod
+    def answers(cls, model: ModelConfig) -> Callable[[pa.Array, pa.Array, str], pa.Array]:
+        """The file's texts, stripped as `answer_rows` gives them. The file is read once, into Arrow
+        columns, and looked up a slice of questions at a time."""
         table = _HELD.read(imported_file(model), Problems())  # unreadable: `check` said so
         found = FileAnswers(table) if table is not None else None
 
-        def keys(image_ids: pa.Array, variants: pa.Array, prompt_id: str) -> pa.Array:
+        def texts(image_ids: pa.Array, variants: pa.Array, prompt_id: str) -> pa.Array:
             if found is None:
                 return pa.nulls(len(image_ids), pa.string())
-            return text_keys(found.texts(image_ids, variants, prompt_id))  # `answer_key` of each
+            return stripped(found.texts(image_ids, variants, prompt_id))
 
-        return settings, keys
+        return texts
 
     @classmethod
     def check(cls, model: ModelConfig, image_ids: set[str], variants: list[str]) -> list[Problem]:

@@ -22,6 +22,7 @@ import pyarrow as pa
 from vlm_decade.core.config import StudyBase
 from vlm_decade.core.runner import Stage, StudyRun, Written, release_memory
 from vlm_decade.models.backends import backend_class
+from vlm_decade.stages.describe.keyed import KeyInputs, key_rows
 from vlm_decade.stages.describe.local import describe_local, look_up
 from vlm_decade.stages.describe.plan import (
     Plan,
@@ -29,6 +30,7 @@ from vlm_decade.stages.describe.plan import (
     check_actor_fit,
     check_models,
     jobs_from,
+    key_contexts,
     model_fingerprint,
     planned_slices,
 )
@@ -57,8 +59,9 @@ def run_describe(study: StudyBase, plan: Plan, run: StudyRun) -> Written:
     # with the stage's own answers, to choose each job's row.
     with _Planned(run.folder) as planned, RowsSoFar(run.folder, subjects, images.column("image_id")) as so_far:
         n_done, n_jobs = 0, 0
+        keyed = KeyInputs.load(run.folder.root, run.folder.manifest().get("tables", {}).get("responses"))
         for model in study.models:
-            for jobs in planned_slices(study, plan, images, [model]):
+            for jobs in planned_slices(study, plan, images, [model], keyed, so_far.kept_keys):
                 todo, done = so_far.add_jobs(jobs)
                 planned.add(model.name, todo)
                 n_done, n_jobs = n_done + done, n_jobs + jobs.num_rows
@@ -92,7 +95,9 @@ def run_describe(study: StudyBase, plan: Plan, run: StudyRun) -> Written:
                     describe_local(study, model, planned.todo(model.name), plan, run, partial(advance, part=model.name))
             api.collect()
             api.stop()
-        return collect_rows(run.folder, so_far)
+        written = collect_rows(run.folder, so_far)
+        KeyInputs(key_rows(images), key_contexts(study, plan), written.fingerprint).save(run.folder.root)
+        return written
 
 
 class _Planned:

@@ -6,6 +6,7 @@ model sees it (decoded and masked) or as an API model is sent it (PNG bytes)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -18,6 +19,8 @@ from vlm_decade.core.errors import InputError, Problem
 from vlm_decade.imaging.masks import MaskSpec
 from vlm_decade.models.api.endpoints import endpoint_problems, sending_problems
 from vlm_decade.models.backends import Stimulus, api_provider, backend_class
+from vlm_decade.models.encoders import text_keys
+from vlm_decade.stages.describe.keyed import KeyInputs, key_rows
 
 
 @dataclass(frozen=True)
@@ -134,64 +137,124 @@ def plan_jobs(study: StudyBase, plan: Plan, images: pa.Table, models: list[Model
     return pa.concat_tables(chunks)
 
 
-def planned_slices(study: StudyBase, plan: Plan, images: pa.Table, models: list[ModelConfig] | None = None):
+def planned_slices(
+    study: StudyBase,
+    plan: Plan,
+    images: pa.Table,
+    models: list[ModelConfig] | None = None,
+    keyed: KeyInputs | None = None,
+    kept_keys: Callable[[pa.Table], pa.Array] | None = None,
+):
     """`plan_jobs`' table a slice of `PLAN_IMAGES` images (of one model and prompt) at a time, in plan
     order, so that a study of any size holds no Python object per job, and a caller that puts each
-    slice aside holds no more than one."""
-    rows = images.select(["image_id", "dataset", "sha256"])
-    # an images table written before transparency was recorded has every image opaque
-    if "background" in images.column_names:
-        rows = rows.append_column("background", images.column("background"))
-    else:
-        rows = rows.append_column("background", pa.nulls(images.num_rows, pa.string()))
+    slice aside holds no more than one. With `keyed` (what the previous `responses` table's keys
+    were made from) and `kept_keys` (`RowsSoFar.kept_keys` of that table's rows), a job whose model
+    and image are as they were then has its row's key, if that row is ok (and holds the file's
+    answer): its key is not made again."""
+    rows = key_rows(images)
+    unchanged = keyed.unchanged(rows) if keyed is not None and kept_keys is not None else None
     for model in study.models if models is None else models:
-        keys = backend_class(model.backend).answer_keys(model)  # once per model: an imported file is read once
+        backend = backend_class(model.backend)
+        settings, answers = backend.key_settings(model), backend.answers(model)  # once per model: a file is read once
+        as_before = unchanged is not None and keyed.contexts.get(model.name) == key_context(plan, model, settings)
         for prompt_id, prompt in plan.prompts[model.name]:
+            keys = KeyTemplate(settings, prompt)
             for start in range(0, rows.num_rows, PLAN_IMAGES):
-                yield _plan_slice(plan, model, keys, prompt_id, prompt, rows, start)
+                reuse = (unchanged[start : start + PLAN_IMAGES], kept_keys) if as_before else None
+                yield _plan_slice(plan, model, keys, answers, prompt_id, rows, start, reuse)
+
+
+def key_context(plan: Plan, model: ModelConfig, settings: dict) -> str:
+    """The constant part of a model's jobs' cache keys (`settings`: its backend's `key_settings`), as
+    one string: each prompt id's `KeyTemplate.tail`, each variant's mask and, for a closed-world
+    model, each dataset's class names. Two runs whose model has the same context key the jobs of an
+    image that is as it was alike, but for a file's answers (`KeyInputs`)."""
+    tails = [[prompt_id, KeyTemplate(settings, prompt).tail] for prompt_id, prompt in plan.prompts[model.name]]
+    masks = dict(zip(plan.variants(model), _masks(plan, model)))
+    closed = plan.closed.get(model.name, False)
+    classes = {d: list(c) for d, c in sorted(plan.classnames.items())} if closed else None
+    return json.dumps({"tails": tails, "masks": masks, "classes": classes}, sort_keys=True)
+
+
+def key_contexts(study: StudyBase, plan: Plan) -> dict[str, str]:
+    """Each of the study's models' `key_context`."""
+    return {m.name: key_context(plan, m, backend_class(m.backend).key_settings(m)) for m in study.models}
+
+
+def _masks(plan: Plan, model: ModelConfig) -> list[str]:
+    """Each of the model's variants' mask as its part of a cache key (`json.dumps(mask, sort_keys=True)`)."""
+    specs = {s.mask_id: s for s in plan.masks}
+    return [json.dumps(asdict(specs[name]) if name in specs else None, sort_keys=True) for name in plan.variants(model)]
 
 
 def _plan_slice(
-    plan: Plan, model: ModelConfig, keys, prompt_id: str, prompt: str, images: pa.Table, start: int
+    plan: Plan,
+    model: ModelConfig,
+    keys: KeyTemplate,
+    answers,
+    prompt_id: str,
+    images: pa.Table,
+    start: int,
+    reuse: tuple[np.ndarray, Callable[[pa.Table], pa.Array]] | None = None,
 ) -> pa.Table:
-    """The jobs of one model and prompt over `PLAN_IMAGES` images from row `start` (`plan_jobs`'
-    columns); `keys`: the model's `answer_keys`."""
-    specs = {s.mask_id: s for s in plan.masks}
-    settings, row_keys = keys
+    """The jobs of one model and prompt over `PLAN_IMAGES` images (`key_rows`) from row `start`
+    (`plan_jobs`' columns); `answers`: the model's backend's. `reuse`: per image of the slice,
+    whether it is as the previous table's keys were made from it, and `kept_keys`."""
     variants = plan.variants(model)
-    # once, not once per job
-    masks = [json.dumps(asdict(specs[name]) if name in specs else None, sort_keys=True) for name in variants]
+    masks = _masks(plan, model)  # once, not once per job
     n = len(variants)
     rows = images.slice(start, PLAN_IMAGES)
     of_slice = np.repeat(np.arange(rows.num_rows, dtype=np.int32), n)  # each image once per variant
     within, image = pa.array(of_slice), pa.array(of_slice + np.int32(start))  # its row of the slice, of `images`
-    jobs = rows.take(within)
+    image_ids = rows.column("image_id").combine_chunks().take(within)
     variant = pa.array(variants * rows.num_rows, pa.string())
-    answers = row_keys(jobs.column("image_id").combine_chunks(), variant, prompt_id) if row_keys else None
-    classes = None
-    if plan.closed.get(model.name, False):  # the dataset's class names, given to closed-world models only
-        datasets = pc.dictionary_encode(jobs.column("dataset").combine_chunks())
-        listed = [json.dumps(list(plan.classnames.get(d, ()))) for d in datasets.dictionary.to_pylist()]
-        classes = pa.array(listed, pa.string()).take(datasets.indices)
-    cache_keys = KeyTemplate(settings, prompt).keys(
-        within,
-        rows.column("sha256"),
-        rows.column("background"),
-        pa.array(masks * rows.num_rows, pa.string()),
-        classes,
-        answers,
-    )
-    size = jobs.num_rows
-    return pa.table(
+    texts = answers(image_ids, variant, prompt_id) if answers else None
+    size = len(image_ids)
+    jobs = pa.table(
         {
             "subject": pa.repeat(pa.scalar(model.name, pa.string()), size),
-            "image_id": jobs.column("image_id"),
+            "image_id": image_ids,
             "variant": variant,
             "prompt_id": pa.repeat(pa.scalar(prompt_id, pa.string()), size),
             "image": image,
-            "cache_key": cache_keys,
         }
     )
+    inputs = {"at": within, "masks": pa.array(masks * rows.num_rows, pa.string()), "classes": None, "answers": texts}
+    if plan.closed.get(model.name, False):  # the dataset's class names, given to closed-world models only
+        datasets = pc.dictionary_encode(rows.column("dataset").combine_chunks().take(within))
+        listed = [json.dumps(list(plan.classnames.get(d, ()))) for d in datasets.dictionary.to_pylist()]
+        inputs["classes"] = pa.array(listed, pa.string()).take(datasets.indices)
+    kept = None
+    if reuse is not None:
+        candidate = np.repeat(reuse[0], n)
+        if texts is not None:
+            candidate &= pc.is_valid(texts).to_numpy(zero_copy_only=False)
+        if candidate.any():
+            at = pa.array(np.flatnonzero(candidate))
+            asked = jobs.select(["subject", "image_id", "variant", "prompt_id"]).take(at)
+            kept = (at, reuse[1](asked if texts is None else asked.append_column("text", texts.take(at))))
+    if kept is None or not kept[1].null_count < len(kept[1]):  # every key made
+        made = keys.keys(images=rows.column("sha256"), backgrounds=rows.column("background"), **_answer_keys(inputs))
+        return jobs.append_column("cache_key", made)
+    found = np.zeros(size, bool)
+    found[kept[0].filter(pc.is_valid(kept[1])).to_numpy()] = True
+    todo = pa.array(np.flatnonzero(~found))
+    made = keys.keys(
+        images=rows.column("sha256"),
+        backgrounds=rows.column("background"),
+        **_answer_keys({k: v if v is None else v.take(todo) for k, v in inputs.items()}),
+    )
+    # the keys made, then those kept, each put back in its job's place
+    place = np.empty(size, np.int64)
+    place[~found] = np.arange(len(todo))
+    place[found] = len(todo) + np.arange(int(found.sum()))
+    return jobs.append_column("cache_key", pa.concat_arrays([made, kept[1].drop_null()]).take(pa.array(place)))
+
+
+def _answer_keys(inputs: dict) -> dict:
+    """`KeyTemplate.keys`' arguments from a slice's: each answer as its `text_key`."""
+    answers = inputs["answers"]
+    return inputs | {"answers": None if answers is None else text_keys(answers)}
 
 
 class KeyTemplate:

@@ -157,13 +157,11 @@ def _buckets(table: pa.Table, subjects: pa.Array, bounds: list[str]) -> np.ndarr
     return np.where(subject >= 0, subject.astype(np.int64) * len(bounds) + shard, -1)
 
 
-def _row_sources(folder: RunFolder, seen: set[str]):
-    """The previous table's rows (if trusted) and then the parts' rows, a batch or part at a time,
-    in `RESPONSES_SCHEMA` (a table of before lacks some columns); the parts read are added to `seen`."""
-    if folder.trusted("responses"):
-        for batch in folder.batches("responses"):
-            yield conform(pa.Table.from_batches([batch]))
-    yield from _parts(folder, seen)
+def _table_rows(folder: RunFolder):
+    """The previous table's rows, a batch at a time, in `RESPONSES_SCHEMA` (a table of before lacks
+    some columns)."""
+    for batch in folder.batches("responses"):
+        yield conform(pa.Table.from_batches([batch]))
 
 
 def _parts(folder: RunFolder, seen: set[str]):
@@ -173,11 +171,13 @@ def _parts(folder: RunFolder, seen: set[str]):
 
 
 class RowsSoFar:
-    """The rows so far (`_row_sources`) of the `subjects`' jobs, spread over buckets on
+    """The rows so far (the previous table's, if trusted: `from_table`; then the parts') of the
+    `subjects`' jobs, spread over buckets on
     disk (the run folder's `.spill/`) by subject and range of `COLLECT_IMAGES` of the images
     `image_ids`, in one pass, so that none is held whole (held in memory instead when their files
     are small: `HOLD_FILES_BYTES`); then read a bucket at a time against the jobs of any of the
-    subjects as they are planned (`add_jobs`: which are still to do), one model's after another's.
+    subjects as they are planned (`add_jobs`: which are still to do; `kept_keys`: the keys of the
+    table's rows of some), one model's after another's.
     The parts saved since (the stage's own answers) are added after them by `catch_up`, so that the
     rows read first are not spread again. The jobs added are spread over the same buckets, so that
     `collect_rows` holds a bucket's, not a model's (at a million images, 4 million jobs a model:
@@ -192,7 +192,9 @@ class RowsSoFar:
         shutil.rmtree(self.root, ignore_errors=True)  # what a killed run left is of no use
         self.seen: set[str] = set()  # the parts spilled
         held = folder.stored_bytes("responses") <= HOLD_FILES_BYTES
-        self.spills = [self._spill(self.root / "0", _row_sources(folder, self.seen), held)]
+        self.from_table = folder.trusted("responses")
+        self.spills = [self._spill(self.root / "table", _table_rows(folder), held)] if self.from_table else []
+        self.spills.append(self._spill(self.root / "0", _parts(folder, self.seen), held))
         self.jobs = Spill(self.root / "jobs", JOBS_SCHEMA)
 
     def _spill(self, root, sources, held: bool) -> Spill:
@@ -234,6 +236,35 @@ class RowsSoFar:
             done[theirs[job[(job >= 0) & ok]]] = True
         n_done = int(done.sum())
         return (jobs.filter(pa.array(~done)) if n_done else jobs), n_done
+
+    def kept_keys(self, asked: pa.Table) -> pa.Array:
+        """Per job asked (its key columns, and a `text` column where its answer is a file's row), the
+        cache key of its row in the previous table where that row is ok (and holds that text), else
+        null. For jobs whose inputs are as the table's keys were made from (`keyed.KeyInputs`): the
+        row's key is then the job's."""
+        if not self.from_table:
+            return pa.nulls(asked.num_rows, pa.string())
+        table = self.spills[0]
+        bucket = _buckets(asked, self.subjects, self.bounds)
+        order = np.argsort(bucket, kind="stable")
+        starts = np.searchsorted(bucket[order], np.arange(len(self.subjects) * max(len(self.bounds), 1) + 1))
+        place, found = np.full(asked.num_rows, -1, np.int64), []
+        n_found = 0
+        for b in sorted(set(np.unique(bucket).tolist()) & set(table.buckets)):
+            theirs = order[starts[b] : starts[b + 1]]
+            rows, mine = table.read(b), asked.take(pa.array(theirs, pa.int64()))
+            at = pc.index_in(_composite(mine), value_set=_composite(rows).combine_chunks())
+            kept = pc.and_(pc.is_valid(at), pc.equal(rows.column("status").take(at), "ok"))
+            if "text" in asked.column_names:
+                kept = pc.and_(kept, pc.equal(rows.column("text").take(at), mine.column("text")))
+            kept = pc.fill_null(kept, False)
+            found.append(rows.column("cache_key").take(at.filter(kept)).combine_chunks())
+            hits = np.flatnonzero(kept.to_numpy(zero_copy_only=False))
+            place[theirs[hits]] = n_found + np.arange(len(hits))
+            n_found += len(hits)
+        if not n_found:
+            return pa.nulls(asked.num_rows, pa.string())
+        return pa.concat_arrays(found).take(pa.array(place, pa.int64(), mask=place < 0))
 
     def _held(self) -> set[int]:
         """The buckets that hold rows so far."""
