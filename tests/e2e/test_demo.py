@@ -9,6 +9,7 @@ import signal
 import subprocess
 import time
 
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -99,6 +100,7 @@ def test_demo_writes_report_and_tables(demo_run):
         assert f"{r['estimate']:.3f}" in html
     responses = pq.read_table(out / "responses.parquet")
     assert responses.num_rows == 2 * 16 * 4  # two models x 16 images x (full + 3 masks)
+    assert pc.all(pc.equal(responses.column("status"), "ok")).as_py() and "128 responses, 0 failed." in html
     assert {r["metric"] for r in stats} == {"SBERT-SI", "BERTScore"}
     # The metrics against (simulated) raters, and against STS-B's real human ratings.
     validation = pq.read_table(out / "metric_validation.parquet").to_pylist()
