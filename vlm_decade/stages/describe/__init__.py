@@ -61,8 +61,8 @@ def run_describe(study: StudyBase, plan: Plan, run: StudyRun) -> Written:
         n_done, n_jobs = 0, 0
         keyed = KeyInputs.load(run.folder.root, run.folder.manifest().get("tables", {}).get("responses"))
         for model in study.models:
-            for jobs in planned_slices(study, plan, images, [model], keyed, so_far.kept_keys):
-                todo, done = so_far.add_jobs(jobs)
+            for jobs, kept in planned_slices(study, plan, images, [model], keyed, so_far.kept_keys):
+                todo, done = so_far.add_jobs(jobs, kept)
                 planned.add(model.name, todo)
                 n_done, n_jobs = n_done + done, n_jobs + jobs.num_rows
         planned.close()

@@ -131,7 +131,7 @@ def plan_jobs(study: StudyBase, plan: Plan, images: pa.Table, models: list[Model
     job, in plan order: model, prompt, image, variant) with its cache key: `planned_slices` as
     chunks of one table (never copied into one); `jobs_from` turns a slice of it, with `images`,
     into `Job`s."""
-    chunks = list(planned_slices(study, plan, images, models))
+    chunks = [jobs for jobs, _ in planned_slices(study, plan, images, models)]
     if not chunks:
         return pa.table({c: pa.array([], pa.int32() if c == "image" else pa.string()) for c in JOB_COLUMNS})
     return pa.concat_tables(chunks)
@@ -147,10 +147,11 @@ def planned_slices(
 ):
     """`plan_jobs`' table a slice of `PLAN_IMAGES` images (of one model and prompt) at a time, in plan
     order, so that a study of any size holds no Python object per job, and a caller that puts each
-    slice aside holds no more than one. With `keyed` (what the previous `responses` table's keys
-    were made from) and `kept_keys` (`RowsSoFar.kept_keys` of that table's rows), a job whose model
-    and image are as they were then has its row's key, if that row is ok (and holds the file's
-    answer): its key is not made again."""
+    slice aside holds no more than one; each slice with the jobs whose key was `kept` (a mask; None:
+    none). With `keyed` (what the previous `responses` table's keys were made from) and `kept_keys`
+    (`RowsSoFar.kept_keys` of that table's rows), a job whose model and image are as they were then
+    has its row's key, if that row is ok (and holds the file's answer): its key is not made again,
+    and the job is done."""
     rows = key_rows(images)
     unchanged = keyed.unchanged(rows) if keyed is not None and kept_keys is not None else None
     for model in study.models if models is None else models:
@@ -196,10 +197,11 @@ def _plan_slice(
     images: pa.Table,
     start: int,
     reuse: tuple[np.ndarray, Callable[[pa.Table], pa.Array]] | None = None,
-) -> pa.Table:
+) -> tuple[pa.Table, np.ndarray | None]:
     """The jobs of one model and prompt over `PLAN_IMAGES` images (`key_rows`) from row `start`
-    (`plan_jobs`' columns); `answers`: the model's backend's. `reuse`: per image of the slice,
-    whether it is as the previous table's keys were made from it, and `kept_keys`."""
+    (`plan_jobs`' columns), and which kept their key (None: none); `answers`: the model's
+    backend's. `reuse`: per image of the slice, whether it is as the previous table's keys were
+    made from it, and `kept_keys`."""
     variants = plan.variants(model)
     masks = _masks(plan, model)  # once, not once per job
     n = len(variants)
@@ -235,7 +237,7 @@ def _plan_slice(
             kept = (at, reuse[1](asked if texts is None else asked.append_column("text", texts.take(at))))
     if kept is None or not kept[1].null_count < len(kept[1]):  # every key made
         made = keys.keys(images=rows.column("sha256"), backgrounds=rows.column("background"), **_answer_keys(inputs))
-        return jobs.append_column("cache_key", made)
+        return jobs.append_column("cache_key", made), None
     found = np.zeros(size, bool)
     found[kept[0].filter(pc.is_valid(kept[1])).to_numpy()] = True
     todo = pa.array(np.flatnonzero(~found))
@@ -248,7 +250,8 @@ def _plan_slice(
     place = np.empty(size, np.int64)
     place[~found] = np.arange(len(todo))
     place[found] = len(todo) + np.arange(int(found.sum()))
-    return jobs.append_column("cache_key", pa.concat_arrays([made, kept[1].drop_null()]).take(pa.array(place)))
+    keys_in_place = pa.concat_arrays([made, kept[1].drop_null()]).take(pa.array(place))
+    return jobs.append_column("cache_key", keys_in_place), found
 
 
 def _answer_keys(inputs: dict) -> dict:

@@ -219,17 +219,20 @@ class RowsSoFar:
     def __exit__(self, *exc) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
 
-    def add_jobs(self, jobs: pa.Table) -> tuple[pa.Table, int]:
+    def add_jobs(self, jobs: pa.Table, kept: np.ndarray | None = None) -> tuple[pa.Table, int]:
         """Add current jobs (their key and cache key, kept for `collect_rows`; each job once), and
         say which have still to be done: the jobs without an ok row so far (still in plan order),
-        and how many have one. Each job's bucket is found once, for both."""
+        and how many have one. Each job's bucket is found once, for both. The jobs `kept` (a mask)
+        took their key from an ok row of the previous table (`kept_keys`): they are done, and
+        not looked for again."""
         job_bucket = _buckets(jobs, self.subjects, self.bounds)
         _spread(self.jobs, jobs.select(JOBS_SCHEMA.names).cast(JOBS_SCHEMA), job_bucket)
-        order = np.argsort(job_bucket, kind="stable")
+        done = np.zeros(jobs.num_rows, bool) if kept is None else kept.copy()
+        looked = job_bucket if kept is None else np.where(kept, -1, job_bucket)
+        order = np.argsort(looked, kind="stable")
         n = len(self.subjects) * max(len(self.bounds), 1)
-        starts = np.searchsorted(job_bucket[order], np.arange(n + 1))
-        done = np.zeros(jobs.num_rows, bool)
-        for bucket in sorted(set(np.unique(job_bucket).tolist()) & self._held()):
+        starts = np.searchsorted(looked[order], np.arange(n + 1))
+        for bucket in sorted(set(np.unique(looked).tolist()) & self._held()):
             rows, theirs = self._rows(bucket), order[starts[bucket] : starts[bucket + 1]]
             job = _job_of(rows, jobs.take(pa.array(theirs, pa.int64())))
             ok = pc.equal(rows.column("status"), "ok").fill_null(False).to_numpy(zero_copy_only=False)
