@@ -3,12 +3,12 @@
 What a study asks of its models (each model's prompts, the masked variants, the class lists of
 closed-world baselines) comes in a `Plan` that the study builds; `plan` turns it into jobs, one per
 response, each with a cache key (model, prompt, image bytes, mask geometry), and rows whose key is
-already done are never described again (`rows`). Local models run in Ray actors (`local`), but for
-imported files, looked up in the driver; API models send through their provider's gateway actor
-(`remote`). In batch mode every API model's
-requests are submitted as batches first, before any local or sync model runs and before any batch
-is waited on, so the batches are worked on meanwhile and a study waits one batch turnaround for
-all its models.
+already done are never described again (`rows`); a job whose inputs are as the previous table's
+keys were made from takes its row's key instead of hashing it again (`keyed`). Local models run in
+Ray actors (`local`), but for imported files, looked up in the driver; API models send through
+their provider's gateway actor (`remote`). In batch mode every API model's requests are submitted
+as batches first, before any local or sync model runs and before any batch is waited on, so the
+batches are worked on meanwhile and a study waits one batch turnaround for all its models.
 """
 
 from __future__ import annotations

@@ -226,20 +226,20 @@ def _plan_slice(
         datasets = pc.dictionary_encode(rows.column("dataset").combine_chunks().take(within))
         listed = [json.dumps(list(plan.classnames.get(d, ()))) for d in datasets.dictionary.to_pylist()]
         inputs["classes"] = pa.array(listed, pa.string()).take(datasets.indices)
-    kept = None
+    asked, kept = None, None  # the jobs whose rows were asked for their keys, and the keys found (null: none)
     if reuse is not None:
         candidate = np.repeat(reuse[0], n)
         if texts is not None:
             candidate &= pc.is_valid(texts).to_numpy(zero_copy_only=False)
         if candidate.any():
-            at = pa.array(np.flatnonzero(candidate))
-            asked = jobs.select(["subject", "image_id", "variant", "prompt_id"]).take(at)
-            kept = (at, reuse[1](asked if texts is None else asked.append_column("text", texts.take(at))))
-    if kept is None or not kept[1].null_count < len(kept[1]):  # every key made
+            asked = pa.array(np.flatnonzero(candidate))
+            questions = jobs.select(["subject", "image_id", "variant", "prompt_id"]).take(asked)
+            kept = reuse[1](questions if texts is None else questions.append_column("text", texts.take(asked)))
+    if kept is None or kept.null_count == len(kept):  # every key made
         made = keys.keys(images=rows.column("sha256"), backgrounds=rows.column("background"), **_answer_keys(inputs))
         return jobs.append_column("cache_key", made), None
     found = np.zeros(size, bool)
-    found[kept[0].filter(pc.is_valid(kept[1])).to_numpy()] = True
+    found[asked.filter(pc.is_valid(kept)).to_numpy()] = True
     todo = pa.array(np.flatnonzero(~found))
     made = keys.keys(
         images=rows.column("sha256"),
@@ -250,8 +250,7 @@ def _plan_slice(
     place = np.empty(size, np.int64)
     place[~found] = np.arange(len(todo))
     place[found] = len(todo) + np.arange(int(found.sum()))
-    keys_in_place = pa.concat_arrays([made, kept[1].drop_null()]).take(pa.array(place))
-    return jobs.append_column("cache_key", keys_in_place), found
+    return jobs.append_column("cache_key", pa.concat_arrays([made, kept.drop_null()]).take(pa.array(place))), found
 
 
 def _answer_keys(inputs: dict) -> dict:
