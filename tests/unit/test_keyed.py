@@ -13,6 +13,7 @@ import pyarrow.compute as pc
 import pytest
 
 import vlm_decade.stages.describe.plan as plan_module
+import vlm_decade.stages.describe.rows as rows_module
 from vlm_decade.core.progress import Reporter
 from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.core.runner import StudyRun, given
@@ -125,14 +126,23 @@ def test_only_the_jobs_of_what_changed_get_keys_made_and_the_table_is_a_fresh_ru
         {"classnames": ("dog", "cat", "bird")},  # the class names given to model `a`
     ],
 )
-def test_a_model_whose_settings_changed_gets_every_key_made(tmp_path, hashed, changed):
+def test_a_model_whose_settings_changed_gets_every_key_made(tmp_path, hashed, changed, monkeypatch):
+    """The other model's keys are kept, and its rows (two images a bucket here) written as they
+    were, without being chosen again; the table is still a fresh run's, row for row."""
+    monkeypatch.setattr(rows_module, "COLLECT_IMAGES", 2)
+    chosen = []
+    best_rows = rows_module._best_rows
+    monkeypatch.setattr(rows_module, "_best_rows", lambda rows, jobs: chosen.append(1) or best_rows(rows, jobs))
     study, run = _study(tmp_path), tmp_path / "run"
     _answers(tmp_path, 3)
     _run(run, study, _plan(), _images(3))
     hashed.clear()
+    chosen.clear()
     table = _run(run, study, _plan(**changed), _images(3))
     per_model = 3 * len(PROMPTS) * len(VARIANTS)
-    assert sum(hashed) == (2 * per_model if "mask_box" in changed else per_model)
+    both = "mask_box" in changed
+    assert sum(hashed) == (2 * per_model if both else per_model)
+    assert len(chosen) == (4 if both else 2)  # two buckets (of images i0 and i1, and i2) a model
     _same_as_fresh(tmp_path, table, study, _plan(**changed), _images(3))
 
 
@@ -149,3 +159,36 @@ def test_a_record_of_another_table_is_not_used(tmp_path, hashed):
     table = _run(run, study, _plan(), _images(3))
     assert sum(hashed) == first.num_rows
     assert table.drop_columns(["latency_s"]).equals(first.drop_columns(["latency_s"]))
+
+
+def test_an_image_taken_out_of_the_study_takes_its_rows_with_it(tmp_path, hashed, monkeypatch):
+    """Every job left keeps its key, but the bucket that held the image's rows is chosen again: the
+    table is a fresh run's of the images left."""
+    monkeypatch.setattr(rows_module, "COLLECT_IMAGES", 2)
+    study, run = _study(tmp_path), tmp_path / "run"
+    _answers(tmp_path, 3)
+    _run(run, study, _plan(), _images(3))
+    hashed.clear()
+    left = _images(3).filter(pc.not_equal(_images(3).column("image_id"), "i1"))
+    table = _run(run, study, _plan(), left)
+    assert sum(hashed) == 0 and "i1" not in table.column("image_id").to_pylist()
+    _same_as_fresh(tmp_path, table, study, _plan(), left)
+
+
+def test_a_part_a_killed_run_left_beside_kept_rows_is_chosen_against(tmp_path, hashed, monkeypatch):
+    """A row a killed run saved (here: for another mask) of a job whose key is kept is not written
+    beside the table's: the table is a fresh run's."""
+    from vlm_decade.stages.describe.rows import RESPONSES_SCHEMA
+
+    monkeypatch.setattr(rows_module, "COLLECT_IMAGES", 2)
+    study, run = _study(tmp_path), tmp_path / "run"
+    _answers(tmp_path, 4)
+    first = _run(run, study, _plan(), _images(3))
+    stale = first.filter(pc.equal(first.column("image_id"), "i0")).slice(0, 1)
+    stale = stale.set_column(stale.schema.get_field_index("cache_key"), "cache_key", pa.array(["0" * 64]))
+    with RunFolder(run).parts("responses", RESPONSES_SCHEMA, 1, 0.0) as parts:
+        parts.add(stale.cast(RESPONSES_SCHEMA))
+    hashed.clear()
+    table = _run(run, study, _plan(), _images(4))  # an image added: the stage runs
+    assert sum(hashed) == 2 * len(PROMPTS) * len(VARIANTS)  # the new image's jobs alone
+    _same_as_fresh(tmp_path, table, study, _plan(), _images(4))

@@ -184,14 +184,15 @@ def missing_rows(
             continue
         ids = _id_array(image_ids)
         keys = _keys(table).filter(pc.invert(pa.array(table.blank("text"))))
+        keys = keys.filter(pc.is_in(keys.column("image_id"), value_set=ids))  # the study's images' rows
         variants = variants_of(model)
         lacking = Counter()
-        for v in variants:
-            for p in prompts:  # the images with a row for this prompt, or for every prompt
-                where = pc.and_(
-                    pc.equal(keys.column("variant"), v), pc.is_in(keys.column("prompt"), pa.array([p, EVERY_PROMPT]))
-                )
-                lacking[v] += len(ids) - pc.sum(pc.is_in(ids, value_set=keys.column("image_id").filter(where))).as_py()
+        for p in prompts:  # per variant, the images with a row for this prompt, or for every prompt
+            rows = keys.filter(pc.is_in(keys.column("prompt"), pa.array([p, EVERY_PROMPT])))
+            have = rows.group_by("variant", use_threads=False).aggregate([("image_id", "count_distinct")])
+            answered = dict(zip(have.column("variant").to_pylist(), have.column("image_id_count_distinct").to_pylist()))
+            for v in variants:
+                lacking[v] += len(ids) - answered.get(v, 0)
         if +lacking:
             each = len(ids) * len(prompts)
             counts = ", ".join(f"{v}: {lacking[v]} of {each}" for v in variants if lacking[v])

@@ -192,16 +192,25 @@ class RowsSoFar:
         shutil.rmtree(self.root, ignore_errors=True)  # what a killed run left is of no use
         self.seen: set[str] = set()  # the parts spilled
         held = folder.stored_bytes("responses") <= HOLD_FILES_BYTES
+        n_buckets = len(self.subjects) * max(len(self.bounds), 1)
+        # Per bucket, the previous table's rows, the jobs added and those of them `kept`.
+        self.table_rows, self.job_rows, self.kept_rows = (np.zeros(n_buckets, np.int64) for _ in range(3))
         self.from_table = folder.trusted("responses")
-        self.spills = [self._spill(self.root / "table", _table_rows(folder), held)] if self.from_table else []
+        self.spills = (
+            [self._spill(self.root / "table", _table_rows(folder), held, self.table_rows)] if self.from_table else []
+        )
         self.spills.append(self._spill(self.root / "0", _parts(folder, self.seen), held))
         self.jobs = Spill(self.root / "jobs", JOBS_SCHEMA)
 
-    def _spill(self, root, sources, held: bool) -> Spill:
+    def _spill(self, root, sources, held: bool, counts: np.ndarray | None = None) -> Spill:
+        """`sources`' rows spread over the buckets; their number per bucket added to `counts`."""
         spill = Spill(root, RESPONSES_SCHEMA, held=held)
         try:
             for rows in sources:
-                _spread(spill, rows, _buckets(rows, self.subjects, self.bounds))
+                bucket = _buckets(rows, self.subjects, self.bounds)
+                _spread(spill, rows, bucket)
+                if counts is not None:
+                    counts += np.bincount(bucket[bucket >= 0], minlength=len(counts))
         finally:
             spill.close()
         return spill
@@ -227,6 +236,9 @@ class RowsSoFar:
         not looked for again."""
         job_bucket = _buckets(jobs, self.subjects, self.bounds)
         _spread(self.jobs, jobs.select(JOBS_SCHEMA.names).cast(JOBS_SCHEMA), job_bucket)
+        self.job_rows += np.bincount(job_bucket, minlength=len(self.job_rows))
+        if kept is not None:
+            self.kept_rows += np.bincount(job_bucket[kept], minlength=len(self.kept_rows))
         done = np.zeros(jobs.num_rows, bool) if kept is None else kept.copy()
         looked = job_bucket if kept is None else np.where(kept, -1, job_bucket)
         order = np.argsort(looked, kind="stable")
@@ -276,14 +288,23 @@ class RowsSoFar:
     def _rows(self, bucket: int) -> pa.Table:
         return pa.concat_tables([spill.read(bucket) for spill in self.spills])
 
-    def job_buckets(self) -> Iterator[tuple[pa.Table, pa.Table]]:
+    def job_buckets(self) -> Iterator[tuple[pa.Table, pa.Table | None]]:
         """Per bucket (in key order) that holds jobs added and rows: its rows so far, in the order
-        read, and its jobs."""
+        read, and its jobs; None for the jobs of a bucket whose rows are its jobs' rows as they are
+        (every job `kept`, one for each row of the previous table there, no part there): the
+        table's rows, in its order (the key's)."""
         self.jobs.close()
         held = self._held()
+        parts = set().union(*(spill.buckets for spill in self.spills[1 if self.from_table else 0 :]))
         for bucket in self.jobs.buckets:
-            if bucket in held:
-                yield self._rows(bucket), self.jobs.read(bucket)
+            if bucket not in held:
+                continue
+            as_they_are = (
+                self.from_table
+                and bucket not in parts
+                and self.kept_rows[bucket] == self.job_rows[bucket] == self.table_rows[bucket]
+            )
+            yield self._rows(bucket), None if as_they_are else self.jobs.read(bucket)
 
 
 def _spread(spill: Spill, table: pa.Table, bucket: np.ndarray) -> None:
@@ -304,7 +325,7 @@ def collect_rows(folder: RunFolder, so_far: RowsSoFar) -> Written:
 
     def chosen():
         for rows, jobs in so_far.job_buckets():
-            best = rows.take(pa.array(_best_rows(rows, jobs), pa.int64()))
+            best = rows if jobs is None else rows.take(pa.array(_best_rows(rows, jobs), pa.int64()))
             tally.add(best)
             yield from best.to_batches()
 
