@@ -192,9 +192,9 @@ class RowsSoFar:
         shutil.rmtree(self.root, ignore_errors=True)  # what a killed run left is of no use
         self.seen: set[str] = set()  # the parts spilled
         held = folder.stored_bytes("responses") <= HOLD_FILES_BYTES
-        n_buckets = len(self.subjects) * max(len(self.bounds), 1)
+        self.n_buckets = len(self.subjects) * max(len(self.bounds), 1)
         # Per bucket, the previous table's rows, the jobs added and those of them `kept`.
-        self.table_rows, self.job_rows, self.kept_rows = (np.zeros(n_buckets, np.int64) for _ in range(3))
+        self.table_rows, self.job_rows, self.kept_rows = (np.zeros(self.n_buckets, np.int64) for _ in range(3))
         self.from_table = folder.trusted("responses")
         self.spills = (
             [self._spill(self.root / "table", _table_rows(folder), held, self.table_rows)] if self.from_table else []
@@ -241,11 +241,8 @@ class RowsSoFar:
             self.kept_rows += np.bincount(job_bucket[kept], minlength=len(self.kept_rows))
         done = np.zeros(jobs.num_rows, bool) if kept is None else kept.copy()
         looked = job_bucket if kept is None else np.where(kept, -1, job_bucket)
-        order = np.argsort(looked, kind="stable")
-        n = len(self.subjects) * max(len(self.bounds), 1)
-        starts = np.searchsorted(looked[order], np.arange(n + 1))
-        for bucket in sorted(set(np.unique(looked).tolist()) & self._held()):
-            rows, theirs = self._rows(bucket), order[starts[bucket] : starts[bucket + 1]]
+        for bucket, theirs in _in_buckets(looked, self.n_buckets, self._held()):
+            rows = self._rows(bucket)
             job = _job_of(rows, jobs.take(pa.array(theirs, pa.int64())))
             ok = pc.equal(rows.column("status"), "ok").fill_null(False).to_numpy(zero_copy_only=False)
             done[theirs[job[(job >= 0) & ok]]] = True
@@ -261,12 +258,9 @@ class RowsSoFar:
             return pa.nulls(asked.num_rows, pa.string())
         table = self.spills[0]
         bucket = _buckets(asked, self.subjects, self.bounds)
-        order = np.argsort(bucket, kind="stable")
-        starts = np.searchsorted(bucket[order], np.arange(len(self.subjects) * max(len(self.bounds), 1) + 1))
         place, found = np.full(asked.num_rows, -1, np.int64), []
         n_found = 0
-        for b in sorted(set(np.unique(bucket).tolist()) & set(table.buckets)):
-            theirs = order[starts[b] : starts[b + 1]]
+        for b, theirs in _in_buckets(bucket, self.n_buckets, table.buckets):
             rows, mine = table.read(b), asked.take(pa.array(theirs, pa.int64()))
             at = pc.index_in(_composite(mine), value_set=_composite(rows).combine_chunks())
             kept = pc.and_(pc.is_valid(at), pc.equal(rows.column("status").take(at), "ok"))
@@ -305,6 +299,15 @@ class RowsSoFar:
                 and self.kept_rows[bucket] == self.job_rows[bucket] == self.table_rows[bucket]
             )
             yield self._rows(bucket), None if as_they_are else self.jobs.read(bucket)
+
+
+def _in_buckets(bucket: np.ndarray, n_buckets: int, among) -> Iterator[tuple[int, np.ndarray]]:
+    """Per bucket that `bucket` (one per row, of `n_buckets`; -1: none) names and `among` holds, in
+    order, the numbers of its rows (in their order)."""
+    order = np.argsort(bucket, kind="stable")
+    starts = np.searchsorted(bucket[order], np.arange(n_buckets + 1))
+    for b in sorted(set(np.unique(bucket).tolist()) & set(among)):
+        yield b, order[starts[b] : starts[b + 1]]
 
 
 def _spread(spill: Spill, table: pa.Table, bucket: np.ndarray) -> None:

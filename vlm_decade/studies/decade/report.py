@@ -271,11 +271,13 @@ def _examples(tables: dict[str, pa.Table], metric: str, picked: dict[str, tuple[
     )
 
 
-def _failed_responses(run: RunFolder, tables: Mapping[str, pa.Table], shown: int = FAILED_SHOWN) -> dict:
-    """How many responses failed, per model, and the first few of them."""
+def _failed_responses(
+    run: RunFolder, tables: Mapping[str, pa.Table], manifest: dict, shown: int = FAILED_SHOWN
+) -> dict:
+    """How many responses failed, per model, and the first few of them (`manifest`: the run's)."""
     columns = ["subject", "image_id", "variant", "status", "error"]
     # A table the stage recorded done has no row but ok ones (`StatusTally`): not read to find none.
-    recorded = run.manifest().get("stages", {}).get("responses", {}).get("state")
+    recorded = manifest.get("stages", {}).get("responses", {}).get("state")
     if "responses" not in tables and recorded == "done":
         failed = pa.schema([run.schema("responses").field(c) for c in columns]).empty_table()
     else:
@@ -428,7 +430,7 @@ def _page(
         errors=errors,
         metric=metric,
         examples=_examples(tables, metric, picked) if metric is not None else None,
-        responses=_failed_responses(run, all_rows),
+        responses=_failed_responses(run, all_rows, manifest),
         csvs=csvs.result(),
     )
 
