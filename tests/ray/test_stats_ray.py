@@ -61,3 +61,65 @@ def test_workers_started_ahead_take_the_bootstraps_tasks_and_change_no_result(ra
     while ray.available_resources().get("CPU", 0) < ray.cluster_resources()["CPU"]:
         assert time.monotonic() < deadline, "the warm blocks still hold CPUs a minute on"
         time.sleep(0.2)
+
+
+def test_study_as_stats_stage_keeps_its_poisson_shards_and_ends_as_a_fresh_run(ray_session, tmp_path, monkeypatch):
+    """Study A's stats stage in Poisson mode (here from any size up): images added at the end of a
+    finished run's scores reuse the sums of the shards they leave as they were (kept in
+    `.cache/stats-shards.parquet`), and the tables are a fresh run's to the bit."""
+    import vlm_decade.stats.analysis as analysis
+    from vlm_decade.core.progress import Reporter
+    from vlm_decade.core.runfolder import RunFolder
+    from vlm_decade.core.runner import StudyRun, given
+    from vlm_decade.core.runtime import LazyRay
+    from vlm_decade.stages.shard_sums import keep_shard_sums, kept_shard_sums, shard_sums_file
+    from vlm_decade.studies import study_from_dict
+    from vlm_decade.studies.decade.statistics import stage
+
+    monkeypatch.setattr(analysis, "POISSON_AUTO_IMAGES", 0)
+    models = [
+        {"name": s, "backend": "imported", "model_id": s, "era": ERAS[s], "options": {"file": "m.csv"}} for s in "AB"
+    ]
+    data = {"images": "x.csv", "image_dir": str(tmp_path), "descriptions": "d.csv"}
+    study = study_from_dict({"name": "shards", "data": data, "models": models, "statistics": {"n_resamples": 100}})
+    rng = np.random.default_rng(4)
+    n_all = _engine.POISSON_SHARD + 1500
+    values = {s: rng.random(n_all) for s in ERAS}
+
+    def scores(n):
+        ids = [f"img{i:06d}" for i in range(n)]
+        return pa.table(
+            {
+                "subject": [s for s in ERAS for _ in ids],
+                "image_id": ids * len(ERAS),
+                "dataset": ["coco"] * (n * len(ERAS)),
+                "variant": ["full"] * (n * len(ERAS)),
+                "metric": ["si"] * (n * len(ERAS)),
+                "value": np.concatenate([values[s][:n] for s in ERAS]),
+            }
+        )
+
+    def run(folder, n):
+        study_run = StudyRun(RunFolder(folder), Reporter(quiet=True), LazyRay(study.runtime))
+        study_run.run_stage(given("scores", scores(n)))
+        study_run.run_stage(stage(study))
+        return {t: study_run.folder.read(t) for t in ("stats", "comparisons")}
+
+    run(tmp_path / "run", _engine.POISSON_SHARD + 500)
+    first = kept_shard_sums(tmp_path / "run", "stats").known
+    assert len(first) == 2  # the full shard and the 500 images after it
+    grown = run(tmp_path / "run", n_all)
+    now = kept_shard_sums(tmp_path / "run", "stats").known
+    assert len(now) == 2 and len(set(first) & set(now)) == 1  # the full shard's sums kept, the other new
+    fresh = run(tmp_path / "fresh", n_all)
+    assert grown["stats"].equals(fresh["stats"]) and grown["comparisons"].equals(fresh["comparisons"])
+    assert grown["stats"].column("method").to_pylist()[0] == "poisson-percentile"
+
+    # What was kept is what is used: sums tampered with show in the next run's estimates' intervals.
+    kept = kept_shard_sums(tmp_path / "run", "stats")
+    kept.used = {k: (s * 2, t) for k, (s, t) in kept.known.items()}
+    keep_shard_sums(tmp_path / "run", "stats", kept)
+    (tmp_path / "run" / "stats.parquet").unlink()  # the stage's table gone: it runs again
+    assert shard_sums_file(tmp_path / "run", "stats").is_file()
+    again = run(tmp_path / "run", n_all)
+    assert not again["stats"].equals(fresh["stats"])

@@ -12,6 +12,7 @@ Files:
 - `_engine.py`   runs blocks of resamples (or Poisson image shards) in-process or as Ray tasks.
 - `_validate.py` argument checks, kept apart from the numerics.
 - `results.py`   frozen result records and the Arrow schemas of the input and output tables.
+- `shards.py`    the Poisson bootstrap's image shards' partial sums, kept for a later run.
 - `exact.py`     exact tests without resampling: McNemar's test for paired binary outcomes.
 - `resampling.py` the public building blocks (resample counts, weighted correlations, named
                  generators) for analyses outside `analyse`.
@@ -36,6 +37,7 @@ from vlm_decade.stats.families import (
     within_era_family,
 )
 from vlm_decade.stats.results import COMPARISONS_SCHEMA, SCORES_SCHEMA, STATS_SCHEMA, Estimate, StudyResult
+from vlm_decade.stats.shards import ShardSums
 
 # What the engine computes, as a version: stages put it in their settings, so a change of method
 # (2: the standard two-sided p-value, min_images, unit weights) recomputes existing runs.
@@ -69,4 +71,5 @@ __all__ = [
     "COMPARISONS_SCHEMA",
     "Estimate",
     "StudyResult",
+    "ShardSums",
 ]

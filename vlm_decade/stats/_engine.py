@@ -10,12 +10,17 @@ asked); otherwise everything runs in this process with the same functions.
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 import numpy as np
 
 from vlm_decade.stats import _core, _streams
 
 RAY_GET_TIMEOUT_S = 1800.0  # a bootstrap that takes longer than this is stuck, not slow
 POISSON_SHARD = 25_000  # images per Poisson shard: part of the results' definition, like CHUNK
+# What a shard's kept sums were computed by: change it with `_poisson_shard`'s draws or arithmetic.
+SHARD_SUMS_VERSION = 1
 
 
 def _multinomial_block(values, mask, streams, sizes) -> np.ndarray:
@@ -144,6 +149,17 @@ def resample_means(values, mask, n_resamples: int, seed: int, name: str, **kw) -
     return resample_means_many({name: (values, mask)}, n_resamples, seed, **kw)[name]
 
 
+def shard_key(seed: int, name: str, shard: int, n_resamples: int, values: np.ndarray, mask: np.ndarray) -> bytes:
+    """What shard `shard` of dataset `name`'s Poisson partial sums depend on, hashed: its stream (seed,
+    name, place), the resamples, its scores and mask to the byte, and the code and numpy that drew
+    and summed them (`shards.ShardSums`)."""
+    head = [SHARD_SUMS_VERSION, np.__version__, _streams.CHUNK, seed, name, shard, n_resamples]
+    digest = hashlib.sha256(json.dumps(head + [values.shape, values.dtype.str, mask.dtype.str]).encode())
+    digest.update(np.ascontiguousarray(values).tobytes())
+    digest.update(np.ascontiguousarray(mask).tobytes())
+    return digest.digest()
+
+
 def poisson_partial_sums_many(
     jobs: dict[str, tuple[np.ndarray, np.ndarray]],
     n_resamples: int,
@@ -151,12 +167,14 @@ def poisson_partial_sums_many(
     *,
     shard_size: int = POISSON_SHARD,
     use_ray: bool | None = None,
+    kept=None,
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Poisson bootstrap: name -> (values, mask) gives name -> (sums, totals), each (B, S).
 
     Shard k of a dataset (images [k*shard_size, (k+1)*shard_size)) always uses child k of the
     dataset's Poisson stream, and partial sums are added in shard order, so the result does not
-    depend on how many tasks or workers ran.
+    depend on how many tasks or workers ran. `kept` (a `shards.ShardSums`): a shard whose key it
+    knows is not computed again, and every shard's sums are put in it.
     """
     ray_on = _ray_wanted(use_ray)
     pending = {}
@@ -164,24 +182,31 @@ def poisson_partial_sums_many(
         n = values.shape[1]
         n_shards = max(1, -(-n // shard_size))
         streams = _streams.chunk_streams(seed, name, _streams.KIND_POISSON, n_shards)
-        parts = []
+        parts = []  # per shard: (key, its kept sums or None, its computation: sums or Ray refs, or None)
         for k in range(n_shards):
             sl = slice(k * shard_size, (k + 1) * shard_size)
             v, m = np.ascontiguousarray(values[:, sl]), np.ascontiguousarray(mask[:, sl])
-            if ray_on:
-                parts.append(_remote("poisson").remote(v, m, streams[k], n_resamples))
+            key = None if kept is None else shard_key(seed, name, k, n_resamples, v, m)
+            found = None if key is None else kept.get(key)
+            if found is not None:
+                parts.append((key, found, None))
+            elif ray_on:
+                parts.append((key, None, _remote("poisson").remote(v, m, streams[k], n_resamples)))
             else:
-                parts.append(_poisson_shard(v, m, streams[k], n_resamples))
+                parts.append((key, None, _poisson_shard(v, m, streams[k], n_resamples)))
         pending[name] = parts
     out = {}
     for name, parts in pending.items():
-        if ray_on:
-            parts = [tuple(_get(list(p))) for p in parts]
-        sums = np.zeros_like(parts[0][0])
-        totals = np.zeros_like(parts[0][1])
-        for s, t in parts:  # fixed order: deterministic floating-point sums
-            sums += s
-            totals += t
+        sums = totals = None
+        for key, found, computed in parts:  # fixed order: deterministic floating-point sums
+            if found is None:
+                found = tuple(_get(list(computed))) if ray_on else computed
+                if kept is not None:
+                    kept.put(key, *found)
+            if sums is None:
+                sums, totals = np.zeros_like(found[0]), np.zeros_like(found[1])
+            sums += found[0]
+            totals += found[1]
         out[name] = (sums, totals)
     return out
 

@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 from vlm_decade.stats import _core, _engine, _streams, _validate
 from vlm_decade.stats.families import Family, default_families
 from vlm_decade.stats.results import COMPARISONS_SCHEMA, STATS_SCHEMA, Estimate, StudyResult
+from vlm_decade.stats.shards import ShardSums
 
 POISSON_AUTO_IMAGES = 200_000  # "auto" mode switches to the Poisson bootstrap above this many images
 
@@ -114,6 +115,7 @@ def bootstrap_study(
     use_ray: bool | None = None,
     n_tasks: int | None = None,
     min_images: int = 1,
+    shard_sums: ShardSums | None = None,
 ) -> StudyResult:
     """`analyse` with every option, returning a `StudyResult` (tables, optional distributions).
 
@@ -123,7 +125,8 @@ def bootstrap_study(
     use_ray: None = use Ray tasks when Ray is initialised. n_tasks: blocks per dataset (results
     do not depend on it). min_images: a comparison whose term (either side) rests on fewer images
     gets its difference and interval but no p, q or decision, and is left out of the family's BH
-    correction (`n_a`, `n_b` say how many each side had).
+    correction (`n_a`, `n_b` say how many each side had). shard_sums: in Poisson mode, the image
+    shards' partial sums an earlier run kept (the same to the bit), and where this run's are put.
     """
     _validate.validate_params(n_resamples, seed, confidence, alpha, method, mode)
     if not isinstance(min_images, int) or isinstance(min_images, bool) or min_images < 1:
@@ -142,7 +145,7 @@ def bootstrap_study(
 
     jobs = {d: (m.values, m.mask) for d, m in mats.items()}
     if mode == "poisson":
-        partial = _engine.poisson_partial_sums_many(jobs, n_resamples, seed, use_ray=use_ray)
+        partial = _engine.poisson_partial_sums_many(jobs, n_resamples, seed, use_ray=use_ray, kept=shard_sums)
         dists = {d: _core.ratio(*partial[d]).T for d in mats}
         label = "poisson-percentile"
     else:
@@ -184,7 +187,9 @@ def bootstrap_study(
             values, mask = m.values * keep, m.mask * keep
             if mode == "poisson":
                 dist = _core.ratio(
-                    *_engine.poisson_partial_sums_many({d: (values, mask)}, n_resamples, seed, use_ray=use_ray)[d]
+                    *_engine.poisson_partial_sums_many(
+                        {d: (values, mask)}, n_resamples, seed, use_ray=use_ray, kept=shard_sums
+                    )[d]
                 ).T
             else:
                 dist = _engine.resample_means_many(

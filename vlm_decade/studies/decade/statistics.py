@@ -7,6 +7,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from vlm_decade.core.runner import Stage, StudyRun
+from vlm_decade.stages.shard_sums import keep_shard_sums, kept_shard_sums
 from vlm_decade.stats import METHOD_VERSION, SCORES_SCHEMA, analyse, warm_workers
 from vlm_decade.stats.groups import grouped_tables
 from vlm_decade.studies.decade.config import StudyConfig
@@ -37,7 +38,11 @@ def stage(study: StudyConfig) -> Stage:
         metadata = run.table("metadata") if group_by else None
         # Only what the bootstrap reads: a million images' scores hold hundreds of MB of row hashes.
         scores = run.table("scores", tuple(SCORES_SCHEMA.names))
-        stats, comparisons = grouped_analysis(scores, metadata, study.eras, group_by, study.statistics.model_dump())
+        # A huge study's Poisson shards whose scores are unchanged are not resampled again.
+        kept = kept_shard_sums(run.folder.root, "stats")
+        statistics = study.statistics.model_dump() | {"shard_sums": kept}
+        stats, comparisons = grouped_analysis(scores, metadata, study.eras, group_by, statistics)
+        keep_shard_sums(run.folder.root, "stats", kept)
         return {"stats": stats, "comparisons": comparisons}
 
     return Stage(
