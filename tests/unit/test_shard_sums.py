@@ -127,11 +127,17 @@ def test_the_record_round_trips_in_the_run_folder_and_a_damaged_one_costs_only_t
         np.testing.assert_array_equal(read.known[key][0], sums)
         np.testing.assert_array_equal(read.known[key][1], totals)
 
-    # A row whose arrays are not of its stated shape is left out; a file that is not Parquet, all.
+    # A row whose arrays are not of its stated shape is left out; a damaged file, or one that is not
+    # Parquet, is not read at all.
     table = kept.table()
     cut = table.set_column(3, "sums", pa.array([b"\0" * 8] + table.column("sums").to_pylist()[1:], pa.binary()))
     pq.write_table(cut, shard_sums_file(tmp_path, "stats"))
     assert len(kept_shard_sums(tmp_path, "stats").known) == 2
+    keep_shard_sums(tmp_path, "stats", kept)
+    damaged = bytearray(shard_sums_file(tmp_path, "stats").read_bytes())
+    damaged[len(damaged) // 3] ^= 0xFF  # a byte of the sums flipped on disk: its page fails its checksum
+    shard_sums_file(tmp_path, "stats").write_bytes(bytes(damaged))
+    assert kept_shard_sums(tmp_path, "stats").known == {}
     shard_sums_file(tmp_path, "stats").write_bytes(b"PAR1 not really")
     assert kept_shard_sums(tmp_path, "stats").known == {}
 

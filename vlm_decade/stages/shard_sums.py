@@ -2,7 +2,8 @@
 `.cache/<stage>-shards.parquet` in the run folder (`stats.ShardSums` says why they may be kept).
 
 What a run used is all that is written, so the file holds one study's shards, not every shard any
-run computed. A file that cannot be read costs computing every shard again, and nothing else.
+run computed. A file that cannot be read, or a page of it that fails its checksum, costs computing
+every shard again, and nothing else.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def kept_shard_sums(run_folder: str | Path, stage: str) -> ShardSums:
     if not path.is_file():
         return ShardSums()
     try:
-        return ShardSums.from_table(pq.read_table(path))
+        return ShardSums.from_table(pq.read_table(path, page_checksum_verification=True))
     except Exception:  # noqa: BLE001 - a damaged record only costs the bootstrap's time
         return ShardSums()
 
@@ -40,5 +41,5 @@ def keep_shard_sums(run_folder: str | Path, stage: str, sums: ShardSums) -> None
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     sink = pa.BufferOutputStream()
-    pq.write_table(sums.table(), sink)
+    pq.write_table(sums.table(), sink, write_page_checksum=True)  # a damaged page is refused, not summed
     atomic_write_bytes(path, sink.getvalue().to_pybytes())

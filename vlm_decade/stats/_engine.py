@@ -151,9 +151,11 @@ def resample_means(values, mask, n_resamples: int, seed: int, name: str, **kw) -
 
 def shard_key(seed: int, name: str, shard: int, n_resamples: int, values: np.ndarray, mask: np.ndarray) -> bytes:
     """What shard `shard` of dataset `name`'s Poisson partial sums depend on, hashed: its stream (seed,
-    name, place), the resamples, its scores and mask to the byte, and the code and numpy that drew
-    and summed them (`shards.ShardSums`)."""
-    head = [SHARD_SUMS_VERSION, np.__version__, _streams.CHUNK, seed, name, shard, n_resamples]
+    name, place), the resamples, its scores and mask to the byte, and the code, numpy and scipy (its
+    Poisson CDF makes the draws' table) that drew and summed them (`shards.ShardSums`)."""
+    import scipy
+
+    head = [SHARD_SUMS_VERSION, np.__version__, scipy.__version__, _streams.CHUNK, seed, name, shard, n_resamples]
     digest = hashlib.sha256(json.dumps(head + [values.shape, values.dtype.str, mask.dtype.str]).encode())
     digest.update(np.ascontiguousarray(values).tobytes())
     digest.update(np.ascontiguousarray(mask).tobytes())
