@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from sklearn.metrics import cohen_kappa_score
 
+import vlm_decade.stats.analysis as analysis_module
 from vlm_decade.core.errors import Problems
 from vlm_decade.models.backends.detection import Detection
 from vlm_decade.models.encoders import text_key
@@ -755,3 +756,42 @@ def test_a_failing_batch_is_an_error_on_every_image():
         ("i2", "error", "cannot decode i2"),
     ]
     assert detections_of(pa.Table.from_pylist(rows, schema=DETECTIONS_SCHEMA)) == {"i1": None, "i2": None}
+
+
+def test_error_stats_of_a_huge_study_keep_their_poisson_shards(monkeypatch):
+    """The error_stats stage's analyses (error rates, impact) in Poisson mode, as a study above
+    200,000 images has them: a second run with the shards' sums kept resamples none, and gives the
+    tables the first (and a run keeping nothing) gave."""
+    from vlm_decade.stats import ShardSums
+
+    class Counted(ShardSums):
+        computed = 0
+
+        def put(self, key, sums, totals):
+            type(self).computed += 1
+            super().put(key, sums, totals)
+
+    monkeypatch.setattr(analysis_module, "POISSON_AUTO_IMAGES", 0)
+    study = study_from_dict(
+        {
+            "name": "s",
+            "data": {"images": "i.csv", "image_dir": "img", "descriptions": "d.csv"},
+            "models": [
+                {"name": "a", "backend": "openai", "model_id": "gpt-4o-mini", "era": "mllm"},
+                {"name": "b", "backend": "openai", "model_id": "gpt-4o", "era": "pre-mllm"},
+            ],
+            "taxonomy": {},
+            "statistics": {"n_resamples": 500},
+        }
+    )
+    errors, scores = errors_of(IMPACT_ERRORS), similarity_scores(IMPACT_SIMILARITY)
+    kept = Counted()
+    first = stages.compute_error_stats(study, errors, scores, kept)
+    assert Counted.computed == len(kept.used) >= 3  # the error rates' datasets and the impact's
+    assert first["error_stats"].column("method").to_pylist()[0] == "poisson-percentile"
+    Counted.computed = 0
+    again = stages.compute_error_stats(study, errors, scores, Counted.from_table(kept.table()))
+    assert Counted.computed == 0
+    alone = stages.compute_error_stats(study, errors, scores)
+    for name, table in first.items():
+        assert again[name].equals(table) and alone[name].equals(table), name

@@ -16,7 +16,8 @@ from vlm_decade.imaging.masks import mask_specs
 from vlm_decade.models.backends import backend_class
 from vlm_decade.models.encoders import text_key
 from vlm_decade.stages.describe.plan import api_budgets
-from vlm_decade.stats import METHOD_VERSION, analyse
+from vlm_decade.stages.shard_sums import keep_shard_sums, kept_shard_sums
+from vlm_decade.stats import METHOD_VERSION, ShardSums, analyse
 from vlm_decade.studies.decade.config import StudyConfig
 from vlm_decade.studies.decade.score import cosine, encoder_vectors
 from vlm_decade.studies.decade.taxonomy import analysis, existence, probes
@@ -314,9 +315,12 @@ def locator_queries(study: StudyConfig, tables) -> dict[str, list[str]]:
     return {i: list(dict.fromkeys(names)) for i, names in queries.items()}
 
 
-def compute_error_stats(study: StudyConfig, errors: pa.Table, scores: pa.Table) -> dict[str, pa.Table]:
-    """Error rates (per model and dataset, with the era and dataset comparisons) and error impact."""
-    settings = {**study.statistics.model_dump(), "min_images": study.taxonomy.min_images}
+def compute_error_stats(
+    study: StudyConfig, errors: pa.Table, scores: pa.Table, shard_sums: ShardSums | None = None
+) -> dict[str, pa.Table]:
+    """Error rates (per model and dataset, with the era and dataset comparisons) and error impact;
+    `shard_sums`: a huge study's Poisson shards kept (`bootstrap_study`)."""
+    settings = {**study.statistics.model_dump(), "min_images": study.taxonomy.min_images, "shard_sums": shard_sums}
     model_eras = {m.name: m.era for m in study.models}
     error_stats, error_comparisons = analyse(analysis.error_scores(errors), model_eras, **settings)
     impact = analysis.impact_scores(errors, scores, study.taxonomy_metric)
@@ -380,7 +384,10 @@ def stages(study: StudyConfig, hand: pa.Table | None) -> list[Stage]:
 
     def error_stats(run: StudyRun) -> dict[str, pa.Table]:
         run.ray()  # bootstrap blocks run as Ray tasks
-        return compute_error_stats(study, run.table("errors"), run.table("scores"))
+        kept = kept_shard_sums(run.folder.root, "error_stats")
+        tables = compute_error_stats(study, run.table("errors"), run.table("scores"), kept)
+        keep_shard_sums(run.folder.root, "error_stats", kept)
+        return tables
 
     hand_fp = None if hand is None else table_fingerprint(hand)
     out.append(
