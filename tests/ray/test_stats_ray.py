@@ -123,3 +123,47 @@ def test_study_as_stats_stage_keeps_its_poisson_shards_and_ends_as_a_fresh_run(r
     assert shard_sums_file(tmp_path / "run", "stats").is_file()
     again = run(tmp_path / "run", n_all)
     assert not again["stats"].equals(fresh["stats"])
+
+
+def test_the_error_stats_stage_keeps_its_poisson_shards_in_the_run_folder(ray_session, tmp_path, monkeypatch):
+    """The taxonomy's error_stats stage, in Poisson mode: its record is written beside the run's
+    tables, a run of the stage again finds every shard in it, and a record that is not the stage's
+    own (tampered with) shows in the tables: what is kept is what is used."""
+    import vlm_decade.stats.analysis as analysis
+    from tests.unit.test_taxonomy_analysis import IMPACT_ERRORS, IMPACT_SIMILARITY, errors_of, similarity_scores
+    from vlm_decade.core.progress import Reporter
+    from vlm_decade.core.runfolder import RunFolder
+    from vlm_decade.core.runner import StudyRun, given
+    from vlm_decade.core.runtime import LazyRay
+    from vlm_decade.stages.shard_sums import keep_shard_sums, kept_shard_sums
+    from vlm_decade.studies import study_from_dict
+    from vlm_decade.studies.decade.taxonomy.stages import stages
+
+    monkeypatch.setattr(analysis, "POISSON_AUTO_IMAGES", 0)
+    models = [
+        {"name": "a", "backend": "openai", "model_id": "gpt-4o-mini", "era": "mllm"},
+        {"name": "b", "backend": "openai", "model_id": "gpt-4o", "era": "pre-mllm"},
+    ]
+    data = {"images": "i.csv", "image_dir": "img", "descriptions": "d.csv"}
+    study = study_from_dict(
+        {"name": "s", "data": data, "models": models, "taxonomy": {}, "statistics": {"n_resamples": 500}}
+    )
+    [stage] = [s for s in stages(study, None) if s.name == "error_stats"]
+    tables = ("error_stats", "error_comparisons", "impact_stats", "impact_comparisons")
+
+    def run(folder):
+        study_run = StudyRun(RunFolder(folder), Reporter(quiet=True), LazyRay(study.runtime))
+        study_run.run_stage(given("errors", errors_of(IMPACT_ERRORS)))
+        study_run.run_stage(given("scores", similarity_scores(IMPACT_SIMILARITY)))
+        study_run.run_stage(stage)
+        return {t: study_run.folder.read(t) for t in tables}
+
+    first = run(tmp_path / "run")
+    kept = kept_shard_sums(tmp_path / "run", "error_stats")
+    assert len(kept.known) >= 3  # the error rates' datasets and the impact's
+    assert first["error_stats"].column("method").to_pylist()[0] == "poisson-percentile"
+
+    kept.used = {key: (sums * 2, totals) for key, (sums, totals) in kept.known.items()}
+    keep_shard_sums(tmp_path / "run", "error_stats", kept)
+    (tmp_path / "run" / "error_stats.parquet").unlink()  # the stage's table gone: it runs again
+    assert not run(tmp_path / "run")["error_stats"].equals(first["error_stats"])
