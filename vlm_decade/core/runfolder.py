@@ -75,9 +75,11 @@ def _writer_options(schema: pa.Schema) -> dict[str, Any]:
     return options
 
 
-def table_bytes(table: pa.Table) -> bytes:
+def table_bytes(table: pa.Table, **options) -> bytes:
+    """`table` as a Parquet file's bytes, written as the run folder's tables are (`options`: more
+    of `pyarrow.parquet.write_table`'s)."""
     sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, **_writer_options(table.schema))
+    pq.write_table(table, sink, **_writer_options(table.schema), **options)
     return sink.getvalue().to_pybytes()
 
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from vlm_decade.core.files import atomic_write_bytes
+from vlm_decade.core.runfolder import table_bytes
 from vlm_decade.stats import ShardSums
 
 
@@ -40,6 +40,5 @@ def keep_shard_sums(run_folder: str | Path, stage: str, sums: ShardSums) -> None
         path.unlink(missing_ok=True)
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    sink = pa.BufferOutputStream()
-    pq.write_table(sums.table(), sink, write_page_checksum=True)  # a damaged page is refused, not summed
-    atomic_write_bytes(path, sink.getvalue().to_pybytes())
+    # With page checksums: a damaged page is refused, not summed.
+    atomic_write_bytes(path, table_bytes(sums.table(), write_page_checksum=True))

@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from vlm_decade.core.files import atomic_write_bytes
+from vlm_decade.core.runfolder import table_bytes
 
 KEYED_FILE = Path(".cache") / "responses-keys.parquet"
 KEY_ROWS_SCHEMA = pa.schema([(c, pa.string()) for c in ("image_id", "dataset", "sha256", "background")])
@@ -67,9 +68,7 @@ class KeyInputs:
         path = Path(run_folder) / KEYED_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
         meta = {_TABLE: self.table.encode(), _CONTEXTS: json.dumps(self.contexts, sort_keys=True).encode()}
-        sink = pa.BufferOutputStream()
-        pq.write_table(self.rows.cast(KEY_ROWS_SCHEMA).replace_schema_metadata(meta), sink)
-        atomic_write_bytes(path, sink.getvalue().to_pybytes())
+        atomic_write_bytes(path, table_bytes(self.rows.cast(KEY_ROWS_SCHEMA).replace_schema_metadata(meta)))
 
     def unchanged(self, rows: pa.Table) -> np.ndarray:
         """Per image of `rows` (`key_rows`), whether it was planned with the same dataset, sha256 and
