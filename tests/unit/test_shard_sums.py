@@ -143,3 +143,15 @@ def test_the_record_round_trips_in_the_run_folder_and_a_damaged_one_costs_only_t
 
     keep_shard_sums(tmp_path, "stats", ShardSums())  # an ordinary bootstrap uses none: no record left
     assert not shard_sums_file(tmp_path, "stats").exists()
+
+
+@pytest.mark.parametrize("library", ["numpy", "scipy"])
+def test_sums_kept_under_another_numpy_or_scipy_are_resampled_again(resampled, monkeypatch, library):
+    """The draws' table comes from scipy's Poisson CDF and the sums from numpy's arithmetic: sums kept
+    under other versions of either are not used."""
+    kept = ShardSums()
+    _sums({"coco": _scores(25)}, kept)
+    monkeypatch.setattr(__import__(library), "__version__", "0.0.0")
+    resampled.clear()
+    _sums({"coco": _scores(25)}, ShardSums.from_table(kept.table()))
+    assert resampled == [10, 10, 5]
