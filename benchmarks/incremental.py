@@ -4,10 +4,15 @@ images added to its files and the run done again into the same run folder, timed
 run of all the images; and the two run folders' tables compared (floats within 1e-6; and how many
 rows are not equal to the bit).
 
-Prints one JSON object: the base, incremental and fresh runs' seconds and per-stage seconds,
-`incremental_over_fresh`, and `tables_equal` with the largest float difference per table. Run
-from the repository root:
-    .venv/bin/python benchmarks/incremental.py [--images 1000] [--added 0.1] [--humans 9] [--model-texts 8] [--work DIR]
+A 2-core machine's speed drifts by tens of percent within minutes, which moves a single pair of
+runs' ratio as much as a stage's work does: with `--pairs N`, the incremental and the fresh run are
+each done N times, in turns (an incremental run from a copy of the finished run, then a fresh one;
+the next pair the other way round), and `incremental_over_fresh` is the median of the pairs' ratios.
+
+Prints one JSON object: the base, incremental and fresh runs' seconds and per-stage seconds (of the
+last pair), each pair's ratio, `incremental_over_fresh`, and `tables_equal` with the largest float
+difference per table (the last pair's run folders). Run from the repository root:
+    .venv/bin/python benchmarks/incremental.py [--images 1000] [--added 0.1] [--humans 9] [--model-texts 8] [--pairs 1] [--work DIR]
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -159,6 +166,9 @@ def main() -> None:
     parser.add_argument("--added", type=float, default=0.1, help="the share of images added")
     parser.add_argument("--humans", type=int, default=9, help="human descriptions per image")
     parser.add_argument("--model-texts", type=int, default=8, help="model texts per image (imported models' rows)")
+    parser.add_argument(
+        "--pairs", type=int, default=1, help="incremental and fresh runs done in turns, this many of each"
+    )
     parser.add_argument("--work", type=Path)
     args = parser.parse_args()
     from tests.hf_tiny import save_sentence_encoder
@@ -171,16 +181,37 @@ def main() -> None:
     full = make_study(work / "full", n_all, encoder, args.humans, args.model_texts)
     base = subset(full.parent, work / "base", {f"img{i:07d}" for i in range(args.images)})
     start = time.monotonic()
-    runs = {"base": finished(run_once(base, work / "run-incremental"), "base")}
-    runs["incremental"] = finished(run_once(full, work / "run-incremental"), "incremental")
-    runs["fresh"] = finished(run_once(full, work / "run-fresh"), "fresh")
+    incremental, fresh, finished_base = work / "run-incremental", work / "run-fresh", work / "run-base"
+    runs = {"base": finished(run_once(base, incremental), "base")}
+    if args.pairs > 1:  # the finished run, copied for each pair's incremental run (times to the nanosecond)
+        shutil.rmtree(finished_base, ignore_errors=True)
+        shutil.copytree(incremental, finished_base)
+    ratios = []
+    for pair in range(args.pairs):
+        if pair:
+            shutil.rmtree(incremental)
+            shutil.copytree(finished_base, incremental)
+            shutil.rmtree(fresh)
+        order = [("incremental", incremental), ("fresh", fresh)]
+        for name, out in order if pair % 2 == 0 else order[::-1]:
+            runs[name] = finished(run_once(full, out), name)
+        ratios.append(round(runs["incremental"]["total_s"] / runs["fresh"]["total_s"], 3))
+        print(
+            json.dumps(
+                {"pair": pair, "incremental_s": runs["incremental"]["total_s"], "fresh_s": runs["fresh"]["total_s"]}
+            ),
+            file=sys.stderr,
+            flush=True,
+        )
+    shutil.rmtree(finished_base, ignore_errors=True)
     times = {
         "images": args.images,
         "added": n_all - args.images,
         "humans": args.humans,
         "model_texts": args.model_texts,
         **{f"{k}_s": r["total_s"] for k, r in runs.items()},
-        "incremental_over_fresh": round(runs["incremental"]["total_s"] / runs["fresh"]["total_s"], 3),
+        **({"pair_ratios": ratios} if args.pairs > 1 else {}),
+        "incremental_over_fresh": statistics.median(ratios),
         "stages_s": {k: r["stages_s"] for k, r in runs.items()},
     }
     print(json.dumps(times), file=sys.stderr, flush=True)  # kept if the comparison below fails
