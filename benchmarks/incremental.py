@@ -9,9 +9,10 @@ runs' ratio as much as a stage's work does: with `--pairs N`, the incremental an
 each done N times, in turns (an incremental run from a copy of the finished run, then a fresh one;
 the next pair the other way round), and `incremental_over_fresh` is the median of the pairs' ratios.
 
-Prints one JSON object: the base, incremental and fresh runs' seconds and per-stage seconds (of the
-last pair), each pair's ratio, `incremental_over_fresh`, and `tables_equal` with the largest float
-difference per table (the last pair's run folders). Run from the repository root:
+Prints one JSON object: the base, incremental and fresh runs' seconds and per-stage seconds (of
+the last pair), each pair's seconds and ratio (`pairs`), `incremental_over_fresh`, and
+`tables_equal` with the largest float difference per table (the last pair's run folders). Run from
+the repository root:
     .venv/bin/python benchmarks/incremental.py [--images 1000] [--added 0.1] [--humans 9] [--model-texts 8] [--pairs 1] [--work DIR]
 """
 
@@ -171,6 +172,8 @@ def main() -> None:
     )
     parser.add_argument("--work", type=Path)
     args = parser.parse_args()
+    if args.pairs < 1:
+        parser.error("--pairs must be 1 or more")
     from tests.hf_tiny import save_sentence_encoder
 
     work = args.work or Path(tempfile.mkdtemp(prefix="vlm-incremental-"))
@@ -182,11 +185,12 @@ def main() -> None:
     base = subset(full.parent, work / "base", {f"img{i:07d}" for i in range(args.images)})
     start = time.monotonic()
     incremental, fresh, finished_base = work / "run-incremental", work / "run-fresh", work / "run-base"
+    for out in (incremental, fresh, finished_base):  # an earlier run's folders: each run here starts empty
+        shutil.rmtree(out, ignore_errors=True)
     runs = {"base": finished(run_once(base, incremental), "base")}
     if args.pairs > 1:  # the finished run, copied for each pair's incremental run (times to the nanosecond)
-        shutil.rmtree(finished_base, ignore_errors=True)
         shutil.copytree(incremental, finished_base)
-    ratios = []
+    pairs = []
     for pair in range(args.pairs):
         if pair:
             shutil.rmtree(incremental)
@@ -195,14 +199,9 @@ def main() -> None:
         order = [("incremental", incremental), ("fresh", fresh)]
         for name, out in order if pair % 2 == 0 else order[::-1]:
             runs[name] = finished(run_once(full, out), name)
-        ratios.append(round(runs["incremental"]["total_s"] / runs["fresh"]["total_s"], 3))
-        print(
-            json.dumps(
-                {"pair": pair, "incremental_s": runs["incremental"]["total_s"], "fresh_s": runs["fresh"]["total_s"]}
-            ),
-            file=sys.stderr,
-            flush=True,
-        )
+        seconds = {f"{name}_s": runs[name]["total_s"] for name in ("incremental", "fresh")}
+        pairs.append({**seconds, "ratio": round(seconds["incremental_s"] / seconds["fresh_s"], 3)})
+        print(json.dumps({"pair": pair, **pairs[-1]}), file=sys.stderr, flush=True)
     shutil.rmtree(finished_base, ignore_errors=True)
     times = {
         "images": args.images,
@@ -210,8 +209,8 @@ def main() -> None:
         "humans": args.humans,
         "model_texts": args.model_texts,
         **{f"{k}_s": r["total_s"] for k, r in runs.items()},
-        **({"pair_ratios": ratios} if args.pairs > 1 else {}),
-        "incremental_over_fresh": statistics.median(ratios),
+        **({"pairs": pairs} if args.pairs > 1 else {}),
+        "incremental_over_fresh": statistics.median(p["ratio"] for p in pairs),
         "stages_s": {k: r["stages_s"] for k, r in runs.items()},
     }
     print(json.dumps(times), file=sys.stderr, flush=True)  # kept if the comparison below fails
