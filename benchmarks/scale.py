@@ -90,9 +90,24 @@ def model_variants(model_texts: int) -> list[tuple[str, ...]]:
 
 
 def make_study(folder: Path, n: int, encoder: Path, humans: int, model_texts: int) -> Path:
-    """The synthetic study's files; deterministic for (n, humans, model_texts), and reused when there."""
+    """The synthetic study's files; deterministic for (n, humans, model_texts), and reused when there
+    with that shape (a folder of another shape is refused: its figures would be another study's)."""
     path = folder / "study.json"  # YAML is a superset of JSON
+    shape = {"images": n, "humans": humans, "model_texts": model_texts}
     if path.exists():
+        made = folder / "shape.json"
+        if made.exists():
+            found = json.loads(made.read_text())
+        else:  # made before its shape was written down: its name gives the images, its models the texts
+            # (the human descriptions per image, not written there, are taken as asked)
+            study = json.loads(path.read_text())
+            found = {"images": int(study["name"].removeprefix("scale-")), "humans": humans, "model_texts": model_texts}
+            if [m.get("variants") == "all" for m in study["models"]] != [
+                len(v) > 1 for v in model_variants(model_texts)
+            ]:
+                found["model_texts"] = None
+        if found != shape:
+            raise SystemExit(f"{folder} holds a study of another shape ({found}, not {shape}): give another folder")
         return path
     from PIL import Image
 
@@ -142,6 +157,7 @@ def make_study(folder: Path, n: int, encoder: Path, humans: int, model_texts: in
         "statistics": {"n_resamples": 10_000},
     }
     path.write_text(json.dumps(study, indent=1))
+    (folder / "shape.json").write_text(json.dumps(shape))
     return path
 
 
