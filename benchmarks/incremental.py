@@ -214,7 +214,7 @@ def main() -> None:
         "stages_s": {k: r["stages_s"] for k, r in runs.items()},
     }
     print(json.dumps(times), file=sys.stderr, flush=True)  # kept if the comparison below fails
-    tables = compare(work / "run-fresh", work / "run-incremental")
+    tables = compare(fresh, incremental)
     result = {
         **times,
         "tables_equal": all(isinstance(v, dict) and "differs" not in v for v in tables.values()),
