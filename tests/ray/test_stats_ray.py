@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from vlm_decade.stats import _engine, bootstrap_study
+from vlm_decade.stats import BootstrapOptions, _engine, bootstrap_study
 
 pytestmark = pytest.mark.ray
 
@@ -27,9 +27,9 @@ def _study(n=60):
 def test_ray_tasks_match_in_process_whatever_the_number_of_tasks(ray_session):
     assert ray_session.is_initialized()
     t = _study()
-    local = bootstrap_study(t, ERAS, 2300, 7, use_ray=False)
+    local = bootstrap_study(t, ERAS, BootstrapOptions(2300, 7, use_ray=False))
     for k in (2, 5):
-        remote = bootstrap_study(t, ERAS, 2300, 7, use_ray=True, n_tasks=k)
+        remote = bootstrap_study(t, ERAS, BootstrapOptions(2300, 7, use_ray=True, n_tasks=k))
         assert remote.stats.equals(local.stats)
         assert remote.comparisons.equals(local.comparisons)
     assert local.comparisons.num_rows > 0
@@ -52,8 +52,8 @@ def test_workers_started_ahead_take_the_bootstraps_tasks_and_change_no_result(ra
 
     assert _engine.warm_workers(ray_session) == []  # tasks, not actors: nothing for a stage to let go
     t = _study()
-    remote = bootstrap_study(t, ERAS, 2300, 7, use_ray=True)
-    local = bootstrap_study(t, ERAS, 2300, 7, use_ray=False)
+    remote = bootstrap_study(t, ERAS, BootstrapOptions(2300, 7, use_ray=True))
+    local = bootstrap_study(t, ERAS, BootstrapOptions(2300, 7, use_ray=False))
     assert remote.stats.equals(local.stats) and remote.comparisons.equals(local.comparisons)
     # The warm blocks are not awaited, so one may still be queued or running as the bootstrap
     # ends, and the free CPUs are reported late; they must all come back, not at once.

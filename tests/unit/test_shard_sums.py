@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from vlm_decade.stages.shard_sums import keep_shard_sums, kept_shard_sums, shard_sums_file
-from vlm_decade.stats import ShardSums, _engine, bootstrap_study
+from vlm_decade.stats import BootstrapOptions, ShardSums, _engine, bootstrap_study
 
 SHARD = 10  # images per shard here (25,000 in a study)
 ERAS = {"A": "pre-mllm", "B": "mllm", "human:top": "human", "human:bottom": "human"}
@@ -109,9 +109,11 @@ def test_the_study_bootstrap_with_kept_sums_is_a_fresh_ones_to_the_bit(resampled
     )
     settings = dict(mode="poisson", use_ray=False)
     kept = ShardSums()
-    first = bootstrap_study(table, ERAS, 200, 1, shard_sums=kept, **settings)
+    first = bootstrap_study(table, ERAS, BootstrapOptions(200, 1, shard_sums=kept, **settings))
     resampled.clear()
-    again = bootstrap_study(table, ERAS, 200, 1, shard_sums=ShardSums.from_table(kept.table()), **settings)
+    again = bootstrap_study(
+        table, ERAS, BootstrapOptions(200, 1, shard_sums=ShardSums.from_table(kept.table()), **settings)
+    )
     assert resampled == []  # every shard's sums were kept
     assert again.stats.equals(first.stats) and again.comparisons.equals(first.comparisons)
     assert first.stats.column("method").to_pylist()[0] == "poisson-percentile"

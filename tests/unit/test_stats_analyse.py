@@ -8,6 +8,7 @@ from scipy import stats
 from vlm_decade.stats import (
     COMPARISONS_SCHEMA,
     STATS_SCHEMA,
+    BootstrapOptions,
     ComparisonSpec,
     Family,
     StatsInputError,
@@ -87,7 +88,9 @@ def test_subject_against_itself_is_exactly_zero_with_p_one():
     for method in ("percentile", "bca"):
         (r,) = [
             x
-            for x in rows(bootstrap_study(study(), ERAS, 1000, 2, families=fam, method=method).comparisons)
+            for x in rows(
+                bootstrap_study(study(), ERAS, BootstrapOptions(1000, 2, families=fam, method=method)).comparisons
+            )
             if x["metric"] == "gpt-si"
         ]
         assert (r["difference"], r["ci_low"], r["ci_high"], r["p"]) == (0.0, 0.0, 0.0, 1.0)
@@ -99,7 +102,7 @@ def test_same_dataset_is_paired_and_different_datasets_are_independent():
     shifted = shifted.set_column(0, "subject", pa.compute.binary_join_element_wise(shifted["subject"], "+", ""))
     both = pa.concat_tables([t, shifted])
     fam = [Family("f", [ComparisonSpec(Term.subject("OFA+", "coco"), Term.subject("OFA", "coco"))])]
-    res = bootstrap_study(both, {}, 1000, 4, families=fam, keep_distributions=True)
+    res = bootstrap_study(both, {}, BootstrapOptions(1000, 4, families=fam, keep_distributions=True))
     r = rows(res.comparisons)[0]
     # paired: every resample moves both subjects together, so the difference never varies
     assert (
@@ -108,7 +111,11 @@ def test_same_dataset_is_paired_and_different_datasets_are_independent():
     # the same scores under two dataset names are resampled independently: the difference varies
     twin = pa.concat_tables([t, t.set_column(2, "dataset", pa.array(["coco2"] * t.num_rows))])
     fam2 = [Family("f", [ComparisonSpec(Term.subject("OFA", "coco"), Term.subject("OFA", "coco2"))])]
-    r2 = [x for x in rows(bootstrap_study(twin, {}, 1000, 4, families=fam2).comparisons) if x["metric"] == "gpt-si"][0]
+    r2 = [
+        x
+        for x in rows(bootstrap_study(twin, {}, BootstrapOptions(1000, 4, families=fam2)).comparisons)
+        if x["metric"] == "gpt-si"
+    ][0]
     assert r2["difference"] == 0.0 and not r2["paired"]
     assert r2["ci_low"] < -0.005 and r2["ci_high"] > 0.005 and r2["p"] > 0.5
 
@@ -123,8 +130,8 @@ def test_missing_scores_use_the_available_images():
         if sub[k] == "GPT-4" and int(img[k][-3:]) % 4 == 0:
             v[k] = np.nan  # a NaN value is a missing score, like an absent row
     nan_t = nan_t.set_column(5, "value", pa.array(v))
-    a = bootstrap_study(t, ERAS, 500, 9, keep_distributions=True)
-    b = bootstrap_study(nan_t, ERAS, 500, 9, keep_distributions=True)
+    a = bootstrap_study(t, ERAS, BootstrapOptions(500, 9, keep_distributions=True))
+    b = bootstrap_study(nan_t, ERAS, BootstrapOptions(500, 9, keep_distributions=True))
     assert a.stats.equals(b.stats)
     r = [x for x in rows(a.stats) if x["subject"] == "GPT-4" and x["metric"] == "gpt-si"][0]
     assert r["n_images"] == 30
@@ -141,27 +148,29 @@ def test_missing_scores_use_the_available_images():
 
 def test_same_result_for_any_number_of_blocks_and_any_row_order():
     t = study()
-    base = bootstrap_study(t, ERAS, 1700, 5, n_tasks=1)
+    base = bootstrap_study(t, ERAS, BootstrapOptions(1700, 5, n_tasks=1))
     for k in (2, 3, 7):
-        other = bootstrap_study(t, ERAS, 1700, 5, n_tasks=k)
+        other = bootstrap_study(t, ERAS, BootstrapOptions(1700, 5, n_tasks=k))
         assert other.stats.equals(base.stats) and other.comparisons.equals(base.comparisons)
     shuffled = t.take(np.random.default_rng(0).permutation(t.num_rows))
-    assert bootstrap_study(shuffled, ERAS, 1700, 5).stats.equals(base.stats)
-    assert not bootstrap_study(t, ERAS, 1700, 6).stats.equals(base.stats)  # the seed matters
+    assert bootstrap_study(shuffled, ERAS, BootstrapOptions(1700, 5)).stats.equals(base.stats)
+    assert not bootstrap_study(t, ERAS, BootstrapOptions(1700, 6)).stats.equals(base.stats)  # the seed matters
 
 
 def test_adding_a_dataset_leaves_the_others_unchanged():
-    two = bootstrap_study(study(datasets=("coco", "csb")), ERAS, 1000, 8, keep_distributions=True)
-    three = bootstrap_study(study(datasets=("coco", "csb", "private")), ERAS, 1000, 8, keep_distributions=True)
+    two = bootstrap_study(study(datasets=("coco", "csb")), ERAS, BootstrapOptions(1000, 8, keep_distributions=True))
+    three = bootstrap_study(
+        study(datasets=("coco", "csb", "private")), ERAS, BootstrapOptions(1000, 8, keep_distributions=True)
+    )
     for key, d in two.distributions.items():
         np.testing.assert_array_equal(d, three.distributions[key])
 
 
 def test_bca_option_and_poisson_mode():
     t = study(datasets=("coco",), n=200)
-    pct = rows(bootstrap_study(t, ERAS, 4000, 1).stats)
-    bca = rows(bootstrap_study(t, ERAS, 4000, 1, method="bca").stats)
-    poi = rows(bootstrap_study(t, ERAS, 4000, 1, mode="poisson").stats)
+    pct = rows(bootstrap_study(t, ERAS, BootstrapOptions(4000, 1)).stats)
+    bca = rows(bootstrap_study(t, ERAS, BootstrapOptions(4000, 1, method="bca")).stats)
+    poi = rows(bootstrap_study(t, ERAS, BootstrapOptions(4000, 1, mode="poisson")).stats)
     for a, b, c in zip(pct, bca, poi):
         assert b["method"] == "bca" and c["method"] == "poisson-percentile"
         assert a["estimate"] == b["estimate"] == c["estimate"]
@@ -311,8 +320,8 @@ def test_more_resamples_extend_the_fewer_ones():
     """docs/statistics.md: resamples come in fixed chunks of one stream per (seed, dataset), so a
     run with more resamples begins with exactly the resamples of a run with fewer."""
     t = study()
-    few = bootstrap_study(t, ERAS, 1_000, 12, keep_distributions=True)
-    many = bootstrap_study(t, ERAS, 2_300, 12, keep_distributions=True)
+    few = bootstrap_study(t, ERAS, BootstrapOptions(1_000, 12, keep_distributions=True))
+    many = bootstrap_study(t, ERAS, BootstrapOptions(2_300, 12, keep_distributions=True))
     for key, dist in few.distributions.items():
         np.testing.assert_array_equal(many.distributions[key][:1_000], dist)
 

@@ -5,7 +5,7 @@ import pyarrow as pa
 import pytest
 from scipy import special, stats
 
-from vlm_decade.stats import _core, _engine, _streams, bootstrap_study, correlation_ci
+from vlm_decade.stats import BootstrapOptions, _core, _engine, _streams, bootstrap_study, correlation_ci
 from vlm_decade.stats.families import ComparisonSpec, Family, Term
 
 
@@ -147,7 +147,7 @@ def test_null_p_through_the_table_interface():
     for r in range(100):
         rng = np.random.default_rng(7000 + r)
         t = _scores({"A": rng.normal(size=40), "B": rng.normal(size=40)})
-        ps.append(bootstrap_study(t, {}, 999, r, families=fam).comparisons.column("p")[0].as_py())
+        ps.append(bootstrap_study(t, {}, BootstrapOptions(999, r, families=fam)).comparisons.column("p")[0].as_py())
     assert 0.3 < np.mean(ps) < 0.7 and min(ps) >= 2 / 1000
 
 
@@ -156,7 +156,7 @@ def test_ci_coverage_is_near_nominal():
     n_sim = 400
     for r in range(n_sim):
         x = np.random.default_rng(5000 + r).normal(loc=0.7, scale=0.1, size=60)
-        st = bootstrap_study(_scores({"A": x}), {}, 1000, r, families=[]).stats
+        st = bootstrap_study(_scores({"A": x}), {}, BootstrapOptions(1000, r, families=[])).stats
         hits += st.column("ci_low")[0].as_py() <= 0.7 <= st.column("ci_high")[0].as_py()
     # percentile intervals undercover slightly at n = 60 (~0.94); binomial sd at 400 sims ~ 0.011
     assert 0.91 <= hits / n_sim <= 0.975

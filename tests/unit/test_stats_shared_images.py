@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from vlm_decade.stats import ComparisonSpec, Family, Term, bootstrap_study
+from vlm_decade.stats import BootstrapOptions, ComparisonSpec, Family, Term, bootstrap_study
 
 
 def scores(values: dict[str, dict[str, float]], dataset: str = "d") -> pa.Table:
@@ -24,7 +24,9 @@ def test_a_model_on_one_image_is_compared_with_humans_on_that_image():
     # Unpaired means would say the model beats the humans: 0.5 - (0.7 + 0.1) / 2 = +0.1.
     # On the image both have: 0.5 - 0.7 = -0.2, in every resample that holds i1.
     t = scores({"M": {"i1": 0.5}, "human:top": {"i1": 0.7, "i2": 0.1}})
-    res = bootstrap_study(t, {"M": "pre-mllm", "human:top": "human"}, 1000, 5, keep_distributions=True)
+    res = bootstrap_study(
+        t, {"M": "pre-mllm", "human:top": "human"}, BootstrapOptions(1000, 5, keep_distributions=True)
+    )
     r = comparison(res, "vs-humans", "M")
     assert r["difference"] == pytest.approx(-0.2, abs=1e-12)
     assert (r["estimate_a"], r["estimate_b"], r["n_dropped"], r["paired"]) == (0.5, pytest.approx(0.7), 1, True)
@@ -45,7 +47,7 @@ def test_era_means_are_compared_on_the_images_every_member_has():
     t = scores(
         {"A1": {"i1": 0.2, "i2": 0.4}, "A2": {"i1": 0.3, "i2": 0.5, "i3": 0.9}, "B": {"i1": 0.6, "i2": 0.8, "i3": 0.0}}
     )
-    res = bootstrap_study(t, {"A1": "pre-mllm", "A2": "pre-mllm", "B": "mllm"}, 500, 1)
+    res = bootstrap_study(t, {"A1": "pre-mllm", "A2": "pre-mllm", "B": "mllm"}, BootstrapOptions(500, 1))
     r = comparison(res, "era", "era:pre-mllm")
     assert r["difference"] == pytest.approx(-0.35, abs=1e-12) and r["n_dropped"] == 1
     assert (r["estimate_a"], r["estimate_b"]) == (pytest.approx(0.35), pytest.approx(0.7))
@@ -60,9 +62,9 @@ def test_complete_data_gives_the_same_comparisons_as_before():
     ]
     for method in ("percentile", "bca"):
         shared = bootstrap_study(
-            t, {}, 800, 2, families=[Family("f", spec, shared_images=True)], method=method
+            t, {}, BootstrapOptions(800, 2, families=[Family("f", spec, shared_images=True)], method=method)
         ).comparisons
-        own = bootstrap_study(t, {}, 800, 2, families=[Family("f", spec)], method=method).comparisons
+        own = bootstrap_study(t, {}, BootstrapOptions(800, 2, families=[Family("f", spec)], method=method)).comparisons
         assert shared.equals(own)
         assert shared.column("n_dropped").to_pylist() == [0, 0]
 
@@ -71,7 +73,7 @@ def test_a_family_without_shared_images_keeps_each_terms_own_images():
     # The error impact compares different groups of pairs: each term keeps its own images.
     t = scores({"M": {"i1": 0.5}, "human:top": {"i1": 0.7, "i2": 0.1}})
     fam = Family("own", [ComparisonSpec(Term.subject("M", "d"), Term.subject("human:top", "d"))])
-    (r,) = bootstrap_study(t, {}, 500, 5, families=[fam]).comparisons.to_pylist()
+    (r,) = bootstrap_study(t, {}, BootstrapOptions(500, 5, families=[fam])).comparisons.to_pylist()
     assert r["difference"] == pytest.approx(0.1) and r["n_dropped"] == 0
 
 
@@ -81,7 +83,7 @@ def test_shared_images_hold_for_every_method_and_mode(options):
     human = {f"i{k}": float(rng.random()) for k in range(30)}
     model = {i: v + 0.1 for i, v in human.items() if i not in ("i0", "i1", "i2")}  # 0.1 above on its 27
     t = scores({"M": model, "human:top": human})
-    res = bootstrap_study(t, {"M": "mllm", "human:top": "human"}, 600, 4, **options)
+    res = bootstrap_study(t, {"M": "mllm", "human:top": "human"}, BootstrapOptions(600, 4, **options))
     r = comparison(res, "vs-humans", "M")
     assert r["difference"] == pytest.approx(0.1, abs=1e-12) and r["n_dropped"] == 3
     assert r["ci_low"] == pytest.approx(0.1, abs=1e-9) and r["ci_high"] == pytest.approx(0.1, abs=1e-9)

@@ -444,11 +444,11 @@ def test_impact_is_the_mean_similarity_per_image_and_group_with_its_pairs_as_wei
 def test_impact_is_a_mean_over_model_image_pairs_resampled_by_image():
     # The paper's figure 8 averages model-image pairs: "no error" holds (a, i2) 0.8, (b, i2) 0.3 and
     # (b, i3) 0.9, so its estimate is 2.0 / 3, not the mean of the image means ((0.55 + 0.9) / 2).
-    from vlm_decade.stats import _core, _streams, bootstrap_study
+    from vlm_decade.stats import BootstrapOptions, _core, _streams, bootstrap_study
 
     impact = impact_scores(errors_of(IMPACT_ERRORS), similarity_scores(IMPACT_SIMILARITY), METRIC)
     result = bootstrap_study(
-        impact, {}, 1000, 7, families=[impact_family(impact)], keep_distributions=True, use_ray=False
+        impact, {}, BootstrapOptions(1000, 7, families=[impact_family(impact)], keep_distributions=True, use_ray=False)
     )
     stats = {r["subject"]: r for r in result.stats.to_pylist()}
     assert stats[NO_ERROR]["estimate"] == pytest.approx(2.0 / 3) and stats[NO_ERROR]["n_images"] == 2

@@ -2,7 +2,8 @@
 
 Files:
 - `analysis.py`  the entry points: `analyse` (scores table -> stats and comparisons tables),
-                 `bootstrap_study` (same, with all options and the resample distributions),
+                 `bootstrap_study` (same, with all options, `BootstrapOptions`, and the
+                 resample distributions),
                  `correlation_ci` (metric vs human ratings) and `format_p`.
 - `families.py`  which comparisons are made and corrected together (`Term`, `ComparisonSpec`,
                  `Family`, the paper's `default_families`).
@@ -23,7 +24,7 @@ See docs/statistics.md for the definitions.
 from vlm_decade.stats._core import bh_qvalues, bootstrap_p, p_floor
 from vlm_decade.stats._engine import warm_workers
 from vlm_decade.stats._validate import StatsInputError
-from vlm_decade.stats.analysis import analyse, bootstrap_study, correlation_ci, format_p, pivot
+from vlm_decade.stats.analysis import BootstrapOptions, analyse, bootstrap_study, correlation_ci, format_p, pivot
 from vlm_decade.stats.exact import discordant_counts, mcnemar_exact
 from vlm_decade.stats.families import (
     ComparisonSpec,
@@ -47,6 +48,7 @@ __all__ = [
     "METHOD_VERSION",
     "analyse",
     "bootstrap_study",
+    "BootstrapOptions",
     "correlation_ci",
     "format_p",
     "pivot",

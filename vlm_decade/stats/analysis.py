@@ -11,14 +11,15 @@ an estimate is the mean over units while the bootstrap still resamples images, w
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, replace
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from vlm_decade.stats import _core, _engine, _streams, _validate
-from vlm_decade.stats.families import Family, default_families
+from vlm_decade.stats.families import ComparisonSpec, Family, Term, default_families
 from vlm_decade.stats.results import COMPARISONS_SCHEMA, STATS_SCHEMA, Estimate, StudyResult
 from vlm_decade.stats.shards import ShardSums
 
@@ -100,198 +101,239 @@ def _interval(dist, theta, jackknife, confidence, method):
     return _core.percentile_ci(dist, confidence)
 
 
-def bootstrap_study(
-    scores: pa.Table,
-    eras: dict[str, str],
-    n_resamples: int,
-    seed: int,
-    confidence: float = 0.95,
-    alpha: float = 0.05,
-    families: list[Family] | None = None,
-    *,
-    method: str = "percentile",
-    mode: str = "auto",
-    keep_distributions: bool = False,
-    use_ray: bool | None = None,
-    n_tasks: int | None = None,
-    min_images: int = 1,
-    shard_sums: ShardSums | None = None,
-) -> StudyResult:
-    """`analyse` with every option, returning a `StudyResult` (tables, optional distributions).
+@dataclass(frozen=True)
+class BootstrapOptions:
+    """How `bootstrap_study` resamples, tests and reports: everything but the tables it reads.
 
+    families: the comparisons made and corrected together (None: the paper's `default_families`,
+    which need an era for every subject).
     method: "percentile" or "bca" (intervals of estimates and of differences).
     mode: "multinomial" (ordinary bootstrap), "poisson" (Poisson bootstrap over image shards,
     for studies too large for the index matrix) or "auto" (Poisson above POISSON_AUTO_IMAGES).
+    keep_distributions: also return the resampled means and differences (for plots).
     use_ray: None = use Ray tasks when Ray is initialised. n_tasks: blocks per dataset (results
     do not depend on it). min_images: a comparison whose term (either side) rests on fewer images
     gets its difference and interval but no p, q or decision, and is left out of the family's BH
     correction (`n_a`, `n_b` say how many each side had). shard_sums: in Poisson mode, the image
     shards' partial sums an earlier run kept (the same to the bit), and where this run's are put.
     """
-    _validate.validate_params(n_resamples, seed, confidence, alpha, method, mode)
-    if not isinstance(min_images, int) or isinstance(min_images, bool) or min_images < 1:
-        raise _validate.StatsInputError(f"min_images must be a whole number >= 1, got {min_images!r}")
-    scores = _validate.validate_scores(scores)
-    mats = pivot(scores)
-    subjects = {s for m in mats.values() for s, _, _ in m.series}
-    eras = _validate.validate_eras(eras, subjects, need_all=families is None)
-    families = default_families(eras, list(mats)) if families is None else _validate.validate_families(families)
-    if mode == "auto":
-        mode = (
-            "poisson" if max((len(m.images) for m in mats.values()), default=0) > POISSON_AUTO_IMAGES else "multinomial"
-        )
-    if mode == "poisson" and method == "bca":
-        raise _validate.StatsInputError("BCa is not available in Poisson mode (studies this large use percentile)")
 
-    jobs = {d: (m.values, m.mask) for d, m in mats.items()}
-    if mode == "poisson":
-        partial = _engine.poisson_partial_sums_many(jobs, n_resamples, seed, use_ray=use_ray, kept=shard_sums)
-        dists = {d: _core.ratio(*partial[d]).T for d in mats}
-        label = "poisson-percentile"
-    else:
-        dists = _engine.resample_means_many(jobs, n_resamples, seed, use_ray=use_ray, n_tasks=n_tasks)
-        label = method
+    n_resamples: int
+    seed: int
+    _: KW_ONLY
+    confidence: float = 0.95
+    alpha: float = 0.05
+    families: list[Family] | None = None
+    method: str = "percentile"
+    mode: str = "auto"
+    keep_distributions: bool = False
+    use_ray: bool | None = None
+    n_tasks: int | None = None
+    min_images: int = 1
+    shard_sums: ShardSums | None = None
 
-    # Per series: estimate, jackknife (BCa only), interval.
-    index: dict[tuple[str, str, str, str], tuple[str, int]] = {}
-    theta, jack = {}, {}
-    stats_rows, distributions = [], {}
-    for d, m in mats.items():
-        theta[d] = _core.masked_means(m.values, m.mask)
-        jack[d] = _core.jackknife_means(m.values, m.mask) if method == "bca" else None
-        lo, hi = _interval(dists[d], theta[d], [jack[d]] if method == "bca" else [], confidence, method)
-        n_img = (m.mask > 0).sum(axis=1).astype(np.int64)
-        for k, (subject, metric, variant) in enumerate(m.series):
-            index[(subject, d, metric, variant)] = (d, k)
-            stats_rows.append(
-                (subject, d, metric, variant, theta[d][k], lo[k], hi[k], n_img[k], n_resamples, seed, label)
-            )
-            if keep_distributions:
-                distributions[(subject, d, metric, variant)] = dists[d][k]
 
-    def series(t, metric, variant) -> list[int]:
-        """Rows of the term's subjects that have this (dataset, metric, variant)."""
-        return [
-            index[(s, t.dataset, metric, variant)][1] for s in t.subjects if (s, t.dataset, metric, variant) in index
-        ]
+class _Fit(NamedTuple):
+    """Per series of one dataset: resampled means (S, B), estimates (S,), jackknife (BCa only)."""
 
-    on_shared: dict[tuple[str, bytes], tuple] = {}
+    dist: np.ndarray
+    theta: np.ndarray
+    jack: np.ndarray | None
 
-    def shared(d: str, keep: np.ndarray) -> tuple:
-        """(resample means, estimates, jackknife) of every series of dataset `d` over only the images
-        in `keep`: the same resamples (streams depend on the seed and the dataset's name only), fewer
-        images. Computed once per (dataset, image set)."""
-        key = (d, keep.tobytes())
-        if key not in on_shared:
-            m = mats[d]
-            values, mask = m.values * keep, m.mask * keep
-            if mode == "poisson":
-                dist = _core.ratio(
-                    *_engine.poisson_partial_sums_many(
-                        {d: (values, mask)}, n_resamples, seed, use_ray=use_ray, kept=shard_sums
-                    )[d]
-                ).T
-            else:
-                dist = _engine.resample_means_many(
-                    {d: (values, mask)}, n_resamples, seed, use_ray=use_ray, n_tasks=n_tasks
-                )[d]
-            jk = _core.jackknife_means(values, mask) if method == "bca" else None
-            on_shared[key] = (dist, _core.masked_means(values, mask), jk)
-        return on_shared[key]
 
-    def term(d, ks, own):
-        """Mean over the term's series (rows `ks` of dataset `d`), from `own` = (dists, theta, jackknife)."""
-        dist, th, jk = own
-        return dist[ks].mean(axis=0), float(th[ks].mean()), jk[ks].mean(axis=0) if method == "bca" else None
+def bootstrap_study(scores: pa.Table, eras: dict[str, str], options: BootstrapOptions) -> StudyResult:
+    """`analyse` with every option, returning a `StudyResult` (tables, optional distributions).
 
-    def n_images(d: str, ks: list[int], keep: np.ndarray | None) -> int:
-        """Images any of the series `ks` of dataset `d` has (within `keep`, when on shared images)."""
-        has = (mats[d].mask[ks] > 0).any(axis=0)
-        return int((has & (keep > 0)).sum() if keep is not None else has.sum())
-
-    keys = sorted({(metric, variant) for (_, _, metric, variant) in index})
-    comp_rows, comp_dists = [], {}
-    for fam in families:
-        for metric, variant in keys:
-            rows, diffs, jks, thetas = [], [], [], []
-            for spec in fam.specs:
-                ka, kb = series(spec.a, metric, variant), series(spec.b, metric, variant)
-                if not ka or not kb:
-                    continue
-                da, db = spec.a.dataset, spec.b.dataset
-                paired, dropped, shared_keep = da == db, 0, None
-                own_a = own_b = (dists[da], theta[da], jack[da])
-                if db != da:
-                    own_b = (dists[db], theta[db], jack[db])
-                if paired and fam.shared_images:
-                    masks = mats[da].mask[ka + kb]
-                    keep = masks.min(axis=0)
-                    if not keep.any():
-                        continue  # no image that both sides have
-                    dropped = int((masks.max(axis=0) - keep).sum())
-                    if dropped:
-                        own_a = own_b = shared(da, keep)
-                        shared_keep = keep
-                ta, tb = term(da, ka, own_a), term(db, kb, own_b)
-                diffs.append(ta[0] - tb[0])
-                thetas.append(ta[1] - tb[1])
-                if method == "bca":  # multi-sample jackknife when the datasets differ
-                    jks.append([ta[2] - tb[2]] if paired else [ta[2] - tb[1], ta[1] - tb[2]])
-                rows.append(
-                    (spec, ta[1], tb[1], paired, dropped, n_images(da, ka, shared_keep), n_images(db, kb, shared_keep))
-                )
-            if not rows:
-                continue
-            dd = np.vstack(diffs)
-            p = _core.bootstrap_p(dd)
-            p[[min(r[5], r[6]) < min_images for r in rows]] = np.nan  # too few images: no test
-            q = _core.bh_qvalues(p)
-            if method == "bca":
-                lo = np.empty(len(rows))
-                hi = np.empty(len(rows))
-                for i, jk in enumerate(jks):  # jackknife lengths differ between rows
-                    lo[i : i + 1], hi[i : i + 1] = _core.bca_ci(
-                        dd[i : i + 1], np.array([thetas[i]]), [j[None] for j in jk], confidence
-                    )
-            else:
-                lo, hi = _core.percentile_ci(dd, confidence)
-            for i, (spec, ea, eb, paired, dropped, na, nb) in enumerate(rows):
-                a, b = spec.a, spec.b
-                ds = a.dataset if paired else f"{a.dataset} vs {b.dataset}"
-                comp_rows.append(
-                    (
-                        fam.name,
-                        a.label,
-                        b.label,
-                        ds,
-                        metric,
-                        variant,
-                        thetas[i],
-                        lo[i],
-                        hi[i],
-                        p[i],
-                        q[i],
-                        None if np.isnan(q[i]) else bool(q[i] <= alpha),
-                        n_resamples,
-                        a.dataset,
-                        b.dataset,
-                        ea,
-                        eb,
-                        paired,
-                        seed,
-                        na,
-                        nb,
-                        dropped,
-                    )
-                )
-                if keep_distributions:
-                    comp_dists[(fam.name, a.label, b.label, a.dataset, b.dataset, metric, variant)] = dd[i]
+    `eras` maps subjects to their era (for the default families); `options` says the rest.
+    """
+    mats, families, options = _prepare(scores, eras, options)
+    fits = _fit(mats, options)
+    stats_rows, distributions = _estimate_rows(mats, fits, options)
+    comp_rows, comp_dists = _Comparisons(mats, fits, options).rows(families)
     return StudyResult(
         _rows_to_table(stats_rows, STATS_SCHEMA),
         _rows_to_table(comp_rows, COMPARISONS_SCHEMA),
         distributions,
         comp_dists,
     )
+
+
+def _prepare(
+    scores: pa.Table, eras: dict[str, str], options: BootstrapOptions
+) -> tuple[dict[str, DatasetMatrix], list[Family], BootstrapOptions]:
+    """Checked inputs: the scores pivoted, the families, and the options with the mode decided."""
+    o = options
+    _validate.validate_params(o.n_resamples, o.seed, o.confidence, o.alpha, o.method, o.mode)
+    if not isinstance(o.min_images, int) or isinstance(o.min_images, bool) or o.min_images < 1:
+        raise _validate.StatsInputError(f"min_images must be a whole number >= 1, got {o.min_images!r}")
+    mats = pivot(_validate.validate_scores(scores))
+    subjects = {s for m in mats.values() for s, _, _ in m.series}
+    eras = _validate.validate_eras(eras, subjects, need_all=o.families is None)
+    families = default_families(eras, list(mats)) if o.families is None else _validate.validate_families(o.families)
+    mode = o.mode
+    if mode == "auto":
+        most = max((len(m.images) for m in mats.values()), default=0)
+        mode = "poisson" if most > POISSON_AUTO_IMAGES else "multinomial"
+    if mode == "poisson" and o.method == "bca":
+        raise _validate.StatsInputError("BCa is not available in Poisson mode (studies this large use percentile)")
+    return mats, families, replace(o, mode=mode)
+
+
+def _resample(jobs: dict[str, tuple[np.ndarray, np.ndarray]], o: BootstrapOptions) -> dict[str, np.ndarray]:
+    """{dataset: resampled means (S, B)} of each (values, mask) job, by the options' (decided) mode."""
+    if o.mode == "poisson":
+        partial = _engine.poisson_partial_sums_many(jobs, o.n_resamples, o.seed, use_ray=o.use_ray, kept=o.shard_sums)
+        return {d: _core.ratio(*partial[d]).T for d in jobs}
+    return _engine.resample_means_many(jobs, o.n_resamples, o.seed, use_ray=o.use_ray, n_tasks=o.n_tasks)
+
+
+def _fit_one(dist: np.ndarray, values: np.ndarray, mask: np.ndarray, method: str) -> _Fit:
+    return _Fit(
+        dist, _core.masked_means(values, mask), _core.jackknife_means(values, mask) if method == "bca" else None
+    )
+
+
+def _fit(mats: dict[str, DatasetMatrix], o: BootstrapOptions) -> dict[str, _Fit]:
+    """Every dataset's series resampled (all datasets in one go, so Ray can run them together)."""
+    dists = _resample({d: (m.values, m.mask) for d, m in mats.items()}, o)
+    return {d: _fit_one(dists[d], m.values, m.mask, o.method) for d, m in mats.items()}
+
+
+def _estimate_rows(mats: dict[str, DatasetMatrix], fits: dict[str, _Fit], o: BootstrapOptions) -> tuple[list, dict]:
+    """The `stats` rows (estimate and interval per series), and the distributions when kept."""
+    label = "poisson-percentile" if o.mode == "poisson" else o.method
+    stats_rows, distributions = [], {}
+    for d, m in mats.items():
+        fit = fits[d]
+        lo, hi = _interval(fit.dist, fit.theta, [fit.jack] if o.method == "bca" else [], o.confidence, o.method)
+        n_img = (m.mask > 0).sum(axis=1).astype(np.int64)
+        for k, (subject, metric, variant) in enumerate(m.series):
+            stats_rows.append(
+                (subject, d, metric, variant, fit.theta[k], lo[k], hi[k], n_img[k], o.n_resamples, o.seed, label)
+            )
+            if o.keep_distributions:
+                distributions[(subject, d, metric, variant)] = fit.dist[k]
+    return stats_rows, distributions
+
+
+class _Pair(NamedTuple):
+    """One comparison before testing: a minus b, resampled, estimated and (BCa) jackknifed."""
+
+    spec: ComparisonSpec
+    diff: np.ndarray
+    theta: float
+    jack: list | None
+    estimate_a: float
+    estimate_b: float
+    paired: bool
+    dropped: int
+    n_a: int
+    n_b: int
+
+
+class _Comparisons:
+    """The comparisons of a study's families, from its fitted series: each family's specs per
+    (metric, variant) are differenced, then tested and BH-corrected together."""
+
+    def __init__(self, mats: dict[str, DatasetMatrix], fits: dict[str, _Fit], options: BootstrapOptions):
+        self.mats, self.fits, self.o = mats, fits, options
+        self.index = {
+            (s, d, metric, variant): k for d, m in mats.items() for k, (s, metric, variant) in enumerate(m.series)
+        }
+        self.on_shared: dict[tuple[str, bytes], _Fit] = {}
+
+    def rows(self, families: list[Family]) -> tuple[list, dict]:
+        """The `comparisons` rows of every family, and the distributions of differences when kept."""
+        keys = sorted({(metric, variant) for (_, _, metric, variant) in self.index})
+        comp_rows, comp_dists = [], {}
+        for fam in families:
+            for metric, variant in keys:
+                pairs = [self._pair(fam, spec, metric, variant) for spec in fam.specs]
+                pairs = [p for p in pairs if p is not None]
+                if pairs:
+                    self._test(fam, metric, variant, pairs, comp_rows, comp_dists)
+        return comp_rows, comp_dists
+
+    def _series(self, t: Term, metric: str, variant: str) -> list[int]:
+        """Rows of the term's subjects that have this (dataset, metric, variant)."""
+        return [
+            self.index[(s, t.dataset, metric, variant)]
+            for s in t.subjects
+            if (s, t.dataset, metric, variant) in self.index
+        ]
+
+    def _shared(self, d: str, keep: np.ndarray) -> _Fit:
+        """Every series of dataset `d` over only the images in `keep`: the same resamples (streams
+        depend on the seed and the dataset's name only), fewer images. Fitted once per image set."""
+        key = (d, keep.tobytes())
+        if key not in self.on_shared:
+            m = self.mats[d]
+            values, mask = m.values * keep, m.mask * keep
+            self.on_shared[key] = _fit_one(_resample({d: (values, mask)}, self.o)[d], values, mask, self.o.method)
+        return self.on_shared[key]
+
+    def _term(self, ks: list[int], fit: _Fit) -> tuple:
+        """Mean over the term's series (rows `ks` of its dataset): (resampled, estimate, jackknife)."""
+        jack = fit.jack[ks].mean(axis=0) if self.o.method == "bca" else None
+        return fit.dist[ks].mean(axis=0), float(fit.theta[ks].mean()), jack
+
+    def _n_images(self, d: str, ks: list[int], keep: np.ndarray | None) -> int:
+        """Images any of the series `ks` of dataset `d` has (within `keep`, when on shared images)."""
+        has = (self.mats[d].mask[ks] > 0).any(axis=0)
+        return int((has & (keep > 0)).sum() if keep is not None else has.sum())
+
+    def _pair(self, fam: Family, spec: ComparisonSpec, metric: str, variant: str) -> _Pair | None:
+        """One spec's difference, on the images both sides have when the family asks; None when a
+        side has no series here or the sides share no image."""
+        ka, kb = self._series(spec.a, metric, variant), self._series(spec.b, metric, variant)
+        if not ka or not kb:
+            return None
+        da, db = spec.a.dataset, spec.b.dataset
+        paired, dropped, shared_keep = da == db, 0, None
+        fit_a, fit_b = self.fits[da], self.fits[db]
+        if paired and fam.shared_images:
+            masks = self.mats[da].mask[ka + kb]
+            keep = masks.min(axis=0)
+            if not keep.any():
+                return None  # no image that both sides have
+            dropped = int((masks.max(axis=0) - keep).sum())
+            if dropped:
+                fit_a = fit_b = self._shared(da, keep)
+                shared_keep = keep
+        ta, tb = self._term(ka, fit_a), self._term(kb, fit_b)
+        jack = None
+        if self.o.method == "bca":  # multi-sample jackknife when the datasets differ
+            jack = [ta[2] - tb[2]] if paired else [ta[2] - tb[1], ta[1] - tb[2]]
+        n_a, n_b = self._n_images(da, ka, shared_keep), self._n_images(db, kb, shared_keep)
+        return _Pair(spec, ta[0] - tb[0], ta[1] - tb[1], jack, ta[1], tb[1], paired, dropped, n_a, n_b)
+
+    def _test(self, fam: Family, metric: str, variant: str, pairs: list[_Pair], comp_rows: list, comp_dists: dict):
+        """p, BH q, interval and decision of one family's pairs on one (metric, variant), as rows."""
+        o = self.o
+        dd = np.vstack([x.diff for x in pairs])
+        p = _core.bootstrap_p(dd)
+        p[[min(x.n_a, x.n_b) < o.min_images for x in pairs]] = np.nan  # too few images: no test
+        q = _core.bh_qvalues(p)
+        if o.method == "bca":
+            lo = np.empty(len(pairs))
+            hi = np.empty(len(pairs))
+            for i, x in enumerate(pairs):  # jackknife lengths differ between rows
+                lo[i : i + 1], hi[i : i + 1] = _core.bca_ci(
+                    dd[i : i + 1], np.array([x.theta]), [j[None] for j in x.jack], o.confidence
+                )
+        else:
+            lo, hi = _core.percentile_ci(dd, o.confidence)
+        for i, x in enumerate(pairs):
+            a, b = x.spec.a, x.spec.b
+            ds = a.dataset if x.paired else f"{a.dataset} vs {b.dataset}"
+            significant = None if np.isnan(q[i]) else bool(q[i] <= o.alpha)
+            comp_rows.append(
+                (fam.name, a.label, b.label, ds, metric, variant, x.theta, lo[i], hi[i], p[i], q[i], significant)
+                + (o.n_resamples, a.dataset, b.dataset, x.estimate_a, x.estimate_b, x.paired, o.seed)
+                + (x.n_a, x.n_b, x.dropped)
+            )
+            if o.keep_distributions:
+                comp_dists[(fam.name, a.label, b.label, a.dataset, b.dataset, metric, variant)] = dd[i]
 
 
 def _rows_to_table(rows, schema: pa.Schema) -> pa.Table:
@@ -318,9 +360,11 @@ def analyse(
     """Bootstrap estimates and family-wise BH-corrected comparisons: (stats, comparisons) tables.
 
     Estimates are per (subject, dataset, metric, variant); comparisons per family spec and
-    (metric, variant). `options` go to `bootstrap_study` (method, mode, use_ray, n_tasks).
+    (metric, variant). `options` are the other fields of `BootstrapOptions` (method, mode,
+    use_ray, n_tasks, min_images, ...).
     """
-    res = bootstrap_study(scores, eras, n_resamples, seed, confidence, alpha, families, **options)
+    settings = BootstrapOptions(n_resamples, seed, confidence=confidence, alpha=alpha, families=families, **options)
+    res = bootstrap_study(scores, eras, settings)
     return res.stats, res.comparisons
 
 

@@ -36,6 +36,7 @@ from vlm_decade.stats import (
     COMPARISONS_SCHEMA,
     METHOD_VERSION,
     STATS_SCHEMA,
+    BootstrapOptions,
     bootstrap_study,
     discordant_counts,
     mcnemar_exact,
@@ -142,9 +143,10 @@ def analyse_groups(
     comparison_rows: list[dict] = []
     for metric in sorted(set(scores.column("metric").to_pylist())):
         part = scores.filter(pc.equal(scores.column("metric"), metric))
-        result = bootstrap_study(
-            part, {}, n_resamples, seed, confidence, alpha, families=[], keep_distributions=True, use_ray=use_ray
+        options = BootstrapOptions(
+            n_resamples, seed, confidence=confidence, alpha=alpha, families=[], keep_distributions=True, use_ray=use_ray
         )
+        result = bootstrap_study(part, {}, options)
         per_dataset = {(r["subject"], r["dataset"], r["variant"]): r for r in result.stats.to_pylist()}
         stats_rows += result.stats.to_pylist()
         groups = _group_terms(result.distributions, per_dataset, members, metric)
