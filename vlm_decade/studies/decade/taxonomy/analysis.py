@@ -74,73 +74,59 @@ def object_labels(
     for subject, image_id, dataset, _ in pairs:
         key = (subject, image_id)
         verdicts = existence.get(key, {})
-        gold = [m.name for m in relevant.get(image_id, [])]
+        objects, said = relevant.get(image_id, []), mentioned.get(key, [])
+        gold = [m.name for m in objects]
+        known = present.get(image_id, gold)
         if subject in probed:
             method, found = "probe", transcripts.get(key)
-            findings = (
-                None
-                if found is None
-                else probes.probe_findings(found, matcher, verdicts, gold, present.get(image_id, gold))
-            )
+            findings = None if found is None else probes.probe_findings(found, matcher, verdicts, gold, known)
             why = "no probe answers for this image"
         elif located is not None:
             method, boxes, spots = "detector", detections.get(image_id), located.get(image_id)
             findings = (
                 None
                 if boxes is None or spots is None
-                else rules.located_errors(
-                    relevant.get(image_id, []),
-                    boxes,
-                    mentioned.get(key, []),
-                    matcher,
-                    spots,
-                    min_score,
-                    min_iou,
-                    verdicts,
-                    present.get(image_id, gold),
-                )
+                else rules.located_errors(objects, boxes, said, matcher, spots, min_score, min_iou, verdicts, known)
             )
             why = "the detector failed on this image" if boxes is None else "the locator failed on this image"
         else:
             method, boxes = "detector", detections.get(image_id)
             findings = (
-                None
-                if boxes is None
-                else rules.detector_errors(
-                    relevant.get(image_id, []), boxes, mentioned.get(key, []), matcher, confusable, verdicts
-                )
+                None if boxes is None else rules.detector_errors(objects, boxes, said, matcher, confusable, verdicts)
             )
             why = "the detector failed on this image"
-        if findings is None:
-            rows += [
-                {
-                    "subject": subject,
-                    "image_id": image_id,
-                    "dataset": dataset,
-                    "error_type": t,
-                    "present": None,
-                    "method": method,
-                    "evidence": _evidence({"undecided": why}),
-                }
-                for t in rules.ERROR_TYPES
-            ]
-            continue
-        context = {"relevant": gold, "mentioned": [m.name for m in mentioned.get(key, [])]}
-        for error_type, (present_, evidence) in rules.summarise(findings).items():
-            payload = {**context, "findings": json.loads(evidence)}
-            if error_type == "hallucination":
-                payload["checked"] = list(verdicts.values())
-            rows.append(
-                {
-                    "subject": subject,
-                    "image_id": image_id,
-                    "dataset": dataset,
-                    "error_type": error_type,
-                    "present": present_,
-                    "method": method,
-                    "evidence": _evidence(payload),
-                }
-            )
+        context = {"relevant": gold, "mentioned": [m.name for m in said]}
+        rows += _label_rows((subject, image_id, dataset), method, findings, why, context, list(verdicts.values()))
+    return rows
+
+
+def _label_rows(
+    where: tuple[str, str, str], method: str, findings, why: str, context: dict, checked: list
+) -> list[dict]:
+    """One pair's (subject, image_id, dataset) row per error type: null saying `why` where it has
+    no `findings`, else each type's presence and evidence, with the pair's `context` (and, for
+    hallucination, every existence verdict `checked`)."""
+    subject, image_id, dataset = where
+
+    def row(error_type: str, present, payload: dict) -> dict:
+        return {
+            "subject": subject,
+            "image_id": image_id,
+            "dataset": dataset,
+            "error_type": error_type,
+            "present": present,
+            "method": method,
+            "evidence": _evidence(payload),
+        }
+
+    if findings is None:
+        return [row(t, None, {"undecided": why}) for t in rules.ERROR_TYPES]
+    rows = []
+    for error_type, (present, evidence) in rules.summarise(findings).items():
+        payload = {**context, "findings": json.loads(evidence)}
+        if error_type == "hallucination":
+            payload["checked"] = checked
+        rows.append(row(error_type, present, payload))
     return rows
 
 

@@ -165,84 +165,103 @@ def located_errors(
     gold = _unique(relevant)
     said = _unique(mentioned)
     said_names = [m.name for m in said]
-    verdicts = existence or {}
-
-    def place(name: str) -> Detection | None:
-        best = best_located(located, name)
-        return best if best is not None and best.score >= min_score else None
-
-    def boxes_at(spot: Detection) -> list[tuple[Detection, float]]:
-        return [(d, iou(d.box, spot.box)) for d in detections if iou(d.box, spot.box) >= min_iou]
-
-    findings: dict[str, list[Finding]] = {t: [] for t in ERROR_TYPES}
-    misclassified: set[str] = set()
-    for g in gold:
-        if matcher.best_match(g.name, said_names) is not None:
-            continue
-        spot = place(g.name)
-        evidence = {"object": g.name, "phrase": g.phrase, "located": None if spot is None else _box_evidence(spot)}
-        if spot is None:  # not found by name: the name rule
-            own = [d for d in detections if matcher.matches(d.label, g.name)]
-            evidence["located"] = "not found: read by name"
-            if own:
-                best = max(own, key=lambda d: d.score)
-                findings["scene_understanding"].append(
-                    Finding("scene_understanding", g.name, {**evidence, "detection": _box_evidence(best)})
-                )
-            else:
-                findings["detection"].append(Finding("detection", g.name, evidence))
-            continue
-        there = boxes_at(spot)
-        evidence["boxes_there"] = [{**_box_evidence(d), "iou": round(v, 3)} for d, v in there]
-        right = [d for d, _ in there if matcher.matches(d.label, g.name)]
-        if not there:
-            findings["detection"].append(Finding("detection", g.name, evidence))
-        elif right:
-            findings["scene_understanding"].append(Finding("scene_understanding", g.name, evidence))
-        else:
-            label = max(there, key=lambda pair: (pair[1], pair[0].score))[0].label
-            findings["recognition"].append(
-                Finding("recognition", g.name, {**evidence, "relevant": True, "named_as": label})
-            )
-            misclassified.add(g.name)
-    others = [name for name in dict.fromkeys(present) if matcher.best_match(name, said_names) is None]
     gold_names = [g.name for g in gold]
+    verdicts = existence or {}
+    image = _Located(matcher, detections, located, min_score, min_iou)
+    findings = [_relevant_error(g, image) for g in gold if matcher.best_match(g.name, said_names) is None]
+    misclassified = {f.obj for f in findings if f.error_type == "recognition"}
+    others = [name for name in dict.fromkeys(present) if matcher.best_match(name, said_names) is None]
     for m in said:
         if matcher.best_match(m.name, gold_names) is not None or verdicts.get(m.name, {}).get("present") is True:
             continue
-        own = [d for d in detections if matcher.matches(d.label, m.name)]
-        lies_on = [
-            (thing, d, iou(d.box, spot.box))
-            for d in own
-            for thing in others
-            if (spot := place(thing)) is not None and iou(d.box, spot.box) >= min_iou
-        ]
-        if lies_on:
-            thing, box, overlap = max(lies_on, key=lambda t: (t[2], t[1].score))
-            if thing not in misclassified:
-                findings["recognition"].append(
-                    Finding(
-                        "recognition",
-                        thing,
-                        {
-                            "object": thing,
-                            "relevant": matcher.best_match(thing, gold_names) is not None,
-                            "named_as": m.name,
-                            "named_phrase": m.phrase,
-                            "detection": {**_box_evidence(box), "iou": round(overlap, 3)},
-                            "located": _box_evidence(place(thing)),
-                        },
-                    )
-                )
-            continue
-        verdict = verdicts.get(m.name)
-        evidence = {"object": m.name, "phrase": m.phrase, "detections": [_box_evidence(d) for d in own]}
-        if verdict is not None:
-            evidence["existence"] = verdict
-        findings["hallucination"].append(
-            Finding("hallucination", m.name, evidence, unclear=verdict is not None and verdict["present"] is None)
-        )
-    return [f for t in ERROR_TYPES for f in findings[t]]
+        finding = _mention_error(m, image, others, gold_names, misclassified, verdicts.get(m.name))
+        if finding is not None:
+            findings.append(finding)
+    return [f for t in ERROR_TYPES for f in findings if f.error_type == t]
+
+
+@dataclass(frozen=True)
+class _Located:
+    """One image's boxes as `located_errors` reads them: the local model's `detections`, the
+    locator's `located` (a find from `min_score`), and `min_iou`, the overlap that puts a box at a place."""
+
+    matcher: ObjectMatcher
+    detections: Sequence[Detection]
+    located: Sequence[Detection]
+    min_score: float
+    min_iou: float
+
+    def place(self, name: str) -> Detection | None:
+        """Where the locator found `name`, if it did."""
+        best = best_located(self.located, name)
+        return best if best is not None and best.score >= self.min_score else None
+
+    def boxes_at(self, spot: Detection) -> list[tuple[Detection, float]]:
+        """The local model's boxes at `spot`, each with its IoU."""
+        return [(d, iou(d.box, spot.box)) for d in self.detections if iou(d.box, spot.box) >= self.min_iou]
+
+    def own(self, name: str) -> list[Detection]:
+        """The local model's boxes of `name`'s class, anywhere."""
+        return [d for d in self.detections if self.matcher.matches(d.label, name)]
+
+
+def _relevant_error(g: Mention, image: _Located) -> Finding:
+    """The error about a relevant object the description leaves out, from the boxes at its place
+    (or, when the locator did not find it, from the name rules)."""
+    spot = image.place(g.name)
+    evidence = {"object": g.name, "phrase": g.phrase, "located": None if spot is None else _box_evidence(spot)}
+    if spot is None:  # not found by name: the name rule
+        own = image.own(g.name)
+        evidence["located"] = "not found: read by name"
+        if own:
+            best = max(own, key=lambda d: d.score)
+            return Finding("scene_understanding", g.name, {**evidence, "detection": _box_evidence(best)})
+        return Finding("detection", g.name, evidence)
+    there = image.boxes_at(spot)
+    evidence["boxes_there"] = [{**_box_evidence(d), "iou": round(v, 3)} for d, v in there]
+    if not there:
+        return Finding("detection", g.name, evidence)
+    if any(image.matcher.matches(d.label, g.name) for d, _ in there):
+        return Finding("scene_understanding", g.name, evidence)
+    label = max(there, key=lambda pair: (pair[1], pair[0].score))[0].label
+    return Finding("recognition", g.name, {**evidence, "relevant": True, "named_as": label})
+
+
+def _mention_error(
+    m: Mention,
+    image: _Located,
+    others: list[str],
+    gold_names: list[str],
+    misclassified: set[str],
+    verdict: dict | None,
+) -> Finding | None:
+    """The error of a mention outside the gold: recognition about the present, unnamed object
+    (`others`) its box lies on (None when that object's misclassification is already counted),
+    else hallucination (`verdict`: the independent source's, undecided -> unclear)."""
+    own = image.own(m.name)
+    lies_on = [
+        (thing, d, iou(d.box, spot.box))
+        for d in own
+        for thing in others
+        if (spot := image.place(thing)) is not None and iou(d.box, spot.box) >= image.min_iou
+    ]
+    if lies_on:
+        thing, box, overlap = max(lies_on, key=lambda t: (t[2], t[1].score))
+        if thing in misclassified:
+            return None
+        evidence = {
+            "object": thing,
+            "relevant": image.matcher.best_match(thing, gold_names) is not None,
+            "named_as": m.name,
+            "named_phrase": m.phrase,
+            "detection": {**_box_evidence(box), "iou": round(overlap, 3)},
+            "located": _box_evidence(image.place(thing)),
+        }
+        return Finding("recognition", thing, evidence)
+    evidence = {"object": m.name, "phrase": m.phrase, "detections": [_box_evidence(d) for d in own]}
+    if verdict is not None:
+        evidence["existence"] = verdict
+    return Finding("hallucination", m.name, evidence, unclear=verdict is not None and verdict["present"] is None)
 
 
 def best_located(located: Sequence[Detection], name: str) -> Detection | None:
