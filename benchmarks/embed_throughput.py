@@ -9,7 +9,7 @@ the run's `references` table (written before its clock starts; reading and hashi
 and pays its actors' start-up (the same imports and load, in each actor). The figures are the best of
 interleaved rounds (the machine may be shared). Prints one JSON object per measurement and a summary
 with `ratio_vs_plain` (stage texts/s over plain texts/s). `--text-batches` runs the stage once per
-round at each of several `embed.TEXT_BATCH` (texts per call to an actor; the first is the one the
+round at each of several `embed.local.TEXT_BATCH` (texts per call to an actor; the first is the one the
 ratios use), and `--encoder` takes another sentence-transformers folder (benchmarks/scale.py's small
 encoder, whose calls cost more than its compute). Run from the repository root:
     .venv/bin/python benchmarks/embed_throughput.py [--texts 20000] [--rounds 2] [--text-batches 512 128]
@@ -103,7 +103,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--texts", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--text-batches", type=int, nargs="+", default=[embed.TEXT_BATCH])
+    parser.add_argument("--text-batches", type=int, nargs="+", default=[embed.local.TEXT_BATCH])
     parser.add_argument("--encoder", type=Path, help="a sentence-transformers folder (default: all-MiniLM-L6-v2)")
     parser.add_argument("--plain-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -135,7 +135,7 @@ def main() -> None:
                 texts_per_s=round(len(texts) / timed["seconds"], 1),
             )
             for batch in args.text_batches:
-                embed.TEXT_BATCH = batch
+                embed.local.TEXT_BATCH = batch
                 seconds = stage(study, texts, Path(tmp) / f"run-{r}-{batch}")
                 best[batch] = max(best[batch], len(texts) / seconds)
                 emit(

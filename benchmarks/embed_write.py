@@ -5,7 +5,7 @@ before), and with one pass, on the same parts in one run.
 The parts are made as a fresh run makes them: the stage's own plan hands the texts out (a chunk of
 buckets of keys at a time, sorted by length), and each batch is saved through the stage's part
 writer; a seeded generator stands in for the encoder (its vectors' values do not matter to the
-write, their bytes do). The passes are forced (`embed.write_passes`), as a disk with little room
+write, their bytes do). The passes are forced (`embed.write.write_passes`), as a disk with little room
 left would force them: at a million images this machine's disk gave 4 to 6. Run from the
 repository root:
     .venv/bin/python benchmarks/embed_write.py [--texts 1500000] [--passes 6]
@@ -40,24 +40,24 @@ def make_parts(folder: RunFolder, n_texts: int, cfg: EncoderConfig) -> None:
     folder.write("references", pa.table({"text": pa.array(texts, pa.string())}))
     folder.write("responses", pa.table({"status": pa.array([], pa.string()), "text": pa.array([], pa.string())}))
     with embed.spill_folder(folder) as spill:
-        plan = embed._plan(folder, [cfg], spill)
-        with folder.parts("embeddings", embed.EMBEDDINGS_SCHEMA, embed.PART_ROWS, embed.PART_S) as parts:
+        plan = embed.plan_texts(folder, [cfg], spill)
+        with folder.parts("embeddings", embed.EMBEDDINGS_SCHEMA, embed.local.PART_ROWS, embed.local.PART_S) as parts:
             for batch in plan.local_batches(0):
                 vectors = rng.standard_normal((batch.num_rows, DIM), dtype=np.float32)
-                parts.add(embed._rows(batch.column("text_sha256"), vectors, cfg))
+                parts.add(embed.table.vector_rows(batch.column("text_sha256"), vectors, cfg))
 
 
 def timed_write(folder: RunFolder, cfg: EncoderConfig, passes: int, every_part: bool) -> float:
     """Seconds to plan nothing new and write the table from the parts in `passes` passes; with
     `every_part`, no footer is read, so every pass reads every part."""
     with embed.spill_folder(folder) as spill:
-        plan = embed._plan(folder, [cfg], spill)
+        plan = embed.plan_texts(folder, [cfg], spill)
         unread = mock.patch.object(
             RunFolder, "column_ranges", staticmethod(lambda path, columns: None)
         )  # read as damaged
-        with mock.patch.object(embed, "write_passes", lambda *_: passes), unread if every_part else nullcontext():
+        with mock.patch.object(embed.write, "write_passes", lambda *_: passes), unread if every_part else nullcontext():
             start = time.perf_counter()
-            embed._write_selected(folder, plan, spill / "vectors")
+            embed.write_selected(folder, plan, spill / "vectors")
             seconds = time.perf_counter() - start
     shutil.rmtree(folder.segment_folder("embeddings"))
     return round(seconds, 1)

@@ -12,9 +12,9 @@ own, and a driver can be killed while the cluster stays):
 - `raydata_parts`: Ray Data's actor pool in place of `pool_map` inside the stage: the same
   streaming `map_batches`, its batches pulled by the driver (`iter_batches`) into the run folder's
   parts, then the stage's own table writer; resume as the stage's.
-Both engines run the same encoder actor (`embed.EncodeActor`, the tiny two-layer encoder over
-MiniLM's tokenizer that benchmarks/scale.py uses), the same batches (`embed.TEXT_BATCH` texts, sorted
-by length) and the same rows (`embed._rows`).
+Both engines run the same encoder actor (`embed.local.EncodeActor`, the tiny two-layer encoder over
+MiniLM's tokenizer that benchmarks/scale.py uses), the same batches (`embed.local.TEXT_BATCH` texts, sorted
+by length) and the same rows (`embed.table.vector_rows`).
 
 Measured per path: texts/s from "texts at hand, Ray up, no actor started" (in the driver for
 `raydata_parquet`; for the two stage paths, the run's `references` table, written before the clock
@@ -63,7 +63,7 @@ from vlm_decade.core.runtime import LazyRay, start_ray  # noqa: E402
 from vlm_decade.stages import embed  # noqa: E402
 
 PATHS = ("dispatcher", "raydata_parquet", "raydata_parts")
-BLOCK_ROWS = 8 * embed.TEXT_BATCH  # texts per Ray Data block: the unit an actor takes and a file holds
+BLOCK_ROWS = 8 * embed.local.TEXT_BATCH  # texts per Ray Data block: the unit an actor takes and a file holds
 PARQUET_DIR = "raydata-parts"
 
 
@@ -81,7 +81,7 @@ def make_texts(n: int) -> pa.Table:
     """N distinct texts keyed as the stage keys them: (text_sha256, text), sorted by key."""
     rng = np.random.default_rng(0)
     texts = [sentence(rng) + f" {i}" for i in range(n)]
-    return embed._hashed(pa.array(texts, pa.string()))[0].sort_by("text_sha256")
+    return embed.plan._hashed(pa.array(texts, pa.string()))[0].sort_by("text_sha256")
 
 
 def write_inputs(folder: RunFolder, texts: pa.Table) -> None:
@@ -120,10 +120,12 @@ class Encode:
 
     def __init__(self, cfg: EncoderConfig):
         self.cfg = cfg
-        self.actor = embed.EncodeActor(cfg)
+        self.actor = embed.local.EncodeActor(cfg)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        return embed._rows(batch.column("text_sha256"), self.actor.encode(batch.column("text").to_pylist()), self.cfg)
+        return embed.table.vector_rows(
+            batch.column("text_sha256"), self.actor.encode(batch.column("text").to_pylist()), self.cfg
+        )
 
 
 def encoded_stream(ray, cfg: EncoderConfig, todo: pa.Table):
@@ -139,7 +141,7 @@ def encoded_stream(ray, cfg: EncoderConfig, todo: pa.Table):
     return ray.data.from_arrow(blocks).map_batches(
         Encode,
         fn_constructor_args=(cfg,),
-        batch_size=embed.TEXT_BATCH,
+        batch_size=embed.local.TEXT_BATCH,
         batch_format="pyarrow",
         compute=ray.data.ActorPoolStrategy(size=min(actors, len(blocks))),
         num_cpus=1,
@@ -198,8 +200,8 @@ def child(path: str, n: int, out: Path, encoder: Path, address: str) -> None:
             keys, _ = parquet_kept(out / PARQUET_DIR)
             figures["rows_out"], figures["distinct_out"] = len(keys), len(pc.unique(keys))
         else:
-            plan, write = embed._plan, embed._write_selected
-            plans: list[embed._Plan] = []
+            plan, write = embed.plan_texts, embed.write_selected
+            plans: list[embed.plan.EmbedPlan] = []
             wrote_at: list[float] = []
 
             def kept_plan(*args):  # what the stage found already encoded: the texts it will not encode
@@ -210,9 +212,9 @@ def child(path: str, n: int, out: Path, encoder: Path, address: str) -> None:
                 wrote_at.append(time.perf_counter())
                 return write(*args)
 
-            embed._plan, embed._write_selected = kept_plan, timed_write
+            embed.plan_texts, embed.write_selected = kept_plan, timed_write
             if path == "raydata_parts":
-                embed._embed_local = lambda study, cfg, work, n, run, advance: raydata_into_parts(run, cfg, work)
+                embed.embed_local = lambda study, cfg, work, n, run, advance: raydata_into_parts(run, cfg, work)
             written = embed.run_embed(study, run)
             figures["kept"] = plans[0].wanted - plans[0].todo[cfg.name]
             figures["stage_s"] = time.perf_counter() - start
@@ -230,10 +232,10 @@ def child(path: str, n: int, out: Path, encoder: Path, address: str) -> None:
 
 
 def raydata_into_parts(run: StudyRun, cfg: EncoderConfig, work) -> None:
-    """The stage's `_embed_local` with Ray Data's actor pool in place of `pool_map`: the stage's
+    """The stage's `embed_local` with Ray Data's actor pool in place of `pool_map`: the stage's
     batches of texts to encode (`work`) taken as one table, then batched as `encoded_stream` does."""
     stream = encoded_stream(run.ray(), cfg, pa.concat_tables(list(work)))
-    with run.folder.parts("embeddings", embed.EMBEDDINGS_SCHEMA, embed.PART_ROWS, embed.PART_S) as parts:
+    with run.folder.parts("embeddings", embed.EMBEDDINGS_SCHEMA, embed.local.PART_ROWS, embed.local.PART_S) as parts:
         for batch in stream.iter_batches(batch_size=None, batch_format="pyarrow"):
             parts.add(batch)
 

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from vlm_decade.core.runfolder import RunFolder, table_fingerprint  # noqa: E402
-from vlm_decade.stages.embed import EMBEDDINGS_SCHEMA, VECTOR_BATCH  # noqa: E402
+from vlm_decade.stages.embed.table import EMBEDDINGS_SCHEMA, VECTOR_BATCH  # noqa: E402
 
 
 def table_of(rows: int, dim: int) -> pa.Table:

@@ -5,7 +5,7 @@ the same data:
   `stats._core.multinomial_counts` (indices drawn 16 rows at a time) against one draw of all the
   chunk's indices, counted row by row as before; the counts must be equal.
 - `vectors`: the rows of a new embeddings segment (`--vectors` vectors of 384 floats in parts of
-  4,096, taken in key order), `embed._vector_blocks` (4,096 rows at a time from each part's float
+  4,096, taken in key order), `embed.write._vector_blocks` (4,096 rows at a time from each part's float
   matrix) against Arrow's take of the same blocks; the vectors must be equal.
 - `ranking`: the consensus ranking of `--images` images of nine descriptions
   (`data._references_table`), slabs on every core against one slab after another; the tables must
@@ -69,15 +69,17 @@ def vectors(n: int) -> dict:
     column, at = pa.chunked_array(parts), rng.permutation(n)
 
     def blocks():
-        return sum(len(b) for b in embed._vector_blocks(column, at, embed.VECTOR_BATCH))
+        return sum(len(b) for b in embed.write._vector_blocks(column, at, embed.table.VECTOR_BATCH))
 
     def arrow():
-        return sum(len(column.take(at[lo : lo + embed.VECTOR_BATCH])) for lo in range(0, n, embed.VECTOR_BATCH))
+        return sum(
+            len(column.take(at[lo : lo + embed.table.VECTOR_BATCH])) for lo in range(0, n, embed.table.VECTOR_BATCH)
+        )
 
     mine, _ = best(blocks)
     theirs, _ = best(arrow)
-    first = next(embed._vector_blocks(column, at, embed.VECTOR_BATCH))
-    assert first.equals(column.take(at[: embed.VECTOR_BATCH]).combine_chunks())
+    first = next(embed.write._vector_blocks(column, at, embed.table.VECTOR_BATCH))
+    assert first.equals(column.take(at[: embed.table.VECTOR_BATCH]).combine_chunks())
     return {"blocks_s": round(mine, 3), "arrow_take_s": round(theirs, 3), "ratio": round(theirs / mine, 2)}
 
 

@@ -121,7 +121,7 @@ def main(out: Path) -> None:
     runtime = base.runtime.model_copy(update={"address": cluster.address, "num_cpus": None, "stall_timeout_s": 300})
     data = base.data.model_copy(update={"ratings": None, "hand_labels": None})
     study = base.model_copy(update={"models": (model,), "taxonomy": None, "runtime": runtime, "data": data})
-    embed.TEXT_BATCH = 16  # many small batches, so a kill lands mid-stage
+    embed.local.TEXT_BATCH = 16  # many small batches, so a kill lands mid-stage
     results = []
     for stage in ("describe", "embed"):
         results.append(run_stage(study, out / f"{stage}-uninterrupted", stage))

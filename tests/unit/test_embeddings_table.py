@@ -14,11 +14,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import vlm_decade.stages.embed.local as local_module
+import vlm_decade.stages.embed.plan as plan_module
+import vlm_decade.stages.embed.table as table_module
+import vlm_decade.stages.embed.write as write_module
 from vlm_decade.core.config import EncoderConfig
 from vlm_decade.core.runfolder import RunFolder, table_fingerprint
 from vlm_decade.models.encoders import text_key
-from vlm_decade.stages import embed
-from vlm_decade.stages.embed import EMBEDDINGS_SCHEMA, _plan, _rows, _write_selected, encoder_key, spill_folder
+from vlm_decade.stages.embed.plan import plan_texts
+from vlm_decade.stages.embed.table import EMBEDDINGS_SCHEMA, encoder_key, spill_folder, vector_rows
+from vlm_decade.stages.embed.write import write_selected
 
 SBERT = EncoderConfig(name="SBERT-SI")
 OTHER = EncoderConfig(name="Other-SI", model_id="sentence-transformers/all-mpnet-base-v2")
@@ -35,18 +40,18 @@ def embed_here(folder: RunFolder, encoders: list[EncoderConfig]) -> tuple[dict, 
     each batch they would be given encoded and saved as a part, then the table written. Returns
     the texts encoded per encoder and the batches."""
     with spill_folder(folder) as spill:
-        plan = _plan(folder, encoders, spill)
+        plan = plan_texts(folder, encoders, spill)
         encoded, given = {}, []
         for i, cfg in enumerate(encoders):
             encoded[cfg.name] = []
-            with folder.parts("embeddings", EMBEDDINGS_SCHEMA, embed.PART_ROWS, embed.PART_S) as parts:
+            with folder.parts("embeddings", EMBEDDINGS_SCHEMA, local_module.PART_ROWS, local_module.PART_S) as parts:
                 for batch in plan.local_batches(i):
                     texts = batch.column("text").to_pylist()
                     given.append(texts)
                     encoded[cfg.name] += texts
-                    parts.add(_rows(batch.column("text_sha256"), np.stack([vector(cfg, t) for t in texts]), cfg))
+                    parts.add(vector_rows(batch.column("text_sha256"), np.stack([vector(cfg, t) for t in texts]), cfg))
             assert len(encoded[cfg.name]) == plan.todo[cfg.name]
-        written = _write_selected(folder, plan, spill / "vectors")
+        written = write_selected(folder, plan, spill / "vectors")
         for segment in written.file["segments"]:  # each carries its own content's fingerprint
             path = folder.segment_folder("embeddings") / segment["name"]
             assert segment["fingerprint"] == table_fingerprint(pq.read_table(path))
@@ -75,7 +80,7 @@ def expected(references, responses, encoders, kept: dict) -> pa.Table:
         for key in sorted(texts):
             v = kept.get((encoder_key(cfg), key))
             rows.append((key, cfg, v if v is not None else vector(cfg, texts[key])))
-    out = [_rows([key], v[None], cfg) for key, cfg, v in rows]
+    out = [vector_rows([key], v[None], cfg) for key, cfg, v in rows]
     return pa.concat_tables(out) if out else EMBEDDINGS_SCHEMA.empty_table()
 
 
@@ -108,11 +113,11 @@ def test_a_rerun_reuses_the_previous_table_and_the_parts_of_a_killed_run_and_dro
     killed = {(encoder_key(SBERT), text_key(t)): vector(SBERT, t, salt="killed") for t in MANY[50:56]}
     folder.append_part(
         "embeddings",
-        _rows([k for _, k in killed], np.stack(list(killed.values())), SBERT),
+        vector_rows([k for _, k in killed], np.stack(list(killed.values())), SBERT),
     )
-    folder.append_part("embeddings", _rows([text_key(MANY[0])], vector(SBERT, MANY[0], "later")[None], SBERT))
+    folder.append_part("embeddings", vector_rows([text_key(MANY[0])], vector(SBERT, MANY[0], "later")[None], SBERT))
     gone = EncoderConfig(name="Gone-SI", model_id="sentence-transformers/paraphrase-MiniLM-L3-v2")
-    folder.append_part("embeddings", _rows([text_key(MANY[1])], vector(gone, MANY[1])[None], gone))
+    folder.append_part("embeddings", vector_rows([text_key(MANY[1])], vector(gone, MANY[1])[None], gone))
     references, responses = MANY[:70], [("ok", t) for t in MANY[20:40]]
     inputs(folder, references, responses)
 
@@ -131,8 +136,8 @@ def test_chunks_and_batches_change_nothing_but_the_batches(tmp_path, monkeypatch
     whole = RunFolder(tmp_path / "whole")
     inputs(whole, references, responses)
     embed_here(whole, [SBERT, OTHER])
-    monkeypatch.setattr(embed, "CHUNK_TEXTS", chunk)
-    monkeypatch.setattr(embed, "TEXT_BATCH", batch)
+    monkeypatch.setattr(local_module, "CHUNK_TEXTS", chunk)
+    monkeypatch.setattr(local_module, "TEXT_BATCH", batch)
     cut = RunFolder(tmp_path / "cut")
     inputs(cut, references, responses)
     encoded, given = embed_here(cut, [SBERT, OTHER])
@@ -147,11 +152,12 @@ def test_a_table_without_the_mode_column_is_reused_with_it_empty(tmp_path):
     cfg = EncoderConfig(name="GPT-SI", backend="openai-embedding", model_id="text-embedding-3-large")
     old_text, new_text = "a cat on a mat", "a dog in the park"
     old_vector, new_vector = np.arange(4, dtype=np.float32), np.ones(4, dtype=np.float32)
-    old = _rows([text_key(old_text)], old_vector[None], cfg).drop_columns(["mode"])  # as an earlier version wrote it
+    # as an earlier version wrote it
+    old = vector_rows([text_key(old_text)], old_vector[None], cfg).drop_columns(["mode"])
     folder = RunFolder(tmp_path)
     fingerprint, record = folder.write("embeddings", old)
     folder.save_manifest({"tables": {"embeddings": fingerprint}, "files": {"embeddings": record}})
-    folder.append_part("embeddings", _rows([text_key(new_text)], new_vector[None], cfg, ["batch"]))
+    folder.append_part("embeddings", vector_rows([text_key(new_text)], new_vector[None], cfg, ["batch"]))
     inputs(folder, [old_text, new_text], [])
 
     encoded, _ = embed_here(folder, [cfg])
@@ -187,8 +193,8 @@ def test_spilling_a_range_of_buckets_at_a_time_writes_the_table_sorted_in_memory
     table that sorting them in memory gives (what a study's few new vectors take): from parts alone,
     and again from a segment that holds texts no longer wanted beside the parts of new ones."""
     in_memory = two_runs(RunFolder(tmp_path / "in-memory"))
-    monkeypatch.setattr(embed, "SORT_IN_MEMORY_BYTES", -1)
-    monkeypatch.setattr(embed, "write_passes", lambda source_bytes, free_bytes, buckets: passes)
+    monkeypatch.setattr(write_module, "SORT_IN_MEMORY_BYTES", -1)
+    monkeypatch.setattr(write_module, "write_passes", lambda source_bytes, free_bytes, buckets: passes)
     spilled = two_runs(RunFolder(tmp_path / "spilled"))
     assert [t.num_rows for t in in_memory] == [t.num_rows for t in spilled]
     assert all(a.equals(b) for a, b in zip(spilled, in_memory))
@@ -199,10 +205,11 @@ def test_a_pass_reads_only_the_parts_and_row_groups_that_hold_keys_of_its_bucket
     once over all the passes, not once a pass (at a million images, 26 GB read six times): a part
     again only where a pass's first bucket falls among its keys. So are a segment's row groups
     when a later run rewrites it. The tables are those one pass writes."""
-    monkeypatch.setattr(embed, "CHUNK_TEXTS", 1)  # each bucket's texts batched on their own
-    monkeypatch.setattr(embed, "PART_ROWS", 3)
-    monkeypatch.setattr(embed, "VECTOR_BATCH", 4)  # a segment of row groups of 4 rows
-    monkeypatch.setattr(embed, "SORT_IN_MEMORY_BYTES", -1)
+    monkeypatch.setattr(local_module, "CHUNK_TEXTS", 1)  # each bucket's texts batched on their own
+    monkeypatch.setattr(local_module, "PART_ROWS", 3)
+    monkeypatch.setattr(table_module, "VECTOR_BATCH", 4)  # a segment of row groups of 4 rows
+    monkeypatch.setattr(write_module, "VECTOR_BATCH", 4)
+    monkeypatch.setattr(write_module, "SORT_IN_MEMORY_BYTES", -1)
     passes, reads = 7, {"parts": 0, "row groups": 0}
 
     iter_parts, file_batches = RunFolder.iter_parts, RunFolder.file_batches
@@ -219,7 +226,7 @@ def test_a_pass_reads_only_the_parts_and_row_groups_that_hold_keys_of_its_bucket
 
     monkeypatch.setattr(RunFolder, "iter_parts", parts_read)
     monkeypatch.setattr(RunFolder, "file_batches", staticmethod(groups_read))
-    write = _write_selected
+    write = write_selected
 
     def written(folder, plan, spill):
         nonlocal writing
@@ -236,9 +243,9 @@ def test_a_pass_reads_only_the_parts_and_row_groups_that_hold_keys_of_its_bucket
             reads.update(dict.fromkeys(reads, 0))
 
     writing, counts = False, []
-    monkeypatch.setitem(globals(), "_write_selected", written)  # what `embed_here` calls
+    monkeypatch.setitem(globals(), "write_selected", written)  # what `embed_here` calls
     one_pass = two_runs(RunFolder(tmp_path / "one-pass"))
-    monkeypatch.setattr(embed, "write_passes", lambda source_bytes, free_bytes, buckets: passes)
+    monkeypatch.setattr(write_module, "write_passes", lambda source_bytes, free_bytes, buckets: passes)
     many_passes = two_runs(RunFolder(tmp_path / "passes"))
 
     assert all(a.equals(b) for a, b in zip(many_passes, one_pass))
@@ -253,11 +260,11 @@ def test_a_pass_reads_only_the_parts_and_row_groups_that_hold_keys_of_its_bucket
 def test_the_passes_keep_the_spill_and_the_table_within_the_free_space():
     gb = 10**9
     # 26 GB of parts: a 26 GB table and a 32.5 GB spill, within 90% of the free space.
-    assert embed.write_passes(26 * gb, 80 * gb, 512) == 1  # 46 GB of room
-    assert embed.write_passes(26 * gb, 40 * gb, 512) == 4  # 10 GB of room: 32.5 / 10
-    assert embed.write_passes(26 * gb, 20 * gb, 512) == 512  # no room even for the table: as small as it goes
-    assert embed.write_passes(26 * gb, int(28.9 * gb), 512) == 512  # 0.01 GB of room
-    assert embed.write_passes(0, 0, 256) == 256 and embed.write_passes(0, 1, 256) == 1
+    assert write_module.write_passes(26 * gb, 80 * gb, 512) == 1  # 46 GB of room
+    assert write_module.write_passes(26 * gb, 40 * gb, 512) == 4  # 10 GB of room: 32.5 / 10
+    assert write_module.write_passes(26 * gb, 20 * gb, 512) == 512  # no room even for the table: as small as it goes
+    assert write_module.write_passes(26 * gb, int(28.9 * gb), 512) == 512  # 0.01 GB of room
+    assert write_module.write_passes(0, 0, 256) == 256 and write_module.write_passes(0, 1, 256) == 1
 
 
 def _segments(folder: RunFolder) -> dict[str, tuple[int, int]]:
@@ -273,7 +280,7 @@ def _in_order(table: pa.Table) -> pa.Table:
 @pytest.mark.parametrize("held", [True, False])
 def test_texts_added_cost_one_new_segment_of_their_vectors_and_the_table_is_a_fresh_runs(tmp_path, monkeypatch, held):
     # the plan's buckets held in memory (small files) or spread over files: the same table
-    monkeypatch.setattr(embed, "HOLD_FILES_BYTES", 2**40 if held else -1)
+    monkeypatch.setattr(plan_module, "HOLD_FILES_BYTES", 2**40 if held else -1)
     folder = RunFolder(tmp_path / "incremental")
     inputs(folder, MANY[:40], [("ok", t) for t in MANY[10:30]])
     embed_here(folder, [SBERT, OTHER])
@@ -386,7 +393,7 @@ def test_vectors_gathered_in_blocks_are_the_ones_arrow_takes(widths):
     column = pa.chunked_array([chunks[0], chunks[1].slice(0, 0), chunks[1], chunks[2].slice(1)])
     for at in (np.array([], np.int64), np.array([9, 0, 4, 4, 2]), rng.permutation(len(column))):
         for rows in (1, 3, 100):
-            blocks = list(embed._vector_blocks(column, at, rows))
+            blocks = list(write_module._vector_blocks(column, at, rows))
             assert [len(b) for b in blocks] == [min(rows, len(at) - lo) for lo in range(0, len(at), rows)]
             assert all(b.type == pa.list_(pa.float32()) for b in blocks)
             assert [v for b in blocks for v in b.to_pylist()] == column.take(at).to_pylist()
@@ -399,8 +406,8 @@ def test_vectors_gathered_in_blocks_are_the_ones_arrow_takes(widths):
 def test_an_encoder_gets_an_actor_per_call_of_work_up_to_what_the_cluster_fits(slots, n_texts, actors):
     """docs/architecture.md: as many actors as the CPUs (or GPUs) allow, but none with no call of
     512 texts to make (worked by hand: 513 texts are two calls)."""
-    assert embed.TEXT_BATCH == 512
-    assert embed.actors_for(slots, n_texts) == actors
+    assert local_module.TEXT_BATCH == 512
+    assert local_module.actors_for(slots, n_texts) == actors
 
 
 @pytest.mark.parametrize(
@@ -411,4 +418,4 @@ def test_an_encoder_gets_an_actor_per_call_of_work_up_to_what_the_cluster_fits(s
 def test_actors_load_at_once_no_more_than_the_cores_the_driver_leaves(slots, cpus, local, at_once):
     """docs/architecture.md: on a local Ray the driver keeps a core, so 2 cores load one encoder at
     a time (the second after the first), 16 cores fifteen; a cluster's nodes load all at once."""
-    assert embed.loading_at_once(slots, cpus, local) == at_once
+    assert local_module.loading_at_once(slots, cpus, local) == at_once
