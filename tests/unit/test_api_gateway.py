@@ -4,15 +4,16 @@ what arrives, retries, limits, budget, cache, and keys kept out of what is writt
 from __future__ import annotations
 
 import asyncio
+import json
 
 import numpy as np
 import pytest
 
-from vlm_decade.core.config import ProviderConfig
+from vlm_decade.core.config import DEFAULT_PRICES, ProviderConfig
 from vlm_decade.models.api.gateway import Gateway
 from vlm_decade.models.api.keys import Secret, scrub
 from vlm_decade.models.api.limits import RateLimiter
-from vlm_decade.models.api.providers import ChatRequest, GeminiProvider, OpenAIProvider
+from vlm_decade.models.api.providers import ChatRequest, GeminiProvider, OpenAIProvider, thinking
 from vlm_decade.testing.fake_api import FakeAPIServer, FaultConfig, chat_text, fake_vector, max_in_window
 
 from .api_clients import loop, png, run  # noqa: F401 - loop: the per-test event loop fixture
@@ -58,6 +59,36 @@ def test_image_and_prompt_arrive_and_usage_is_billed(server, tmp_path, provider,
     assert row["text"] == chat_text("What happens here?", [image])
     assert row["output_tokens"] == len(row["text"]) // 4 + thinking  # reasoning tokens are billed output
     assert row["model_version"].startswith(model) and row["cost_usd"] > 0
+
+
+@pytest.mark.parametrize(
+    "provider,model,sent",
+    [
+        ("openai", "gpt-4o", {"max_completion_tokens": 300, "temperature": 0.0}),
+        ("openai", "o3", {"max_completion_tokens": 2000}),
+        ("openai", "gpt-5-mini", {"max_completion_tokens": 2000}),
+        ("gemini", "gemini-2.0-flash", {"maxOutputTokens": 300, "temperature": 0.0}),
+        ("gemini", "gemini-2.5-flash", {"maxOutputTokens": 2000, "temperature": 0.0}),
+        ("gemini", "gemini-3-pro-preview", {"maxOutputTokens": 2000, "temperature": 0.0}),
+    ],
+)
+def test_a_thinking_model_is_sent_room_to_think(server, tmp_path, provider, model, sent):
+    # A description request's settings as the body carries them: a thinking model's hidden output
+    # counts against the cap, so it gets the larger one, whichever family it is of.
+    chat(gateway(server, provider, tmp_path), model, "Describe the image.", png(4))
+    (body,) = [json.loads(r.body) for r in server.received()]
+    if provider == "gemini":
+        assert body["generationConfig"] == sent
+    else:
+        assert {k: v for k, v in body.items() if k != "messages"} == {"model": model, **sent}
+
+
+def test_thinking_is_decided_by_the_families_the_price_table_lists():
+    listed = {(api, m) for api, table in DEFAULT_PRICES.items() for m in table if thinking(api, m)}
+    o_series = ("o1", "o1-mini", "o3", "o3-mini", "o4-mini")
+    openai = o_series + ("gpt-5", "gpt-5-mini", "gpt-5-nano", "gpt-5-pro", "gpt-5.1", "gpt-5.4")
+    gemini = ("gemini-2.5-pro", "gemini-2.5-flash", "gemini-2.5-flash-lite", "gemini-3-pro-preview")
+    assert listed == {("openai", m) for m in openai} | {("gemini", m) for m in gemini}
 
 
 def test_a_cached_answer_is_not_bought_again(server, tmp_path):

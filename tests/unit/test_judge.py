@@ -140,6 +140,7 @@ def test_a_missing_path_bad_options_and_a_model_without_chat_template_are_refuse
             {"thinking_budget": 0},
             {"max_output_tokens": 2000, "temperature": 0.0, "thinking_budget": 0},
         ),
+        ("gemini", "gemini-3-pro-preview", {}, {"max_output_tokens": 2000, "temperature": 0.0}),
     ],
 )
 def test_api_judge_settings_cap_output_at_16_unless_the_model_reasons(backend, model_id, options, expected):

@@ -40,7 +40,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
@@ -103,6 +103,7 @@ class Received:
     mode: str = "sync"  # batch: a line of a batch (endpoint `<provider>.batch_line`)
     key: str = ""  # a batch line's custom id
     batch: str = ""  # a batch line's batch
+    body: bytes = field(default=b"", repr=False)  # the request body, as it arrived (sync requests)
 
 
 def image_sha(data: bytes) -> str:
@@ -321,7 +322,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(404, {"error": {"message": f"no route {path}"}})
         fake = self.fake
         outcome = fake._outcome(digest, body)
-        self.record = Received(time.time(), endpoint, digest, outcome)
+        self.record = Received(time.time(), endpoint, digest, outcome, body=body)
         with fake.lock:
             fake.log.append(self.record)
         if outcome == "dropped":  # hang up with no answer, as a connection lost mid-request

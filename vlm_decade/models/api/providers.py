@@ -21,7 +21,10 @@ import numpy as np
 from vlm_decade.core.config import APIConfig, EndpointConfig, Price
 from vlm_decade.models.api.keys import Secret
 
-OPENAI_REASONING = ("o1", "o3", "o4", "gpt-5")
+# The model families that think (reason) before they answer, by API, as the price table lists them:
+# OpenAI's o-series and GPT-5, Gemini 2.5 and 3. Their hidden thinking is output: it counts against
+# the output cap, so they get a larger one, and OpenAI's take no temperature.
+THINKING = {"openai": ("o1", "o3", "o4", "gpt-5"), "gemini": ("gemini-2.5", "gemini-3")}
 EMBED_DIM = 3072  # text-embedding-3-large natively; gemini-embedding-001 through output_dimensionality
 CHAT_OPTIONS = {"temperature", "max_output_tokens", "reasoning_effort", "detail", "thinking_budget"}
 
@@ -43,6 +46,11 @@ class Reply:
     input_tokens: int
     output_tokens: int  # as billed: reasoning / thinking tokens included
     model_version: str
+
+
+def thinking(api: str, model_id: str) -> bool:
+    """Whether a model of an API (openai or gemini; an endpoint's `api`) thinks before it answers."""
+    return model_id.startswith(THINKING.get(api, ()))
 
 
 def chat_key(provider: str, req: ChatRequest, revision: str | None = None) -> str:
@@ -179,15 +187,11 @@ class OpenAIProvider(Provider):
             api_key=key.reveal(), base_url=cfg.base_url, max_retries=0, timeout=cfg.timeout_s
         )
 
-    @staticmethod
-    def reasoning(model_id: str) -> bool:
-        return model_id.startswith(OPENAI_REASONING)
-
     @classmethod
     def settings(cls, model_id: str, options: dict) -> dict:
-        # Reasoning models (o1/o3/o4/gpt-5) take no temperature, and their hidden reasoning tokens
-        # count against max_completion_tokens, so they get a larger cap.
-        if cls.reasoning(model_id):
+        # Reasoning models take no temperature, and their hidden reasoning tokens count against
+        # max_completion_tokens, so they get a larger cap.
+        if thinking(cls.name, model_id):
             out = {"max_output_tokens": int(options.get("max_output_tokens", 2000))}
             if "reasoning_effort" in options:
                 out["reasoning_effort"] = str(options["reasoning_effort"])
@@ -280,8 +284,8 @@ class GeminiProvider(Provider):
 
     @classmethod
     def settings(cls, model_id: str, options: dict) -> dict:
-        # Gemini 2.5 models think by default and count thinking against max_output_tokens.
-        thinks = model_id.startswith("gemini-2.5")
+        # Thinking models think by default and count thinking against max_output_tokens.
+        thinks = thinking(cls.name, model_id)
         out = {
             "max_output_tokens": int(options.get("max_output_tokens", 2000 if thinks else 300)),
             "temperature": float(options.get("temperature", 0.0)),

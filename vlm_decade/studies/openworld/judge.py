@@ -31,7 +31,7 @@ from vlm_decade.core.errors import InputError, Problem, error_text
 from vlm_decade.core.progress import Reporter
 from vlm_decade.models.api.endpoints import endpoint_problems, prices_field, route_problems, served_by
 from vlm_decade.models.api.keys import api_key, key_hint
-from vlm_decade.models.api.providers import OpenAIProvider, provider_class
+from vlm_decade.models.api.providers import provider_class, thinking
 from vlm_decade.models.backends import parsed_options
 from vlm_decade.models.backends.hf_common import (
     configure_threads,
@@ -47,9 +47,6 @@ from vlm_decade.studies.openworld.metrics import JUDGE_MAX_NEW_TOKENS
 
 LOCAL_BACKEND = "hf-judge"
 JUDGE_NAME = "LI judge"  # how messages name it
-# Gemini models that think by default. Thinking counts against the output cap, so a 16-token cap
-# would leave no room for the answer.
-THINKING_GEMINI = ("gemini-2.5", "gemini-3")
 RECORD_S = 5.0  # how often it writes the money spent to the manifest
 
 
@@ -204,12 +201,7 @@ def judge_settings(config: JudgeConfig) -> dict:
     thinks (that hidden output counts against the cap), and with no image detail, since no image is
     sent."""
     options = dict(config.options)
-    reasons = (
-        OpenAIProvider.reasoning(config.model_id)
-        if config.backend == "openai"
-        else config.model_id.startswith(THINKING_GEMINI)
-    )
-    if not reasons:
+    if not thinking(config.backend, config.model_id):
         options.setdefault("max_output_tokens", JUDGE_MAX_NEW_TOKENS)
     settings = provider_class(config.backend).settings(config.model_id, options)
     settings.pop("detail", None)
