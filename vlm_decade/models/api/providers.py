@@ -344,3 +344,15 @@ class GeminiProvider(Provider):
 def provider_class(api: str) -> type[Provider]:
     """The provider class of an API (openai or gemini; an endpoint's `api`)."""
     return {"openai": OpenAIProvider, "gemini": GeminiProvider}[api]
+
+
+def judge_settings(api: str, model_id: str, options: dict, cap: int, image: bool, room_to_think: bool) -> dict:
+    """The generation settings a judge's request sends (part of the cache key): the provider's for
+    the model, with `cap` output tokens unless the options set a cap or, with `room_to_think`, the
+    model thinks (its hidden thinking counts against the cap, so it keeps the provider's larger
+    one); a request with no image sends no image detail."""
+    capped = not (room_to_think and thinking(api, model_id))
+    settings = provider_class(api).settings(model_id, {**({"max_output_tokens": cap} if capped else {}), **options})
+    if not image:
+        settings.pop("detail", None)
+    return settings

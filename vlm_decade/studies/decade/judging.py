@@ -24,14 +24,15 @@ from vlm_decade.core.runner import Stage, StudyRun
 from vlm_decade.models.api.answers import failed_answer
 from vlm_decade.models.api.endpoints import endpoint_problems, sending_problems, served_by
 from vlm_decade.models.api.providers import ChatRequest, provider_class
+from vlm_decade.models.api.providers import judge_settings as api_judge_settings
 from vlm_decade.models.backends import backend_class
 from vlm_decade.stages.describe.plan import Job
 from vlm_decade.stages.describe.remote import REMOTE_BATCH, ask_gateway, finish_queued
-from vlm_decade.stages.estimate import Line
 from vlm_decade.stats import SCORES_SCHEMA
 from vlm_decade.studies.decade import judges
 from vlm_decade.studies.decade.config import JudgeMetricConfig, StudyConfig
 from vlm_decade.studies.decade.score import scoring_pairs
+from vlm_decade.studies.estimate import Line
 
 # Part of the stage's settings: bump it when the prompts or the reading of answers change.
 JUDGE_FORMAT = 1
@@ -79,15 +80,16 @@ def check_judges(study: StudyConfig) -> list[Problem]:
 
 
 def judge_settings(judge: JudgeMetricConfig) -> dict:
-    """The generation settings the judge sends (part of the cache key): the provider's for the
-    model, with the judges' output cap unless the options set one; a rating sends no image, so no
-    image detail."""
-    settings = provider_class(judge.backend).settings(
-        judge.model_id, {"max_output_tokens": judges.JUDGE_MAX_OUTPUT_TOKENS, **judge.options}
+    """The generation settings the judge sends: the judges' output cap, thinking or not; a rating
+    sends no image."""
+    return api_judge_settings(
+        judge.backend,
+        judge.model_id,
+        judge.options,
+        judges.JUDGE_MAX_OUTPUT_TOKENS,
+        image=judge.kind != "rating",
+        room_to_think=False,
     )
-    if judge.kind == "rating":
-        settings.pop("detail", None)
-    return settings
 
 
 def questions(judge: JudgeMetricConfig, pairs: pa.Table) -> list[dict]:

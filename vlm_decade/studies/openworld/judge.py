@@ -31,7 +31,7 @@ from vlm_decade.core.errors import InputError, Problem, error_text
 from vlm_decade.core.progress import Reporter
 from vlm_decade.models.api.endpoints import endpoint_problems, prices_field, route_problems, served_by
 from vlm_decade.models.api.keys import api_key, key_hint
-from vlm_decade.models.api.providers import provider_class, thinking
+from vlm_decade.models.api.providers import judge_settings as api_judge_settings
 from vlm_decade.models.backends import parsed_options
 from vlm_decade.models.backends.hf_common import (
     configure_threads,
@@ -196,16 +196,11 @@ class LocalJudge:
 
 # API --------------------------------------------------------------------------------------------
 def judge_settings(config: JudgeConfig) -> dict:
-    """The generation settings an API judge sends (they are part of the cache key): the provider's
-    own settings for the model, capped at the paper's 16 output tokens unless the model reasons or
-    thinks (that hidden output counts against the cap), and with no image detail, since no image is
-    sent."""
-    options = dict(config.options)
-    if not thinking(config.backend, config.model_id):
-        options.setdefault("max_output_tokens", JUDGE_MAX_NEW_TOKENS)
-    settings = provider_class(config.backend).settings(config.model_id, options)
-    settings.pop("detail", None)
-    return settings
+    """The generation settings an API judge sends: the paper's 16 output tokens unless the model
+    thinks, and no image."""
+    return api_judge_settings(
+        config.backend, config.model_id, config.options, JUDGE_MAX_NEW_TOKENS, image=False, room_to_think=True
+    )
 
 
 def _from_row(row: dict) -> JudgeAnswer:
