@@ -43,10 +43,6 @@ def with_group(table: pa.Table, variable: str | None, group: str | None) -> pa.T
     return table
 
 
-def grouped_schema(schema: pa.Schema) -> pa.Schema:
-    return pa.schema(list(schema) + [pa.field(c, pa.string()) for c in GROUP_COLUMNS])
-
-
 def ungrouped(table: pa.Table) -> pa.Table:
     """The rows about all images (a table written before grouping existed has no others)."""
     if "group" not in table.column_names:

@@ -26,7 +26,6 @@ from vlm_decade.models.api.keys import Secret
 # the output cap, so they get a larger one, and OpenAI's take no temperature.
 THINKING = {"openai": ("o1", "o3", "o4", "gpt-5"), "gemini": ("gemini-2.5", "gemini-3")}
 EMBED_DIM = 3072  # text-embedding-3-large natively; gemini-embedding-001 through output_dimensionality
-CHAT_OPTIONS = {"temperature", "max_output_tokens", "reasoning_effort", "detail", "thinking_budget"}
 
 
 @dataclass(frozen=True)
