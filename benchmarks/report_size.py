@@ -40,6 +40,7 @@ DECADE = {
     "data": {"images": "/x/images.csv", "image_dir": "/x", "descriptions": "/x/d.csv"},
     "models": [{"name": m, "backend": "imported", "model_id": m, "era": "pre-mllm"} for m in MODELS],
     "encoders": [{"name": "SBERT-SI", "backend": "sentence-transformers"}],
+    "taxonomy": {},
 }
 OPENWORLD = {
     "study": "openworld",
@@ -53,20 +54,21 @@ def _write(root: Path, name: str, columns: dict) -> None:
     pq.write_table(pa.table(columns), root / f"{name}.parquet")
 
 
-def _no_comparisons(root: Path, name: str) -> None:
+def _no_comparisons(root: Path, name: str, schema: pa.Schema | None = None) -> None:
     from vlm_decade.stats import COMPARISONS_SCHEMA
 
-    pq.write_table(COMPARISONS_SCHEMA.empty_table(), root / f"{name}.parquet")
+    pq.write_table((schema or COMPARISONS_SCHEMA).empty_table(), root / f"{name}.parquet")
 
 
-def _stats_rows(subjects, groups, metrics, variant: str, rng) -> dict:
+def _stats_rows(subjects, groups, metrics, variant: str, rng, column: str = "variant") -> dict:
+    """Stats rows of every subject, group and metric; Study B names the variant column `prompt_id`."""
     rows = [(s, g, m) for s in subjects for g in groups for m in metrics]
     estimate = rng.uniform(0.2, 0.8, len(rows))
     return {
         "subject": [r[0] for r in rows],
         "dataset": [r[1] for r in rows],
         "metric": [r[2] for r in rows],
-        "variant": [variant] * len(rows),
+        column: [variant] * len(rows),
         "estimate": estimate,
         "ci_low": estimate - 0.05,
         "ci_high": estimate + 0.05,
@@ -202,6 +204,8 @@ def decade_run(root: Path, n: int, pictures: list[str], rng) -> None:
 
 
 def openworld_run(root: Path, n: int, pictures: list[str], rng) -> None:
+    from vlm_decade.studies.openworld.statistics import COMPARISONS_B_SCHEMA, PAIRED_TESTS_SCHEMA
+
     root.mkdir(parents=True)
     (root / "manifest.json").write_text(json.dumps({"config": OPENWORLD}))
     ids, datasets = _images(root, n, pictures)
@@ -248,8 +252,10 @@ def openworld_run(root: Path, n: int, pictures: list[str], rng) -> None:
         },
     )
     metrics = ["TI", "LI", "SS", "CS"] + [f"outcome:{o}" for o in ("correct", "granularity", "ambiguity", "confusion")]
-    _write(root, "stats", _stats_rows(MODELS, ["prototypical", "fine-grained", "all"], metrics, "default", rng))
-    _no_comparisons(root, "comparisons")
+    groups = ["prototypical", "fine-grained", "all"]
+    _write(root, "stats", _stats_rows(MODELS, groups, metrics, "default", rng, column="prompt_id"))
+    _no_comparisons(root, "comparisons", COMPARISONS_B_SCHEMA)
+    _no_comparisons(root, "paired_tests", PAIRED_TESTS_SCHEMA)
 
 
 def _bytes(path: Path) -> int:
@@ -258,9 +264,16 @@ def _bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
 
 
+def _listing(table: pa.Table, columns: list[str]) -> int:
+    """Characters of `columns` of every row of `table` as one HTML table, drawn by the reports' own
+    table macro: what a page listing every row would hold."""
+    from vlm_decade.report.html import environment, grid
+
+    return len(environment().get_template("_report.html").module.table(grid(table, columns)))
+
+
 def _report(root: Path, kind: str) -> dict:
     from vlm_decade.core.runfolder import RunFolder
-    from vlm_decade.report.html import html_table
     from vlm_decade.studies import study_from_dict
 
     folder = RunFolder(root)
@@ -275,29 +288,15 @@ def _report(root: Path, kind: str) -> dict:
         responses, references = tables["responses"], tables["references"]
         full = responses.filter(pc.equal(responses.column("variant"), "full"))
         gold = references.filter(pc.equal(references.column("role"), "gold"))
-        every_row = len(html_table(full, ["subject", "image_id", "text"])) + len(html_table(gold, ["image_id", "text"]))
+        every_row = _listing(full, ["subject", "image_id", "text"]) + _listing(gold, ["image_id", "text"])
     else:
         from vlm_decade.studies.openworld.report import REPORT_TABLES, write_openworld_report
 
         tables = {n: folder.read(n) for n in REPORT_TABLES}
         write_openworld_report(folder, study, tables)
-        every_row = len(
-            html_table(
-                tables["predictions"],
-                [
-                    "subject",
-                    "image_id",
-                    "dataset",
-                    "granularity",
-                    "label",
-                    "prediction",
-                    "TI",
-                    "LI",
-                    "SS",
-                    "CS",
-                    "outcome",
-                ],
-            )
+        every_row = _listing(
+            tables["predictions"],
+            ["subject", "image_id", "dataset", "granularity", "label", "prediction", "TI", "LI", "SS", "CS", "outcome"],
         )
     seconds = time.perf_counter() - start
     report = _bytes(root / "report.html")

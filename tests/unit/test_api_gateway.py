@@ -364,8 +364,8 @@ def test_nothing_new_is_sent_once_the_driver_is_gone(tmp_path):
 
 
 def test_the_estimate_prints_each_line_and_each_provider_as_a_range():
-    from vlm_decade.stages.estimate import Line, render
     from vlm_decade.studies.decade.config import StudyConfig
+    from vlm_decade.studies.estimate import Line, render
 
     study = StudyConfig.model_validate(
         {
@@ -397,8 +397,8 @@ def test_the_estimate_prints_each_line_and_each_provider_as_a_range():
 def test_an_api_encoder_is_estimated_in_its_own_mode(tmp_path, mode, requests):
     """Sync mode sends `batch_size` texts a request; batch mode a line a text, at half the price."""
     from vlm_decade.models.api.cache import ResponseCache
-    from vlm_decade.stages.estimate import embed_lines
     from vlm_decade.studies.decade.config import StudyConfig
+    from vlm_decade.studies.estimate import embed_lines
 
     study = StudyConfig.model_validate(
         {

@@ -39,8 +39,8 @@ if TYPE_CHECKING:
 
     from vlm_decade.core.progress import Reporter
     from vlm_decade.core.runfolder import RunFolder
-    from vlm_decade.stages.estimate import Line
     from vlm_decade.stages.images import ImageCache
+    from vlm_decade.studies.estimate import Line
 
 STUDIES = {"decade": StudyConfig, "openworld": OpenWorldStudyConfig}
 AnyStudy = StudyConfig | OpenWorldStudyConfig
