@@ -1,4 +1,6 @@
 """The one `main` behind the `ray job submit` scripts in jobs/: `--config` or `--demo`, `--out`.
+Each script names its study; its registration (`studies.registry`) gives its config class, its
+demo and, for a file of another study, the script to run it with.
 
 The job's driver joins the cluster that runs it (Ray sets RAY_ADDRESS for submitted jobs) and
 alone writes the run folder. Bad input ends with every problem listed and exit status 2; an error of
@@ -17,8 +19,6 @@ from pathlib import Path
 from vlm_decade.core.errors import ENVIRONMENT_EXIT, INPUT_EXIT, RUN_FAILED_EXIT, InputError, Problem, os_failure
 from vlm_decade.core.storage import Mirror, is_uri
 
-SCRIPTS = {"decade": "jobs/decade_study.py", "openworld": "jobs/openworld_study.py"}
-
 
 def job_package(out: Path) -> Path | None:
     """Ray's temporary copy of the working dir this job runs in, when `out` would land inside it
@@ -31,8 +31,8 @@ def job_package(out: Path) -> Path | None:
 
 def _study(kind: str, args):
     from vlm_decade.core.config import output_problems
-    from vlm_decade.demo import decade_demo, openworld_demo
     from vlm_decade.studies import STUDIES, load_study
+    from vlm_decade.studies.registry import resolve
 
     if args.out is not None and (problems := output_problems(args.out, "--out")):
         raise InputError(problems)
@@ -41,17 +41,16 @@ def _study(kind: str, args):
             raise InputError(
                 [Problem(args.out, "the demo writes its inputs and run to a local folder: give a path", field="--out")]
             )
-        demo = decade_demo if kind == "decade" else openworld_demo
         out = Path(args.out) if args.out is not None else Path("runs/demo") / kind
         _refuse_job_package(out)  # before the demo lays out its inputs there
-        return demo(out)
+        return resolve(STUDIES[kind].demo)(out)
     study = load_study(args.config, output=args.out)
-    if not isinstance(study, STUDIES[kind]):
+    if not isinstance(study, STUDIES[kind].config):
         raise InputError(
             [
                 Problem(
                     str(args.config),
-                    f"a `study: {study.study}` file; run it with {SCRIPTS[study.study]}",
+                    f"a `study: {study.study}` file; run it with {STUDIES[study.study].job}",
                     field="study",
                 )
             ]
@@ -86,7 +85,7 @@ def _refuse_job_package(out: Path) -> None:
 
 
 def main(kind: str, description: str, argv: list[str] | None = None) -> int:
-    """Run a study of `kind` (`decade` or `openworld`); the exit status."""
+    """Run a study of `kind` (a registered study's name, `studies.registry`); the exit status."""
     from vlm_decade.core.dispatch import Stalled
     from vlm_decade.core.runfolder import RunFolderBusy
     from vlm_decade.core.runner import run_failures

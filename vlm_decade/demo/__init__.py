@@ -144,8 +144,12 @@ def drop_unkeyed(study):
 
 
 def demo_studies(out: str | Path) -> list:
-    """Both demo studies under `out`: Study A in `out/decade`, Study B in `out/openworld`."""
-    return [decade_demo(Path(out) / "decade"), openworld_demo(Path(out) / "openworld")]
+    """Every registered study's demo under `out`, each in the folder of its name: Study A in
+    `out/decade`, Study B in `out/openworld`."""
+    from vlm_decade.studies import STUDIES
+    from vlm_decade.studies.registry import resolve
+
+    return [resolve(entry.demo)(Path(out) / name) for name, entry in STUDIES.items()]
 
 
 __all__ = [

@@ -4,18 +4,20 @@ against people) and `openworld` (Study B, LMMs as open-world classifiers).
 Each study is a package with its config, its own stages and a `pipeline` module that offers the
 same six functions, the `Pipeline` protocol: `check` (config, data and models, before anything is
 written), `run`, `estimate` (API spend before any), `summary` (what `validate` says of it),
-`redraw_report` and `export` (the run as one tidy table). The command line and the Ray job scripts reach a study only through `pipeline_of`.
+`redraw_report` and `export` (the run as one tidy table). Each is registered once in `registry`
+(its config, pipeline, viewer pages, job script and demo); the command line and the Ray job
+scripts reach a study only through `pipeline_of`.
 """
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from pydantic import ValidationError
 
 from vlm_decade.core.config import (
+    StudyBase,
     check_options,
     error_message,
     field_path,
@@ -31,8 +33,7 @@ from vlm_decade.core.errors import InputError, Problem
 from vlm_decade.core.storage import is_uri, uri_problem, working_copy
 from vlm_decade.models.backends import BACKENDS, entry_problems
 from vlm_decade.models.encoders import ENCODERS
-from vlm_decade.studies.decade.config import StudyConfig
-from vlm_decade.studies.openworld.config import OpenWorldStudyConfig
+from vlm_decade.studies.registry import DEFAULT, STUDIES, expected, resolve
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -42,8 +43,7 @@ if TYPE_CHECKING:
     from vlm_decade.stages.images import ImageCache
     from vlm_decade.studies.estimate import Line
 
-STUDIES = {"decade": StudyConfig, "openworld": OpenWorldStudyConfig}
-AnyStudy = StudyConfig | OpenWorldStudyConfig
+AnyStudy = StudyBase  # the config of any registered study
 
 
 def registries() -> dict[str, list[str]]:
@@ -53,12 +53,12 @@ def registries() -> dict[str, list[str]]:
 
 def schema_markdown(kind: str) -> str:
     """Every field study `kind` takes, as the table `vlm-decade schema` prints and the docs show."""
-    return reference_markdown(STUDIES[kind], kind, registries())
+    return reference_markdown(STUDIES[kind].config, kind, registries())
 
 
 def schema_json(kind: str) -> dict:
     """The JSON Schema of the study file study `kind` takes."""
-    return json_schema(STUDIES[kind], kind, registries())
+    return json_schema(STUDIES[kind].config, kind, registries())
 
 
 def declared_options() -> dict[str, type]:
@@ -97,12 +97,12 @@ class Pipeline(Protocol):
 
 def pipeline_of(study: AnyStudy) -> Pipeline:
     """The study's pipeline module."""
-    return cast(Pipeline, importlib.import_module(f"vlm_decade.studies.{study.study}.pipeline"))
+    return cast(Pipeline, resolve(STUDIES[study.study].pipeline))
 
 
 def study_from_dict(raw: dict) -> AnyStudy:
     """A validated study of the kind its `study` field names (Study A when absent)."""
-    kind = raw.get("study", "decade")
+    kind = raw.get("study", DEFAULT)
     if not isinstance(kind, str) or kind not in STUDIES:
         raise ValidationError.from_exception_data(
             "StudyConfig",
@@ -111,11 +111,11 @@ def study_from_dict(raw: dict) -> AnyStudy:
                     "type": "literal_error",
                     "loc": ("study",),
                     "input": kind,
-                    "ctx": {"expected": "'decade' or 'openworld'"},
+                    "ctx": {"expected": expected()},
                 }
             ],
         )
-    return STUDIES[kind].model_validate(raw)
+    return STUDIES[kind].config.model_validate(raw)
 
 
 def load_study(path: str | Path, output: str | Path | None = None) -> AnyStudy:
@@ -124,9 +124,9 @@ def load_study(path: str | Path, output: str | Path | None = None) -> AnyStudy:
     relative to the current folder) replaces the file's and is checked exactly as the file's is."""
     path = Path(path)
     raw = read_study_file(path)
-    kind = raw.get("study", "decade")
+    kind = raw.get("study", DEFAULT)
     if isinstance(kind, str) and kind in STUDIES:
-        resolve_paths(raw, STUDIES[kind], path.resolve().parent)
+        resolve_paths(raw, STUDIES[kind].config, path.resolve().parent)
     field = "output" if output is None else "--out"
     if output is not None:
         raw["output"] = resolve_path(str(output), Path.cwd())
@@ -139,9 +139,7 @@ def load_study(path: str | Path, output: str | Path | None = None) -> AnyStudy:
     try:
         study = study_from_dict(raw)
     except ValidationError as exc:
-        raise InputError(
-            config_problems(str(path), exc, STUDIES.get(kind, StudyConfig) if isinstance(kind, str) else StudyConfig)
-        ) from None
+        raise InputError(config_problems(str(path), exc, config_of(kind))) from None
     problems = backend_problems(study) + output_problems(study.output, field)
     if problems:
         raise InputError(problems).located(path)
@@ -154,8 +152,14 @@ def recorded_study(manifest: dict, where: str) -> AnyStudy:
     try:
         return study_from_dict(manifest["config"])
     except ValidationError as exc:
-        kind = manifest["config"].get("study", "decade")
-        raise InputError(config_problems(where, exc, STUDIES.get(kind, StudyConfig), within=("config",))) from None
+        kind = manifest["config"].get("study", DEFAULT)
+        raise InputError(config_problems(where, exc, config_of(kind), within=("config",))) from None
+
+
+def config_of(kind: Any) -> type[StudyBase]:
+    """The config class a file's `study` value declares; Study A's for a value no study has."""
+    entry = STUDIES.get(kind) if isinstance(kind, str) else None
+    return (entry or STUDIES[DEFAULT]).config
 
 
 def backend_problems(study: AnyStudy) -> list[Problem]:
@@ -173,7 +177,7 @@ def backend_problems(study: AnyStudy) -> list[Problem]:
     return problems
 
 
-def config_problems(file: str, exc: ValidationError, cls: type = StudyConfig, within: tuple = ()) -> list[Problem]:
+def config_problems(file: str, exc: ValidationError, cls: type, within: tuple = ()) -> list[Problem]:
     """pydantic's errors as problems naming the field (`models[2].backend`, inside `within`, as in a
     manifest's `config`) and, for a value of the wrong kind, the value; an unknown key with the
     closest known one. A list that is "too short" only because its entries failed is not reported

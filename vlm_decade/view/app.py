@@ -1,5 +1,6 @@
-"""The web app of `vlm-decade view`: Starlette routes over a RunView, pages rendered on the server
-from Jinja templates, pictures made on demand, and nothing served but what was verified: the run
+"""The web app of `vlm-decade view`: Starlette routes over a RunView, the same for every study (its
+pages' data from its study's pages module, `view.pages`), pages rendered on the server from Jinja
+templates, pictures made on demand, and nothing served but what was verified: the run
 folder's own files (a table only while it hashes as the manifest records) and the images its images
 table lists (only while their bytes match their sha256). `access` checks who asks; a bad request is
 a 4xx page, never a 5xx.
@@ -21,9 +22,10 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
-from vlm_decade.view import decade, openworld, pictures
+from vlm_decade.view import pictures
 from vlm_decade.view.access import Access, Guard
-from vlm_decade.view.gallery import BadRequest, datasets, page_number
+from vlm_decade.view.gallery import BadRequest, page_number
+from vlm_decade.view.pages import Pages, pages_of, template_folders
 from vlm_decade.view.runs import RunView
 from vlm_decade.view.verify import Missing, Unverified
 
@@ -39,158 +41,21 @@ def _number(value, digits: int = 3) -> str:
     return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
 
-def _templates() -> Jinja2Templates:
-    templates = Jinja2Templates(directory=str(HERE / "templates"))
+def _templates(view: RunView, pages: Pages) -> Jinja2Templates:
+    templates = Jinja2Templates(directory=template_folders(pages))
     env = templates.env
     env.filters["q"] = lambda value: quote(str(value), safe="")
     env.filters["num"] = _number
     env.filters["qs"] = lambda params: urlencode(params)
     env.filters["pair"] = lambda value: (value, value)
-    env.filters["named"] = lambda error_type: (error_type, decade.ERROR_NAMES[error_type])
-    env.globals["error_names"] = decade.ERROR_NAMES
+    env.globals["run"] = view
+    env.globals["study"] = view.study
+    env.globals["study_pages"] = pages  # its HEADER, LINKS and names; a page's own "pages" is its page count
     return templates
 
 
 def create_app(view: RunView, access: Access | None = None) -> Starlette:
     """The app over `view`; `access` says whom it answers (default: this machine only, no token)."""
-    templates = _templates()
-    env = templates.env
-    env.globals["run"] = view
-    env.globals["study"] = view.study
-
-    def page(request: Request, name: str, context: dict, status: int = 200) -> Response:
-        return templates.TemplateResponse(request, name, context, status_code=status)
-
-    def image_of(image_id: str) -> dict:
-        image = view.image(image_id)
-        if image is None:
-            raise HTTPException(404, f"the run lists no image '{image_id}'")
-        return image
-
-    def gallery(request: Request) -> Response:
-        if view.kind == "openworld":
-            q = openworld.GalleryQuery.parse(request.query_params, view.models, openworld.prompts(view))
-            return page(
-                request,
-                "openworld_gallery.html",
-                {
-                    "q": q,
-                    "result": openworld.gallery(view, q),
-                    "models": view.models,
-                    "prompts": openworld.prompts(view),
-                    "datasets": datasets(view),
-                    "granularities": openworld.GRANULARITIES,
-                    "outcomes": openworld.OUTCOMES,
-                    "outcome_counts": openworld.outcome_counts(view, q.prompt),
-                },
-            )
-        metrics = decade.metrics(view)
-        q = decade.GalleryQuery.parse(request.query_params, metrics, view.models)
-        return page(
-            request,
-            "decade_gallery.html",
-            {
-                "q": q,
-                "result": decade.gallery(view, q),
-                "models": view.models,
-                "metrics": metrics,
-                "datasets": datasets(view),
-                "error_types": decade.ERROR_TYPES,
-            },
-        )
-
-    def image_page(request: Request) -> Response:
-        image_id = request.path_params["image_id"]
-        data = (openworld if view.kind == "openworld" else decade).image_page(view, image_id)
-        if data is None:
-            raise HTTPException(404, f"the run lists no image '{image_id}'")
-        data["present"] = pictures.exists(data["image"])
-        return page(request, f"{view.kind}_image.html", data)
-
-    def model_page(request: Request) -> Response:
-        study = openworld if view.kind == "openworld" else decade
-        data = study.model_page(view, request.path_params["name"], page_number(request.query_params))
-        if data is None:
-            raise HTTPException(404, f"the study has no model '{request.path_params['name']}'")
-        return page(request, f"{view.kind}_model.html", data)
-
-    def confusion_page(request: Request) -> Response:
-        if view.kind != "openworld":
-            raise HTTPException(404, "the confusion view is Study B's")
-        q = openworld.ConfusionQuery.parse(request.query_params, view.models, openworld.prompts(view))
-        return page(
-            request,
-            "openworld_confusions.html",
-            {
-                "q": q,
-                "result": openworld.confusion_page(view, q),
-                "models": view.models,
-                "prompts": openworld.prompts(view),
-                "datasets": datasets(view),
-                "granularities": openworld.GRANULARITIES,
-            },
-        )
-
-    def picture(request: Request) -> Response:
-        kind, image = request.path_params["kind"], image_of(request.path_params["image_id"])
-        try:
-            if kind == "original":
-                data, media_type = pictures.original(image)
-                return Response(data, media_type=media_type)
-            if kind == "thumb":
-                return Response(pictures.thumbnail(view, image), media_type="image/jpeg")
-            return Response(pictures.variant(view, image, kind), media_type="image/jpeg")
-        except KeyError:
-            raise HTTPException(404, f"the study has no variant '{kind}'") from None
-        except Missing as exc:
-            return Response(pictures.placeholder(f"image not found: {exc}"), media_type=SVG, headers=NO_STORE)
-
-    def heatmap(request: Request) -> Response:
-        image = image_of(request.path_params["image_id"])
-        try:
-            data = pictures.heatmap(view, image)
-        except Missing as exc:
-            return Response(pictures.placeholder(f"image not found: {exc}"), media_type=SVG, headers=NO_STORE)
-        if data is None:
-            raise HTTPException(404, "no heat map: no subject has a complete masked profile for this image")
-        return Response(data, media_type="image/png")
-
-    def run_file(request: Request) -> Response:
-        """A file inside the run folder (the report, its figures and tables); anything that resolves
-        outside it, through `..`, an absolute path or a link, is not found, and so are the folder's
-        hidden files (the lock, the caches, the parts). A table is served only while it verifies."""
-        relative = Path(request.path_params["path"])
-        root = view.root.resolve()
-        try:
-            target = (root / relative).resolve()
-        except (OSError, RuntimeError):  # a loop of links
-            target = None
-        if (
-            relative.is_absolute()
-            or target is None
-            or not target.is_relative_to(root)
-            or not target.is_file()
-            or any(part.startswith(".") for part in relative.parts + target.relative_to(root).parts)
-        ):
-            raise HTTPException(404, "no such file in the run folder")
-        if target.parent == root and target.suffix == ".parquet":
-            view.checks.require([target.stem])
-        return FileResponse(target)
-
-    async def problem(request: Request, exc: HTTPException) -> Response:
-        title = TITLES.get(exc.status_code, "Cannot answer")
-        return page(request, "problem.html", {"title": title, "detail": exc.detail}, status=exc.status_code)
-
-    async def bad_request(request: Request, exc: BadRequest) -> Response:
-        return await problem(request, HTTPException(exc.status, exc.detail))
-
-    async def unverified(request: Request, exc: Unverified) -> Response:
-        return await problem(request, HTTPException(409, str(exc)))
-
-    async def table_error(request: Request, exc: duckdb.Error) -> Response:
-        detail = f"a table of this run cannot be read as the view expects: {exc}"
-        return page(request, "problem.html", {"title": "Unreadable table", "detail": detail}, status=500)
-
     routes = [
         Route("/", gallery),
         Route("/image/{image_id:path}", image_page),
@@ -205,7 +70,123 @@ def create_app(view: RunView, access: Access | None = None) -> Starlette:
     ]
     handlers = {HTTPException: problem, BadRequest: bad_request, Unverified: unverified, duckdb.Error: table_error}
     guard = Middleware(Guard, access=access or Access.bound("127.0.0.1", 0))
-    return Starlette(routes=routes, exception_handlers=handlers, middleware=[guard])
+    app = Starlette(routes=routes, exception_handlers=handlers, middleware=[guard])
+    pages = pages_of(view)
+    app.state.view, app.state.pages, app.state.templates = view, pages, _templates(view, pages)
+    return app
+
+
+def _view(request: Request) -> RunView:
+    return request.app.state.view
+
+
+def _page(request: Request, name: str, context: dict, status: int = 200) -> Response:
+    """Template `name` (`<study>_` before it for a study's own page) rendered with `context`."""
+    return request.app.state.templates.TemplateResponse(request, name, context, status_code=status)
+
+
+def _image_of(request: Request) -> dict:
+    image_id = request.path_params["image_id"]
+    image = _view(request).image(image_id)
+    if image is None:
+        raise HTTPException(404, f"the run lists no image '{image_id}'")
+    return image
+
+
+def gallery(request: Request) -> Response:
+    view = _view(request)
+    return _page(request, f"{view.kind}_gallery.html", request.app.state.pages.gallery_page(view, request.query_params))
+
+
+def image_page(request: Request) -> Response:
+    view, image_id = _view(request), request.path_params["image_id"]
+    data = request.app.state.pages.image_page(view, image_id)
+    if data is None:
+        raise HTTPException(404, f"the run lists no image '{image_id}'")
+    data["present"] = pictures.exists(data["image"])
+    return _page(request, f"{view.kind}_image.html", data)
+
+
+def model_page(request: Request) -> Response:
+    view, name = _view(request), request.path_params["name"]
+    data = request.app.state.pages.model_page(view, name, page_number(request.query_params))
+    if data is None:
+        raise HTTPException(404, f"the study has no model '{name}'")
+    return _page(request, f"{view.kind}_model.html", data)
+
+
+def confusion_page(request: Request) -> Response:
+    view, pages = _view(request), request.app.state.pages
+    if not hasattr(pages, "confusion_page"):
+        raise HTTPException(404, "the confusion view is Study B's")
+    return _page(request, f"{view.kind}_confusions.html", pages.confusion_page(view, request.query_params))
+
+
+def picture(request: Request) -> Response:
+    view, kind, image = _view(request), request.path_params["kind"], _image_of(request)
+    try:
+        if kind == "original":
+            data, media_type = pictures.original(image)
+            return Response(data, media_type=media_type)
+        if kind == "thumb":
+            return Response(pictures.thumbnail(view, image), media_type="image/jpeg")
+        return Response(pictures.variant(view, image, kind), media_type="image/jpeg")
+    except KeyError:
+        raise HTTPException(404, f"the study has no variant '{kind}'") from None
+    except Missing as exc:
+        return Response(pictures.placeholder(f"image not found: {exc}"), media_type=SVG, headers=NO_STORE)
+
+
+def heatmap(request: Request) -> Response:
+    image = _image_of(request)
+    try:
+        data = pictures.heatmap(_view(request), image)
+    except Missing as exc:
+        return Response(pictures.placeholder(f"image not found: {exc}"), media_type=SVG, headers=NO_STORE)
+    if data is None:
+        raise HTTPException(404, "no heat map: no subject has a complete masked profile for this image")
+    return Response(data, media_type="image/png")
+
+
+def run_file(request: Request) -> Response:
+    """A file inside the run folder (the report, its figures and tables); anything that resolves
+    outside it, through `..`, an absolute path or a link, is not found, and so are the folder's
+    hidden files (the lock, the caches, the parts). A table is served only while it verifies."""
+    view, relative = _view(request), Path(request.path_params["path"])
+    root = view.root.resolve()
+    try:
+        target = (root / relative).resolve()
+    except (OSError, RuntimeError):  # a loop of links
+        target = None
+    if (
+        relative.is_absolute()
+        or target is None
+        or not target.is_relative_to(root)
+        or not target.is_file()
+        or any(part.startswith(".") for part in relative.parts + target.relative_to(root).parts)
+    ):
+        raise HTTPException(404, "no such file in the run folder")
+    if target.parent == root and target.suffix == ".parquet":
+        view.checks.require([target.stem])
+    return FileResponse(target)
+
+
+async def problem(request: Request, exc: HTTPException) -> Response:
+    title = TITLES.get(exc.status_code, "Cannot answer")
+    return _page(request, "problem.html", {"title": title, "detail": exc.detail}, status=exc.status_code)
+
+
+async def bad_request(request: Request, exc: BadRequest) -> Response:
+    return await problem(request, HTTPException(exc.status, exc.detail))
+
+
+async def unverified(request: Request, exc: Unverified) -> Response:
+    return await problem(request, HTTPException(409, str(exc)))
+
+
+async def table_error(request: Request, exc: duckdb.Error) -> Response:
+    detail = f"a table of this run cannot be read as the view expects: {exc}"
+    return _page(request, "problem.html", {"title": "Unreadable table", "detail": detail}, status=500)
 
 
 def bind(host: str, port: int) -> socket.socket:

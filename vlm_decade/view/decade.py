@@ -1,4 +1,4 @@
-"""Study A's pages as queries: the gallery (filter, sort, page), one image with everything the run
+"""Study A's viewer pages (`view.pages.Pages`) as queries: the gallery (filter, sort, page), one image with everything the run
 knows about it, and one model with its statistics, error rates and failed rows.
 
 Each function takes a RunView and returns plain data for a template; SQL does the filtering,
@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from vlm_decade.view.gallery import Query, failed_responses, page_count, page_number
+from vlm_decade.view.gallery import Query, datasets, failed_responses, page_count, page_number
 from vlm_decade.view.runs import RunView
 
 FULL = "full"
@@ -25,6 +25,8 @@ ERROR_NAMES = {
 }
 ROLE_ORDER = ("gold", "top", "bottom", "other")
 PAGE_SIZE = 48
+HEADER = "Study A: descriptions against people"
+LINKS: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,20 @@ class GalleryQuery(Query):
 
 def metrics(view: RunView) -> list[str]:
     return view.values("SELECT DISTINCT metric FROM scores ORDER BY metric") if view.has("scores") else []
+
+
+def gallery_page(view: RunView, params) -> dict:
+    """The gallery page's data: the query read from `params`, its page of images, and the filters' choices."""
+    found = metrics(view)
+    q = GalleryQuery.parse(params, found, view.models)
+    return {
+        "q": q,
+        "result": gallery(view, q),
+        "models": view.models,
+        "metrics": found,
+        "datasets": datasets(view),
+        "error_types": [(t, ERROR_NAMES[t]) for t in ERROR_TYPES],
+    }
 
 
 def gallery(view: RunView, q: GalleryQuery) -> dict:
@@ -159,6 +175,13 @@ def _page_errors(view: RunView, ids: list[str]) -> dict[tuple[str, str], list[st
     return out
 
 
+def masks(view: RunView) -> list:
+    """The study's mask specs: the masked variants the pictures show."""
+    from vlm_decade.imaging.masks import mask_specs
+
+    return mask_specs(view.study.masks)
+
+
 def variants_of(view: RunView) -> list[str]:
     """full and the mask ids of the study, in order."""
     from vlm_decade.imaging.masks import mask_ids
@@ -172,6 +195,24 @@ def image_page(view: RunView, image_id: str) -> dict | None:
     if image is None:
         return None
     one = [image_id]
+    references = _references(view, one)
+    described = _descriptions(view, one)
+    errors = _errors(view, one)
+    spatial = described["spatial"]
+    return {
+        "image": image,
+        **references,
+        **described,
+        "errors": errors,
+        **_detections(view, one, errors),
+        "probes": _probes(view, one),
+        "has_heatmap": any(r["sde"] is not None for r in spatial),
+        "profile_metric": view.study.taxonomy_metric if spatial else None,
+    }
+
+
+def _references(view: RunView, one: list[str]) -> dict:
+    """The image's human descriptions: the full image's by role (best-voted first), the masked ones by mask."""
     references = view.rows('SELECT * FROM "references" WHERE image_id = ?', one) if view.has("references") else []
     full_refs = sorted(
         (r for r in references if r["condition"] == FULL),
@@ -181,6 +222,18 @@ def image_page(view: RunView, image_id: str) -> dict | None:
     for r in references:
         if r["condition"] != FULL:
             masked_refs.setdefault(r["condition"], []).append(r)
+    return {
+        "gold": [r for r in full_refs if r["role"] == "gold"],
+        "top": [r for r in full_refs if r["role"] == "top"],
+        "bottom": [r for r in full_refs if r["role"] == "bottom"],
+        "others": [r for r in full_refs if r["role"] not in ("gold", "top", "bottom")],
+        "masked_refs": dict(sorted(masked_refs.items())),
+    }
+
+
+def _descriptions(view: RunView, one: list[str]) -> dict:
+    """Each model's descriptions of the image's variants with their similarities, the human groups'
+    scores, and the spatial dependence rows (the models' SDE profiles)."""
     responses = (
         view.rows("SELECT subject, variant, prompt_id, text, status, error FROM responses WHERE image_id = ?", one)
         if view.has("responses")
@@ -210,35 +263,51 @@ def image_page(view: RunView, image_id: str) -> dict | None:
         for r in spatial
         for mask, value in zip(r["mask_ids"] or [], r["model_profile"] or [])
     }
-    model_rows = []
-    for model in view.models:
-        model_rows.append(
-            {
-                "name": model,
-                "variants": [
-                    {
-                        "variant": v,
-                        "response": said.get((model, v)),
-                        "scores": [(m, score_of.get((model, v, m))) for m in metric_names],
-                        "own": own.get((model, v)),
-                    }
-                    for v in variant_ids
-                    if (model, v) in said or any((model, v, m) in score_of for m in metric_names)
-                ],
-            }
-        )
+    model_rows = [
+        {
+            "name": model,
+            "variants": [
+                {
+                    "variant": v,
+                    "response": said.get((model, v)),
+                    "scores": [(m, score_of.get((model, v, m))) for m in metric_names],
+                    "own": own.get((model, v)),
+                }
+                for v in variant_ids
+                if (model, v) in said or any((model, v, m) in score_of for m in metric_names)
+            ],
+        }
+        for model in view.models
+    ]
     humans = [
         {"name": s, "scores": [(m, score_of.get((s, FULL, m))) for m in metric_names]}
         for s in sorted({s["subject"] for s in scores if s["subject"].startswith("human:")})
     ]
+    return {
+        "variants": variant_ids,
+        "metrics": metric_names,
+        "models": model_rows,
+        "humans": humans,
+        "spatial": spatial,
+    }
+
+
+def _errors(view: RunView, one: list[str]) -> list[dict]:
+    """The image's error labels with their evidence, by subject and error type."""
+    if not view.has("errors"):
+        return []
     errors = []
-    if view.has("errors"):
-        for r in view.rows("SELECT subject, error_type, present, method, evidence FROM errors WHERE image_id = ?", one):
-            r["evidence"] = _json(r["evidence"])
-            errors.append(r)
-        errors.sort(
-            key=lambda r: (r["subject"], ERROR_TYPES.index(r["error_type"]) if r["error_type"] in ERROR_TYPES else 99)
-        )
+    for r in view.rows("SELECT subject, error_type, present, method, evidence FROM errors WHERE image_id = ?", one):
+        r["evidence"] = _json(r["evidence"])
+        errors.append(r)
+    errors.sort(
+        key=lambda r: (r["subject"], ERROR_TYPES.index(r["error_type"]) if r["error_type"] in ERROR_TYPES else 99)
+    )
+    return errors
+
+
+def _detections(view: RunView, one: list[str], errors: list[dict]) -> dict:
+    """The detector's boxes on the image, each with the error labels that cite it, and how the detector fared."""
     detections, detector_status = [], None
     if view.has("detections"):
         found = view.rows("SELECT status, error, detections FROM detections WHERE image_id = ?", one)
@@ -250,6 +319,11 @@ def image_page(view: RunView, image_id: str) -> dict | None:
     cited = _cited_boxes(errors)
     for d in detections:
         d["cited"] = cited.get(_box_key(d["label"], (d["x0"], d["y0"], d["x1"], d["y1"])))
+    return {"detections": detections, "detector_status": detector_status}
+
+
+def _probes(view: RunView, one: list[str]) -> dict[str, list[dict]]:
+    """The taxonomy's probe questions about the image and their answers, per subject."""
     probes: dict[str, list[dict]] = {}
     if view.has("probes"):
         for r in view.rows(
@@ -258,25 +332,7 @@ def image_page(view: RunView, image_id: str) -> dict | None:
             one,
         ):
             probes.setdefault(r["subject"], []).append(r)
-    return {
-        "image": image,
-        "gold": [r for r in full_refs if r["role"] == "gold"],
-        "top": [r for r in full_refs if r["role"] == "top"],
-        "bottom": [r for r in full_refs if r["role"] == "bottom"],
-        "others": [r for r in full_refs if r["role"] not in ("gold", "top", "bottom")],
-        "masked_refs": dict(sorted(masked_refs.items())),
-        "variants": variant_ids,
-        "metrics": metric_names,
-        "models": model_rows,
-        "humans": humans,
-        "errors": errors,
-        "detections": detections,
-        "detector_status": detector_status,
-        "probes": probes,
-        "spatial": spatial,
-        "has_heatmap": any(r["sde"] is not None for r in spatial),
-        "profile_metric": view.study.taxonomy_metric if spatial else None,
-    }
+    return probes
 
 
 def _json(text: str | None):

@@ -1,4 +1,4 @@
-"""Study B's pages as queries: the gallery of labelled images with each model's prediction, its
+"""Study B's viewer pages (`view.pages.Pages`) as queries: the gallery of labelled images with each model's prediction, its
 TI/LI/SS/CS and outcome (filter by dataset, granularity, model, prompt, outcome, label and predicted
 name; sort by CS), one image with every model's prediction under every prompt, one model with its
 estimates, confusions and failed responses, and the confusions (label -> the names predicted for it).
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from vlm_decade.studies.openworld.statistics import ALL, PROMPT
 from vlm_decade.studies.openworld.statistics import GROUPS as GROUP_NAMES
-from vlm_decade.view.gallery import Query, failed_responses, page_count, page_number
+from vlm_decade.view.gallery import Query, datasets, failed_responses, page_count, page_number
 from vlm_decade.view.runs import RunView
 
 OUTCOMES = ("correct", "granularity", "ambiguity", "confusion", "unjudged")
@@ -21,6 +21,8 @@ STAT_GROUPS = (*GROUP_NAMES, ALL)  # the stats table's rows per granularity grou
 PAGE_SIZE = 48
 CONFUSION_PAGE_SIZE = 50  # labels per page of the confusion view
 MODEL_CONFUSIONS = 20  # labels on a model page; the confusion view has them all
+HEADER = "Study B: open-world classification"
+LINKS = (("/confusions", "Confusions"),)
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,26 @@ def _labels(view: RunView) -> str:
             "LEFT JOIN labels AS l ON l.image_id = i.image_id)"
         )
     return "(SELECT image_id, dataset, NULL AS label, NULL AS granularity FROM images)"
+
+
+def gallery_page(view: RunView, params) -> dict:
+    """The gallery page's data: the query read from `params`, its page of images, and the filters' choices."""
+    q = GalleryQuery.parse(params, view.models, prompts(view))
+    return {
+        "q": q,
+        "result": gallery(view, q),
+        "models": view.models,
+        "prompts": prompts(view),
+        "datasets": datasets(view),
+        "granularities": GRANULARITIES,
+        "outcomes": OUTCOMES,
+        "outcome_counts": outcome_counts(view, q.prompt),
+    }
+
+
+def masks(view: RunView) -> list:
+    """None: Study B shows its images unmasked."""
+    return []
 
 
 def gallery(view: RunView, q: GalleryQuery) -> dict:
@@ -218,15 +240,25 @@ def confusions(view: RunView, q: ConfusionQuery) -> list[dict]:
     return sorted(out, key=lambda r: (-r["total"], r["label"]))
 
 
-def confusion_page(view: RunView, q: ConfusionQuery) -> dict:
+def confusion_page(view: RunView, params) -> dict:
+    """The confusion view's data: the query read from `params`, its page of labels, and the filters' choices."""
+    q = ConfusionQuery.parse(params, view.models, prompts(view))
     found = confusions(view, q)
     pages = page_count(len(found), CONFUSION_PAGE_SIZE, q.page)
     start = (q.page - 1) * CONFUSION_PAGE_SIZE
-    return {
+    result = {
         "rows": found[start : start + CONFUSION_PAGE_SIZE],
         "labels": len(found),
         "total": sum(r["total"] for r in found),
         "pages": pages,
+    }
+    return {
+        "q": q,
+        "result": result,
+        "models": view.models,
+        "prompts": prompts(view),
+        "datasets": datasets(view),
+        "granularities": GRANULARITIES,
     }
 
 

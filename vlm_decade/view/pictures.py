@@ -20,6 +20,7 @@ from PIL import Image, UnidentifiedImageError
 
 from vlm_decade.core import storage
 from vlm_decade.imaging.decode import WHITE, ImageDecodeError, decode_image
+from vlm_decade.view.pages import pages_of
 from vlm_decade.view.runs import RunView
 from vlm_decade.view.verify import Missing, image_bytes, image_digest, read_cached, write_cached
 
@@ -96,13 +97,6 @@ def thumbnail(view: RunView, image: dict, longest: int = THUMB_PX) -> bytes:
     return _cached(view, "thumbs", image, str(int(longest)), "jpg", lambda: _jpeg(_decoded(image), longest))
 
 
-def _masks(view: RunView) -> list:
-    """The study's mask specs (Study B shows images unmasked: none)."""
-    from vlm_decade.imaging.masks import mask_specs
-
-    return mask_specs(view.study.masks) if view.kind == "decade" else []
-
-
 def variant(view: RunView, image: dict, variant_id: str) -> bytes:
     """The full image (`full`) or one masked variant, as the models were shown it, scaled for the
     screen; raises Missing, or KeyError for a variant the study does not have."""
@@ -110,7 +104,7 @@ def variant(view: RunView, image: dict, variant_id: str) -> bytes:
 
     from vlm_decade.imaging.masks import apply_mask
 
-    specs = {s.mask_id: s for s in _masks(view)}
+    specs = {s.mask_id: s for s in pages_of(view).masks(view)}
     if variant_id != "full" and variant_id not in specs:
         raise KeyError(variant_id)
     spec = specs.get(variant_id)
@@ -153,7 +147,7 @@ def heatmap(view: RunView, image: dict) -> bytes | None:
     for r in rows:
         panels[r["subject"]] = profile(r["model_profile"])
     values = json.dumps({k: [None if math.isnan(v) else v for v in vs] for k, vs in panels.items()}, sort_keys=True)
-    specs = _masks(view)
+    specs = pages_of(view).masks(view)
     tag = hashlib.sha256((values + repr([(s.box, s.feather) for s in specs])).encode()).hexdigest()[:16]
 
     def make() -> bytes:

@@ -2,7 +2,8 @@
 DuckDB connection with one view per table, so pages filter, sort and page through the Parquet files
 in SQL without loading them into Python.
 
-Only `images` is required; every other table is optional and a page shows what the run has.
+The tables are those its study's registration names (`studies.registry`); only `images` is
+required, every other table is optional and a page shows what the run has.
 """
 
 from __future__ import annotations
@@ -16,26 +17,8 @@ import duckdb
 from vlm_decade.core.errors import InputError, Problem
 from vlm_decade.core.runfolder import RunFolder, open_run_folder
 from vlm_decade.core.storage import is_uri
-from vlm_decade.studies import AnyStudy, recorded_study
+from vlm_decade.studies import STUDIES, AnyStudy, recorded_study
 from vlm_decade.view.verify import TableCheck
-
-# The tables a page may read; a run that lacks one simply has no such section.
-TABLES = {
-    "decade": (
-        "images",
-        "references",
-        "responses",
-        "scores",
-        "stats",
-        "comparisons",
-        "detections",
-        "probes",
-        "errors",
-        "spatial",
-        "error_stats",
-    ),
-    "openworld": ("images", "labels", "responses", "predictions", "stats", "comparisons"),
-}
 
 
 @dataclass
@@ -116,7 +99,7 @@ def open_run(location: str | Path) -> RunView:
         ":memory:", config={"threads": 2, "autoinstall_known_extensions": False, "autoload_known_extensions": False}
     )
     present = []
-    for name in TABLES[study.study]:
+    for name in STUDIES[study.study].tables:  # a run that lacks one simply has no such section
         if folder.has(name):
             try:
                 connection.execute(
