@@ -1,0 +1,1 @@
+"""Studies defined only in the tests, registered as the package's own are (`studies.registry`)."""
