@@ -222,9 +222,9 @@ def _end(failed: list, allow_failures: bool) -> None:
 
 
 def _say_interrupted(run_dir: Path) -> None:
-    """A run stopped with Ctrl-C: what it kept (`stages.status.kept_lines`) and the command that
+    """A run stopped with Ctrl-C: what it kept (`studies.status.kept_lines`) and the command that
     goes on from there."""
-    from vlm_decade.stages.status import kept_lines
+    from vlm_decade.studies.status import kept_lines
 
     err.print("[bold yellow]stopped (Ctrl-C)[/bold yellow]", highlight=False)
     for line in kept_lines(run_dir):
@@ -233,9 +233,9 @@ def _say_interrupted(run_dir: Path) -> None:
 
 
 def _say_unfinished(run_dir: Path, left_out: frozenset[str] = frozenset()) -> None:
-    """The run's last lines: the rows it left unfinished (`stages.status.unfinished_lines`), but for
+    """The run's last lines: the rows it left unfinished (`studies.status.unfinished_lines`), but for
     those whose status is in `left_out`."""
-    from vlm_decade.stages.status import unfinished_lines
+    from vlm_decade.studies.status import unfinished_lines
 
     lines = unfinished_lines(run_dir, left_out)
     if lines:
@@ -294,8 +294,8 @@ def estimate(
     cache_dir: Path | None = typer.Option(None, "--cache-dir", help=CACHE_DIR_HELP),
 ) -> None:
     """Print the API requests, tokens and dollars a study would take, before spending any."""
-    from vlm_decade.stages.estimate import render
     from vlm_decade.studies import pipeline_of
+    from vlm_decade.studies.estimate import render
 
     study, data = _checked(study_file, cache_dir)
     print(render(study, *pipeline_of(study).estimate(study, data)))
@@ -442,8 +442,8 @@ def status(run_dir: str = typer.Argument(..., help=RUN_DIR_HELP)) -> None:
     """Where a run folder stands: its stages in pipeline order, and per API provider its batches,
     spend and rows."""
     from vlm_decade.core.runfolder import open_run_folder
-    from vlm_decade.stages.status import status_lines
     from vlm_decade.studies import recorded_study
+    from vlm_decade.studies.status import status_lines
 
     folder, manifest = open_run_folder(run_dir)
     for line in status_lines(folder, manifest, recorded_study(manifest, str(folder.manifest_path))):

@@ -218,7 +218,7 @@ def _without_nan(rows: list[dict]) -> list[dict]:
 
 def test_a_judge_on_a_named_endpoint_is_asked_there_for_free_and_cached_under_its_name(study_and_server):
     from vlm_decade.core.errors import InputError
-    from vlm_decade.stages.estimate import render
+    from vlm_decade.studies.estimate import render
 
     path, server, seen, unexpected = study_and_server
     with FakeAPIServer(answer=server.answer, models=("llama-judge",)) as engine:

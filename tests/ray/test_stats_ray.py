@@ -72,7 +72,7 @@ def test_study_as_stats_stage_keeps_its_poisson_shards_and_ends_as_a_fresh_run(r
     from vlm_decade.core.runfolder import RunFolder
     from vlm_decade.core.runner import StudyRun, given
     from vlm_decade.core.runtime import LazyRay
-    from vlm_decade.stages.shard_sums import keep_shard_sums, kept_shard_sums, shard_sums_file
+    from vlm_decade.stats.shard_sums import keep_shard_sums, kept_shard_sums, shard_sums_file
     from vlm_decade.studies import study_from_dict
     from vlm_decade.studies.decade.statistics import stage
 
@@ -135,7 +135,7 @@ def test_the_error_stats_stage_keeps_its_poisson_shards_in_the_run_folder(ray_se
     from vlm_decade.core.runfolder import RunFolder
     from vlm_decade.core.runner import StudyRun, given
     from vlm_decade.core.runtime import LazyRay
-    from vlm_decade.stages.shard_sums import keep_shard_sums, kept_shard_sums
+    from vlm_decade.stats.shard_sums import keep_shard_sums, kept_shard_sums
     from vlm_decade.studies import study_from_dict
     from vlm_decade.studies.decade.taxonomy.stages import stages
 

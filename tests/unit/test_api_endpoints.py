@@ -111,8 +111,8 @@ def test_an_endpoint_model_is_free_only_when_declared_so():
 
 
 def test_the_estimate_says_a_zero_priced_endpoint_is_free():
-    from vlm_decade.stages.estimate import Line, render
     from vlm_decade.studies.decade.config import StudyConfig
+    from vlm_decade.studies.estimate import Line, render
 
     study = StudyConfig.model_validate(
         {

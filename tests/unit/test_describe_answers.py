@@ -11,11 +11,11 @@ import pytest
 
 import vlm_decade.models.backends as backends
 from vlm_decade.core.config import ModelConfig
+from vlm_decade.models.api.gateways import raise_stops
 from vlm_decade.models.api.session import APIStopped, BatchesPending, BudgetReached
 from vlm_decade.models.backends import Backend, Description, Stimulus
 from vlm_decade.stages.describe.local import DescribeActor
 from vlm_decade.stages.describe.plan import Job
-from vlm_decade.stages.gateways import raise_stops
 
 
 class EchoBackend(Backend):

@@ -247,8 +247,8 @@ def test_a_judge_on_an_endpoint_is_estimated_sent_and_cached_under_the_endpoints
     from vlm_decade.models.api.gateway import Gateway
     from vlm_decade.models.api.keys import Secret
     from vlm_decade.models.api.providers import ChatRequest, chat_key
-    from vlm_decade.stages.estimate import render
     from vlm_decade.studies.decade.judging import estimate
+    from vlm_decade.studies.estimate import render
     from vlm_decade.testing.fake_api import FakeAPIServer
 
     with FakeAPIServer(models=("llama-judge",)) as engine:

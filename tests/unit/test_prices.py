@@ -88,8 +88,8 @@ def test_estimate_names_listed_prices_over_a_year_old_and_leaves_a_studys_own_al
 
 
 def test_the_estimate_says_which_prices_are_over_a_year_old():
-    from vlm_decade.stages.estimate import Line, render
     from vlm_decade.studies.decade.config import StudyConfig
+    from vlm_decade.studies.estimate import Line, render
 
     study = StudyConfig.model_validate(
         {

@@ -9,8 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from vlm_decade.stages.shard_sums import keep_shard_sums, kept_shard_sums, shard_sums_file
 from vlm_decade.stats import BootstrapOptions, ShardSums, _engine, bootstrap_study
+from vlm_decade.stats.shard_sums import keep_shard_sums, kept_shard_sums, shard_sums_file
 
 SHARD = 10  # images per shard here (25,000 in a study)
 ERAS = {"A": "pre-mllm", "B": "mllm", "human:top": "human", "human:bottom": "human"}

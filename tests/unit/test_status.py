@@ -9,8 +9,8 @@ import pytest
 
 from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.stages.describe.rows import RESPONSES_SCHEMA, response_states
-from vlm_decade.stages.status import kept_lines, status_lines, unfinished_lines
 from vlm_decade.studies import study_from_dict
+from vlm_decade.studies.status import kept_lines, status_lines, unfinished_lines
 
 from .view_runs import DECADE_CONFIG
 

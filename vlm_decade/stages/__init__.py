@@ -1,3 +1,2 @@
 """The stages both studies share: `images` (checking the image files), `describe` (every model
-answers every image variant and prompt), `embed` (every distinct text, per encoder), and `estimate`
-(what the API stages would spend)."""
+answers every image variant and prompt) and `embed` (every distinct text, per encoder)."""

@@ -14,6 +14,7 @@ Files:
 - `_validate.py` argument checks, kept apart from the numerics.
 - `results.py`   frozen result records and the Arrow schemas of the input and output tables.
 - `shards.py`    the Poisson bootstrap's image shards' partial sums, kept for a later run.
+- `shard_sums.py` where a statistics stage keeps those sums in its run folder between runs.
 - `exact.py`     exact tests without resampling: McNemar's test for paired binary outcomes.
 - `resampling.py` the public building blocks (resample counts, weighted correlations, named
                  generators) for analyses outside `analyse`.

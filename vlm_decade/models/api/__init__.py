@@ -11,7 +11,7 @@ on disk, the batcher). The rows it answers without a provider (cached, failed) a
 The gateway runs as an async Ray actor, so its limits hold for the whole cluster; `session.py`
 gets one for a stage and copies the money spent into the manifest from the run
 folder's spend log (`spend.py`), which also carries the budget and the rate limits from one
-gateway of a run folder to the next. `keys.py` reads API keys and keeps them out of everything
-written. What a study would spend is counted by the stages that send requests
-(`vlm_decade.stages.estimate`).
+gateway of a run folder to the next; `gateways.py` holds a stage's sessions, one per provider.
+`keys.py` reads API keys and keeps them out of everything written. What a study would spend is
+counted beside the studies (`vlm_decade.studies.estimate`).
 """

@@ -1,5 +1,5 @@
-"""What the API stages (describe, embed) share: one gateway session per provider for the whole
-stage, and one stop that says what each of its models or encoders left.
+"""What the API stages (describe, embed) share: one gateway session (`session.RemoteSession`) per
+provider for the whole stage, and one stop that says what each of its models or encoders left.
 
 One session per provider, not per model: the stage's models (or encoders) of a provider share its
 gateway's budget and rate limits, and in batch mode every one of them hands its requests over

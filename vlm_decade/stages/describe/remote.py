@@ -6,7 +6,7 @@ flight when it died.
 
 In batch mode (a model's own `mode`, else its provider's) the requests are first only submitted:
 every batch-mode model of the stage hands its requests to its gateway, the gateways submit them as
-batches, and only then is any answer waited on (`stages.gateways`). A run that does not wait stops
+batches, and only then is any answer waited on (`models.api.gateways`). A run that does not wait stops
 after that with the rows it has (every batch of the stage submitted), and a later run collects the
 rest.
 """
@@ -20,11 +20,11 @@ from vlm_decade.core.dispatch import batches, bounded, original
 from vlm_decade.core.errors import error_text
 from vlm_decade.core.runner import StudyRun
 from vlm_decade.models.api.answers import failed_answer
+from vlm_decade.models.api.gateways import Gateways, raise_stops
 from vlm_decade.models.api.session import BatchesPending, stop_if_pending
 from vlm_decade.models.backends import api_provider, backend_class
 from vlm_decade.stages.describe.plan import Job, load_png
 from vlm_decade.stages.describe.rows import RESPONSES_SCHEMA, AnswerCountError, failed_batch, one_for_one, response_row
-from vlm_decade.stages.gateways import Gateways, raise_stops
 
 REMOTE_BATCH = 8  # stimuli one Ray task encodes and sends for an API model
 FLUSH_ROWS, FLUSH_S = 32, 2.0  # save API rows as a part this often

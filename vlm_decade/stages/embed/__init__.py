@@ -8,7 +8,7 @@ load the encoder once; each finished batch is saved as a part, so a killed run k
 finished (`local`). API encoders send their batches through the provider's gateway actor instead,
 several at once; it caches every vector, so a text is paid for once across runs (`remote`). In
 batch mode every API encoder's texts are submitted as batches before any is waited on
-(`stages.gateways`), so the stage waits one batch turnaround for all its encoders.
+(`models.api.gateways`), so the stage waits one batch turnaround for all its encoders.
 
 The driver never holds a row per text of the whole study: the texts, the vectors already there and
 then the vectors to write are spread over 256 buckets on disk by the key's first two hex digits, and
@@ -25,6 +25,7 @@ from functools import partial
 
 from vlm_decade.core.config import StudyBase
 from vlm_decade.core.runner import Stage, StudyRun, Written
+from vlm_decade.models.api.gateways import Gateways, raise_stops
 from vlm_decade.models.api.session import APIStopped
 from vlm_decade.models.encoders import api_provider, encoder_class
 from vlm_decade.stages.embed.local import embed_local, local_encoders, start_actors, start_ahead
@@ -32,7 +33,6 @@ from vlm_decade.stages.embed.plan import check_encoders, plan_texts
 from vlm_decade.stages.embed.remote import embed_remote, queue_embeds, texts_to_send
 from vlm_decade.stages.embed.table import EMBEDDINGS_SCHEMA, encoder_key, spill_folder
 from vlm_decade.stages.embed.write import write_selected
-from vlm_decade.stages.gateways import Gateways, raise_stops
 
 __all__ = ["EMBEDDINGS_SCHEMA", "check_encoders", "encoder_key", "run_embed", "stage", "start_ahead"]
 

@@ -1,7 +1,7 @@
 """API encoders (`remote`) send their batches of texts through the provider's gateway actor, several
 at once; it caches every vector, so a text is paid for once across runs. In batch mode every API
 encoder's texts are first handed to its gateway (`queue_embeds`), and the stage has the gateways
-submit them as batches before any is waited on (`stages.gateways`), so it waits one batch
+submit them as batches before any is waited on (`models.api.gateways`), so it waits one batch
 turnaround for all its encoders.
 """
 

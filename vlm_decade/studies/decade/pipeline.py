@@ -24,7 +24,6 @@ from vlm_decade.imaging.masks import mask_specs
 from vlm_decade.models.backends import backend_class
 from vlm_decade.models.backends.imported import files_held, missing_rows
 from vlm_decade.stages import describe, embed
-from vlm_decade.stages.estimate import Line, describe_lines, embed_lines, response_cache
 from vlm_decade.stages.images import ImageCache, transparency_note
 from vlm_decade.studies.decade import judging, metric_validation, report, score, statistics, stsb
 from vlm_decade.studies.decade.config import StudyConfig
@@ -35,6 +34,7 @@ from vlm_decade.studies.decade.taxonomy.analysis import ERROR_TYPES
 from vlm_decade.studies.decade.taxonomy.hand import check_hand_labels
 from vlm_decade.studies.decade.taxonomy.probe_estimate import probe_lines
 from vlm_decade.studies.decade.taxonomy.probing import check_verifier
+from vlm_decade.studies.estimate import Line, describe_lines, embed_lines, response_cache
 
 
 def plan(study: StudyConfig) -> describe.Plan:
@@ -204,7 +204,7 @@ def adds_to_a_finished_run(
 
 
 def estimate(study: StudyConfig, data: StudyData) -> tuple[list[Line], tuple[str, ...]]:
-    """The API requests, tokens and dollars this study would take (`stages.estimate.render` prints
+    """The API requests, tokens and dollars this study would take (`studies.estimate.render` prints
     them), and notes on what they leave out."""
     cache = response_cache(study)
     lines: list[Line]

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pyarrow as pa
 
 from vlm_decade.core.runner import Stage, StudyRun
-from vlm_decade.stages.shard_sums import keep_shard_sums, kept_shard_sums
 from vlm_decade.stats import METHOD_VERSION, SCORES_SCHEMA, analyse, warm_workers
 from vlm_decade.stats.groups import grouped_tables
+from vlm_decade.stats.shard_sums import keep_shard_sums, kept_shard_sums
 from vlm_decade.studies.decade.config import StudyConfig
 
 COMPARISON_STRATA = ["family", "metric", "variant"]  # as analyse corrects a family without groups

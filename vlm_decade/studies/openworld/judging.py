@@ -16,7 +16,7 @@ from vlm_decade.core.dispatch import batches, bounded
 from vlm_decade.core.runner import Stage, StudyRun
 from vlm_decade.models.api.endpoints import served_by
 from vlm_decade.models.backends import backend_class
-from vlm_decade.stages.estimate import Line
+from vlm_decade.studies.estimate import Line
 from vlm_decade.studies.openworld.config import OpenWorldStudyConfig
 from vlm_decade.studies.openworld.judge import LOCAL_BACKEND, LocalJudge, RemoteJudge, judge_available, judge_settings
 from vlm_decade.studies.openworld.metrics import judge_prompt, judgement_valid

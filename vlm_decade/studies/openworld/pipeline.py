@@ -18,8 +18,8 @@ from vlm_decade.core.smoke import first_images
 from vlm_decade.models.backends import backend_class
 from vlm_decade.models.backends.imported import files_held, missing_rows, prompt_problems
 from vlm_decade.stages import describe
-from vlm_decade.stages.estimate import Line, describe_lines, response_cache
 from vlm_decade.stages.images import ImageCache, transparency_note
+from vlm_decade.studies.estimate import Line, describe_lines, response_cache
 from vlm_decade.studies.openworld import judging, report, scoring, statistics
 from vlm_decade.studies.openworld.config import OpenWorldStudyConfig
 from vlm_decade.studies.openworld.data import OpenWorldData, load_openworld_data
@@ -88,7 +88,7 @@ def run(study: OpenWorldStudyConfig, reporter: Reporter | None = None) -> RunFol
 
 
 def estimate(study: OpenWorldStudyConfig, data: OpenWorldData) -> tuple[list[Line], tuple[str, ...]]:
-    """The API requests, tokens and dollars this study would take (`stages.estimate.render` prints
+    """The API requests, tokens and dollars this study would take (`studies.estimate.render` prints
     them), and notes on what they leave out (nothing here)."""
     steps = plan(study, data.classnames)
     lines, _, _ = describe_lines(study, steps, data.images, response_cache(study))

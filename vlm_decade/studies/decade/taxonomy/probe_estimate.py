@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from vlm_decade.models.api.providers import cost, provider_class, text_tokens
 from vlm_decade.models.backends import backend_class
-from vlm_decade.stages.estimate import Line
 from vlm_decade.studies.decade.config import StudyConfig
 from vlm_decade.studies.decade.data import StudyData
 from vlm_decade.studies.decade.taxonomy.objects import ObjectExtractor
+from vlm_decade.studies.estimate import Line
 
 FRAMING = 10  # message framing tokens, as the providers' input estimate counts them
 

@@ -16,8 +16,8 @@ from vlm_decade.imaging.masks import mask_specs
 from vlm_decade.models.backends import backend_class
 from vlm_decade.models.encoders import text_key
 from vlm_decade.stages.describe.plan import api_budgets
-from vlm_decade.stages.shard_sums import keep_shard_sums, kept_shard_sums
 from vlm_decade.stats import METHOD_VERSION, ShardSums, analyse
+from vlm_decade.stats.shard_sums import keep_shard_sums, kept_shard_sums
 from vlm_decade.studies.decade.config import StudyConfig
 from vlm_decade.studies.decade.score import cosine, encoder_vectors
 from vlm_decade.studies.decade.taxonomy import analysis, existence, probes
