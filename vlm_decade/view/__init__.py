@@ -6,6 +6,8 @@ and model descriptions with their similarities, the error labels with their evid
 and one page per model. Study B: a gallery of labelled images with every model's prediction, its
 metrics and outcome. `runs` opens the run folder (DuckDB over its Parquet tables), `verify` checks
 what may be shown (tables against the manifest, images against their sha256, the `.view/` cache),
-`decade` and `openworld` are the pages' queries (sharing `gallery`), `pictures` makes the thumbnails
-and variants, `access` checks who asks (Host, token) and sets the headers, `app` serves them.
+`decade` and `openworld` are the studies' pages as queries (sharing `gallery`; `pages` is what a
+study's pages offer, found through its registration), `pictures` makes the thumbnails and variants,
+`access` checks who asks (Host, token) and sets the headers, `app` serves them, the same routes for
+every study.
 """

@@ -1,7 +1,8 @@
-"""Study B's viewer pages (`view.pages.Pages`) as queries: the gallery of labelled images with each model's prediction, its
-TI/LI/SS/CS and outcome (filter by dataset, granularity, model, prompt, outcome, label and predicted
-name; sort by CS), one image with every model's prediction under every prompt, one model with its
-estimates, confusions and failed responses, and the confusions (label -> the names predicted for it).
+"""Study B's viewer pages (`view.pages.Pages`) as queries: the gallery of labelled images with
+each model's prediction, its TI/LI/SS/CS and outcome (filter by dataset, granularity, model, prompt,
+outcome, label and predicted name; sort by CS), one image with every model's prediction under every
+prompt, one model with its estimates, confusions and failed responses, and the confusions (label ->
+the names predicted for it).
 
 The statistics table's prompt column is named once, `statistics.PROMPT`."""
 
