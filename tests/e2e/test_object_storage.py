@@ -60,7 +60,7 @@ def bucket(s3_server, monkeypatch):
     }
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    storage._store.cache_clear()  # a client made for another server's address
+    storage.objects._store.cache_clear()  # a client made for another server's address
     client = boto3.client("s3", endpoint_url=s3_server)
     client.create_bucket(Bucket=BUCKET)
     for image in sorted((EXAMPLE / "images").iterdir()):
@@ -69,7 +69,7 @@ def bucket(s3_server, monkeypatch):
     for item in client.list_objects_v2(Bucket=BUCKET).get("Contents", []):
         client.delete_object(Bucket=BUCKET, Key=item["Key"])
     client.delete_bucket(Bucket=BUCKET)
-    storage._store.cache_clear()
+    storage.objects._store.cache_clear()
 
 
 class _S3:
@@ -145,7 +145,7 @@ def gcs(monkeypatch):
     server.start()
     os.environ.pop("STORAGE_EMULATOR_HOST")  # set by the server's start: set here, so that it is undone
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", server.url)
-    storage._store.cache_clear()
+    storage.objects._store.cache_clear()
     try:
         client = _Gcs(server.url)
         client.create_bucket()
@@ -154,7 +154,7 @@ def gcs(monkeypatch):
         yield client
     finally:
         server.stop()
-        storage._store.cache_clear()
+        storage.objects._store.cache_clear()
 
 
 @pytest.fixture(params=["s3", "gs"])
@@ -412,7 +412,7 @@ def test_one_run_per_uri_across_machines(store, tmp_path, monkeypatch):
 def test_a_held_lease_is_renewed_and_one_taken_over_is_not_released(store, monkeypatch):
     """The holder rewrites its lease (its `renewed` time) while it runs; once another run has replaced
     it, the holder says so and leaves that run's lease in place at the end."""
-    monkeypatch.setattr(storage, "LEASE_RENEW_S", 0.05)
+    monkeypatch.setattr(storage.lease, "LEASE_RENEW_S", 0.05)
     uri, key = f"{store.scheme}://{BUCKET}/runs/renewed", "runs/renewed/.lease"
     said: list[str] = []
     lease = storage.Lease(uri, said.append)
@@ -571,7 +571,7 @@ def test_a_store_that_lost_its_objects_or_its_bucket_costs_no_local_work(bucket,
     }
 
     mirror = storage.Mirror(copy)
-    mirror.store, mirror.prefix = storage._store("s3", "no-such-bucket"), "no-such-bucket/runs/lost"
+    mirror.store, mirror.prefix = storage.objects._store("s3", "no-such-bucket"), "no-such-bucket/runs/lost"
     with pytest.raises(storage.StoreError, match="the store has no bucket 'no-such-bucket'"):
         mirror.pull()
     assert _files(copy) == kept
@@ -635,7 +635,7 @@ def test_a_store_started_again_empty_stops_the_run_and_once_back_is_given_the_wo
     finally:
         _forget_everything(endpoint)
         server.stop()
-        storage._store.cache_clear()
+        storage.objects._store.cache_clear()
 
 
 def _forget_everything(endpoint: str) -> None:

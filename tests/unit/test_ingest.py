@@ -329,7 +329,7 @@ def test_an_unreadable_image(study, monkeypatch):
             raise PermissionError(13, "Permission denied", str(path))
         return real(path, *args, **kwargs)
 
-    monkeypatch.setattr(storage, "open", denied, raising=False)
+    monkeypatch.setattr(storage.objects, "open", denied, raising=False)
     p = only(study.problems(), field="file")
     assert p.row == 2 and "cannot read" in p.message and "Permission denied" in p.message
 
