@@ -21,6 +21,8 @@ from vlm_decade.core.errors import RemoteError, plain
 
 W = TypeVar("W")
 _END = object()
+# Calls in flight to each actor of a pool (`pool_map`): the next batch is ready while the last is saved.
+IN_FLIGHT_PER_ACTOR = 2
 
 
 @dataclass(frozen=True)
@@ -164,7 +166,7 @@ def pool_map(
     work: Iterable[W],
     call: Callable[[Any, W], Any],
     *,
-    in_flight_per_actor: int = 2,
+    in_flight_per_actor: int = IN_FLIGHT_PER_ACTOR,
     max_lost: int = 3,
     stall_timeout_s: float | None = None,
     what: str = "work",

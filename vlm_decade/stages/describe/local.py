@@ -1,8 +1,9 @@
 """Local models in Ray actors: each actor loads its model once (`num_gpus` per actor where there are
 GPUs); images are decoded and masked by Ray tasks on CPU workers and handed to the actors, with at
-most two batches in flight per actor, so memory stays flat whatever the number of images. Each
-finished batch is saved as a part at once, so a killed run keeps it. A backend must give one answer
-per stimulus: a batch answered with another count is an error row per job, saying so."""
+most two batches in flight per actor (`dispatch.IN_FLIGHT_PER_ACTOR`), so memory stays flat
+whatever the number of images. Each finished batch is saved as a part at once, so a killed run
+keeps it. A backend must give one answer per stimulus: a batch answered with another count is an
+error row per job, saying so."""
 
 from __future__ import annotations
 
@@ -20,7 +21,6 @@ from vlm_decade.models.backends import Backend, Description, Stimulus, backend_c
 from vlm_decade.stages.describe.plan import Job, Plan, jobs_from, load_stimuli
 from vlm_decade.stages.describe.rows import RESPONSES_SCHEMA, failed_batch, one_for_one, response_row
 
-IN_FLIGHT_PER_ACTOR = 2
 PART_ROWS, PART_S = 4096, 10.0  # save a local model's rows as a part this often
 
 
@@ -96,7 +96,6 @@ def describe_local(study: StudyBase, model: ModelConfig, jobs: pa.Table, plan: P
             rt.actors_per_model,
             work,
             call,
-            in_flight_per_actor=IN_FLIGHT_PER_ACTOR,
             max_lost=rt.max_restarts,
             stall_timeout_s=rt.stall_timeout_s,
             what=f"describe ({model.name})",

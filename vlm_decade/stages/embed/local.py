@@ -25,7 +25,6 @@ from vlm_decade.stages.embed.table import EMBEDDINGS_SCHEMA, vector_rows
 # inside a whole run (benchmarks/RESULTS.md, "Embedding throughput"); the encoder still batches its
 # `batch_size` at a time within a call.
 TEXT_BATCH = 512
-IN_FLIGHT_PER_ACTOR = 2  # batches in flight to each local encoder actor: the next is ready while one is saved
 PART_ROWS, PART_S = 8192, 10.0  # save vectors as a part this often
 # A local encoder's texts are sorted by length (for its batches) this many at least at a time: a study
 # with fewer is batched exactly as if they were sorted whole.
@@ -141,7 +140,6 @@ def embed_local(
             n_actors,
             work,
             call,
-            in_flight_per_actor=IN_FLIGHT_PER_ACTOR,
             max_lost=rt.max_restarts,
             stall_timeout_s=rt.stall_timeout_s,
             what=f"embed ({cfg.name})",
