@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from vlm_decade.core.config import DEFAULT_PRICES, ProviderConfig
+from vlm_decade.core.errors import error_text
 from vlm_decade.models.api.gateway import Gateway
 from vlm_decade.models.api.keys import Secret, scrub
 from vlm_decade.models.api.limits import RateLimiter
@@ -154,6 +155,12 @@ def test_500s_and_timeouts_and_broken_json_are_retried(tmp_path):
         outcomes = {r.outcome for r in server.received()}
     assert [r["error"] for r in rows if r["status"] != "ok"] == []
     assert {"500", "timeout", "broken"} <= outcomes
+
+
+def test_an_error_is_said_as_everywhere_else_without_the_key(server, tmp_path):
+    gw = gateway(server, "openai", tmp_path)
+    exc = ValueError(f"\n  \x1b[31mrefused: Bearer {KEY}\x1b[0m\nthe rest")
+    assert gw.error_text(exc) == scrub(error_text(exc), Secret(KEY)) == "ValueError: refused: Bearer ***"
 
 
 def test_requests_per_window_never_exceed_the_limit(server, tmp_path):

@@ -8,8 +8,8 @@ budget, prices and cache entries under its name.
 
 from __future__ import annotations
 
-from vlm_decade.core.config import APIConfig, EndpointConfig, ProvidersConfig
-from vlm_decade.core.errors import STUDY_FILE, Problem
+from vlm_decade.core.config import APIConfig, EndpointConfig, ProvidersConfig, field_path
+from vlm_decade.core.errors import STUDY_FILE, Problem, error_text
 from vlm_decade.core.names import did_you_mean
 from vlm_decade.models.api.keys import api_key, key_hint, scrub
 
@@ -38,12 +38,12 @@ def prices_field(provider: str, cfg: APIConfig) -> str:
 
 
 def sending_problems(
-    providers: ProvidersConfig, provider: str, endpoint: str | None, model_id: str, where: str
+    providers: ProvidersConfig, provider: str, endpoint: str | None, model_id: str, where: tuple
 ) -> list[Problem]:
-    """Why the API entry at `where` (e.g. `models.2`), whose backend sends to `provider`, cannot
+    """Why the API entry at `where` (e.g. ("models", 2): `models[2]`), whose backend sends to `provider`, cannot
     send: an endpoint it names that is not there or speaks another API, or no price for its model
     (an endpoint's model is free only when the endpoint says `free: true`)."""
-    problems = route_problems(providers, provider, endpoint, f"{where}.endpoint")
+    problems = route_problems(providers, provider, endpoint, field_path((*where, "endpoint")))
     if problems:
         return problems
     served = served_by(provider, endpoint)
@@ -51,7 +51,7 @@ def sending_problems(
     if cfg.price(served, model_id) is None:
         free = " (or `free: true` for a server that costs nothing)" if endpoint else ""
         message = f"no price for {served} model '{model_id}'; add one under {prices_field(served, cfg)}{free}"
-        problems.append(Problem(STUDY_FILE, message, field=f"{where}.model_id"))
+        problems.append(Problem(STUDY_FILE, message, field=field_path((*where, "model_id"))))
     return problems
 
 
@@ -83,7 +83,7 @@ def served_models(base_url: str, key: str, timeout_s: float = 10.0) -> list[str]
     try:
         r = httpx.get(base_url.rstrip("/") + "/models", headers={"Authorization": f"Bearer {key}"}, timeout=timeout_s)
     except httpx.HTTPError as exc:
-        raise OSError(f"does not answer ({type(exc).__name__}: {exc})") from None
+        raise OSError(f"does not answer ({error_text(exc)})") from None
     if r.status_code != 200:
         raise ValueError(f"answered GET /models with HTTP {r.status_code}")
     try:

@@ -41,6 +41,7 @@ import numpy as np
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
 from vlm_decade.core.config import APIConfig, api_of
+from vlm_decade.core.errors import error_text
 from vlm_decade.models.api.adaptive import ConcurrencyGate
 from vlm_decade.models.api.answers import cached_answer, failed_answer
 from vlm_decade.models.api.batch import Batcher
@@ -223,9 +224,8 @@ class Gateway:
         return result, paid, time.monotonic() - arrived - latency, latency
 
     def error_text(self, exc: BaseException) -> str:
-        """The first line of an error, scrubbed of the key, as a row records it."""
-        first = (str(exc).splitlines() or [""])[0][:300]
-        return scrub(f"{type(exc).__name__}: {first}", self.key)
+        """An error as a row records it (`core.errors.error_text`), scrubbed of the key."""
+        return scrub(error_text(exc), self.key)
 
     def failure(self, exc: BaseException) -> tuple[str, str]:
         """(status, error) of a request that got no answer, counted."""
