@@ -409,4 +409,4 @@ def test_a_cloud_model_and_an_endpoint_model_run_side_by_side_and_validate_asks_
         with pytest.raises(InputError) as refused:
             pipeline_of(load_study(path)).check(load_study(path))
     assert f"endpoint 'engine' at {engine.openai_url} does not serve 'Qwen2-VL-7B'" in str(refused.value)
-    assert "models.1.model_id" in str(refused.value)
+    assert "models[1].model_id" in str(refused.value)

@@ -258,4 +258,4 @@ def test_a_judge_on_a_named_endpoint_is_asked_there_for_free_and_cached_under_it
         path.write_text(yaml.safe_dump(raw))
         with pytest.raises(InputError) as refused:
             check(load_study(path))
-    assert "judge_metrics.0.endpoint" in str(refused.value) and "known: engine-2" in str(refused.value)
+    assert "judge_metrics[0].endpoint" in str(refused.value) and "known: engine-2" in str(refused.value)

@@ -212,4 +212,4 @@ def test_validate_asks_the_endpoint_what_it_serves(served, tmp_path):
     text = " ".join(done.output.split())
     assert done.exit_code == 2, done.output
     assert f"endpoint '{ENDPOINT}' at {served.url} does not serve '{served.vlm}-other'" in text, text
-    assert "models.0.model_id" in text and served.vlm in text.split("it serves:", 1)[1]
+    assert "models[0].model_id" in text and served.vlm in text.split("it serves:", 1)[1]

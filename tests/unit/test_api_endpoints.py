@@ -101,12 +101,12 @@ def test_an_endpoint_model_is_free_only_when_declared_so():
     # No built-in table for an endpoint: a cloud model id served there is not priced silently.
     assert p.of("unpriced").price("unpriced", "gpt-4o") is None
     assert p.openai.price("openai", "gpt-4o") is not None and p.openai.price("openai", "qwen") is None
-    (problem,) = sending_problems(p, "openai", "unpriced", "qwen", "models.0")
-    assert problem.field == "models.0.model_id"
+    (problem,) = sending_problems(p, "openai", "unpriced", "qwen", ("models", 0))
+    assert problem.field == "models[0].model_id"
     assert "providers.endpoints.unpriced.prices" in problem.message and "free: true" in problem.message
-    (typo,) = sending_problems(p, "openai", "fre", "qwen", "models.0")
-    assert typo.field == "models.0.endpoint" and "did you mean 'free'" in typo.message
-    (other_api,) = sending_problems(p, "gemini", "free", "qwen", "judge")
+    (typo,) = sending_problems(p, "openai", "fre", "qwen", ("models", 0))
+    assert typo.field == "models[0].endpoint" and "did you mean 'free'" in typo.message
+    (other_api,) = sending_problems(p, "gemini", "free", "qwen", ("judge",))
     assert "speaks the openai API" in other_api.message
 
 
@@ -225,17 +225,19 @@ def test_validate_finds_what_each_endpoint_serves_and_names_endpoint_and_url(mon
             refused={"base_url": server.openai_url},
         )
         monkeypatch.delenv("UNSET_KEY_VAR", raising=False)
-        assert endpoint_problems(p, {"up": {"Qwen2-VL-2B": "models.0.model_id", "bge-m3": "encoders.0.model_id"}}) == []
-        (missing,) = endpoint_problems(p, {"up": {"llava": "models.1.model_id"}})
-        assert missing.field == "models.1.model_id"
+        assert (
+            endpoint_problems(p, {"up": {"Qwen2-VL-2B": "models[0].model_id", "bge-m3": "encoders[0].model_id"}}) == []
+        )
+        (missing,) = endpoint_problems(p, {"up": {"llava": "models[1].model_id"}})
+        assert missing.field == "models[1].model_id"
         assert missing.message == (
             f"endpoint 'up' at {server.openai_url} does not serve 'llava'; it serves: Qwen2-VL-2B, bge-m3"
         )
-        (down,) = endpoint_problems(p, {"down": {"x": "models.0.model_id"}})
+        (down,) = endpoint_problems(p, {"down": {"x": "models[0].model_id"}})
         assert down.message.startswith(f"endpoint 'down' at {closed} does not answer")
         (nokey,) = endpoint_problems(p, {"nokey": {"x": "judge.model_id"}})
         assert nokey.file == "environment" and "set UNSET_KEY_VAR" in nokey.message
-        (refused,) = endpoint_problems(p, {"refused": {"x": "models.0.model_id"}})
+        (refused,) = endpoint_problems(p, {"refused": {"x": "models[0].model_id"}})
         assert "answered GET /models with HTTP 401" in refused.message
 
 

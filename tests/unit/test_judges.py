@@ -214,11 +214,11 @@ def test_validate_asks_a_judges_endpoint_and_names_an_unknown_one_with_the_known
         )
         problems = {p.field: p.message for p in check_judges(s)}
         assert engine.counts()["openai.models"] == 1  # asked once for both of its judges
-    assert set(problems) == {"judge_metrics.1.endpoint", "judge_metrics.2.model_id"}
-    assert problems["judge_metrics.1.endpoint"] == (
+    assert set(problems) == {"judge_metrics[1].endpoint", "judge_metrics[2].model_id"}
+    assert problems["judge_metrics[1].endpoint"] == (
         "no endpoint 'engin' under providers.endpoints (did you mean 'engine'?); known: engine"
     )
-    assert problems["judge_metrics.2.model_id"] == (
+    assert problems["judge_metrics[2].model_id"] == (
         f"endpoint 'engine' at {engine.openai_url} does not serve 'qwen'; it serves: llama-judge"
     )
     # A Gemini judge cannot name an endpoint that speaks the OpenAI API.
@@ -227,7 +227,7 @@ def test_validate_asks_a_judges_endpoint_and_names_an_unknown_one_with_the_known
         {"endpoints": endpoints},
     )
     (other_api,) = check_judges(gemini)
-    assert other_api.field == "judge_metrics.0.endpoint" and "speaks the openai API" in other_api.message
+    assert other_api.field == "judge_metrics[0].endpoint" and "speaks the openai API" in other_api.message
 
 
 def test_an_endpoint_judge_in_batch_mode_is_refused_when_the_study_is_read():

@@ -40,9 +40,9 @@ def prices_field(provider: str, cfg: APIConfig) -> str:
 def sending_problems(
     providers: ProvidersConfig, provider: str, endpoint: str | None, model_id: str, where: tuple
 ) -> list[Problem]:
-    """Why the API entry at `where` (e.g. ("models", 2): `models[2]`), whose backend sends to `provider`, cannot
-    send: an endpoint it names that is not there or speaks another API, or no price for its model
-    (an endpoint's model is free only when the endpoint says `free: true`)."""
+    """Why the API entry at `where` (its location, e.g. ("models", 2): `models[2]`), whose backend
+    sends to `provider`, cannot send: an endpoint it names that is not there or speaks another API,
+    or no price for its model (an endpoint's model is free only when the endpoint says `free: true`)."""
     problems = route_problems(providers, provider, endpoint, field_path((*where, "endpoint")))
     if problems:
         return problems

@@ -14,12 +14,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from vlm_decade.core.columns import json_strings, sha256_hex
-from vlm_decade.core.config import ModelConfig, StudyBase
+from vlm_decade.core.config import ModelConfig, StudyBase, field_path
 from vlm_decade.core.errors import InputError, Problem
 from vlm_decade.imaging.masks import MaskSpec
 from vlm_decade.models.api.endpoints import endpoint_problems, sending_problems
-from vlm_decade.models.backends import Stimulus, api_provider, backend_class
+from vlm_decade.models.backends import Stimulus, backend_class
 from vlm_decade.models.encoders import text_keys
+from vlm_decade.models.routing import api_provider
 from vlm_decade.stages.describe.keyed import KeyInputs, key_rows
 
 
@@ -64,7 +65,7 @@ def check_models(study: StudyBase, image_ids: set[str] | pa.ChunkedArray | None,
         try:
             cls = backend_class(model.backend)
         except KeyError as exc:
-            problems.append(Problem("study file", exc.args[0], field=f"models.{i}.backend"))
+            problems.append(Problem("study file", exc.args[0], field=field_path(("models", i, "backend"))))
             continue
         if image_ids is not None or not cls.needs_images:
             problems += cls.check(model, image_ids or set(), variants)
@@ -75,14 +76,14 @@ def check_models(study: StudyBase, image_ids: set[str] | pa.ChunkedArray | None,
                     Problem(
                         "study file",
                         f"`{own}` is for API models; {model.backend} runs here",
-                        field=f"models.{i}.{own}",
+                        field=field_path(("models", i, own)),
                     )
                 )
         if provider:
-            mine = sending_problems(study.providers, provider, model.endpoint, model.model_id, f"models.{i}")
+            mine = sending_problems(study.providers, provider, model.endpoint, model.model_id, ("models", i))
             problems += mine
             if model.endpoint and not mine:
-                wanted.setdefault(model.endpoint, {}).setdefault(model.model_id, f"models.{i}.model_id")
+                wanted.setdefault(model.endpoint, {}).setdefault(model.model_id, field_path(("models", i, "model_id")))
     return problems + endpoint_problems(study.providers, wanted)
 
 

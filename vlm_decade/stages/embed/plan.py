@@ -16,13 +16,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from vlm_decade.core.columns import first_per_key, stripped
-from vlm_decade.core.config import EncoderConfig, StudyBase
+from vlm_decade.core.config import EncoderConfig, StudyBase, field_path
 from vlm_decade.core.errors import Problem
 from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.core.spill import HOLD_FILES_BYTES, Spill, key_buckets
 from vlm_decade.models.api.endpoints import endpoint_problems, sending_problems
 from vlm_decade.models.api.keys import api_key, key_hint
-from vlm_decade.models.encoders import api_provider, text_keys
+from vlm_decade.models.encoders import text_keys
+from vlm_decade.models.routing import api_provider
 from vlm_decade.stages.embed.local import length_batches
 from vlm_decade.stages.embed.table import encoder_key, previous_files, vector_sources
 
@@ -39,7 +40,7 @@ def check_encoders(study: StudyBase) -> list[Problem]:
         try:
             provider = api_provider(enc.backend)
         except KeyError as exc:
-            problems.append(Problem("study file", exc.args[0], field=f"encoders.{i}.backend"))
+            problems.append(Problem("study file", exc.args[0], field=field_path(("encoders", i, "backend"))))
             continue
         if provider is None:
             if enc.endpoint is not None:
@@ -47,22 +48,22 @@ def check_encoders(study: StudyBase) -> list[Problem]:
                     Problem(
                         "study file",
                         f"`endpoint` is for API encoders; {enc.backend} runs here",
-                        field=f"encoders.{i}.endpoint",
+                        field=field_path(("encoders", i, "endpoint")),
                     )
                 )
             continue
-        mine = sending_problems(study.providers, provider, enc.endpoint, enc.model_id, f"encoders.{i}")
+        mine = sending_problems(study.providers, provider, enc.endpoint, enc.model_id, ("encoders", i))
         problems += mine
         if enc.endpoint is not None:  # its key and the model it serves: `endpoint_problems`
             if not mine:
-                wanted.setdefault(enc.endpoint, {}).setdefault(enc.model_id, f"encoders.{i}.model_id")
+                wanted.setdefault(enc.endpoint, {}).setdefault(enc.model_id, field_path(("encoders", i, "model_id")))
             continue
         if api_key(provider) is None:
             problems.append(
                 Problem(
                     "environment",
                     f"encoder '{enc.name}' needs an API key: set {key_hint(provider)}",
-                    field=f"encoders.{i}",
+                    field=field_path(("encoders", i)),
                 )
             )
     return problems + endpoint_problems(study.providers, wanted)

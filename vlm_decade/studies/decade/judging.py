@@ -17,7 +17,7 @@ import math
 import numpy as np
 import pyarrow as pa
 
-from vlm_decade.core.config import ModelConfig
+from vlm_decade.core.config import ModelConfig, field_path
 from vlm_decade.core.dispatch import batches, bounded
 from vlm_decade.core.errors import Problem
 from vlm_decade.core.runner import Stage, StudyRun
@@ -72,10 +72,12 @@ def check_judges(study: StudyConfig) -> list[Problem]:
     problems, wanted = [], {}
     for i, judge in enumerate(study.judge_metrics):
         problems += backend_class(judge.backend).check(as_model(judge), set(), ["full"])
-        mine = sending_problems(study.providers, judge.backend, judge.endpoint, judge.model_id, f"judge_metrics.{i}")
+        mine = sending_problems(study.providers, judge.backend, judge.endpoint, judge.model_id, ("judge_metrics", i))
         problems += mine
         if judge.endpoint is not None and not mine:
-            wanted.setdefault(judge.endpoint, {}).setdefault(judge.model_id, f"judge_metrics.{i}.model_id")
+            wanted.setdefault(judge.endpoint, {}).setdefault(
+                judge.model_id, field_path(("judge_metrics", i, "model_id"))
+            )
     return problems + endpoint_problems(study.providers, wanted)
 
 

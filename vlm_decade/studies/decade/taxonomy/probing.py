@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from vlm_decade.core.config import ModelConfig
+from vlm_decade.core.config import ModelConfig, field_path
 from vlm_decade.core.dispatch import batches, bounded
 from vlm_decade.core.errors import Problem
 from vlm_decade.core.reuse import INPUTS
@@ -54,11 +54,13 @@ def check_verifier(study: StudyConfig) -> list[Problem]:
     verifier = study.taxonomy.verifier if study.taxonomy is not None else None
     if verifier is None or verifier.kind != "model":
         return []
-    where = "taxonomy.verifier"
+    where = ("taxonomy", "verifier")
     problems = backend_class(verifier.backend).check(verifier.as_model(), set(), ["full"])
     mine = sending_problems(study.providers, verifier.backend, verifier.endpoint, verifier.model_id, where)
     if verifier.endpoint is not None and not mine:
-        mine = endpoint_problems(study.providers, {verifier.endpoint: {verifier.model_id: f"{where}.model_id"}})
+        mine = endpoint_problems(
+            study.providers, {verifier.endpoint: {verifier.model_id: field_path((*where, "model_id"))}}
+        )
     return problems + mine
 
 
