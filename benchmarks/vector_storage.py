@@ -1,5 +1,5 @@
 """Vector storage benchmark: an embeddings table of unit float32 vectors written and read back as the
-run folder stores it now (`runfolder._writer_options`: the vector column plain, with neither
+run folder stores it now (`parquet.writer_options`: the vector column plain, with neither
 dictionary nor compression, the other columns zstd) against zstd with dictionary encoding on every
 column (how every table was written before), both in row groups of 4,096 rows as the embed stage
 writes them, the same rows each side, best of `--rounds`.
@@ -25,7 +25,8 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from vlm_decade.core.runfolder import RunFolder, table_fingerprint  # noqa: E402
+from vlm_decade.core.fingerprints import table_fingerprint  # noqa: E402
+from vlm_decade.core.runfolder import RunFolder  # noqa: E402
 from vlm_decade.stages.embed.table import EMBEDDINGS_SCHEMA, VECTOR_BATCH  # noqa: E402
 
 

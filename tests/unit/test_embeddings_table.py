@@ -19,7 +19,8 @@ import vlm_decade.stages.embed.plan as plan_module
 import vlm_decade.stages.embed.table as table_module
 import vlm_decade.stages.embed.write as write_module
 from vlm_decade.core.config import EncoderConfig
-from vlm_decade.core.runfolder import RunFolder, table_fingerprint
+from vlm_decade.core.fingerprints import table_fingerprint
+from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.models.encoders import text_key
 from vlm_decade.stages.embed.plan import plan_texts
 from vlm_decade.stages.embed.table import EMBEDDINGS_SCHEMA, encoder_key, spill_folder, vector_rows

@@ -14,8 +14,9 @@ import pytest
 
 from vlm_decade.core import runfolder
 from vlm_decade.core.config import RuntimeConfig
+from vlm_decade.core.fingerprints import table_fingerprint
 from vlm_decade.core.progress import Reporter
-from vlm_decade.core.runfolder import STAMP_NS, RunFolder, RunFolderBusy, segments_record, table_fingerprint
+from vlm_decade.core.runfolder import STAMP_NS, RunFolder, RunFolderBusy, segments_record
 from vlm_decade.core.runner import Stage, StudyRun, Written
 from vlm_decade.core.runtime import LazyRay
 
@@ -325,7 +326,7 @@ def _responses(text, latency, queued):
 def test_a_fingerprint_leaves_out_the_wall_clock_columns():
     """Two runs with the same answers give the same fingerprint however long they took; a changed
     answer changes it; and it is the fingerprint of the table without those columns."""
-    from vlm_decade.core.runfolder import table_fingerprint
+    from vlm_decade.core.fingerprints import table_fingerprint
 
     first = _responses(["a cat", "a dog"], [0.31, 1.7], [0.0, 2.5])
     again = _responses(["a cat", "a dog"], [5.02, 0.04], [None, 0.1])
@@ -335,7 +336,7 @@ def test_a_fingerprint_leaves_out_the_wall_clock_columns():
 
 
 def test_a_table_written_in_pieces_carries_the_fingerprint_without_the_wall_clock(tmp_path):
-    from vlm_decade.core.runfolder import table_fingerprint
+    from vlm_decade.core.fingerprints import table_fingerprint
 
     folder = RunFolder(tmp_path)
     table = _responses(["a cat", "a dog"], [0.31, 1.7], [0.0, 2.5])

@@ -4,8 +4,9 @@ import pyarrow as pa
 import pytest
 
 from vlm_decade.core.config import RuntimeConfig
+from vlm_decade.core.fingerprints import table_fingerprint
 from vlm_decade.core.progress import Reporter
-from vlm_decade.core.runfolder import RunFolder, table_fingerprint
+from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.core.runner import Stage, StudyRun
 from vlm_decade.core.runtime import LazyRay
 

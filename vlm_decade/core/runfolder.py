@@ -1,8 +1,9 @@
 """The run folder: one Parquet table per stage, `manifest.json`, and crash-safe partial results.
 
 Every file is written whole (`core.files`), so a reader (or a re-run after SIGKILL) sees either the
-old file or the new one, never half of one. Nothing is trusted because it exists:
-- each table's content fingerprint (`tables`) and the sha256, size and time of its file (`files`)
+old file or the new one, never half of one; tables are written and read by the Parquet codec
+(`core.parquet`). Nothing is trusted because it exists:
+- each table's content fingerprint (`tables`, `core.fingerprints`) and the sha256, size and time of its file (`files`)
   are recorded in the manifest when it is written, and a table is used again only while its file
   still has that size and time or, when its time changed, still hashes the same (`verified`;
   `runtime.rehash` hashes every file); the fingerprint also travels inside the file's metadata, so
@@ -46,108 +47,13 @@ import pyarrow.parquet as pq
 
 from vlm_decade.core.errors import InputError, Problem
 from vlm_decade.core.files import FILE_MODE, atomic_file, atomic_write_bytes, file_sha256
+from vlm_decade.core.fingerprints import Fingerprinter, batches_of, table_fingerprint
+from vlm_decade.core.parquet import ROW_GROUP_ROWS, column_ranges, file_batches, table_bytes, writer_options
 from vlm_decade.core.storage import Lease, LeaseHeld, Mirror, is_uri, uri_problem, working_copy
 
 FINGERPRINT_KEY = b"vlm_decade.fingerprint"
 PART = re.compile(r"^part-(\d{20})-([0-9a-f]{16})\.parquet$")
 SEGMENT = re.compile(r"^segment-(\d{6})\.parquet$")
-# A table's fingerprint hashes its Arrow IPC stream in record batches of exactly this many rows (the
-# last one shorter), so it does not depend on how the table happens to be chunked, and a table that
-# is written in pieces (`write_batches`) gets the fingerprint it would get written whole.
-FINGERPRINT_ROWS = 8192
-# Columns that measure the wall clock (how long an answer took, how long it waited): two runs that
-# give the same answers differ in them, so a table's fingerprint leaves them out, and an identical
-# rerun gives identical fingerprints (and the stages after it are not run again for them).
-WALL_CLOCK_COLUMNS = frozenset({"latency_s", "queued_s"})
-ROW_GROUP_ROWS = 65_536
-
-
-def _writer_options(schema: pa.Schema) -> dict[str, Any]:
-    """Parquet writer options: zstd, and Arrow's own list names (non-compliant), so a table reads
-    back exactly as written and its fingerprint can be checked from the file alone. Columns of
-    float vectors are stored plain, with neither dictionary nor compression: neither makes them
-    smaller, and both cost most of the time their writing and reading take (benchmarks/RESULTS.md)."""
-    options: dict[str, Any] = {"compression": "zstd", "use_compliant_nested_type": False}
-    raw = [f.name for f in schema if pa.types.is_list(f.type) and pa.types.is_floating(f.type.value_type)]
-    if raw:
-        options["compression"] = {name: "none" if name in raw else "zstd" for name in schema.names}
-        options["use_dictionary"] = [name for name in schema.names if name not in raw]
-    return options
-
-
-def table_bytes(table: pa.Table, **options) -> bytes:
-    """`table` as a Parquet file's bytes, written as the run folder's tables are (`options`: more
-    of `pyarrow.parquet.write_table`'s)."""
-    sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, **_writer_options(table.schema), **options)
-    return sink.getvalue().to_pybytes()
-
-
-class _HashSink:
-    """A write-only file that hashes what is written to it."""
-
-    def __init__(self):
-        self.digest = hashlib.sha256()
-        self.closed = False
-
-    def write(self, data) -> int:
-        self.digest.update(data)
-        return len(data)
-
-    def flush(self) -> None:
-        pass
-
-    def close(self) -> None:
-        self.closed = True
-
-
-class Fingerprinter:
-    """A table's content fingerprint, fed batch by batch in any chunking (`table_fingerprint`); the
-    `WALL_CLOCK_COLUMNS` are left out."""
-
-    def __init__(self, schema: pa.Schema):
-        self.columns = [name for name in schema.names if name not in WALL_CLOCK_COLUMNS]
-        self.sink = _HashSink()
-        hashed = pa.schema([schema.field(c) for c in self.columns])
-        self.writer = pa.ipc.new_stream(pa.PythonFile(self.sink, mode="w"), hashed)
-        self.pending: list[pa.RecordBatch] = []
-        self.count = 0
-
-    def add(self, batch: pa.RecordBatch) -> None:
-        self.pending.append(batch.select(self.columns))
-        self.count += batch.num_rows
-        while self.count >= FINGERPRINT_ROWS:
-            self._emit(FINGERPRINT_ROWS)
-
-    def _emit(self, rows: int) -> None:
-        table = pa.Table.from_batches(self.pending).combine_chunks()
-        head, rest = table.slice(0, rows), table.slice(rows)
-        for batch in head.to_batches(max_chunksize=rows):
-            self.writer.write_batch(batch)
-        self.pending = rest.to_batches() if rest.num_rows else []
-        self.count = rest.num_rows
-
-    def hexdigest(self) -> str:
-        if self.count:
-            self._emit(self.count)
-        self.writer.close()
-        return self.sink.digest.hexdigest()
-
-
-def batches_of(table: pa.Table, rows: int):
-    """`table` as record batches of `rows` rows (the last fewer), whatever its chunks, each joined
-    on its own: joining the whole table first would be a copy of it."""
-    for start in range(0, table.num_rows, rows):
-        yield from table.slice(start, rows).combine_chunks().to_batches()
-
-
-def table_fingerprint(table: pa.Table) -> str:
-    """A content hash of a table's schema and rows but its wall-clock columns (independent of
-    Parquet writer details and of the table's chunking)."""
-    fingerprint = Fingerprinter(table.schema)
-    for batch in batches_of(table, FINGERPRINT_ROWS):
-        fingerprint.add(batch)
-    return fingerprint.hexdigest()
 
 
 def _pause_for_a_kill(table: str) -> None:
@@ -169,7 +75,7 @@ def _write_file(path: Path, schema: pa.Schema, batches, row_group_rows: int) -> 
     fingerprint = Fingerprinter(schema)
     rows = 0
     with atomic_file(path) as fh:
-        with pq.ParquetWriter(fh, schema, **_writer_options(schema)) as writer:
+        with pq.ParquetWriter(fh, schema, **writer_options(schema)) as writer:
             for batch in batches:
                 for piece in pa.Table.from_batches([batch]).to_batches(max_chunksize=row_group_rows):
                     fingerprint.add(piece)
@@ -347,18 +253,9 @@ class RunFolder:
             for group in range(source.num_row_groups):
                 yield partial(source.read_row_group, group, use_threads=False)
 
-    @staticmethod
-    def file_batches(
-        path: Path,
-        columns: list[str] | None = None,
-        batch_size: int = ROW_GROUP_ROWS,
-        row_groups: list[int] | None = None,
-    ):
-        """One file of a table (`batches`) as record batches, a row group at a time (of `row_groups`
-        only, where given)."""
-        # No pre-buffering (it would cache the whole file) and no read-ahead: one row group at a time.
-        source = pq.ParquetFile(path, pre_buffer=False)
-        yield from source.iter_batches(batch_size=batch_size, row_groups=row_groups, columns=columns, use_threads=False)
+    # The codec's readers, as the folder's own: a test or a benchmark watches or stubs a stage's reads here.
+    file_batches = staticmethod(file_batches)
+    column_ranges = staticmethod(column_ranges)
 
     @classmethod
     def touched_row_groups(cls, path: Path, columns: list[str], touches: Callable[[dict], bool]) -> list[int] | None:
@@ -367,27 +264,6 @@ class RunFolder:
         read (the file is read whole, and whoever reads it says it is damaged)."""
         ranges = cls.column_ranges(path, columns)
         return None if ranges is None else [g for g, group in enumerate(ranges) if touches(group)]
-
-    @staticmethod
-    def column_ranges(path: Path, columns: list[str]) -> list[dict[str, tuple[Any, Any] | None]] | None:
-        """Each row group's least and greatest value of each of `columns`, from the file's footer
-        alone (no row is read): None for a column it has no such statistics of, and in place of the
-        list for a file whose footer cannot be read (a damaged part: whoever reads it says so)."""
-        try:
-            footer = pq.ParquetFile(path, pre_buffer=False).metadata
-        except (OSError, pa.ArrowException):
-            return None
-        ranges = []
-        for g in range(footer.num_row_groups):
-            group = footer.row_group(g)
-            stats = {group.column(j).path_in_schema: group.column(j).statistics for j in range(group.num_columns)}
-            ranges.append(
-                {
-                    c: (stats[c].min, stats[c].max) if stats.get(c) is not None and stats[c].has_min_max else None
-                    for c in columns
-                }
-            )
-        return ranges
 
     def verified(self, name: str, record: dict | None) -> str | None:
         """None when table `name` is there and its file hashes as its `files` record says (for a

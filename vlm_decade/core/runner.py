@@ -37,8 +37,9 @@ import pyarrow.compute as pc
 from vlm_decade.core.config import StudyBase
 from vlm_decade.core.dispatch import LostActor
 from vlm_decade.core.errors import InputError, Problem, plain
+from vlm_decade.core.fingerprints import table_fingerprint
 from vlm_decade.core.progress import Reporter
-from vlm_decade.core.runfolder import RunFolder, table_fingerprint
+from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.core.runtime import LazyRay
 from vlm_decade.core.smoke import resume_problem, smoke_note
 

@@ -64,6 +64,7 @@ from vlm_decade.core.columns import first_rows
 from vlm_decade.core.errors import Problems
 from vlm_decade.core.files import atomic_file, atomic_write_bytes
 from vlm_decade.core.names import did_you_mean
+from vlm_decade.core.parquet import table_bytes, write_table
 from vlm_decade.core.tables import Table
 from vlm_decade.imaging.decode import NO_BACKGROUND, WHITE, ImageDecodeError, decode_image
 
@@ -229,7 +230,7 @@ class ImageCache:
         million images' records are a few hundred MB, which the descriptions' checks need."""
         found = self.found
         self._settled = tempfile.TemporaryFile()  # gone when closed, or when the process ends
-        pq.write_table(found, self._settled)
+        write_table(found, self._settled)
         self.known, self._found = CACHE_SCHEMA.empty_table(), []
 
     def save(self, run_folder: str | Path) -> None:
@@ -240,9 +241,7 @@ class ImageCache:
             with atomic_file(Path(run_folder) / CACHE_FILE) as out:
                 shutil.copyfileobj(self._settled, out, 8 << 20)
         else:
-            sink = pa.BufferOutputStream()
-            pq.write_table(self.found, sink)
-            atomic_write_bytes(Path(run_folder) / CACHE_FILE, sink.getvalue().to_pybytes())
+            atomic_write_bytes(Path(run_folder) / CACHE_FILE, table_bytes(self.found))
         if self._settled is not None:
             self._settled.close()
         self.known, self._found, self._settled = CACHE_SCHEMA.empty_table(), [], None

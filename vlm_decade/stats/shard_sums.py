@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from vlm_decade.core.files import atomic_write_bytes
-from vlm_decade.core.runfolder import table_bytes
+from vlm_decade.core.parquet import table_bytes
 from vlm_decade.stats import ShardSums
 
 

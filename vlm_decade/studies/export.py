@@ -12,7 +12,8 @@ import pyarrow.compute as pc
 
 from vlm_decade.core.errors import InputError, Problem
 from vlm_decade.core.files import atomic_write_bytes
-from vlm_decade.core.runfolder import RunFolder, table_bytes
+from vlm_decade.core.parquet import table_bytes
+from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.report.html import write_csv
 
 FORMATS = ("parquet", "csv")

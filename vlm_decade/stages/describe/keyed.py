@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from vlm_decade.core.files import atomic_write_bytes
-from vlm_decade.core.runfolder import table_bytes
+from vlm_decade.core.parquet import table_bytes
 
 KEYED_FILE = Path(".cache") / "responses-keys.parquet"
 KEY_ROWS_SCHEMA = pa.schema([(c, pa.string()) for c in ("image_id", "dataset", "sha256", "background")])

@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from vlm_decade.core.errors import Problems
-from vlm_decade.core.runfolder import table_fingerprint
+from vlm_decade.core.fingerprints import table_fingerprint
 from vlm_decade.core.runner import Stage, StudyRun
 from vlm_decade.core.tables import read_table
 from vlm_decade.report.figures import save_figure

@@ -9,8 +9,8 @@ import dataclasses
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from vlm_decade.core.fingerprints import table_fingerprint
 from vlm_decade.core.reuse import INPUTS, reuse, unit_inputs
-from vlm_decade.core.runfolder import table_fingerprint
 from vlm_decade.core.runner import Stage, StudyRun
 from vlm_decade.imaging.masks import mask_specs
 from vlm_decade.models.backends import backend_class
