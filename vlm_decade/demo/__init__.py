@@ -122,24 +122,23 @@ def drop_unkeyed(study):
     """The study without API models and encoders whose key is missing, and a note for each: the
     demo runs offline, so it leaves them out and says so rather than failing."""
     from vlm_decade.models.api.keys import api_key, key_hint
-    from vlm_decade.models.backends import api_provider as model_provider
-    from vlm_decade.models.encoders import api_provider as encoder_provider
+    from vlm_decade.models.routing import api_provider
 
     notes: list[str] = []
 
-    def keyed(entries, provider_of, what: str) -> tuple:
+    def keyed(entries, what: str) -> tuple:
         kept = []
         for entry in entries:
-            p = provider_of(entry.backend)
+            p = api_provider(entry.backend)
             if p and api_key(p) is None:
                 notes.append(f"skipping {what} {entry.name}: no {key_hint(p)} set")
             else:
                 kept.append(entry)
         return tuple(kept)
 
-    update = {"models": keyed(study.models, model_provider, "model")}
+    update = {"models": keyed(study.models, "model")}
     if hasattr(study, "encoders"):  # Study B's Sentence-BERT encoder is always local
-        update["encoders"] = keyed(study.encoders, encoder_provider, "encoder")
+        update["encoders"] = keyed(study.encoders, "encoder")
     return study.model_copy(update=update), notes
 
 

@@ -17,7 +17,7 @@ from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.core.smoke import smoke_note
 from vlm_decade.models.api.batch import run_batches, run_records
 from vlm_decade.models.api.batch.lines import OPEN
-from vlm_decade.models.backends import api_provider
+from vlm_decade.models.routing import api_provider
 from vlm_decade.stages.describe.rows import response_states
 
 

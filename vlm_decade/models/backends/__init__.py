@@ -133,10 +133,3 @@ def parsed_options(model: ModelConfig, cls: type[BackendOptions]) -> dict:
     if problems:
         raise ValueError(f"{model.name}: " + "; ".join(f"{p.field}: {p.message}" for p in problems))
     return cls.model_validate(model.options).model_dump()
-
-
-def api_provider(backend: str, endpoint: str | None = None) -> str | None:
-    """The API provider whose gateway a backend's requests go through (a model's `endpoint`, else
-    the backend's provider); None for a local backend."""
-    cls = backend_class(backend)
-    return (endpoint or getattr(cls, "provider", None)) if cls.remote else None

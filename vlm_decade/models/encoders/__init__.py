@@ -79,10 +79,3 @@ def normalise(vectors: np.ndarray) -> np.ndarray:
     vectors = np.asarray(vectors, dtype=np.float32)
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)
     return vectors / np.where(norms == 0, 1, norms)
-
-
-def api_provider(backend: str, endpoint: str | None = None) -> str | None:
-    """The API provider whose gateway an encoder's requests go through (its `endpoint`, else the
-    encoder's provider); None for a local encoder."""
-    cls = encoder_class(backend)
-    return (endpoint or getattr(cls, "provider", None)) if cls.remote else None

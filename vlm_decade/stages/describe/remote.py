@@ -22,7 +22,8 @@ from vlm_decade.core.runner import StudyRun
 from vlm_decade.models.api.answers import failed_answer
 from vlm_decade.models.api.gateways import Gateways, raise_stops
 from vlm_decade.models.api.session import BatchesPending, stop_if_pending
-from vlm_decade.models.backends import api_provider, backend_class
+from vlm_decade.models.backends import backend_class
+from vlm_decade.models.routing import api_provider
 from vlm_decade.stages.describe.plan import Job, load_png
 from vlm_decade.stages.describe.rows import RESPONSES_SCHEMA, AnswerCountError, failed_batch, one_for_one, response_row
 

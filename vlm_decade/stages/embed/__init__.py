@@ -27,7 +27,8 @@ from vlm_decade.core.config import StudyBase
 from vlm_decade.core.runner import Stage, StudyRun, Written
 from vlm_decade.models.api.gateways import Gateways, raise_stops
 from vlm_decade.models.api.session import APIStopped
-from vlm_decade.models.encoders import api_provider, encoder_class
+from vlm_decade.models.encoders import encoder_class
+from vlm_decade.models.routing import api_provider
 from vlm_decade.stages.embed.local import embed_local, local_encoders, start_actors, start_ahead
 from vlm_decade.stages.embed.plan import check_encoders, plan_texts
 from vlm_decade.stages.embed.remote import embed_remote, queue_embeds, texts_to_send
