@@ -4,8 +4,9 @@ A file is written to a temporary name in its own folder, synced to the disk and 
 and the folder is synced after the rename, so a reader (or a run after SIGKILL or a power cut) sees
 the old file or the new one, never half of one. The temporary file is created with `FILE_MODE` and
 the kernel takes this process's umask off it, so a written file gets the permissions any other new
-file of the process gets (mkstemp alone would give 0600). Temporary names match `TEMPORARY`, so the
-run folder's mirror can leave them alone.
+file of the process gets (mkstemp alone would give 0600). A temporary file is named
+`.<name>.<random>.tmp`, beside the file it becomes (a name the run folder's mirror never copies:
+`core.storage.mirror`).
 
 This is the bottom of the package: it imports nothing of it.
 """
@@ -20,7 +21,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 FILE_MODE = 0o666  # asked of the kernel for every new file; the umask is taken off it
-TEMPORARY = re.compile(r"(^|/)\.[^/]*\.tmp$")  # `.<name>.<random>.tmp`, beside the file it becomes
 
 
 def _temporary(path: Path) -> tuple[int, Path]:
