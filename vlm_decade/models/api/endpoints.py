@@ -1,5 +1,6 @@
 """Named endpoints (`providers.endpoints`): which provider a model, encoder or judge sends to, and
-whether an endpoint answers and serves the model named, asked before any work (`validate`).
+whether an endpoint answers and serves the model named, asked before any work (`validate`); and
+the one check of every entry that sends to an API (`api_entry_problems`).
 
 An endpoint is any server that speaks a provider's API (vLLM, SGLang, Ray Serve LLM, TGI,
 llama.cpp, Ollama: the OpenAI one). It gets a gateway of its own, like a cloud provider: limits,
@@ -7,6 +8,9 @@ budget, prices and cache entries under its name.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 from vlm_decade.core.config import APIConfig, EndpointConfig, ProvidersConfig, field_path
 from vlm_decade.core.errors import STUDY_FILE, Problem, error_text
@@ -116,3 +120,33 @@ def endpoint_problems(providers: ProvidersConfig, wanted: dict[str, dict[str, st
                     Problem(STUDY_FILE, f"{where} does not serve '{model_id}'; it serves: {listed}", field=model_field)
                 )
     return problems
+
+
+@dataclass(frozen=True)
+class APIEntry:
+    """An entry of a study file that sends to an API (a model, an encoder, a judge, the verifier):
+    its location (e.g. ("models", 2)), what a message calls it (e.g. "model 'gpt-4o'"), the API its
+    backend speaks, the endpoint it names (None: that API's cloud provider) and its model id."""
+
+    where: tuple
+    what: str
+    api: str
+    endpoint: str | None
+    model_id: str
+
+
+def api_entry_problems(providers: ProvidersConfig, entries: Iterable[APIEntry]) -> list[Problem]:
+    """Why each API entry cannot send, before any work: a cloud provider's key not set, an endpoint
+    not there or speaking another API, no price for its model (`sending_problems`); then, once per
+    endpoint named, whether its key is set and it answers and serves each model asked of it
+    (`endpoint_problems`)."""
+    problems, wanted = [], {}
+    for entry in entries:
+        if entry.endpoint is None and api_key(entry.api) is None:
+            message = f"{entry.what} needs an API key: set {key_hint(entry.api)}"
+            problems.append(Problem("environment", message, field=field_path(entry.where)))
+        mine = sending_problems(providers, entry.api, entry.endpoint, entry.model_id, entry.where)
+        problems += mine
+        if entry.endpoint is not None and not mine:
+            wanted.setdefault(entry.endpoint, {}).setdefault(entry.model_id, field_path((*entry.where, "model_id")))
+    return problems + endpoint_problems(providers, wanted)

@@ -14,8 +14,6 @@ from typing import Literal
 from pydantic import Field
 
 from vlm_decade.core.config import BackendOptions, ModelConfig
-from vlm_decade.core.errors import Problem
-from vlm_decade.models.api.keys import api_key, key_hint
 from vlm_decade.models.api.providers import provider_class
 from vlm_decade.models.backends import Backend, Description, Stimulus
 
@@ -66,18 +64,6 @@ class APIBackend(Backend):
     @classmethod
     def fingerprint(cls, model: ModelConfig) -> dict:
         return {"provider": model.endpoint or cls.provider, "model_id": model.model_id, "settings": cls.settings(model)}
-
-    @classmethod
-    def check(cls, model: ModelConfig, image_ids: set[str], variants: list[str]) -> list[Problem]:
-        where = f"models[{model.name}]"
-        problems = []
-        if model.endpoint is None and api_key(cls.provider) is None:  # an endpoint's key: `endpoint_problems`
-            problems.append(
-                Problem(
-                    "environment", f"model '{model.name}' needs an API key: set {key_hint(cls.provider)}", field=where
-                )
-            )
-        return problems
 
     def describe(self, batch: list[Stimulus]) -> list[Description]:
         raise RuntimeError("API backends are described through their provider's gateway actor (stages.describe.remote)")

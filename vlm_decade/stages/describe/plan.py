@@ -17,7 +17,7 @@ from vlm_decade.core.columns import json_strings, sha256_hex
 from vlm_decade.core.config import ModelConfig, StudyBase, field_path
 from vlm_decade.core.errors import InputError, Problem
 from vlm_decade.imaging.masks import MaskSpec
-from vlm_decade.models.api.endpoints import endpoint_problems, sending_problems
+from vlm_decade.models.api.endpoints import APIEntry, api_entry_problems
 from vlm_decade.models.backends import Stimulus, backend_class
 from vlm_decade.models.encoders import text_keys
 from vlm_decade.models.routing import api_provider
@@ -57,10 +57,10 @@ class Job:
 
 # checks -----------------------------------------------------------------------------------------
 def check_models(study: StudyBase, image_ids: set[str] | pa.ChunkedArray | None, variants: list[str]) -> list[Problem]:
-    """Each model's backend and what its `check` finds before any work (weights, files, keys), and a
-    price for every API model. Checks that need the images wait until the data could be read
-    (`image_ids`, a set or a column of them; None: it could not)."""
-    problems, wanted = [], {}
+    """Each model's backend and what its `check` finds before any work (weights, files), and a key,
+    endpoint and price for every API model (`api_entry_problems`). Checks that need the images wait
+    until the data could be read (`image_ids`, a set or a column of them; None: it could not)."""
+    problems, entries = [], []
     for i, model in enumerate(study.models):
         try:
             cls = backend_class(model.backend)
@@ -80,11 +80,8 @@ def check_models(study: StudyBase, image_ids: set[str] | pa.ChunkedArray | None,
                     )
                 )
         if provider:
-            mine = sending_problems(study.providers, provider, model.endpoint, model.model_id, ("models", i))
-            problems += mine
-            if model.endpoint and not mine:
-                wanted.setdefault(model.endpoint, {}).setdefault(model.model_id, field_path(("models", i, "model_id")))
-    return problems + endpoint_problems(study.providers, wanted)
+            entries.append(APIEntry(("models", i), f"model '{model.name}'", provider, model.endpoint, model.model_id))
+    return problems + api_entry_problems(study.providers, entries)
 
 
 def api_budgets(study: StudyBase) -> dict[str, float | None]:

@@ -20,8 +20,7 @@ from vlm_decade.core.config import EncoderConfig, StudyBase, field_path
 from vlm_decade.core.errors import Problem
 from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.core.spill import HOLD_FILES_BYTES, Spill, key_buckets
-from vlm_decade.models.api.endpoints import endpoint_problems, sending_problems
-from vlm_decade.models.api.keys import api_key, key_hint
+from vlm_decade.models.api.endpoints import APIEntry, api_entry_problems
 from vlm_decade.models.encoders import text_keys
 from vlm_decade.models.routing import api_provider
 from vlm_decade.stages.embed.local import length_batches
@@ -34,8 +33,8 @@ HAVE_SCHEMA = pa.schema(
 
 
 def check_encoders(study: StudyBase) -> list[Problem]:
-    """An API key and a price for every API encoder, before any work."""
-    problems, wanted = [], {}
+    """A key, endpoint and price for every API encoder, before any work (`api_entry_problems`)."""
+    problems, entries = [], []
     for i, enc in enumerate(getattr(study, "encoders", ())):
         try:
             provider = api_provider(enc.backend)
@@ -52,21 +51,8 @@ def check_encoders(study: StudyBase) -> list[Problem]:
                     )
                 )
             continue
-        mine = sending_problems(study.providers, provider, enc.endpoint, enc.model_id, ("encoders", i))
-        problems += mine
-        if enc.endpoint is not None:  # its key and the model it serves: `endpoint_problems`
-            if not mine:
-                wanted.setdefault(enc.endpoint, {}).setdefault(enc.model_id, field_path(("encoders", i, "model_id")))
-            continue
-        if api_key(provider) is None:
-            problems.append(
-                Problem(
-                    "environment",
-                    f"encoder '{enc.name}' needs an API key: set {key_hint(provider)}",
-                    field=field_path(("encoders", i)),
-                )
-            )
-    return problems + endpoint_problems(study.providers, wanted)
+        entries.append(APIEntry(("encoders", i), f"encoder '{enc.name}'", provider, enc.endpoint, enc.model_id))
+    return problems + api_entry_problems(study.providers, entries)
 
 
 def _hashed(texts: pa.Array) -> tuple[pa.Table, np.ndarray]:

@@ -17,12 +17,11 @@ import math
 import numpy as np
 import pyarrow as pa
 
-from vlm_decade.core.config import ModelConfig, field_path
 from vlm_decade.core.dispatch import batches, bounded
 from vlm_decade.core.errors import Problem
 from vlm_decade.core.runner import Stage, StudyRun
 from vlm_decade.models.api.answers import failed_answer
-from vlm_decade.models.api.endpoints import endpoint_problems, sending_problems, served_by
+from vlm_decade.models.api.endpoints import APIEntry, api_entry_problems, served_by
 from vlm_decade.models.api.providers import ChatRequest, provider_class
 from vlm_decade.models.api.providers import judge_settings as api_judge_settings
 from vlm_decade.models.backends import backend_class
@@ -55,30 +54,14 @@ JUDGE_SCHEMA = pa.schema(
 )
 
 
-def as_model(judge: JudgeMetricConfig) -> ModelConfig:
-    """The judge as the API backends see a model (their checks and settings)."""
-    return ModelConfig(
-        name=f"judge:{judge.name}",
-        backend=judge.backend,
-        model_id=judge.model_id,
-        options=judge.options,
-        endpoint=judge.endpoint,
-    )
-
-
 def check_judges(study: StudyConfig) -> list[Problem]:
     """Each judge's key, options, endpoint and price, before any work; each endpoint named is asked
     whether it answers and serves its judge's model."""
-    problems, wanted = [], {}
-    for i, judge in enumerate(study.judge_metrics):
-        problems += backend_class(judge.backend).check(as_model(judge), set(), ["full"])
-        mine = sending_problems(study.providers, judge.backend, judge.endpoint, judge.model_id, ("judge_metrics", i))
-        problems += mine
-        if judge.endpoint is not None and not mine:
-            wanted.setdefault(judge.endpoint, {}).setdefault(
-                judge.model_id, field_path(("judge_metrics", i, "model_id"))
-            )
-    return problems + endpoint_problems(study.providers, wanted)
+    entries = [
+        APIEntry(("judge_metrics", i), f"model 'judge:{judge.name}'", judge.backend, judge.endpoint, judge.model_id)
+        for i, judge in enumerate(study.judge_metrics)
+    ]
+    return api_entry_problems(study.providers, entries)
 
 
 def judge_settings(judge: JudgeMetricConfig) -> dict:

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from vlm_decade.core.config import ModelConfig, field_path
+from vlm_decade.core.config import ModelConfig
 from vlm_decade.core.dispatch import batches, bounded
 from vlm_decade.core.errors import Problem
 from vlm_decade.core.reuse import INPUTS
 from vlm_decade.core.runner import StudyRun
 from vlm_decade.models.api.answers import failed_answer
-from vlm_decade.models.api.endpoints import endpoint_problems, sending_problems, served_by
+from vlm_decade.models.api.endpoints import APIEntry, api_entry_problems, served_by
 from vlm_decade.models.backends import backend_class
 from vlm_decade.stages.describe.plan import Job
 from vlm_decade.stages.describe.remote import REMOTE_BATCH, ask_gateway, finish_queued
@@ -54,14 +54,9 @@ def check_verifier(study: StudyConfig) -> list[Problem]:
     verifier = study.taxonomy.verifier if study.taxonomy is not None else None
     if verifier is None or verifier.kind != "model":
         return []
-    where = ("taxonomy", "verifier")
-    problems = backend_class(verifier.backend).check(verifier.as_model(), set(), ["full"])
-    mine = sending_problems(study.providers, verifier.backend, verifier.endpoint, verifier.model_id, where)
-    if verifier.endpoint is not None and not mine:
-        mine = endpoint_problems(
-            study.providers, {verifier.endpoint: {verifier.model_id: field_path((*where, "model_id"))}}
-        )
-    return problems + mine
+    what = f"model '{verifier.as_model().name}'"
+    entry = APIEntry(("taxonomy", "verifier"), what, verifier.backend, verifier.endpoint, verifier.model_id)
+    return api_entry_problems(study.providers, [entry])
 
 
 def transcripts(table: pa.Table) -> dict[tuple[str, str], list[tuple[probes.Question, str]]]:
