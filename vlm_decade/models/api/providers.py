@@ -1,4 +1,5 @@
-"""Providers: build one request with the official client, parse one answer. Nothing else.
+"""Providers: build one request with the official client, parse one answer, and say the settings a
+request carries (which models think, what a judge sends). Nothing else.
 
 Retries, limits, concurrency, caching and costs belong to the gateway; the clients' own retries are
 switched off so that exactly one layer decides when to try again: `max_retries=0` for openai (its
