@@ -161,17 +161,14 @@ def _free(folder: Path) -> str:
 
 def _kept(folder: Path) -> str:
     """What a run folder holds that a re-run will not redo: finished stages and saved batches."""
-    from vlm_decade.core.runfolder import RunFolder
+    from vlm_decade.core.runfolder import RunFolder, kept
 
     try:
-        stages = RunFolder(folder).manifest().get("stages", {})
-    except (OSError, ValueError, AttributeError):  # a manifest that is itself damaged
-        stages = {}
-    done = sorted(
-        name
-        for name, record in stages.items()
-        if isinstance(record, dict) and record.get("state") in ("done", "incomplete")
-    )
-    parts = len(list((folder / ".parts").glob("*/part-*.parquet")))
+        manifest = RunFolder(folder).manifest()
+    except (OSError, ValueError):  # a manifest that is itself damaged
+        manifest = {}
+    found = kept(folder, manifest)
+    done = sorted(found.stages)
+    parts = sum(len(files) for files in found.parts.values())
     stages_text = f"{len(done)} finished stage(s)" + (f" ({', '.join(done)})" if done else "")
     return f"{stages_text} and {parts} saved batch(es) of unfinished stages"

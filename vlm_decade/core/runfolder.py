@@ -38,6 +38,7 @@ import socket
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -508,6 +509,27 @@ class RunFolder:
         finally:
             self.repairs = False
             os.close(fd)  # closing releases the lock
+
+
+@dataclass(frozen=True)
+class Kept:
+    """What a run folder holds that a rerun does not redo: the stages finished (done, or incomplete
+    with their rows kept), in the manifest's order, and by table the parts saved of unfinished stages."""
+
+    stages: tuple[str, ...]
+    parts: dict[str, list[Path]]
+
+
+def kept(root: str | Path, manifest: dict[str, Any]) -> Kept:
+    """What the run folder at `root`, whose manifest is `manifest`, keeps for a rerun (`Kept`)."""
+    stages = manifest.get("stages")
+    finished = tuple(
+        name
+        for name, record in (stages.items() if isinstance(stages, dict) else ())
+        if isinstance(record, dict) and record.get("state") in ("done", "incomplete")
+    )
+    tables = sorted(p for p in (Path(root) / ".parts").glob("*") if p.is_dir())
+    return Kept(finished, {table.name: sorted(table.glob("part-*.parquet")) for table in tables})
 
 
 def open_run_folder(location: str | Path) -> tuple[RunFolder, dict[str, Any]]:

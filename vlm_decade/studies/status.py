@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from vlm_decade.core.config import StudyBase
-from vlm_decade.core.runfolder import RunFolder
+from vlm_decade.core.runfolder import RunFolder, kept
 from vlm_decade.core.smoke import smoke_note
 from vlm_decade.models.api.batch import run_batches, run_records
 from vlm_decade.models.api.batch.lines import OPEN
@@ -105,13 +105,13 @@ def kept_lines(run_dir: str | Path) -> list[str]:
     manifest = RunFolder(run_dir).manifest()
     if not manifest.get("started"):
         return ["nothing was kept: the run had not begun"]
-    stages = manifest.get("stages", {})
-    finished = [name for name in stage_order(manifest) if stages[name].get("state") in ("done", "incomplete")]
+    found = kept(run_dir, manifest)
+    finished = [name for name in stage_order(manifest) if name in found.stages]
     lines = [f"kept: the stages finished ({', '.join(finished) or 'none'})"]
-    for parts in sorted((Path(run_dir) / ".parts").glob("*")):
-        rows = sum(pq.read_metadata(part).num_rows for part in parts.glob("part-*.parquet"))
+    for table, parts in found.parts.items():
+        rows = sum(pq.read_metadata(part).num_rows for part in parts)
         if rows:
-            lines.append(f"kept: {rows} rows of {parts.name}, saved before the stop (not done again)")
+            lines.append(f"kept: {rows} rows of {table}, saved before the stop (not done again)")
     return lines
 
 
