@@ -57,16 +57,13 @@ class Job:
 
 # checks -----------------------------------------------------------------------------------------
 def check_models(study: StudyBase, image_ids: set[str] | pa.ChunkedArray | None, variants: list[str]) -> list[Problem]:
-    """Each model's backend and what its `check` finds before any work (weights, files), and a key,
-    endpoint and price for every API model (`api_entry_problems`). Checks that need the images wait
-    until the data could be read (`image_ids`, a set or a column of them; None: it could not)."""
+    """What each model's backend `check` finds before any work (weights, files), and a key, endpoint
+    and price for every API model (`api_entry_problems`). Checks that need the images wait until the
+    data could be read (`image_ids`, a set or a column of them; None: it could not). Every backend is
+    known: `load_study` said which is not (`studies.backend_problems`)."""
     problems, entries = [], []
     for i, model in enumerate(study.models):
-        try:
-            cls = backend_class(model.backend)
-        except KeyError as exc:
-            problems.append(Problem("study file", exc.args[0], field=field_path(("models", i, "backend"))))
-            continue
+        cls = backend_class(model.backend)
         if image_ids is not None or not cls.needs_images:
             problems += cls.check(model, image_ids or set(), variants)
         provider = api_provider(model.backend)

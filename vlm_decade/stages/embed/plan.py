@@ -33,14 +33,11 @@ HAVE_SCHEMA = pa.schema(
 
 
 def check_encoders(study: StudyBase) -> list[Problem]:
-    """A key, endpoint and price for every API encoder, before any work (`api_entry_problems`)."""
+    """A key, endpoint and price for every API encoder, before any work (`api_entry_problems`). Every
+    encoder's backend is known: `load_study` said which is not (`studies.backend_problems`)."""
     problems, entries = [], []
     for i, enc in enumerate(getattr(study, "encoders", ())):
-        try:
-            provider = api_provider(enc.backend)
-        except KeyError as exc:
-            problems.append(Problem("study file", exc.args[0], field=field_path(("encoders", i, "backend"))))
-            continue
+        provider = api_provider(enc.backend)
         if provider is None:
             if enc.endpoint is not None:
                 problems.append(
