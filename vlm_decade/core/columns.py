@@ -111,9 +111,9 @@ COMPARED_ROWS = 1 << 20  # `first_rows` compares this many neighbours at a time
 
 def first_rows(keys: pa.Table, among: np.ndarray) -> np.ndarray:
     """For each row of `keys`, the index of the first row where `among` is true with the same values
-    in every column of `keys`; -1 where there is none (and for a row with a null key). What
-    `FirstRows` says of a table, at once. Found by a stable sort, not a hash join: a join of a table
-    of millions of rows holds several times its keys."""
+    in every column of `keys`; -1 where there is none (and for a row with a null key): a counted row
+    whose first is another gives its key again (a check says "first at row ..."). Found by a stable
+    sort, not a hash join: a join of a table of millions of rows holds several times its keys."""
     n = keys.num_rows
     if n == 0:
         return np.full(0, -1, dtype=np.int64)

@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 from vlm_decade.core.columns import first_rows, run_starts
 from vlm_decade.core.errors import InputError, Problems
 from vlm_decade.core.runner import release_memory
-from vlm_decade.core.tables import Table, cell_present, cell_text, read_table
+from vlm_decade.core.tables import Table, cell_present, cell_text, cells_filled, read_table
 from vlm_decade.imaging.masks import MaskConfig, mask_ids
 from vlm_decade.stages.images import (
     IMAGE_COLUMNS,
@@ -42,7 +42,6 @@ from vlm_decade.stages.images import (
 from vlm_decade.studies.decade.config import DataConfig, RankingConfig, StudyConfig
 from vlm_decade.studies.decade.ranking import ROLES, consensus_places, group_sizes, rank_by_votes, roles_of_places
 from vlm_decade.studies.decade.taxonomy.spatial import MIN_MASKED_PER_MASK, MIN_MASKS
-from vlm_decade.studies.rows import FirstRows
 
 DESCRIPTION_COLUMNS = ("description_id", "image_id", "worker_id", "condition", "text")
 VOTE_COLUMNS = ("image_id", "rater_id", "trial", "shown", "chosen")
@@ -256,8 +255,13 @@ def _check_votes(
     images = pa.array(sorted({cell_text(row, "image_id") for row in table.rows}), pa.string())
     known = set(images.filter(pc.is_in(images, value_set=known_ids)).to_pylist())
     tally = _Tally()
-    seen = FirstRows()
-    for row in table.rows:
+    keyed = ("image_id", "rater_id", "trial")
+    # A vote is matched with earlier ones once its cells are all there and its image is known.
+    first = first_rows(
+        pa.table({c: [cell_text(row, c) for row in table.rows] for c in keyed}),
+        np.array([cells_filled(row, VOTE_COLUMNS) and cell_text(row, "image_id") in known for row in table.rows], bool),
+    )
+    for i, row in enumerate(table.rows):
         if not cell_present(row, table, VOTE_COLUMNS, problems):
             continue
         errors: list[tuple[str, str]] = []  # (field, message) for this row
@@ -267,9 +271,9 @@ def _check_votes(
         own = [d for d in shown if d in descriptions and descriptions[d][0] == image_id]
         if image_id not in known:
             errors.append(("image_id", f"unknown image_id '{image_id}' (not in the images table)"))
-        elif (first := seen.again(key, row.number)) is not None:
+        elif first[i] != i:
             message = f"duplicate vote: rater '{key[1]}', trial '{key[2]}' on image '{image_id}'"
-            errors.append(("trial", f"{message} (first at row {first})"))
+            errors.append(("trial", f"{message} (first at row {table.rows[first[i]].number})"))
         else:
             if not shown:
                 errors.append(("shown", "'shown' lists no description ids"))

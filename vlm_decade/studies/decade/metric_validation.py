@@ -37,6 +37,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from vlm_decade.core.columns import first_rows
 from vlm_decade.core.errors import Problems
 from vlm_decade.core.fingerprints import table_fingerprint
 from vlm_decade.core.runner import Stage, StudyRun
@@ -51,7 +52,6 @@ from vlm_decade.stats.resampling import (
     weighted_pearson,
     weighted_ranks,
 )
-from vlm_decade.studies.rows import FirstRows
 
 RATINGS_COLUMNS = ("rater_id", "subject", "image_id", "rating")
 RATINGS_SCHEMA = pa.schema(
@@ -116,11 +116,20 @@ def check_ratings(
         return None
     subjects, images = set(known_subjects), set(known_images)
     lo, hi = scale
-    seen = FirstRows()
+    every = [
+        {
+            c: (";".join(v) if isinstance(v, list) else v).strip()
+            for c, v in ((c, row.cells[c]) for c in RATINGS_COLUMNS)
+        }
+        for row in table.rows
+    ]
+    keyed = ("rater_id", "subject", "image_id")
+    first = first_rows(
+        pa.table({c: [cells[c] for cells in every] for c in keyed}),
+        np.array([all(cells[c] for c in keyed) for cells in every], bool),
+    )
     rows = []
-    for row in table.rows:
-        cells = {c: row.cells[c] for c in RATINGS_COLUMNS}
-        cells = {c: (";".join(v) if isinstance(v, list) else v).strip() for c, v in cells.items()}
+    for i, (row, cells) in enumerate(zip(table.rows, every)):
         errors: list[tuple[str, str]] = [(c, f"'{c}' is empty") for c, v in cells.items() if not v]
         if cells["subject"] and cells["subject"] not in subjects:
             errors.append(("subject", f"unknown subject '{cells['subject']}' (not a model of the study)"))
@@ -136,9 +145,9 @@ def check_ratings(
                 if not lo <= rating <= hi:  # NaN fails this too
                     errors.append(("rating", f"rating {cells['rating']} is outside the scale {lo:g} to {hi:g}"))
         key = (cells["rater_id"], cells["subject"], cells["image_id"])
-        if all(key) and (first := seen.again(key, row.number)) is not None:
+        if all(key) and first[i] != i:
             message = f"duplicate rating: rater '{key[0]}' on subject '{key[1]}', image '{key[2]}'"
-            errors.append(("rater_id", f"{message} (first at row {first})"))
+            errors.append(("rater_id", f"{message} (first at row {table.rows[first[i]].number})"))
         for column, message in errors:
             problems.add(table.file, message, row=row.number, field=column)
         if not errors:

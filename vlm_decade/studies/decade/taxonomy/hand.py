@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 
+from vlm_decade.core.columns import first_rows
 from vlm_decade.core.errors import Problems
 from vlm_decade.core.tables import read_table
-from vlm_decade.studies.rows import FirstRows
 
 HAND_COLUMNS = ("subject", "image_id", "error_type", "present")
 HAND_SCHEMA = pa.schema([(c, pa.string()) for c in HAND_COLUMNS[:3]] + [("present", pa.bool_()), ("note", pa.string())])
@@ -26,12 +27,17 @@ def check_hand_labels(path: str | Path, subjects, image_ids, error_types, proble
     if table is None:
         return None
     subjects, image_ids, error_types = set(subjects), set(image_ids), tuple(error_types)
-    seen = FirstRows()
+    every = [
+        {c: (";".join(v) if isinstance(v, list) else v).strip() for c, v in ((c, row.cells[c]) for c in HAND_COLUMNS)}
+        for row in table.rows
+    ]
+    keyed = ("subject", "image_id", "error_type")
+    first = first_rows(
+        pa.table({c: [cells[c] for cells in every] for c in keyed}),
+        np.array([all(cells[c] for c in keyed) for cells in every], bool),
+    )
     rows = []
-    for row in table.rows:
-        cells = {
-            c: (";".join(v) if isinstance(v, list) else v).strip() for c, v in ((c, row.cells[c]) for c in HAND_COLUMNS)
-        }
+    for i, (row, cells) in enumerate(zip(table.rows, every)):
         bad = [(c, f"'{c}' is empty") for c, v in cells.items() if not v]
         if cells["subject"] and cells["subject"] not in subjects:
             bad.append(("subject", f"unknown subject '{cells['subject']}' (not a model of the study)"))
@@ -43,11 +49,12 @@ def check_hand_labels(path: str | Path, subjects, image_ids, error_types, proble
         if present and present not in TRUE | FALSE:
             bad.append(("present", f"present '{cells['present']}' is not 1/0, true/false or yes/no"))
         key = (cells["subject"], cells["image_id"], cells["error_type"])
-        if all(key) and (first := seen.again(key, row.number)) is not None:
+        if all(key) and first[i] != i:
             bad.append(
                 (
                     "error_type",
-                    f"a second label for subject '{key[0]}', image '{key[1]}', {key[2]} (first at row {first})",
+                    f"a second label for subject '{key[0]}', image '{key[1]}', {key[2]} "
+                    f"(first at row {table.rows[first[i]].number})",
                 )
             )
         for field, message in bad:
