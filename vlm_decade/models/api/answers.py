@@ -1,7 +1,10 @@
 """The answers a gateway gives, in sync and batch mode alike, that no provider answered just now:
-one the cache holds, and one that failed (the fields of a `responses` row)."""
+one the cache holds, and one that failed (the fields of a `responses` row); and what a row says
+when the call to the gateway itself failed."""
 
 from __future__ import annotations
+
+from vlm_decade.core.errors import error_text
 
 
 def cached_answer(hit: dict) -> dict:
@@ -36,3 +39,9 @@ def failed_answer(status: str, error: str) -> dict:
         "cached": False,
         "mode": "",
     }
+
+
+def gateway_call_failed(exc: BaseException) -> str:
+    """The error of a request whose call to the gateway actor failed (a lost task or actor; the
+    gateway retries the provider itself): the exception as `error_text` says it."""
+    return f"gateway call failed: {error_text(exc)}"

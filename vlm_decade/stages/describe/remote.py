@@ -17,9 +17,8 @@ from collections import defaultdict
 
 from vlm_decade.core.config import ModelConfig, StudyBase
 from vlm_decade.core.dispatch import batches, bounded, original
-from vlm_decade.core.errors import error_text
 from vlm_decade.core.runner import StudyRun
-from vlm_decade.models.api.answers import failed_answer
+from vlm_decade.models.api.answers import failed_answer, gateway_call_failed
 from vlm_decade.models.api.gateways import Gateways, raise_stops
 from vlm_decade.models.api.session import BatchesPending, stop_if_pending
 from vlm_decade.models.backends import backend_class
@@ -57,7 +56,7 @@ def ask_gateway(gateway, model_id: str, settings: dict, jobs: list[Job], batch: 
         try:
             answers.append(ray.get(ref))
         except Exception as exc:  # noqa: BLE001 - a lost call is an error row, tried again next run
-            answers.append(failed_answer("error", f"gateway call failed: {error_text(original(exc))}"))
+            answers.append(failed_answer("error", gateway_call_failed(original(exc))))
     return answers
 
 
@@ -128,7 +127,7 @@ class RemoteModels:
         result = lambda item, _: self.gateways[item[1]].actor.result.remote(item[2])  # noqa: E731
         for done in bounded(self.gateways.ray, self.waiting, result, max(1, len(self.waiting))):
             lost = done.error is not None
-            answer = failed_answer("error", f"gateway call failed: {error_text(done.error)}") if lost else done.value
+            answer = failed_answer("error", gateway_call_failed(done.error)) if lost else done.value
             job = done.work[0]
             self.answers[job.subject].append(answer)
             self.parts.add([response_row(job, answer)])

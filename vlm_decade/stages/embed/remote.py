@@ -12,6 +12,7 @@ from collections import Counter
 from vlm_decade.core.config import EncoderConfig
 from vlm_decade.core.dispatch import batches, bounded
 from vlm_decade.core.runner import StudyRun
+from vlm_decade.models.api.answers import gateway_call_failed
 from vlm_decade.models.api.session import APIStopped, BatchesPending, BudgetReached, RemoteSession
 from vlm_decade.stages.embed.table import vector_rows
 
@@ -65,7 +66,7 @@ def embed_remote(
     in_flight = max(1, -(-len(keys) // cfg.batch_size)) if batch else REMOTE_IN_FLIGHT
     for done in bounded(ray, work(), submit, in_flight):
         if done.error is not None:
-            failed[("error", f"{type(done.error).__name__}: gateway call failed")] += len(done.work)
+            failed[("error", gateway_call_failed(done.error))] += len(done.work)
             continue
         value = done.value
         if value["vectors"] is not None:

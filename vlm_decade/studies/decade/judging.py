@@ -20,7 +20,7 @@ import pyarrow as pa
 from vlm_decade.core.dispatch import batches, bounded
 from vlm_decade.core.errors import Problem
 from vlm_decade.core.runner import Stage, StudyRun
-from vlm_decade.models.api.answers import failed_answer
+from vlm_decade.models.api.answers import failed_answer, gateway_call_failed
 from vlm_decade.models.api.endpoints import APIEntry, api_entry_problems, served_by
 from vlm_decade.models.api.providers import ChatRequest, provider_class
 from vlm_decade.models.api.providers import judge_settings as api_judge_settings
@@ -150,9 +150,7 @@ def _send(
         work, limit = [[k] for k in range(len(prompts))], len(prompts) if batch else tasks * REMOTE_BATCH
     for done in bounded(ray, work, submit, max(1, limit)):
         if done.error is not None:  # a lost call: its questions failed, asked again next run
-            answers.update(
-                {k: failed_answer("error", f"{type(done.error).__name__}: gateway call failed") for k in done.work}
-            )
+            answers.update({k: failed_answer("error", gateway_call_failed(done.error)) for k in done.work})
         else:
             answers.update(zip(done.work, done.value if paths is not None else [done.value]))
     found = finish_queued(ray, session.actor, [answers[k] for k in range(len(prompts))])

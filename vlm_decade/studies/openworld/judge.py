@@ -29,6 +29,7 @@ from vlm_decade.core.config import ModelConfig, ProvidersConfig
 from vlm_decade.core.dispatch import batches, bounded
 from vlm_decade.core.errors import InputError, Problem, error_text
 from vlm_decade.core.progress import Reporter
+from vlm_decade.models.api.answers import gateway_call_failed
 from vlm_decade.models.api.endpoints import endpoint_problems, prices_field, route_problems, served_by
 from vlm_decade.models.api.keys import api_key, key_hint
 from vlm_decade.models.api.providers import judge_settings as api_judge_settings
@@ -254,7 +255,7 @@ def judge_remote(
             answers[done.work] = (
                 _from_row(done.value)
                 if done.error is None
-                else JudgeAnswer("", "error", f"{type(done.error).__name__}: gateway call failed")
+                else JudgeAnswer("", "error", gateway_call_failed(done.error))
             )
             advance(1)
             if time.monotonic() - last_record >= RECORD_S:

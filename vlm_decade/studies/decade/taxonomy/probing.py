@@ -19,7 +19,7 @@ from vlm_decade.core.dispatch import batches, bounded
 from vlm_decade.core.errors import Problem
 from vlm_decade.core.reuse import INPUTS
 from vlm_decade.core.runner import StudyRun
-from vlm_decade.models.api.answers import failed_answer
+from vlm_decade.models.api.answers import failed_answer, gateway_call_failed
 from vlm_decade.models.api.endpoints import APIEntry, api_entry_problems, served_by
 from vlm_decade.models.backends import backend_class
 from vlm_decade.stages.describe.plan import Job
@@ -91,9 +91,7 @@ def _ask(
     answers: dict[int, dict] = {}
     for done in bounded(ray, batches(list(range(len(jobs))), REMOTE_BATCH), submit, tasks):
         if done.error is not None:  # a lost task: its probes failed, asked again next run
-            answers.update(
-                {k: failed_answer("error", f"{type(done.error).__name__}: gateway call failed") for k in done.work}
-            )
+            answers.update({k: failed_answer("error", gateway_call_failed(done.error)) for k in done.work})
         else:
             answers.update(zip(done.work, done.value))
     from vlm_decade.models.api.session import stop_if_pending
