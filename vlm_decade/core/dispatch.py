@@ -15,9 +15,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from vlm_decade.core.errors import RemoteError, plain
+
+if TYPE_CHECKING:
+    from ray.exceptions import RayActorError
 
 W = TypeVar("W")
 _END = object()
@@ -159,6 +162,28 @@ def bounded(
         yield done
 
 
+def _ready(actor) -> Any:
+    """Ray's own call that returns once `actor` is up."""
+    return actor.__ray_ready__.remote()
+
+
+def _untold(lost: LostActor) -> None:
+    """No one is told of a lost actor."""
+
+
+@dataclass(frozen=True)
+class _PoolOptions:
+    """How `pool_map` runs its pool (its keywords, which it documents)."""
+
+    in_flight_per_actor: int
+    max_lost: int
+    stall_timeout_s: float | None
+    what: str
+    needs: dict[str, float] | None
+    ready: Callable[[Any], Any]
+    on_lost: Callable[[LostActor], None]
+
+
 def pool_map(
     ray,
     make_actor: Callable[[], Any],
@@ -171,8 +196,8 @@ def pool_map(
     stall_timeout_s: float | None = None,
     what: str = "work",
     needs: dict[str, float] | None = None,
-    ready: Callable[[Any], Any] = lambda actor: actor.__ray_ready__.remote(),
-    on_lost: Callable[[LostActor], None] = lambda lost: None,
+    ready: Callable[[Any], Any] = _ready,
+    on_lost: Callable[[LostActor], None] = _untold,
 ) -> Iterator[Finished[W]]:
     """`bounded` over a pool of `n_actors` actors made by `make_actor`, that survives losing them.
 
@@ -188,100 +213,127 @@ def pool_map(
     `on_lost` once all its calls have come back, with the batches it had that others redo. The
     actors are killed when the work is done.
     """
-    from ray.exceptions import RayActorError
+    options = _PoolOptions(in_flight_per_actor, max_lost, stall_timeout_s, what, needs, ready, on_lost)
+    yield from _Pool(ray, make_actor, call, options).run(n_actors, work)
 
-    actors = {i: make_actor() for i in range(n_actors)}
-    starting = {ready(actors[i]): i for i in actors}  # actors not known to be up yet
-    load: dict[int, int] = {}  # calls in flight, per actor that is up
-    queue = iter(work)
-    retry: list[W] = []
-    pending: dict[Any, tuple[W, int]] = {}
-    made, lost, last_loss, broken, exhausted = n_actors, 0, None, False, False
-    losing: dict[int, LostActor] = {}  # lost actors whose calls have not all come back yet
 
-    def lose(slot: int, exc: RayActorError, item: Any = _END) -> bool:
+class _Pool(Generic[W]):
+    """`pool_map`'s actors and the calls it has out, step by step: an actor started or lost, a call
+    finished, the free places filled with work."""
+
+    def __init__(self, ray, make_actor: Callable[[], Any], call: Callable[[Any, W], Any], options: _PoolOptions):
+        self.ray, self.make_actor, self.call, self.options = ray, make_actor, call, options
+        self.actors: dict[int, Any] = {}
+        self.starting: dict[Any, int] = {}  # actors not known to be up yet, by their `ready` call
+        self.load: dict[int, int] = {}  # calls in flight, per actor that is up
+        self.queue: Iterator[W] = iter(())
+        self.retry: list[W] = []
+        self.pending: dict[Any, tuple[W, int]] = {}
+        self.made, self.lost, self.last_loss, self.broken, self.exhausted = 0, 0, None, False, False
+        self.losing: dict[int, LostActor] = {}  # lost actors whose calls have not all come back yet
+
+    def run(self, n_actors: int, work: Iterable[W]) -> Iterator[Finished[W]]:
+        self.actors = {i: self.make_actor() for i in range(n_actors)}
+        self.starting = {self.options.ready(self.actors[i]): i for i in self.actors}
+        self.queue, self.made = iter(work), n_actors
+        try:
+            self.fill()
+            while self.pending or (self.starting and self.makes_more() and (self.retry or not self.exhausted)):
+                ref = self.next_ready()
+                done = self.started(ref) if ref in self.starting else self.finished(ref)
+                self.fill()  # keep the cluster busy while the caller saves this result
+                if done is not None:
+                    yield done
+            for item in [*self.retry, *self.queue]:  # left when too many actors were lost, or they cannot start
+                yield Finished(item, error=self.last_loss)
+        finally:
+            for actor in self.actors.values():
+                self.ray.kill(actor)
+
+    def next_ready(self) -> Any:
+        """The next call to return, an actor's start or a piece of work; `Stalled` when none does
+        within the stall timeout."""
+        o = self.options
+        ready, _ = self.ray.wait([*self.pending, *self.starting], num_returns=1, timeout=o.stall_timeout_s)
+        if not ready:
+            raise stalled(self.ray, o.what, o.needs or {}, o.stall_timeout_s)
+        return ready[0]
+
+    def started(self, ref: Any) -> None:
+        """An actor's start came back: it takes work from now on, or it died starting and leaves."""
+        from ray.exceptions import RayActorError
+
+        slot = self.starting.pop(ref)
+        try:
+            self.ray.get(ref)
+            if slot in self.actors:
+                self.load[slot] = 0
+        except RayActorError as exc:  # it died starting
+            self.lose(slot, exc)
+
+    def finished(self, ref: Any) -> Finished[W] | None:
+        """A call came back: its outcome, or None when its actor died and its work went back to the queue."""
+        from ray.exceptions import RayActorError
+
+        item, slot = self.pending.pop(ref)
+        if slot in self.load:
+            self.load[slot] -= 1
+        try:
+            done = Finished(item, self.ray.get(ref))
+        except RayActorError as exc:
+            if self.lose(slot, exc, item):
+                return None
+            done = Finished(item, error=original(exc))
+        except Exception as exc:  # noqa: BLE001 - handed to the stage, which records it per row
+            done = Finished(item, error=original(exc))
+        self.settle(slot)  # a call its lost actor finished after all
+        return done
+
+    def lose(self, slot: int, exc: RayActorError, item: Any = _END) -> bool:
         """The actor in `slot` leaves the pool; its call's `item` goes back to the queue while more
         actors may be made (said by the return)."""
-        nonlocal lost, last_loss, broken
-        if slot in actors:
-            ray.kill(actors.pop(slot))
-            load.pop(slot, None)
-            lost += 1
+        if slot in self.actors:
+            self.ray.kill(self.actors.pop(slot))
+            self.load.pop(slot, None)
+            self.lost += 1
             if not exc.actor_init_failed:
-                losing[slot] = LostActor(what, None, 0)
-        if not broken:  # the constructor's error stays the cause said for the rest
-            last_loss = original(exc)
-        broken = broken or exc.actor_init_failed
-        requeued = item is not _END and makes_more()
+                self.losing[slot] = LostActor(self.options.what, None, 0)
+        if not self.broken:  # the constructor's error stays the cause said for the rest
+            self.last_loss = original(exc)
+        self.broken = self.broken or exc.actor_init_failed
+        requeued = item is not _END and self.makes_more()
         if requeued:
-            retry.append(item)
-        if slot in losing:
-            was = losing[slot]
-            losing[slot] = LostActor(what, was.node or lost_node(exc), was.batches_redone + requeued)
-            settle(slot)
+            self.retry.append(item)
+        if slot in self.losing:
+            was = self.losing[slot]
+            self.losing[slot] = LostActor(was.what, was.node or lost_node(exc), was.batches_redone + requeued)
+            self.settle(slot)
         return requeued
 
-    def settle(slot: int) -> None:
+    def settle(self, slot: int) -> None:
         """A lost actor is told once none of its calls is still out."""
-        if slot in losing and all(s != slot for _, s in pending.values()):
-            on_lost(losing.pop(slot))
+        if slot in self.losing and all(s != slot for _, s in self.pending.values()):
+            self.options.on_lost(self.losing.pop(slot))
 
-    def makes_more() -> bool:
-        return lost <= max_lost and not broken
+    def makes_more(self) -> bool:
+        return self.lost <= self.options.max_lost and not self.broken
 
-    def fill() -> None:
-        nonlocal made, exhausted
-        while makes_more():
-            if not actors:
-                actors[made] = make_actor()
-                starting[ready(actors[made])] = made
-                made += 1
-            if not load:
+    def fill(self) -> None:
+        """Hand out work while an actor that is up has room (the least loaded first), making a new
+        actor when none is left."""
+        while self.makes_more():
+            if not self.actors:
+                self.actors[self.made] = self.make_actor()
+                self.starting[self.options.ready(self.actors[self.made])] = self.made
+                self.made += 1
+            if not self.load:
                 return  # no actor is up yet
-            slot = min(load, key=lambda i: load[i])
-            if load[slot] >= in_flight_per_actor:
+            slot = min(self.load, key=lambda i: self.load[i])
+            if self.load[slot] >= self.options.in_flight_per_actor:
                 return
-            item = retry.pop() if retry else next(queue, _END)
+            item = self.retry.pop() if self.retry else next(self.queue, _END)
             if item is _END:
-                exhausted = True
+                self.exhausted = True
                 return
-            pending[call(actors[slot], item)] = (item, slot)
-            load[slot] += 1
-
-    try:
-        fill()
-        while pending or (starting and makes_more() and (retry or not exhausted)):
-            ready_refs, _ = ray.wait([*pending, *starting], num_returns=1, timeout=stall_timeout_s)
-            if not ready_refs:
-                raise stalled(ray, what, needs or {}, stall_timeout_s)
-            ref = ready_refs[0]
-            if ref in starting:
-                slot = starting.pop(ref)
-                try:
-                    ray.get(ref)
-                    if slot in actors:
-                        load[slot] = 0
-                except RayActorError as exc:  # it died starting
-                    lose(slot, exc)
-                fill()
-                continue
-            item, slot = pending.pop(ref)
-            if slot in load:
-                load[slot] -= 1
-            try:
-                done = Finished(item, ray.get(ref))
-            except RayActorError as exc:
-                if lose(slot, exc, item):
-                    fill()
-                    continue
-                done = Finished(item, error=original(exc))
-            except Exception as exc:  # noqa: BLE001 - handed to the stage, which records it per row
-                done = Finished(item, error=original(exc))
-            settle(slot)  # a call its lost actor finished after all
-            fill()
-            yield done
-        for item in [*retry, *queue]:  # left when too many actors were lost, or they cannot start
-            yield Finished(item, error=last_loss)
-    finally:
-        for actor in actors.values():
-            ray.kill(actor)
+            self.pending[self.call(self.actors[slot], item)] = (item, slot)
+            self.load[slot] += 1
