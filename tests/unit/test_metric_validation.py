@@ -12,8 +12,10 @@ import pyarrow as pa
 import pytest
 from scipy.stats import pearsonr, spearmanr
 
+from tests.figures import assert_drawn, colour_pixels, markers, panels, record_figures
 from vlm_decade.core.errors import InputError
 from vlm_decade.studies.decade.metric_validation import (
+    KINDS,
     LOO,
     PAIRWISE,
     RATINGS_COLUMNS,
@@ -250,12 +252,26 @@ def test_ratings_missing_column_is_reported_on_the_header(tmp_path):
 # --- the figure -------------------------------------------------------------------------------------
 
 
-def test_figure_is_written_atomically_and_labelled_demo(tmp_path):
+def test_figure_is_written_atomically_and_labelled_demo(tmp_path, monkeypatch):
     ratings, scores = simulated_study(n_images=12)
     summary = validate_metrics(ratings, scores, n_resamples=200, seed=5).summary
+    saved = record_figures(monkeypatch)
     out = write_validation_figure(summary, tmp_path / "fig" / "metric_validation.png", labels={"good": "Good metric"})
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [p.name for p in out.parent.iterdir()] == ["metric_validation.png"]  # no temporary file left
+    # A panel per kind of correlation: each metric's mean correlation as a point, labelled, and the
+    # raters' own agreement as a band behind them.
+    rows = summary.to_pylist()
+    assert [ax.get_title() for ax in panels(saved[0])] == [f"{k.capitalize()} correlation with raters" for k in KINDS]
+    for ax, kind in zip(panels(saved[0]), KINDS):
+        metrics = [r for r in rows if r["kind"] == kind and r["role"] == "metric"]
+        assert [y for _, y in markers(ax)] == pytest.approx([r["estimate"] for r in metrics]) and metrics
+        assert [t.get_text() for t in ax.get_xticklabels()] == [
+            "Good metric" if r["metric"] == "good" else r["metric"] for r in metrics
+        ]
+        assert ax.patches, kind  # the band
+    assert_drawn(out)
+    assert colour_pixels(out, "#1f77b4") > 100  # the points, in C0
     texts = [t.get_text() for t in validation_figure(summary, demo=True).findobj(lambda o: hasattr(o, "get_text"))]
     assert any("DEMO DATA" in t for t in texts)
     plain = [t.get_text() for t in validation_figure(summary).findobj(lambda o: hasattr(o, "get_text"))]

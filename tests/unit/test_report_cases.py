@@ -13,7 +13,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
+from tests.figures import assert_drawn, colour_pixels, markers, record_figures, texts, titled
 from vlm_decade.core.runfolder import RunFolder
+from vlm_decade.report.figures import COLOURS
 from vlm_decade.report.samples import extremes, thumbnail_uri
 from vlm_decade.stages.describe.rows import RESPONSES_SCHEMA
 from vlm_decade.stages.images import IMAGES_SCHEMA
@@ -33,7 +35,7 @@ from vlm_decade.studies.openworld.statistics import (
 )
 
 from .pages import PAYLOAD, Page
-from .view_runs import DECADE_CONFIG, OPENWORLD_CONFIG, PREDICTIONS, SIMILARITY, decade_run, openworld_run
+from .view_runs import DECADE_CONFIG, OPENWORLD_CONFIG, PREDICTIONS, SIMILARITY, STATS, decade_run, openworld_run
 
 SCHEMAS = {
     "images": IMAGES_SCHEMA,
@@ -109,10 +111,22 @@ def test_decade_report_with_one_image(tmp_path, decade_tables):
     assert "alpha says a2 full" in page and "gold description of a2" in page
 
 
-def test_decade_report_with_one_model(tmp_path, decade_tables):
+def similarity_points(saved) -> list[tuple[float, float]]:
+    """The points of the saved similarity figure of SIM: one per model and dataset with an estimate and CI."""
+    (ax,) = titled(saved, "Similarity to the gold standard (SIM)").axes
+    return markers(ax)
+
+
+def test_decade_report_with_one_model(tmp_path, decade_tables, monkeypatch):
+    saved = record_figures(monkeypatch)
     tables = _keep(decade_tables, subject=["alpha", "human:top"])
     page = _decade(tmp_path, tables, _one_model_config())
-    assert "beta" not in page and (tmp_path / "out" / "figures" / "similarity_SIM.png").stat().st_size > 5_000
+    figure = tmp_path / "out" / "figures" / "similarity_SIM.png"
+    assert "beta" not in page and figure.stat().st_size > 5_000
+    # alpha's estimate in each dataset, side by side, each dataset in its colour.
+    assert [y for _, y in similarity_points(saved)] == [STATS["alpha", "ds-a"][0], STATS["alpha", "ds-b"][0]]
+    assert_drawn(figure)
+    assert colour_pixels(figure, COLOURS[0]) > 100 and colour_pixels(figure, COLOURS[1]) > 100
     worst = sorted((v[0], i) for i, v in SIMILARITY.items() if v[0] is not None)
     # Five scored images, fewer than the sample's size: all of them, worst first, and no "highest" table.
     assert sample(page, "alpha: lowest SIM") == [i for _, i in worst] and sample(page, "alpha: highest SIM") == []
@@ -145,13 +159,20 @@ def _without_estimates(tables: dict[str, pa.Table]) -> dict[str, pa.Table]:
     }
 
 
-def test_decade_report_with_estimates_a_budget_stop_left_null(tmp_path, decade_tables):
+def test_decade_report_with_estimates_a_budget_stop_left_null(tmp_path, decade_tables, monkeypatch):
+    saved = record_figures(monkeypatch)
     page = _decade(tmp_path, _without_estimates(decade_tables))
     assert "<td>SIM</td><td>full</td><td></td><td></td><td></td><td>3</td>" in page
     assert (tmp_path / "out" / "figures" / "similarity_SIM.png").exists()
+    (ax,) = titled(saved, "Similarity to the gold standard (SIM)").axes
+    assert markers(ax) == [] and texts(ax) == ["no model has an estimate with a CI"]
+    assert_drawn(tmp_path / "out" / "figures" / "similarity_SIM.png")
     # Partly null: the rows that have numbers still show them.
+    saved.clear()
     page = _decade(tmp_path, decade_tables)
     assert "<td>0.483</td><td>0.200</td><td>0.650</td>" in page
+    drawn = sorted(y for _, y in similarity_points(saved))
+    assert drawn == sorted(e for e, *_ in STATS.values() if e is not None)
 
 
 def test_decade_report_comparisons_with_null_numbers(tmp_path, decade_tables):
@@ -497,21 +518,37 @@ def _pixels_of(path, colour: str) -> int:
 
 
 def test_openworld_report_draws_its_figures_and_shows_ss_thresholds_a_row_per_model_and_group(
-    tmp_path, openworld_tables
+    tmp_path, openworld_tables, monkeypatch
 ):
-    from vlm_decade.studies.openworld.report import FIGURES, OUTCOME_COLOURS, outcome_counts
+    from vlm_decade.studies.openworld.report import FIGURES, GROUPS, OUTCOME_COLOURS, outcome_counts
 
     # Hand-given SS threshold shares for alpha on all images.
     shares = {"ss@0.5": 0.9, "ss@0.6": 0.8, "ss@0.7": 0.5, "ss@0.8": 0.25, "ss@0.9": 0.125, "ss@avg": 0.515}
     rows = openworld_tables["stats"].to_pylist()
     first = next(r for r in rows if r["subject"] == "alpha" and r["dataset"] == "all")
     rows += [{**first, "metric": m, "estimate": v, "ci_low": v - 0.05, "ci_high": v + 0.05} for m, v in shares.items()]
+    saved = record_figures(monkeypatch)
     text = _openworld(tmp_path, {**openworld_tables, "stats": pa.Table.from_pylist(rows, schema=STATS_B_SCHEMA)})
     page = Page(text)
     shown = [a["src"] for tag, a in page.tags if tag == "img"]
     for name, file in FIGURES.items():
         path = tmp_path / "out" / file
         assert file in shown and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+        assert_drawn(path)
+    # The metrics figure: a panel per metric, a point per model and group (percent), each group in its colour.
+    metrics = titled(saved, "Each metric per model")
+    assert [ax.get_title() for ax in metrics.axes] == ["TI", "LI", "SS", "CS"]
+    for ax in metrics.axes:
+        want = [100 * r["estimate"] for r in rows if r["dataset"] in GROUPS and r["metric"] == ax.get_title()]
+        assert sorted(y for _, y in markers(ax)) == pytest.approx(sorted(want)) and want, ax.get_title()
+    figure = tmp_path / "out" / FIGURES["metrics"]
+    assert colour_pixels(figure, COLOURS[0]) > 100 and colour_pixels(figure, COLOURS[1]) > 100
+    # The SS thresholds: alpha's curve through its shares (percent), beta none.
+    (ax,) = titled(saved, "SS at thresholds").axes
+    curve = [m for m in shares if m != "ss@avg"]
+    assert [x for x, _ in markers(ax)] == pytest.approx([float(m.split("@")[1]) for m in curve])
+    assert [y for _, y in markers(ax)] == pytest.approx([100 * shares[m] for m in curve])
+    assert colour_pixels(tmp_path / "out" / FIGURES["ss_thresholds"], COLOURS[0]) > 100
     # The thresholds table: one row for alpha's `all`, its cells the shares in percent.
     table = text[text.index("<table id='ss-thresholds'>") :]
     table = table[: table.index("</table>")]

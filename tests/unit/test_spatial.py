@@ -12,6 +12,7 @@ import pytest
 from PIL import Image
 from scipy.stats import pearsonr
 
+from tests.figures import assert_drawn, panels, record_figures
 from vlm_decade.imaging.masks import MaskConfig, MaskSpec, mask_specs, occlusion
 from vlm_decade.studies.decade.taxonomy.heatmaps import coverage_map, importance_map, scaled, write_heatmap
 from vlm_decade.studies.decade.taxonomy.spatial import (
@@ -304,17 +305,26 @@ def test_scaled_per_panel():
     assert out[0] == 0.0 and math.isnan(out[1]) and out[2] == 1.0
 
 
-def test_write_heatmap_png_grows_with_panels(tmp_path):
+def test_write_heatmap_png_grows_with_panels(tmp_path, monkeypatch):
     image = np.random.default_rng(0).integers(0, 256, size=(60, 90, 3), dtype=np.uint8)
     specs = mask_specs(MaskConfig())
     two = {"model": [0.1, 0.5, math.nan], "humans": [0.2, 0.3, 0.6]}
     three = {**two, "other": [0.3, 0.3, 0.3]}
     sizes = []
-    for name, panels in (("two.png", two), ("three.png", three)):
-        write_heatmap(image, specs, panels, tmp_path / name, title="img")
+    saved = record_figures(monkeypatch)
+    for name, values in (("two.png", two), ("three.png", three)):
+        write_heatmap(image, specs, values, tmp_path / name, title="img")
         with Image.open(tmp_path / name) as im:
             assert im.format == "PNG"
             sizes.append(im.size)
+        # A panel per profile, humans first, each the photo under its tint with a number per mask.
+        drawn = panels(saved[-1])
+        assert [ax.get_title() for ax in drawn] == ["humans", *(n for n in values if n != "humans")]
+        for ax in drawn:
+            photo, tint = ax.get_images()
+            assert (photo.get_array() == image).all() and tint.get_array()[..., 3].max() > 0
+            assert len(ax.texts) == len(specs)
+        assert_drawn(tmp_path / name, min_colours=1000)  # the photo's own colours, tinted
     (w2, h2), (w3, h3) = sizes
     assert h2 == h3
     # One more panel adds about one panel's width (3:2 image, 3.2 in high at 120 dpi: ~576 px).

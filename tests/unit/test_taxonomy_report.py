@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 
-import matplotlib.image as mpimg
 import matplotlib.pyplot as plt
 import pyarrow as pa
 import pytest
 
+from tests.figures import AREA, assert_drawn, bar_heights, colour_pixels, panels, record_figures, texts, titled
 from vlm_decade.core.runfolder import RunFolder
+from vlm_decade.report.figures import COLOURS
 from vlm_decade.stats import COMPARISONS_SCHEMA, STATS_SCHEMA
 from vlm_decade.studies import study_from_dict
 from vlm_decade.studies.decade.taxonomy.analysis import ERRORS_SCHEMA, NO_ERROR
@@ -69,10 +70,20 @@ def stat(subject, dataset, metric, estimate, lo=None, hi=None, n=1):
     }
 
 
-def drawn(path):
-    image = mpimg.imread(path)
-    assert image.shape[0] > 100 and image.shape[1] > 100
-    return image
+def assert_error_rates(fig, path, models, rows) -> None:
+    """The error-rate figure as saved at `path`: a panel per error type, each with a bar for every
+    model's rate the rows give (the first dataset's in the first colour, drawn large in the PNG), and
+    a panel without one saying so."""
+    rates = {t: [r["estimate"] for r in rows if r["metric"] == t and r["subject"] in models] for t in TYPES}
+    rates = {t: sorted(e for e in estimates if e is not None) for t, estimates in rates.items()}
+    assert len(panels(fig)) == len(TYPES)
+    for ax, error_type in zip(panels(fig), TYPES):
+        assert sorted(bar_heights(ax)) == pytest.approx(rates[error_type]), error_type
+        assert texts(ax) == ([] if rates[error_type] else ["no decided labels"]), error_type
+    assert_drawn(path)
+    first = sorted({r["dataset"] for r in rows})[:1]
+    drawn = any(r["estimate"] is not None and r["subject"] in models and r["dataset"] in first for r in rows)
+    assert (colour_pixels(path, COLOURS[0]) > AREA) == drawn
 
 
 @pytest.mark.parametrize(
@@ -91,17 +102,18 @@ def drawn(path):
         ],  # an unknown subject
     ],
 )
-def test_the_error_rate_figure_draws_whatever_the_table_holds(tmp_path, rows):
+def test_the_error_rate_figure_draws_whatever_the_table_holds(tmp_path, rows, monkeypatch):
+    saved = record_figures(monkeypatch)
     error_rate_figure(rows, make_study(), tmp_path / "rates.png")
-    drawn(tmp_path / "rates.png")
+    assert_error_rates(saved[0], tmp_path / "rates.png", ["m1"], rows)
 
 
-def test_the_error_rate_figure_with_no_model(tmp_path):
+def test_the_error_rate_figure_with_no_model(tmp_path, monkeypatch):
     study = make_study()
-    error_rate_figure(
-        [stat("m1", "d1", "detection", 0.5, 0.4, 0.6)], study.model_copy(update={"models": ()}), tmp_path / "r.png"
-    )
-    drawn(tmp_path / "r.png")
+    saved = record_figures(monkeypatch)
+    rows = [stat("m1", "d1", "detection", 0.5, 0.4, 0.6)]
+    error_rate_figure(rows, study.model_copy(update={"models": ()}), tmp_path / "r.png")
+    assert_error_rates(saved[0], tmp_path / "r.png", [], rows)
 
 
 def test_the_error_rate_figure_is_large_and_its_legend_clear_of_every_bar():
@@ -185,9 +197,17 @@ def test_the_section_says_why_there_is_no_heat_map_where_the_heat_maps_would_be(
         ],
     ],
 )
-def test_the_impact_figure_draws_whatever_the_table_holds(tmp_path, rows):
+def test_the_impact_figure_draws_whatever_the_table_holds(tmp_path, rows, monkeypatch):
+    saved = record_figures(monkeypatch)
     impact_figure(rows, "SI", True, tmp_path / "impact.png")
-    drawn(tmp_path / "impact.png")
+    (ax,) = saved[0].axes
+    # A grey bar per error type with an estimate, in the order of the types; pairs with no error a dashed line.
+    by = {r["subject"]: r["estimate"] for r in rows if r["estimate"] is not None}
+    assert bar_heights(ax) == pytest.approx([by[f"error:{t}"] for t in TYPES if f"error:{t}" in by])
+    dashed = [line.get_ydata()[0] for line in ax.lines if line.get_linestyle() == "--"]
+    assert dashed == ([by[NO_ERROR]] if NO_ERROR in by else [])
+    assert_drawn(tmp_path / "impact.png")
+    assert (colour_pixels(tmp_path / "impact.png", "#7f7f7f") > AREA) == any(s != NO_ERROR for s in by)
 
 
 def spatial_row(subject, image_id, sde, reason=""):
@@ -278,10 +298,11 @@ def section_tables(tmp_path, model="m1", said="a dog", errors=()) -> dict[str, p
     }
 
 
-def test_the_whole_section_on_empty_tables(tmp_path):
+def test_the_whole_section_on_empty_tables(tmp_path, monkeypatch):
+    saved = record_figures(monkeypatch)
     page = taxonomy_section(RunFolder(tmp_path), make_study(), section_tables(tmp_path))
     assert "<h2>Errors</h2>" in page and (tmp_path / "errors.html").is_file()
-    drawn(tmp_path / "figures" / "error_rates.png")
+    assert_error_rates(titled(saved, "Error rates"), tmp_path / "figures" / "error_rates.png", ["m1"], [])
 
 
 def test_markup_in_a_model_name_its_answer_and_a_hand_label_is_shown_as_text(tmp_path):

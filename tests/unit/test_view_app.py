@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from starlette.testclient import TestClient
 
+from tests.figures import assert_drawn
 from vlm_decade.core import runfolder
 from vlm_decade.core.errors import InputError
 from vlm_decade.view import decade
@@ -149,6 +150,7 @@ def test_pictures_are_made_on_demand_and_cached_in_the_run(app_a, run_a):
     assert masked.status_code == 200 and masked.headers["content-type"] == "image/jpeg"
     heat = app_a.get("/heatmap/a1")
     assert heat.status_code == 200 and heat.content[:4] == b"\x89PNG"
+    assert_drawn(heat.content)
     assert app_a.get("/picture/m9/a1").status_code == 404
     assert app_a.get("/picture/thumb/nope").status_code == 404
 
