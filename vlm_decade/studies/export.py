@@ -1,9 +1,12 @@
 """What both studies' exports share (`vlm-decade export`): a DuckDB connection over a run folder's
-Parquet tables, the tidy table a study's query gives, and how it is written (Parquet, or CSV made
-spreadsheet-safe by the one CSV writer). Each study's `export` module says what its table holds."""
+Parquet tables, the user's metadata columns joined by image_id (each by its own name, or
+`metadata:<name>` where the export has a column of that name already), and how the tidy table is
+written (Parquet, or CSV made spreadsheet-safe by the one CSV writer). Each study's `export` module
+says what its table holds."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 
 import duckdb
@@ -54,6 +57,30 @@ def connect(folder: RunFolder, required: tuple[str, ...], optional: tuple[str, .
 
 def columns(connection: duckdb.DuckDBPyConnection, table: str) -> list[str]:
     return [row[0] for row in connection.execute(f"DESCRIBE {identifier(table)}").fetchall()]
+
+
+METADATA = "metadata"
+METADATA_PREFIX = "metadata:"  # a metadata column whose name the export already has
+
+
+def metadata_columns(connection: duckdb.DuckDBPyConnection, taken: Collection[str]) -> tuple[str, str]:
+    """The user's metadata columns (the run's `metadata` table, joined by image_id) as a select list
+    and its join: each by its own name, in the table's order, or `metadata:<name>` where `taken` (the
+    export's other columns) or an earlier metadata column has that name. A run folder without the
+    table (written before it was kept) gives neither."""
+    if not connection.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = ?", [METADATA]).fetchall()[0][0]:
+        return "", ""
+    named = set(taken)
+    select = ""
+    for source in columns(connection, METADATA):
+        if source == "image_id":
+            continue
+        name = source
+        while name in named:
+            name = METADATA_PREFIX + name
+        named.add(name)
+        select += f", m.{identifier(source)} AS {identifier(name)}"
+    return select, "LEFT JOIN metadata m ON m.image_id = r.image_id"
 
 
 def joined_lists(table: pa.Table) -> pa.Table:
