@@ -36,6 +36,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from vlm_decade.testing.fake_gemini import gemini_answer, gemini_embed_answer, gemini_usage
+from vlm_decade.testing.fake_log import Received
+from vlm_decade.testing.fake_openai import openai_chat_answer, openai_embed_answer, openai_usage
+
 GEMINI_STATE = {
     "validating": "BATCH_STATE_PENDING",
     "in_progress": "BATCH_STATE_RUNNING",
@@ -266,20 +270,9 @@ class BatchStore:
             self._result_files(batch)
 
     def _answer(self, batch: FakeBatch, key: str, body: dict) -> tuple[str, dict | None, dict | None]:
-        from vlm_decade.testing.fake_api import (
-            Received,
-            gemini_answer,
-            gemini_embed_answer,
-            openai_chat_answer,
-            openai_embed_answer,
-            usage_of,
-        )
-
         fake = self.fake
         digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
-        with fake.lock:
-            seen = fake._seen[("batch", digest)]
-            fake._seen[("batch", digest)] += 1
+        seen = fake.attempt(("batch", digest))
         failed = (
             np.random.default_rng([fake.faults.seed, int(digest[:15], 16), seen + 1]).random()
             < fake.faults.batch_line_fail_rate
@@ -301,18 +294,18 @@ class BatchStore:
             answer = None
         elif batch.provider == "openai" and batch.endpoint == "/v1/embeddings":
             answer, error = openai_embed_answer(body), None
-            record.model, record.input_tokens, record.output_tokens = usage_of("openai.embeddings", answer, body, "")
+            record.model, record.input_tokens, record.output_tokens = openai_usage("openai.embeddings", answer, body)
         elif batch.provider == "openai":
-            answer, error = openai_chat_answer(fake, body), None
-            record.model, record.input_tokens, record.output_tokens = usage_of("openai.chat", answer, body, "")
+            answer, error = openai_chat_answer(fake.answer, body), None
+            record.model, record.input_tokens, record.output_tokens = openai_usage("openai.chat", answer, body)
         elif batch.endpoint == "/v1/embeddings":
             answer, error = gemini_embed_answer(body, "embedContent"), None
-            record.model, record.input_tokens, record.output_tokens = usage_of(
+            record.model, record.input_tokens, record.output_tokens = gemini_usage(
                 "gemini.embed", answer, body, batch.model
             )
         else:
-            answer, error = gemini_answer(fake, body, batch.model), None
-            record.model, record.input_tokens, record.output_tokens = usage_of(
+            answer, error = gemini_answer(fake.answer, body, batch.model), None
+            record.model, record.input_tokens, record.output_tokens = gemini_usage(
                 "gemini.generate", answer, body, batch.model
             )
         with fake.lock:
