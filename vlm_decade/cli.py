@@ -21,7 +21,7 @@ from pathlib import Path
 import typer
 
 from vlm_decade.core.errors import ENVIRONMENT_EXIT, INPUT_EXIT, RUN_FAILED_EXIT, InputError, Problem, os_failure
-from vlm_decade.core.progress import collapsed, console, shape
+from vlm_decade.core.progress import console, counted, problem_lines
 
 # Each stage shows its own progress; the model libraries' loading bars would only interleave with it.
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -35,15 +35,14 @@ def _fail(exc: InputError, study_file: Path | None = None, every: bool = False) 
     (`every`: all of them). Nothing is written: a refused command leaves no file behind."""
     if study_file is not None:
         exc = exc.located(study_file)
-    lines = [f"  - {problem}" for problem in exc.problems]
-    shown = lines if every else collapsed(((p.file, p.field, shape(p.message)), s) for p, s in zip(exc.problems, lines))
+    shown = problem_lines(exc.problems, every)
     err.print(
-        f"[bold red]{len(exc.problems)} problem(s) in the input; nothing was run or written:[/bold red]",
+        f"[bold red]{counted(len(exc.problems), 'problem')} in the input; nothing was run or written:[/bold red]",
         highlight=False,
     )
     for line in shown:
         err.print(line, highlight=False, markup=False)
-    if len(shown) < len(lines):
+    if len(shown) < len(exc.problems):
         listing = f"vlm-decade validate {shlex.quote(str(study_file))} --all" if study_file else "validate --all"
         err.print(f"every one of them: {listing}", highlight=False, markup=False)
     raise typer.Exit(INPUT_EXIT)

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from vlm_decade.core.errors import ENVIRONMENT_EXIT, INPUT_EXIT, RUN_FAILED_EXIT, InputError, Problem, os_failure
+from vlm_decade.core.progress import counted, problem_lines
 from vlm_decade.core.storage import Mirror, is_uri
 
 
@@ -111,9 +112,9 @@ def main(kind: str, description: str, argv: list[str] | None = None) -> int:
         folder = pipeline_of(study).run(study)
     except InputError as exc:
         exc = exc.located(args.config) if args.config is not None else exc
-        print(f"{len(exc.problems)} problem(s) in the input; nothing was run or written:", file=sys.stderr)
-        for problem in exc.problems:
-            print(f"  - {problem}", file=sys.stderr)
+        print(f"{counted(len(exc.problems), 'problem')} in the input; nothing was run or written:", file=sys.stderr)
+        for line in problem_lines(exc.problems, every=True):  # a job's log holds every one
+            print(line, file=sys.stderr)
         return INPUT_EXIT
     except OSError as exc:
         status, message = os_failure(exc, Path(study.output) if study is not None else None)

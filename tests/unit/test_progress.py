@@ -1,12 +1,17 @@
 """What the person watching is told: progress per model with rate and time left, plain lines off a
-terminal, no hard wrapping, and repeated messages collapsed."""
+terminal, no hard wrapping, repeated messages collapsed whatever their quoting (in row order), and
+counts with their nouns in the right number."""
 
 import io
 import re
 
+from PIL import Image
 from rich.console import Console
+from typer.testing import CliRunner
 
-from vlm_decade.core.progress import Reporter, collapsed, console, progress_line, shape
+from vlm_decade.cli import app
+from vlm_decade.core.errors import Problem
+from vlm_decade.core.progress import Reporter, collapsed, console, counted, problem_lines, progress_line, shape
 
 
 def test_progress_line_says_count_share_rate_and_time_left():
@@ -33,6 +38,65 @@ def test_a_message_on_many_rows_is_shown_a_few_times_then_counted():
     assert shape("image 'coffee' has no 'full' description") != shape("image 'coffee' has no file")
     few = [("k", f"line {i}") for i in range(5)]
     assert collapsed(few, shown=3, least=5) == [line for _, line in few]  # five is not collapsed
+
+
+def test_one_kind_of_problem_is_collapsed_whatever_its_quoting_in_row_order():
+    """900 rows of one problem whose message holds an unquoted path, collected in file order (rows 2,
+    302, 602, 3, ...): three lines in row order, then the count."""
+    problems = [
+        Problem("/data/images.csv", f"image file not found: /data/imgs/img_{row - 2:04d}.png", row, "file")
+        for start in range(2, 302)
+        for row in (start, start + 300, start + 600)
+    ]
+    problems.insert(450, Problem("study file", "'encoders' is empty", field="encoders"))
+    assert problem_lines(problems) == [
+        "  - /data/images.csv, row 2, field 'file': image file not found: /data/imgs/img_0000.png",
+        "  - /data/images.csv, row 3, field 'file': image file not found: /data/imgs/img_0001.png",
+        "  - /data/images.csv, row 4, field 'file': image file not found: /data/imgs/img_0002.png",
+        "    ... and 897 more rows like it",
+        "  - study file, field 'encoders': 'encoders' is empty",
+    ]
+    every = problem_lines(problems, every=True)
+    assert len(every) == 901 and every[:2] == [f"  - {problems[0]}", f"  - {problems[3]}"]
+    assert shape("/a/img_1.png has transparent pixels") == shape("/b c/x-2.png has transparent pixels")
+    assert shape("image file not found: /a/1.png") != shape("/a/1.png has transparent pixels")
+
+
+def test_validate_collapses_900_transparent_images_and_900_wrong_paths(tmp_path):
+    """`data.background: none` with 900 transparent images, and a `file` column with a wrong prefix on
+    900 more: each kind shown three times in row order, then counted."""
+    (tmp_path / "images").mkdir()
+    rows, descriptions = ["image_id,dataset,file"], ["description_id,image_id,worker_id,condition,text"]
+    for i in range(1800):
+        folder = "images" if i < 900 else "imgs"  # the last 900 name a folder that is not there
+        if i < 900:
+            Image.new("RGBA", (2, 2), (255, 0, 0, 0)).save(tmp_path / "images" / f"img_{i:04d}.png")
+        rows.append(f"img_{i:04d},coco,{folder}/img_{i:04d}.png")
+        descriptions += [f"d{i}_{k},img_{i:04d},w{k},full,a red ball {k}" for k in range(3)]
+    (tmp_path / "images.csv").write_text("\n".join(rows) + "\n")
+    (tmp_path / "descriptions.csv").write_text("\n".join(descriptions) + "\n")
+    (tmp_path / "answers.csv").write_text("image_id,variant,text\nimg_0000,full,a ball\n")
+    study = tmp_path / "study.yaml"
+    study.write_text(
+        "name: many\ndata: {images: images.csv, image_dir: ., descriptions: descriptions.csv, background: none}\n"
+        "models:\n  - {name: m, backend: imported, model_id: m, era: pre-mllm, options: {file: answers.csv}}\n"
+        "encoders:\n  - name: SBERT-SI\n"
+    )
+    done = CliRunner().invoke(app, ["validate", str(study)], terminal_width=1000)
+    lines = done.output.splitlines()
+    assert done.exit_code == 2 and lines[0] == "1800 problems in the input; nothing was run or written:"
+    table = tmp_path / "images.csv"
+    assert [re.sub(r": .*", "", line) for line in lines[1:9]] == [
+        f"  - {table}, row {row}, field 'file'" if row else "    ... and 897 more rows like it"
+        for row in (2, 3, 4, None, 902, 903, 904, None)
+    ]
+    assert "has transparent pixels" in lines[3] and lines[7].endswith(f"not found: {tmp_path}/imgs/img_0902.png")
+    assert lines[9:] == [f"every one of them: vlm-decade validate {study} --all"]
+
+
+def test_a_count_has_its_noun_in_the_right_number():
+    assert [counted(n, "problem") for n in (0, 1, 2)] == ["0 problems", "1 problem", "2 problems"]
+    assert counted(1, "dataset") == "1 dataset" and counted(3, "class", "classes") == "3 classes"
 
 
 def plain_reporter() -> tuple[Reporter, io.StringIO]:

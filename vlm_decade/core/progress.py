@@ -1,5 +1,7 @@
 """What the person watching is told: stage lines, progress per model with its rate and time left, and
-long lists of messages with the repeats collapsed.
+long lists of messages with the repeats collapsed: the input's problems by file and row, one kind of
+problem on many rows (the same message but for its paths, numbers, names and quoted values) shown
+a few times and counted.
 
 On a terminal, rich progress bars; elsewhere (CI logs, `ray job logs`, a pipe) plain lines, one at
 each tenth of the work (or a minute at most), and no line is ever hard-wrapped (`console`): a path
@@ -10,7 +12,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Sequence
 from contextlib import contextmanager
 
 from rich.console import Console
@@ -23,11 +25,16 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from vlm_decade.core.errors import Problem
+
 # A message repeated on more than COLLAPSE_FROM rows is shown SHOWN times, then counted.
 COLLAPSE_FROM = 5
 SHOWN = 3
 PLAIN_EVERY_S = 60.0  # off a terminal, a progress line at least this often
-_QUOTED = re.compile(r"'[^']*'")
+# The variable parts of a message, quoted or not: quoted text, paths, numbers, and names holding a digit
+# or joined by `.`, `_`, `-` or `:` (img_0001, coco_1, data.background); the rest is the kind of problem.
+_VARIABLE = re.compile(r"""'[^']*'|"[^"]*"|`[^`]*`|\S*[/\\]\S*|\S*\d\S*|\w+(?:[._:-]\w+)+""")
+_MASKS = re.compile(r"…(?:\s*…)+")
 
 
 def console(stderr: bool = True) -> Console:
@@ -55,10 +62,28 @@ def collapsed(items: Iterable[tuple[Hashable, str]], shown: int = SHOWN, least: 
     return lines
 
 
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """'1 problem', '900 problems': a count with its noun in the right number."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
 def shape(message: str) -> str:
-    """A message with its quoted values blanked: the messages of one kind of problem on many rows
-    ("image 'coffee' has no 'full' description") share it."""
-    return _QUOTED.sub("'…'", message)
+    """A message with its variable parts masked: the messages of one kind of problem on many rows
+    ("image 'coffee' has no 'full' description", "/data/img_0007.png has transparent pixels")
+    share it, whatever their quoting. Masks side by side are one: a path with a space is one value."""
+    return _MASKS.sub("…", _VARIABLE.sub("…", message))
+
+
+def problem_lines(problems: Sequence[Problem], every: bool = False) -> list[str]:
+    """Each problem as a line, by file (in the order the files first come) then row; unless `every`,
+    one kind of problem (its file, field and message's `shape`) on more than COLLAPSE_FROM rows is
+    shown SHOWN times and counted."""
+    files: dict[str, int] = {}
+    for problem in problems:
+        files.setdefault(problem.file, len(files))
+    ordered = sorted(problems, key=lambda p: (files[p.file], p.row or 0))
+    items = [((p.file, p.field, shape(p.message)), f"  - {p}") for p in ordered]
+    return [line for _, line in items] if every else collapsed(items)
 
 
 def progress_line(description: str, done: int, total: int, seconds: float) -> str:

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from vlm_decade.core.errors import InputError, Problem, Problems
-from vlm_decade.core.progress import Reporter
+from vlm_decade.core.progress import Reporter, counted
 from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.core.runner import Stage, given, release_memory, run_study
 from vlm_decade.core.runtime import LazyRay
@@ -168,7 +168,7 @@ def _run(study: StudyConfig, reporter: Reporter, ray: LazyRay) -> RunFolder:
     if study.taxonomy is not None:
         stages += taxonomy.stages(study, data.hand_labels)
     stages.append(report.stage(study, data.ranking_method, [t for s in stages for t in s.tables]))
-    summary = f": {data.images.num_rows} images, {len(study.models)} models"
+    summary = f": {counted(data.images.num_rows, 'image')}, {counted(len(study.models), 'model')}"
     warnings, ranking = input_warnings(study, data), data.ranking_method
     del data  # its tables live on in their stages only until written: later stages read the run folder's
     masks = [asdict(s) for s in mask_specs(study.masks)]
@@ -235,8 +235,9 @@ def summary(study: StudyConfig, data: StudyData) -> tuple[str, list[str]]:
     """What `validate` says of a study that passed its checks, and its warnings (`input_warnings`)."""
     datasets = sorted(set(data.images.column("dataset").to_pylist()))
     return (
-        f"{data.images.num_rows} images in {len(datasets)} datasets ({', '.join(datasets)}), "
-        f"{data.references.num_rows} human descriptions, {len(study.models)} models; gold standard by "
+        f"{counted(data.images.num_rows, 'image')} in {counted(len(datasets), 'dataset')} ({', '.join(datasets)}), "
+        f"{counted(data.references.num_rows, 'human description')}, {counted(len(study.models), 'model')}; "
+        "gold standard by "
         + ", ".join(f"{d}: {m}" for d, m in sorted(data.ranking_method.items()))
         + transparency_note(data.images)
     ), input_warnings(study, data)

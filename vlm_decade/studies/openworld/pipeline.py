@@ -11,7 +11,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from vlm_decade.core.errors import InputError, Problem
-from vlm_decade.core.progress import Reporter
+from vlm_decade.core.progress import Reporter, counted
 from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.core.runner import given, run_study
 from vlm_decade.core.smoke import first_images
@@ -80,7 +80,7 @@ def run(study: OpenWorldStudyConfig, reporter: Reporter | None = None) -> RunFol
         statistics.stage(study, data.granularity),
         report.stage(study, no_judge),
     ]
-    summary = f" (Study B): {data.images.num_rows} images, {len(study.models)} models"
+    summary = f" (Study B): {counted(data.images.num_rows, 'image')}, {counted(len(study.models), 'model')}"
     notes = ([f"LI skipped: {no_judge}"] if no_judge is not None else []) + incomplete_models(study, data)
     granularity = data.granularity
     del data  # its tables live on in their stages only until written: later stages read the run folder's
@@ -108,8 +108,9 @@ def summary(study: OpenWorldStudyConfig, data: OpenWorldData) -> tuple[str, list
     datasets = sorted(set(data.images.column("dataset").to_pylist()))
     no_judge = judge_unavailable(study)
     text = (
-        f"Study B, {data.images.num_rows} labelled images in {len(datasets)} datasets "
-        f"({', '.join(f'{d}: {data.granularity[d]}' for d in datasets)}), {len(study.models)} models, {len(study.prompts)} prompts"
+        f"Study B, {counted(data.images.num_rows, 'labelled image')} in {counted(len(datasets), 'dataset')} "
+        f"({', '.join(f'{d}: {data.granularity[d]}' for d in datasets)}), {counted(len(study.models), 'model')}, "
+        f"{counted(len(study.prompts), 'prompt')}"
     ) + transparency_note(data.images)
     return text, ([f"LI will be skipped: {no_judge}"] if no_judge else []) + incomplete_models(study, data)
 
