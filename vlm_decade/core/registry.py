@@ -1,5 +1,20 @@
 """The one registry mechanism: a name maps to "module:Class", imported only when first asked for,
-so a study pulls in only the optional dependencies of what it uses (backends, encoders, metrics)."""
+so a study pulls in only the optional dependencies of what it uses (backends, encoders, metrics).
+
+A registry and a registration, as the text encoders' (`vlm_decade.models.encoders`):
+
+    ENCODERS = Registry(
+        "encoder backend",
+        {
+            "sentence-transformers": "vlm_decade.models.encoders.sbert:SentenceTransformerEncoder",
+            ...
+        },
+    )
+    ENCODERS.load("sentence-transformers")  # the class, its module imported now
+
+An unknown name is a KeyError that says the registry's `kind`, the closest known name and every
+name (`core.names.did_you_mean`); docs/extending.md says what each registry's classes offer.
+"""
 
 from __future__ import annotations
 

@@ -2,36 +2,20 @@
 
 Both studies' data loaders call `check_images` on their table's rows (image_id, dataset, file); the
 result becomes the run folder's `images` table (image_id, dataset, path, sha256, width, height,
-mode, background). Each file is decoded as the models will see it (`vlm_decade.imaging.decode`):
-width and height are those of the upright image, `mode` is the file's own pixel mode, `background`
-the colour (#rrggbb) its transparent pixels are composited onto (null for an image without
-transparency; tables written before it lack the column: read it as null), and a file that cannot be
-converted to 8-bit RGB faithfully, or is no regular file (a FIFO would block), is refused here, as is
-an image with transparency when the study's `data.background` is `none`.
-
-Reading and hashing every image again on every run would cost minutes at a million images, so what a
-check found is kept in the run folder (`ImageCache`, `.cache/images.parquet`) under the file's path,
-size and modification time: a later check reuses it while those three are unchanged, and reads the
-file again otherwise (or always, with `runtime.rehash`).
-
-The files the cache does not know are read, decoded and hashed on a pool of threads in the driver,
-as many as Python's default (cores + 4, at most 32): reading, Pillow's decoders, zlib and sha256
-release the GIL, so the threads use every core and overlap a bucket's latency. Small local images
-are the exception: their check is mostly Python, which holds the GIL, and threads taking turns at it
-were twice as slow as one thread (32x32 PNGs, benchmarks/image_checks.py). So the first few files of
-each chunk are checked in the calling thread and timed, and the rest go to the pool of threads only
-when those took longer than `SERIAL_BELOW_S` each (an object store's files always do: reading them
-is waiting). Quick ones are checked in the calling thread, or on a pool of processes, one per core
-(`_Processes`), once `PROCESSES_FROM` or more are left in a chunk: started once a check, from a
-forkserver that has imported this module: no process pays the imports of its own (a spawned one
-pays them, and at 2,000 images such a pool was no faster than one thread), and none is forked from
-the driver, whose other threads may hold a lock that a fork would copy held. Not Ray tasks:
-`validate` checks the images without starting Ray, and a run checks them before it starts Ray, so
-that bad input is refused in seconds. The cache times the checks and shows their progress
-(`ImageCache.seconds`, `track`), which the `images` stage reports as its time.
-
-`image_dir` may be a local folder or an object-storage URI (`vlm_decade.core.storage`); the `path`
-column then holds each image's URI, which the workers read directly.
+mode, background; a table written before `background` reads it as null). Each file is decoded as
+the models will see it (`vlm_decade.imaging.decode`), and one that cannot be converted to 8-bit RGB
+faithfully, is no regular file (a FIFO would block), or has transparency when the study's
+`data.background` is `none`, is refused here. What a check found is kept in the run folder
+(`ImageCache`, `.cache/images.parquet`) by the file's path, size and modification time, so a later
+check reads only new or changed files (every file with `runtime.rehash`). Those are checked in the
+driver, not in Ray tasks, so that `validate` and a run refuse bad input before Ray starts. The first
+`PROBE` files of each chunk are timed: a small local image's check is mostly Python, which holds the
+GIL, so a chunk of quick ones (under `SERIAL_BELOW_S` each) is checked in the calling thread or,
+from `PROCESSES_FROM` left, on a pool of processes (`_Processes`, from a forkserver that has
+imported this module, so none pays the imports and none is forked from the driver, whose threads
+may hold a lock); slower files, and an object store's (`image_dir` may be a URI,
+`vlm_decade.core.storage`), whose reading is waiting, go to a pool of threads. The checks' time and
+progress are the `images` stage's (`ImageCache.seconds`, `track`).
 """
 
 from __future__ import annotations
