@@ -375,7 +375,9 @@ def report(run_dir: str = typer.Argument(..., help=RUN_DIR_HELP)) -> None:
         raise typer.Exit(INPUT_EXIT)
     if folder.mirror is not None:
         folder.mirror.push()
-    err.print(f"report: {folder.location}/report.html")
+    # As `run` says it: a folder's absolute path, whatever path the command was given.
+    where = folder.location if folder.mirror is not None else folder.root.absolute()
+    err.print(f"report: {where}/report.html")
 
 
 @app.command()

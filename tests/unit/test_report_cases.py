@@ -651,3 +651,55 @@ def test_the_rows_of_sampled_images_are_read_from_the_row_groups_that_can_hold_t
     assert got.equals(table.filter(pc.is_in(table.column("image_id"), value_set=pa.array(ids, pa.string()))))
     expected = sorted({int(i[3:5]) // 2 for i in ids if len(i) == 5})
     assert read_groups == ([expected] if expected else [])
+
+
+def test_openworld_report_says_which_tables_are_percentages_and_which_cosines(tmp_path, openworld_tables):
+    """The header says the tables of means are percentages and the tables of single predictions are on
+    the metrics' own scale; the cells are so: a mean CS x 100 in the main table, a prediction's CS as it is."""
+    page = Page(_openworld(tmp_path, openworld_tables))
+    header = " ".join(page.sections[""].split())
+    assert (
+        "tables of means (main table, per dataset, SS at thresholds, error types, prompt ablation) are percentages"
+        in header
+    )
+    assert "the tables of single predictions (predictions, error-type examples) are on the metrics' own scale" in header
+    cs = next(r for r in openworld_tables["stats"].to_pylist() if r["metric"] == "CS" and r["dataset"] == "all")
+    assert f"{100 * cs['estimate']:.1f} [" in page.sections["Main table"]
+    lowest = min(p[2] for (m, _), p in PREDICTIONS.items() if m == "alpha")  # alpha's lowest CS, from view_runs
+    assert f"{lowest:.3f}" in page.sections["Predictions"] and f"{100 * lowest:.1f}" not in page.sections["Predictions"]
+
+
+def test_openworld_report_without_a_judge_says_why_every_outcome_is_unjudged(tmp_path, openworld_tables):
+    judged = Page(_openworld(tmp_path / "judged", openworld_tables))
+    assert not any(a.get("id") == "outcomes-unjudged" for _, a in judged.tags)
+    predictions = openworld_tables["predictions"]
+    predictions = predictions.set_column(
+        predictions.schema.get_field_index("outcome"), "outcome", pa.array(["unjudged"] * predictions.num_rows)
+    ).set_column(predictions.schema.get_field_index("LI"), "LI", pa.nulls(predictions.num_rows, pa.float64()))
+    stats = openworld_tables["stats"]
+    stats = stats.filter(
+        pc.invert(pc.or_(pc.equal(stats.column("metric"), "LI"), pc.starts_with(stats.column("metric"), "outcome:")))
+    )
+    tables = {**openworld_tables, "predictions": predictions, "stats": stats}
+    page = Page(_openworld(tmp_path, tables, no_judge="no judge model is configured (study file, field 'judge')"))
+    assert any(a.get("id") == "outcomes-unjudged" for _, a in page.tags)
+    figures = " ".join(page.sections["Figures"].split())
+    assert (
+        "Every prediction is unjudged, one grey bar per model: no LI judge ran (no judge model is configured" in figures
+    )
+
+
+def test_the_report_command_names_the_report_by_its_absolute_path(tmp_path, monkeypatch):
+    """`report run` from the run's parent folder says the report's absolute path, as `run` does."""
+    from types import SimpleNamespace
+
+    from typer.testing import CliRunner
+
+    from vlm_decade.cli import app
+
+    openworld_run(tmp_path / "run")
+    redrawn = SimpleNamespace(redraw_report=lambda folder, study: [])  # the drawing itself is tested above
+    monkeypatch.setattr("vlm_decade.studies.pipeline_of", lambda study: redrawn)
+    monkeypatch.chdir(tmp_path)
+    done = CliRunner().invoke(app, ["report", "run"], terminal_width=1000)
+    assert done.exit_code == 0 and done.output.splitlines() == [f"report: {tmp_path}/run/report.html"]
