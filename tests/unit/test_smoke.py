@@ -1,6 +1,7 @@
 """A smoke run (`run --limit N`): the first N images of each dataset and what refers to them, its own
 run folder, and no resuming across the two kinds of run."""
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -49,3 +50,44 @@ def test_the_report_says_it_is_a_smoke_run():
     assert "Only the first 4 images of each" in str(macros.smoke({"limit": 4}))
     assert "Only the first 1 image of each" in str(macros.smoke({"limit": 1}))
     assert str(macros.smoke({"limit": None})).strip() == ""
+
+
+def test_a_smoke_run_reads_only_the_images_it_runs(tmp_path):
+    """`run --limit 2` on 30 images in two datasets, listed in no particular order: only the first two
+    of each dataset in image_id order are read (the progress counts 4), so an unreadable file among
+    the others refuses nothing, and the data is that of those four images."""
+    from PIL import Image
+
+    from vlm_decade.stages.images import ImageCache
+    from vlm_decade.studies import load_study
+    from vlm_decade.studies.decade import pipeline
+
+    ids = [f"img{i:02d}" for i in range(30)]
+    dataset = {i: ("coco", "csb")[n % 2] for n, i in enumerate(ids)}
+    taken = ["img00", "img01", "img02", "img03"]  # the first two of coco (00, 02) and of csb (01, 03)
+    for i in ids:
+        if i in taken:
+            Image.new("RGB", (4, 4), (200, 0, 0)).save(tmp_path / f"{i}.png")
+        else:
+            (tmp_path / f"{i}.png").write_text("not an image: read, it would be refused")
+    rows = [f"{i},{dataset[i]},{i}.png" for i in reversed(ids)]
+    (tmp_path / "images.csv").write_text("image_id,dataset,file\n" + "\n".join(rows) + "\n")
+    texts = [f"{i}-{k},{i},w{k},full,a red square {k}" for i in ids for k in range(3)]
+    (tmp_path / "descriptions.csv").write_text("description_id,image_id,worker_id,condition,text\n" + "\n".join(texts))
+    (tmp_path / "answers.csv").write_text("image_id,variant,text\n" + "\n".join(f"{i},full,red" for i in ids))
+    (tmp_path / "study.yaml").write_text(
+        "name: smoke\ndata: {images: images.csv, image_dir: ., descriptions: descriptions.csv}\n"
+        "models:\n  - {name: m, backend: imported, model_id: m, era: pre-mllm, options: {file: answers.csv}}\n"
+        "encoders:\n  - name: SBERT-SI\n"
+    )
+    study = load_study(tmp_path / "study.yaml").model_copy(update={"limit": 2})
+    totals = []
+
+    def track(description, total):
+        totals.append(total)
+        return nullcontext(lambda n=1: None)
+
+    data = pipeline.check(study, ImageCache(track=track))
+    assert totals == [4]
+    assert data.images.column("image_id").to_pylist() == taken
+    assert sorted(set(data.references.column("image_id").to_pylist())) == taken

@@ -49,6 +49,7 @@ from vlm_decade.core.errors import Problems
 from vlm_decade.core.files import atomic_file, atomic_write_bytes
 from vlm_decade.core.names import did_you_mean
 from vlm_decade.core.parquet import table_bytes, write_table
+from vlm_decade.core.smoke import first_rows_per_dataset
 from vlm_decade.core.tables import Table
 from vlm_decade.imaging.decode import NO_BACKGROUND, WHITE, ImageDecodeError, decode_image
 
@@ -245,10 +246,13 @@ def check_images(
     cache: ImageCache | None = None,
     background: str = WHITE,
     workers: int | None = None,
+    limit: int | None = None,
 ) -> pa.Table:
     """Every row's image, read and measured (on `workers` threads: `ImageCache.inspect`), as a
     CHECKED_SCHEMA table; `background` (#rrggbb, or `none` to refuse images with transparency) is
-    the study's `data.background`."""
+    the study's `data.background`. `limit` (a smoke run's, `run --limit`): only the images the run
+    takes, the first `limit` of each dataset in image_id order (`core.smoke`), are read; the other
+    rows are checked as rows (ids, blanks, repeats) and come back unread, for the run to leave out."""
     blank = {c: table.blank(c) for c in IMAGE_COLUMNS}
     present = ~np.logical_or.reduce(list(blank.values()))
     ids = table.text("image_id")
@@ -267,6 +271,7 @@ def check_images(
     keep = pa.array(present & ~duplicate)
     files, rows = table.text("file").filter(keep), table.numbers.filter(keep)
     images = {"image_id": ids.filter(keep), "row": rows, "dataset": table.text("dataset").filter(keep)}
+    taken = _taken(images["image_id"], images["dataset"], limit)
     if not len(table):
         problems.add(table.file, "has no images")
     folder = storage.is_folder(image_dir)
@@ -276,20 +281,38 @@ def check_images(
     cache = cache or ImageCache()
     chunks = []
     with (
-        cache.track("images", len(files)) if folder else nullcontext(None) as advance,
+        cache.track("images", int(taken.sum())) if folder else nullcontext(None) as advance,
         _Processes() as processes,
     ):
         for begin in range(0, len(files), CHUNK):
             paths = [storage.join(image_dir, f) for f in files.slice(begin, CHUNK).to_pylist()]
-            found = [("", 0, 0, "", False)] * len(paths)
+            found: list[Found | str] = [("", 0, 0, "", False)] * len(paths)
             if folder:
-                found = cache.inspect(paths, workers, advance, processes)
-                _found_problems(table.file, paths, found, rows.slice(begin, CHUNK).to_pylist(), background, problems)
+                read = np.flatnonzero(taken[begin : begin + CHUNK]).tolist()
+                inspected = cache.inspect([paths[j] for j in read], workers, advance, processes)
+                for j, result in zip(read, inspected):
+                    found[j] = result
+                numbers = rows.slice(begin, CHUNK).to_pylist()
+                _found_problems(
+                    table.file, [paths[j] for j in read], inspected, [numbers[j] for j in read], background, problems
+                )
             columns = [paths] + [[f[j] if not isinstance(f, str) else empty for f in found] for j, empty in _EMPTY]
             chunks.append(pa.table(columns, schema=_schema(CHECKED_SCHEMA, ["path", *_FOUND])))
     cache.settle()  # every file is looked up: what was known before is no longer needed
     found = pa.concat_tables([_schema(CHECKED_SCHEMA, ["path", *_FOUND]).empty_table(), *chunks]).combine_chunks()
     return pa.table(images | {c: found.column(c) for c in found.column_names}, schema=CHECKED_SCHEMA)
+
+
+def _taken(image_ids: pa.Array, datasets: pa.Array, limit: int | None) -> np.ndarray:
+    """Which of the images are read: all, or with a smoke run's `limit` those it takes (the first of
+    each dataset in image_id order, the order of the `images` table that `core.smoke` cuts)."""
+    if limit is None:
+        return np.ones(len(image_ids), dtype=bool)
+    order = pc.sort_indices(image_ids).to_numpy()
+    first = first_rows_per_dataset(pa.table({"dataset": datasets.take(order)}), limit)
+    taken = np.zeros(len(image_ids), dtype=bool)
+    taken[order[first]] = True
+    return taken
 
 
 def _schema(schema: pa.Schema, names: list[str]) -> pa.Schema:

@@ -86,6 +86,7 @@ def load_study_data(
     group_by: tuple[str, ...] = (),
     images_checked: Callable[[pa.ChunkedArray | None, pa.Table | None], None] = lambda image_ids, images: None,
     images_named: Callable[[pa.Array], None] = lambda image_ids: None,
+    limit: int | None = None,
 ) -> StudyData:
     """Read, check and rank Study A's input; every problem is raised together as one InputError.
     `group_by`: the study's `analysis.group_by`, each a column the images table must have.
@@ -93,7 +94,8 @@ def load_study_data(
     images are checked. `images_checked` is given the image ids once the images are checked and
     before the descriptions are read (those that passed, or every id the table names when any did
     not; None when it could not be read) and the images table (None unless every image passed),
-    for what needs the ids and memory of its own (the models' files)."""
+    for what needs the ids and memory of its own (the models' files). `limit`: a smoke run's, whose
+    images alone are read (`check_images`)."""
     problems = Problems()
     images_t = read_table(Path(data.images), IMAGE_COLUMNS, problems, extra=True)
     images = descriptions = known = None
@@ -104,7 +106,7 @@ def load_study_data(
         images_named(known)
         # The images are checked before the descriptions are read: what checking a million images
         # holds for a moment is let go before the descriptions are held.
-        images = check_images(images_t, data.image_dir, problems, cache, data.background)
+        images = check_images(images_t, data.image_dir, problems, cache, data.background, limit=limit)
         check_group_by(group_by, images_t, problems)
     table = None  # the images table, once every image passed
     if images is not None and not problems:

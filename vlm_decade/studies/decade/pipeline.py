@@ -81,7 +81,14 @@ def _check(
 
     try:
         data = load_study_data(
-            study.data, study.ranking, study.masks, cache, study.analysis.group_by, check_models, images_named
+            study.data,
+            study.ranking,
+            study.masks,
+            cache,
+            study.analysis.group_by,
+            check_models,
+            images_named,
+            study.limit,  # a smoke run reads only its own images
         )
         image_ids = data.images.column("image_id")  # a column, not a Python string per image
     except InputError as exc:

@@ -68,9 +68,11 @@ def load_openworld_data(
     cache: ImageCache | None = None,
     background: str = WHITE,
     group_by: tuple[str, ...] = (),
+    limit: int | None = None,
 ) -> OpenWorldData:
     """Read and check Study B's input; every problem is raised together as one InputError.
-    `group_by`: the study's `analysis.group_by`, each a column the labels table must have."""
+    `group_by`: the study's `analysis.group_by`, each a column the labels table must have. `limit`: a
+    smoke run's, whose images alone are read (`check_images`)."""
     problems = Problems()
     labels_t = read_table(
         Path(labels), LABEL_COLUMNS, problems, (ACCEPTED_COLUMN,), lists=(ACCEPTED_COLUMN,), extra=True
@@ -81,7 +83,7 @@ def load_openworld_data(
     images = known = None
     granularity: dict[str, str] = {}
     if labels_t is not None:
-        images = check_images(labels_t, image_dir, problems, cache, background)
+        images = check_images(labels_t, image_dir, problems, cache, background, limit=limit)
         known = declared_ids(labels_t)
         granularity = _check_labels(labels_t, problems)
         check_group_by(group_by, labels_t, problems)

@@ -52,6 +52,7 @@ def check(study: OpenWorldStudyConfig, cache: ImageCache | None = None) -> OpenW
             cache,
             study.data.background,
             study.analysis.group_by,
+            study.limit,  # a smoke run reads only its own images
         )
         image_ids = set(data.images.column("image_id").to_pylist())
     except InputError as exc:
