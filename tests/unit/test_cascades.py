@@ -150,3 +150,14 @@ def test_a_run_prints_the_missing_rows_before_its_stages(tmp_path, monkeypatch):
     pipeline.run(cfg, reporter)
     (line,) = [s for s in reporter.lines if "model 'udc'" in s]
     assert "1 of the 2" in line and "full: 1 of 2" in line
+
+
+def test_an_imported_model_without_its_file_is_located_as_every_study_file_field_is(tmp_path):
+    study = Study(tmp_path)
+    cfg = config(study, imported_captions(study, [("im1", "full")]))
+    second = cfg.models[0].model_copy(update={"name": "bare", "options": {}})
+    cfg = cfg.model_copy(update={"models": [cfg.models[0], second]})
+    with pytest.raises(InputError) as info:
+        pipeline.check(cfg)
+    said = [(p.file, p.field) for p in info.value.problems if "needs options" in p.message]
+    assert said == [("study file", "models[1].options.file")]

@@ -289,11 +289,14 @@ class ImportedBackend(Backend):
         """Problems of the file. An empty `image_ids` means the study's images could not be read: the
         file's image ids are then not checked (and that is said once), rather than every row of it
         being called unknown."""
-        where = f"models[{model.name}].options.file"
         path = imported_file(model)
         if path is None:
             return [
-                Problem(STUDY_FILE, "the imported backend needs options: {file: PATH} (CSV or Parquet)", field=where)
+                Problem(
+                    STUDY_FILE,
+                    "the imported backend needs options: {file: PATH} (CSV or Parquet)",
+                    field="options.file",
+                )
             ]
         problems = Problems()
         table = _HELD.read(path, problems)

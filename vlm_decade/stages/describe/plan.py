@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import pyarrow as pa
@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 
 from vlm_decade.core.columns import json_strings, sha256_hex
 from vlm_decade.core.config import ModelConfig, StudyBase, field_path
-from vlm_decade.core.errors import InputError, Problem
+from vlm_decade.core.errors import STUDY_FILE, InputError, Problem
 from vlm_decade.imaging.masks import MaskSpec
 from vlm_decade.models.api.endpoints import APIEntry, api_entry_problems
 from vlm_decade.models.backends import Stimulus, backend_class
@@ -56,6 +56,14 @@ class Job:
 
 
 # checks -----------------------------------------------------------------------------------------
+def _within(entry: tuple, problem: Problem) -> Problem:
+    """A backend's problem with the study file names the field inside its entry (`options.file`);
+    located here, where the entry's place in the file is known (`models[1].options.file`)."""
+    if problem.file != STUDY_FILE or problem.field is None:
+        return problem
+    return replace(problem, field=field_path((*entry, *problem.field.split("."))))
+
+
 def check_models(study: StudyBase, image_ids: set[str] | pa.ChunkedArray | None, variants: list[str]) -> list[Problem]:
     """What each model's backend `check` finds before any work (weights, files), and a key, endpoint
     and price for every API model (`api_entry_problems`). Checks that need the images wait until the
@@ -65,7 +73,7 @@ def check_models(study: StudyBase, image_ids: set[str] | pa.ChunkedArray | None,
     for i, model in enumerate(study.models):
         cls = backend_class(model.backend)
         if image_ids is not None or not cls.needs_images:
-            problems += cls.check(model, image_ids or set(), variants)
+            problems += [_within(("models", i), p) for p in cls.check(model, image_ids or set(), variants)]
         provider = api_provider(model.backend)
         for own in ("mode", "endpoint"):
             if getattr(model, own) is not None and not provider:
