@@ -15,13 +15,40 @@ from vlm_decade.core.progress import Reporter, collapsed, console, counted, prob
 
 
 def test_progress_line_says_count_share_rate_and_time_left():
-    # 40 of 150 in 10 s: 4/s, so the 110 left take 27.5 s
     assert (
-        progress_line("describe ssd", 40, 150, 10.0)
+        progress_line("describe ssd", 40, 150, 10.0, left=27.5)
         == "describe ssd             40/150  27%  4/s  about 28s left (10s so far)"
     )
-    assert progress_line("embed", 150, 150, 125.0).endswith("150/150 100%  1.2/s (2m05s so far)")
+    assert progress_line("describe ssd", 40, 150, 10.0).endswith("27%  4/s (10s so far)")  # no estimate yet
+    assert progress_line("embed", 150, 150, 125.0, left=0.0).endswith("150/150 100%  1.2/s (2m05s so far)")
     assert progress_line("embed", 0, 10, 0.0) == "embed                    0/10   0% (0s so far)"
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_time_left_waits_for_a_rate_measured_after_the_first_batch():
+    """A model that loads for 120 s, then does 10 items a batch at 1 a second: the first batch's rate
+    (10 in 120 s) would say 18 minutes left; no estimate is said until the rate since that batch was
+    measured over ESTIMATE_AFTER_S, and then it is the steady rate's."""
+    clock, out = FakeClock(), io.StringIO()
+    reporter = Reporter(Console(file=out, force_terminal=False, width=80, soft_wrap=True), clock=clock)
+    with reporter.track("describe", 100) as advance:
+        for at in (120.0, 122.0, 130.0, 140.0):  # batches finish at these times (the second 8 s early)
+            clock.now = at
+            advance(10)
+    lines = [" ".join(line.split()) for line in out.getvalue().splitlines()]
+    assert lines == [
+        "describe 10/100 10% 0.0833/s (2m00s so far)",  # the first batch: it paid for loading
+        "describe 20/100 20% 0.164/s (2m02s so far)",  # 2 s after it: too short to tell
+        "describe 30/100 30% 0.231/s about 35s left (2m10s so far)",  # 20 in 10 s since: 70 left at 2/s
+        "describe 40/100 40% 0.286/s about 40s left (2m20s so far)",  # 30 in 20 s: 60 left at 1.5/s
+    ]
 
 
 def test_a_message_on_many_rows_is_shown_a_few_times_then_counted():

@@ -1,4 +1,5 @@
-"""What the person watching is told: stage lines, progress per model with its rate and time left, and
+"""What the person watching is told: stage lines, progress per model with its rate and time left (once
+it has a sound basis: the rate since the first finished batch, over ESTIMATE_AFTER_S at least), and
 long lists of messages with the repeats collapsed: the input's problems by file and row, one kind of
 problem on many rows (the same message but for its paths, numbers, names and quoted values) shown
 a few times and counted.
@@ -22,7 +23,6 @@ from rich.progress import (
     Progress,
     TextColumn,
     TimeElapsedColumn,
-    TimeRemainingColumn,
 )
 
 from vlm_decade.core.errors import Problem
@@ -31,6 +31,10 @@ from vlm_decade.core.errors import Problem
 COLLAPSE_FROM = 5
 SHOWN = 3
 PLAIN_EVERY_S = 60.0  # off a terminal, a progress line at least this often
+# A time left is said once the rate since the first finished batch was measured over this long: before
+# the first batch a model is loading (a 20-second model's first estimate said "about 3h11m"), and a
+# rate over a second or two is noise.
+ESTIMATE_AFTER_S = 10.0
 # The variable parts of a message, quoted or not: quoted text, paths, numbers, and names holding a digit
 # or joined by `.`, `_`, `-` or `:` (img_0001, coco_1, data.background); the rest is the kind of problem.
 _VARIABLE = re.compile(r"""'[^']*'|"[^"]*"|`[^`]*`|\S*[/\\]\S*|\S*\d\S*|\w+(?:[._:-]\w+)+""")
@@ -86,14 +90,14 @@ def problem_lines(problems: Sequence[Problem], every: bool = False) -> list[str]
     return [line for _, line in items] if every else collapsed(items)
 
 
-def progress_line(description: str, done: int, total: int, seconds: float) -> str:
-    """'describe ssd-label   40/150  27%  3.1/s  about 35s left (13s so far)': a plain progress line."""
+def progress_line(description: str, done: int, total: int, seconds: float, left: float | None = None) -> str:
+    """'describe ssd-label   40/150  27%  3.1/s  about 35s left (13s so far)': a plain progress line;
+    `left` the seconds left (`_Meter.left`), None while there is no estimate."""
     line = f"{description:<24} {done}/{total} {100 * done / total:3.0f}%"
     if seconds > 0 and done:
-        rate = done / seconds
-        line += f"  {rate:.3g}/s"
-        if done < total:
-            line += f"  about {_duration((total - done) / rate)} left"
+        line += f"  {done / seconds:.3g}/s"
+    if left is not None and done < total:
+        line += f"  about {_duration(left)} left"
     return f"{line} ({_duration(seconds)} so far)"
 
 
@@ -106,15 +110,28 @@ def _duration(seconds: float) -> str:
 
 
 class _Meter:
-    """One count of work off a terminal: says when a line is due (each tenth, and at least every
-    PLAIN_EVERY_S seconds while work goes on)."""
+    """One count of work: its time left, and off a terminal when a line is due (each tenth, and at
+    least every PLAIN_EVERY_S seconds while work goes on)."""
 
     def __init__(self, total: int, start: float):
         self.total, self.start, self.done = total, start, 0
         self.tenths, self.last_said = 0, start  # tenths of the work said so far
+        self.first: tuple[int, float] | None = None  # done, and when, at the first finished batch
+
+    def left(self, now: float) -> float | None:
+        """Seconds left at the rate since the first finished batch (which paid for loading and
+        queueing), or None until that rate was measured over ESTIMATE_AFTER_S."""
+        if self.first is None or self.done >= self.total:
+            return None
+        done, then = self.first
+        if self.done <= done or now - then < ESTIMATE_AFTER_S:
+            return None
+        return (self.total - self.done) * (now - then) / (self.done - done)
 
     def advance(self, n: int, now: float) -> bool:
         self.done += n
+        if self.first is None:
+            self.first = (self.done, now)
         tenths = 10 * self.done // self.total  # whole numbers: 3 of 10 is three tenths, exactly
         due = tenths > self.tenths or now - self.last_said >= PLAIN_EVERY_S
         self.tenths = max(self.tenths, tenths)
@@ -133,9 +150,10 @@ def _counts(description: str, total: int, parts: dict[str, int]):
 
 
 class Reporter:
-    def __init__(self, console_: Console | None = None, quiet: bool = False):
+    def __init__(self, console_: Console | None = None, quiet: bool = False, clock=time.monotonic):
         self.console = console_ or console()
         self.quiet = quiet
+        self.clock = clock  # a test's fake clock
 
     def say(self, message: str) -> None:
         if not self.quiet:
@@ -153,6 +171,8 @@ class Reporter:
         if self.quiet or total == 0:
             yield lambda n=1, part=None: None
             return
+        now = self.clock()
+        meters = {key: (name, _Meter(n, now)) for key, (name, n) in _counts(description, total, parts)}
         if self.console.is_terminal:
             with Progress(
                 TextColumn("     {task.description:<24}"),
@@ -160,30 +180,37 @@ class Reporter:
                 MofNCompleteColumn(),
                 TextColumn("{task.fields[rate]:>9}"),
                 TimeElapsedColumn(),
-                TimeRemainingColumn(),
+                TextColumn("{task.fields[left]}"),
                 console=self.console,
                 transient=True,
             ) as bar:
                 tasks = {
-                    key: bar.add_task(name, total=n, rate="") for key, (name, n) in _counts(description, total, parts)
+                    key: bar.add_task(name, total=meter.total, rate="", left="")
+                    for key, (name, meter) in meters.items()
                 }
 
                 def advance(n: int = 1, part: str | None = None) -> None:
+                    now = self.clock()
                     for key in {None, part} & set(tasks):
+                        meter = meters[key][1]
+                        meter.advance(n, now)
                         bar.advance(tasks[key], n)
-                        speed = bar.tasks[tasks[key]].speed
-                        bar.update(tasks[key], rate=f"{speed:.3g}/s" if speed else "")
+                        speed, left = bar.tasks[tasks[key]].speed, meter.left(now)
+                        bar.update(
+                            tasks[key],
+                            rate=f"{speed:.3g}/s" if speed else "",
+                            left="" if left is None else f"about {_duration(left)} left",
+                        )
 
                 yield advance
             return
-        now = time.monotonic()
-        meters = {key: (name, _Meter(n, now)) for key, (name, n) in _counts(description, total, parts)}
 
         def advance(n: int = 1, part: str | None = None) -> None:
-            now = time.monotonic()
+            now = self.clock()
             for key in [k for k in dict.fromkeys((part, None)) if k in meters]:  # part None: the total once
                 name, meter = meters[key]
                 if meter.advance(n, now):
-                    self.say(f"     {progress_line(name, meter.done, meter.total, now - meter.start)}")
+                    line = progress_line(name, meter.done, meter.total, now - meter.start, meter.left(now))
+                    self.say(f"     {line}")
 
         yield advance
