@@ -11,7 +11,7 @@ A registration, as Study B's below:
             config=OpenWorldStudyConfig,
             pipeline="vlm_decade.studies.openworld.pipeline",
             pages="vlm_decade.view.openworld",
-            tables=("images", "labels", "responses", "predictions", "stats", "comparisons"),
+            tables=("images", "labels", "responses", "predictions", ...),
             job="jobs/openworld_study.py",
             demo="vlm_decade.demo:openworld_demo",
         )
