@@ -256,7 +256,7 @@ def test_openworld_report_with_one_image_one_model_one_group(tmp_path, openworld
     assert len(re.findall(r"<td>a2<br>", page)) == 1 and "alpha: highest CS" not in page
 
 
-def test_openworld_report_shows_the_rows_about_all_images_not_a_groups(tmp_path, openworld_tables):
+def test_openworld_report_shows_the_rows_about_all_images_and_each_group_apart(tmp_path, openworld_tables):
     config = copy.deepcopy(OPENWORLD_CONFIG)
     config["models"] = config["models"][:1]
     tables = _keep(openworld_tables, image_id=["a2"], subject=["alpha"])
@@ -266,8 +266,11 @@ def test_openworld_report_shows_the_rows_about_all_images_not_a_groups(tmp_path,
     tables["stats"] = pa.concat_tables([with_group(stats, None, None), with_group(group, "category", "hard")])
     page = _openworld(tmp_path, tables, config)
     cs = next(r for r in stats.to_pylist() if r["metric"] == "CS")
-    assert f"{100 * cs['estimate']:.1f} [{100 * cs['ci_low']:.1f}, {100 * cs['ci_high']:.1f}]" in page
-    assert "1.2 [" not in page
+    main = page[page.index("<h2>Main table</h2>") : page.index("<h3>By category</h3>")]
+    assert f"{100 * cs['estimate']:.1f} [{100 * cs['ci_low']:.1f}, {100 * cs['ci_high']:.1f}]" in main
+    assert "1.2 [" not in main
+    # The group's own table, under its name.
+    assert "1.2 [" in page[page.index("<h4>category = hard</h4>") :].split("</table>")[0]
     assert "hard" in (tmp_path / "out" / "tables" / "stats.csv").read_text()  # the CSV keeps every row
 
 

@@ -50,6 +50,21 @@ def ungrouped(table: pa.Table) -> pa.Table:
     return table.filter(pc.is_null(table.column("group")))
 
 
+def per_group(table: pa.Table) -> dict[str, dict[str, pa.Table]]:
+    """Each grouping variable's rows by group, {variable: {group: rows}} in the table's order (the
+    study's variables, each one's groups sorted); empty for a table without groups."""
+    if "group" not in table.column_names:
+        return {}
+    grouped = table.filter(pc.is_valid(table.column("group")))
+    out: dict[str, dict[str, pa.Table]] = {}
+    for variable, group in dict.fromkeys(
+        zip(grouped.column("group_by").to_pylist(), grouped.column("group").to_pylist())
+    ):
+        rows = pc.and_(pc.equal(grouped.column("group_by"), variable), pc.equal(grouped.column("group"), group))
+        out.setdefault(variable, {})[group] = grouped.filter(rows)
+    return out
+
+
 def correct_across_groups(table: pa.Table, strata, alpha: float) -> pa.Table:
     """`q` and `significant` again, by BH over the p-values of all groups' rows that share the values
     of `strata` (a list of column names, or a function of a row giving its stratum); a row without a

@@ -93,6 +93,7 @@ register(
             "errors",
             "spatial",
             "error_stats",
+            "metadata",
         ),
         job="jobs/decade_study.py",
         demo="vlm_decade.demo:decade_demo",
@@ -104,7 +105,7 @@ register(
         config=OpenWorldStudyConfig,
         pipeline="vlm_decade.studies.openworld.pipeline",
         pages="vlm_decade.view.openworld",
-        tables=("images", "labels", "responses", "predictions", "stats", "comparisons"),
+        tables=("images", "labels", "responses", "predictions", "stats", "comparisons", "metadata"),
         job="jobs/openworld_study.py",
         demo="vlm_decade.demo:openworld_demo",
     )

@@ -10,7 +10,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from vlm_decade.view.gallery import Query, datasets, failed_responses, page_count, page_number
+from vlm_decade.view.gallery import (
+    Query,
+    all_images,
+    by_group,
+    datasets,
+    failed_responses,
+    metadata,
+    page_count,
+    page_number,
+)
 from vlm_decade.view.runs import RunView
 
 FULL = "full"
@@ -201,6 +210,7 @@ def image_page(view: RunView, image_id: str) -> dict | None:
     spatial = described["spatial"]
     return {
         "image": image,
+        "metadata": metadata(view, image_id),
         **references,
         **described,
         "errors": errors,
@@ -360,33 +370,39 @@ def _cited_boxes(errors: list[dict]) -> dict[tuple, list[str]]:
 
 
 def model_page(view: RunView, model: str, page: int = 1) -> dict | None:
-    """One model: its statistics and error rates as the stats tables hold them, its comparisons and
-    its failed responses (paged); None for a name the study does not have."""
+    """One model: its statistics and error rates as the stats tables hold them (those about all
+    images, then each group's when the study groups its images), its comparisons and its failed
+    responses (paged); None for a name the study does not have."""
     if model not in view.models:
         return None
-    stats = (
-        view.rows("SELECT * FROM stats WHERE subject = ? ORDER BY metric, variant, dataset", [model])
-        if view.has("stats")
-        else []
-    )
+    stats, grouped = [], []
+    if view.has("stats"):
+        stats = view.rows(
+            f"SELECT * FROM stats WHERE subject = ? AND {all_images(view, 'stats')} ORDER BY metric, variant, dataset",
+            [model],
+        )
+        grouped = by_group(view, "stats", "subject = ?", [model], "metric, variant, dataset")
     error_stats = (
         view.rows("SELECT * FROM error_stats WHERE subject = ? ORDER BY metric, dataset", [model])
         if view.has("error_stats")
         else []
     )
     comparisons = (
-        view.rows("SELECT * FROM comparisons WHERE a = ? OR b = ? ORDER BY family, metric, dataset", [model, model])
+        view.rows(
+            f"SELECT * FROM comparisons WHERE (a = ? OR b = ?) AND {all_images(view, 'comparisons')} "
+            "ORDER BY family, metric, dataset",
+            [model, model],
+        )
         if view.has("comparisons")
         else []
     )
-    # The rows about all images (a grouped study's per-group rows stay in the tables).
-    stats, comparisons = ([r for r in rows if r.get("group") is None] for rows in (stats, comparisons))
     failed_total, pages, failed = failed_responses(view, model, "variant, prompt_id", page)
     config = next(m for m in view.study.models if m.name == model)
     return {
         "name": model,
         "config": config,
         "stats": stats,
+        "grouped": grouped,
         "error_stats": error_stats,
         "comparisons": comparisons,
         "failed": failed,

@@ -1,6 +1,7 @@
-"""What both studies' galleries share: the page number read from a query string (a whole number
+"""What both studies' pages share: the page number read from a query string (a whole number
 from 1; anything else is a bad request, a page past the last one is not found), the link to the same
-query with some filters changed, and the datasets with their image counts."""
+query with some filters changed, the datasets with their image counts, a model's failed responses,
+and a statistics table's rows about all images apart from each group's (`analysis.group_by`)."""
 
 from __future__ import annotations
 
@@ -71,3 +72,33 @@ def datasets(view: RunView) -> list[tuple[str, int]]:
     """Each dataset of the run with its number of images, by name."""
     rows = view.rows("SELECT dataset, count(*) AS n FROM images GROUP BY dataset ORDER BY dataset")
     return [(r["dataset"], r["n"]) for r in rows]
+
+
+def all_images(view: RunView, table: str) -> str:
+    """The SQL condition that keeps a statistics table's rows about all images: with
+    `analysis.group_by` the table also holds each group's rows (`stats.groups`: `group_by` and
+    `group` set); a table written before grouping existed has no others."""
+    return "group_by IS NULL" if "group_by" in view.columns(table) else "TRUE"
+
+
+def by_group(view: RunView, table: str, where: str, params: list, order: str) -> list[tuple[str, list[dict]]]:
+    """The per-group rows of a statistics table that `where` keeps: (variable, its rows by group,
+    then by `order`) for each grouping variable, in the study's order; none for a run without groups."""
+    if "group_by" not in view.columns(table):
+        return []
+    rows = view.rows(
+        f'SELECT * FROM "{table}" WHERE group_by IS NOT NULL AND {where} ORDER BY "group", {order}', params
+    )
+    out: dict[str, list[dict]] = {}
+    for r in rows:
+        out.setdefault(r["group_by"], []).append(r)
+    study = list(view.study.analysis.group_by)
+    return sorted(out.items(), key=lambda item: (study.index(item[0]) if item[0] in study else len(study), item[0]))
+
+
+def metadata(view: RunView, image_id: str) -> list[tuple[str, str]]:
+    """The image's metadata (the user's own columns of the images or labels table) as (column, value)."""
+    if not view.has("metadata"):
+        return []
+    rows = view.rows("SELECT * FROM metadata WHERE image_id = ?", [image_id])
+    return [(k, v) for k, v in rows[0].items() if k != "image_id"] if rows else []

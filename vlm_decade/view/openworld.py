@@ -1,10 +1,13 @@
 """Study B's viewer pages (`view.pages.Pages`) as queries: the gallery of labelled images with
 each model's prediction, its TI/LI/SS/CS and outcome (filter by dataset, granularity, model, prompt,
-outcome, label and predicted name; sort by CS), one image with every model's prediction under every
-prompt, one model with its estimates, confusions and failed responses, and the confusions (label ->
-the names predicted for it).
+outcome, label and predicted name; sort by CS), one image with its label's accepted names, its
+metadata and every model's prediction under every prompt, one model with its estimates (about all
+images, then each group's when the study groups its images), confusions and failed responses, and the
+confusions (label -> the names predicted for it).
 
-The statistics table's prompt column is named once, `statistics.PROMPT`."""
+Where some label has accepted names, each metric's accepted-name form (`TI_accepted`, ...) is shown
+beside it, and a confusion counts the predictions that name one of them. The statistics table's
+prompt column is named once, `statistics.PROMPT`."""
 
 from __future__ import annotations
 
@@ -12,12 +15,22 @@ from dataclasses import dataclass
 
 from vlm_decade.studies.openworld.statistics import ALL, PROMPT
 from vlm_decade.studies.openworld.statistics import GROUPS as GROUP_NAMES
-from vlm_decade.view.gallery import Query, datasets, failed_responses, page_count, page_number
+from vlm_decade.view.gallery import (
+    Query,
+    all_images,
+    by_group,
+    datasets,
+    failed_responses,
+    metadata,
+    page_count,
+    page_number,
+)
 from vlm_decade.view.runs import RunView
 
 OUTCOMES = ("correct", "granularity", "ambiguity", "confusion", "unjudged")
 GRANULARITIES = ("prototypical", "fine-grained", "very fine-grained")
 METRICS = ("TI", "LI", "SS", "CS")
+ESTIMATES = tuple(name for m in METRICS for name in (m, f"{m}_accepted"))  # each beside its accepted-name form
 STAT_GROUPS = (*GROUP_NAMES, ALL)  # the stats table's rows per granularity group, before its datasets'
 PAGE_SIZE = 48
 CONFUSION_PAGE_SIZE = 50  # labels per page of the confusion view
@@ -69,6 +82,24 @@ class GalleryQuery(Query):
 
 def prompts(view: RunView) -> list[str]:
     return [p.id for p in view.study.prompts]
+
+
+def with_alternatives(view: RunView) -> bool:
+    """Whether some label of the run has accepted names (then the accepted-name forms are shown)."""
+    if "accepted" not in view.columns("labels"):
+        return False
+    return view.values("SELECT count(*) FROM labels WHERE len(accepted) > 0")[0] > 0
+
+
+def accepted_names(view: RunView, labels: list[str]) -> dict[str, list[str]]:
+    """Each of `labels` with the names accepted for it on any of its images, by name."""
+    if not labels or "accepted" not in view.columns("labels"):
+        return {}
+    marks = ", ".join("?" for _ in labels)
+    names: dict[str, set[str]] = {}
+    for r in view.rows(f"SELECT label, accepted FROM labels WHERE label IN ({marks})", labels):
+        names.setdefault(r["label"], set()).update(r["accepted"] or [])
+    return {label: sorted(found) for label, found in names.items() if found}
 
 
 def _labels(view: RunView) -> str:
@@ -188,7 +219,17 @@ def image_page(view: RunView, image_id: str) -> dict | None:
         for p in prompts(view)
         if (m, p) in by or (m, p) in said
     ]
-    return {"image": rows[0], "rows": table, "prompts": {p.id: p.text for p in view.study.prompts}}
+    accepted = []
+    if "accepted" in view.columns("labels"):
+        accepted = view.values("SELECT accepted FROM labels WHERE image_id = ?", [image_id])
+    return {
+        "image": rows[0],
+        "accepted": (accepted[0] or []) if accepted else [],
+        "metadata": metadata(view, image_id),
+        "with_alternatives": with_alternatives(view),
+        "rows": table,
+        "prompts": {p.id: p.text for p in view.study.prompts},
+    }
 
 
 @dataclass(frozen=True)
@@ -225,20 +266,38 @@ class ConfusionQuery(Query):
 
 def confusions(view: RunView, q: ConfusionQuery) -> list[dict]:
     """Per label, the names predicted for it with how many predictions (model x image) gave each,
-    most first; labels with the most such predictions first."""
+    most first, and of those how many name the label or an accepted name (TI_accepted 1; None
+    where no label has accepted names); labels with the most such predictions first."""
     if not view.has("predictions"):
         return []
+    counted = with_alternatives(view) and "TI_accepted" in view.columns("predictions")
+    accepted = "count(*) FILTER (WHERE TI_accepted = 1)" if counted else "NULL"
     rows = view.rows(
-        "SELECT label, prediction, count(*) AS n FROM predictions WHERE prompt_id = ? AND (? = '' OR subject = ?) "
+        f"SELECT label, prediction, count(*) AS n, {accepted} AS accepted FROM predictions "
+        "WHERE prompt_id = ? AND (? = '' OR subject = ?) "
         "AND (? = '' OR dataset = ?) AND (? = '' OR granularity = ?) AND label IS NOT NULL AND prediction IS NOT NULL "
         "AND (? OR TI = 0) GROUP BY label, prediction ORDER BY label, n DESC, prediction",
         [q.prompt, q.model, q.model, q.dataset, q.dataset, q.granularity, q.granularity, q.show == "all"],
     )
-    by_label: dict[str, list[tuple[str, int]]] = {}
+    by_label: dict[str, list[tuple[str, int, int | None]]] = {}
     for r in rows:
-        by_label.setdefault(r["label"], []).append((r["prediction"], r["n"]))
-    out = [{"label": k, "total": sum(n for _, n in v), "predictions": v} for k, v in by_label.items()]
+        by_label.setdefault(r["label"], []).append((r["prediction"], r["n"], r["accepted"]))
+    out = [
+        {
+            "label": k,
+            "total": sum(n for _, n, _ in v),
+            "accepted": sum(a for _, _, a in v) if counted else None,
+            "predictions": v,
+        }
+        for k, v in by_label.items()
+    ]
     return sorted(out, key=lambda r: (-r["total"], r["label"]))
+
+
+def _named(view: RunView, rows: list[dict]) -> list[dict]:
+    """`rows` (confusions) with each label's accepted names."""
+    names = accepted_names(view, [r["label"] for r in rows])
+    return [{**r, "names": names.get(r["label"], [])} for r in rows]
 
 
 def confusion_page(view: RunView, params) -> dict:
@@ -248,7 +307,7 @@ def confusion_page(view: RunView, params) -> dict:
     pages = page_count(len(found), CONFUSION_PAGE_SIZE, q.page)
     start = (q.page - 1) * CONFUSION_PAGE_SIZE
     result = {
-        "rows": found[start : start + CONFUSION_PAGE_SIZE],
+        "rows": _named(view, found[start : start + CONFUSION_PAGE_SIZE]),
         "labels": len(found),
         "total": sum(r["total"] for r in found),
         "pages": pages,
@@ -256,6 +315,7 @@ def confusion_page(view: RunView, params) -> dict:
     return {
         "q": q,
         "result": result,
+        "with_alternatives": with_alternatives(view),
         "models": view.models,
         "prompts": prompts(view),
         "datasets": datasets(view),
@@ -264,32 +324,44 @@ def confusion_page(view: RunView, params) -> dict:
 
 
 def _estimates(stats: list[dict], metrics: tuple[str, ...] | list[str], prompt_order: list[str]) -> dict:
-    """`metrics` per (prompt, dataset or group) row: groups first, then the datasets by name."""
-    cells: dict[tuple[str, str], dict[str, dict]] = {}
+    """`metrics` per (metadata group, prompt, dataset or granularity group) row: by metadata group
+    (a grouped study's per-group rows; none for the rows about all images), then prompt, then the
+    granularity groups first and the datasets by name."""
+    cells: dict[tuple[str, str, str], dict[str, dict]] = {}
     for r in stats:
         if r["metric"] in metrics:
-            cells.setdefault((r[PROMPT], r["dataset"]), {})[r["metric"]] = r
+            cells.setdefault((r.get("group") or "", r[PROMPT], r["dataset"]), {})[r["metric"]] = r
 
-    def order(key: tuple[str, str]):
-        prompt, dataset = key
+    def order(key: tuple[str, str, str]):
+        group, prompt, dataset = key
         at = prompt_order.index(prompt) if prompt in prompt_order else len(prompt_order)
-        return (at, prompt, STAT_GROUPS.index(dataset) if dataset in STAT_GROUPS else len(STAT_GROUPS), dataset)
+        return (group, at, prompt, STAT_GROUPS.index(dataset) if dataset in STAT_GROUPS else len(STAT_GROUPS), dataset)
 
     shown = [m for m in metrics if any(m in row for row in cells.values())]
     rows = [
-        {"prompt": p, "dataset": d, "group": d in STAT_GROUPS, "cells": [(m, cells[(p, d)].get(m)) for m in shown]}
-        for p, d in sorted(cells, key=order)
+        {
+            "of": g,
+            "prompt": p,
+            "dataset": d,
+            "group": d in STAT_GROUPS,
+            "cells": [(m, cells[(g, p, d)].get(m)) for m in shown],
+        }
+        for g, p, d in sorted(cells, key=order)
     ]
     return {"metrics": shown, "rows": rows}
 
 
 def model_page(view: RunView, model: str, page: int = 1) -> dict | None:
-    """One model: its estimates with CIs per prompt, granularity group and dataset (the stats table),
-    the names it gave instead of the labels, and its failed responses (paged); None for a name the
-    study does not have."""
+    """One model: its estimates with CIs per prompt, granularity group and dataset (the stats
+    table's rows about all images, then each group's when the study groups its images), the names
+    it gave instead of the labels, and its failed responses (paged); None for a name the study does
+    not have."""
     if model not in view.models:
         return None
-    stats = view.rows("SELECT * FROM stats WHERE subject = ?", [model]) if view.has("stats") else []
+    stats, grouped = [], []
+    if view.has("stats"):
+        stats = view.rows(f"SELECT * FROM stats WHERE subject = ? AND {all_images(view, 'stats')}", [model])
+        grouped = by_group(view, "stats", "subject = ?", [model], "metric")
     order = prompts(view)
     outcome_metrics = [f"outcome:{o}" for o in OUTCOMES]
     failed_total, pages, failed = failed_responses(view, model, "prompt_id", page)
@@ -298,10 +370,12 @@ def model_page(view: RunView, model: str, page: int = 1) -> dict | None:
     return {
         "name": model,
         "config": next(m for m in view.study.models if m.name == model),
-        "metrics": _estimates(stats, METRICS, order),
+        "metrics": _estimates(stats, ESTIMATES, order),
         "outcomes": _estimates(stats, outcome_metrics, order),
+        "grouped": [(variable, _estimates(rows, ESTIMATES, order)) for variable, rows in grouped],
         "confused": confused,
-        "confusions": found[:MODEL_CONFUSIONS],
+        "with_alternatives": with_alternatives(view),
+        "confusions": _named(view, found[:MODEL_CONFUSIONS]),
         "confusion_labels": len(found),
         "failed": failed,
         "failed_total": failed_total,

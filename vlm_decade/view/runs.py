@@ -65,6 +65,17 @@ class RunView:
         finally:
             cursor.close()
 
+    def columns(self, table: str) -> tuple[str, ...]:
+        """The column names of one of the run's tables (none when the run lacks it)."""
+        if not self.has(table):
+            return ()
+        with self._lock:
+            cursor = self.connection.cursor()
+        try:
+            return tuple(d[0] for d in cursor.execute(f'SELECT * FROM "{table}" LIMIT 0').description)
+        finally:
+            cursor.close()
+
     def values(self, sql: str, params: list | tuple = ()) -> list:
         """The first column of a query."""
         return [next(iter(r.values())) for r in self.rows(sql, params)]

@@ -8,6 +8,9 @@ Where the human data is too thin for a figure (`data.thin_human_data`), the page
 figure would be; an era of one model is that model, so the era comparisons that repeat a model's
 are left out of the page (`era_repeats`), with a line that says so.
 
+With `analysis.group_by`, the statistics table is shown again for each group of each grouping
+variable, below the one about all images.
+
 The page stays a few MB at any number of images: figures and statistics tables, and per image only
 a sample (each model's worst and best images, thumbnails embedded); `vlm-decade view` shows the rest.
 """
@@ -30,11 +33,11 @@ from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.core.runner import Stage, run_failures
 from vlm_decade.report import samples as report_samples
 from vlm_decade.report.figures import COLOURS, save_figure
-from vlm_decade.report.html import grid, render, write_csvs, write_page
+from vlm_decade.report.html import Grid, grid, render, write_csvs, write_page
 from vlm_decade.report.samples import SampleRow, Samples, extremes, sample_tables
 from vlm_decade.stats import format_p
 from vlm_decade.stats.families import era_label
-from vlm_decade.stats.groups import GROUPED_TABLES, ungrouped
+from vlm_decade.stats.groups import GROUPED_TABLES, per_group, ungrouped
 from vlm_decade.studies.decade.config import StudyConfig
 from vlm_decade.studies.decade.data import GOLD_NOTE, GROUPS_NOTE, MASKED_NOTE, thin_human_data
 from vlm_decade.studies.decade.metric_validation import agreement_summary, write_validation_figure
@@ -42,7 +45,7 @@ from vlm_decade.studies.decade.ranking import vote_ties
 from vlm_decade.studies.decade.taxonomy.report import taxonomy_section
 
 # Part of the report stage's settings: bump it when the page changes, so existing runs redraw it.
-REPORT_FORMAT = 10  # 10: the failed models at the top; 9: the thin-data notes
+REPORT_FORMAT = 11  # 11: each group's statistics; 10: the failed models at the top; 9: the thin-data notes
 # The tables every report draws from, and those it adds a section for when the run has them.
 REPORT_TABLES = ("images", "references", "responses", "scores", "stats", "comparisons")
 # The tables that grow with the texts (several KB per image): the stage leaves them in the run
@@ -411,10 +414,11 @@ def _page(
         ties=vote_ties(voted_references(run, all_rows).to_pylist()),
         thin=thin,
         metrics=[(m, safe_name(m)) for m in metrics],
-        stats=grid(
-            tables["stats"].sort_by([("metric", "ascending"), ("subject", "ascending"), ("dataset", "ascending")]),
-            ["subject", "dataset", "metric", "variant", "estimate", "ci_low", "ci_high", "n_images"],
-        ),
+        stats=_stats_grid(tables["stats"]),
+        by_group=[
+            (variable, [(group, _stats_grid(rows)) for group, rows in groups.items()])
+            for variable, groups in per_group(all_rows["stats"]).items()
+        ],
         era_note=era_note,
         comparisons=grid(
             comparisons,
@@ -432,6 +436,14 @@ def _page(
         examples=_examples(tables, metric, picked) if metric is not None else None,
         responses=_failed_responses(run, all_rows, manifest),
         csvs=csvs.result(),
+    )
+
+
+def _stats_grid(stats: pa.Table) -> Grid:
+    """The statistics table as the page shows it, by metric, subject and dataset."""
+    return grid(
+        stats.sort_by([("metric", "ascending"), ("subject", "ascending"), ("dataset", "ascending")]),
+        ["subject", "dataset", "metric", "variant", "estimate", "ci_low", "ci_high", "n_images"],
     )
 
 

@@ -1,5 +1,6 @@
 """Study B's report: the paper's main table (TI, LI, SS, CS per model and granularity group, with
-bootstrap CIs), the open/closed gap, the error-type breakdown with examples, the prompt ablation, and
+bootstrap CIs, each beside its accepted-name form where labels have accepted names), the same table
+for each group of a grouping variable (`analysis.group_by`), the open/closed gap, the error-type breakdown with examples, the prompt ablation, and
 per model a bounded sample of its predictions (lowest and highest CS, thumbnails embedded), so the
 page stays a few MB at any number of images; `vlm-decade view` shows every prediction.
 
@@ -23,14 +24,14 @@ from vlm_decade.report.figures import COLOURS, save_figure
 from vlm_decade.report.html import Grid, grid, render, write_csvs, write_page
 from vlm_decade.report.samples import SampleRow, Samples, extremes, sample_tables
 from vlm_decade.stats import format_p
-from vlm_decade.stats.groups import GROUPED_TABLES, ungrouped
+from vlm_decade.stats.groups import GROUPED_TABLES, per_group, ungrouped
 from vlm_decade.studies.openworld.config import OpenWorldStudyConfig
 from vlm_decade.studies.openworld.outcomes import OUTCOMES as OUTCOME_NAMES
 from vlm_decade.studies.openworld.scoring import METRICS
 from vlm_decade.studies.openworld.statistics import PROMPT
 
 # Bump when the page changes, so existing runs redraw it.
-REPORT_FORMAT = 6  # 4: McNemar's tests; 5: figures, SS thresholds by row; 6: the failed models at the top
+REPORT_FORMAT = 7  # 5: figures, SS thresholds by row; 6: the failed models at the top; 7: accepted names, groups
 TEMPLATES = Path(__file__).parent / "templates"
 REPORT_TABLES = ("images", "labels", "responses", "predictions", "stats", "comparisons", "paired_tests")
 GROUPS = ("prototypical", "fine-grained", "very fine-grained", "all")
@@ -89,6 +90,20 @@ def _by_group(stats: list[dict], models: list[str], groups: list[str], metrics: 
             if any((model, g, m, variant) in by for m in metrics)
         ],
     }
+
+
+def _by_variable(stats: pa.Table, models: list[str], metrics: list[str], prompt: str) -> list[tuple[str, list]]:
+    """The main table on each group's images alone: (variable, [(group, its matrix)]) for each
+    grouping variable (`analysis.group_by`)."""
+    out = []
+    for variable, groups in per_group(stats).items():
+        tables = []
+        for group, rows in groups.items():
+            found = rows.to_pylist()
+            present = {r["dataset"] for r in found}
+            tables.append((group, _matrix(found, models, [g for g in GROUPS if g in present], metrics, prompt)))
+        out.append((variable, tables))
+    return out
 
 
 def _complete(r: dict | None) -> bool:
@@ -292,6 +307,8 @@ def write_openworld_report(
     groups = [g for g in GROUPS if g in present]
     datasets = sorted(present - set(GROUPS))  # each dataset's own estimates, as docs/openworld-data.md promises
     metrics = [m for m in METRICS if any(r["metric"] == m for r in stats)]
+    # Each metric beside its accepted-name form (scored when some label has accepted names).
+    shown = [name for m in metrics for name in (m, f"{m}_accepted") if any(r["metric"] == name for r in stats)]
     # SS as the authors' code reports it: the share of predictions at or above 0.5 ... 0.9 and their average.
     shares = [m for m in (*THRESHOLDS, "ss@avg") if any(r["metric"] == m for r in stats)]
     outcome_metrics = [f"outcome:{o}" for o in OUTCOMES if any(r["metric"] == f"outcome:{o}" for r in stats)]
@@ -320,8 +337,10 @@ def write_openworld_report(
         n_datasets=len(set(images.column("dataset").to_pylist())),
         no_judge=no_judge or "no judge answers",
         sample_size=report_samples.SAMPLE_SIZE,
-        main=_matrix(stats, models, groups, metrics, main),
-        per_dataset=_matrix(stats, models, datasets, metrics, main) if datasets else None,
+        accepted=len(shown) > len(metrics),
+        main=_matrix(stats, models, groups, shown, main),
+        per_dataset=_matrix(stats, models, datasets, shown, main) if datasets else None,
+        grouped=_by_variable(all_rows["stats"], models, shown, main),
         shares=_by_group(stats, models, groups, shares, main) if shares else None,
         figures=FIGURES,
         open_closed=grid(
