@@ -1,14 +1,22 @@
 """A spill gives back each bucket's rows in the order they were added, whether it holds them in
-memory or spreads them over files."""
+memory or spreads them over files; a run leaves no spill folder behind."""
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import numpy as np
 import pyarrow as pa
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vlm_decade.core.spill import Spill
+from vlm_decade.core.config import RuntimeConfig
+from vlm_decade.core.progress import Reporter
+from vlm_decade.core.runfolder import RunFolder
+from vlm_decade.core.runner import StudyRun
+from vlm_decade.core.runtime import LazyRay
+from vlm_decade.core.spill import SPILL_FOLDER, Spill
 
 SCHEMA = pa.schema([("n", pa.int64())])
 
@@ -33,3 +41,18 @@ def test_held_and_spread_buckets_are_the_rows_of_each_bucket_in_the_order_added(
         for bucket in range(7):  # 6 was never added to: no rows
             assert spill.read(bucket).column("n").to_pylist() == by_hand.get(bucket, [])
     assert not (root / "held").exists()  # nothing written
+
+
+def test_a_run_leaves_no_spill_folder_behind(tmp_path):
+    """The run folder's `.spill/` is scratch: what a killed run left there, and the empty folders the
+    stages leave, are gone when a run ends, however it ends."""
+    for ending in (None, KeyboardInterrupt):
+        left = tmp_path / SPILL_FOLDER / "responses" / "0"
+        left.mkdir(parents=True)
+        (left / "000001.arrow").write_bytes(b"a killed run's rows")
+        with pytest.raises(KeyboardInterrupt) if ending else nullcontext():
+            with StudyRun(RunFolder(tmp_path), Reporter(quiet=True), LazyRay(RuntimeConfig())):
+                (tmp_path / SPILL_FOLDER / "describe").mkdir()  # a stage's, emptied as it ends
+                if ending:
+                    raise ending
+        assert not (tmp_path / SPILL_FOLDER).exists()

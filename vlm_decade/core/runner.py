@@ -20,6 +20,7 @@ import ctypes
 import hashlib
 import json
 import platform
+import shutil
 import sys
 import time
 from collections import Counter
@@ -42,6 +43,7 @@ from vlm_decade.core.progress import Reporter
 from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.core.runtime import LazyRay
 from vlm_decade.core.smoke import resume_problem, smoke_note
+from vlm_decade.core.spill import SPILL_FOLDER
 
 REPORTED_PACKAGES = ("vlm-decade", "ray", "torch", "transformers", "sentence-transformers", "numpy", "scipy", "pyarrow")
 
@@ -399,6 +401,8 @@ class StudyRun:
                 self.folder.update_manifest(finished=now())
                 self.reporter.say(f"report: {self.folder.location}/report.html")
         finally:
+            # The stages' scratch: each clears its own, but a killed run's is left; none outlives a run.
+            shutil.rmtree(self.folder.root / SPILL_FOLDER, ignore_errors=True)
             if self._lock is not None:
                 self._lock.__exit__(None, None, None)
 

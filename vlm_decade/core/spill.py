@@ -1,6 +1,8 @@
 """Rows spread over numbered buckets on disk, so that a stage that must group or match rows of a
 table too big to hold works one bucket at a time: by a sha256 key's first two hex digits
-(`key_buckets`), or by any number (an image shard)."""
+(`key_buckets`), or by any number (an image shard). In a run folder they go under `SPILL_FOLDER`,
+scratch that each stage clears as it starts and ends, and the run removes when it ends (a killed
+run's is removed by the next)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import pyarrow.compute as pc
 # (`Spill(held=True)`), not on disk: once read they take about five times as much (texts and hex
 # keys compress well); a run of 110,000 images' responses is 53 MB of files.
 HOLD_FILES_BYTES = 96 * 2**20
+SPILL_FOLDER = ".spill"  # the run folder's scratch for spills
 DIGITS = pa.array([f"{d:02x}" for d in range(256)], pa.string())  # the buckets: a key's first two hex digits
 
 
