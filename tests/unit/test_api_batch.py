@@ -6,6 +6,7 @@ later gateway instead of being submitted again."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
@@ -160,6 +161,62 @@ def test_a_later_gateway_collects_pending_batches_instead_of_submitting_again(tm
     assert spend.unresolved == 0 and spend.paid == pytest.approx(sum(r["cost_usd"] for r in rows))
 
 
+def describe_in_waves(gw: Gateway, reqs: list[ChatRequest], pause_s: float, wave: int = 3) -> list[dict]:
+    """The describe stage's two steps: a few requests submitted at a time (its Ray tasks in turn, a
+    pause apart), then the answers of those that wait."""
+
+    async def go():
+        answers = []
+        for i in range(0, len(reqs), wave):
+            answers += await asyncio.gather(*[gw.submit(r, True) for r in reqs[i : i + wave]])
+            await asyncio.sleep(pause_s)
+        await gw.flush()
+        return [await gw.result(a["key"]) if a["status"] == "queued" else a for a in answers]
+
+    return run(go())
+
+
+def killed_waiting(gw: Gateway, reqs: list[ChatRequest]) -> None:
+    """A run that dies once its batch is submitted, waiting for it: nothing after is recorded."""
+
+    async def go():
+        for r in reqs:
+            await gw.submit(r, True)
+        await gw.flush()
+        for poller in gw.batch.pollers.values():
+            poller.cancel()
+
+    run(go())
+
+
+@pytest.mark.parametrize("provider", ["openai", "gemini"])
+@pytest.mark.parametrize(
+    "batch_s, before_s, kill",
+    [(0.3, 0.6, False), (0.8, 0.0, False), (2.5, 0.0, False), (0.3, 0.6, True), (1.2, 0.0, True)],
+    ids=["done-before-the-rerun", "done-while-it-asks", "done-after-it-asked", "killed-done-before", "killed"],
+)
+def test_rows_say_what_was_paid_whenever_their_batch_is_collected(tmp_path, provider, batch_s, before_s, kill):
+    """Batches a run left (it did not wait, or it was killed waiting) are collected by the next run
+    of the folder, done before its requests come, while they come or after: every answer is a row
+    that paid for it (not cached), a request asked twice pays once, and the rows sum to the spend
+    log."""
+    reqs = requests(provider, 10)
+    asked = reqs + reqs[:1]  # the same request twice
+    with FakeAPIServer(FaultConfig(batch_delay_s=batch_s)) as server:
+        if kill:
+            killed_waiting(gateway(server, provider, tmp_path), reqs)
+        else:
+            first = describe_in_waves(gateway(server, provider, tmp_path, wait=False), reqs, pause_s=0.0)
+            assert {r["status"] for r in first} == {"pending"}
+        time.sleep(before_s)
+        rows = describe_in_waves(gateway(server, provider, tmp_path), asked, pause_s=0.15)
+        assert server.counts()[f"{provider}.batches.create"] == 1 and len(server.batch_lines()) == 10
+    assert {r["status"] for r in rows} == {"ok"}
+    assert [r["cached"] for r in rows] == [False] * 10 + [True] and all(r["paid_usd"] > 0 for r in rows[:10])
+    spend = read_spend(tmp_path / "run" / "api" / f"{provider}.spend.jsonl")
+    assert spend.unresolved == 0 and sum(r["paid_usd"] for r in rows) == pytest.approx(spend.paid)
+
+
 def test_pending_batches_are_picked_up_by_a_run_folder_elsewhere_that_shares_the_cache(tmp_path):
     reqs = requests("openai", 4)
     with FakeAPIServer(FaultConfig(batch_delay_s=1.0)) as server:
@@ -285,7 +342,6 @@ def test_a_cancelled_batch_keeps_what_it_answered_and_leaves_the_rest_to_a_later
     """Cancelled halfway through its time, a batch has about half its lines answered: those are
     cached and paid; the rest is resubmitted by no one, and a later gateway in sync mode sends
     exactly those."""
-    import time
 
     from vlm_decade.models.api.batch import run_batch_labels
 

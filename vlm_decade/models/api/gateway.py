@@ -257,7 +257,7 @@ class Gateway:
         the batch interface (none: as the provider's `mode` says). A request an earlier run left in
         a pending batch is collected from that batch in either mode, never bought again."""
         key = chat_key(self.name, req, self.revision)
-        if (self.cfg.mode == "batch" if batch is None else batch) or key in self.batch.batch_of:
+        if (self.cfg.mode == "batch" if batch is None else batch) or self.batch.holds(key):
             return await self.batch.chat(req)
         hit = self.cache.get("chat", key)
         if hit is not None:

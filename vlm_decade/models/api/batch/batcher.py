@@ -7,7 +7,10 @@ A batcher started later, by a rerun or on another machine that shares the cache 
 batches still pending and collects them instead of submitting their requests again (a batch whose
 submission was cut off before its id was recorded is found by its label among the provider's
 batches). Finished batches are downloaded, each line matched to its request by its key, priced at
-the batch price, written to the spend log and the cache at once, and handed back as rows; a line
+the batch price, written to the spend log and the cache at once, and handed back as rows; an answer
+bought here is handed out as bought (paid, not cached) once, whether its request came before the
+batch was collected or after (a rerun's requests arrive while its pollers collect), so the rows of
+a run folder sum to its spend log; a line
 that failed becomes an error row that a later run retries; the lines an expired batch (or one
 cancelled elsewhere) did not reach are submitted again (read back from disk), and nothing else.
 `cancel` stops batches on purpose: it keeps what they answered and submits nothing again.
@@ -66,6 +69,8 @@ class Batcher:
         self.groups: dict[tuple[str, str], list[Line]] = defaultdict(list)  # (kind, model) -> lines not submitted yet
         self.group_bytes: Counter = Counter()
         self.futures: dict[str, asyncio.Future] = {}
+        self.bought: dict[str, dict] = {}  # key -> chat answer collected here before any request asked for it
+        self.handed: set[str] = set()  # keys whose bought answer a row has: the next gets it at no cost
         self.tries: Counter = Counter()  # submissions per key by this gateway
         self.batch_of: dict[str, str] = {}  # key -> label of the batch it is in
         self.open: dict[str, dict] = {}  # label -> record, for batches not collected yet
@@ -84,7 +89,9 @@ class Batcher:
         `hold`: more requests are coming and the caller will `flush`, so no group is submitted
         after a pause, only when it is full."""
         key = chat_key(self.gw.name, req, self.gw.revision)
-        hit = self.gw.cache.get("chat", key)
+        if key in self.bought:
+            return self._hand_out(key, self.bought.pop(key))
+        hit = None if key in self.batch_of else self.gw.cache.get("chat", key)  # in a batch: collected from it
         if hit is not None:
             return cached_answer(hit)
 
@@ -101,7 +108,7 @@ class Batcher:
         """One text to embed: {"status": "ok", "entry"} (its cache entry) when the cache has it, a
         failed answer when it cannot be sent, else {"status": "queued"}; `hold` as for `submit`."""
         key = embed_key(self.gw.name, model_id, text, self.gw.revision)
-        hit = self.gw.cache.get("embed", key)
+        hit = None if key in self.batch_of else self.gw.cache.get("embed", key)
         if hit is not None:
             return {"status": "ok", "error": "", "entry": hit, "paid_usd": 0.0}
 
@@ -151,20 +158,37 @@ class Batcher:
         self._group(line, hold)
         return {"status": "queued", "key": key}
 
+    def holds(self, key: str) -> bool:
+        """Whether this request's answer comes from a batch (pending, or collected here and not
+        handed out yet) rather than from the cache or a new request."""
+        return key in self.batch_of or key in self.bought
+
     async def result(self, key: str) -> dict:
         future = self.futures.get(key)
         if future is None:
             return failed_answer("error", "no such request in this gateway")
-        return await asyncio.shield(future)
+        return self._hand_out(key, await asyncio.shield(future))
 
     async def chat(self, req: ChatRequest) -> dict:
         first = await self.submit(req)
         return first if first["status"] != "queued" else await self.result(first["key"])
 
+    def _hand_out(self, key: str, answer: dict) -> dict:
+        """A paid answer as the row of the first request given it; a later one (the same request
+        twice) shares it at no cost, as from the cache."""
+        if not answer.get("paid_usd") or "entry" in answer:  # vectors: paid once per request by `embed`
+            return answer
+        if key in self.handed:
+            return {**answer, "paid_usd": 0.0, "cached": True}
+        self.handed.add(key)
+        return answer
+
     def _settle(self, key: str, answer: dict) -> dict:
         future = self.futures.get(key)
         if future is not None and not future.done():
             future.set_result(answer)
+        elif answer.get("paid_usd") and "entry" not in answer:  # a chat answer no request here waits for yet
+            self.bought[key] = answer
         return answer
 
     # grouping and submitting ------------------------------------------------------------------
