@@ -21,6 +21,10 @@ class FaultConfig:
     latency_s: float = 0.0
     rate_429: float = 0.0
     retry_after_s: float = 1.0
+    # Where a 429 says to wait `retry_after_s`: "retry-after" (the header), "retry-info" (Gemini's
+    # google.rpc.RetryInfo in the error body), "ratelimit-reset" (OpenAI's x-ratelimit-* headers,
+    # requests used up), or "" (nowhere).
+    retry_hint: str = "retry-after"
     rate_500: float = 0.0
     rate_timeout: float = 0.0
     timeout_sleep_s: float = 5.0

@@ -128,7 +128,7 @@ class FakeHandler(BaseHTTPRequestHandler):
         if outcome == "timeout":
             time.sleep(fake.faults.timeout_sleep_s)
         if outcome == "429":
-            return self._send(429, _error(429, "rate limited"), {"Retry-After": f"{fake.faults.retry_after_s:g}"})
+            return self._send(429, *_rate_limited(fake.faults.retry_hint, fake.faults.retry_after_s))
         if outcome == "500":
             return self._send(500, _error(500, "internal error"))
         if outcome.isdigit():  # 400, or a status of `first_status`
@@ -292,6 +292,27 @@ def _multipart_file(content_type: str, body: bytes) -> tuple[bytes, str]:
         if name:
             return data[:-2] if data.endswith(b"\r\n") else data, name.group(1).decode()
     raise ValueError("no file in the upload")
+
+
+def _rate_limited(hint: str, wait_s: float) -> tuple[dict, dict]:
+    """(body, headers) of a 429 that says to wait `wait_s` where `hint` puts it (`FaultConfig.retry_hint`)."""
+    body = _error(429, "rate limited")
+    if hint == "retry-after":
+        return body, {"Retry-After": f"{wait_s:g}"}
+    if hint == "retry-info":
+        retry = {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": f"{wait_s:g}s"}
+        body["error"]["details"] = [{"@type": "type.googleapis.com/google.rpc.QuotaFailure", "violations": []}, retry]
+        return body, {}
+    if hint == "ratelimit-reset":
+        return body, {
+            "x-ratelimit-limit-requests": "60",
+            "x-ratelimit-remaining-requests": "0",
+            "x-ratelimit-reset-requests": f"{wait_s * 1000:g}ms",
+            "x-ratelimit-limit-tokens": "150000",
+            "x-ratelimit-remaining-tokens": "149000",
+            "x-ratelimit-reset-tokens": "20ms",
+        }
+    return body, {}
 
 
 def _error(code: int, message: str) -> dict:

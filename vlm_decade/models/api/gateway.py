@@ -51,6 +51,7 @@ from vlm_decade.models.api.endpoints import cache_revision, prices_field
 from vlm_decade.models.api.keys import Secret, scrub
 from vlm_decade.models.api.limits import RateLimiter
 from vlm_decade.models.api.providers import ChatRequest, chat_key, cost, embed_key, provider_class, text_tokens
+from vlm_decade.models.api.retries import refused, retry_delay
 from vlm_decade.models.api.spend import SpendLog, read_spend
 
 ACTOR_CONCURRENCY = 10_000  # asyncio tasks an actor accepts; the provider's own cap is inside
@@ -123,6 +124,7 @@ class Gateway:
             )
         self.driver = DriverWatch(driver_pid)
         self.on_the_wire = 0  # attempts sent whose answer (or failure) is not recorded yet
+        self.sending: dict[str, asyncio.Future] = {}  # chat key -> the row of the call sending it
         self.stats: Counter = Counter()
         self.backoff = wait_exponential_jitter(initial=0.5, max=8.0, jitter=0.5)
         self.jitter = random.Random(f"{provider}:{cache_dir}")  # seeded by the gateway's identity
@@ -153,9 +155,10 @@ class Gateway:
 
     # sending ----------------------------------------------------------------------------------
     def _wait(self, state) -> float:
-        """Retry-After when the server gave one (never sooner; a little jitter so retries do not
-        arrive together), else exponential backoff with jitter."""
-        after = self.provider.retry_after(state.outcome.exception())
+        """The wait the provider asked for, wherever it said so (`retries.retry_delay`: never
+        sooner; a little jitter so retries do not arrive together), else exponential backoff with
+        jitter."""
+        after = retry_delay(state.outcome.exception())
         if after is not None:
             return after + self.jitter.random() * 0.25
         return self.backoff(state)
@@ -189,6 +192,8 @@ class Gateway:
                 except BaseException as exc:
                     if self.provider.overload(exc):
                         self.slots.overloaded(ticket)
+                    if refused(exc):  # turned away unworked: the provider counts none of its tokens
+                        self.limiter.reconcile(entry, 0)
                     self.stats[f"failed:{type(exc).__name__}"] += 1
                     if self.log:
                         self.log.write(a=attempt, e="failed")
@@ -255,14 +260,49 @@ class Gateway:
         waits), input_tokens, output_tokens, cost_usd (what the answer cost when it was bought),
         paid_usd (what this call paid: 0 from the cache), model_version, cached. `batch`: through
         the batch interface (none: as the provider's `mode` says). A request an earlier run left in
-        a pending batch is collected from that batch in either mode, never bought again."""
+        a pending batch is collected from that batch in either mode, never bought again. A request
+        identical to one on its way is not sent: it waits for that one and shares its row, as a
+        cache hit (`cached`, nothing paid) when it is an answer, as it is when it failed."""
         key = chat_key(self.name, req, self.revision)
         if (self.cfg.mode == "batch" if batch is None else batch) or self.batch.holds(key):
             return await self.batch.chat(req)
-        hit = self.cache.get("chat", key)
-        if hit is not None:
-            self.stats["cache_hits"] += 1
-            return cached_answer(hit)
+        arrived = time.monotonic()
+        while True:
+            hit = self.cache.get("chat", key)
+            if hit is not None:
+                self.stats["cache_hits"] += 1
+                return cached_answer(hit)
+            sending = self.sending.get(key)
+            if sending is None:
+                return await self._send_once(req, key)
+            try:
+                row = await asyncio.shield(sending)  # a sharer cancelled leaves the sender alone
+            except asyncio.CancelledError:
+                if sending.cancelled() and not asyncio.current_task().cancelling():
+                    continue  # the sender was cancelled, not this call: it sends the request itself
+                raise
+            self.stats["shared"] += 1
+            if row["status"] != "ok":
+                return {**row, "paid_usd": 0.0}  # paid once, by the request that was sent
+            return {**cached_answer(row), "queued_s": max(0.0, time.monotonic() - arrived - row["latency_s"])}
+
+    async def _send_once(self, req: ChatRequest, key: str) -> dict:
+        """Send a request that no call is sending, its row offered to the identical ones that arrive
+        meanwhile (`sending`); cancelled, it leaves them to send it themselves."""
+        sending = asyncio.get_running_loop().create_future()
+        self.sending[key] = sending
+        try:
+            row = await self._send_chat(req, key)
+        except BaseException:
+            sending.cancel()
+            raise
+        finally:
+            del self.sending[key]
+        sending.set_result(row)
+        return row
+
+    async def _send_chat(self, req: ChatRequest, key: str) -> dict:
+        """The row of a request the cache does not hold, bought now."""
         try:
             price = self.price(req.model_id)
         except LookupError as exc:

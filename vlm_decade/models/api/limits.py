@@ -8,7 +8,9 @@ never counts more than the limit either.
 
 Tokens are reserved before a request at an estimate (input plus the output cap) and the entry is
 corrected to the usage the provider reports afterwards, so a run of short answers is not held to
-its worst case for long.
+its worst case for long; an attempt the provider refused unworked (a 429) is corrected to 0, as
+OpenAI and Gemini count no tokens of it. A correction that frees tokens wakes the head of the
+queue at once, so it does not sleep on until the reservation would have left the window.
 
 A limit that is None (an endpoint's rpm or tpm left out) is no limit.
 
@@ -37,6 +39,7 @@ class RateLimiter:
         self.queue: list[tuple[int, int]] = []  # (0 urgent | 1 first attempt, arrival number): a heap
         self.order = itertools.count()
         self.changed = asyncio.Condition()
+        self.waking: set[asyncio.Task] = set()  # wake-ups after a correction, kept until they run
 
     def _prune(self, now: float) -> None:
         while self.starts and self.starts[0] <= now - self.window:
@@ -100,6 +103,15 @@ class RateLimiter:
             self.spent.append([start, tokens])
             self.next_start = max(self.next_start, start + self.interval)
 
-    @staticmethod
-    def reconcile(entry: list, tokens: int) -> None:
+    def reconcile(self, entry: list, tokens: int) -> None:
+        """Correct a reservation (`acquire`'s entry) to the tokens the provider counted."""
+        freed = tokens < entry[1]
         entry[1] = tokens
+        if freed and self.queue:
+            task = asyncio.get_running_loop().create_task(self._wake())
+            self.waking.add(task)
+            task.add_done_callback(self.waking.discard)
+
+    async def _wake(self) -> None:
+        async with self.changed:
+            self.changed.notify_all()

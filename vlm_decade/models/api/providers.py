@@ -4,7 +4,7 @@ request carries (which models think, what a judge sends). Nothing else.
 Retries, limits, concurrency, caching and costs belong to the gateway; the clients' own retries are
 switched off so that exactly one layer decides when to try again: `max_retries=0` for openai (its
 httpx transport makes no retries of its own), and `HttpRetryOptions(attempts=1)` for google-genai,
-which otherwise re-sends a request after a dropped connection on its aiohttp transport. `retryable` and `retry_after` tell the gateway what a failure was.
+which otherwise re-sends a request after a dropped connection on its aiohttp transport. `retryable` and `overload` tell the gateway what a failure was (`retries`: how long the provider asks it to wait).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import numpy as np
 
 from vlm_decade.core.config import APIConfig, EndpointConfig, Price
 from vlm_decade.models.api.keys import Secret
+from vlm_decade.models.api.retries import status_code
 
 # The model families that think (reason) before they answer, by API, as the price table lists them:
 # OpenAI's o-series and GPT-5, Gemini 2.5 and 3. Their hidden thinking is output: it counts against
@@ -86,11 +87,6 @@ def png_size(png: bytes) -> tuple[int, int]:
     return struct.unpack(">II", png[16:24])
 
 
-def _status(exc: BaseException) -> int | None:
-    code = getattr(exc, "status_code", None) or getattr(exc, "code", None)
-    return code if isinstance(code, int) else None
-
-
 class Provider:
     name: str
 
@@ -128,7 +124,7 @@ class Provider:
     def retryable(exc: BaseException) -> bool:
         """Rate limits, server errors, timeouts, dropped connections and broken bodies are worth
         another try; other 4xx answers (bad request, auth, not found) would fail again."""
-        status = _status(exc)
+        status = status_code(exc)
         if status is not None:
             return status in (408, 409, 429) or status >= 500
         return isinstance(exc, (TimeoutError, asyncio.TimeoutError, ConnectionError, ValueError)) or _transport(exc)
@@ -136,27 +132,13 @@ class Provider:
     @staticmethod
     def overload(exc: BaseException) -> bool:
         """Whether a failure says the server has too much to do: 429, 503, or no answer in time."""
-        status = _status(exc)
+        status = status_code(exc)
         if status is not None:
             return status in (429, 503)
         names = {c.__name__ for c in type(exc).__mro__}
         return isinstance(exc, (TimeoutError, asyncio.TimeoutError)) or bool(
             names & {"APITimeoutError", "TimeoutException"}
         )
-
-    @staticmethod
-    def retry_after(exc: BaseException) -> float | None:
-        headers = getattr(getattr(exc, "response", None), "headers", None)
-        if headers is None:
-            return None
-        for header, scale in (("retry-after-ms", 1e-3), ("retry-after", 1.0)):
-            try:
-                value = headers.get(header)
-                if value is not None:
-                    return max(0.0, float(value) * scale)
-            except (TypeError, ValueError):
-                continue  # an HTTP date: fall back to backoff
-        return None
 
 
 def _transport(exc: BaseException) -> bool:
