@@ -13,15 +13,27 @@ extrapolated to N (said so in the output).
 The budget phase sends `--budget-requests` requests for each of two models of one provider
 (gpt-4o-mini and gpt-4o, all at once) through one gateway actor with `--budget` US$:
 `budget_overshoot` is what the server billed over the budget (must be <= 1.0; close to it, since
-only requests that could not fit are skipped). Prints JSON lines; the last one is the summary.
+only requests that could not fit are skipped).
 
-    .venv/bin/python benchmarks/api_throughput.py            # 2,000 requests at 600/min: ~3.5 min
-    .venv/bin/python benchmarks/api_throughput.py --quick    # 300 requests: ~35 s
+The tokens-per-minute phase measures the share of a tpm limit used with and without refusals: a
+plain `Gateway` (the minute scaled down to `--tpm-window` seconds, a tpm of `--tpm` tokens a
+window) sends more requests than the limit lets through, each reserving far more than it uses (an
+output cap of 1,000 tokens against answers of a few dozen, as a thinking model's cap is), to a fake
+server answering in 50 ms; once with no refusals, once with 3% of attempts answered 429
+(Retry-After 1 s). `share_of_tpm` is the tokens of the answers the server gave over
+`--tpm-windows` windows from the first arrival, as a share of the limit; `tpm_share_ratio` is the
+refused profile's share over the other's (target >= 0.95). Prints JSON lines; the last one is the
+summary.
+
+    .venv/bin/python benchmarks/api_throughput.py              # 2,000 requests at 600/min: ~5 min
+    .venv/bin/python benchmarks/api_throughput.py --quick      # 300 requests: ~2 min
+    .venv/bin/python benchmarks/api_throughput.py --tpm-only   # the tokens-per-minute phase: ~1.5 min
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import io
 import json
 import sys
@@ -36,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from vlm_decade.core.config import ProviderConfig
 from vlm_decade.core.runtime import start_ray
-from vlm_decade.models.api.gateway import gateway_actor
+from vlm_decade.models.api.gateway import Gateway, gateway_actor
 from vlm_decade.models.api.keys import Secret
 from vlm_decade.models.api.providers import ChatRequest, OpenAIProvider
 from vlm_decade.testing.fake_api import FakeAPIServer, FaultConfig, max_in_window
@@ -123,6 +135,70 @@ def budget_phase(ray, n: int, budget: float) -> dict:
     }
 
 
+def tpm_phase(refusals: float, tpm: int, window_s: float, windows: int) -> dict:
+    """The share of a tokens-per-minute limit the gateway uses when `refusals` of the attempts are
+    answered 429: the tokens the server answered with in `windows` windows from its first arrival."""
+    settings = OpenAIProvider.settings("gpt-4o-mini", {"max_output_tokens": 1000, "detail": "low"})
+    image = png()
+    fault = FaultConfig(latency_s=0.05, rate_429=refusals, retry_after_s=1.0, seed=4)
+    with FakeAPIServer(fault) as server, tempfile.TemporaryDirectory() as cache:
+        cfg = ProviderConfig(
+            rpm=None,
+            tpm=tpm,
+            max_concurrency=32,
+            timeout_s=2.0,
+            max_attempts=10,
+            base_url=server.openai_url,
+            budget_usd=None,
+        )
+        gateway = Gateway("openai", cfg, Secret("sk-bench"), Path(cache), window_s=window_s)
+        more_than_fit = 2 * windows * tpm // 100  # an answer uses over 100 tokens
+
+        async def drive() -> None:
+            tasks = [
+                asyncio.ensure_future(gateway.chat(ChatRequest("gpt-4o-mini", f"tpm prompt {i}", image, settings)))
+                for i in range(more_than_fit)
+            ]
+            await asyncio.sleep(windows * window_s + 2.0)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await gateway.provider.client.close()
+
+        asyncio.run(drive())
+        received = sorted(server.received(), key=lambda r: r.time)
+    start, span = received[0].time, windows * window_s
+    answered = [(r.time, r.input_tokens + r.output_tokens) for r in received if r.outcome == "ok"]
+    used = sum(n for t, n in answered if t < start + span)
+    most = max(sum(n for t, n in answered if t0 <= t < t0 + window_s) for t0, _ in answered)
+    times = [r.time for r in received if r.time < start + span]
+    return {
+        "refusals": refusals,
+        "tpm_per_window": tpm,
+        "window_s": window_s,
+        "windows": windows,
+        "attempts": len(times),
+        "refused": sum(r.outcome == "429" for r in received if r.time < start + span),
+        "share_of_tpm": round(used / (tpm * windows), 4),
+        "most_in_any_window": round(most / tpm, 4),
+        "longest_gap_s": round(max(b - a for a, b in zip(times, times[1:])), 3),
+    }
+
+
+def tpm_shares(args) -> dict:
+    """Both profiles of the tokens-per-minute phase, each printed, and their ratio."""
+    shares = {}
+    for refusals in (0.0, 0.03):
+        profile = tpm_phase(refusals, args.tpm, args.tpm_window, args.tpm_windows)
+        print(json.dumps({"phase": "tpm", **profile}))
+        shares[refusals] = profile["share_of_tpm"]
+    return {
+        "tpm_share": shares[0.0],
+        "tpm_share_refused_3pct": shares[0.03],
+        "tpm_share_ratio": round(shares[0.03] / shares[0.0], 4),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=2000)
@@ -132,7 +208,14 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=0.05, help="US$ the two models of the budget phase share")
     ap.add_argument("--budget-requests", type=int, default=300, help="requests per model in the budget phase")
     ap.add_argument("--quick", action="store_true", help="300 requests, 40 sequential")
+    ap.add_argument("--tpm", type=int, default=15_000, help="the tpm phase's limit: tokens per window")
+    ap.add_argument("--tpm-window", type=float, default=10.0, help="the tpm phase's minute, in seconds")
+    ap.add_argument("--tpm-windows", type=int, default=4, help="windows each tpm profile is measured over")
+    ap.add_argument("--tpm-only", action="store_true", help="only the tokens-per-minute phase")
     args = ap.parse_args()
+    if args.tpm_only:
+        print(json.dumps(tpm_shares(args)))
+        return
     if args.quick:
         args.requests, args.sequential = 300, 40
     settings = OpenAIProvider.settings("gpt-4o-mini", {})
@@ -191,6 +274,7 @@ def main() -> None:
     )
     budget = budget_phase(ray, args.budget_requests, args.budget)
     print(json.dumps({"phase": "budget", **budget}))
+    tpm = tpm_shares(args)
     wait = float(np.median(waits))
     print(
         json.dumps(
@@ -212,6 +296,7 @@ def main() -> None:
                 "budget_overshoot": budget["budget_overshoot"],
                 "latency_s": args.latency,
                 "faults": {"429": 0.20, "500": 0.05, "timeout": 0.02},
+                **tpm,
             }
         )
     )
