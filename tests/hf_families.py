@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.hf_tiny import _seeded, _tokenizer
+from tests.hf_tiny import CHAT_TEMPLATE, _seeded, _tokenizer, save_vlm
 
 QWEN_TOKENS = ("<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 QWEN_TEMPLATE = (
@@ -208,10 +208,229 @@ def save_idefics2(folder: Path) -> Path:
     return _save(folder, lambda: t.Idefics2ForConditionalGeneration(config), processor)
 
 
+def _named_tokenizer(named: dict[str, str]):
+    """The shared word-level tokenizer with special tokens the processor finds by name
+    (`tok.start_image_token`, `tok.start_image_token_id`, ...)."""
+    from transformers import PreTrainedTokenizerFast
+
+    tok = _tokenizer(tuple(named.values()))
+    specials = {k: getattr(tok, k) for k in ("pad_token", "bos_token", "eos_token", "unk_token")}
+    return PreTrainedTokenizerFast(tokenizer_object=tok.backend_tokenizer, **specials, extra_special_tokens=named)
+
+
+# InternVL-hf's turn: the image is one <IMG_CONTEXT>, which the processor widens to its tiles' tokens.
+INTERNVL_TEMPLATE = QWEN_TEMPLATE.replace("<|vision_start|><|image_pad|><|vision_end|>", "<IMG_CONTEXT>\n")
+
+
+def save_internvl(folder: Path) -> Path:
+    """InternVL in transformers' own (-hf) form: InternViT + Qwen2, images cut into up to two tiles."""
+    import transformers as t
+
+    tok = _named_tokenizer(
+        {
+            "im_start": "<|im_start|>",
+            "im_end": "<|im_end|>",
+            "start_image_token": "<img>",
+            "end_image_token": "</img>",
+            "context_image_token": "<IMG_CONTEXT>",
+            "video_token": "<video>",
+        }
+    )
+    config = t.InternVLConfig(
+        vision_config=dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            image_size=32,
+            patch_size=8,
+            initializer_range=1.0,
+        ),
+        text_config=_text(tok, model_type="qwen2"),
+        image_token_id=tok.context_image_token_id,
+        image_seq_length=4,
+    )
+    images = t.GotOcr2ImageProcessorPil(size={"height": 32, "width": 32}, crop_to_patches=True, max_patches=2)
+    processor = _images_only(t.InternVLProcessor)(
+        image_processor=images, tokenizer=tok, video_processor=None, image_seq_length=4, chat_template=INTERNVL_TEMPLATE
+    )
+    _save(folder, lambda: t.InternVLForConditionalGeneration(config), processor)
+    _with_video(folder, "InternVLVideoProcessor")
+    return folder
+
+
+def _idefics3(folder: Path, config_cls, model_cls, processor, images) -> Path:
+
+    tok = _tokenizer(("<|im_start|>", "<end_of_utterance>", "<fake_token_around_image>", "<image>", "<global-img>"))
+    config = config_cls(
+        vision_config=_SIGLIP_VISION,
+        text_config=_text(tok, model_type="llama"),
+        image_token_id=tok.convert_tokens_to_ids("<image>"),
+        scale_factor=2,
+    )
+    return _save(folder, lambda: model_cls(config), processor(images, tok, chat_template=IDEFICS_TEMPLATE))
+
+
+def save_idefics3(folder: Path) -> Path:
+    import transformers as t
+
+    images = t.Idefics3ImageProcessorPil(
+        size={"longest_edge": 32}, max_image_size={"longest_edge": 32}, do_image_splitting=False
+    )
+    processor = lambda i, tok, **kw: t.Idefics3Processor(i, tok, image_seq_len=4, **kw)  # noqa: E731
+    return _idefics3(folder, t.Idefics3Config, t.Idefics3ForConditionalGeneration, processor, images)
+
+
+def save_smolvlm(folder: Path) -> Path:
+    import transformers as t
+
+    images = t.SmolVLMImageProcessorPil(
+        size={"longest_edge": 32}, max_image_size={"longest_edge": 32}, do_image_splitting=False
+    )
+    family = _images_only(t.SmolVLMProcessor)
+    processor = lambda i, tok, **kw: family(i, tok, None, image_seq_len=4, **kw)  # noqa: E731
+    _idefics3(folder, t.SmolVLMConfig, t.SmolVLMForConditionalGeneration, processor, images)
+    _with_video(folder, "SmolVLMVideoProcessor")
+    return folder
+
+
+_CLIP_VISION = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    image_size=32,
+    patch_size=8,
+    projection_dim=32,
+    initializer_range=1.0,
+)
+_PINPOINTS = [[32, 32], [32, 64], [64, 32]]
+
+
+def save_llava_next(folder: Path) -> Path:
+    """LLaVA-NeXT: a CLIP tower over the base image and the tiles of its best-fitting grid."""
+    import transformers as t
+
+    tok = _tokenizer(("<image>",))
+    config = t.LlavaNextConfig(
+        vision_config=_CLIP_VISION,
+        text_config=_text(tok),
+        image_token_index=tok.convert_tokens_to_ids("<image>"),
+        image_grid_pinpoints=_PINPOINTS,
+        vision_feature_layer=-1,
+        vision_feature_select_strategy="default",
+    )
+    images = t.LlavaNextImageProcessorPil(
+        size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}, image_grid_pinpoints=_PINPOINTS
+    )
+    processor = t.LlavaNextProcessor(
+        images,
+        tok,
+        patch_size=8,
+        vision_feature_select_strategy="default",
+        chat_template=CHAT_TEMPLATE,
+        num_additional_image_tokens=1,
+    )
+    return _save(folder, lambda: t.LlavaNextForConditionalGeneration(config), processor)
+
+
+def save_llava_onevision(folder: Path) -> Path:
+    """LLaVA-OneVision: a SigLIP tower, any-resolution tiles, Qwen2."""
+    import transformers as t
+
+    tok = _tokenizer(("<|im_start|>", "<|im_end|>", "<image>", "<video>"))
+    config = t.LlavaOnevisionConfig(
+        vision_config=dict(_SIGLIP_VISION, model_type="siglip_vision_model"),
+        text_config=_text(tok, model_type="qwen2"),
+        image_token_index=tok.convert_tokens_to_ids("<image>"),
+        video_token_index=tok.convert_tokens_to_ids("<video>"),
+        image_grid_pinpoints=_PINPOINTS,
+        vision_feature_layer=-1,
+    )
+    images = t.LlavaOnevisionImageProcessorPil(size={"height": 32, "width": 32}, image_grid_pinpoints=_PINPOINTS)
+    template = QWEN_TEMPLATE.replace("<|vision_start|><|image_pad|><|vision_end|>", "<image>\n")
+    processor = _images_only(t.LlavaOnevisionProcessor)(
+        images, tok, None, num_image_tokens=16, vision_feature_select_strategy="full", chat_template=template
+    )
+    _save(folder, lambda: t.LlavaOnevisionForConditionalGeneration(config), processor)
+    _with_video(folder, "LlavaOnevisionVideoProcessor")
+    return folder
+
+
+def save_gemma3(folder: Path) -> Path:
+    """Gemma 3: a SigLIP tower pooled to 4 tokens an image, Gemma 3's text model."""
+    import transformers as t
+
+    named = {"boi_token": "<start_of_image>", "image_token": "<image_soft_token>", "eoi_token": "<end_of_image>"}
+    tok = _named_tokenizer({"start_of_turn": "<start_of_turn>", "end_of_turn": "<end_of_turn>", **named})
+    tok.add_tokens(["model"])  # Gemma's assistant role
+    config = t.Gemma3Config(
+        vision_config=_SIGLIP_VISION,
+        text_config=_text(tok, model_type="gemma3_text", sliding_window=64),
+        mm_tokens_per_image=4,
+        boi_token_index=tok.boi_token_id,
+        eoi_token_index=tok.eoi_token_id,
+        image_token_index=tok.image_token_id,
+        tie_word_embeddings=False,  # tied, a random model repeats its last token
+    )
+    template = (
+        "{% for m in messages %}<start_of_turn>{{ m['role'] }}\n{% for c in m['content'] %}"
+        "{% if c['type'] == 'image' %}<start_of_image>{% else %}{{ c['text'] }}{% endif %}{% endfor %}"
+        "<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+    )
+    images = t.Gemma3ImageProcessorPil(size={"height": 32, "width": 32})
+    processor = t.Gemma3Processor(images, tok, chat_template=template, image_seq_length=4)
+    return _save(folder, lambda: t.Gemma3ForConditionalGeneration(config), processor)
+
+
+def save_mllama(folder: Path) -> Path:
+    """Mllama (Llama 3.2 Vision): tiled images read through a cross-attention layer."""
+    import transformers as t
+
+    tok = _tokenizer(("<|image|>", "<|python_tag|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"))
+    ratios = [[1, 1], [1, 2], [2, 1]]
+    config = t.MllamaConfig(
+        vision_config=dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_global_layers=1,
+            attention_heads=2,
+            vision_output_dim=64,
+            image_size=32,
+            patch_size=8,
+            max_num_tiles=2,
+            intermediate_layers_indices=[0],
+            supported_aspect_ratios=ratios,
+            initializer_range=1.0,
+        ),
+        text_config=_text(tok, cross_attention_layers=[1], rope_parameters={"rope_type": "default", "rope_theta": 1e4}),
+        image_token_index=tok.convert_tokens_to_ids("<|image|>"),
+    )
+    template = (
+        "{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n{% for c in m['content'] %}"
+        "{% if c['type'] == 'image' %}<|image|>{% else %}{{ c['text'] }}{% endif %}{% endfor %}<|eot_id|>"
+        "{% endfor %}{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+    )
+    images = t.MllamaImageProcessorPil(size={"height": 32, "width": 32}, max_image_tiles=2)
+    return _save(
+        folder, lambda: t.MllamaForConditionalGeneration(config), t.MllamaProcessor(images, tok, chat_template=template)
+    )
+
+
+# Llama 4 is not here: transformers has its image processor only in torchvision form (docs/models.md).
 VLM_FAMILIES = {
-    "PaliGemma": save_paligemma,
-    "Idefics2": save_idefics2,
     "Qwen2-VL": save_qwen2_vl,
     "Qwen2.5-VL": save_qwen2_5_vl,
     "Qwen3-VL": save_qwen3_vl,
+    "InternVL": save_internvl,
+    "LLaVA-1.5": save_vlm,
+    "LLaVA-NeXT": save_llava_next,
+    "LLaVA-OneVision": save_llava_onevision,
+    "Idefics2": save_idefics2,
+    "Idefics3": save_idefics3,
+    "SmolVLM": save_smolvlm,
+    "Gemma 3": save_gemma3,
+    "PaliGemma": save_paligemma,
+    "Mllama": save_mllama,
 }

@@ -19,11 +19,26 @@ import numpy as np
 from vlm_decade.models.backends.hf_common import GenerationOptions, HFBackend, generation_kwargs
 
 
+class _NoVideo:
+    """Where a family's video processor would be: what its image path reads of one (SmolVLM's chat
+    template asks for frame settings), and a clear error if a video ever comes."""
+
+    num_frames = None
+    fps = None
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError("videos need torchvision, which is not installed")
+
+
 def _images_only(family: type) -> type:
     """`family` (a processor class) with its video processor left out of the parts it loads and
     checks; its own __init__ takes video_processor=None."""
     parts = [part for part in family.get_attributes() if "video" not in part]
-    return type(family.__name__, (family,), {"get_attributes": classmethod(lambda cls: parts)})
+    return type(
+        family.__name__,
+        (family,),
+        {"get_attributes": classmethod(lambda cls: parts), "video_processor": _NoVideo()},
+    )
 
 
 def load_processor(source: str, **kwargs):
