@@ -62,22 +62,40 @@ def test_image_and_prompt_arrive_and_usage_is_billed(server, tmp_path, provider,
     assert row["model_version"].startswith(model) and row["cost_usd"] > 0
 
 
+def thinks_low(budget: int | None = None, level: str | None = None) -> dict:
+    """A Gemini thinking model's generationConfig: the larger cap, and how much it thinks."""
+    said = {"thinkingBudget": budget} if level is None else {"thinkingLevel": level}
+    return {"maxOutputTokens": 2000, "temperature": 0.0, "thinkingConfig": said}
+
+
 @pytest.mark.parametrize(
-    "provider,model,sent",
+    "provider,model,options,sent",
     [
-        ("openai", "gpt-4o", {"max_completion_tokens": 300, "temperature": 0.0}),
-        ("openai", "o3", {"max_completion_tokens": 2000}),
-        ("openai", "gpt-5-mini", {"max_completion_tokens": 2000}),
-        ("gemini", "gemini-2.0-flash", {"maxOutputTokens": 300, "temperature": 0.0}),
-        ("gemini", "gemini-2.5-flash", {"maxOutputTokens": 2000, "temperature": 0.0}),
-        ("gemini", "gemini-3-pro-preview", {"maxOutputTokens": 2000, "temperature": 0.0}),
+        ("openai", "gpt-4o", {}, {"max_completion_tokens": 300, "temperature": 0.0}),
+        ("openai", "o1", {}, {"max_completion_tokens": 2000, "reasoning_effort": "low"}),
+        ("openai", "o1-mini", {}, {"max_completion_tokens": 2000}),  # takes no effort
+        ("openai", "o3", {}, {"max_completion_tokens": 2000, "reasoning_effort": "low"}),
+        ("openai", "o4-mini", {}, {"max_completion_tokens": 2000, "reasoning_effort": "low"}),
+        ("openai", "gpt-5-mini", {}, {"max_completion_tokens": 2000, "reasoning_effort": "low"}),
+        ("openai", "gpt-5.1", {}, {"max_completion_tokens": 2000, "reasoning_effort": "low"}),
+        ("openai", "gpt-5-pro", {}, {"max_completion_tokens": 2000, "reasoning_effort": "high"}),  # only high
+        ("openai", "o3", {"reasoning_effort": "high"}, {"max_completion_tokens": 2000, "reasoning_effort": "high"}),
+        ("gemini", "gemini-2.0-flash", {}, {"maxOutputTokens": 300, "temperature": 0.0}),
+        ("gemini", "gemini-2.5-flash", {}, thinks_low(budget=1024)),
+        ("gemini", "gemini-2.5-pro", {}, thinks_low(budget=1024)),
+        ("gemini", "gemini-2.5-flash-lite", {}, thinks_low(budget=0)),  # thinks only when told to
+        ("gemini", "gemini-2.5-flash", {"thinking_budget": 0}, thinks_low(budget=0)),
+        ("gemini", "gemini-3-pro-preview", {}, thinks_low(level="LOW")),
+        ("gemini", "gemini-3-pro-preview", {"thinking_level": "high"}, thinks_low(level="HIGH")),
     ],
 )
-def test_a_thinking_model_is_sent_room_to_think(server, tmp_path, provider, model, sent):
-    # A description request's settings as the body carries them: a thinking model's hidden output
-    # counts against the cap, so it gets the larger one, whichever family it is of.
-    chat(gateway(server, provider, tmp_path), model, "Describe the image.", png(4))
+def test_a_thinking_model_is_sent_its_own_settings_and_room_to_answer(server, tmp_path, provider, model, options, sent):
+    # A description request's settings as the body carries them, in the API's spelling: a thinking
+    # model's hidden output counts against the cap, so it gets the larger one and is told to think
+    # little (Gemini 2.5: a budget, Gemini 3: a level, OpenAI: an effort), whichever family it is of.
+    row = chat(gateway(server, provider, tmp_path), model, "Describe the image.", png(4), **options)
     (body,) = [json.loads(r.body) for r in server.received()]
+    assert row["status"] == "ok", row
     if provider == "gemini":
         assert body["generationConfig"] == sent
     else:

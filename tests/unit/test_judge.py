@@ -131,7 +131,7 @@ def test_a_missing_path_bad_options_and_a_model_without_chat_template_are_refuse
     "backend,model_id,options,expected",
     [
         ("openai", "gpt-4o-mini", {}, {"max_output_tokens": 16, "temperature": 0.0}),
-        ("openai", "o3", {}, {"max_output_tokens": 2000}),  # reasoning tokens need room
+        ("openai", "o3", {}, {"max_output_tokens": 2000, "reasoning_effort": "low"}),  # reasoning tokens need room
         ("openai", "gpt-4o", {"max_output_tokens": 4}, {"max_output_tokens": 4, "temperature": 0.0}),
         ("gemini", "gemini-2.0-flash", {}, {"max_output_tokens": 16, "temperature": 0.0}),
         (
@@ -140,7 +140,12 @@ def test_a_missing_path_bad_options_and_a_model_without_chat_template_are_refuse
             {"thinking_budget": 0},
             {"max_output_tokens": 2000, "temperature": 0.0, "thinking_budget": 0},
         ),
-        ("gemini", "gemini-3-pro-preview", {}, {"max_output_tokens": 2000, "temperature": 0.0}),
+        (
+            "gemini",
+            "gemini-3-pro-preview",
+            {},
+            {"max_output_tokens": 2000, "temperature": 0.0, "thinking_level": "low"},
+        ),
     ],
 )
 def test_api_judge_settings_cap_output_at_16_unless_the_model_reasons(backend, model_id, options, expected):

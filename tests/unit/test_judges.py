@@ -186,6 +186,13 @@ def test_a_rating_is_text_only_with_the_judges_output_cap():
     )
     assert judge_settings(s.judge_metrics[0]) == {"max_output_tokens": 512, "temperature": 0.0}
     assert judge_settings(s.judge_metrics[1]) == {"max_output_tokens": 900, "temperature": 0.0, "detail": "auto"}
+    # A thinking judge's thinking counts against the cap: it keeps the larger one, thinking little.
+    thinking = study([{"name": "CLAIR", "kind": "rating", "backend": "gemini", "model_id": "gemini-2.5-flash"}])
+    assert judge_settings(thinking.judge_metrics[0]) == {
+        "max_output_tokens": 2000,
+        "temperature": 0.0,
+        "thinking_budget": 1024,
+    }
 
 
 def test_judge_metric_names_are_metric_names():

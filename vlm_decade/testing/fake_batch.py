@@ -288,6 +288,7 @@ class BatchStore:
             batch=batch.id,
             answered=time.time(),
             delivered=not failed,
+            body=json.dumps(body).encode(),
         )
         if failed:
             error = {"code": 500, "message": "internal error", "status": "INTERNAL", "type": "server_error"}

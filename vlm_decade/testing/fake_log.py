@@ -30,7 +30,7 @@ class Received:
     mode: str = "sync"  # batch: a line of a batch (endpoint `<provider>.batch_line`)
     key: str = ""  # a batch line's custom id
     batch: str = ""  # a batch line's batch
-    body: bytes = field(default=b"", repr=False)  # the request body, as it arrived (sync requests)
+    body: bytes = field(default=b"", repr=False)  # the request body, as it arrived (a batch line: its request)
 
 
 def max_in_window(times: list[float], window_s: float = 60.0) -> int:

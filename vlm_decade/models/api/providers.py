@@ -23,10 +23,40 @@ from vlm_decade.core.config import APIConfig, EndpointConfig, Price
 from vlm_decade.models.api.keys import Secret
 from vlm_decade.models.api.retries import status_code
 
-# The model families that think (reason) before they answer, by API, as the price table lists them:
-# OpenAI's o-series and GPT-5, Gemini 2.5 and 3. Their hidden thinking is output: it counts against
-# the output cap, so they get a larger one, and OpenAI's take no temperature.
-THINKING = {"openai": ("o1", "o3", "o4", "gpt-5"), "gemini": ("gemini-2.5", "gemini-3")}
+
+@dataclass(frozen=True)
+class Thinks:
+    """How a family of models that think is told how much to: the option that says it (sent in the
+    API's spelling: OpenAI's `reasoning_effort`; Gemini's `thinkingConfig.thinkingBudget` or
+    `.thinkingLevel`) and what is sent when the model's options do not say; None: it takes none."""
+
+    option: str | None
+    default: str | int | None
+
+
+# The model families that think (reason) before they answer, by API and model id prefix (the longest
+# that matches decides), as the price table lists them: OpenAI's o-series and GPT-5, Gemini 2.5 and 3.
+# Their hidden thinking is output: it counts against the output cap, so they get a larger one
+# (THINKING_CAP), and they are told to think little by default, so the cap leaves the answer room.
+# o1-mini takes no effort; gpt-5-pro only "high"; Gemini 2.5 Flash-Lite does not think unless told to
+# (0 says so), Gemini 3 takes a level (its Pro: low or high) in place of a budget.
+THINKING = {
+    "openai": {
+        "o1": Thinks("reasoning_effort", "low"),
+        "o1-mini": Thinks(None, None),
+        "o3": Thinks("reasoning_effort", "low"),
+        "o4": Thinks("reasoning_effort", "low"),
+        "gpt-5": Thinks("reasoning_effort", "low"),
+        "gpt-5-pro": Thinks("reasoning_effort", "high"),
+    },
+    "gemini": {
+        "gemini-2.5": Thinks("thinking_budget", 1024),
+        "gemini-2.5-flash-lite": Thinks("thinking_budget", 0),
+        "gemini-3": Thinks("thinking_level", "low"),
+    },
+}
+THINKING_CAP = 2000  # output tokens of a thinking model: its thinking (about 1,000 at most by default) and the answer
+ANSWER_CAP = 300  # output tokens of a model that does not think
 EMBED_DIM = 3072  # text-embedding-3-large natively; gemini-embedding-001 through output_dimensionality
 
 
@@ -47,11 +77,40 @@ class Reply:
     input_tokens: int
     output_tokens: int  # as billed: reasoning / thinking tokens included
     model_version: str
+    unfinished: str = ""  # why a bought answer is no answer (empty, cut off, withheld): `unfinished`
+
+
+def unfinished(text: str, said: str, ended: str) -> str:
+    """Why an answer is none, as its row's error says ("" when it is one): the provider says (`said`,
+    e.g. "finish_reason length") it ended `cut` (at the output cap, which thinking counts against) or
+    `withheld` (a safety or recitation filter), or it ended `done` with an empty text."""
+    if ended == "cut":
+        return f"no complete answer: {said} (the output cap was reached, thinking included)"
+    if ended == "withheld":
+        return f"no answer: {said} (withheld by the provider)"
+    return "" if text else f"empty answer ({said})"
+
+
+def thinks(api: str, model_id: str) -> Thinks | None:
+    """How a model of an API (openai or gemini; an endpoint's `api`) is told how much to think, by
+    the longest family prefix of its id; None when it does not think."""
+    families = [f for f in THINKING.get(api, {}) if model_id.startswith(f)]
+    return THINKING[api][max(families, key=len)] if families else None
 
 
 def thinking(api: str, model_id: str) -> bool:
     """Whether a model of an API (openai or gemini; an endpoint's `api`) thinks before it answers."""
-    return model_id.startswith(THINKING.get(api, ()))
+    return thinks(api, model_id) is not None
+
+
+def thinking_settings(api: str, model_id: str, options: dict) -> dict:
+    """The thinking settings a model's requests carry: those its options give, else its family's
+    default (nothing for a model that does not think, or whose family takes none)."""
+    given = {k: options[k] for k in ("reasoning_effort", "thinking_budget", "thinking_level") if k in options}
+    family = thinks(api, model_id)
+    if given or family is None or family.option is None:
+        return given
+    return {family.option: family.default}
 
 
 def chat_key(provider: str, req: ChatRequest, revision: str | None = None) -> str:
@@ -174,12 +233,11 @@ class OpenAIProvider(Provider):
         # Reasoning models take no temperature, and their hidden reasoning tokens count against
         # max_completion_tokens, so they get a larger cap.
         if thinking(cls.name, model_id):
-            out = {"max_output_tokens": int(options.get("max_output_tokens", 2000))}
-            if "reasoning_effort" in options:
-                out["reasoning_effort"] = str(options["reasoning_effort"])
+            out = {"max_output_tokens": int(options.get("max_output_tokens", THINKING_CAP))}
+            out.update({k: str(v) for k, v in thinking_settings(cls.name, model_id, options).items()})
         else:
             out = {
-                "max_output_tokens": int(options.get("max_output_tokens", 300)),
+                "max_output_tokens": int(options.get("max_output_tokens", ANSWER_CAP)),
                 "temperature": float(options.get("temperature", 0.0)),
             }
         out["detail"] = str(options.get("detail", "auto"))
@@ -222,12 +280,22 @@ class OpenAIProvider(Provider):
 
             r = ChatCompletion.model_validate(r)
         usage = r.usage
+        choice = r.choices[0] if r.choices else None
+        text = ((choice.message.content if choice else None) or "").strip()
+        # An OpenAI-compatible server may end otherwise (eos, null): only a cap or a filter is no answer.
+        reason = choice.finish_reason if choice else None
+        why = unfinished(
+            text, f"finish_reason {reason}", {"length": "cut", "content_filter": "withheld"}.get(reason, "done")
+        )
+        if not why and choice is not None and getattr(choice.message, "refusal", None):
+            why = f"refused: {choice.message.refusal}"
         # completion_tokens already includes reasoning tokens, which are billed as output.
         return Reply(
-            (r.choices[0].message.content or "").strip(),
+            text,
             usage.prompt_tokens if usage else 0,
             usage.completion_tokens if usage else 0,
             r.model + (f"+{r.system_fingerprint}" if r.system_fingerprint else ""),
+            why,
         )
 
     async def chat(self, req: ChatRequest) -> Reply:
@@ -267,13 +335,14 @@ class GeminiProvider(Provider):
     @classmethod
     def settings(cls, model_id: str, options: dict) -> dict:
         # Thinking models think by default and count thinking against max_output_tokens.
-        thinks = thinking(cls.name, model_id)
         out = {
-            "max_output_tokens": int(options.get("max_output_tokens", 2000 if thinks else 300)),
+            "max_output_tokens": int(
+                options.get("max_output_tokens", THINKING_CAP if thinking(cls.name, model_id) else ANSWER_CAP)
+            ),
             "temperature": float(options.get("temperature", 0.0)),
         }
-        if "thinking_budget" in options:
-            out["thinking_budget"] = int(options["thinking_budget"])
+        for k, v in thinking_settings(cls.name, model_id, options).items():
+            out[k] = int(v) if k == "thinking_budget" else str(v).lower()
         return out
 
     @classmethod
@@ -286,8 +355,9 @@ class GeminiProvider(Provider):
         (if any) before the prompt, spelled out as the REST API takes it (a batch's input file)."""
         t, s = self.types, req.settings
         config = t.GenerateContentConfig(temperature=s["temperature"], max_output_tokens=s["max_output_tokens"])
-        if "thinking_budget" in s:
-            config.thinking_config = t.ThinkingConfig(thinking_budget=s["thinking_budget"])
+        thought = {k: s[k] for k in ("thinking_budget", "thinking_level") if k in s}
+        if thought:  # sent as REST spells it by `as_sent`
+            config.thinking_config = t.ThinkingConfig(**thought)
         parts = [t.Part.from_text(text=req.prompt)]
         if req.image_png is not None:
             parts.insert(0, t.Part.from_bytes(data=req.image_png, mime_type="image/png"))
@@ -298,11 +368,33 @@ class GeminiProvider(Provider):
         """A GenerateContentResponse (sync, or a batch's inlined response) as a `Reply`."""
         u = r.usage_metadata
         out = ((u.candidates_token_count or 0) + (u.thoughts_token_count or 0)) if u else 0
-        return Reply((r.text or "").strip(), (u.prompt_token_count or 0) if u else 0, out, r.model_version or model_id)
+        text = (r.text or "").strip() if r.candidates else ""
+        if r.candidates:
+            reason = getattr(r.candidates[0].finish_reason, "name", r.candidates[0].finish_reason)
+            ended = {None: "done", "STOP": "done", "FINISH_REASON_UNSPECIFIED": "done", "MAX_TOKENS": "cut"}
+            why = unfinished(text, f"finishReason {reason}", ended.get(reason, "withheld"))
+        else:  # the prompt itself was blocked
+            blocked = r.prompt_feedback.block_reason if r.prompt_feedback else None
+            why = unfinished(
+                text, f"blockReason {getattr(blocked, 'name', blocked)}", "withheld" if blocked else "done"
+            )
+        return Reply(text, (u.prompt_token_count or 0) if u else 0, out, r.model_version or model_id, why)
+
+    @staticmethod
+    def as_sent(config):
+        """A request's config as it is handed to the client: google-genai sends a `ThinkingConfig`
+        with its Python names (`thinking_budget`), so it goes as the documented REST fields
+        (`thinkingBudget`, `thinkingLevel`), which the client passes on as they are."""
+        if config is None or config.thinking_config is None:
+            return config
+        spelled = config.thinking_config.model_dump(mode="json", by_alias=True, exclude_none=True)
+        return config.model_copy(update={"thinking_config": spelled})
 
     async def chat(self, req: ChatRequest) -> Reply:
         contents, config = self.request_parts(req)
-        r = await self.client.aio.models.generate_content(model=req.model_id, contents=contents, config=config)
+        r = await self.client.aio.models.generate_content(
+            model=req.model_id, contents=contents, config=self.as_sent(config)
+        )
         return self.reply_from(r, req.model_id)
 
     async def embed(self, model_id: str, texts: list[str]) -> tuple[np.ndarray, int, str]:

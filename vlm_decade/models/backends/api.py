@@ -4,7 +4,7 @@ These backends are `remote`: they never sit in the describe stage's CPU actor po
 stage encodes each stimulus as PNG bytes in loader tasks and sends the requests through the
 provider's gateway actor (`vlm_decade.models.api.gateway`), which holds the limits, cache and budget.
 Options (`models[].options`): temperature, max_output_tokens, detail (openai), reasoning_effort
-(openai o-series / gpt-5), thinking_budget (gemini 2.5).
+(openai o-series / gpt-5), thinking_budget (gemini 2.5), thinking_level (gemini 3).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class OpenAITextOptions(ChatOptions):
     """OpenAI's chat options for a request without an image (the LI judge)."""
 
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] = Field(
-        None, description="o-series and gpt-5 models: how much they reason (default: the model's own)"
+        None, description="o-series and gpt-5 models: how much they reason (default: low; gpt-5-pro: high)"
     )
 
 
@@ -48,7 +48,10 @@ class GeminiOptions(ChatOptions):
     thinking_budget: int = Field(
         None,
         ge=-1,
-        description="Gemini 2.5: thinking tokens (0: none; -1: the model decides; default: the model's own)",
+        description="Gemini 2.5: thinking tokens (0: none; -1: the model decides; default: 1024, Flash-Lite 0)",
+    )
+    thinking_level: Literal["minimal", "low", "medium", "high"] = Field(
+        None, description="Gemini 3: how much it thinks (its Pro: low or high; default: low)"
     )
 
 

@@ -260,7 +260,8 @@ class JudgeMetricConfig(Settings):
     )
     options: dict[str, Any] = Field(
         default_factory=dict,
-        description="temperature (0), max_output_tokens (512), reasoning_effort, thinking_budget, detail.",
+        description="temperature (0), max_output_tokens (512; a thinking model's: 2000), reasoning_effort, "
+        "thinking_budget, thinking_level, detail.",
     )
     mode: Literal["sync", "batch"] | None = operational(
         None, "sync or batch (none: its provider's `mode`; docs/api.md)."

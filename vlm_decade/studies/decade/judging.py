@@ -65,15 +65,15 @@ def check_judges(study: StudyConfig) -> list[Problem]:
 
 
 def judge_settings(judge: JudgeMetricConfig) -> dict:
-    """The generation settings the judge sends: the judges' output cap, thinking or not; a rating
-    sends no image."""
+    """The generation settings the judge sends: the judges' output cap, unless the model thinks (its
+    thinking counts against the cap: it keeps the provider's larger one); a rating sends no image."""
     return api_judge_settings(
         judge.backend,
         judge.model_id,
         judge.options,
         judges.JUDGE_MAX_OUTPUT_TOKENS,
         image=judge.kind != "rating",
-        room_to_think=False,
+        room_to_think=True,
     )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import warnings
 
 from vlm_decade.models.api.batch.lines import Embedding, Limits, Line
@@ -55,6 +56,8 @@ class GeminiBatches:
             return batch.name
         if sum(len(json.dumps(line.payload)) for line in lines) <= GEMINI_INLINE_BYTES:
             src = [self.types.InlinedRequest.model_validate(line.payload) for line in lines]
+            for request in src:
+                request.config = self.provider.as_sent(request.config)
         else:  # too large to inline: a JSONL file of {"key", "request"} lines, uploaded through the Files API
             upload = await self.client.aio.files.upload(
                 file=io.BytesIO(self.file_lines(lines)), config={"mime_type": "jsonl", "display_name": label}
@@ -65,12 +68,13 @@ class GeminiBatches:
 
     @staticmethod
     def file_lines(lines: list[Line]) -> bytes:
-        """A batch's input file: each request as the REST API takes it (proto JSON, which accepts the
-        snake_case field names and base64 bytes of the inline payload), under its key."""
+        """A batch's input file: each request as the REST API documents it (camelCase field names, as
+        the client sends a sync request: `generationConfig.thinkingConfig.thinkingBudget`; the
+        inline payload's base64 bytes), under its key."""
         rows = (
             {
                 "key": line.key,
-                "request": {"contents": line.payload["contents"], "generation_config": line.payload["config"]},
+                "request": _camel({"contents": line.payload["contents"], "generation_config": line.payload["config"]}),
             }
             for line in lines
         )
@@ -160,3 +164,12 @@ class GeminiBatches:
                 (batch.model or "").removeprefix("models/"),
             )
         return out
+
+
+def _camel(value):
+    """A payload with its field names spelled as REST JSON spells them (snake_case to camelCase)."""
+    if isinstance(value, dict):
+        return {re.sub(r"_([a-z])", lambda m: m.group(1).upper(), k): _camel(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_camel(v) for v in value]
+    return value
