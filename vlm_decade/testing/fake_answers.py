@@ -2,7 +2,7 @@
 
 A chat answer names the sha256 of each image's bytes and of the prompt (`chat_text`), so a test
 recomputes it from what it sent; `scripted` answers fixed texts by prompt substring instead (a judge
-that must read "1" or "0"). An embedding is a seeded normal vector keyed by its text
+that must read "1" or "0"), or answers that end early (`ended`: empty, cut off, withheld). An embedding is a seeded normal vector keyed by its text
 (`fake_vector`), and `tokens` is the fake's token count: one per four characters.
 """
 
@@ -37,6 +37,22 @@ def scripted(rules: dict[str, str], otherwise: ChatAnswer = chat_text) -> ChatAn
                 return text
         return otherwise(prompt, images)
 
+    return answer
+
+
+class Ended(str):
+    """An answer text that ends otherwise than complete, as `ended` makes it."""
+
+    how = "done"
+
+
+def ended(how: str, text: str = "") -> Ended:
+    """An answer the fake ends `how`: cut (at the output cap: OpenAI's finish_reason length,
+    Gemini's finishReason MAX_TOKENS), safety (content_filter, SAFETY) or recitation
+    (content_filter, RECITATION), with what it says of `text`; `ended("done")` is an empty answer
+    that ends as a complete one does. A knob for `scripted`, e.g. {"Describe": ended("cut")}."""
+    answer = Ended(text)
+    answer.how = how
     return answer
 
 

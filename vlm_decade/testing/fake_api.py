@@ -12,7 +12,7 @@ It speaks the wire formats the official clients use (`openai.AsyncOpenAI(base_ur
 Answers are derived from the request, so a test can check what arrived: a chat answer names the
 sha256 of each image's bytes and of the prompt (`chat_text`), or is whatever the server's `answer`
 function makes of the prompt and images (`scripted` answers fixed texts by prompt substring, for a
-judge that must read "1" or "0"); an embedding is a seeded normal vector keyed by the text.
+judge that must read "1" or "0"; `ended` an answer that is empty, cut off or withheld); an embedding is a seeded normal vector keyed by the text.
 Faults come at configured rates (and `first_429` / `first_drop`: the first attempts of every
 payload answer 429, or lose their connection with no answer) and are deterministic: whether an attempt fails is drawn from a
 RNG seeded by (seed, payload hash, how many times this payload came before), so the same requests
@@ -38,7 +38,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
-from vlm_decade.testing.fake_answers import ChatAnswer, chat_text, fake_vector, image_sha, scripted
+from vlm_decade.testing.fake_answers import ChatAnswer, chat_text, ended, fake_vector, image_sha, scripted
 from vlm_decade.testing.fake_batch import BatchStore
 from vlm_decade.testing.fake_faults import FaultConfig, fault_outcome
 from vlm_decade.testing.fake_http import FakeHandler, FakeHTTPServer
@@ -156,6 +156,7 @@ __all__ = [
     "FaultConfig",
     "Received",
     "chat_text",
+    "ended",
     "fake_vector",
     "image_sha",
     "max_in_window",

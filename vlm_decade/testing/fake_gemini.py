@@ -2,7 +2,7 @@
 
 `gemini_answer` reads a generateContent body (images as inlineData, in either proto JSON spelling)
 and answers a GenerateContentResponse with the usage Gemini reports (258 tokens an image; 2.5
-models add 32 thought tokens); `gemini_embed_answer` answers embedContent and batchEmbedContents
+models add 32 thought tokens; an `ended` answer ends as it says); `gemini_embed_answer` answers embedContent and batchEmbedContents
 (vectors left unnormalised at reduced dimensions, as Gemini leaves them). Both are pure, so the
 HTTP handler and the batch store answer a request alike.
 """
@@ -28,9 +28,13 @@ def gemini_answer(answer: ChatAnswer, p: dict, model: str) -> dict:
                 images.append(base64.urlsafe_b64decode(inline["data"]))
     text = answer("\n".join(prompt), images)
     thoughts = 32 if "2.5" in model else 0
+    finish = {"cut": "MAX_TOKENS", "safety": "SAFETY", "recitation": "RECITATION"}.get(
+        getattr(text, "how", "done"), "STOP"
+    )
+    content = {"role": "model", **({"parts": [{"text": text}]} if text else {})}  # no text: no parts
     prompt_tokens = tokens("\n".join(prompt)) + 258 * len(images)
     return {
-        "candidates": [{"content": {"role": "model", "parts": [{"text": text}]}, "finishReason": "STOP", "index": 0}],
+        "candidates": [{"content": content, "finishReason": finish, "index": 0}],
         "usageMetadata": {
             "promptTokenCount": prompt_tokens,
             "candidatesTokenCount": tokens(text),

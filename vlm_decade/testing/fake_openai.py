@@ -2,7 +2,7 @@
 
 `openai_chat_answer` reads a chat completions body (images as data-URL parts) and answers a chat
 completion with the usage OpenAI reports (85 tokens an image; reasoning models, which refuse
-`temperature` and `max_tokens`, add 64 reasoning tokens); `openai_embed_answer` answers an
+`temperature` and `max_tokens`, add 64 reasoning tokens; an `ended` answer ends as it says); `openai_embed_answer` answers an
 embeddings body (base64 float32 or floats). Both are pure, so the HTTP handler and the batch store
 answer a request alike.
 """
@@ -35,6 +35,9 @@ def openai_chat_answer(answer: ChatAnswer, p: dict) -> dict:
         raise ValueError("reasoning models take max_completion_tokens and no temperature")
     text = answer("\n".join(prompt), images)
     thought = 64 if reasoning else 0
+    finish = {"cut": "length", "safety": "content_filter", "recitation": "content_filter"}.get(
+        getattr(text, "how", "done"), "stop"
+    )
     prompt_tokens = tokens("\n".join(prompt)) + 85 * len(images)
     return {
         "id": "chatcmpl-fake",
@@ -42,7 +45,7 @@ def openai_chat_answer(answer: ChatAnswer, p: dict) -> dict:
         "created": 0,
         "model": f"{model}-2025-01-01",
         "system_fingerprint": "fp_fake",
-        "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}],
+        "choices": [{"index": 0, "finish_reason": finish, "message": {"role": "assistant", "content": text}}],
         "usage": {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": tokens(text) + thought,

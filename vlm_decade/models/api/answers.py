@@ -1,5 +1,6 @@
 """The answers a gateway gives, in sync and batch mode alike, that no provider answered just now:
-one the cache holds, and one that failed (the fields of a `responses` row); and what a row says
+one the cache holds, one that failed, and one bought that is no answer (the fields of a
+`responses` row); and what a row says
 when the call to the gateway itself failed."""
 
 from __future__ import annotations
@@ -38,6 +39,21 @@ def failed_answer(status: str, error: str) -> dict:
         "model_version": "",
         "cached": False,
         "mode": "",
+    }
+
+
+def unfinished_answer(entry: dict, error: str, paid: float, queued: float | None) -> dict:
+    """The row of an answer bought but no answer (empty, cut off at the output cap, withheld: `error`
+    says which): an error row, sent again by the next run as any failed row (it is not cached),
+    with what it cost."""
+    return {
+        **entry,
+        "text": "",
+        "status": "error",
+        "error": error,
+        "queued_s": queued,
+        "paid_usd": paid,
+        "cached": False,
     }
 
 

@@ -43,7 +43,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 from vlm_decade.core.config import APIConfig, api_of
 from vlm_decade.core.errors import error_text
 from vlm_decade.models.api.adaptive import ConcurrencyGate
-from vlm_decade.models.api.answers import cached_answer, failed_answer
+from vlm_decade.models.api.answers import cached_answer, failed_answer, unfinished_answer
 from vlm_decade.models.api.batch import Batcher
 from vlm_decade.models.api.budget import Budget, BudgetStop
 from vlm_decade.models.api.cache import ResponseCache, entry_vector, vector_entry
@@ -325,14 +325,20 @@ class Gateway:
                 latency_s=latency,
                 mode="sync",
             )
-            self.cache.put("chat", key, entry)
+            if not reply.unfinished:  # no answer is cached: the next run asks again
+                self.cache.put("chat", key, entry)
 
         try:
             worst = cost(price, est_in, cap)
-            _, paid, queued, _ = await self._send(partial(self.provider.chat, req), est_in + cap, worst, price_of, keep)
+            reply, paid, queued, _ = await self._send(
+                partial(self.provider.chat, req), est_in + cap, worst, price_of, keep
+            )
         except Exception as exc:  # noqa: BLE001 - recorded as the row's error, never raised
             return failed_answer(*self.failure(exc))
         self.stats["requests"] += 1
+        if reply.unfinished:
+            self.stats["errors"] += 1
+            return unfinished_answer(entry, reply.unfinished, paid, queued)
         return {**entry, "status": "ok", "error": "", "queued_s": queued, "paid_usd": paid, "cached": False}
 
     # embeddings -------------------------------------------------------------------------------

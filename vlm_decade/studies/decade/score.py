@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import tempfile
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from vlm_decade.core.columns import json_strings, run_starts, sha256_hex
+from vlm_decade.core.columns import json_strings, run_starts, sha256_hex, stripped
 from vlm_decade.core.reuse import INPUTS, inputs_head, reusable
 from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.core.runner import Stage, StudyRun, Written
@@ -83,19 +83,36 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
+def said(texts: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """Whether each text says something: not null, not blank (the embed stage encodes no blank text)."""
+    return pc.fill_null(pc.greater(pc.binary_length(stripped(texts)), 0), False)
+
+
+def full_answers(responses: pa.Table) -> pa.Array | pa.ChunkedArray:
+    """Which responses are ok answers about the full image (those scored, when they say something)."""
+    return pc.and_(pc.equal(responses.column("status"), "ok"), pc.equal(responses.column("variant"), "full"))
+
+
+def blank_answers(responses: pa.Table) -> Counter:
+    """Per model, its ok full-image answers with no text (a backend or an imported file that answered
+    nothing): they have no vector, so they are not scored."""
+    blank = pc.and_(full_answers(responses), pc.invert(said(responses.column("text"))))
+    return Counter(responses.column("subject").filter(blank).to_pylist())
+
+
 def scoring_pairs(references: pa.Table, responses: pa.Table, texts: bool = True) -> pa.Table:
     """(subject, image_id, candidate, gold, candidate_key, gold_key) for every model's full-image
     description and every member of a human reference group; a group's value per image is the mean
-    over its members. `texts` False: the two text columns are left out (only pairwise metrics need
-    them; cosines need only the keys)."""
-    full = references.filter(pc.equal(references.column("condition"), "full"))
+    over its members. A blank text is in no pair (`blank_answers`). `texts` False: the two text
+    columns are left out (only pairwise metrics need them; cosines need only the keys)."""
+    full = references.filter(pc.and_(pc.equal(references.column("condition"), "full"), said(references.column("text"))))
     gold = (
         full.filter(pc.equal(full.column("role"), "gold"))
         .select(["image_id", "text"])
         .rename_columns(["image_id", "gold"])
     )
     gold = gold.append_column("gold_key", text_keys(gold.column("gold")))  # once per image, not per pair
-    ok = pc.and_(pc.equal(responses.column("status"), "ok"), pc.equal(responses.column("variant"), "full"))
+    ok = pc.and_(full_answers(responses), said(responses.column("text")))
     models = responses.filter(ok).select(["subject", "image_id", "text"])
     humans = full.filter(pc.is_in(full.column("role"), pa.array(list(HUMAN_GROUPS))))
     humans = pa.table(
@@ -293,6 +310,7 @@ def score_batches(
     pair_metrics=(),
     previous: pa.Table | RunFolder | None = None,
     settings=None,
+    unscored: Counter | None = None,
 ):
     """Cosine to the gold standard for each encoder in `metrics`, and each loaded pairwise metric in `pair_metrics` (e.g. BERTScore,
     `vlm_decade.models.metrics`), with each row's `inputs_sha256` (`image_inputs` under `settings`,
@@ -304,7 +322,8 @@ def score_batches(
     streamed (they may be too big to hold): the texts are spread over the shards in one pass, and
     wait with the shards' pairs and vectors in a temporary folder (the run folder's `.spill/`, for
     a run folder) between the passes; the rows, kept and new, wait there too, spread by metric and
-    subject, and come out a metric and subject at a time, sorted by image (`_Ordered`)."""
+    subject, and come out a metric and subject at a time, sorted by image (`_Ordered`). Each model's
+    ok answers that say nothing are counted in `unscored` (`blank_answers`), not scored."""
     schema = previous.schema("scores") if isinstance(previous, RunFolder) else getattr(previous, "schema", None)
     if schema is not None and schema.remove_metadata() != SCORED_SCHEMA.remove_metadata():
         previous = None  # a table of an earlier version: nothing of it is kept (`reusable`)
@@ -329,11 +348,14 @@ def score_batches(
         rows, todo = _Ordered(folder / "rows"), {}  # every row; the shards with images to score, and their images
         vectors = ShardVectors(folder)
 
-        def first_pass(shard: int) -> tuple[pa.Table, pa.Table | None, pa.ChunkedArray | None]:
-            """A shard's rows kept; and of the images to score (if any), which they are (with their
-            dataset) and the keys of the vectors their pairs need, the pairs written to disk."""
+        def first_pass(shard: int) -> tuple[Counter, pa.Table, pa.Table | None, pa.ChunkedArray | None]:
+            """A shard's blank answers (`blank_answers`) and rows kept; and of the images to score (if
+            any), which they are (with their dataset) and the keys of the vectors their pairs need,
+            the pairs written to disk."""
             of_shard = images.slice(shard * SHARD_IMAGES, SHARD_IMAGES).select(["image_id", "dataset"])
-            pairs = scoring_pairs(*(t.read(shard) for t in texts), bool(pair_metrics))
+            shard_texts = [t.read(shard) for t in texts]
+            blank = blank_answers(shard_texts[1])
+            pairs = scoring_pairs(*shard_texts, bool(pair_metrics))
             # One order of each image's pairs, so that a group's mean adds its members in the same
             # order whether the image is scored alone or with every other.
             pairs = pairs.sort_by([("image_id", "ascending"), ("subject", "ascending"), ("candidate_key", "ascending")])
@@ -342,19 +364,21 @@ def score_batches(
             kept = kept.select(SCORED_SCHEMA.names).cast(SCORED_SCHEMA)
             new = wanted.filter(pc.invert(pc.is_in(wanted.column("image_id"), kept.column("image_id"))))
             if not new.num_rows:
-                return kept, None, None
+                return blank, kept, None, None
             if new.num_rows < wanted.num_rows:
                 pairs = pairs.filter(pc.is_in(pairs.column("image_id"), new.column("image_id")))
             _write(folder / f"pairs-{shard}.arrow", pairs)
             keys = pa.chunked_array(pairs.column("candidate_key").chunks + pairs.column("gold_key").chunks)
-            return kept, new.join(of_shard, "image_id", join_type="inner").sort_by("image_id"), keys
+            return blank, kept, new.join(of_shard, "image_id", join_type="inner").sort_by("image_id"), keys
 
         # First pass: each shard's pairs, what of them is kept, and the vectors its other pairs need,
         # two shards at a time (their work is Arrow's and DuckDB's, mostly outside the GIL), taken
         # in shard order.
         shards = range(-(-images.num_rows // SHARD_IMAGES))
         with ThreadPoolExecutor(FIRST_PASS_THREADS) as pool:
-            for shard, (kept, new, keys) in zip(shards, _in_order(pool, first_pass, shards, FIRST_PASS_THREADS)):
+            for shard, (blank, kept, new, keys) in zip(shards, _in_order(pool, first_pass, shards, FIRST_PASS_THREADS)):
+                if unscored is not None:
+                    unscored.update(blank)
                 rows.add(kept)
                 if new is not None:
                     todo[shard] = new
@@ -454,6 +478,12 @@ def _shard_scores(pairs: pa.Table, todo: pa.Table, cosines: dict[str, np.ndarray
     return scores.select(SCORED_SCHEMA.names).cast(SCORED_SCHEMA)
 
 
+def unscored_line(unscored: Counter) -> str:
+    """What the scores lack, said: the ok answers with no text, per model."""
+    each = ", ".join(f"{subject} {n}" for subject, n in sorted(unscored.items()))
+    return f"{sum(unscored.values())} ok answers with no text are not scored ({each})"
+
+
 def unkeyed(scores: pa.Table) -> pa.Table:
     """Rows of scores computed from all images at once (caption metrics, judges' values): no row's
     inputs of its own, so none is kept from the last table."""
@@ -480,8 +510,12 @@ def stage(study: StudyConfig) -> Stage:
         folder = run.folder
         previous = folder if folder.trusted("scores") else None
 
+        unscored: Counter = Counter()
+
         def batches():
-            yield from score_batches(images, folder, folder, folder, encoders, metrics, previous, per_image)
+            yield from score_batches(images, folder, folder, folder, encoders, metrics, previous, per_image, unscored)
+            if unscored:
+                run.reporter.say(f"     scores       {unscored_line(unscored)}")
             if study.caption_metrics:  # against all human descriptions at once: these read the texts whole
                 from vlm_decade.studies.decade.captions import caption_metric_scores
 

@@ -20,7 +20,7 @@ from vlm_decade.studies.estimate import Line
 from vlm_decade.studies.openworld.config import OpenWorldStudyConfig
 from vlm_decade.studies.openworld.judge import LOCAL_BACKEND, LocalJudge, RemoteJudge, judge_available, judge_settings
 from vlm_decade.studies.openworld.metrics import judge_prompt, judgement_valid
-from vlm_decade.studies.openworld.scoring import judgement_key
+from vlm_decade.studies.openworld.scoring import answered, judgement_key
 
 JUDGEMENTS_SCHEMA = pa.schema(
     [
@@ -102,7 +102,7 @@ def pairs_to_judge(labels: pa.Table, responses: pa.Table) -> list[Pair]:
     """Each distinct question the judge must see, once: (label, prediction) with no alternatives (the
     paper's), and again with the label's accepted alternatives where it has some."""
     label_of = {r["image_id"]: r for r in labels.select(["image_id", "label", "accepted"]).to_pylist()}
-    ok = [r for r in responses.to_pylist() if r["status"] == "ok" and r["image_id"] in label_of]
+    ok = [r for r in responses.to_pylist() if answered(r) and r["image_id"] in label_of]
     pairs = set()
     for r in ok:
         info = label_of[r["image_id"]]

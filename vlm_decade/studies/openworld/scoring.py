@@ -19,6 +19,8 @@ both tables are the ones a fresh run writes.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pyarrow as pa
 
 from vlm_decade.core.reuse import INPUTS, reuse, unit_inputs
@@ -85,6 +87,19 @@ def judgement_key(label: str, prediction: str, accepted=()) -> tuple[str, str, t
     return label.strip(), prediction.strip(), tuple(accepted)
 
 
+def answered(response: dict) -> bool:
+    """Whether a response is an answer to score (and to judge): ok, and saying something. An ok
+    answer with no text (a backend or an imported file that answered nothing) has nothing to
+    score: it is counted (`blank_answers`), not scored."""
+    return response["status"] == "ok" and bool((response["text"] or "").strip())
+
+
+def blank_answers(responses: pa.Table) -> dict[str, int]:
+    """Per model, its ok answers with no text."""
+    rows = responses.select(["subject", "status", "text"]).to_pylist()
+    return dict(Counter(r["subject"] for r in rows if r["status"] == "ok" and not answered(r)))
+
+
 def _answers(judged: dict | None, label: str, text: str, accepted) -> tuple[str | None, str | None]:
     """The judge's raw answers about one prediction, without and with the label's alternatives."""
     if judged is None:
@@ -103,13 +118,13 @@ def score_predictions(
     previous: pa.Table | None = None,
     settings=None,
 ) -> tuple[pa.Table, pa.Table]:
-    """(scores, predictions) for every successful response. `judged` maps `judgement_key`s to the
+    """(scores, predictions) for every successful response that says something (`answered`). `judged` maps `judgement_key`s to the
     judge's raw answer; None when no judge ran (LI is then left out, and outcomes are `unjudged`).
     The rows of `previous` (the last predictions) whose `inputs_sha256` (under `settings`, what else
     decides the values: the encoder, the thresholds) is unchanged are kept; only the others are
     computed, their texts encoded together in one call."""
     label_of = {r["image_id"]: r for r in labels.to_pylist()}
-    ok = [r for r in responses.to_pylist() if r["status"] == "ok" and r["image_id"] in label_of]
+    ok = [r for r in responses.to_pylist() if answered(r) and r["image_id"] in label_of]
     # Everything a prediction's row is computed from. Whether some label has alternatives is not:
     # it decides only which rows of `scores` there are, and those are built from every prediction.
     inputs = []
@@ -225,9 +240,14 @@ def stage(study: OpenWorldStudyConfig, no_judge: str | None) -> Stage:
                 for r in run.table("judgements").to_pylist()
                 if r["status"] == "ok"
             }
+        responses = run.table("responses")
+        blank = blank_answers(responses)
+        if blank:
+            each = ", ".join(f"{subject} {n}" for subject, n in sorted(blank.items()))
+            run.reporter.say(f"     scores       {sum(blank.values())} ok answers with no text are not scored ({each})")
         scores, predictions = score_predictions(
             run.table("labels"),
-            run.table("responses"),
+            responses,
             judged,
             encode,
             load_nlp(),

@@ -29,7 +29,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from vlm_decade.core.config import ProviderConfig
-from vlm_decade.models.api.answers import cached_answer, failed_answer
+from vlm_decade.models.api.answers import cached_answer, failed_answer, unfinished_answer
 from vlm_decade.models.api.batch.gemini_batches import GeminiBatches
 from vlm_decade.models.api.batch.lines import BATCH_DISCOUNT, EMBED_LINES, FINISHED, Embedding, Line
 from vlm_decade.models.api.batch.openai_batches import OpenAIBatches
@@ -403,8 +403,11 @@ class Batcher:
                     self.gw.log.write(
                         a=attempt, e="paid", usd=paid, tok=answer.input_tokens + answer.output_tokens, m="batch"
                     )
-                self.gw.cache.put("chat", key, entry)
-                row = {**entry, "status": "ok", "error": "", "queued_s": None, "paid_usd": paid, "cached": False}
+                if answer.unfinished:  # bought, but no answer: not cached, so the next run asks again
+                    row = unfinished_answer(entry, answer.unfinished, paid, None)
+                else:
+                    self.gw.cache.put("chat", key, entry)
+                    row = {**entry, "status": "ok", "error": "", "queued_s": None, "paid_usd": paid, "cached": False}
             else:
                 if self.gw.log:
                     self.gw.log.write(a=attempt, e="failed", m="batch")
