@@ -25,13 +25,20 @@ class HFCaptioner(HFBackend):
             False, description="true: the model's prompt is the text the caption continues (cut from the answer)"
         )
 
-    def _load(self, source: str, **kwargs):
-        from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoTokenizer
+    @classmethod
+    def processors(cls, source: str, options: dict, **hub):
+        """(image processor, tokenizer), loaded separately: a VisionEncoderDecoder folder has no
+        processor class that joins them (AutoProcessor returns just the tokenizer there)."""
+        from transformers import AutoImageProcessor, AutoTokenizer
 
-        # Image processor and tokenizer separately: a VisionEncoderDecoder folder has no processor
-        # class that joins them (AutoProcessor returns just the tokenizer there).
-        self.image_processor = AutoImageProcessor.from_pretrained(source, **self.options["processor"])
-        self.tokenizer = AutoTokenizer.from_pretrained(source)
+        return AutoImageProcessor.from_pretrained(source, **options["processor"], **hub), AutoTokenizer.from_pretrained(
+            source, **hub
+        )
+
+    def _load(self, source: str, **kwargs):
+        from transformers import AutoModelForImageTextToText
+
+        self.image_processor, self.tokenizer = self.processors(source, self.options, **self.hub)
         net = AutoModelForImageTextToText.from_pretrained(source, **kwargs)
         self.generation = generation_kwargs(self.options)
         if self.tokenizer.pad_token_id is None:  # GPT-2 decoders have none; pad finished rows with EOS

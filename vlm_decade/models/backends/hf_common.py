@@ -273,8 +273,16 @@ class HFBackend(Backend):
 
     @classmethod
     def check(cls, model: ModelConfig, image_ids: set[str], variants: list[str]) -> list[Problem]:
-        """Missing weights, before any work (the options are checked with the study file)."""
-        return weight_problems(model)
+        """Missing weights, then what loading would meet (`hf_check`: packages, architecture, hub,
+        remote code), before any work; the options are checked with the study file."""
+        from vlm_decade.models.backends.hf_check import model_problems
+
+        problems = weight_problems(model)
+        try:
+            options = parsed_options(model, cls.Options)
+        except ValueError:  # reported with the study file's options
+            return problems
+        return problems or model_problems(cls, model, options, weight_source(model), hub_kwargs(options))
 
     @property
     def input_device(self):

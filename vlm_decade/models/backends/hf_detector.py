@@ -37,19 +37,24 @@ class HFDetector(HFBackend):
             None, description="OWL-ViT / OWLv2: the text queries (default: the COCO labels)"
         )
 
+    @classmethod
+    def processors(cls, source: str, options: dict, **hub):
+        """OWL-ViT / OWLv2 take texts with the images (their processor); the others images only."""
+        from transformers import AutoConfig, AutoImageProcessor, AutoProcessor
+
+        zero_shot = AutoConfig.from_pretrained(source, **hub).model_type in _ZERO_SHOT
+        return (AutoProcessor if zero_shot else AutoImageProcessor).from_pretrained(
+            source, **options["processor"], **hub
+        )
+
     def _load(self, source: str, **kwargs):
-        from transformers import AutoConfig
+        from transformers import AutoModelForObjectDetection, AutoModelForZeroShotObjectDetection
 
-        self.zero_shot = AutoConfig.from_pretrained(source).model_type in _ZERO_SHOT
+        self.processor = self.processors(source, self.options, **self.hub)
+        self.zero_shot = hasattr(self.processor, "tokenizer")  # OWL-ViT / OWLv2 take text queries
         if self.zero_shot:
-            from transformers import AutoModelForZeroShotObjectDetection, AutoProcessor
-
             self.queries = list(self.options["queries"] or COCO_LABELS.values())
-            self.processor = AutoProcessor.from_pretrained(source, **self.options["processor"])
             return AutoModelForZeroShotObjectDetection.from_pretrained(source, **kwargs)
-        from transformers import AutoImageProcessor, AutoModelForObjectDetection
-
-        self.processor = AutoImageProcessor.from_pretrained(source, **self.options["processor"])
         return AutoModelForObjectDetection.from_pretrained(source, **kwargs)
 
     def _inputs(self, rgb: np.ndarray):

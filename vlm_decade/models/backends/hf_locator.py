@@ -26,9 +26,9 @@ class HFLocator(HFBackend):
     """Options: `dtype`, `device`, `device_map`, `processor` (kwargs for the processor)."""
 
     def _load(self, source: str, **kwargs):
-        from transformers import AutoModelForZeroShotObjectDetection, AutoProcessor
+        from transformers import AutoModelForZeroShotObjectDetection
 
-        self.processor = AutoProcessor.from_pretrained(source, **self.options["processor"])
+        self.processor = self.processors(source, self.options, **self.hub)
         net = AutoModelForZeroShotObjectDetection.from_pretrained(source, **kwargs)
         # Names of different lengths in one query batch: padded to the longest, cut at the text tower's length.
         self._text_kwargs = {

@@ -100,9 +100,9 @@ class HFZeroShot(HFBackend):
         self._class_cache: dict[tuple[str, ...], np.ndarray] = {}
 
     def _load(self, source: str, **kwargs):
-        from transformers import AutoModel, AutoProcessor
+        from transformers import AutoModel
 
-        self.processor = AutoProcessor.from_pretrained(source, **self.options["processor"])
+        self.processor = self.processors(source, self.options, **self.hub)
         net = AutoModel.from_pretrained(source, **kwargs)
         text_config = getattr(net.config, "text_config", net.config)
         self._text_kwargs = {
