@@ -3,7 +3,8 @@
 mirroring the family's own (PaliGemma: none, it takes a plain prompt). Processors whose family has a
 video processor record it as their checkpoints do, so loading meets what a real checkpoint meets.
 
-`VLM_FAMILIES` maps a family's name to its builder; each builder takes a folder and returns it.
+`VLM_FAMILIES` (and `CAPTIONER_FAMILIES`, `DETECTOR_FAMILIES`, `ZERO_SHOT_FAMILIES` for the other
+HF backends) map a family's name to its builder; each builder takes a folder and returns it.
 Widths 32, one or two layers, images cut into 8-pixel patches: a batch runs in well under a second.
 """
 
@@ -434,3 +435,102 @@ VLM_FAMILIES = {
     "PaliGemma": save_paligemma,
     "Mllama": save_mllama,
 }
+
+
+def _bert_like_tokenizer():
+    """The shared words with BERT's [CLS] / [SEP] roles (BLIP and GIT start and end texts with them)."""
+    from transformers import PreTrainedTokenizerFast
+
+    tok = _tokenizer()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok.backend_tokenizer,
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        cls_token="<s>",
+        sep_token="</s>",
+    )
+
+
+def save_blip(folder: Path) -> Path:
+    """A BLIP captioner (ViT + BERT-like decoder) on 32x32 images."""
+    import transformers as t
+
+    tok = _bert_like_tokenizer()
+    ids = dict(bos_token_id=tok.bos_token_id, eos_token_id=tok.sep_token_id, pad_token_id=tok.pad_token_id)
+    text = dict(
+        vocab_size=len(tok),
+        hidden_size=32,
+        encoder_hidden_size=32,
+        intermediate_size=64,
+        projection_dim=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        max_position_embeddings=64,
+        sep_token_id=tok.sep_token_id,
+        initializer_range=1.0,
+        **ids,
+    )
+    vision = dict(_SIGLIP_VISION, projection_dim=32, initializer_range=1.0)
+    config = t.BlipConfig(text_config=text, vision_config=vision, projection_dim=32, image_text_hidden_size=32)
+    images = t.BlipImageProcessorPil(size={"height": 32, "width": 32})
+    return _save(folder, lambda: t.BlipForConditionalGeneration(config), t.BlipProcessor(images, tok))
+
+
+def save_git(folder: Path) -> Path:
+    """A GIT captioner (CLIP-like vision + BERT-like decoder) on 32x32 images."""
+    import transformers as t
+
+    tok = _bert_like_tokenizer()
+    config = t.GitConfig(
+        vision_config=dict(_SIGLIP_VISION, initializer_range=1.0),
+        vocab_size=len(tok),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        initializer_range=1.0,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.cls_token_id,
+        eos_token_id=tok.sep_token_id,
+    )
+    images = t.CLIPImageProcessorPil(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    return _save(folder, lambda: t.GitForCausalLM(config), t.GitProcessor(images, tok))
+
+
+def save_vit_gpt2(folder: Path) -> Path:
+    from tests.hf_tiny import save_captioner
+
+    return save_captioner(folder)
+
+
+CAPTIONER_FAMILIES = {"ViT-GPT2": save_vit_gpt2, "BLIP": save_blip, "GIT": save_git}
+
+
+def save_owlv2(folder: Path) -> Path:
+    """An OWLv2 open-vocabulary detector on 32x32 images (its processor pads images square)."""
+    import transformers as t
+
+    from tests.hf_tiny import _CONTRASTIVE_VISION, _contrastive_text, _widened
+
+    tok = _tokenizer()
+    config = t.Owlv2Config(text_config=_contrastive_text(tok), vision_config=_CONTRASTIVE_VISION, projection_dim=32)
+    images = t.Owlv2ImageProcessorPil(size={"height": 32, "width": 32})
+    return _save(folder, lambda: _widened(t.Owlv2ForObjectDetection(config)), t.Owlv2Processor(images, tok))
+
+
+def _from_tiny(name: str):
+    def save(folder: Path) -> Path:
+        import tests.hf_tiny
+
+        return getattr(tests.hf_tiny, name)(folder)
+
+    return save
+
+
+DETECTOR_FAMILIES = {"DETR": _from_tiny("save_detector"), "OWL-ViT": _from_tiny("save_owlvit"), "OWLv2": save_owlv2}
+# SigLIP 2 is not here: its tokenizer class (Gemma's, lower-casing) takes over a tiny word-level
+# tokenizer saved with it, so a tiny build would need a Gemma-style tokenizer.
+ZERO_SHOT_FAMILIES = {"CLIP": _from_tiny("save_clip"), "SigLIP": _from_tiny("save_siglip")}

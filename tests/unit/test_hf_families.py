@@ -1,4 +1,4 @@
-"""Each image-text family `hf-vlm` names, as a tiny random build saved like its checkpoints: it
+"""Each family the HF backends name (`hf-vlm`'s chat VLMs, captioners, detectors, zero-shot models), as a tiny random build saved like its checkpoints: it
 loads through the backend, answers three images of different sizes and aspect ratios with three
 prompts, gives in a batch what it gives row by row (greedy), and answers a batch of one."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.hf_families import VLM_FAMILIES
+from tests.hf_families import CAPTIONER_FAMILIES, DETECTOR_FAMILIES, VLM_FAMILIES, ZERO_SHOT_FAMILIES
 from vlm_decade.core.config import ModelConfig
 from vlm_decade.models.backends import Stimulus, backend_class
 
@@ -20,25 +20,52 @@ def family_root(tmp_path_factory):
     return tmp_path_factory.mktemp("families")
 
 
-def stimuli() -> list[Stimulus]:
+def stimuli(prompts=PROMPTS) -> list[Stimulus]:
     rng = np.random.default_rng(7)
     images = [rng.integers(0, 256, (*shape, 3), dtype=np.uint8) for shape in SHAPES]
-    return [Stimulus(f"i{i}", "full", image, prompt) for i, (image, prompt) in enumerate(zip(images, PROMPTS))]
+    classes = ("cat", "dog", "cup")
+    return [Stimulus(f"i{i}", "full", image, p, classes) for i, (image, p) in enumerate(zip(images, prompts))]
+
+
+def answers_alike(backend, batch_of: list[Stimulus]) -> list[str]:
+    """The batch's answers, having checked each is ok and equals its row's answer alone."""
+    batch = backend.describe(batch_of)
+    assert [(d.status, d.error) for d in batch] == [("ok", "")] * len(batch_of)
+    assert [d.text for d in batch] == [backend.describe([s])[0].text for s in batch_of]
+    return [d.text for d in batch]
+
+
+def load(backend: str, family: str, folder, **options):
+    model = ModelConfig(
+        name=family, backend=backend, model_id=f"tiny/{family}", era="mllm", path=folder, options=options
+    )
+    return backend_class(backend)(model)
+
+
+@pytest.mark.parametrize("family", list(CAPTIONER_FAMILIES))
+@pytest.mark.parametrize("use_prompt", [False, True])
+def test_captioner_family_answers_alike_with_and_without_a_prompt(family, use_prompt, family_root):
+    folder = family_root / f"captioner-{family}"
+    if not folder.exists():
+        CAPTIONER_FAMILIES[family](folder)
+    backend = load("hf-captioner", family, folder, max_new_tokens=6, use_prompt=use_prompt)
+    assert all(answers_alike(backend, stimuli(["a photo of"] * 3)))
+
+
+@pytest.mark.parametrize("family", list(DETECTOR_FAMILIES))
+def test_detector_family_answers_alike(family, family_root):
+    folder = DETECTOR_FAMILIES[family](family_root / f"detector-{family}")
+    queries = {} if family == "DETR" else {"queries": ["cat", "dog"]}
+    answers_alike(load("hf-detector", family, folder, score_threshold=0.1, **queries), stimuli())
+
+
+@pytest.mark.parametrize("family", list(ZERO_SHOT_FAMILIES))
+def test_zero_shot_family_answers_alike(family, family_root):
+    folder = ZERO_SHOT_FAMILIES[family](family_root / f"zero-shot-{family}")
+    assert set(answers_alike(load("hf-zero-shot", family, folder), stimuli())) <= {"cat", "dog", "cup"}
 
 
 @pytest.mark.parametrize("family", list(VLM_FAMILIES))
 def test_vlm_family_answers_alike_in_a_batch_and_alone(family, family_root):
     folder = VLM_FAMILIES[family](family_root / family)
-    model = ModelConfig(
-        name=family,
-        backend="hf-vlm",
-        model_id=f"tiny/{family}",
-        era="mllm",
-        path=folder,
-        options={"max_new_tokens": 6},
-    )
-    backend = backend_class("hf-vlm")(model)
-    batch = backend.describe(stimuli())
-    assert [(d.status, d.error) for d in batch] == [("ok", "")] * 3
-    alone = [backend.describe([s])[0] for s in stimuli()]
-    assert [d.text for d in batch] == [d.text for d in alone]
+    answers_alike(load("hf-vlm", family, folder, max_new_tokens=6), stimuli())
