@@ -1,6 +1,6 @@
 """Named endpoints (`providers.endpoints`): their section, their prices, their own cache entries,
-their keys kept out of what is written, and `validate`'s look at what each one serves; and the
-adaptive concurrency limit, by hand-worked sequences of answers."""
+their keys kept out of what is written, and `validate`'s look at what each one serves; and an adaptive
+gateway against a server that refuses past its capacity (the limit itself: test_adaptive.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import pytest
 from pydantic import ValidationError
 
 from vlm_decade.core.config import EndpointConfig, Price, ProvidersConfig
-from vlm_decade.models.api.adaptive import AdaptiveLimit, ConcurrencyGate
 from vlm_decade.models.api.endpoints import endpoint_problems, sending_problems
 from vlm_decade.models.api.gateway import Gateway
 from vlm_decade.models.api.keys import api_key
@@ -242,69 +241,6 @@ def test_validate_finds_what_each_endpoint_serves_and_names_endpoint_and_url(mon
 
 
 # adaptive concurrency ---------------------------------------------------------------------------
-def test_the_limit_doubles_each_round_trip_until_the_first_sign_of_overload():
-    limit = AdaptiveLimit(ceiling=100, start=4)
-    for _ in range(4):  # one round trip at 4: one more per answer
-        limit.answered(limit.ticket(), 0.1)
-    assert limit.allowed == 8
-    for _ in range(8):
-        limit.answered(limit.ticket(), 0.1)
-    assert limit.allowed == 16
-
-
-def test_a_429_halves_the_limit_once_per_round_trip_and_then_it_grows_by_one_per_round_trip():
-    limit = AdaptiveLimit(ceiling=100, start=16)
-    sent_before = [limit.ticket() for _ in range(16)]  # 16 in flight, all sent at limit 16
-    limit.overloaded(sent_before[0])
-    assert limit.limit == 8.0
-    for ticket in sent_before[1:]:  # their 429s tell of the old limit: no second halving
-        limit.overloaded(ticket)
-    assert limit.limit == 8.0
-    expected = 8.0
-    for _ in range(8):  # a round trip at 8: +1/limit per answer, about +1 in all
-        limit.answered(limit.ticket(), 0.1)
-        expected += 1 / expected
-    assert limit.limit == pytest.approx(expected) and 8.9 < expected < 9.0 and limit.allowed == 8
-    limit.overloaded(limit.ticket())  # sent after the decrease: counts
-    assert limit.limit == pytest.approx(expected / 2) and limit.allowed == 4
-
-
-def test_slow_answers_ease_the_limit_and_it_never_leaves_one_to_the_ceiling():
-    limit = AdaptiveLimit(ceiling=10, start=4, slow=2.0, ease=0.9)
-    for _ in range(50):
-        limit.answered(limit.ticket(), 0.1)
-    assert limit.allowed == 10  # the ceiling
-    limit.answered(limit.ticket(), 0.25)  # over twice the fastest: the server queues
-    assert limit.limit == pytest.approx(9.0)
-    limit.answered(limit.ticket(), 0.15)  # within twice the fastest: growth again
-    assert limit.limit == pytest.approx(9.0 + 1 / 9.0)
-    for _ in range(20):
-        limit.overloaded(limit.ticket())
-    assert limit.allowed == 1 and limit.limit == 1.0
-
-
-def test_the_gate_holds_requests_to_the_limit_of_the_moment():
-    async def scenario():
-        gate = ConcurrencyGate(ceiling=8, adaptive=True)
-        gate.control.limit = 2.0
-        inside, most = 0, 0
-
-        async def one():
-            nonlocal inside, most
-            async with gate:
-                inside += 1
-                most = max(most, inside)
-                await asyncio.sleep(0.01)
-                inside -= 1
-
-        await asyncio.gather(*(one() for _ in range(10)))
-        fixed = ConcurrencyGate(ceiling=3)
-        fixed.overloaded(fixed.ticket())  # a fixed gate does not adapt
-        return most, fixed.allowed
-
-    assert run(scenario()) == (2, 3)
-
-
 def test_an_adaptive_gateway_backs_off_a_server_that_refuses_past_its_capacity(tmp_path):
     faults = FaultConfig(latency_s=0.02, capacity=4, overload_at=6)
     with FakeAPIServer(faults) as server:

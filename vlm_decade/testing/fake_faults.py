@@ -44,7 +44,16 @@ class FaultConfig:
     )
     capacity: int = 0  # past this many chat or embeddings requests at once, each is slower in proportion
     overload_at: int = 0  # past this many at once, a request is refused at once: 429, no Retry-After
+    slowdown: float = 1.0  # past `capacity`, latency grows as (at once / capacity) ** slowdown
+    latency_noise: float = 0.0  # each answer's latency times a draw from [1 - noise, 1 + noise], seeded by its body
     seed: int = 0
+
+    def answer_delay(self, at_once: int, digest: str) -> float:
+        """Seconds an answer takes with `at_once` requests in the server (this one's body hashing to
+        `digest`): `latency_s`, slower past `capacity`, with its noise."""
+        load = max(1.0, at_once / (self.capacity or at_once)) ** self.slowdown
+        draw = np.random.default_rng([self.seed, int(digest[:15], 16), 0]).random()
+        return self.latency_s * load * (1.0 + self.latency_noise * (2 * draw - 1))
 
 
 def fault_outcome(f: FaultConfig, digest: str, attempt: int) -> str:

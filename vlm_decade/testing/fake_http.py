@@ -103,7 +103,7 @@ class FakeHandler(BaseHTTPRequestHandler):
             if fake.faults.overload_at and at_once > fake.faults.overload_at:
                 self.record.outcome = "429"
                 return self._send(429, _error(429, "server overloaded"))
-            time.sleep(fake.faults.latency_s * max(1.0, at_once / (fake.faults.capacity or at_once)))
+            time.sleep(fake.faults.answer_delay(at_once, digest))
             return self._answer(outcome, endpoint, answer, body, model)
         finally:
             with fake.lock:

@@ -29,8 +29,9 @@ class APIConfig(Settings):
     max_concurrency: int = Field(32, ge=1, description="Requests in flight at once (with `adaptive`: the ceiling).")
     adaptive: bool = operational(
         False,
-        "Size the requests in flight from the answers: start low, grow while latency holds, "
-        "halve on 429, 503 and timeouts, never above max_concurrency (docs/engines.md).",
+        "Size the requests in flight from the answers: start low, grow while throughput rises "
+        "(Little's law: in flight over latency), step down on 429, 503 and timeouts, never above "
+        "max_concurrency (docs/engines.md).",
     )
     timeout_s: float = Field(60.0, gt=0, description="Seconds before a request is abandoned (and retried).")
     max_attempts: int = Field(8, ge=1, description="Attempts per request (429, 5xx and timeouts are retried).")

@@ -1,16 +1,23 @@
 """How many requests a gateway lets be in flight at once: a fixed number, or one that adapts.
 
 A server's capacity is seldom known in advance (a vLLM server's depends on the GPU, the model and
-the prompts), so `AdaptiveLimit` learns it from the answers, as TCP's congestion control does:
+the prompts), so `AdaptiveLimit` learns it from the answers. What it maximises is throughput,
+answers per second, which it estimates by Little's law at each level (a whole number of requests
+in flight): the requests in flight when each was sent over how long each took, summed over a round
+of answers. Latency alone says little: past its capacity one server queues (more in flight, the
+same throughput), another slows down (fewer answers a second), another refuses.
 
-- slow start: from `start`, one more per answer (the limit doubles every round trip) until the
-  first sign of overload;
-- then additive increase: one more per round trip (1/limit per answer) while answers come as fast
-  as the fastest seen (within `slow` times it);
-- multiplicative decrease: an answer slower than that takes the limit down by `ease` (the server
-  queues: more in flight only adds waiting), and a 429, a 503 or a timeout halves it (`backoff`);
-- one decrease per round trip: the answers to requests sent before the last decrease tell of the
-  old limit and do not lower it again (`ticket`).
+- start: from `start`, the limit grows by half each round (an answer per request allowed, of
+  requests sent with the limit full) while the throughput grows by at least half as much, then
+  goes back to the better of its last two levels;
+- then a climb, one level at a time, each round two answers per request allowed: up to a
+  neighbouring level clearly faster (by `tolerance`), else down to one not clearly slower (as many
+  answers with fewer in flight), else a neighbour not measured yet (or not for `memory` rounds) is
+  tried, the one below first unless the throughput still rises from there; else it stays;
+- a 429, a 503 or a timeout marks its level as giving nothing and steps the limit down one level
+  at once (that level is tried again `memory` rounds later);
+- answers and refusals of requests sent at an earlier level tell of that level and are not counted
+  (`ticket`).
 
 The limit never leaves [1, ceiling]. `ConcurrencyGate` holds the requests to it (an asyncio gate);
 the gateway's rate limits and Retry-After waits are not its business.
@@ -19,46 +26,98 @@ the gateway's rate limits and Retry-After waits are not its business.
 from __future__ import annotations
 
 import asyncio
+import math
 
 
 class AdaptiveLimit:
     """The limit on requests in flight, from what their answers say (pure: no clock, no I/O)."""
 
-    def __init__(self, ceiling: int, start: int = 4, slow: float = 2.0, ease: float = 0.9, backoff: float = 0.5):
+    def __init__(self, ceiling: int, start: int = 4, tolerance: float = 0.04, memory: int = 30):
         self.ceiling = ceiling
-        self.limit = float(min(start, ceiling))
-        self.slow, self.ease, self.backoff = slow, ease, backoff
-        self.fastest: float | None = None  # the quickest answer seen: the server unloaded
-        self.epoch = 0  # decreases so far
-        self.starting = True  # slow start, until the first decrease
+        self.level = max(1, min(start, ceiling))
+        self.tolerance, self.memory = tolerance, memory
+        self.epoch = 0  # changes of level so far
+        self.starting = True
+        self.rates: dict[int, tuple[float, int]] = {}  # level -> (answers per second, round measured)
+        self.rounds = 0
+        self.previous: int | None = None  # the level of the round before, while starting
+        self.count = self.in_flight = 0
+        self.latency = 0.0
 
     @property
     def allowed(self) -> int:
-        return max(1, int(self.limit))
+        return self.level
 
-    def ticket(self) -> int:
-        """Taken as a request is sent: which decrease it was sent after."""
-        return self.epoch
+    def ticket(self, in_flight: int) -> tuple[int, int]:
+        """Taken as a request is sent, with `in_flight` requests (itself included) then in flight."""
+        return self.epoch, in_flight
 
-    def answered(self, ticket: int, latency_s: float) -> None:
+    def answered(self, ticket: tuple[int, int], latency_s: float) -> None:
         """A request sent with `ticket` was answered in `latency_s`."""
-        if self.fastest is None or latency_s < self.fastest:
-            self.fastest = latency_s
-        if latency_s > self.slow * self.fastest:
-            self._decrease(ticket, self.ease)
-        else:
-            self.limit = min(float(self.ceiling), self.limit + (1.0 if self.starting else 1.0 / self.limit))
+        epoch, in_flight = ticket
+        if epoch != self.epoch or (self.starting and in_flight < self.level):
+            return  # of another level (while starting, of the way up to this one)
+        self.count += 1
+        self.in_flight += in_flight
+        self.latency += max(latency_s, 1e-6)
+        if self.count >= (1 if self.starting else 2) * max(self.level, 2):
+            self._measured(self.in_flight / self.latency)
 
-    def overloaded(self, ticket: int) -> None:
+    def overloaded(self, ticket: tuple[int, int]) -> None:
         """A request sent with `ticket` got a 429, a 503 or no answer in time."""
-        self._decrease(ticket, self.backoff)
-
-    def _decrease(self, ticket: int, factor: float) -> None:
-        if ticket < self.epoch:
+        if ticket[0] != self.epoch:
             return
-        self.limit = max(1.0, self.limit * factor)
-        self.epoch += 1
+        self.rounds += 1
+        self.rates[self.level] = (0.0, self.rounds)
         self.starting = False
+        self._move(self.level - 1)
+
+    def rate(self, level: int) -> float | None:
+        """The throughput measured at `level`, unless never or over `memory` rounds ago."""
+        if level < 1 or level > self.ceiling:
+            return 0.0  # never a choice
+        found = self.rates.get(level)
+        return found[0] if found is not None and self.rounds - found[1] <= self.memory else None
+
+    def _measured(self, rate: float) -> None:
+        self.rounds += 1
+        known = self.rate(self.level)
+        self.rates[self.level] = (rate if not known else (known + rate) / 2, self.rounds)
+        if self.starting:
+            self._start()
+        else:
+            self._climb()
+
+    def _start(self) -> None:
+        level, before = self.level, self.previous
+        keeps_up = before is None or self.rate(level) >= self.rate(before) * (1 + (level / before - 1) / 2)
+        if keeps_up and level < self.ceiling:
+            self.previous = level
+            self._move(max(level + 1, math.ceil(level * 1.5)))
+            return
+        self.starting = False
+        self._move(max((lv for lv in (level, before) if lv is not None), key=self.rate))
+
+    def _climb(self) -> None:
+        level, tol = self.level, self.tolerance
+        here, up, down = self.rate(level), self.rate(level + 1), self.rate(level - 1)
+        if up is not None and up > here * (1 + tol):
+            self._move(level + 1)
+        elif down is not None and down >= here * (1 - tol):
+            self._move(level - 1)  # as fast with fewer in flight
+        elif down is None:
+            self._move(level - 1)  # try one fewer
+        elif up is None and here > down * (1 + tol):
+            self._move(level + 1)  # still rising: try one more
+        else:
+            self._move(level)
+
+    def _move(self, level: int) -> None:
+        """A new round at `level` (bounded to [1, ceiling]); answers sent before it no longer count."""
+        self.level = max(1, min(level, self.ceiling))
+        self.epoch += 1
+        self.count = self.in_flight = 0
+        self.latency = 0.0
 
 
 class ConcurrencyGate:
@@ -75,16 +134,16 @@ class ConcurrencyGate:
     def allowed(self) -> int:
         return self.control.allowed if self.control else self.ceiling
 
-    def ticket(self) -> int:
-        return self.control.ticket() if self.control else 0
+    def ticket(self) -> tuple[int, int]:
+        return self.control.ticket(self.in_use) if self.control else (0, self.in_use)
 
-    async def answered(self, ticket: int, latency_s: float) -> None:
+    async def answered(self, ticket: tuple[int, int], latency_s: float) -> None:
         if self.control:
             self.control.answered(ticket, latency_s)
             async with self.changed:
                 self.changed.notify_all()  # the limit may have grown
 
-    def overloaded(self, ticket: int) -> None:
+    def overloaded(self, ticket: tuple[int, int]) -> None:
         if self.control:
             self.control.overloaded(ticket)
 
