@@ -9,6 +9,8 @@ import json
 import re
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from starlette.testclient import TestClient
@@ -16,6 +18,7 @@ from starlette.testclient import TestClient
 from tests.figures import assert_drawn
 from vlm_decade.core import runfolder
 from vlm_decade.core.errors import InputError
+from vlm_decade.stats.groups import with_group
 from vlm_decade.view import decade
 from vlm_decade.view.app import create_app
 from vlm_decade.view.runs import open_run
@@ -33,6 +36,7 @@ from .view_runs import (
     STATS,
     decade_run,
     openworld_run,
+    write,
 )
 
 
@@ -391,3 +395,59 @@ def test_openworld_model_page_shows_its_estimates_confusions_and_failures(app_b)
     assert shown_confusions(beta) == hand_confusions("beta")
     assert app_b.get("/model/gamma").status_code == 404
     assert app_b.get("/model/alpha", params={"page": "2"}).status_code == 404
+
+
+def grouped(root: Path, estimate: float) -> None:
+    """The run's stats as a study grouped by `category` writes them: the rows about all images, and
+    group `hard`'s, the same but for every estimate, which is `estimate`."""
+    stats = pq.read_table(root / "stats.parquet")
+    group = stats.set_column(
+        stats.schema.get_field_index("estimate"), "estimate", pa.array([estimate] * stats.num_rows, pa.float64())
+    )
+    table = pa.concat_tables([with_group(stats, None, None), with_group(group, "category", "hard")])
+    write(root, "stats", table.to_pylist(), table.schema)
+
+
+def test_a_grouped_run_s_model_page_shows_the_rows_about_all_images_then_each_group(tmp_path):
+    root = decade_run(tmp_path / "run")
+    grouped(root, 0.0123)
+    write(root, "metadata", [{"image_id": i, "category": "hard" if i < "b" else "easy"} for i in IMAGES])
+    app = client(root)
+    page = app.get("/model/beta").text
+    main = page[page.index('id="stats"') : page.index("<h2>By group</h2>")]
+    assert "0.483" in main and "0.012" not in main
+    group = page[page.index("<h2>By group</h2>") : page.index("<h2>Error rates</h2>")]
+    assert 'data-group-by="category"' in group and re.search(r'<tr data-group="hard" data-metric="SIM"', group)
+    assert "0.012" in group and "0.483" not in group
+    image = app.get("/image/a1").text
+    assert '<td data-column="category">hard</td>' in image
+
+
+def test_study_b_pages_show_accepted_names_groups_and_metadata(tmp_path):
+    root = openworld_run(tmp_path / "run")
+    grouped(root, 0.0123)
+    labels = pq.read_table(root / "labels.parquet")
+    names = [["kitty"] if label == "cat" else [] for label in labels["label"].to_pylist()]
+    write(root, "labels", labels.append_column("accepted", pa.array(names, pa.list_(pa.string()))).to_pylist())
+    write(root, "metadata", [{"image_id": i, "source": f"camera {i}"} for i in IMAGES])
+    predictions = pq.read_table(root / "predictions.parquet")
+    for m in ("TI", "LI", "SS", "CS"):  # the accepted-name forms: the single-label values, a2's TI 1
+        value = predictions[m]
+        if m == "TI":
+            value = pc.if_else(pc.equal(predictions["image_id"], "a2"), 1.0, value)
+        predictions = predictions.append_column(f"{m}_accepted", value)
+    write(root, "predictions", predictions.to_pylist())
+    app = client(root)
+    page = app.get("/model/alpha").text
+    main = page[page.index('id="stats"') : page.index("<h2>By group</h2>")]
+    assert "0.012" not in main and 'data-metric="TI_accepted"' not in main  # the stats hold no TI_accepted
+    assert "0.012" in page[page.index("<h2>By group</h2>") :]
+    image = app.get("/image/a2").text
+    assert 'also accepted: <span id="accepted"><b>kitty</b></span>' in image
+    assert '<td data-column="source">camera a2</td>' in image
+    assert "<th>TI</th><th>TI_accepted</th>" in image and 'data-metric="TI_accepted">1</td>' in image
+    confusions = app.get("/confusions", params={"model": "beta", "show": "all"}).text
+    assert re.search(
+        r'data-label="cat"><td><a [^>]+>cat</a> <span class="note accepted-names">also accepted: kitty', confusions
+    )
+    assert 'data-prediction="kitten" data-count="1" data-accepted="1"' in confusions
