@@ -304,8 +304,8 @@ def save_siglip(folder: Path, seed: int = 0) -> Path:
     return folder
 
 
-def save_sentence_encoder(folder: Path, seed: int = 0, dim: int = 384) -> Path:
-    """A two-layer, 32-wide BERT with mean pooling and a linear map to `dim` (MiniLM's 384 by
+def save_sentence_encoder(folder: Path, seed: int = 0, dim: int = 384, pooling: str = "mean") -> Path:
+    """A two-layer, 32-wide BERT with mean pooling (or `pooling`: cls, max) and a linear map to `dim` (MiniLM's 384 by
     default) as a sentence-transformers model, over the real WordPiece tokenizer of the packaged
     all-MiniLM-L6-v2 (so any English text tokenizes as it would for MiniLM): MiniLM's interface and
     vector width at a fraction of its cost, for tests and scale benchmarks."""
@@ -331,7 +331,7 @@ def save_sentence_encoder(folder: Path, seed: int = 0, dim: int = 384) -> Path:
     )
     _seeded(lambda: BertModel(config), seed).save_pretrained(bert)
     word = models.Transformer(str(bert), max_seq_length=64)
-    pooling = models.Pooling(config.hidden_size, "mean")  # the word vectors are the BERT's hidden states
+    pooling = models.Pooling(config.hidden_size, pooling)  # the word vectors are the BERT's hidden states
     widen = _seeded(lambda: models.Dense(config.hidden_size, dim), seed)
     SentenceTransformer(modules=[word, pooling, widen], device="cpu").save(str(folder))
     return folder

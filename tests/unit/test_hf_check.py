@@ -108,3 +108,17 @@ def test_validate_exits_2_naming_the_model_and_its_field(tmp_path):
     said = " ".join(done.output.split())
     assert done.exit_code == 2 and "Traceback" not in said
     assert "field 'models[0].path': tiny-vlm: transformers" in said and "does not know" in said
+
+
+def test_a_local_encoder_that_cannot_load_is_refused(monkeypatch, tmp_path):
+    from vlm_decade.core.config import EncoderConfig
+    from vlm_decade.models.encoders.sbert import entry_problems
+
+    (problem,) = entry_problems(EncoderConfig(name="SIM", path=tmp_path / "nowhere"), ("encoders", 0))
+    assert problem.field == "encoders[0].path" and "is not a folder" in problem.message
+    (problem,) = entry_problems(EncoderConfig(name="SIM", path=tmp_path), ("encoders", 0))
+    assert "no saved encoder" in problem.message
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    (problem,) = entry_problems(EncoderConfig(name="SIM", model_id="nobody/not-cached"), ("encoders", 1))
+    assert problem.field == "encoders[1].model_id" and "hub cannot be reached" in problem.message
+    assert entry_problems(EncoderConfig(name="SIM"), ("encoders", 0)) == []  # the packaged MiniLM

@@ -65,6 +65,21 @@ def test_zero_shot_family_answers_alike(family, family_root):
     assert set(answers_alike(load("hf-zero-shot", family, folder), stimuli())) <= {"cat", "dog", "cup"}
 
 
+@pytest.mark.parametrize("pooling", ["mean", "cls"])
+def test_sentence_encoder_pooling_embeds_alike_in_a_batch_and_alone(pooling, family_root):
+    from tests.hf_tiny import save_sentence_encoder
+    from vlm_decade.core.config import EncoderConfig
+    from vlm_decade.models.encoders.sbert import SentenceTransformerEncoder
+
+    folder = save_sentence_encoder(family_root / f"encoder-{pooling}", dim=16, pooling=pooling)
+    encoder = SentenceTransformerEncoder(EncoderConfig(name="SIM", path=folder, batch_size=3))
+    texts = ["a cat on a table", "two dogs", "a red car in the street at night"]
+    batch = encoder.encode(texts)
+    assert batch.shape == (3, 16) and np.allclose(np.linalg.norm(batch, axis=1), 1.0, atol=1e-5)
+    assert np.allclose(batch, np.concatenate([encoder.encode([t]) for t in texts]), atol=1e-5)
+    assert not np.allclose(batch[0], batch[1])
+
+
 @pytest.mark.parametrize("family", list(VLM_FAMILIES))
 def test_vlm_family_answers_alike_in_a_batch_and_alone(family, family_root):
     folder = VLM_FAMILIES[family](family_root / family)

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from vlm_decade.core.config import EncoderConfig, MetricConfig
+from vlm_decade.core.config import EncoderConfig, MetricConfig, field_path
+from vlm_decade.core.errors import STUDY_FILE, Problem
 from vlm_decade.models.encoders import Encoder, normalise
 
 # model id -> (package that ships a copy, how to find it in that package)
@@ -35,6 +36,40 @@ def resolve_weights(cfg: EncoderConfig | MetricConfig) -> str:
         return str(cfg.path)
     local = packaged_copy(cfg.model_id)
     return str(local) if local else cfg.model_id
+
+
+def load_problems(cfg: EncoderConfig) -> list[str]:
+    """Why the encoder's workers could not load it, found on the driver without loading: a `path` that
+    is no saved model, or a hub id neither cached nor reachable (`hf_check.hub_reachable`)."""
+    from vlm_decade.models.backends.hf_common import hub_offline
+
+    if cfg.path is not None:
+        folder = Path(cfg.path)
+        if not folder.is_dir():
+            return [f"'{cfg.name}': path {folder} is not a folder"]
+        if not any((folder / name).is_file() for name in ("modules.json", "config.json")):
+            return [f"'{cfg.name}': path {folder} has neither modules.json nor config.json: no saved encoder"]
+        return []
+    if packaged_copy(cfg.model_id) is not None:
+        return []
+    from huggingface_hub import try_to_load_from_cache
+
+    if any(isinstance(try_to_load_from_cache(cfg.model_id, name), str) for name in ("modules.json", "config.json")):
+        return []
+    from vlm_decade.models.backends.hf_check import hub_reachable
+
+    if hub_offline() or not hub_reachable():
+        return [
+            f"'{cfg.name}': {cfg.model_id} is neither a local folder nor in the Hugging Face cache, and the hub "
+            "cannot be reached. Set path: to a saved copy, or download it into the cache with network."
+        ]
+    return []
+
+
+def entry_problems(cfg: EncoderConfig, entry: tuple) -> list[Problem]:
+    """`load_problems` as the study file's problems at the entry's `path` or `model_id`."""
+    field = field_path((*entry, "path" if cfg.path is not None else "model_id"))
+    return [Problem(STUDY_FILE, message, field=field) for message in load_problems(cfg)]
 
 
 class SentenceTransformerEncoder(Encoder):

@@ -22,6 +22,7 @@ from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.core.spill import HOLD_FILES_BYTES, Spill, key_buckets
 from vlm_decade.models.api.endpoints import APIEntry, api_entry_problems
 from vlm_decade.models.encoders import text_keys
+from vlm_decade.models.encoders.sbert import entry_problems as local_encoder_problems
 from vlm_decade.models.routing import api_provider
 from vlm_decade.stages.embed.local import length_batches
 from vlm_decade.stages.embed.table import encoder_key, previous_files, vector_sources
@@ -39,6 +40,7 @@ def check_encoders(study: StudyBase) -> list[Problem]:
     for i, enc in enumerate(getattr(study, "encoders", ())):
         provider = api_provider(enc.backend)
         if provider is None:
+            problems += local_encoder_problems(enc, ("encoders", i))
             if enc.endpoint is not None:
                 problems.append(
                     Problem(
