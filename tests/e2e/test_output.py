@@ -59,12 +59,12 @@ def test_off_a_terminal_lines_stay_whole_and_a_problem_on_many_rows_is_collapsed
     assert sorted(tmp_path.rglob("*")) == files  # a refused command writes nothing
 
 
-def _stderr_once_stopped(proc: subprocess.Popen) -> str:
-    """The stopped driver's stderr; a driver still there two minutes after Ctrl-C fails the test with
-    its threads' stacks (PYTHONFAULTHANDLER dumps them on SIGABRT) and its session's processes, so a
-    rare hang says where it hung."""
+def _output_once_stopped(proc: subprocess.Popen) -> tuple[str, str]:
+    """The stopped driver's stdout and stderr; a driver still there two minutes after Ctrl-C fails the
+    test with its threads' stacks (PYTHONFAULTHANDLER dumps them on SIGABRT) and its session's
+    processes, so a rare hang says where it hung."""
     try:
-        return proc.communicate(timeout=120)[1]
+        return proc.communicate(timeout=120)
     except subprocess.TimeoutExpired:
         processes = subprocess.run(
             ["ps", "-s", str(proc.pid), "-o", "pid,stat,etime,args"], capture_output=True, text=True
@@ -102,7 +102,7 @@ def test_a_smoke_run_stopped_with_ctrl_c_says_what_it_kept_and_how_to_go_on(tmp_
         assert time.monotonic() < deadline, "no part of the responses within 10 minutes"
         time.sleep(0.1)
     proc.send_signal(signal.SIGINT)  # to the driver, as Ctrl-C would
-    stderr = _stderr_once_stopped(proc)
+    stdout, stderr = _output_once_stopped(proc)
     assert proc.returncode == 130, stderr[-3000:]
 
     run = tmp_path / "runs" / "study-smoke2"  # never runs/study: a smoke run has its own folder
@@ -114,8 +114,11 @@ def test_a_smoke_run_stopped_with_ctrl_c_says_what_it_kept_and_how_to_go_on(tmp_
     assert "kept: the stages finished (images, references, metadata)" in lines
     assert f"kept: {saved} rows of responses, saved before the stop (not done again)" in lines
     assert f"to go on from there: vlm-decade run {study} --limit 2" in lines
-    # Ray's own lines went to the run folder's log, not to the user
-    assert "\x1b[" not in stderr and "Token authentication" not in stderr
+    # Ray's own lines went to the run folder's log, not to the user: neither its logging nor what
+    # its raylets publish to the driver (printed to stdout by a thread of Ray's)
+    terminal = stdout + stderr
+    assert "\x1b[" not in terminal and "Token authentication" not in terminal
+    assert not any(mark in terminal for mark in ("(raylet)", "(pid=", "worker processes have been started"))
     assert "Token authentication is enabled" in (run / "logs" / "ray.log").read_text()
 
     status = subprocess.run(

@@ -89,6 +89,9 @@ def submitted_without_waiting(tmp_path: Path, server: FakeAPIServer) -> tuple[Pa
     out = tmp_path / "run"
     first = cli("run", path, "--out", out, "--no-wait")
     assert first.returncode == 0 and "requests wait in batches" in first.stderr, first.stderr
+    # The detached gateway actors' notice from Ray goes to the run folder's log, not the terminal.
+    assert "anonymous namespace" in (out / "logs" / "ray.log").read_text()
+    assert "(raylet)" not in first.stdout + first.stderr and "anonymous namespace" not in first.stdout
     return path, out
 
 

@@ -1,5 +1,6 @@
 """Starting Ray: a start that times out is tried once more, then said as an environment error; Ray's
-own lines are kept, colour codes out, in the run folder's log."""
+own lines, and the notices published to its driver, are kept, colour codes out, in the run
+folder's log."""
 
 import logging
 
@@ -10,6 +11,7 @@ from vlm_decade.core.runtime import (
     PendingLog,
     RayStartFailed,
     keep_worker_logs,
+    published_lines_into_log,
     ray_log_handler,
     ray_logging_into,
     start_with_retry,
@@ -81,6 +83,32 @@ def test_ray_warnings_go_to_the_log_not_the_terminal(tmp_path, capsys):
         logged = (tmp_path / RAY_LOG).read_text()
         assert "WARNING ray._private.authentication: Token authentication is enabled" in logged
         assert "WARNING ray.actor: an actor's warning" in logged
+    finally:
+        for handler in logger.handlers[:]:
+            logger.removeHandler(handler)
+            handler.close()
+        logger.handlers[:], logger.propagate, logger.level = saved[0], saved[1], saved[2]
+
+
+def test_notices_published_to_the_driver_go_to_the_log_not_stdout(tmp_path, capsys):
+    """The driver's thread that prints what raylets and GCS publish (a detached actor in an
+    anonymous namespace, too many workers started) prints into the log instead, from `ray.init` on."""
+    from types import SimpleNamespace
+
+    logger = logging.getLogger("ray")
+    saved = logger.handlers[:], logger.propagate, logger.level
+    worker = SimpleNamespace(print_to_stdstream=None)  # stands for ray._private.worker
+    published_lines_into_log(worker)
+    notice = "It looks like you're creating a detached actor in an anonymous namespace."
+    try:
+        with ray_logging_into(ray_log_handler(tmp_path)):
+            logger.handlers.clear()  # as ray.init(configure_logging=False) does
+            worker.print_to_stdstream({"lines": [f"\x1b[33m{notice}\x1b[0m"], "pid": "raylet", "is_err": False}, False)
+        workers = "WARNING: 12 PYTHON worker processes have been started on node: abc"
+        worker.print_to_stdstream({"lines": [workers], "pid": "raylet", "is_err": False}, ignore_prefix=False)
+        assert capsys.readouterr() == ("", "")
+        logged = (tmp_path / RAY_LOG).read_text()
+        assert f"WARNING ray._private.worker: (raylet) {notice}\n" in logged and f"(raylet) {workers}" in logged
     finally:
         for handler in logger.handlers[:]:
             logger.removeHandler(handler)

@@ -7,8 +7,8 @@ Ray here runs with usage stats off and a private HOME for the Ray processes that
 `provider: {type: local}` bootstrap file. Cache folders keep pointing at the user's real ones.
 
 Ray's own lines (its warnings, workers' output with colour codes, native libraries' notices printed in
-actors) stay off the user's terminal unless `VERBOSE_ENV` is set (`vlm-decade --verbose`): they go
-to `logs/ray.log` in the run folder. A local Ray that times out while starting (it happens on a
+actors, the notices its raylets and GCS publish to the driver) stay off the user's terminal unless
+`VERBOSE_ENV` is set (`vlm-decade --verbose`): they go to `logs/ray.log` in the run folder. A local Ray that times out while starting (it happens on a
 loaded machine) is tried once more after a pause, then reported as `RayStartFailed`.
 """
 
@@ -143,6 +143,21 @@ def ray_logging_into(handler: logging.Handler):
         ray_logger.propagate = False
 
 
+def published_lines_into_log(worker_module) -> None:
+    """The notices Ray's raylets and GCS publish to the driver ("It looks like you're creating a
+    detached actor in an anonymous namespace", "N PYTHON worker processes have been started") into
+    Ray's logging, so into `ray.log`: the driver prints them to stdout from a thread of its own
+    (`listen_error_messages` through `print_to_stdstream`), whatever `log_to_driver` says, from
+    `ray.init` to the end of the run. `worker_module` is `ray._private.worker`."""
+    log = logging.getLogger("ray._private.worker")  # "ray._private" holds the handler during `ray.init`
+
+    def into_log(data: dict, ignore_prefix: bool = False) -> None:
+        for line in data.get("lines", []):
+            log.warning("(%s) %s", data.get("pid", "ray"), without_ansi(line))
+
+    worker_module.print_to_stdstream = into_log
+
+
 def keep_worker_logs(logs_dir: Path, log_dir: Path) -> None:
     """Append what Ray's workers printed (their .out and .err files in Ray's session folder) to
     `log_dir/ray.log`, colour codes taken out, each file under its name."""
@@ -209,6 +224,8 @@ def start_ray(
     loud = verbose()
     quiet = {"log_to_driver": loud, "configure_logging": loud, **({"logging_level": "WARNING"} if loud else {})}
     logging_into = nullcontext() if loud else ray_logging_into(handler or ray_log_handler(log_dir))
+    if not loud:
+        published_lines_into_log(ray._private.worker)
     if address:
         with logging_into:
             ray.init(address=address, **quiet)
