@@ -100,12 +100,12 @@ def _one_model_config():
 
 def test_decade_report_with_no_rows_at_all(tmp_path, decade_tables):
     page = _decade(tmp_path, {n: t.schema.empty_table() for n, t in decade_tables.items()})
-    assert "0 images in 0 datasets" in page and "No scores in this run" in page and "0 responses, 0 failed" in page
+    assert "0 images in 0 datasets;" in page and "No scores in this run" in page and "0 responses, 0 failed" in page
 
 
 def test_decade_report_with_one_image(tmp_path, decade_tables):
     page = _decade(tmp_path, _keep(decade_tables, image_id=["a2"]))
-    assert "1 images in 1 datasets" in page
+    assert "1 image in 1 dataset;" in page
     # The one image is both the worst and the only row of each model's sample, never listed twice.
     assert len(re.findall(r"<td>a2<br>", page)) == 2 and "alpha: highest SIM" not in page
     assert "alpha says a2 full" in page and "gold description of a2" in page
@@ -134,7 +134,7 @@ def test_decade_report_with_one_model(tmp_path, decade_tables, monkeypatch):
 
 def test_decade_report_with_one_dataset(tmp_path, decade_tables):
     page = _decade(tmp_path, _keep(decade_tables, dataset=["ds-b"]))
-    assert "3 images in 1 datasets" in page and "ds-a" not in page
+    assert "3 images in 1 dataset;" in page and "ds-a" not in page
 
 
 def test_decade_report_without_human_votes_or_human_scores(tmp_path, decade_tables):
@@ -241,7 +241,7 @@ def _openworld(tmp_path, tables, config=OPENWORLD_CONFIG, no_judge=None) -> str:
 
 def test_openworld_report_with_no_rows_at_all(tmp_path, openworld_tables):
     page = _openworld(tmp_path, {n: t.schema.empty_table() for n, t in openworld_tables.items()}, no_judge="no judge")
-    assert "0 images in 0 datasets" in page and "No scored predictions" in page and "0 responses, 0 failed" in page
+    assert "0 images in 0 datasets;" in page and "No scored predictions" in page and "0 responses, 0 failed" in page
 
 
 def test_openworld_report_with_one_image_one_model_one_group(tmp_path, openworld_tables):
@@ -250,7 +250,7 @@ def test_openworld_report_with_one_image_one_model_one_group(tmp_path, openworld
     tables = _keep(openworld_tables, image_id=["a2"], subject=["alpha"])
     tables["stats"] = _keep({"s": openworld_tables["stats"]}, dataset=["prototypical"], subject=["alpha"])["s"]
     page = _openworld(tmp_path, tables, config)
-    assert "1 images in 1 datasets" in page and "beta" not in page
+    assert "1 image in 1 dataset;" in page and "beta" not in page
     cs = next(r for r in tables["stats"].to_pylist() if r["metric"] == "CS")
     assert f"{100 * cs['estimate']:.1f} [{100 * cs['ci_low']:.1f}, {100 * cs['ci_high']:.1f}]" in page
     assert len(re.findall(r"<td>a2<br>", page)) == 1 and "alpha: highest CS" not in page

@@ -17,6 +17,7 @@ import pyarrow.csv as pacsv
 from markupsafe import Markup
 
 from vlm_decade.core.files import atomic_file, atomic_write_bytes
+from vlm_decade.core.progress import counted
 from vlm_decade.core.reuse import INPUTS
 from vlm_decade.core.runfolder import RunFolder
 
@@ -58,6 +59,7 @@ def environment(folder: Path | None = None) -> jinja2.Environment:
     folders = [str(f) for f in (folder, TEMPLATES) if f is not None]
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(folders), autoescape=True, undefined=jinja2.StrictUndefined)
     env.globals["style"] = STYLE
+    env.filters["counted"] = counted
     return env
 
 
