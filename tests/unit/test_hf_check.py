@@ -59,6 +59,25 @@ def test_a_missing_package_is_named_with_its_pip_line(monkeypatch, smolvlm):
     assert "pip install num2words" in problem.message
 
 
+def test_a_family_whose_image_processor_needs_torchvision_names_it(tmp_path):
+    """Llama 4's image processor exists only in torchvision form; without torchvision, validate says so."""
+    import importlib.util
+
+    if importlib.util.find_spec("torchvision") is not None:
+        pytest.skip("torchvision is installed here")
+    folder = saved_config(tmp_path / "m", {"model_type": "llama4"})
+    hf_tiny._tokenizer(("<|image|>",)).save_pretrained(folder)
+    processor = {
+        "processor_class": "Llama4Processor",
+        "image_processor": {"image_processor_type": "Llama4ImageProcessor"},
+    }
+    (folder / "processor_config.json").write_text(json.dumps(processor))
+    (problem,) = check(model(path=folder))
+    assert (
+        "a package its processor needs is missing" in problem.message and "pip install torchvision" in problem.message
+    )
+
+
 def test_an_architecture_transformers_does_not_know_is_refused(tmp_path):
     folder = saved_config(tmp_path / "m", {"model_type": "no_such_architecture"})
     (problem,) = check(model(path=folder))

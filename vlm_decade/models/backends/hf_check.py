@@ -48,11 +48,15 @@ def hub_reachable(timeout: float = _REACH_SECONDS) -> bool:
     return True
 
 
-def _pip_line(exc: ImportError) -> str:
-    text = str(exc)
+def _pip_line(exc: Exception) -> str | None:
+    """What to install for `exc`: a package its message names, or an ImportError's module; None
+    for an error that names no package."""
+    text = str(exc).lower()
     for package, line in PIP.items():
-        if package in text.lower():
+        if package in text:
             return line
+    if not isinstance(exc, ImportError):
+        return None
     name = getattr(exc, "name", None)
     return f"pip install {name.split('.')[0]}" if name else 'pip install -e ".[hf]"'
 
@@ -110,9 +114,10 @@ def _build_problems(cls, name: str, options: dict[str, Any], source: str, hub: d
         return [f"{name}: a package its config needs is missing ({exc}). Run: {_pip_line(exc)}"]
     try:
         cls.processors(source, options, **hub)
-    except ImportError as exc:
-        return [f"{name}: a package its processor needs is missing ({exc}). Run: {_pip_line(exc)}"]
     except Exception as exc:  # noqa: BLE001 - whatever the processor raises is the reason it cannot run
+        line = _pip_line(exc)  # transformers says a missing package with an ImportError or a ValueError
+        if line is not None:
+            return [f"{name}: a package its processor needs is missing ({exc}). Run: {line}"]
         return [f"{name}: its processor cannot be built: {error_text(exc)}"]
     return []
 
