@@ -530,7 +530,50 @@ def _from_tiny(name: str):
     return save
 
 
-DETECTOR_FAMILIES = {"DETR": _from_tiny("save_detector"), "OWL-ViT": _from_tiny("save_owlvit"), "OWLv2": save_owlv2}
 # SigLIP 2 is not here: its tokenizer class (Gemma's, lower-casing) takes over a tiny word-level
 # tokenizer saved with it, so a tiny build would need a Gemma-style tokenizer.
 ZERO_SHOT_FAMILIES = {"CLIP": _from_tiny("save_clip"), "SigLIP": _from_tiny("save_siglip")}
+
+
+def save_rt_detr(folder: Path) -> Path:
+    """An RT-DETR with a small ResNet backbone (three stages, as its hybrid encoder takes) on images
+    resized to 64x64, with the DETR test's labels."""
+    import transformers as t
+
+    from tests.hf_tiny import DETECTOR_LABELS
+
+    backbone = t.RTDetrResNetConfig(
+        embedding_size=8,
+        hidden_sizes=[8, 16, 16, 16],
+        depths=[1, 1, 1, 1],
+        layer_type="basic",
+        out_features=["stage2", "stage3", "stage4"],
+    )
+    config = t.RTDetrConfig(
+        backbone_config=backbone,
+        encoder_in_channels=[16, 16, 16],
+        encoder_hidden_dim=16,
+        encoder_ffn_dim=32,
+        encoder_attention_heads=2,
+        d_model=16,
+        decoder_ffn_dim=32,
+        decoder_layers=1,
+        decoder_attention_heads=2,
+        num_queries=12,
+        num_denoising=0,
+        decoder_in_channels=[16, 16, 16],
+        eval_size=None,
+        anchor_image_size=None,
+        id2label=DETECTOR_LABELS,
+        label2id={v: k for k, v in DETECTOR_LABELS.items()},
+    )
+    images = t.RTDetrImageProcessorPil(size={"height": 64, "width": 64})
+    return _save(folder, lambda: t.RTDetrForObjectDetection(config), images)
+
+
+DETECTOR_FAMILIES = {
+    "DETR": _from_tiny("save_detector"),
+    "RT-DETR": save_rt_detr,
+    "OWL-ViT": _from_tiny("save_owlvit"),
+    "OWLv2": save_owlv2,
+}
