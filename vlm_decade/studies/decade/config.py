@@ -33,11 +33,20 @@ MLLM_PROMPT = (
 class DataConfig(Settings):
     """Study A's input tables (docs/data-format.md)."""
 
-    images: Path = Field(description="image_id, dataset, file.")
+    images: Path | None = Field(None, description="image_id, dataset, file (none: `captions_json` instead).")
     image_dir: FolderLocation = Field(
-        description="The folder that `file` is relative to: a path, or an s3:// or gs:// URI (docs/cluster.md)."
+        description="The folder that `file` (or a captions JSON's `file_name`) is relative to: a path, or an s3:// or gs:// URI (docs/cluster.md)."
     )
-    descriptions: Path = Field(description="description_id, image_id, worker_id, condition, text.")
+    descriptions: Path | None = Field(
+        None, description="description_id, image_id, worker_id, condition, text (none: `captions_json` instead)."
+    )
+    captions_json: Path | None = Field(
+        None,
+        description="A COCO-style captions JSON (`images`, `annotations`) in place of `images` and `descriptions`.",
+    )
+    dataset: str | None = Field(
+        None, min_length=1, description="The dataset of a captions JSON's images (none: the JSON's file name)."
+    )
     votes: Path | None = Field(
         None, description="Ranking votes: image_id, rater_id, trial, shown, chosen; none: a consensus gold standard."
     )
@@ -50,6 +59,26 @@ class DataConfig(Settings):
         description="Hand error labels (subject, image_id, error_type, present, note) that override the automatic ones (docs/taxonomy.md).",
     )
     background: Background = WHITE
+
+    @model_validator(mode="after")
+    def _one_form(self) -> DataConfig:
+        tables = self.images is not None or self.descriptions is not None
+        if self.captions_json is not None and tables:
+            raise ValueError("give either `captions_json` or `images` and `descriptions`, not both")
+        if self.captions_json is None and (self.images is None or self.descriptions is None):
+            raise ValueError("give `images` and `descriptions` (CSV or Parquet tables), or `captions_json`")
+        if self.dataset is not None and self.captions_json is None:
+            raise ValueError("`dataset` names a captions JSON's dataset: the images table has its own column")
+        return self
+
+    @property
+    def source(self) -> Path:
+        """The file the human descriptions come from: the descriptions table or the captions JSON."""
+        return self.captions_json if self.captions_json is not None else self.descriptions
+
+    def form(self) -> str:
+        """Which form the data is read from, as `validate` says it ('' for the tables)."""
+        return "" if self.captions_json is None else f"; read from the COCO captions JSON {self.captions_json}"
 
 
 class RankingConfig(Settings):

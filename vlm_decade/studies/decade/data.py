@@ -42,6 +42,7 @@ from vlm_decade.stages.images import (
 from vlm_decade.studies.decade.config import DataConfig, RankingConfig, StudyConfig
 from vlm_decade.studies.decade.ranking import ROLES, consensus_places, group_sizes, rank_by_votes, roles_of_places
 from vlm_decade.studies.decade.taxonomy.spatial import MIN_MASKED_PER_MASK, MIN_MASKS
+from vlm_decade.studies.forms import coco_tables, json_path, name_rows
 
 DESCRIPTION_COLUMNS = ("description_id", "image_id", "worker_id", "condition", "text")
 VOTE_COLUMNS = ("image_id", "rater_id", "trial", "shown", "chosen")
@@ -97,7 +98,7 @@ def load_study_data(
     for what needs the ids and memory of its own (the models' files). `limit`: a smoke run's, whose
     images alone are read (`check_images`)."""
     problems = Problems()
-    images_t = read_table(Path(data.images), IMAGE_COLUMNS, problems, extra=True)
+    images_t, descriptions_t = _read_forms(data, problems)
     images = descriptions = known = None
     if images_t is not None:
         # References are checked against every id the table names, so one bad images row is one
@@ -119,7 +120,8 @@ def load_study_data(
     # What the checks of the images and the models' files freed is given back before the descriptions
     # are held: kept by the allocators, it stayed beside them (up to 0.6 GB at a million images).
     release_memory()
-    descriptions_t = read_table(Path(data.descriptions), DESCRIPTION_COLUMNS, problems)
+    if data.captions_json is None:
+        descriptions_t = read_table(Path(data.descriptions), DESCRIPTION_COLUMNS, problems)
     votes_t = read_table(Path(data.votes), VOTE_COLUMNS, problems, lists=("shown",)) if data.votes is not None else None
     if descriptions_t is not None:
         descriptions = _check_descriptions(descriptions_t, known, [FULL, *mask_ids(masks)], problems)
@@ -129,6 +131,10 @@ def load_study_data(
     if votes_t is not None and known is not None and descriptions is not None:
         tally = _check_votes(votes_t, known, descriptions, descriptions_t.text("description_id"), problems)
     methods = _ranking_methods(images, tally, votes_t, problems) if images is not None else {}
+    if data.captions_json is not None:
+        # The reader names and leaves out the bad captions; what the shared checks find at a row is
+        # of an image, its index in `images`: named by its JSON path.
+        name_rows(problems, data.captions_json, json_path("images", {"image_id": "id", "file": "file_name"}))
     if problems:
         raise InputError(problems.items, image_ids=None if known is None else set(known.to_pylist()))
     del descriptions_t  # what is kept of it is in `descriptions` (its own columns, when every row was kept in order)
@@ -140,6 +146,15 @@ def load_study_data(
         ranking_method=methods,
         metadata=metadata_table(images_t, images),
     )
+
+
+def _read_forms(data: DataConfig, problems: Problems) -> tuple[Table | None, Table | None]:
+    """The images table and, from a captions JSON, the descriptions table (None: read later, from
+    its own table, once the images are checked and let go)."""
+    if data.captions_json is None:
+        return read_table(Path(data.images), IMAGE_COLUMNS, problems, extra=True), None
+    read = coco_tables(data.captions_json, data.dataset or Path(data.captions_json).stem, problems)
+    return read if read is not None else (None, None)
 
 
 # --- descriptions ----------------------------------------------------------------------------------
@@ -438,7 +453,7 @@ def thin_human_data(study: StudyConfig, references: pa.Table, methods: Mapping[s
     masks and models and each dataset's ranking method (`methods`); each says the file, the counts,
     and what the report will lack and why. Counted on the columns: what becomes Python is a count of
     images per number of descriptions."""
-    source = str(study.data.descriptions)
+    source = str(study.data.source)
     rows = references.select(["image_id", "dataset", "condition"])
     full = pc.cast(pc.equal(rows.column("condition"), FULL), pa.int64())
     per_image = rows.append_column("full", full).group_by(["image_id", "dataset"], use_threads=False)

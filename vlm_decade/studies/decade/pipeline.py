@@ -246,6 +246,7 @@ def summary(study: StudyConfig, data: StudyData) -> tuple[str, list[str]]:
         f"{counted(data.references.num_rows, 'human description')}, {counted(len(study.models), 'model')}; "
         "gold standard by "
         + ", ".join(f"{d}: {m}" for d, m in sorted(data.ranking_method.items()))
+        + study.data.form()
         + transparency_note(data.images)
     ), input_warnings(study, data)
 
