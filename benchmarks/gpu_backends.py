@@ -7,8 +7,10 @@ runs on any GPU machine as it is:
 
 The models are built from configs with random weights (no download: GPU machines are often
 offline), at the shapes of the models the studies name: ViT-base/16 + GPT-2 small
-(nlpconnect/vit-gpt2-image-captioning, `hf-captioner`), LLaVA-1.5-7B (CLIP ViT-L/14-336 + a 7B
-Llama, `hf-vlm`), DETR-ResNet-50 (`hf-detector`), CLIP ViT-L/14 against 1,000 class names
+(nlpconnect/vit-gpt2-image-captioning, `hf-captioner`), Study B's first three LMMs through `hf-vlm`:
+LLaVA-1.5-7B (CLIP ViT-L/14-336 + a 7B Llama), Qwen2-VL-7B (its 675M ViT + Qwen2-7B, a 448x448 image
+as 256 tokens) and InternVL3-8B-hf (InternViT-300M + Qwen2.5-7B, one 448x448 tile as 256 tokens),
+DETR-ResNet-50 (`hf-detector`), CLIP ViT-L/14 against 1,000 class names
 (`hf-zero-shot`) and Llama-3.2-3B answering short judge prompts (`hf-judge`). Throughput does not
 depend on the weights' values when the work per item is fixed, so generation is forced to exactly
 `--new-tokens` tokens (min = max) and the inputs are synthetic tensors of the real sizes. Each
@@ -119,6 +121,131 @@ def step_vlm(net, batch: int, quick: bool, device: str, dtype, new_tokens: int) 
     )
 
 
+# Qwen2-VL's special tokens (Qwen/Qwen2-VL-7B-Instruct's ids; the quick vocabulary's last ones).
+QWEN_VOCAB = {False: 152064, True: 1000}
+
+
+def _qwen_ids(quick: bool) -> dict:
+    top = QWEN_VOCAB[quick]
+    start, end, image, video = (990, 991, 992, 993) if quick else (151652, 151653, 151655, 151656)
+    return dict(vision_start_token_id=start, vision_end_token_id=end, image_token_id=image, video_token_id=video) | {
+        "vocab": top
+    }
+
+
+def _qwen2_text(quick: bool, vocab: int, mrope: list[int] | None = None) -> dict:
+    rope = {"rope_type": "default", "rope_theta": 1e6} | ({"mrope_section": mrope} if mrope else {})
+    if quick:
+        return dict(
+            vocab_size=vocab,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=1024,
+            rope_parameters=rope,
+            bos_token_id=1,
+            eos_token_id=2,
+        )
+    # Qwen2-7B / Qwen2.5-7B
+    return dict(
+        vocab_size=vocab,
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        max_position_embeddings=32768,
+        rope_parameters=rope,
+    )
+
+
+def build_qwen2_vl(quick: bool):
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    ids = _qwen_ids(quick)
+    if quick:
+        vision = dict(depth=2, embed_dim=64, hidden_size=64, num_heads=4, patch_size=8)
+    else:  # Qwen/Qwen2-VL-7B-Instruct: a 32-layer ViT of width 1280, patches of 14, 2x2 merged
+        vision = dict(depth=32, embed_dim=1280, hidden_size=3584, num_heads=16, patch_size=14)
+    mrope = [2, 2, 4] if quick else [16, 24, 24]  # halves of the head width, as the checkpoint's
+    config = Qwen2VLConfig(text_config=_qwen2_text(quick, ids.pop("vocab"), mrope), vision_config=vision, **ids)
+    return Qwen2VLForConditionalGeneration(config)
+
+
+def _prompt_with_image(batch: int, device: str, image: list[int]) -> torch.Tensor:
+    """40 prompt tokens per row with the image's tokens after the first five (a chat template's place)."""
+    prompt = torch.randint(1, 900, (batch, 40), device=device)
+    image = torch.tensor(image, device=device).expand(batch, -1)
+    return torch.cat([prompt[:, :5], image, prompt[:, 5:]], dim=1)
+
+
+def _generate(net, ids: torch.Tensor, new_tokens: int, **images) -> None:
+    net.generate(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        do_sample=False,
+        **images,
+    )
+
+
+def step_qwen2_vl(net, batch: int, quick: bool, device: str, dtype, new_tokens: int) -> None:
+    config, vision = net.config, net.config.vision_config
+    side = 32 if quick else 448  # the image's side in pixels: (side / patch)^2 patches
+    grid = side // vision.patch_size
+    tokens = grid * grid // vision.spatial_merge_size**2
+    image = [config.vision_start_token_id, *[config.image_token_id] * tokens, config.vision_end_token_id]
+    width = vision.in_channels * vision.temporal_patch_size * vision.patch_size**2
+    pixels = torch.randn(batch * grid * grid, width, device=device, dtype=dtype)
+    thw = torch.tensor([[1, grid, grid]] * batch, device=device)
+    _generate(net, _prompt_with_image(batch, device, image), new_tokens, pixel_values=pixels, image_grid_thw=thw)
+
+
+def build_internvl(quick: bool):
+    from transformers import InternVLConfig, InternVLForConditionalGeneration
+
+    if quick:
+        vision = dict(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            image_size=32,
+            patch_size=8,
+        )
+    else:  # OpenGVLab/InternVL3-8B-hf: InternViT-300M at 448 px
+        vision = dict(
+            hidden_size=1024,
+            intermediate_size=4096,
+            num_hidden_layers=24,
+            num_attention_heads=16,
+            image_size=448,
+            patch_size=14,
+        )
+    side = vision["image_size"] // vision["patch_size"]
+    vocab = 1000 if quick else 151674
+    config = InternVLConfig(
+        vision_config=vision,
+        text_config=dict(_qwen2_text(quick, vocab), model_type="qwen2"),
+        image_token_id=vocab - 7 if quick else 151667,
+        image_seq_length=side * side // 4,  # pixel shuffle at downsample ratio 0.5
+        tie_word_embeddings=False,  # as Qwen2.5-7B's
+    )
+    return InternVLForConditionalGeneration(config)
+
+
+def step_internvl(net, batch: int, quick: bool, device: str, dtype, new_tokens: int) -> None:
+    config = net.config
+    side = config.vision_config.image_size
+    side = side if isinstance(side, int) else side[0]
+    image = [config.image_token_id] * config.image_seq_length
+    pixels = torch.randn(batch, 3, side, side, device=device, dtype=dtype)  # one tile per image
+    _generate(net, _prompt_with_image(batch, device, image), new_tokens, pixel_values=pixels)
+
+
 def build_detector(quick: bool):
     from transformers import DetrConfig, DetrForObjectDetection, ResNetConfig
 
@@ -213,6 +340,8 @@ def step_judge(net, batch: int, quick: bool, device: str, dtype, new_tokens: int
 FAMILIES = (
     Family("vit-gpt2 captioner", "hf-captioner", build_captioner, step_captioner),
     Family("llava-1.5-7b", "hf-vlm", build_vlm, step_vlm),
+    Family("qwen2-vl-7b", "hf-vlm", build_qwen2_vl, step_qwen2_vl),
+    Family("internvl3-8b-hf", "hf-vlm", build_internvl, step_internvl),
     Family("detr-resnet-50", "hf-detector", build_detector, step_detector),
     Family("clip-vit-l-14, 1000 classes", "hf-zero-shot", build_zero_shot, step_zero_shot),
     Family("llama-3.2-3b judge", "hf-judge", build_judge, step_judge),
@@ -290,7 +419,7 @@ def main() -> None:
         quick=args.quick,
         new_tokens=args.new_tokens,
         best_per_s={
-            f["backend"]: max((v for v in f["per_s_by_batch"].values() if isinstance(v, float)), default=None)
+            f["family"]: max((v for v in f["per_s_by_batch"].values() if isinstance(v, float)), default=None)
             for f in figures
         },
         total_seconds=round(time.perf_counter() - started, 1),
