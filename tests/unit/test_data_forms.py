@@ -125,3 +125,69 @@ def test_bad_captions_json_is_refused_by_its_json_path(study_a, change, expected
     change(document)
     (study_a / "captions.json").write_text(json.dumps(document))
     refused(study_a / "coco.yaml", "captions.json", expected)
+
+
+# --- Study B: an image folder, one folder per class ----------------------------------------------------
+
+PETS = {"cat/a.png": (200, 0, 0), "cat/b.png": (0, 200, 0), "dog/c.png": (0, 0, 200)}
+
+
+@pytest.fixture
+def study_b(tmp_path):
+    """The same Study B input as tables (`csv.yaml`) and as an image folder (`folder.yaml`)."""
+    for file, colour in PETS.items():
+        (tmp_path / "pics" / file).parent.mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (12, 8), colour).save(tmp_path / "pics" / file)
+    (tmp_path / "pics" / "cat" / "README.txt").write_text("not an image: left out")
+    rows = [f"{f[:-4]},pets,{f},{f.split('/')[0]},prototypical" for f in PETS]
+    (tmp_path / "labels.csv").write_text("image_id,dataset,file,label,granularity\n" + "\n".join(rows) + "\n")
+    (tmp_path / "classes.csv").write_text("dataset,class_name\npets,cat\npets,dog\n")
+    (tmp_path / "c.csv").write_text("image_id,variant,text\n" + "".join(f"{f[:-4]},full,x\n" for f in PETS))
+    model = {k: v for k, v in IMPORTED.items() if k != "era"}  # Study B's models have no era
+    base = {"study": "openworld", "name": "forms", "models": [model], "judge": None}
+    tables = {"labels": "labels.csv", "image_dir": "pics", "classnames": "classes.csv"}
+    folder = {"image_folder": "pics", "dataset": "pets", "granularity": "prototypical"}
+    for name, data in (("csv", tables), ("folder", folder), ("listed", {**folder, "classnames": "classes.csv"})):
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump({**base, "data": data}))
+    return tmp_path
+
+
+def load_b(study_file: Path):
+    from vlm_decade.studies import load_study
+    from vlm_decade.studies.openworld.data import load_openworld_form
+
+    study = load_study(study_file)
+    return load_openworld_form(study.data)
+
+
+def test_an_image_folder_gives_the_csv_forms_tables(study_b):
+    by_csv = load_b(study_b / "csv.yaml")
+    for form in ("folder", "listed"):
+        by_folder = load_b(study_b / f"{form}.yaml")
+        assert by_folder.images.equals(by_csv.images)
+        assert by_folder.labels.equals(by_csv.labels)
+        assert by_folder.classnames == by_csv.classnames == {"pets": ("cat", "dog")}
+        assert by_folder.granularity == by_csv.granularity
+
+
+def test_validate_says_the_image_folder_and_its_counts(study_b):
+    done = CliRunner().invoke(app, ["validate", str(study_b / "folder.yaml")])
+    output = " ".join(done.output.split())
+    assert done.exit_code == 0, output
+    assert "3 labelled images in 1 dataset (pets: prototypical)" in output
+    assert f"read from the image folder {study_b / 'pics'}" in output
+
+
+def test_an_empty_class_folder_is_refused_by_its_name(study_b):
+    (study_b / "pics" / "bird").mkdir()
+    refused(study_b / "folder.yaml", f"{study_b / 'pics' / 'bird'}: class folder 'bird' has no images")
+
+
+def test_a_class_folder_the_class_list_lacks_is_refused_by_its_name(study_b):
+    (study_b / "classes.csv").write_text("dataset,class_name\npets,cat\npets,cow\n")
+    refused(study_b / "listed.yaml", f"{study_b / 'pics' / 'dog'}: class folder 'dog' is not in the class list")
+
+
+def test_a_bad_image_in_a_class_folder_is_named_by_its_file(study_b):
+    (study_b / "pics" / "dog" / "d.png").write_bytes(b"not a png")
+    refused(study_b / "folder.yaml", f"{study_b / 'pics' / 'dog' / 'd.png'}: ")

@@ -129,13 +129,18 @@ def _coco_captions(path: Path, entries: list, known: set[str], problems: Problem
     return columns
 
 
-def name_rows(problems: Problems, file: Path, where: Callable[[int, str | None], str]) -> None:
+def name_rows(
+    problems: Problems, file: Path, where: Callable[[int, str | None], str], *, as_file: bool = False
+) -> None:
     """Name the problems the shared checks found at a row of a form's table by what the row is in the
-    form (`where(row, field)`: a JSON path such as `annotations[17].caption`, or an image's file)."""
+    form (`where(row, field)`): a JSON path such as `images[3].file_name` before the message, or with
+    `as_file`, an image's file in place of the form's."""
     items = []
     for p in problems.items:
         if p.file == str(file) and p.row is not None:
-            p = replace(p, message=f"{where(p.row, p.field)}: {p.message}", row=None, field=None)
+            named = where(p.row, p.field)
+            message = p.message if as_file else f"{named}: {p.message}"
+            p = replace(p, file=named if as_file else p.file, message=message, row=None, field=None)
         items.append(p)
     problems.items = items
 
@@ -164,7 +169,8 @@ def folder_tables(
     if not folders:
         problems.add(root, "has no class folders (one folder per class, its images inside)")
         return None
-    labels: dict[str, list[str]] = {c: [] for c in ("image_id", "dataset", "file", "label", "granularity")}
+    # `accepted`: a folder names no alternatives to its class (the labels table's optional column, empty).
+    labels: dict[str, list[str]] = {c: [] for c in ("image_id", "dataset", "file", "label", "granularity", "accepted")}
     for folder in folders:
         if classes is not None and folder.name not in classes:
             problems.add(folder, f"class folder '{folder.name}' is not in the class list of dataset '{dataset}'")
@@ -177,7 +183,7 @@ def folder_tables(
         if not files:
             problems.add(folder, f"class folder '{folder.name}' has no images ({', '.join(IMAGE_SUFFIXES)})")
         for file in files:
-            for column, value in zip(labels, (file.rsplit(".", 1)[0], dataset, file, folder.name, granularity)):
+            for column, value in zip(labels, (file.rsplit(".", 1)[0], dataset, file, folder.name, granularity, "")):
                 labels[column].append(value)
     names = [f.name for f in folders] if classes is None else classes
     class_table = _table(root, {"dataset": [dataset] * len(names), "class_name": names}, list(range(len(names))))

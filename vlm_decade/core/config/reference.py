@@ -15,6 +15,8 @@ from vlm_decade.core.config.settings import BackendOptions, Settings, schema_ext
 def _type_text(annotation: Any) -> str:
     """A field's type as a study file's author reads it."""
     origin, args = getattr(annotation, "__origin__", None), getattr(annotation, "__args__", ())
+    if hasattr(annotation, "__metadata__"):  # Annotated (an optional folder location's): its type's text
+        return _type_text(origin)
     if origin is Literal:
         return " or ".join(str(a) for a in args)
     if origin is tuple:

@@ -107,7 +107,8 @@ PATH_OPTIONS = ("file", "database")
 
 
 def _is_path(annotation: Any) -> bool:
-    return annotation is Path or Path in getattr(annotation, "__args__", ())
+    # Through unions and Annotated: an optional folder location (`FolderLocation | None`) is a path too.
+    return annotation is Path or any(_is_path(a) for a in getattr(annotation, "__args__", ()))
 
 
 def resolve_paths(raw: Any, cls: type[Settings], base: Path) -> None:

@@ -1,6 +1,7 @@
 """Study A's input: read and check the images, human descriptions and votes, and rank the descriptions.
 
-`load_study_data` reads the three tables of docs/data-format.md, decodes every image once, and checks
+`load_study_data` reads the three tables of docs/data-format.md (the images and descriptions from a
+COCO captions JSON instead when the study names one: `vlm_decade.studies.forms`), decodes every image once, and checks
 everything before it ranks anything: all problems (file, spreadsheet row, field) come back together
 as one InputError, which also carries the image ids the images table names (for the checks of the
 files that refer to images). It writes nothing. The result is the `images` and `references` tables of the run

@@ -28,16 +28,48 @@ OPEN_WORLD_PROMPT = "What type of object is in this image?"
 
 
 class OpenWorldDataConfig(Settings):
-    """Study B's input tables (docs/openworld-data.md)."""
+    """Study B's input (docs/openworld-data.md): the labels and class-names tables beside a folder of
+    images, or an image folder with one folder per class."""
 
-    labels: Path = Field(description="image_id, dataset, file, label, granularity.")
-    image_dir: FolderLocation = Field(
-        description="The folder that `file` is relative to: a path, or an s3:// or gs:// URI (docs/cluster.md)."
+    labels: Path | None = Field(
+        None, description="image_id, dataset, file, label, granularity (none: `image_folder` instead)."
     )
-    classnames: Path = Field(
-        description="dataset, class_name: each dataset's class list (for the closed-world baselines)."
+    image_dir: FolderLocation | None = Field(
+        None,
+        description="The folder that `file` is relative to: a path, or an s3:// or gs:// URI (docs/cluster.md).",
+    )
+    classnames: Path | None = Field(
+        None,
+        description="dataset, class_name: each dataset's class list (for the closed-world baselines); with `image_folder`, optional: the list its folders must be in.",
+    )
+    image_folder: Path | None = Field(
+        None, description="A folder with one folder per class, its images inside, in place of `labels`."
+    )
+    dataset: str | None = Field(None, min_length=1, description="`image_folder`: the name of its dataset.")
+    granularity: Literal["prototypical", "fine-grained", "very fine-grained"] | None = Field(
+        None, description="`image_folder`: its dataset's label granularity."
     )
     background: Background = WHITE
+
+    @model_validator(mode="after")
+    def _one_form(self) -> OpenWorldDataConfig:
+        if self.image_folder is None:
+            lacking = [f for f in ("labels", "image_dir", "classnames") if getattr(self, f) is None]
+            if lacking or self.dataset is not None or self.granularity is not None:
+                raise ValueError(
+                    "give `labels`, `image_dir` and `classnames` (CSV or Parquet tables and their images), or "
+                    "`image_folder` with `dataset` and `granularity`"
+                )
+            return self
+        if self.labels is not None or self.image_dir is not None:
+            raise ValueError("give either `image_folder` or `labels` and `image_dir`, not both")
+        if self.dataset is None or self.granularity is None:
+            raise ValueError("`image_folder` needs `dataset` and `granularity` (its folders give only the labels)")
+        return self
+
+    def form(self) -> str:
+        """Which form the data is read from, as `validate` says it ('' for the tables)."""
+        return "" if self.image_folder is None else f"; read from the image folder {self.image_folder}"
 
 
 class PromptConfig(Settings):

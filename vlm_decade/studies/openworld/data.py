@@ -5,6 +5,8 @@ its dataset's label granularity) and the class-names table (each dataset's candi
 closed-world baselines). It decodes every image once and checks everything; all problems (file,
 spreadsheet row, field) come back together as one InputError, and nothing is written. Reading and the
 image checks are Study A's (`vlm_decade.studies.decade.data`), so both studies report bad input the same way.
+`load_openworld_form` reads whichever form the study's `data` names: these tables, or an image folder
+of class folders (`vlm_decade.studies.forms`) read into them.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from vlm_decade.stages.images import (
     images_table,
     metadata_table,
 )
+from vlm_decade.studies.forms import folder_tables, name_rows
+from vlm_decade.studies.openworld.config import OpenWorldDataConfig
 
 LABEL_COLUMNS = ("image_id", "dataset", "file", "label", "granularity")
 # Optional: the label's accepted alternative names, separated by `|` (or a Parquet list of names).
@@ -78,6 +82,54 @@ def load_openworld_data(
         Path(labels), LABEL_COLUMNS, problems, (ACCEPTED_COLUMN,), lists=(ACCEPTED_COLUMN,), extra=True
     )
     classes_t = read_table(Path(classnames), CLASSNAME_COLUMNS, problems)
+    return _checked(labels_t, classes_t, image_dir, problems, cache, background, group_by, limit)
+
+
+def load_openworld_form(
+    data: OpenWorldDataConfig, cache: ImageCache | None = None, group_by: tuple[str, ...] = (), limit: int | None = None
+) -> OpenWorldData:
+    """`load_openworld_data` of the study's `data` section, whichever form it names: the tables, or an
+    image folder of class folders (`studies.forms.folder_tables`), whose tables are checked as the
+    tables' are, a problem at one of its rows named by its image's file."""
+    if data.image_folder is None:
+        return load_openworld_data(
+            data.labels, data.image_dir, data.classnames, cache, data.background, group_by, limit
+        )
+    problems = Problems()
+    classes = None
+    if data.classnames is not None:
+        given = read_table(Path(data.classnames), CLASSNAME_COLUMNS, problems)
+        lists = _check_classnames(given, problems) if given is not None else {}
+        classes = lists.get(data.dataset, [])
+        if given is not None and not classes:
+            problems.add(data.classnames, f"has no class names of dataset '{data.dataset}' (data.dataset)")
+    read = folder_tables(data.image_folder, data.dataset, data.granularity, problems, classes)
+    if read is None or problems:
+        raise InputError(problems.items)
+    labels_t, classes_t = read
+    files = labels_t.columns.column("file").to_pylist()
+    try:
+        return _checked(labels_t, classes_t, data.image_folder, problems, cache, data.background, group_by, limit)
+    except InputError as exc:
+        problems = Problems()
+        problems.extend(exc.problems)
+        name_rows(
+            problems, data.image_folder, lambda row, field: str(Path(data.image_folder) / files[row]), as_file=True
+        )
+        raise InputError(problems.items, exc.image_ids) from None
+
+
+def _checked(
+    labels_t: Table | None,
+    classes_t: Table | None,
+    image_dir: str | Path,
+    problems: Problems,
+    cache: ImageCache | None,
+    background: str,
+    group_by: tuple[str, ...],
+    limit: int | None,
+) -> OpenWorldData:
+    """The checks of the labels and class-names tables (None: could not be read) and their images."""
     class_lists = _check_classnames(classes_t, problems) if classes_t is not None else None
 
     images = known = None
@@ -214,4 +266,5 @@ __all__ = [
     "LABEL_COLUMNS",
     "OpenWorldData",
     "load_openworld_data",
+    "load_openworld_form",
 ]

@@ -22,7 +22,7 @@ from vlm_decade.stages.images import ImageCache, transparency_note
 from vlm_decade.studies.estimate import Line, describe_lines, response_cache
 from vlm_decade.studies.openworld import judging, report, scoring, statistics
 from vlm_decade.studies.openworld.config import OpenWorldStudyConfig
-from vlm_decade.studies.openworld.data import OpenWorldData, load_openworld_data
+from vlm_decade.studies.openworld.data import OpenWorldData, load_openworld_form
 from vlm_decade.studies.openworld.export import tidy
 from vlm_decade.studies.openworld.judging import judge_unavailable
 
@@ -45,12 +45,9 @@ def check(study: OpenWorldStudyConfig, cache: ImageCache | None = None) -> OpenW
     problems: list[Problem] = []
     data = None
     try:
-        data = load_openworld_data(
-            study.data.labels,
-            study.data.image_dir,
-            study.data.classnames,
+        data = load_openworld_form(
+            study.data,
             cache,
-            study.data.background,
             study.analysis.group_by,
             study.limit,  # a smoke run reads only its own images
         )
@@ -109,10 +106,14 @@ def summary(study: OpenWorldStudyConfig, data: OpenWorldData) -> tuple[str, list
     datasets = sorted(set(data.images.column("dataset").to_pylist()))
     no_judge = judge_unavailable(study)
     text = (
-        f"Study B, {counted(data.images.num_rows, 'labelled image')} in {counted(len(datasets), 'dataset')} "
-        f"({', '.join(f'{d}: {data.granularity[d]}' for d in datasets)}), {counted(len(study.models), 'model')}, "
-        f"{counted(len(study.prompts), 'prompt')}"
-    ) + transparency_note(data.images)
+        (
+            f"Study B, {counted(data.images.num_rows, 'labelled image')} in {counted(len(datasets), 'dataset')} "
+            f"({', '.join(f'{d}: {data.granularity[d]}' for d in datasets)}), {counted(len(study.models), 'model')}, "
+            f"{counted(len(study.prompts), 'prompt')}"
+        )
+        + study.data.form()
+        + transparency_note(data.images)
+    )
     return text, ([f"LI will be skipped: {no_judge}"] if no_judge else []) + incomplete_models(study, data)
 
 
