@@ -1,7 +1,8 @@
 """The `hf-vlm` backend: vision-language models through AutoModelForImageTextToText and the
 processor's chat template (Qwen2-VL / Qwen2.5-VL / Qwen3-VL, InternVL-hf, LLaVA-1.5 / NeXT /
-OneVision, Idefics2, SmolVLM / Idefics3, Gemma 3, Mllama, Llama 4), or the plain prompt for a
-processor without one (PaliGemma, whose processor places the image tokens itself).
+OneVision, Idefics2, SmolVLM / Idefics3, Gemma 3, Mllama, and Llama 4 where torchvision is
+installed), or the plain prompt for a processor without one (PaliGemma, whose processor places the
+image tokens itself).
 
 Each row is one user turn: its image, then its prompt. Rows of a batch are left-padded (these are
 decoder-only language models: right padding would put pad tokens between the prompt and the
