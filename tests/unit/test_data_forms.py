@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import yaml
 from PIL import Image
@@ -103,7 +106,8 @@ def refused(study_file: Path, *expected: str) -> None:
     done = CliRunner().invoke(app, ["validate", str(study_file)])
     output = " ".join(done.output.split())
     assert done.exit_code == 2, output
-    assert "Traceback" not in output and done.exception is None or isinstance(done.exception, SystemExit)
+    assert "Traceback" not in output
+    assert done.exception is None or isinstance(done.exception, SystemExit)
     for text in expected:
         assert text in output, output
     assert sorted(p.relative_to(folder) for p in folder.rglob("*")) == before  # nothing written
@@ -191,3 +195,128 @@ def test_a_class_folder_the_class_list_lacks_is_refused_by_its_name(study_b):
 def test_a_bad_image_in_a_class_folder_is_named_by_its_file(study_b):
     (study_b / "pics" / "dog" / "d.png").write_bytes(b"not a png")
     refused(study_b / "folder.yaml", f"{study_b / 'pics' / 'dog' / 'd.png'}: ")
+
+
+# --- Study B: a Hugging Face dataset on disk ----------------------------------------------------------
+
+FEATURES = {"image": {"_type": "Image"}, "label": {"names": ["cat", "dog"], "_type": "ClassLabel"}}
+
+
+def hf_rows(folder: Path) -> pa.Table:
+    """The study_b images as a dataset's rows: `image` {bytes, path} and `label` (a class number)."""
+    files = sorted(PETS)
+    images = [{"bytes": (folder / "pics" / f).read_bytes(), "path": Path(f).name} for f in files]
+    labels = [["cat", "dog"].index(f.split("/")[0]) for f in files]
+    return pa.table({"image": images, "label": pa.array(labels, pa.int64())})
+
+
+def save_to_disk(root: Path, rows: pa.Table, features: dict) -> None:
+    """The layout of `DatasetDict.save_to_disk` with one split, `train`."""
+    (root / "train").mkdir(parents=True)
+    (root / "dataset_dict.json").write_text(json.dumps({"splits": ["train"]}))
+    with pa.OSFile(str(root / "train" / "data-00000-of-00001.arrow"), "wb") as sink:
+        with pa.ipc.new_stream(sink, rows.schema) as writer:
+            writer.write_table(rows)
+    (root / "train" / "dataset_info.json").write_text(json.dumps({"features": features}))
+    state = {"_data_files": [{"filename": "data-00000-of-00001.arrow"}], "_split": "train"}
+    (root / "train" / "state.json").write_text(json.dumps(state))
+
+
+def parquet_files(root: Path, rows: pa.Table, features: dict) -> None:
+    """The hub's layout: data/train-00000-of-00001.parquet, the features in its `huggingface` metadata."""
+    (root / "data").mkdir(parents=True)
+    metadata = {b"huggingface": json.dumps({"info": {"features": features}}).encode()}
+    pq.write_table(rows.replace_schema_metadata(metadata), root / "data" / "train-00000-of-00001.parquet")
+
+
+@pytest.fixture
+def study_hf(study_b):
+    """study_b's images as a Hugging Face dataset saved to disk (`hf.yaml`) and as Parquet files
+    (`hfpq.yaml`), with the tables they must equal (`hfcsv.yaml`: ids are `train/<row>`)."""
+    rows = hf_rows(study_b)
+    save_to_disk(study_b / "saved", rows, FEATURES)
+    parquet_files(study_b / "hub", rows, FEATURES)
+    save_to_disk(study_b / "dict", rows, FEATURES)
+    shutil.move(study_b / "dict" / "train", study_b / "one")  # one `Dataset` saved, not a `DatasetDict`
+    lines = [f"train/{i:06d},pets,{f},{f.split('/')[0]},prototypical" for i, f in enumerate(sorted(PETS))]
+    (study_b / "hflabels.csv").write_text("image_id,dataset,file,label,granularity\n" + "\n".join(lines) + "\n")
+    ids = "".join(f"train/{i:06d},full,x\n" for i in range(len(PETS)))
+    (study_b / "c.csv").write_text("image_id,variant,text\n" + ids)
+    raw = yaml.safe_load((study_b / "folder.yaml").read_text())
+    hf = {"dataset": "pets", "granularity": "prototypical", "split": "train"}
+    tables = {"labels": "hflabels.csv", "image_dir": "pics", "classnames": "classes.csv"}
+    for name, data in (
+        ("hf", {**hf, "hf_dataset": "saved"}),
+        ("hfpq", {**hf, "hf_dataset": "hub"}),
+        ("hfone", {**hf, "hf_dataset": "one"}),
+        ("hfcsv", tables),
+    ):
+        (study_b / f"{name}.yaml").write_text(yaml.safe_dump({**raw, "data": data, "output": "run"}))
+    return study_b
+
+
+def load_hf(study_file: Path):
+    from vlm_decade.studies import load_study
+    from vlm_decade.studies.openworld.data import load_openworld_form
+
+    study = load_study(study_file)
+    return load_openworld_form(study.data, inputs=study.output / "inputs")
+
+
+@pytest.mark.parametrize("form", ["hf", "hfpq", "hfone"])
+def test_a_hugging_face_dataset_gives_the_csv_forms_tables(study_hf, form):
+    by_csv = load_hf(study_hf / "hfcsv.yaml")
+    by_hf = load_hf(study_hf / f"{form}.yaml")
+    # The images are the dataset's bytes, written into the run folder: only their paths differ.
+    assert by_hf.images.drop_columns(["path"]).equals(by_csv.images.drop_columns(["path"]))
+    assert all(
+        p.startswith(str(study_hf / "run" / "inputs" / "pets" / "train")) for p in by_hf.images["path"].to_pylist()
+    )
+    assert by_hf.labels.equals(by_csv.labels)
+    assert by_hf.classnames == by_csv.classnames == {"pets": ("cat", "dog")}
+
+
+def test_validate_says_the_hugging_face_dataset_and_its_counts(study_hf):
+    done = CliRunner().invoke(app, ["validate", str(study_hf / "hf.yaml")])
+    output = " ".join(done.output.split())
+    assert done.exit_code == 0, output
+    assert "3 labelled images in 1 dataset (pets: prototypical)" in output
+    assert f"read from the Hugging Face dataset {study_hf / 'saved'} (split train)" in output
+
+
+@pytest.mark.parametrize("form", ["saved", "hub"])
+def test_a_dataset_without_an_image_column_or_class_names_is_refused(study_hf, form):
+    write = save_to_disk if form == "saved" else parquet_files
+    rows = hf_rows(study_hf)
+    shutil.rmtree(study_hf / form)
+    write(study_hf / form, rows.rename_columns(["picture", "label"]), FEATURES)
+    yaml_file = "hf.yaml" if form == "saved" else "hfpq.yaml"
+    refused(
+        study_hf / yaml_file, "no image column 'image' of {bytes, path} (data.image_column): columns picture, label"
+    )
+    shutil.rmtree(study_hf / form)
+    write(study_hf / form, rows, {"image": {"_type": "Image"}, "label": {"dtype": "int64", "_type": "Value"}})
+    refused(study_hf / yaml_file, "label column 'label' has no class names")
+
+
+def test_a_split_the_dataset_lacks_and_a_bad_image_are_refused_naming_them(study_hf):
+    raw = yaml.safe_load((study_hf / "hf.yaml").read_text())
+    raw["data"]["split"] = "test"
+    (study_hf / "hf.yaml").write_text(yaml.safe_dump(raw))
+    refused(study_hf / "hf.yaml", "has no split 'test' (data.split): its splits are train")
+    rows = hf_rows(study_hf)
+    images = rows.column("image").to_pylist()
+    images[1]["bytes"] = b"not an image"
+    shutil.rmtree(study_hf / "saved")
+    save_to_disk(study_hf / "saved", rows.set_column(0, "image", pa.array(images)), FEATURES)
+    raw["data"]["split"] = "train"
+    (study_hf / "hf.yaml").write_text(yaml.safe_dump(raw))
+    saved = study_hf / "saved" / "train" / "data-00000-of-00001.arrow"
+    refused(study_hf / "hf.yaml", f"{saved}, row 1: not a readable image")
+
+
+def test_a_label_that_is_no_class_number_is_refused_naming_its_row(study_hf):
+    rows = hf_rows(study_hf)
+    shutil.rmtree(study_hf / "hub")
+    parquet_files(study_hf / "hub", rows.set_column(1, "label", pa.array([0, 5, 1], pa.int64())), FEATURES)
+    refused(study_hf / "hfpq.yaml", "train-00000-of-00001.parquet: row 1: label 5 is not a class number (0 to 1)")

@@ -25,7 +25,7 @@ from vlm_decade.core.tables import Table
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
 
 
-def _table(file: Path, columns: dict[str, list[str]], numbers: list[int]) -> Table:
+def table(file: Path, columns: dict[str, list[str]], numbers: list[int]) -> Table:
     """A Table of text columns whose row numbers are `numbers` (an entry's index, or a running count)."""
     return Table(
         file=str(file),
@@ -72,7 +72,7 @@ def coco_tables(path: Path, dataset: str, problems: Problems) -> tuple[Table, Ta
     images = _coco_images(path, lists["images"], dataset, problems)
     descriptions = _coco_captions(path, lists["annotations"], set(images["image_id"]), problems)
     numbers = images.pop("number")
-    return _table(path, images, numbers), _table(path, descriptions, descriptions.pop("number"))
+    return table(path, images, numbers), table(path, descriptions, descriptions.pop("number"))
 
 
 def _coco_images(path: Path, entries: list, dataset: str, problems: Problems) -> dict[str, list]:
@@ -186,5 +186,5 @@ def folder_tables(
             for column, value in zip(labels, (file.rsplit(".", 1)[0], dataset, file, folder.name, granularity, "")):
                 labels[column].append(value)
     names = [f.name for f in folders] if classes is None else classes
-    class_table = _table(root, {"dataset": [dataset] * len(names), "class_name": names}, list(range(len(names))))
-    return _table(root, labels, list(range(len(labels["file"])))), class_table
+    class_table = table(root, {"dataset": [dataset] * len(names), "class_name": names}, list(range(len(names))))
+    return table(root, labels, list(range(len(labels["file"])))), class_table

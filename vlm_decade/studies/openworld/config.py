@@ -45,30 +45,46 @@ class OpenWorldDataConfig(Settings):
     image_folder: Path | None = Field(
         None, description="A folder with one folder per class, its images inside, in place of `labels`."
     )
-    dataset: str | None = Field(None, min_length=1, description="`image_folder`: the name of its dataset.")
+    hf_dataset: Path | None = Field(
+        None,
+        description="A Hugging Face dataset on disk (`save_to_disk`, or its Parquet files), in place of `labels`.",
+    )
+    split: str = Field("train", min_length=1, description="`hf_dataset`: the split to read.")
+    image_column: str = Field("image", min_length=1, description="`hf_dataset`: the image column ({bytes, path}).")
+    label_column: str = Field(
+        "label", min_length=1, description="`hf_dataset`: the label column (a ClassLabel, its names the class list)."
+    )
+    dataset: str | None = Field(
+        None, min_length=1, description="`image_folder`, `hf_dataset`: the name of its dataset."
+    )
     granularity: Literal["prototypical", "fine-grained", "very fine-grained"] | None = Field(
-        None, description="`image_folder`: its dataset's label granularity."
+        None, description="`image_folder`, `hf_dataset`: its dataset's label granularity."
     )
     background: Background = WHITE
 
     @model_validator(mode="after")
     def _one_form(self) -> OpenWorldDataConfig:
-        if self.image_folder is None:
+        form = [f for f in ("image_folder", "hf_dataset") if getattr(self, f) is not None]
+        if not form:
             lacking = [f for f in ("labels", "image_dir", "classnames") if getattr(self, f) is None]
             if lacking or self.dataset is not None or self.granularity is not None:
                 raise ValueError(
                     "give `labels`, `image_dir` and `classnames` (CSV or Parquet tables and their images), or "
-                    "`image_folder` with `dataset` and `granularity`"
+                    "`image_folder` or `hf_dataset` with `dataset` and `granularity`"
                 )
             return self
-        if self.labels is not None or self.image_dir is not None:
-            raise ValueError("give either `image_folder` or `labels` and `image_dir`, not both")
+        if len(form) > 1 or self.labels is not None or self.image_dir is not None:
+            raise ValueError("give one of `labels` and `image_dir`, `image_folder` or `hf_dataset`")
+        if self.hf_dataset is not None and self.classnames is not None:
+            raise ValueError("`hf_dataset` takes its class names from its ClassLabel feature, not `classnames`")
         if self.dataset is None or self.granularity is None:
-            raise ValueError("`image_folder` needs `dataset` and `granularity` (its folders give only the labels)")
+            raise ValueError(f"`{form[0]}` needs `dataset` and `granularity` (it gives only the labels)")
         return self
 
     def form(self) -> str:
         """Which form the data is read from, as `validate` says it ('' for the tables)."""
+        if self.hf_dataset is not None:
+            return f"; read from the Hugging Face dataset {self.hf_dataset} (split {self.split})"
         return "" if self.image_folder is None else f"; read from the image folder {self.image_folder}"
 
 

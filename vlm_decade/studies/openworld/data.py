@@ -33,6 +33,7 @@ from vlm_decade.stages.images import (
     metadata_table,
 )
 from vlm_decade.studies.forms import folder_tables, name_rows
+from vlm_decade.studies.hfdata import hf_tables
 from vlm_decade.studies.openworld.config import OpenWorldDataConfig
 
 LABEL_COLUMNS = ("image_id", "dataset", "file", "label", "granularity")
@@ -86,11 +87,18 @@ def load_openworld_data(
 
 
 def load_openworld_form(
-    data: OpenWorldDataConfig, cache: ImageCache | None = None, group_by: tuple[str, ...] = (), limit: int | None = None
+    data: OpenWorldDataConfig,
+    cache: ImageCache | None = None,
+    group_by: tuple[str, ...] = (),
+    limit: int | None = None,
+    inputs: Path | None = None,
 ) -> OpenWorldData:
-    """`load_openworld_data` of the study's `data` section, whichever form it names: the tables, or an
-    image folder of class folders (`studies.forms.folder_tables`), whose tables are checked as the
-    tables' are, a problem at one of its rows named by its image's file."""
+    """`load_openworld_data` of the study's `data` section, whichever form it names: the tables, an
+    image folder of class folders (`studies.forms.folder_tables`) or a Hugging Face dataset
+    (`studies.hfdata`, its images written under `inputs`, the run folder's), whose tables are checked
+    as the tables' are, a problem at one of its rows named by its image's file or dataset row."""
+    if data.hf_dataset is not None:
+        return _load_hf(data, inputs, cache, group_by, limit)
     if data.image_folder is None:
         return load_openworld_data(
             data.labels, data.image_dir, data.classnames, cache, data.background, group_by, limit
@@ -117,6 +125,45 @@ def load_openworld_form(
             problems, data.image_folder, lambda row, field: str(Path(data.image_folder) / files[row]), as_file=True
         )
         raise InputError(problems.items, exc.image_ids) from None
+
+
+def _load_hf(
+    data: OpenWorldDataConfig,
+    inputs: Path | None,
+    cache: ImageCache | None,
+    group_by: tuple[str, ...],
+    limit: int | None,
+) -> OpenWorldData:
+    """A Hugging Face dataset's split, its images written under `inputs` and taken away on refusal."""
+    if inputs is None:
+        raise ValueError("a Hugging Face dataset's images are written into the run folder: `inputs` names it")
+    problems = Problems()
+    columns = (data.image_column, data.label_column)
+    read = hf_tables(data.hf_dataset, data.split, columns, data.dataset, data.granularity, inputs, problems)
+    if read is None:
+        raise InputError(problems.items)
+    labels_t, classes_t, written, origins = read
+    try:
+        return _checked(labels_t, classes_t, inputs, problems, cache, data.background, group_by, limit)
+    except InputError as exc:
+        _take_away(written, Path(inputs))
+        problems = Problems()
+        problems.extend(exc.problems)
+        name_rows(problems, data.hf_dataset, lambda row, field: origins[row], as_file=True)
+        raise InputError(problems.items, exc.image_ids) from None
+
+
+def _take_away(written: list[Path], inputs: Path) -> None:
+    """The files `hf_tables` wrote, and the folders they leave empty up to `inputs` and the run folder."""
+    for file in written:
+        file.unlink(missing_ok=True)
+    for folder in sorted(
+        {p for f in written for p in f.parents if p == inputs.parent or inputs.parent in p.parents}, reverse=True
+    ):
+        try:
+            folder.rmdir()
+        except OSError:  # not empty: something else is in it
+            pass
 
 
 def _checked(
