@@ -75,7 +75,7 @@ def study_a(tmp_path):
 
 def load_a(folder: Path, data: dict):
     raw = {"name": "forms", "models": [IMPORTED], "data": copy.deepcopy(data)}
-    for key in ("images", "descriptions", "captions_json", "image_dir"):
+    for key in ("images", "descriptions", "captions_json", "image_dir", "votes"):
         if key in raw["data"]:
             raw["data"][key] = str(folder / raw["data"][key])
     study = study_from_dict(raw)
@@ -320,3 +320,14 @@ def test_a_label_that_is_no_class_number_is_refused_naming_its_row(study_hf):
     shutil.rmtree(study_hf / "hub")
     parquet_files(study_hf / "hub", rows.set_column(1, "label", pa.array([0, 5, 1], pa.int64())), FEATURES)
     refused(study_hf / "hfpq.yaml", "train-00000-of-00001.parquet: row 1: label 5 is not a class number (0 to 1)")
+
+
+def test_votes_rank_a_captions_jsons_descriptions_as_they_rank_the_tables(study_a):
+    shown = ";".join(str(10 + k) for k in range(3)), ";".join(str(13 + k) for k in range(3))
+    rows = [f"{image},r{r},1,{shown[n]},{10 + 3 * n + (r % 3)}" for n, image in enumerate("12") for r in range(3)]
+    (study_a / "votes.csv").write_text("image_id,rater_id,trial,shown,chosen\n" + "\n".join(rows) + "\n")
+    tables = {"images": "images.csv", "image_dir": "imgs", "descriptions": "humans.csv", "votes": "votes.csv"}
+    coco = {"captions_json": "captions.json", "image_dir": "imgs", "dataset": "tiny", "votes": "votes.csv"}
+    by_csv, by_coco = load_a(study_a, tables), load_a(study_a, coco)
+    assert by_coco.references.equals(by_csv.references)
+    assert by_coco.ranking_method == by_csv.ranking_method == {"tiny": "votes"}
