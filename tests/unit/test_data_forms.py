@@ -1,7 +1,8 @@
-"""The data forms people keep read as the tables of the CSV form: a COCO captions JSON (Study A) and an
-image folder of class folders (Study B) give the CSV + files run's tables (ids and paths aside where
-the form sets them), and each bad input of the form exits 2 through `validate`, named by its JSON path
-or folder, with no traceback and nothing written."""
+"""The data forms people keep read as the tables of the CSV form: a COCO captions JSON (Study A), and
+an image folder of class folders or a Hugging Face dataset on disk (Study B), give the CSV + files
+run's tables (a Hugging Face dataset's image paths aside: its bytes are written into the run folder),
+and each bad input of a form exits 2 through `validate`, named by its JSON path, folder, file or
+dataset row, with no traceback and nothing written."""
 
 from __future__ import annotations
 
