@@ -5,8 +5,9 @@ one folder per class (Study B) becomes the labels and class-names tables. Each r
 its form's own (the JSON's shape and entries, named by their JSON path such as
 `annotations[17].caption`; an empty class folder, a folder the class list lacks) and hands on only
 the entries that passed, as `core.tables.Table`s, so the studies' loaders run their usual checks and
-every later stage is unchanged. A problem the shared checks find in a JSON entry names it by its path
-too (`json_paths`). Nothing is written.
+every later stage is unchanged. A problem the shared checks find at a row of such a table is named
+by what the row is in the form, a JSON path or an image's file (`name_rows`). Nothing is written. A
+Hugging Face dataset, whose images are bytes in its rows, is `vlm_decade.studies.hfdata`'s.
 """
 
 from __future__ import annotations
