@@ -8,8 +8,8 @@ of answers. Latency alone says little: past its capacity one server queues (more
 same throughput), another slows down (fewer answers a second), another refuses.
 
 - start: from `start`, the limit grows by half each round (an answer per request allowed, of
-  requests sent with the limit full) while the throughput grows by at least half as much, then
-  goes back to the better of its last two levels;
+  requests sent with the limit full) while the throughput grows nearly in proportion (at least
+  0.85 times as much), then goes back to the better of its last two levels;
 - then a climb, one level at a time, each round two answers per request allowed: up to a
   neighbouring level clearly faster (by `tolerance`), else down to one not clearly slower (as many
   answers with fewer in flight), else a neighbour not measured yet (or not for `memory` rounds) is
@@ -90,7 +90,8 @@ class AdaptiveLimit:
 
     def _start(self) -> None:
         level, before = self.level, self.previous
-        keeps_up = before is None or self.rate(level) >= self.rate(before) * (1 + (level / before - 1) / 2)
+        # the server keeps up: the throughput grew nearly in proportion to the limit
+        keeps_up = before is None or self.rate(level) >= self.rate(before) * 0.85 * level / before
         if keeps_up and level < self.ceiling:
             self.previous = level
             self._move(max(level + 1, math.ceil(level * 1.5)))
