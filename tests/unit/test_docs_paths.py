@@ -134,3 +134,9 @@ def test_the_tree_is_true_to_the_package():
     unlisted = sorted(str(p.relative_to(ROOT)) for p in packages - listed)
     assert not unlisted, f"docs/architecture.md's tree lacks packages: {unlisted}"
     assert len(named) >= 100
+
+
+def test_the_architecture_page_stays_a_page():
+    """The page describes the current state; history lives in git and figures in RESULTS.md."""
+    words = len((ROOT / "docs/architecture.md").read_text(encoding="utf-8").split())
+    assert 1000 <= words <= 1800
