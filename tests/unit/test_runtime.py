@@ -156,3 +156,46 @@ def test_verbose_on_the_command_line_lets_ray_speak(monkeypatch):
     assert not verbose()
     assert CliRunner().invoke(cli.app, ["--verbose", "schema", "decade"]).exit_code == 0
     assert verbose()
+
+
+def test_the_gpus_a_local_ray_would_have_are_the_machines_cuda_devices(monkeypatch):
+    """Before Ray starts, validate counts GPUs as Ray will: a local Ray finds this machine's CUDA
+    devices; a cluster is not counted (it may autoscale)."""
+    import sys
+
+    import torch
+
+    from vlm_decade.core.config import RuntimeConfig
+    from vlm_decade.core.runtime import gpus_available
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delitem(sys.modules, "ray", raising=False)  # not imported: not started
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    assert gpus_available(RuntimeConfig()) == (3.0, "this machine's torch.cuda.device_count() is")
+    assert gpus_available(RuntimeConfig(address="ray://head:10001")) is None
+    monkeypatch.setenv("RAY_ADDRESS", "head:6379")
+    assert gpus_available(RuntimeConfig()) is None
+
+
+def test_validate_refuses_more_gpus_than_this_machine_has(monkeypatch, tmp_path):
+    import sys
+
+    import torch
+    import yaml
+    from typer.testing import CliRunner
+
+    from vlm_decade.cli import app
+    from vlm_decade.demo import materialize
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delitem(sys.modules, "ray", raising=False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    raw = yaml.safe_load(materialize(tmp_path).read_text())
+    for actors, code in ((1, 0), (2, 2)):
+        raw["runtime"] = {**raw.get("runtime", {}), "gpus_per_actor": 1, "actors_per_model": actors}
+        (tmp_path / "gpus.yaml").write_text(yaml.safe_dump(raw))
+        done = CliRunner().invoke(app, ["validate", str(tmp_path / "gpus.yaml")])
+        said = " ".join(done.output.split())
+        assert done.exit_code == code, said
+    assert "Traceback" not in said and said.startswith("1 problem") and "runtime.gpus_per_actor" in said
+    assert "2 actors x 1 GPU = 2 GPU, but this machine's torch.cuda.device_count() is 1" in said

@@ -250,6 +250,23 @@ def start_ray(
     return ray
 
 
+def gpus_available(runtime: RuntimeConfig) -> tuple[float, str] | None:
+    """The GPUs a study's actors can have on a local Ray, known before any of them starts, and where
+    the figure comes from: those the Ray already started declares (its `num_gpus`, whether or not
+    the cards are there), else this machine's CUDA devices (what Ray will find). None for a cluster
+    (an address): it may autoscale to fit, as the describe stage's own check of its actors allows."""
+    if runtime.address or os.environ.get("RAY_ADDRESS"):
+        return None
+    ray = sys.modules.get("ray")  # not imported: not started either
+    if ray is not None and ray.is_initialized():
+        return float(ray.cluster_resources().get("GPU", 0.0)), "this Ray has"
+    try:
+        import torch
+    except ImportError:
+        return 0.0, "this machine (no torch) has"
+    return float(torch.cuda.device_count()), "this machine's torch.cuda.device_count() is"
+
+
 def ray_logs_dir(ray) -> Path | None:
     """The session folder where a local Ray keeps its processes' logs (None when not known)."""
     node = getattr(ray._private.worker, "_global_node", None)

@@ -14,8 +14,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from vlm_decade.core.columns import json_strings, sha256_hex
-from vlm_decade.core.config import ModelConfig, StudyBase, field_path
+from vlm_decade.core.config import ModelConfig, RuntimeConfig, StudyBase, field_path
 from vlm_decade.core.errors import STUDY_FILE, InputError, Problem
+from vlm_decade.core.runtime import gpus_available
 from vlm_decade.imaging.masks import MaskSpec
 from vlm_decade.models.api.endpoints import APIEntry, api_entry_problems
 from vlm_decade.models.backends import Stimulus, backend_class
@@ -65,8 +66,9 @@ def _within(entry: tuple, problem: Problem) -> Problem:
 
 
 def check_models(study: StudyBase, image_ids: set[str] | pa.ChunkedArray | None, variants: list[str]) -> list[Problem]:
-    """What each model's backend `check` finds before any work (weights, files), and a key, endpoint
-    and price for every API model (`api_entry_problems`). Checks that need the images wait until the
+    """What each model's backend `check` finds before any work (weights, files), a key, endpoint
+    and price for every API model (`api_entry_problems`), and GPUs for the local ones' actors
+    (`gpu_problems`). Checks that need the images wait until the
     data could be read (`image_ids`, a set or a column of them; None: it could not). Every backend is
     known: `load_study` said which is not (`studies.backend_problems`)."""
     problems, entries = [], []
@@ -86,7 +88,7 @@ def check_models(study: StudyBase, image_ids: set[str] | pa.ChunkedArray | None,
                 )
         if provider:
             entries.append(APIEntry(("models", i), f"model '{model.name}'", provider, model.endpoint, model.model_id))
-    return problems + api_entry_problems(study.providers, entries)
+    return problems + api_entry_problems(study.providers, entries) + gpu_problems(study)
 
 
 def api_budgets(study: StudyBase) -> dict[str, float | None]:
@@ -100,24 +102,41 @@ def model_fingerprint(model: ModelConfig) -> dict:
     return backend_class(model.backend).fingerprint(model)
 
 
+def fit_problems(rt: RuntimeConfig, have: dict[str, float], where: str = "this Ray has") -> list[Problem]:
+    """Each resource of `have` (CPU, GPU -> amount there is) that a model's actors ask more of than
+    there is, naming its field: actors that cannot all be placed would wait forever in silence."""
+    problems = []
+    for resource, each in (("CPU", rt.cpus_per_actor), ("GPU", rt.gpus_per_actor)):
+        need = each * rt.actors_per_model
+        if resource in have and need > have[resource]:
+            problems.append(
+                Problem(
+                    "study file",
+                    f"{rt.actors_per_model} actors x {each:g} {resource} = {need:g} {resource}, but {where} "
+                    f"{have[resource]:g}; lower actors_per_model or {resource.lower()}s_per_actor",
+                    field=f"runtime.{resource.lower()}s_per_actor",
+                )
+            )
+    return problems
+
+
+def gpu_problems(study: StudyBase) -> list[Problem]:
+    """A study whose local models' actors ask for more GPUs than there are, found before any work
+    (`validate`): on a machine without them, or fewer than the actors need (`gpus_available`)."""
+    rt = study.runtime
+    local = [m for m in study.models if not (c := backend_class(m.backend)).remote and not c.looks_up]
+    found = gpus_available(rt) if local and rt.gpus_per_actor > 0 else None
+    return [] if found is None else fit_problems(rt, {"GPU": found[0]}, found[1])
+
+
 def check_actor_fit(study: StudyBase, ray) -> None:
     """On a local Ray, actors that ask for more than the machine has would wait forever in silence."""
     if study.runtime.address:
         return  # a cluster may autoscale to fit
-    rt, have = study.runtime, ray.cluster_resources()
-    for resource, each in (("CPU", rt.cpus_per_actor), ("GPU", rt.gpus_per_actor)):
-        need = each * rt.actors_per_model
-        if need > have.get(resource, 0):
-            raise InputError(
-                [
-                    Problem(
-                        "study file",
-                        f"{rt.actors_per_model} actors x {each:g} {resource} = {need:g} {resource}, but this Ray has "
-                        f"{have.get(resource, 0):g}; lower actors_per_model or {resource.lower()}s_per_actor",
-                        field=f"runtime.{resource.lower()}s_per_actor",
-                    )
-                ]
-            )
+    have = ray.cluster_resources()
+    problems = fit_problems(study.runtime, {r: have.get(r, 0) for r in ("CPU", "GPU")})
+    if problems:
+        raise InputError(problems)
 
 
 # jobs -------------------------------------------------------------------------------------------
