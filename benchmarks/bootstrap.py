@@ -3,11 +3,14 @@
 Prints one JSON object per line; the last line is the summary (speedup_vs_scipy against scipy called
 once without `batch`, speedup_vs_scipy_best against its fastest usage found, ours_over_floor against
 the bare arithmetic, chunks_fresh_matrix_over_one: a block of chunks at 110,000 images with a fresh
-counts matrix per chunk against one matrix, seconds_per_million_images, scaling slope). Run: .venv/bin/python benchmarks/bootstrap.py
+counts matrix per chunk against one matrix, seconds_per_million_images, scaling slope). Run:
+    .venv/bin/python benchmarks/bootstrap.py
+    .venv/bin/python benchmarks/bootstrap.py --smoke   # tiny sizes, seconds: that it runs
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import time
@@ -16,6 +19,13 @@ import numpy as np
 from scipy import stats
 
 from vlm_decade.stats import _core, _engine, _streams
+
+# The cases' sizes under --smoke (the defaults otherwise).
+SMOKE = {
+    "vs_scipy": {"n_images": 50, "n_subjects": 2, "n_metrics": 2, "n_resamples": 200},
+    "chunk_matrix": {"n_images": 2000, "n_series": 2, "n_chunks": 2, "repeat": 1},
+    "scaling": {"sizes": (10**3, 10**4, 2 * 10**4), "n_resamples": 50},
+}
 
 
 def emit(**kw):
@@ -183,10 +193,13 @@ def scaling(sizes=(10**3, 10**4, 10**5, 10**6), n_series=6, n_resamples=1000):
 
 
 def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, to check that the script runs")
+    sizes = SMOKE if parser.parse_args().smoke else {case: {} for case in SMOKE}
     t0 = time.perf_counter()
-    speedup, speedup_best, over_floor = vs_scipy()
-    one_matrix = chunk_matrix()
-    rows, slope, b = scaling()
+    speedup, speedup_best, over_floor = vs_scipy(**sizes["vs_scipy"])
+    one_matrix = chunk_matrix(**sizes["chunk_matrix"])
+    rows, slope, b = scaling(**sizes["scaling"])
     per_million = rows[-1][1] / (rows[-1][0] / 1e6)
     emit(
         summary=True,

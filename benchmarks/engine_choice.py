@@ -213,8 +213,9 @@ def child(path: str, n: int, out: Path, encoder: Path, address: str) -> None:
                 return write(*args)
 
             embed.plan_texts, embed.write_selected = kept_plan, timed_write
-            if path == "raydata_parts":
-                embed.embed_local = lambda study, cfg, work, n, run, advance: raydata_into_parts(run, cfg, work)
+            if path == "raydata_parts":  # Ray Data's own actor pool: none of the stage's started ahead
+                embed.start_actors = lambda *args: []
+                embed.embed_local = lambda study, cfg, work, n, run, advance, actors: raydata_into_parts(run, cfg, work)
             written = embed.run_embed(study, run)
             figures["kept"] = plans[0].wanted - plans[0].todo[cfg.name]
             figures["stage_s"] = time.perf_counter() - start

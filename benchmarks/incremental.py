@@ -221,7 +221,7 @@ def main() -> None:
         "tables": tables,
         "wall_s": round(time.monotonic() - start, 1),
     }
-    print(json.dumps(result, indent=1), flush=True)
+    print(json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":

@@ -15,10 +15,13 @@ Ray images/s over plain images/s for the full-size model in steady state (after 
 batch: the plain loop's batch end times, the Ray path's part-file times), plus the same ratios
 from disk to texts with start-up included (`*_with_startup`). Run from the repo root:
     .venv/bin/python benchmarks/local_inference.py
+    .venv/bin/python benchmarks/local_inference.py --smoke   # the tiny model in the full-size one's place,
+                                                             # one round, full images only: that it runs
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -125,8 +128,9 @@ def ray_path(study, images, out: Path, actors: int) -> tuple[float, float, list[
     run.run_stage(given("images", images))
     describe_local.PART_ROWS = 1  # a part per batch: its time stamps give the steady rate
     start = time.perf_counter()
-    table = describe.run_describe(study, plan(study), run)
+    describe.run_describe(study, plan(study), run)
     seconds = time.perf_counter() - start
+    table = run.folder.read("responses")
     assert set(table.column("status").to_pylist()) == {"ok"}, table.filter(
         pa.compute.equal(table.column("status"), "error")
     )
@@ -140,7 +144,8 @@ def bench(name: str, model: ModelConfig, study, images, tmp: Path, rounds: int) 
     """Images/s of each path, best of `rounds` interleaved rounds (the machine may be shared: the
     best round is the one least disturbed, and interleaving spreads any disturbance over paths)."""
     study = study.model_copy(update={"models": (model,)})
-    jobs = sorted(jobs_from(plan_jobs(study, plan(study), images), plan(study)), key=lambda j: (j.image_id, j.variant))
+    steps = plan(study)
+    jobs = sorted(jobs_from(plan_jobs(study, steps, images), steps, images), key=lambda j: (j.image_id, j.variant))
     n = len(jobs)
     best = {"plain": 0.0, 1: 0.0, 2: 0.0}
     steady = {"plain": 0.0, 1: 0.0, 2: 0.0}
@@ -176,6 +181,9 @@ def bench(name: str, model: ModelConfig, study, images, tmp: Path, rounds: int) 
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="the tiny model only, one round, full images only")
+    args = parser.parse_args()
     started = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix="vlm-bench-"))
     start_ray(num_cpus=CPUS)
@@ -187,21 +195,24 @@ def main() -> None:
         model_id="tiny/vit-gpt2",
         era="pre-mllm",
         batch_size=8,
-        variants="all",
+        variants="full" if args.smoke else "all",
         path=hf_tiny.save_captioner(tmp / "tiny"),
     )
-    full = ModelConfig(
-        name="full",
-        backend="hf-captioner",
-        model_id="random/vit-gpt2-base",
-        era="pre-mllm",
-        batch_size=8,
-        variants="all",
-        path=save_full_size_vit_gpt2(tmp / "full"),
-        options={"max_new_tokens": 20},
-    )
-    small, _ = bench("tiny", tiny, study, images, tmp, rounds=1)
-    big, steady = bench("full", full, study, images, tmp, rounds=2)
+    small, small_steady = bench("tiny", tiny, study, images, tmp, rounds=1)
+    if args.smoke:
+        big, steady = small, small_steady
+    else:
+        full = ModelConfig(
+            name="full",
+            backend="hf-captioner",
+            model_id="random/vit-gpt2-base",
+            era="pre-mllm",
+            batch_size=8,
+            variants="all",
+            path=save_full_size_vit_gpt2(tmp / "full"),
+            options={"max_new_tokens": 20},
+        )
+        big, steady = bench("full", full, study, images, tmp, rounds=2)
     emit(
         # Throughput once models are loaded: what decides a long study's hours.
         ratio_1_actor=round(steady[1] / steady["plain"], 3),

@@ -130,7 +130,7 @@ def main() -> None:
         "vectors_gathered": vectors(args.vectors),
         "ranking": ranking(args.images),
     }
-    print(json.dumps(out, indent=1))
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":
