@@ -3,7 +3,8 @@ docs/extending.md: every repository path (`vlm_decade/...`, `tests/...`, `jobs/.
 `docs/...`, anywhere outside code blocks), every package path in backticks (`core/runner.py`), every
 entry of the tree and every file its descriptions name, and every dotted name of the package in
 backticks (`core.runner.Stage`, imported and looked up) exist; and the tree lists every package.
-A path with a placeholder (`vlm_decade/studies/<name>/config.py`) needs the folder before it."""
+A path with a placeholder (`vlm_decade/studies/<name>/config.py`) needs the folder before it.
+docs/models.md's table of the papers' models names registered backends and test files that exist."""
 
 from __future__ import annotations
 
@@ -140,3 +141,26 @@ def test_the_architecture_page_stays_a_page():
     """The page describes the current state; history lives in git and figures in RESULTS.md."""
     words = len((ROOT / "docs/architecture.md").read_text(encoding="utf-8").split())
     assert 1000 <= words <= 1800
+
+
+def papers_table() -> list[list[str]]:
+    """docs/models.md's table of the papers' models: its rows' cells, the header left out."""
+    page = text("docs/models.md")
+    block = page.split("<!-- papers -->", 1)[1].split("<!-- /papers -->", 1)[0]
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in block.strip().splitlines()]
+    return rows[2:]
+
+
+def test_the_papers_models_name_registered_backends_and_tests_that_exist():
+    from vlm_decade.models.backends import BACKENDS
+
+    rows = papers_table()
+    assert len(rows) >= 13 + 2 + 9  # Study B's 13 LMMs and two closed-world baselines, Study A's nine
+    for row in rows:
+        _study, _model, backend, _family, _checkpoint, tests = row
+        backends = BACKTICKED.findall(backend)
+        assert backends and all(b in BACKENDS.entries for b in backends), row
+        named = REPOSITORY_PATH.findall(tests)
+        assert tests == "no" or named, row
+        missing = [p for p in named if not (ROOT / p).is_file()]
+        assert not missing, f"docs/models.md's papers table names tests that do not exist: {missing}"
