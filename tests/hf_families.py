@@ -13,7 +13,23 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.hf_tiny import CHAT_TEMPLATE, _seeded, _tokenizer, save_vlm
+from tests.hf_tiny import (
+    CHAT_TEMPLATE,
+    CLIP_VISION,
+    DETECTOR_LABELS,
+    VISION,
+    _save,
+    _tokenizer,
+    _widened,
+    decoder_config,
+    save_captioner,
+    save_clip,
+    save_detector,
+    save_owlvit,
+    save_siglip,
+    save_vlm,
+    text_config,
+)
 
 QWEN_TOKENS = ("<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 QWEN_TEMPLATE = (
@@ -21,24 +37,6 @@ QWEN_TEMPLATE = (
     "{% if c['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>{% else %}{{ c['text'] }}{% endif %}"
     "{% endfor %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-
-
-def _text(tok, **overrides) -> dict:
-    return {
-        "vocab_size": len(tok),
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
-        "max_position_embeddings": 512,
-        "initializer_range": 1.0,
-        "bos_token_id": tok.bos_token_id,
-        "eos_token_id": tok.eos_token_id,
-        "pad_token_id": tok.pad_token_id,
-        **overrides,
-    }
 
 
 def _with_video(folder: Path, video_processor: str) -> None:
@@ -50,115 +48,54 @@ def _with_video(folder: Path, video_processor: str) -> None:
     path.write_text(json.dumps(settings, indent=2))
 
 
-def _save(folder: Path, build, processor) -> Path:
-    _seeded(build, 0).save_pretrained(folder)
-    processor.save_pretrained(folder)
-    return folder
-
-
 def _images_only(family):
     from vlm_decade.models.backends.hf_vlm import _images_only
 
     return _images_only(family)
 
 
-def _qwen(folder: Path, config_cls, model_cls, processor_cls, images, vision: dict, video: str, **text) -> Path:
-    tok = _tokenizer(QWEN_TOKENS)
-    ids = tok.convert_tokens_to_ids
-    rope = {"rope_type": "default", "mrope_section": [2, 2, 4], "rope_theta": 10000.0}
-    config = config_cls(
-        text_config=_text(tok, rope_parameters=rope, **text),
-        vision_config=vision,
-        image_token_id=ids("<|image_pad|>"),
-        video_token_id=ids("<|video_pad|>"),
-        vision_start_token_id=ids("<|vision_start|>"),
-        vision_end_token_id=ids("<|vision_end|>"),
-    )
-    processor = _images_only(processor_cls)(
-        image_processor=images, tokenizer=tok, video_processor=None, chat_template=QWEN_TEMPLATE
-    )
-    _save(folder, lambda: model_cls(config), processor)
-    _with_video(folder, video)
-    return folder
+def _qwen(family: str, video: str, **vision):
+    """The builder of a Qwen-VL generation: transformers' `{family}Config`, `...ForConditionalGeneration`
+    and `...Processor`, Qwen2-VL's image processor, its `video` processor and `vision` tower settings."""
+
+    def save(folder: Path) -> Path:
+        import transformers as t
+
+        tok = _tokenizer(QWEN_TOKENS)
+        ids = tok.convert_tokens_to_ids
+        rope = {"rope_type": "default", "mrope_section": [2, 2, 4], "rope_theta": 10000.0}
+        config = getattr(t, f"{family}Config")(
+            text_config=decoder_config(tok, rope_parameters=rope),
+            vision_config=dict(vision, hidden_size=32, num_heads=2, patch_size=8, initializer_range=1.0),
+            image_token_id=ids("<|image_pad|>"),
+            video_token_id=ids("<|video_pad|>"),
+            vision_start_token_id=ids("<|vision_start|>"),
+            vision_end_token_id=ids("<|vision_end|>"),
+        )
+        images = t.Qwen2VLImageProcessorPil(
+            patch_size=8, merge_size=2, temporal_patch_size=2, min_pixels=16 * 16, max_pixels=64 * 64
+        )
+        processor = _images_only(getattr(t, f"{family}Processor"))(
+            image_processor=images, tokenizer=tok, video_processor=None, chat_template=QWEN_TEMPLATE
+        )
+        _save(folder, lambda: getattr(t, f"{family}ForConditionalGeneration")(config), processor)
+        _with_video(folder, video)
+        return folder
+
+    return save
 
 
-def save_qwen2_vl(folder: Path) -> Path:
-    import transformers as t
-
-    images = t.Qwen2VLImageProcessorPil(
-        patch_size=8, merge_size=2, temporal_patch_size=2, min_pixels=16 * 16, max_pixels=64 * 64
-    )
-    vision = dict(depth=1, embed_dim=32, hidden_size=32, num_heads=2, patch_size=8, initializer_range=1.0)
-    return _qwen(
-        folder,
-        t.Qwen2VLConfig,
-        t.Qwen2VLForConditionalGeneration,
-        t.Qwen2VLProcessor,
-        images,
-        vision,
-        "Qwen2VLVideoProcessor",
-    )
-
-
-def save_qwen2_5_vl(folder: Path) -> Path:
-    import transformers as t
-
-    images = t.Qwen2VLImageProcessorPil(
-        patch_size=8, merge_size=2, temporal_patch_size=2, min_pixels=16 * 16, max_pixels=64 * 64
-    )
-    vision = dict(
-        depth=2,
-        hidden_size=32,
-        intermediate_size=64,
-        num_heads=2,
-        out_hidden_size=32,
-        patch_size=8,
-        window_size=32,
-        fullatt_block_indexes=[1],
-        initializer_range=1.0,
-    )
-    return _qwen(
-        folder,
-        t.Qwen2_5_VLConfig,
-        t.Qwen2_5_VLForConditionalGeneration,
-        t.Qwen2_5_VLProcessor,
-        images,
-        vision,
-        "Qwen2VLVideoProcessor",
-    )
-
-
-def save_qwen3_vl(folder: Path) -> Path:
-    import transformers as t
-
-    images = t.Qwen2VLImageProcessorPil(
-        patch_size=8, merge_size=2, temporal_patch_size=2, min_pixels=16 * 16, max_pixels=64 * 64
-    )
-    vision = dict(
-        depth=2,
-        hidden_size=32,
-        intermediate_size=64,
-        num_heads=2,
-        out_hidden_size=32,
-        patch_size=8,
-        num_position_embeddings=64,
-        deepstack_visual_indexes=[1],
-        initializer_range=1.0,
-    )
-    return _qwen(
-        folder,
-        t.Qwen3VLConfig,
-        t.Qwen3VLForConditionalGeneration,
-        t.Qwen3VLProcessor,
-        images,
-        vision,
-        "Qwen3VLVideoProcessor",
-    )
-
-
-_SIGLIP_VISION = dict(
-    hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=32, patch_size=8
+_QWEN2_5_VISION = dict(depth=2, intermediate_size=64, out_hidden_size=32)
+save_qwen2_vl = _qwen("Qwen2VL", "Qwen2VLVideoProcessor", depth=1, embed_dim=32)
+save_qwen2_5_vl = _qwen(
+    "Qwen2_5_VL", "Qwen2VLVideoProcessor", **_QWEN2_5_VISION, window_size=32, fullatt_block_indexes=[1]
 )
+save_qwen3_vl = _qwen(
+    "Qwen3VL", "Qwen3VLVideoProcessor", **_QWEN2_5_VISION, num_position_embeddings=64, deepstack_visual_indexes=[1]
+)
+
+
+_SIGLIP_VISION = dict(VISION, num_hidden_layers=1)
 # A user turn as Idefics2 / Idefics3 write it.
 IDEFICS_TEMPLATE = (
     "<|im_start|>{% for m in messages %}{{ m['role'] | capitalize }}:{% for c in m['content'] %}"
@@ -175,7 +112,7 @@ def save_paligemma(folder: Path) -> Path:
     tok = _tokenizer(("<image>",))
     config = t.PaliGemmaConfig(
         vision_config=dict(_SIGLIP_VISION, projection_dim=32),
-        text_config=_text(tok, model_type="gemma"),
+        text_config=decoder_config(tok, model_type="gemma"),
         image_token_index=tok.convert_tokens_to_ids("<image>"),
         projection_dim=32,
         hidden_size=32,
@@ -201,7 +138,7 @@ def save_idefics2(folder: Path) -> Path:
             resampler_head_dim=16,
             num_key_value_heads=2,
         ),
-        text_config=_text(tok, model_type="mistral"),
+        text_config=decoder_config(tok, model_type="mistral"),
         image_token_id=tok.convert_tokens_to_ids("<image>"),
     )
     images = t.Idefics2ImageProcessorPil(size={"shortest_edge": 32, "longest_edge": 32}, do_image_splitting=False)
@@ -209,14 +146,18 @@ def save_idefics2(folder: Path) -> Path:
     return _save(folder, lambda: t.Idefics2ForConditionalGeneration(config), processor)
 
 
+def _with_roles(tok, **roles):
+    """`tok` again, its special tokens kept, with more `roles` for special tokens."""
+    from transformers import PreTrainedTokenizerFast
+
+    specials = {k: getattr(tok, k) for k in ("pad_token", "bos_token", "eos_token", "unk_token")}
+    return PreTrainedTokenizerFast(tokenizer_object=tok.backend_tokenizer, **specials, **roles)
+
+
 def _named_tokenizer(named: dict[str, str]):
     """The shared word-level tokenizer with special tokens the processor finds by name
     (`tok.start_image_token`, `tok.start_image_token_id`, ...)."""
-    from transformers import PreTrainedTokenizerFast
-
-    tok = _tokenizer(tuple(named.values()))
-    specials = {k: getattr(tok, k) for k in ("pad_token", "bos_token", "eos_token", "unk_token")}
-    return PreTrainedTokenizerFast(tokenizer_object=tok.backend_tokenizer, **specials, extra_special_tokens=named)
+    return _with_roles(_tokenizer(tuple(named.values())), extra_special_tokens=named)
 
 
 # InternVL-hf's turn: the image is one <IMG_CONTEXT>, which the processor widens to its tiles' tokens.
@@ -238,16 +179,8 @@ def save_internvl(folder: Path) -> Path:
         }
     )
     config = t.InternVLConfig(
-        vision_config=dict(
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            image_size=32,
-            patch_size=8,
-            initializer_range=1.0,
-        ),
-        text_config=_text(tok, model_type="qwen2"),
+        vision_config=dict(_SIGLIP_VISION, initializer_range=1.0),
+        text_config=decoder_config(tok, model_type="qwen2"),
         image_token_id=tok.context_image_token_id,
         image_seq_length=4,
     )
@@ -265,7 +198,7 @@ def _idefics3(folder: Path, config_cls, model_cls, processor, images) -> Path:
     tok = _tokenizer(("<|im_start|>", "<end_of_utterance>", "<fake_token_around_image>", "<image>", "<global-img>"))
     config = config_cls(
         vision_config=_SIGLIP_VISION,
-        text_config=_text(tok, model_type="llama"),
+        text_config=decoder_config(tok, model_type="llama"),
         image_token_id=tok.convert_tokens_to_ids("<image>"),
         scale_factor=2,
     )
@@ -295,16 +228,6 @@ def save_smolvlm(folder: Path) -> Path:
     return folder
 
 
-_CLIP_VISION = dict(
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    image_size=32,
-    patch_size=8,
-    projection_dim=32,
-    initializer_range=1.0,
-)
 _PINPOINTS = [[32, 32], [32, 64], [64, 32]]
 
 
@@ -314,8 +237,8 @@ def save_llava_next(folder: Path) -> Path:
 
     tok = _tokenizer(("<image>",))
     config = t.LlavaNextConfig(
-        vision_config=_CLIP_VISION,
-        text_config=_text(tok),
+        vision_config=CLIP_VISION,
+        text_config=decoder_config(tok),
         image_token_index=tok.convert_tokens_to_ids("<image>"),
         image_grid_pinpoints=_PINPOINTS,
         vision_feature_layer=-1,
@@ -342,7 +265,7 @@ def save_llava_onevision(folder: Path) -> Path:
     tok = _tokenizer(("<|im_start|>", "<|im_end|>", "<image>", "<video>"))
     config = t.LlavaOnevisionConfig(
         vision_config=dict(_SIGLIP_VISION, model_type="siglip_vision_model"),
-        text_config=_text(tok, model_type="qwen2"),
+        text_config=decoder_config(tok, model_type="qwen2"),
         image_token_index=tok.convert_tokens_to_ids("<image>"),
         video_token_index=tok.convert_tokens_to_ids("<video>"),
         image_grid_pinpoints=_PINPOINTS,
@@ -367,7 +290,7 @@ def save_gemma3(folder: Path) -> Path:
     tok.add_tokens(["model"])  # Gemma's assistant role
     config = t.Gemma3Config(
         vision_config=_SIGLIP_VISION,
-        text_config=_text(tok, model_type="gemma3_text", sliding_window=64),
+        text_config=decoder_config(tok, model_type="gemma3_text", sliding_window=64),
         mm_tokens_per_image=4,
         boi_token_index=tok.boi_token_id,
         eoi_token_index=tok.eoi_token_id,
@@ -405,7 +328,9 @@ def save_mllama(folder: Path) -> Path:
             supported_aspect_ratios=ratios,
             initializer_range=1.0,
         ),
-        text_config=_text(tok, cross_attention_layers=[1], rope_parameters={"rope_type": "default", "rope_theta": 1e4}),
+        text_config=decoder_config(
+            tok, cross_attention_layers=[1], rope_parameters={"rope_type": "default", "rope_theta": 1e4}
+        ),
         image_token_index=tok.convert_tokens_to_ids("<|image|>"),
     )
     template = (
@@ -439,17 +364,13 @@ VLM_FAMILIES = {
 
 def _bert_like_tokenizer():
     """The shared words with BERT's [CLS] / [SEP] roles (BLIP and GIT start and end texts with them)."""
-    from transformers import PreTrainedTokenizerFast
+    return _with_roles(_tokenizer(), cls_token="<s>", sep_token="</s>")
 
-    tok = _tokenizer()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok.backend_tokenizer,
-        pad_token="<pad>",
-        bos_token="<s>",
-        eos_token="</s>",
-        unk_token="<unk>",
-        cls_token="<s>",
-        sep_token="</s>",
+
+def _bert_like_text(tok, **overrides) -> dict:
+    """A BERT-like text decoder's settings: texts end with [SEP]."""
+    return text_config(
+        tok, max_position_embeddings=64, initializer_range=1.0, eos_token_id=tok.sep_token_id, **overrides
     )
 
 
@@ -458,20 +379,7 @@ def save_blip(folder: Path) -> Path:
     import transformers as t
 
     tok = _bert_like_tokenizer()
-    ids = dict(bos_token_id=tok.bos_token_id, eos_token_id=tok.sep_token_id, pad_token_id=tok.pad_token_id)
-    text = dict(
-        vocab_size=len(tok),
-        hidden_size=32,
-        encoder_hidden_size=32,
-        intermediate_size=64,
-        projection_dim=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        max_position_embeddings=64,
-        sep_token_id=tok.sep_token_id,
-        initializer_range=1.0,
-        **ids,
-    )
+    text = _bert_like_text(tok, encoder_hidden_size=32, projection_dim=32, sep_token_id=tok.sep_token_id)
     vision = dict(_SIGLIP_VISION, projection_dim=32, initializer_range=1.0)
     config = t.BlipConfig(text_config=text, vision_config=vision, projection_dim=32, image_text_hidden_size=32)
     images = t.BlipImageProcessorPil(size={"height": 32, "width": 32})
@@ -483,64 +391,36 @@ def save_git(folder: Path) -> Path:
     import transformers as t
 
     tok = _bert_like_tokenizer()
-    config = t.GitConfig(
-        vision_config=dict(_SIGLIP_VISION, initializer_range=1.0),
-        vocab_size=len(tok),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=64,
-        initializer_range=1.0,
-        pad_token_id=tok.pad_token_id,
-        bos_token_id=tok.cls_token_id,
-        eos_token_id=tok.sep_token_id,
-    )
+    text = _bert_like_text(tok, bos_token_id=tok.cls_token_id)
+    config = t.GitConfig(vision_config=dict(_SIGLIP_VISION, initializer_range=1.0), **text)
     images = t.CLIPImageProcessorPil(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
     return _save(folder, lambda: t.GitForCausalLM(config), t.GitProcessor(images, tok))
 
 
-def save_vit_gpt2(folder: Path) -> Path:
-    from tests.hf_tiny import save_captioner
-
-    return save_captioner(folder)
-
-
-CAPTIONER_FAMILIES = {"ViT-GPT2": save_vit_gpt2, "BLIP": save_blip, "GIT": save_git}
+CAPTIONER_FAMILIES = {"ViT-GPT2": save_captioner, "BLIP": save_blip, "GIT": save_git}
 
 
 def save_owlv2(folder: Path) -> Path:
     """An OWLv2 open-vocabulary detector on 32x32 images (its processor pads images square)."""
     import transformers as t
 
-    from tests.hf_tiny import _CONTRASTIVE_VISION, _contrastive_text, _widened
-
     tok = _tokenizer()
-    config = t.Owlv2Config(text_config=_contrastive_text(tok), vision_config=_CONTRASTIVE_VISION, projection_dim=32)
+    config = t.Owlv2Config(
+        text_config=text_config(tok, max_position_embeddings=16), vision_config=VISION, projection_dim=32
+    )
     images = t.Owlv2ImageProcessorPil(size={"height": 32, "width": 32})
     return _save(folder, lambda: _widened(t.Owlv2ForObjectDetection(config)), t.Owlv2Processor(images, tok))
 
 
-def _from_tiny(name: str):
-    def save(folder: Path) -> Path:
-        import tests.hf_tiny
-
-        return getattr(tests.hf_tiny, name)(folder)
-
-    return save
-
-
 # SigLIP 2 is not here: its tokenizer class (Gemma's, lower-casing) takes over a tiny word-level
 # tokenizer saved with it, so a tiny build would need a Gemma-style tokenizer.
-ZERO_SHOT_FAMILIES = {"CLIP": _from_tiny("save_clip"), "SigLIP": _from_tiny("save_siglip")}
+ZERO_SHOT_FAMILIES = {"CLIP": save_clip, "SigLIP": save_siglip}
 
 
 def save_rt_detr(folder: Path) -> Path:
     """An RT-DETR with a small ResNet backbone (three stages, as its hybrid encoder takes) on images
     resized to 64x64, with the DETR test's labels."""
     import transformers as t
-
-    from tests.hf_tiny import DETECTOR_LABELS
 
     backbone = t.RTDetrResNetConfig(
         embedding_size=8,
@@ -572,8 +452,8 @@ def save_rt_detr(folder: Path) -> Path:
 
 
 DETECTOR_FAMILIES = {
-    "DETR": _from_tiny("save_detector"),
+    "DETR": save_detector,
     "RT-DETR": save_rt_detr,
-    "OWL-ViT": _from_tiny("save_owlvit"),
+    "OWL-ViT": save_owlvit,
     "OWLv2": save_owlv2,
 }

@@ -22,6 +22,11 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}assistant :{% endif %}"
 )
 DETECTOR_LABELS = {0: "cat", 1: "N/A", 2: "dog", 3: "person", 4: "cup"}
+# The width and depth of every tiny tower, and the image and patch sizes of every vision tower;
+# each family adds its own settings.
+TOWER = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2)
+VISION = dict(TOWER, image_size=32, patch_size=8)
+CLIP_VISION = dict(VISION, projection_dim=32, initializer_range=1.0)
 
 
 def _tokenizer(extra: tuple[str, ...] = ()):
@@ -50,6 +55,26 @@ def _seeded(build, seed: int):
         return build()
 
 
+def _save(folder: Path, build, *parts, seed: int = 0) -> Path:
+    """The model `build` makes under `seed`, then its tokenizer or processors, saved in `folder`."""
+    _seeded(build, seed).save_pretrained(folder)
+    for part in parts:
+        part.save_pretrained(folder)
+    return folder
+
+
+def text_config(tok, **overrides) -> dict:
+    """A `TOWER`-sized text model's settings over `tok`'s words and special tokens, with `overrides`."""
+    ids = {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}
+    return {"vocab_size": len(tok), **TOWER, **ids, **overrides}
+
+
+def decoder_config(tok, **overrides) -> dict:
+    """A chat VLM's language model (Llama-shaped unless `model_type` says otherwise), drawn wide."""
+    decoder = {"num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 512, "initializer_range": 1.0}
+    return text_config(tok, **{**decoder, **overrides})
+
+
 def save_captioner(folder: Path, seed: int = 0) -> Path:
     """A ViT + GPT-2 VisionEncoderDecoder on 32x32 images, with its image processor and tokenizer."""
     from transformers import (
@@ -61,15 +86,7 @@ def save_captioner(folder: Path, seed: int = 0) -> Path:
     )
 
     tok = _tokenizer()
-    encoder = ViTConfig(
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        image_size=32,
-        patch_size=8,
-        initializer_range=1.0,
-    )
+    encoder = ViTConfig(**VISION, initializer_range=1.0)
     decoder = GPT2Config(
         vocab_size=len(tok),
         n_embd=32,
@@ -88,66 +105,33 @@ def save_captioner(folder: Path, seed: int = 0) -> Path:
         tok.eos_token_id,
     )
     config.tie_word_embeddings = False
-    _seeded(lambda: VisionEncoderDecoderModel(config), seed).save_pretrained(folder)
-    tok.save_pretrained(folder)
-    ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(folder)
-    return folder
+    images = ViTImageProcessor(size={"height": 32, "width": 32})
+    return _save(folder, lambda: VisionEncoderDecoderModel(config), tok, images, seed=seed)
 
 
 def save_vlm(folder: Path, seed: int = 0) -> Path:
     """A LLaVA (CLIP vision tower + Llama) on 32x32 images, with its processor and a chat template."""
-    from transformers import (
-        CLIPImageProcessor,
-        CLIPVisionConfig,
-        LlamaConfig,
-        LlavaConfig,
-        LlavaForConditionalGeneration,
-        LlavaProcessor,
-    )
+    from transformers import CLIPImageProcessor, LlavaConfig, LlavaForConditionalGeneration, LlavaProcessor
 
     tok = _tokenizer(("<image>",))
-    vision = CLIPVisionConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        image_size=32,
-        patch_size=8,
-        projection_dim=32,
-        initializer_range=1.0,
-    )
-    text = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        initializer_range=1.0,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )
     config = LlavaConfig(
-        vision_config=vision,
-        text_config=text,
+        vision_config=CLIP_VISION,
+        text_config=decoder_config(tok, max_position_embeddings=256),
         image_token_id=tok.convert_tokens_to_ids("<image>"),
         vision_feature_layer=-1,
         vision_feature_select_strategy="full",
         initializer_range=1.0,
     )
-    _seeded(lambda: LlavaForConditionalGeneration(config), seed).save_pretrained(folder)
     images = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
-    LlavaProcessor(
+    processor = LlavaProcessor(
         image_processor=images,
         tokenizer=tok,
         patch_size=8,
         vision_feature_select_strategy="full",
         chat_template=CHAT_TEMPLATE,
         num_additional_image_tokens=1,
-    ).save_pretrained(folder)
-    return folder
+    )
+    return _save(folder, lambda: LlavaForConditionalGeneration(config), processor, seed=seed)
 
 
 def save_detector(folder: Path, seed: int = 0) -> Path:
@@ -184,9 +168,7 @@ def save_detector(folder: Path, seed: int = 0) -> Path:
                 head.bias.zero_()
         return model
 
-    _seeded(build, seed).save_pretrained(folder)
-    DetrImageProcessor(size={"shortest_edge": 32, "longest_edge": 64}).save_pretrained(folder)
-    return folder
+    return _save(folder, build, DetrImageProcessor(size={"shortest_edge": 32, "longest_edge": 64}), seed=seed)
 
 
 # A text-only chat turn ("user : PROMPT assistant :"); the judge's messages hold plain strings.
@@ -205,22 +187,8 @@ def save_causal_lm(folder: Path, seed: int = 0) -> Path:
     tok = _tokenizer()
     tok.add_tokens(list(JUDGE_WORDS))  # ordinary tokens: decoded even with skip_special_tokens
     tok.chat_template = TEXT_CHAT_TEMPLATE
-    config = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        initializer_range=1.0,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )
-    _seeded(lambda: LlamaForCausalLM(config), seed).save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return folder
+    config = LlamaConfig(**decoder_config(tok, max_position_embeddings=256))
+    return _save(folder, lambda: LlamaForCausalLM(config), tok, seed=seed)
 
 
 def save_verdict_lm(folder: Path, verdict: str = "1") -> Path:
@@ -246,25 +214,6 @@ def save_verdict_lm(folder: Path, verdict: str = "1") -> Path:
     return folder
 
 
-def _contrastive_text(tok) -> dict:
-    return dict(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        max_position_embeddings=16,
-        pad_token_id=tok.pad_token_id,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-    )
-
-
-_CONTRASTIVE_VISION = dict(
-    hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=32, patch_size=8
-)
-
-
 def _widened(model):
     """Every weight matrix redrawn wide (std 2/sqrt(fan-in)): the default init makes all images embed
     alike, so a tiny model would pick one class for every image."""
@@ -282,11 +231,11 @@ def save_clip(folder: Path, seed: int = 0) -> Path:
     from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor
 
     tok = _tokenizer()
-    config = CLIPConfig(text_config=_contrastive_text(tok), vision_config=_CONTRASTIVE_VISION, projection_dim=16)
-    _seeded(lambda: _widened(CLIPModel(config)), seed).save_pretrained(folder)
+    config = CLIPConfig(
+        text_config=text_config(tok, max_position_embeddings=16), vision_config=VISION, projection_dim=16
+    )
     images = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
-    CLIPProcessor(image_processor=images, tokenizer=tok).save_pretrained(folder)
-    return folder
+    return _save(folder, lambda: _widened(CLIPModel(config)), CLIPProcessor(images, tok), seed=seed)
 
 
 def save_siglip(folder: Path, seed: int = 0) -> Path:
@@ -296,12 +245,9 @@ def save_siglip(folder: Path, seed: int = 0) -> Path:
 
     tok = _tokenizer()
     tok.model_max_length = 16
-    config = SiglipConfig(text_config=_contrastive_text(tok), vision_config=_CONTRASTIVE_VISION)
-    _seeded(lambda: _widened(SiglipModel(config)), seed).save_pretrained(folder)
-    SiglipProcessor(
-        image_processor=SiglipImageProcessor(size={"height": 32, "width": 32}), tokenizer=tok
-    ).save_pretrained(folder)
-    return folder
+    config = SiglipConfig(text_config=text_config(tok, max_position_embeddings=16), vision_config=VISION)
+    processor = SiglipProcessor(SiglipImageProcessor(size={"height": 32, "width": 32}), tok)
+    return _save(folder, lambda: _widened(SiglipModel(config)), processor, seed=seed)
 
 
 def save_sentence_encoder(folder: Path, seed: int = 0, dim: int = 384, pooling: str = "mean") -> Path:
@@ -321,14 +267,7 @@ def save_sentence_encoder(folder: Path, seed: int = 0, dim: int = 384, pooling: 
     bert.mkdir(parents=True, exist_ok=True)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
         shutil.copy(minilm / name, bert / name)
-    config = BertConfig(
-        vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
-    )
+    config = BertConfig(vocab_size=30522, **TOWER, max_position_embeddings=128)
     _seeded(lambda: BertModel(config), seed).save_pretrained(bert)
     word = models.Transformer(str(bert), max_seq_length=64)
     pooling = models.Pooling(config.hidden_size, pooling)  # the word vectors are the BERT's hidden states
@@ -343,8 +282,8 @@ def save_owlvit(folder: Path, seed: int = 0) -> Path:
     from transformers import OwlViTConfig, OwlViTForObjectDetection, OwlViTImageProcessor, OwlViTProcessor
 
     tok = _tokenizer()
-    config = OwlViTConfig(text_config=_contrastive_text(tok), vision_config=_CONTRASTIVE_VISION, projection_dim=32)
-    _seeded(lambda: _widened(OwlViTForObjectDetection(config)), seed).save_pretrained(folder)
+    config = OwlViTConfig(
+        text_config=text_config(tok, max_position_embeddings=16), vision_config=VISION, projection_dim=32
+    )
     images = OwlViTImageProcessor(size={"height": 32, "width": 32}, crop_size={"height": 32, "width": 32})
-    OwlViTProcessor(image_processor=images, tokenizer=tok).save_pretrained(folder)
-    return folder
+    return _save(folder, lambda: _widened(OwlViTForObjectDetection(config)), OwlViTProcessor(images, tok), seed=seed)

@@ -22,39 +22,28 @@ pytestmark = pytest.mark.ray
 KEEP = {"chelsea", "coffee", "astronaut"}
 
 
+def _tiny(name: str, backend: str, era: str, path, prompt: str | None = None, **options) -> ModelConfig:
+    """A tiny model of `backend` saved at `path`, run on every masked variant."""
+    return ModelConfig(
+        name=name,
+        backend=backend,
+        model_id=f"tiny/{name}",
+        era=era,
+        variants="all",
+        prompt=prompt,
+        path=path,
+        options=options,
+    )
+
+
 @pytest.fixture(scope="module")
 def hf_study(tmp_path_factory):
     """The demo study's data on three images, with one tiny model of each HF family, masks included."""
     root = tmp_path_factory.mktemp("hf")
     models = (
-        ModelConfig(
-            name="cap",
-            backend="hf-captioner",
-            model_id="tiny/cap",
-            era="pre-mllm",
-            variants="all",
-            path=hf_tiny.save_captioner(root / "cap"),
-            options={"max_new_tokens": 6},
-        ),
-        ModelConfig(
-            name="vlm",
-            backend="hf-vlm",
-            model_id="tiny/vlm",
-            era="mllm",
-            variants="all",
-            prompt="describe this image",
-            path=hf_tiny.save_vlm(root / "vlm"),
-            options={"max_new_tokens": 6},
-        ),
-        ModelConfig(
-            name="det",
-            backend="hf-detector",
-            model_id="tiny/det",
-            era="pre-mllm",
-            variants="all",
-            path=hf_tiny.save_detector(root / "det"),
-            options={"score_threshold": 0.98},
-        ),
+        _tiny("cap", "hf-captioner", "pre-mllm", hf_tiny.save_captioner(root / "cap"), max_new_tokens=6),
+        _tiny("vlm", "hf-vlm", "mllm", hf_tiny.save_vlm(root / "vlm"), "describe this image", max_new_tokens=6),
+        _tiny("det", "hf-detector", "pre-mllm", hf_tiny.save_detector(root / "det"), score_threshold=0.98),
     )
     study = load_study(materialize(tmp_path_factory.mktemp("study"))).model_copy(update={"models": models})
     images = load_study_data(study.data, study.ranking, study.masks).images
