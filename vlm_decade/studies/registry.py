@@ -3,19 +3,10 @@ config class, pipeline, viewer pages, the tables those pages read, its `ray job 
 its bundled demo; loading a study file, the command line, the job scripts, the viewer and the demo
 all find a study here by the name its files give in `study:`.
 
-A registration, as Study B's below:
+A new study is one more registration beside the two at the end of this module:
 
-    register(
-        Study(
-            name="openworld",
-            config=OpenWorldStudyConfig,
-            pipeline="vlm_decade.studies.openworld.pipeline",
-            pages="vlm_decade.view.openworld",
-            tables=("images", "labels", "responses", "predictions", ...),
-            job="jobs/openworld_study.py",
-            demo="vlm_decade.demo:openworld_demo",
-        )
-    )
+    register(Study(name="mine", config=MyConfig, pipeline="mine.pipeline", pages="mine.view",
+                   tables=("images", "responses"), job="jobs/mine.py", demo="mine.demo:demo"))
 
 Only the config class is held as an object (every study file is validated against one). The rest
 are named by import path and imported when first asked for (`resolve`): a pipeline pulls in its
