@@ -34,19 +34,13 @@ from vlm_decade.studies.decade.taxonomy.analysis import (
 )
 from vlm_decade.studies.decade.taxonomy.detect import DETECTIONS_SCHEMA, DetectActor, detections_of
 from vlm_decade.studies.decade.taxonomy.hand import HAND_SCHEMA, check_hand_labels
-from vlm_decade.studies.decade.taxonomy.objects import MATCH_THRESHOLD, Mention, ObjectMatcher
+from vlm_decade.studies.decade.taxonomy.objects import ObjectMatcher
 from vlm_decade.studies.decade.taxonomy.probes import Question, first_round
 from vlm_decade.studies.decade.taxonomy.probing import PROBES_SCHEMA
 from vlm_decade.studies.decade.taxonomy.rules import ERROR_TYPES as OBJECT_ERROR_TYPES
 from vlm_decade.studies.decade.taxonomy.spatial import SpatialRow
 
-
-def axis_vector(*pairs):
-    v = np.zeros(8)
-    for axis, value in pairs:
-        v[axis] = value
-    return v
-
+from .taxonomy_cases import axis_vector, det, hand_matcher, mentions
 
 # Cosines by construction: cat/dog 0.6 (confusable, no match), sofa/couch 0.8 (a match); every
 # other pair 0.
@@ -63,15 +57,7 @@ VECTORS = {
 
 
 def fake_matcher() -> ObjectMatcher:
-    return ObjectMatcher(lambda texts: np.array([VECTORS[t.split(" ", 1)[1]] for t in texts]), MATCH_THRESHOLD)
-
-
-def mentions(*names):
-    return [Mention(name, f"a {name}") for name in names]
-
-
-def det(label):
-    return Detection(label, 0.9, (0.1, 0.2, 0.5, 0.6))
+    return hand_matcher(VECTORS.__getitem__)
 
 
 def by_key(rows):

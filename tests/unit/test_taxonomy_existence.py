@@ -9,8 +9,9 @@ import pytest
 
 from vlm_decade.models.backends.detection import Detection
 from vlm_decade.studies.decade.taxonomy.existence import ImageEvidence, candidates, check
-from vlm_decade.studies.decade.taxonomy.objects import MATCH_THRESHOLD, Mention, ObjectMatcher
 from vlm_decade.studies.decade.taxonomy.rules import best_located
+
+from .taxonomy_cases import hand_matcher, mentions
 
 NAMES = ("guitar", "man", "flag", "suit", "lamp", "gun", "banjo")
 
@@ -25,11 +26,7 @@ def matcher():
             v[NAMES.index("guitar")], v[NAMES.index("banjo")] = 0.8, 0.6
         return v
 
-    return ObjectMatcher(lambda texts: np.array([vec(t.split(" ", 1)[1]) for t in texts]), MATCH_THRESHOLD)
-
-
-def mentions(*names):
-    return [Mention(n, f"a {n}") for n in names]
+    return hand_matcher(vec)
 
 
 def test_candidates_are_the_mentions_the_gold_does_not_name():

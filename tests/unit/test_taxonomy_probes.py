@@ -9,7 +9,7 @@ import zlib
 import numpy as np
 import pytest
 
-from vlm_decade.studies.decade.taxonomy.objects import MATCH_THRESHOLD, Mention, ObjectMatcher
+from vlm_decade.studies.decade.taxonomy.objects import Mention
 from vlm_decade.studies.decade.taxonomy.probes import (
     ProbeTemplates,
     Question,
@@ -23,6 +23,8 @@ from vlm_decade.studies.decade.taxonomy.probes import (
 )
 from vlm_decade.studies.decade.taxonomy.rules import summarise
 
+from .taxonomy_cases import axis_vector, hand_matcher
+
 DIM = 64
 # Hand-set: sofa/couch 0.8 (synonyms), flashlight/gun 0.5 (related, no match). Any other text gets
 # its own fixed pseudo-random direction, nearly orthogonal to everything else.
@@ -31,10 +33,7 @@ KNOWN = {"sofa": {0: 1.0}, "couch": {0: 0.8, 1: 0.6}, "flashlight": {2: 1.0}, "g
 
 def vector(name):
     if name in KNOWN:
-        v = np.zeros(DIM)
-        for axis, value in KNOWN[name].items():
-            v[axis] = value
-        return v
+        return axis_vector(*KNOWN[name].items(), dim=DIM)
     v = np.random.default_rng(zlib.crc32(name.encode())).normal(size=DIM)
     v[:4] = 0.0  # keep clear of the hand-set axes
     return v / np.linalg.norm(v)
@@ -42,7 +41,7 @@ def vector(name):
 
 @pytest.fixture()
 def matcher():
-    return ObjectMatcher(lambda texts: np.array([vector(t.split(" ", 1)[1]) for t in texts]), MATCH_THRESHOLD)
+    return hand_matcher(vector)
 
 
 def mentions(*names):

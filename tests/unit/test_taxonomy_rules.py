@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from vlm_decade.models.backends.detection import Detection
-from vlm_decade.studies.decade.taxonomy.objects import CONFUSABLE_THRESHOLD, MATCH_THRESHOLD, Mention, ObjectMatcher
+from vlm_decade.studies.decade.taxonomy.objects import CONFUSABLE_THRESHOLD, MATCH_THRESHOLD, ObjectMatcher
 from vlm_decade.studies.decade.taxonomy.rules import (
     ERROR_TYPES,
     Finding,
@@ -19,50 +19,31 @@ from vlm_decade.studies.decade.taxonomy.rules import (
     summarise,
 )
 
-
-def unit(*pairs):
-    """A 14-d vector with the given (axis, value) entries."""
-    v = np.zeros(14)
-    for axis, value in pairs:
-        v[axis] = value
-    return v
-
+from .taxonomy_cases import axis_vector, det, hand_matcher, mentions
 
 # Cosines by construction: sofa/couch 0.8 (synonyms), cat/dog 0.6 and cat/lynx 0.7 (confusable),
 # couch/chair 0.5 (confusable), remote/phone 0.6 (confusable), sofa/chair 0.2; every other pair 0.
 VECTORS = {
-    "cat": unit((0, 1.0)),
-    "dog": unit((0, 0.6), (1, 0.8)),
-    "lynx": unit((0, 0.7), (2, 0.51**0.5)),
-    "sofa": unit((3, 1.0)),
-    "couch": unit((3, 0.8), (4, 0.6)),
-    "chair": unit((3, 0.2), (4, 0.34 / 0.6), (13, (1 - 0.04 - (0.34 / 0.6) ** 2) ** 0.5)),
-    "frisbee": unit((5, 1.0)),
-    "car": unit((6, 1.0)),
-    "remote": unit((7, 1.0)),
-    "phone": unit((7, 0.6), (8, 0.8)),
-    "flashlight": unit((9, 1.0)),
-    "tv": unit((10, 1.0)),
-    "person": unit((11, 1.0)),
-    "man": unit((12, 1.0)),  # far from "person" by cosine: only the people rule can match them
+    "cat": axis_vector((0, 1.0)),
+    "dog": axis_vector((0, 0.6), (1, 0.8)),
+    "lynx": axis_vector((0, 0.7), (2, 0.51**0.5)),
+    "sofa": axis_vector((3, 1.0)),
+    "couch": axis_vector((3, 0.8), (4, 0.6)),
+    "chair": axis_vector((3, 0.2), (4, 0.34 / 0.6), (13, (1 - 0.04 - (0.34 / 0.6) ** 2) ** 0.5)),
+    "frisbee": axis_vector((5, 1.0)),
+    "car": axis_vector((6, 1.0)),
+    "remote": axis_vector((7, 1.0)),
+    "phone": axis_vector((7, 0.6), (8, 0.8)),
+    "flashlight": axis_vector((9, 1.0)),
+    "tv": axis_vector((10, 1.0)),
+    "person": axis_vector((11, 1.0)),
+    "man": axis_vector((12, 1.0)),  # far from "person" by cosine: only the people rule can match them
 }
-
-
-def encode(texts):
-    return np.array([VECTORS[text.split(" ", 1)[1]] for text in texts])  # drop the article
 
 
 @pytest.fixture()
 def matcher():
-    return ObjectMatcher(encode, threshold=MATCH_THRESHOLD)
-
-
-def mentions(*names):
-    return [Mention(name, f"a {name}") for name in names]
-
-
-def det(label, score=0.9, box=(0.1, 0.2, 0.5, 0.6)):
-    return Detection(label, score, box)
+    return hand_matcher(VECTORS.__getitem__)
 
 
 def kinds(findings):
