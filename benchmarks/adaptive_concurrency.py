@@ -2,7 +2,7 @@
 
 The fake OpenAI-compatible server on 127.0.0.1 answers each chat request in `--latency` seconds
 while at most `--capacity` (K) requests are in it at once, and is run as three servers the client
-is told nothing of (`PROFILES`): one that refuses past K (429 at once, no Retry-After: a proxy or a
+is told nothing of (`profiles`): one that refuses past K (429 at once, no Retry-After: a proxy or a
 serving engine's full queue), one that slows down past K (latency growing as (at once / K) **
 `--slowdown`: more in flight, fewer answers per second), and one that does both (refusing past 2K)
 with each answer's latency drawn within +-`--noise` of its mean.
@@ -17,7 +17,7 @@ and `ratio_vs_default_fixed`. Each figure is the best of `--repeats` runs (one b
 adaptive one taken in the middle of each sweep, so that a shared machine's drifting load weighs on
 both alike.
 
-    .venv/bin/python benchmarks/adaptive_concurrency.py          # about two minutes
+    .venv/bin/python benchmarks/adaptive_concurrency.py          # about four minutes
 """
 
 from __future__ import annotations
