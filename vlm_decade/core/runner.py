@@ -24,7 +24,7 @@ import shutil
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -35,8 +35,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from vlm_decade.core.config import StudyBase
-from vlm_decade.core.dispatch import LostActor
+from vlm_decade.core.config import RuntimeConfig, StudyBase
+from vlm_decade.core.dispatch import Finished, LostActor, pool_map
 from vlm_decade.core.errors import InputError, Problem, plain
 from vlm_decade.core.fingerprints import table_fingerprint
 from vlm_decade.core.progress import Reporter
@@ -236,6 +236,31 @@ class StudyRun:
         manifest = self.folder.manifest()
         manifest["stages"][self._stage]["lost_actors"] = self._lost
         self.folder.save_manifest(manifest)
+
+    def actor_pool(
+        self,
+        runtime: RuntimeConfig,
+        make_actor: Callable[[], Any],
+        n_actors: int,
+        work: Iterable,
+        call: Callable[[Any, Any], Any],
+        what: str,
+    ) -> Iterator[Finished]:
+        """`pool_map` on this run's Ray with the study's runtime settings: the actors lost that it
+        replaces, the stall timeout, each actor's CPUs and GPUs; every actor lost is told to
+        `actor_lost`."""
+        return pool_map(
+            self.ray(),
+            make_actor,
+            n_actors,
+            work,
+            call,
+            max_lost=runtime.max_restarts,
+            stall_timeout_s=runtime.stall_timeout_s,
+            what=what,
+            needs={"CPU": runtime.cpus_per_actor, "GPU": runtime.gpus_per_actor},
+            on_lost=self.actor_lost,
+        )
 
     def table(self, name: str, columns: tuple[str, ...] | None = None) -> pa.Table:
         """A table of the run folder (those of its `columns`), read once per stage (the stage that

@@ -13,7 +13,6 @@ import numpy as np
 import pyarrow as pa
 
 from vlm_decade.core.config import ModelConfig, StudyBase
-from vlm_decade.core.dispatch import pool_map
 from vlm_decade.core.errors import error_text
 from vlm_decade.core.runner import StudyRun
 from vlm_decade.models.api.answers import failed_answer
@@ -90,18 +89,8 @@ def describe_local(study: StudyBase, model: ModelConfig, jobs: pa.Table, plan: P
     work = (jobs_from(jobs.slice(i, model.batch_size), plan, images) for i in range(0, jobs.num_rows, model.batch_size))
     call = lambda actor, batch: actor.describe.remote(batch, loader.remote(batch) if needs_images else None)  # noqa: E731
     with run.folder.parts("responses", RESPONSES_SCHEMA, PART_ROWS, PART_S) as parts:
-        for done in pool_map(
-            ray,
-            lambda: actor_cls.remote(model),
-            rt.actors_per_model,
-            work,
-            call,
-            max_lost=rt.max_restarts,
-            stall_timeout_s=rt.stall_timeout_s,
-            what=f"describe ({model.name})",
-            needs={"CPU": rt.cpus_per_actor, "GPU": rt.gpus_per_actor},
-            on_lost=run.actor_lost,
-        ):
+        make = lambda: actor_cls.remote(model)  # noqa: E731
+        for done in run.actor_pool(rt, make, rt.actors_per_model, work, call, f"describe ({model.name})"):
             # a batch that failed (or whose actors kept dying) is recorded per row, tried again next run
             parts.add(done.value if done.error is None else failed_batch(done.work, done.error))
             advance(len(done.work))

@@ -13,7 +13,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from vlm_decade.core.config import EncoderConfig, StudyBase
-from vlm_decade.core.dispatch import pool_map
 from vlm_decade.core.runner import StudyRun
 from vlm_decade.core.runtime import LazyRay
 from vlm_decade.models.encoders import EncodeActor, encoder_class
@@ -134,18 +133,8 @@ def embed_local(
     started = started[:n_actors]
     call = lambda actor, batch: actor.encode.remote(batch.column("text").to_pylist())  # noqa: E731
     with run.folder.parts("embeddings", EMBEDDINGS_SCHEMA, PART_ROWS, PART_S) as parts:
-        for done in pool_map(
-            ray,
-            lambda: started.pop() if started else actor_cls.remote(cfg),
-            n_actors,
-            work,
-            call,
-            max_lost=rt.max_restarts,
-            stall_timeout_s=rt.stall_timeout_s,
-            what=f"embed ({cfg.name})",
-            needs={"CPU": rt.cpus_per_actor, "GPU": rt.gpus_per_actor},
-            on_lost=run.actor_lost,
-        ):
+        make = lambda: started.pop() if started else actor_cls.remote(cfg)  # noqa: E731
+        for done in run.actor_pool(rt, make, n_actors, work, call, f"embed ({cfg.name})"):
             if done.error is not None:
                 raise done.error
             parts.add(vector_rows(done.work.column("text_sha256"), done.value, cfg))
