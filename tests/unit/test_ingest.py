@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import io
 import os
@@ -19,26 +18,13 @@ from vlm_decade.imaging.masks import MaskConfig
 from vlm_decade.studies.decade.config import DataConfig, RankingConfig
 from vlm_decade.studies.decade.data import load_study_data
 
+from .input_files import png_bytes, write_csv
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "study_a"
 
 IMAGE_HEADER = ["image_id", "dataset", "file", "note"]  # "note": a further column, kept as metadata
 DESCRIPTION_HEADER = ["description_id", "image_id", "worker_id", "condition", "text"]
 VOTE_HEADER = ["image_id", "rater_id", "trial", "shown", "chosen"]
-
-
-def png_bytes(width: int = 12, height: int = 8, seed: int = 0) -> bytes:
-    # Noise does not compress, so the pixel data spans most of the file and truncation hits it.
-    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(pixels).save(buf, format="PNG")
-    return buf.getvalue()
-
-
-def write_csv(path: Path, header: list[str], rows: list[list[str]]) -> None:
-    with open(path, "w", encoding="utf-8", newline="") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(header)
-        writer.writerows(rows)
 
 
 class Study:

@@ -3,43 +3,26 @@ real photos, labels and class lists checked against the packages they come from.
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import importlib.util
-import io
 import json
 import re
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from PIL import Image
 
 from tests import required
 from vlm_decade.core.errors import InputError
 from vlm_decade.stages.images import IMAGES_SCHEMA
 from vlm_decade.studies.openworld.data import LABELS_SCHEMA, load_openworld_data
 
+from .input_files import png_bytes, write_csv
+
 LABEL_HEADER = ["image_id", "dataset", "file", "label", "granularity"]
 # CIFAR-10's own batches.meta label_names, in class-number order (Krizhevsky, 2009).
 CIFAR10_NAMES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
-
-
-def png_bytes(width: int, height: int, seed: int) -> bytes:
-    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(pixels).save(buf, format="PNG")
-    return buf.getvalue()
-
-
-def write_csv(path: Path, header: list[str], rows: list[list[str]]) -> Path:
-    with open(path, "w", encoding="utf-8", newline="") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(header)
-        writer.writerows(rows)
-    return path
 
 
 class Study:
