@@ -19,6 +19,7 @@ from vlm_decade.models.api.providers import ChatRequest, OpenAIProvider
 from vlm_decade.testing.fake_api import FakeAPIServer, FaultConfig, chat_text
 
 from .api_clients import loop, png, run  # noqa: F401 - loop: the per-test event loop fixture
+from .config_only import config_only_study
 
 KEY = "sk-endpoint-SECRET0123456789"
 
@@ -110,22 +111,16 @@ def test_an_endpoint_model_is_free_only_when_declared_so():
 
 
 def test_the_estimate_says_a_zero_priced_endpoint_is_free():
-    from vlm_decade.studies.decade.config import StudyConfig
     from vlm_decade.studies.estimate import Line, render
 
-    study = StudyConfig.model_validate(
-        {
-            "name": "s",
-            "data": {"images": "i.csv", "image_dir": ".", "descriptions": "d.csv"},
-            "models": [{"name": "m", "backend": "imported", "model_id": "m", "era": "mllm"}],
-            "providers": {
-                "endpoints": {
-                    "local": {"base_url": "http://127.0.0.1:8000/v1", "free": True},
-                    "zero": {"base_url": "http://127.0.0.1:8001/v1", "prices": {"Qwen2-VL": {"input_per_mtok": 0}}},
-                    "paid": {"base_url": "http://127.0.0.1:8002/v1", "prices": {"Qwen2-VL": {"input_per_mtok": 1}}},
-                }
-            },
-        }
+    study = config_only_study(
+        providers={
+            "endpoints": {
+                "local": {"base_url": "http://127.0.0.1:8000/v1", "free": True},
+                "zero": {"base_url": "http://127.0.0.1:8001/v1", "prices": {"Qwen2-VL": {"input_per_mtok": 0}}},
+                "paid": {"base_url": "http://127.0.0.1:8002/v1", "prices": {"Qwen2-VL": {"input_per_mtok": 1}}},
+            }
+        },
     )
     lines = [Line(name, "qwen", 10, 0, 1000, 3000, usd=0.001, model_id="Qwen2-VL") for name in ("local", "zero")]
     lines += [Line("paid", "qwen", 10, 0, 1000, 3000, usd=0.001, model_id="Qwen2-VL"), Line("openai", "gpt", 2)]

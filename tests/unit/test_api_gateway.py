@@ -18,6 +18,7 @@ from vlm_decade.models.api.providers import ChatRequest, GeminiProvider, OpenAIP
 from vlm_decade.testing.fake_api import FakeAPIServer, FaultConfig, chat_text, fake_vector, max_in_window
 
 from .api_clients import loop, png, run  # noqa: F401 - loop: the per-test event loop fixture
+from .config_only import config_only_study
 
 KEY = "sk-test-SECRETKEY0123456789"
 
@@ -389,16 +390,9 @@ def test_nothing_new_is_sent_once_the_driver_is_gone(tmp_path):
 
 
 def test_the_estimate_prints_each_line_and_each_provider_as_a_range():
-    from vlm_decade.studies.decade.config import StudyConfig
     from vlm_decade.studies.estimate import Line, render
 
-    study = StudyConfig.model_validate(
-        {
-            "name": "s",
-            "data": {"images": "i.csv", "image_dir": ".", "descriptions": "d.csv"},
-            "models": [{"name": "m", "backend": "imported", "model_id": "m", "era": "mllm"}],
-        }
-    )
+    study = config_only_study()
     lines = [
         Line("openai", "gpt", 10, 2, 1000, 3000, usd=0.02, usd_low=0.005),
         Line("openai", "probes gpt", 50, 0, 9000, 15000, usd=0.2),
@@ -422,24 +416,18 @@ def test_the_estimate_prints_each_line_and_each_provider_as_a_range():
 def test_an_api_encoder_is_estimated_in_its_own_mode(tmp_path, mode, requests):
     """Sync mode sends `batch_size` texts a request; batch mode a line a text, at half the price."""
     from vlm_decade.models.api.cache import ResponseCache
-    from vlm_decade.studies.decade.config import StudyConfig
     from vlm_decade.studies.estimate import embed_lines
 
-    study = StudyConfig.model_validate(
-        {
-            "name": "s",
-            "data": {"images": "i.csv", "image_dir": ".", "descriptions": "d.csv"},
-            "models": [{"name": "m", "backend": "imported", "model_id": "m", "era": "mllm"}],
-            "encoders": [
-                {
-                    "name": "GPT-SI",
-                    "backend": "openai-embedding",
-                    "model_id": "text-embedding-3-large",
-                    "batch_size": 64,
-                    "mode": mode,
-                }
-            ],
-        }
+    study = config_only_study(
+        encoders=[
+            {
+                "name": "GPT-SI",
+                "backend": "openai-embedding",
+                "model_id": "text-embedding-3-large",
+                "batch_size": 64,
+                "mode": mode,
+            }
+        ],
     )
     (line,) = embed_lines(study, [f"human text {i:03d}" for i in range(100)], 28, 28 * 300, ResponseCache(tmp_path))
     price = study.providers.openai.price("openai", "text-embedding-3-large")

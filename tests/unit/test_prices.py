@@ -9,6 +9,8 @@ import pytest
 
 from vlm_decade.core.config import DEFAULT_PRICES, ProvidersConfig, longest_prefix
 
+from .config_only import config_only_study
+
 SEED_MLLMS = [
     # (provider, model id as a study names it, US$ per million input, output tokens)
     ("openai", "gpt-4", 30.00, 60.00),
@@ -88,16 +90,9 @@ def test_estimate_names_listed_prices_over_a_year_old_and_leaves_a_studys_own_al
 
 
 def test_the_estimate_says_which_prices_are_over_a_year_old():
-    from vlm_decade.studies.decade.config import StudyConfig
     from vlm_decade.studies.estimate import Line, render
 
-    study = StudyConfig.model_validate(
-        {
-            "name": "s",
-            "data": {"images": "i.csv", "image_dir": ".", "descriptions": "d.csv"},
-            "models": [{"name": "m", "backend": "imported", "model_id": "m", "era": "mllm"}],
-        }
-    )
+    study = config_only_study()
     lines = [
         Line("openai", "gpt4", 10, usd=0.2, model_id="gpt-4-turbo-2024-04-09"),
         Line("openai", "gpt51", 10, usd=0.1, model_id="gpt-5.1"),
