@@ -334,9 +334,15 @@ def test_materialize_is_idempotent(demo):
 # --- one fault, one problem (docs/openworld-data.md) -----------------------------------------------
 
 
-def _imported_study(study, answers: Path):
+PROMPTS = [{"id": "default", "text": "What is it?"}, {"id": "specific", "text": "Be specific."}]
+
+
+def _imported_study(study, header: list[str], rows: list[list[str]], **fields):
+    """Study B on `study`'s files with one imported model, whose answers.csv holds `rows` under
+    `header`; `fields`: the study's others."""
     from vlm_decade.studies import study_from_dict
 
+    answers = write_csv(study.root / "answers.csv", header, rows)
     labels, classnames = study.write()
     return study_from_dict(
         {
@@ -345,36 +351,36 @@ def _imported_study(study, answers: Path):
             "judge": None,
             "data": {"labels": str(labels), "image_dir": str(study.image_dir), "classnames": str(classnames)},
             "models": [{"name": "old", "backend": "imported", "model_id": "old", "options": {"file": str(answers)}}],
-            "prompts": [{"id": "default", "text": "What is it?"}, {"id": "specific", "text": "Be specific."}],
+            **fields,
         }
     )
 
 
-def test_prompt_ids_in_the_variant_column_are_one_problem_that_says_where_they_belong(study):
+def _the_problem(config):
+    """The one problem that checking `config` finds."""
     from vlm_decade.studies.openworld import pipeline
 
-    rows = [[i, p, f"{i} under {p}"] for i in ("toy_a", "toy_b", "bird_c") for p in ("default", "specific")]
-    answers = write_csv(study.root / "answers.csv", ["image_id", "variant", "text"], rows)
     with pytest.raises(InputError) as caught:
-        pipeline.check(_imported_study(study, answers))
+        pipeline.check(config)
     (problem,) = caught.value.problems
+    return problem
+
+
+def test_prompt_ids_in_the_variant_column_are_one_problem_that_says_where_they_belong(study):
+    rows = [[i, p, f"{i} under {p}"] for i in ("toy_a", "toy_b", "bird_c") for p in ("default", "specific")]
+    problem = _the_problem(_imported_study(study, ["image_id", "variant", "text"], rows, prompts=PROMPTS))
     assert (Path(problem.file).name, problem.row, problem.field) == ("answers.csv", 2, "variant")
     assert "'default' (3 rows, first row 2), 'specific' (3 rows, first row 3)" in problem.message
     assert "if these are prompt ids, put them in a `prompt` column" in problem.message
 
 
 def test_an_unknown_prompt_in_the_prompt_column_is_one_problem(study):
-    from vlm_decade.studies.openworld import pipeline
-
     rows = [
         ["toy_a", "full", "defualt", "a dog"],
         ["toy_b", "full", "defualt", "a cat"],
         ["bird_c", "full", "", "a bird"],
     ]
-    answers = write_csv(study.root / "answers.csv", ["image_id", "variant", "prompt", "text"], rows)
-    with pytest.raises(InputError) as caught:
-        pipeline.check(_imported_study(study, answers))
-    (problem,) = caught.value.problems
+    problem = _the_problem(_imported_study(study, ["image_id", "variant", "prompt", "text"], rows, prompts=PROMPTS))
     assert (Path(problem.file).name, problem.row, problem.field) == ("answers.csv", 2, "prompt")
     assert "unknown prompt 'defualt' (2 rows, first row 2)" in problem.message
 
@@ -387,38 +393,19 @@ def test_an_imported_file_with_answers_per_prompt_is_warned_of_the_answers_it_la
         ["toy_a", "full", "specific", "a puppy"],
         ["toy_b", "full", "", "a cat"],
     ]
-    answers = write_csv(study.root / "answers.csv", ["image_id", "variant", "prompt", "text"], rows)
-    config = _imported_study(study, answers)
+    config = _imported_study(study, ["image_id", "variant", "prompt", "text"], rows, prompts=PROMPTS)
     (line,) = pipeline.incomplete_models(config, pipeline.check(config))
     assert "no description for 2 of the 6 (image, variant, prompt) answers" in line and "full: 2 of 6" in line
 
 
 def test_one_bad_labels_row_is_one_problem_with_an_imported_model(study):
-    from vlm_decade.studies import study_from_dict
-    from vlm_decade.studies.openworld import pipeline
-
-    answers = write_csv(
-        study.root / "answers.csv",
-        ["image_id", "variant", "text"],
-        [["toy_b", "full", "a cat"], ["toy_a", "full", "a dog"], ["bird_c", "full", "a bird"]],
-    )
     study.files["a.png"] = b"not a png"  # row 3
-    labels, classnames = study.write()
-    config = study_from_dict(
-        {
-            "name": "b",
-            "study": "openworld",
-            "judge": None,
-            "data": {"labels": str(labels), "image_dir": str(study.image_dir), "classnames": str(classnames)},
-            "models": [{"name": "old", "backend": "imported", "model_id": "old", "options": {"file": str(answers)}}],
-        }
-    )
-    with pytest.raises(InputError) as caught:
-        pipeline.check(config)
-    (problem,) = caught.value.problems  # the image only: its answer in answers.csv is not "unknown"
+    rows = [["toy_b", "full", "a cat"], ["toy_a", "full", "a dog"], ["bird_c", "full", "a bird"]]
+    config = _imported_study(study, ["image_id", "variant", "text"], rows)
+    problem = _the_problem(config)  # the image only: its answer in answers.csv is not "unknown"
     assert (Path(problem.file).name, problem.row, problem.field) == ("labels.csv", 3, "file")
     with pytest.raises(InputError) as loaded:
-        load_openworld_data(labels, study.image_dir, classnames)
+        load_openworld_data(config.data.labels, study.image_dir, config.data.classnames)
     assert loaded.value.image_ids == {"toy_a", "toy_b", "bird_c"}  # what the models' files are checked against
 
 
