@@ -23,16 +23,14 @@ Randomness comes from numpy's default_rng seeded with (SEED, crc32(rater_id)) fo
 
 from __future__ import annotations
 
-import argparse
 import csv
-import io
 import tempfile
 import zlib
 from pathlib import Path
 
 import numpy as np
 
-from vlm_decade.core.files import atomic_write_bytes
+from vlm_decade.demo.make_votes import write_simulated
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 SEED = 20261130
@@ -116,17 +114,9 @@ def simulate(gold: dict[str, str]) -> list[dict[str, str]]:
 
 
 def main(argv: list[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=DATA_DIR / "ratings.csv")
-    args = parser.parse_args(argv)
-    rows = simulate(gold_standards())
-    text = io.StringIO()
-    writer = csv.DictWriter(text, fieldnames=["rater_id", "subject", "image_id", "rating"], lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    atomic_write_bytes(args.out, text.getvalue().encode("utf-8"))
-    print(f"wrote {len(rows)} simulated ratings to {args.out}")
-    return args.out
+    fields = ["rater_id", "subject", "image_id", "rating"]
+    simulated = lambda: simulate(gold_standards())  # noqa: E731 - the gold standards only once --out is read
+    return write_simulated(argv, __doc__, DATA_DIR / "ratings.csv", fields, simulated, "simulated ratings")
 
 
 if __name__ == "__main__":

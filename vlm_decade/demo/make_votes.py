@@ -252,18 +252,25 @@ def simulate(descriptions: Path = DATA_DIR / "descriptions.csv") -> list[dict[st
     return rows
 
 
-def main(argv: list[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=DATA_DIR / "votes.csv")
+def write_simulated(argv: list[str] | None, doc: str, default: Path, fields: list[str], simulated, what: str) -> Path:
+    """A demo generator's command: the rows `simulated()` makes written as a CSV of `fields` to
+    `--out` (`default`), whole or not at all, and a line that says how many `what` it holds."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=default)
     args = parser.parse_args(argv)
-    rows = simulate()
+    rows = simulated()
     text = io.StringIO()
-    writer = csv.DictWriter(text, fieldnames=["image_id", "rater_id", "trial", "shown", "chosen"], lineterminator="\n")
+    writer = csv.DictWriter(text, fieldnames=fields, lineterminator="\n")
     writer.writeheader()
     writer.writerows(rows)
     atomic_write_bytes(args.out, text.getvalue().encode("utf-8"))
-    print(f"wrote {len(rows)} simulated votes to {args.out}")
+    print(f"wrote {len(rows)} {what} to {args.out}")
     return args.out
+
+
+def main(argv: list[str] | None = None) -> Path:
+    fields = ["image_id", "rater_id", "trial", "shown", "chosen"]
+    return write_simulated(argv, __doc__, DATA_DIR / "votes.csv", fields, simulate, "simulated votes")
 
 
 if __name__ == "__main__":
