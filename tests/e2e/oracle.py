@@ -290,6 +290,19 @@ def metadata(main: Element, t: Tables, tally: Tally, kind: str, image_id: str) -
             tally.text(kind, cell, own[cell.attrs["data-column"]], f"metadata {cell.attrs['data-column']}")
 
 
+def image_facts(main: Element, t: Tables, tally: Tally, row: dict) -> None:
+    """An image page's size and path (its note) and its metadata; `row`: the image's row."""
+    tally.text("image", main.one("p", class_="note"), f"{row['width']} × {row['height']} px · {row['path']}")
+    metadata(main, t, tally, "image", row["image_id"])
+
+
+def model_codes(main: Element, tally: Tally, name: str, config: dict) -> None:
+    """A model page's note: the backend and model id the study file gives the model."""
+    own = next(m for m in config["models"] if m["name"] == name)
+    for code, expected in zip(main.one("p", class_="note").iter("code"), (own["backend"], own.get("model_id"))):
+        tally.text("model", code, expected)
+
+
 def failed(main: Element, t: Tables, tally: Tally, name: str, keys: str, columns: list[str]) -> None:
     """A model page's failed responses: how many, and the first page of them."""
     rows = t.rows(

@@ -13,8 +13,9 @@ from .oracle import (
     datasets,
     failed,
     headed_tables,
+    image_facts,
     match_rows,
-    metadata,
+    model_codes,
     printed,
     squeeze,
     unread,
@@ -70,8 +71,7 @@ def image(main: Element, t: Tables, tally: Tally, image_id: str, config: dict) -
     spatial dependence."""
     row = t.rows("SELECT * FROM images WHERE image_id = ?", [image_id])[0]
     tally.text("image", main.one("h1", id="image-id"), f"{image_id} {row['dataset']}")
-    tally.text("image", next(main.iter("p", class_="note")), f"{row['width']} × {row['height']} px · {row['path']}")
-    metadata(main, t, tally, "image", image_id)
+    image_facts(main, t, tally, row)
     _detections(main, t, tally, image_id)
     _humans(main.one("section", id="humans"), t, tally, image_id)
     _descriptions(main.one("section", id="models"), t, tally, image_id)
@@ -273,9 +273,7 @@ def _spatial(section: Element, t: Tables, tally: Tally, image_id: str) -> None:
 def model(main: Element, t: Tables, tally: Tally, name: str, config: dict) -> None:
     """One model page: its statistics about all images, each group's, its error rates, comparisons
     and failed responses."""
-    own = next(m for m in config["models"] if m["name"] == name)
-    for code, expected in zip(main.one("p", class_="note").iter("code"), (own["backend"], own.get("model_id"))):
-        tally.text("model", code, expected)
+    model_codes(main, tally, name, config)
     if t.has("stats"):
         stats = t.rows(f"SELECT * FROM stats WHERE subject = ? AND {t.all_images('stats')}", [name])
         table = main.find("table", id="stats")

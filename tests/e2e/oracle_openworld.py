@@ -14,9 +14,10 @@ from .oracle import (
     datasets,
     failed,
     headed_tables,
+    image_facts,
     match_rows,
-    metadata,
     missing,
+    model_codes,
     squeeze,
     unread,
 )
@@ -92,8 +93,7 @@ def image(main: Element, t: Tables, tally: Tally, image_id: str, config: dict) -
     names = list(row.get("accepted") or [])
     label = f"label: {row['label'] or '(none)'}" + (f" · also accepted: {', '.join(names)}" if names else "")
     tally.text("image", main.one("b", id="label").parent, label)
-    tally.text("image", main.one("p", class_="note"), f"{row['width']} × {row['height']} px · {row['path']}")
-    metadata(main, t, tally, "image", image_id)
+    image_facts(main, t, tally, row)
     shown = estimates(t)
     table = main.one("table", id="predictions")
     assert table.head()[3 : 3 + len(shown)] == shown
@@ -162,9 +162,7 @@ def _estimate_table(table: Element, rows: dict[tuple, dict], metrics: list[str],
 def model(main: Element, t: Tables, tally: Tally, name: str, config: dict) -> None:
     """One model page: its estimates about all images, each group's, its outcome shares, its
     confusions under the first prompt and its failed responses."""
-    own = next(m for m in config["models"] if m["name"] == name)
-    for code, expected in zip(main.one("p", class_="note").iter("code"), (own["backend"], own.get("model_id"))):
-        tally.text("model", code, expected)
+    model_codes(main, tally, name, config)
     shown = estimates(t)
     rows = _stats_rows(t, f"subject = ? AND {t.all_images('stats')}", [name])
     if rows:
