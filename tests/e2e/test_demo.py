@@ -13,7 +13,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
+from tests.figures import AREA, assert_drawn, colour_pixels
 from vlm_decade.core.runfolder import RunFolder
+from vlm_decade.report.figures import COLOURS
 
 from .conftest import BIN, cli_env, vlm_decade
 
@@ -91,8 +93,12 @@ def test_demo_writes_report_and_tables(demo_run):
     assert images.num_rows == 16 and all(len(h) == 64 for h in images.column("sha256").to_pylist())
     # The figure and the report's numbers come from this run's stats table.
     stats = pq.read_table(out / "stats.parquet").to_pylist()
-    assert (out / "figures" / "similarity_SBERT-SI.png").stat().st_size > 10_000
+    similarity = out / "figures" / "similarity_SBERT-SI.png"
+    assert similarity.stat().st_size > 10_000
     assert "figures/similarity_SBERT-SI.png" in html
+    # Both datasets' points (everyday, then specialist: each in its colour) are drawn.
+    assert_drawn(similarity)
+    assert colour_pixels(similarity, COLOURS[0]) > 100 and colour_pixels(similarity, COLOURS[1]) > 100
     subjects = {r["subject"] for r in stats}
     assert {"ssd-template", "demo-imported", "human:top", "human:bottom"} <= subjects
     for r in stats:
@@ -106,6 +112,8 @@ def test_demo_writes_report_and_tables(demo_run):
     validation = pq.read_table(out / "metric_validation.parquet").to_pylist()
     assert {r["metric"] for r in validation if r["role"] == "metric"} == {"SBERT-SI", "BERTScore"}
     assert (out / "figures" / "metric_validation.png").exists() and "simulated for the demo" in html
+    assert_drawn(out / "figures" / "metric_validation.png")
+    assert colour_pixels(out / "figures" / "metric_validation.png", COLOURS[0]) > 100  # the metrics' points
     assert "No judge metric is shown: the study configures none" in html  # offline: no API model to judge
     stsb = {(r["metric"], r["subset"]): r for r in pq.read_table(out / "stsb.parquet").to_pylist()}
     assert stsb[("SBERT-SI", "test")]["spearman"] == pytest.approx(0.8203, abs=0.01)
@@ -166,13 +174,24 @@ def test_demo_error_taxonomy(demo_run):
     spatial = pq.read_table(out / "spatial.parquet").to_pylist()
     decided = {r["image_id"] for r in spatial if r["sde"] is not None}
     assert decided and all((out / "figures" / "heatmaps" / f"{i}.png").exists() for i in decided)
-    assert (out / "figures" / "error_rates.png").stat().st_size > 10_000 and "figures/error_rates.png" in html
+    for i in decided:
+        assert_drawn(out / "figures" / "heatmaps" / f"{i}.png", min_colours=1000)  # a photo under its tint
+    figure = out / "figures" / "error_rates.png"
+    assert figure.stat().st_size > 10_000 and "figures/error_rates.png" in html
+    assert_drawn(figure)
+    # A dataset with a rate of a quarter or more has bars of its colour, not only a legend's patch.
+    for colour, dataset in zip(COLOURS, sorted(set(dataset_of.values()))):
+        if max((r["estimate"] or 0) for (_, d, _), r in rates.items() if d == dataset) >= 0.25:
+            assert colour_pixels(figure, colour) > AREA, dataset
     assert (out / "figures" / "impact.png").exists() and "Error impact" in html
+    assert_drawn(out / "figures" / "impact.png")
     evidence_page = (out / "errors.html").read_text()
     assert "errors.html" in html and evidence_page.count("<tr class=") == len(errors)
     # Impact over model-image pairs; a group on fewer than 5 images is shown but never tested.
     impact = pq.read_table(out / "impact_stats.parquet").to_pylist()
     assert impact and all(r["n_pairs"] >= r["n_images"] for r in impact)
+    if any(r["subject"].startswith("error:") and (r["estimate"] or 0) > 0.1 for r in impact):
+        assert colour_pixels(out / "figures" / "impact.png", "#7f7f7f") > AREA  # the error types' bars
     comparisons = pq.read_table(out / "impact_comparisons.parquet").to_pylist()
     assert comparisons and all((c["p"] is None) == (min(c["n_a"], c["n_b"]) < 5) for c in comparisons)
     assert "Spatial dependence: decided and undecided images" in html and "role cuts" in html
@@ -195,6 +214,11 @@ def test_demo_runs_study_b(demo_run):
     assert {d for _, d, _ in stats} == {"cifar10", "imagenet", "prototypical", "fine-grained", "all"}
     html = (out / "report.html").read_text()
     assert "Per dataset" in html and "SS at thresholds" in html and "Model against model" in html
+    for figure in ("openworld_metrics", "openworld_ss_thresholds", "openworld_outcomes"):
+        assert_drawn(out / "figures" / f"{figure}.png")
+    # Each model's curve of SS shares, in its colour.
+    ss = out / "figures" / "openworld_ss_thresholds.png"
+    assert colour_pixels(ss, COLOURS[0]) > 100 and colour_pixels(ss, COLOURS[1]) > 100
     assert "Main table" in html and "LI was not computed" in html and "no judge model is configured" in html
     assert "LI skipped" in " ".join(result.stderr.split())
 
