@@ -32,11 +32,13 @@ def test_the_limit_grows_by_half_each_round_while_the_throughput_keeps_up():
     assert limit.count == 0
 
 
-def test_the_start_ends_where_the_throughput_stops_rising_with_the_limit_and_keeps_the_better_level():
+def test_the_start_ends_where_the_throughput_twice_stops_rising_with_the_limit_and_keeps_the_better_level():
     limit = AdaptiveLimit(ceiling=100, start=4)
     answer_round(limit, 0.1)  # 4 at once: 40 answers a second
     answer_round(limit, 0.1)  # 6: 60
     answer_round(limit, 0.2)  # 9 in 0.2 s: 45, less than at 6
+    assert limit.starting and limit.allowed == 9  # once may be noise: measured again
+    answer_round(limit, 0.2)
     assert not limit.starting and limit.allowed == 6
 
 

@@ -9,7 +9,8 @@ same throughput), another slows down (fewer answers a second), another refuses.
 
 - start: from `start`, the limit grows by half each round (an answer per request allowed, of
   requests sent with the limit full) while the throughput grows nearly in proportion (at least
-  0.85 times as much), then goes back to the better of its last two levels;
+  0.85 times as much; a level that falls behind is measured once more before it counts), then goes
+  back to the better of its last two levels;
 - then a climb, one level at a time, each round two answers per request allowed: up to a
   neighbouring level clearly faster (by `tolerance`), else down to one not clearly slower (as many
   answers with fewer in flight), else a neighbour not measured yet (or not for `memory` rounds) is
@@ -41,6 +42,7 @@ class AdaptiveLimit:
         self.rates: dict[int, tuple[float, int]] = {}  # level -> (answers per second, round measured)
         self.rounds = 0
         self.previous: int | None = None  # the level of the round before, while starting
+        self.doubted = False  # while starting, this level fell behind once: it is measured again
         self.count = self.in_flight = 0
         self.latency = 0.0
 
@@ -93,8 +95,12 @@ class AdaptiveLimit:
         # the server keeps up: the throughput grew nearly in proportion to the limit
         keeps_up = before is None or self.rate(level) >= self.rate(before) * 0.85 * level / before
         if keeps_up and level < self.ceiling:
-            self.previous = level
+            self.previous, self.doubted = level, False
             self._move(max(level + 1, math.ceil(level * 1.5)))
+            return
+        if not keeps_up and not self.doubted:  # once may be noise (a busy client, a slow answer)
+            self.doubted = True
+            self._move(level)
             return
         self.starting = False
         self._move(max((lv for lv in (level, before) if lv is not None), key=self.rate))
