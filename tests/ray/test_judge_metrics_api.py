@@ -35,6 +35,8 @@ from vlm_decade.studies.decade.pipeline import check, estimate
 from vlm_decade.studies.decade.pipeline import run as run_study
 from vlm_decade.testing.fake_api import FakeAPIServer
 
+from .demo_cut import keep_images
+
 pytestmark = pytest.mark.ray
 
 IMAGES = ("astronaut", "coffee", "chelsea", "rocket", "camera")
@@ -58,22 +60,13 @@ ARENA = {"astronaut": 1.0, "coffee": 0.5, "chelsea": 0.0, "rocket": 0.75, "camer
 MODEL = "demo-imported"
 
 
-def _cut(path: Path, keep: tuple[str, ...]) -> None:
-    with path.open(newline="") as f:
-        rows = [r for r in csv.DictReader(f) if r["image_id"] in keep]
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-
-
 @pytest.fixture
 def study_and_server(tmp_path: Path, monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test-judgemetrics0123456789")
     monkeypatch.setenv("GEMINI_API_KEY", "AIzaTESTjudgemetrics0123456789ab")
     path = materialize(tmp_path / "inputs")
     for table in ("images.csv", "descriptions.csv", "ratings.csv", "imported_captions.csv"):
-        _cut(path.parent / table, IMAGES)
+        keep_images(path.parent / table, IMAGES)
     with (path.parent / "imported_captions.csv").open(newline="") as f:
         caption_of = {r["text"]: r["image_id"] for r in csv.DictReader(f) if r.get("variant", "full") == "full"}
     seen: list[tuple[str, int]] = []  # (kind, images sent) per request

@@ -6,9 +6,7 @@ what was asked, that the labels read the locator's boxes, and that the evidence 
 
 from __future__ import annotations
 
-import csv
 import json
-from pathlib import Path
 
 import pytest
 import yaml
@@ -19,17 +17,10 @@ from vlm_decade.studies import load_study
 from vlm_decade.studies.decade.pipeline import run as run_study
 from vlm_decade.studies.decade.taxonomy.objects import ObjectExtractor
 
+from .demo_cut import keep_images
+
 pytestmark = pytest.mark.ray
 IMAGES = ("astronaut", "coffee")
-
-
-def _cut(path: Path) -> None:
-    with path.open(newline="") as f:
-        rows = [r for r in csv.DictReader(f) if r["image_id"] in IMAGES]
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
 
 
 def test_the_locator_finds_the_objects_and_the_labels_read_its_boxes(tmp_path):
@@ -37,7 +28,7 @@ def test_the_locator_finds_the_objects_and_the_labels_read_its_boxes(tmp_path):
 
     path = materialize(tmp_path / "inputs")
     for table in ("images.csv", "descriptions.csv", "imported_captions.csv"):
-        _cut(path.parent / table)
+        keep_images(path.parent / table, IMAGES)
     raw = yaml.safe_load(path.read_text())
     for key in ("votes", "ratings", "hand_labels"):
         raw["data"].pop(key)

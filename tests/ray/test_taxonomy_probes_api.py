@@ -24,7 +24,6 @@ gold object the description names nearest the added one (the flag, before "a gui
 
 from __future__ import annotations
 
-import csv
 import io
 import json
 from collections import Counter
@@ -42,6 +41,8 @@ from vlm_decade.studies.decade.config import MLLM_PROMPT
 from vlm_decade.studies.decade.pipeline import check, estimate
 from vlm_decade.studies.decade.pipeline import run as run_study
 from vlm_decade.testing.fake_api import FakeAPIServer, FaultConfig
+
+from .demo_cut import keep_images
 
 pytestmark = pytest.mark.ray
 
@@ -122,15 +123,6 @@ class StageLog(Reporter):
         self.states.append((name, state))
 
 
-def _cut(path: Path, keep: tuple[str, ...]) -> None:
-    with path.open(newline="") as f:
-        rows = [r for r in csv.DictReader(f) if r["image_id"] in keep]
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-
-
 def _pixels(png: bytes) -> np.ndarray:
     from PIL import Image
 
@@ -143,7 +135,7 @@ def study_and_server(tmp_path: Path, monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test-probes0123456789")
     path = materialize(tmp_path / "inputs")
     for table in ("images.csv", "descriptions.csv"):
-        _cut(path.parent / table, IMAGES)
+        keep_images(path.parent / table, IMAGES)
     photos = {i: _pixels((path.parent / "images" / f"{i}.png").read_bytes()) for i in IMAGES}
     unexpected: list[str] = []
 
