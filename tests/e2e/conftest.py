@@ -71,3 +71,17 @@ def demo_run_in_place(demo_run, tmp_path) -> Path:
     yield root
     shutil.rmtree(root)
     shutil.copytree(kept, root, symlinks=True)
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory) -> Path:
+    """Study A's demo inputs, with Study B's in `openworld/` (its study file there), for the tests
+    that damage a copy of them."""
+    from vlm_decade.demo import OPENWORLD_STUDY_FILE, materialize
+    from vlm_decade.demo.openworld import materialize as materialize_openworld
+
+    folder = tmp_path_factory.mktemp("inputs")
+    materialize(folder)
+    openworld = materialize_openworld(folder / "openworld")
+    (openworld / "study.yaml").write_bytes(OPENWORLD_STUDY_FILE.read_bytes())
+    return folder

@@ -29,7 +29,6 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from vlm_decade import cli
-from vlm_decade.demo import OPENWORLD_STUDY_FILE, materialize
 
 from .conftest import vlm_decade
 
@@ -297,17 +296,6 @@ CASES: dict[str, Case] = {
         args=["--out", "{d}/afile/run"],
     ),
 }
-
-
-@pytest.fixture(scope="module")
-def pristine(tmp_path_factory) -> Path:
-    from vlm_decade.demo.openworld import materialize as materialize_openworld
-
-    folder = tmp_path_factory.mktemp("inputs")
-    materialize(folder)
-    openworld = materialize_openworld(folder / "openworld")
-    (openworld / "study.yaml").write_bytes(OPENWORLD_STUDY_FILE.read_bytes())
-    return folder
 
 
 @pytest.fixture

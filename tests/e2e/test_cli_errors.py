@@ -6,8 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from vlm_decade.demo import materialize
-
 from .conftest import vlm_decade
 
 pytestmark = pytest.mark.e2e
@@ -76,19 +74,6 @@ CASES = {
         ["labels.csv", "field 'label'", "Dalmation"],
     ),
 }
-
-
-@pytest.fixture(scope="module")
-def pristine(tmp_path_factory) -> Path:
-    """Study A's demo inputs, with Study B's in `openworld/` (its study file there)."""
-    from vlm_decade.demo import OPENWORLD_STUDY_FILE
-    from vlm_decade.demo.openworld import materialize as materialize_openworld
-
-    folder = tmp_path_factory.mktemp("inputs")
-    materialize(folder)
-    openworld = materialize_openworld(folder / "openworld")
-    (openworld / "study.yaml").write_bytes(OPENWORLD_STUDY_FILE.read_bytes())
-    return folder
 
 
 @pytest.mark.parametrize("case", list(CASES))
