@@ -298,6 +298,13 @@ class _Recording:
         return getattr(self.store, name)
 
 
+def _write(root: Path, files: dict[str, bytes]) -> None:
+    """Lay out `files` (by path within `root`) in `root`."""
+    for rel, content in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(content)
+
+
 def _files(root: Path) -> dict[str, bytes]:
     return {
         p.relative_to(root).as_posix(): p.read_bytes()
@@ -310,18 +317,19 @@ def test_a_mirror_keeps_a_working_copy_and_the_bucket_in_step(bucket, tmp_path, 
     uri = f"s3://{BUCKET}/runs/one"
     monkeypatch.setenv("VLM_DECADE_WORKING_COPIES", str(tmp_path / "machine-a"))
     a = storage.working_copy(uri)
-    for rel, content in {
-        "manifest.json": b"{}",
-        "scores.parquet": b"s" * 10,
-        ".parts/responses/part-1.parquet": b"p",
-        "api/openai.spend.jsonl": b"line 1\n",
-        ".lock": b"pid 1",
-        ".spill/embeddings/000001.arrow": b"x",
-        ".view/thumb.jpg": b"j",
-        ".scores.parquet.abc.tmp": b"half",
-    }.items():
-        (a / rel).parent.mkdir(parents=True, exist_ok=True)
-        (a / rel).write_bytes(content)
+    _write(
+        a,
+        {
+            "manifest.json": b"{}",
+            "scores.parquet": b"s" * 10,
+            ".parts/responses/part-1.parquet": b"p",
+            "api/openai.spend.jsonl": b"line 1\n",
+            ".lock": b"pid 1",
+            ".spill/embeddings/000001.arrow": b"x",
+            ".view/thumb.jpg": b"j",
+            ".scores.parquet.abc.tmp": b"half",
+        },
+    )
     mirror = storage.Mirror(a)
     mirror.store = _Recording(mirror.store)
     assert mirror.push() == 4
@@ -551,13 +559,14 @@ def test_a_store_that_lost_its_objects_or_its_bucket_costs_no_local_work(bucket,
     uri = f"s3://{BUCKET}/runs/lost"
     monkeypatch.setenv("VLM_DECADE_WORKING_COPIES", str(tmp_path / "copies"))
     copy = storage.working_copy(uri)
-    for rel, content in {
-        "manifest.json": b'{"files": {"scores": {}}}',
-        "scores.parquet": b"s" * 10,
-        ".parts/responses/part-1.parquet": b"p",
-    }.items():
-        (copy / rel).parent.mkdir(parents=True, exist_ok=True)
-        (copy / rel).write_bytes(content)
+    _write(
+        copy,
+        {
+            "manifest.json": b'{"files": {"scores": {}}}',
+            "scores.parquet": b"s" * 10,
+            ".parts/responses/part-1.parquet": b"p",
+        },
+    )
     assert storage.Mirror(copy).push() == 3
     kept = _files(copy)
     for item in bucket.list_objects_v2(Bucket=BUCKET, Prefix="runs/lost/")["Contents"]:
