@@ -134,6 +134,22 @@ def save_vlm(folder: Path, seed: int = 0) -> Path:
     return _save(folder, lambda: LlavaForConditionalGeneration(config), processor, seed=seed)
 
 
+def save_brief_vlm(folder: Path, seed: int = 0) -> Path:
+    """`save_vlm`'s model answering in one word: every ordinary word ends the sequence (the saved
+    generation config's `eos_token_id`), so a server reports its answers finished, not cut off at
+    the output cap, and which word still depends on the image."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    save_vlm(folder, seed)
+    tok = AutoTokenizer.from_pretrained(folder)
+    special = set(tok.all_special_ids)
+    words = [i for i in range(len(tok)) if i not in special]
+    generation = GenerationConfig.from_pretrained(folder)
+    generation.eos_token_id = [tok.eos_token_id, *words]
+    generation.save_pretrained(folder)
+    return folder
+
+
 def save_detector(folder: Path, seed: int = 0) -> Path:
     """A DETR with a small ResNet backbone (no pretrained backbone, no timm) and labels with a gap."""
     from transformers import DetrConfig, DetrForObjectDetection, DetrImageProcessor, ResNetConfig

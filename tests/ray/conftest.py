@@ -30,12 +30,12 @@ def describe_stage(study, images, out):
 
 @pytest.fixture(scope="session")
 def served(tmp_path_factory):
-    """One `transformers serve` for the session, with a tiny LLaVA and a judge that answers "1"
+    """One `transformers serve` for the session, with a tiny LLaVA answering in one word and a judge that answers "1"
     loaded: the base URL and the models' folders, which are also the ids it serves them under."""
-    from tests.hf_tiny import save_verdict_lm, save_vlm
+    from tests.hf_tiny import save_brief_vlm, save_verdict_lm
     from tests.serving import Served, TransformersServe
 
     root = tmp_path_factory.mktemp("served")
     with TransformersServe(root) as server:  # starting while the models are saved
-        vlm, judge = save_vlm(root / "vlm"), save_verdict_lm(root / "judge")
+        vlm, judge = save_brief_vlm(root / "vlm"), save_verdict_lm(root / "judge")
         yield Served(server.url, server.load(vlm), server.load(judge))

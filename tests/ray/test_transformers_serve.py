@@ -43,7 +43,7 @@ ENDPOINT = "serve"
 
 
 def served_model(served, **extra) -> dict:
-    # The random model never ends its answer: a few tokens keep each request short.
+    # The served model answers one word and stops; the cap keeps a request short all the same.
     return {
         "name": "served",
         "backend": "openai",
