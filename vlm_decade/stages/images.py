@@ -45,7 +45,7 @@ import pyarrow.parquet as pq
 
 from vlm_decade.core import storage
 from vlm_decade.core.columns import first_rows
-from vlm_decade.core.errors import Problems
+from vlm_decade.core.errors import STUDY_FILE, Problems
 from vlm_decade.core.files import atomic_file, atomic_write_bytes
 from vlm_decade.core.names import did_you_mean
 from vlm_decade.core.parquet import table_bytes, write_table
@@ -502,7 +502,7 @@ def check_group_by(group_by, table: Table, problems: Problems) -> None:
         if name not in table.extra:
             have = ", ".join(table.extra) if table.extra else "none (it has only the columns the study reads)"
             problems.add(
-                "study file",
+                STUDY_FILE,
                 f"'{name}' is no metadata column of {table.name}; its metadata columns: {have}"
                 + did_you_mean(name, table.extra),
                 field="analysis.group_by",

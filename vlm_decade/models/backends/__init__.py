@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from vlm_decade.core.config import BackendOptions, ModelConfig, check_options, field_path
-from vlm_decade.core.errors import Problem
+from vlm_decade.core.errors import STUDY_FILE, Problem
 from vlm_decade.core.registry import Registry
 
 
@@ -122,7 +122,7 @@ def entry_problems(backend: str, options: dict, where: tuple, registry: Registry
     try:
         cls = registry.load(backend)
     except KeyError as exc:
-        return [Problem("study file", exc.args[0], field=field_path((*where, "backend")))]
+        return [Problem(STUDY_FILE, exc.args[0], field=field_path((*where, "backend")))]
     return check_options(cls.Options, options, where, backend)
 
 

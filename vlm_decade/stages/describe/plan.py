@@ -81,7 +81,7 @@ def check_models(study: StudyBase, image_ids: set[str] | pa.ChunkedArray | None,
             if getattr(model, own) is not None and not provider:
                 problems.append(
                     Problem(
-                        "study file",
+                        STUDY_FILE,
                         f"`{own}` is for API models; {model.backend} runs here",
                         field=field_path(("models", i, own)),
                     )
@@ -111,10 +111,10 @@ def fit_problems(rt: RuntimeConfig, have: dict[str, float], where: str = "this R
         if resource in have and need > have[resource]:
             problems.append(
                 Problem(
-                    "study file",
+                    STUDY_FILE,
                     f"{rt.actors_per_model} actors x {each:g} {resource} = {need:g} {resource}, but {where} "
                     f"{have[resource]:g}; lower actors_per_model or {resource.lower()}s_per_actor",
-                    field=f"runtime.{resource.lower()}s_per_actor",
+                    field=field_path(("runtime", f"{resource.lower()}s_per_actor")),
                 )
             )
     return problems

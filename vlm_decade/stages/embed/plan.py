@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 
 from vlm_decade.core.columns import first_per_key, stripped
 from vlm_decade.core.config import EncoderConfig, StudyBase, field_path
-from vlm_decade.core.errors import Problem
+from vlm_decade.core.errors import STUDY_FILE, Problem
 from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.core.spill import HOLD_FILES_BYTES, Spill, key_buckets
 from vlm_decade.models.api.endpoints import APIEntry, api_entry_problems
@@ -44,7 +44,7 @@ def check_encoders(study: StudyBase) -> list[Problem]:
             if enc.endpoint is not None:
                 problems.append(
                     Problem(
-                        "study file",
+                        STUDY_FILE,
                         f"`endpoint` is for API encoders; {enc.backend} runs here",
                         field=field_path(("encoders", i, "endpoint")),
                     )

@@ -14,7 +14,7 @@ from dataclasses import asdict, replace
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from vlm_decade.core.errors import InputError, Problem, Problems
+from vlm_decade.core.errors import STUDY_FILE, InputError, Problem, Problems
 from vlm_decade.core.progress import Reporter, counted
 from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.core.runner import Stage, given, release_memory, run_study
@@ -107,7 +107,7 @@ def _check(
     if study.data.hand_labels is not None and image_ids is not None:
         if study.taxonomy is None:
             found.add(
-                "study file", "hand labels need the error taxonomy: add a `taxonomy:` section", field="data.hand_labels"
+                STUDY_FILE, "hand labels need the error taxonomy: add a `taxonomy:` section", field="data.hand_labels"
             )
         else:
             hand_labels = check_hand_labels(
