@@ -171,7 +171,7 @@ def test_model_page_numbers_are_the_stats_tables(app_a):
     }
     assert '<td class="value">0.483</td>' in page and "[0.200, 0.650]" in page
     assert "[–, –]" in page  # the estimate a budget stop left out
-    assert "1 failed response(s)" in page and "RateLimitError: budget reached" in page
+    assert "1 failed response." in page and "RateLimitError: budget reached" in page
     assert app_a.get("/model/gamma").status_code == 404
 
 
@@ -389,9 +389,9 @@ def test_openworld_model_page_shows_its_estimates_confusions_and_failures(app_b)
     assert '0.943 <span class="ci">[0.900, 0.980]</span>' in page and '– <span class="ci">[–, –]</span>' in page
     assert 'data-metric="outcome:confusion" data-estimate="0.3333333333333333"' in page
     assert shown_confusions(page) == hand_confusions("alpha")
-    assert "0 failed response(s)" in page
+    assert "0 failed responses." in page
     beta = app_b.get("/model/beta").text
-    assert "1 failed response(s)" in beta and "TimeoutError: no answer in 60 s" in beta
+    assert "1 failed response." in beta and "TimeoutError: no answer in 60 s" in beta
     assert shown_confusions(beta) == hand_confusions("beta")
     assert app_b.get("/model/gamma").status_code == 404
     assert app_b.get("/model/alpha", params={"page": "2"}).status_code == 404

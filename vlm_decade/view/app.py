@@ -22,6 +22,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
+from vlm_decade.core.progress import counted
 from vlm_decade.view import pictures
 from vlm_decade.view.access import Access, Guard
 from vlm_decade.view.gallery import BadRequest, page_number
@@ -48,6 +49,7 @@ def _templates(view: RunView, pages: Pages) -> Jinja2Templates:
     env.filters["num"] = _number
     env.filters["qs"] = lambda params: urlencode(params)
     env.filters["pair"] = lambda value: (value, value)
+    env.filters["counted"] = counted
     env.globals["run"] = view
     env.globals["study"] = view.study
     env.globals["study_pages"] = pages  # its HEADER, LINKS and names; a page's own "pages" is its page count
