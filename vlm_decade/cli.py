@@ -20,6 +20,7 @@ from pathlib import Path
 
 import typer
 
+from vlm_decade.cli_human import commands as human_commands
 from vlm_decade.core.errors import ENVIRONMENT_EXIT, INPUT_EXIT, RUN_FAILED_EXIT, InputError, Problem, os_failure
 from vlm_decade.core.progress import console, counted, problem_lines
 
@@ -553,6 +554,9 @@ def validate_metric(
         )
     err.print(view)
     print(json.dumps(summary))
+
+
+app.add_typer(human_commands(_Commands), name="human")
 
 
 def main() -> None:  # pragma: no cover - `python -m vlm_decade`
