@@ -90,7 +90,59 @@ def test_coco_captions_give_the_csv_forms_tables(study_a):
     assert by_coco.images.equals(by_csv.images)
     assert by_coco.references.equals(by_csv.references)
     assert by_coco.ranking_method == by_csv.ranking_method == {"tiny": "consensus"}
-    assert by_coco.metadata.column_names == ["image_id"]  # `license`, `height`... are ignored
+    # `license`, `height` and `width` are metadata, as further columns of the images table would be.
+    assert by_coco.metadata.to_pydict() == {
+        "image_id": ["1", "2"],
+        "license": ["3", "3"],
+        "height": ["16", "16"],
+        "width": ["16", "16"],
+    }
+
+
+def test_coco_image_fields_are_metadata_but_links_and_nested_values(study_a):
+    document = coco_document()
+    document["images"][0] |= {
+        "date_captured": "2013-11-14 17:02:52",
+        "coco_url": "http://images.cocodataset.org/val2017/a.png",
+        "flickr_url": "http://farm4.staticflickr.com/a.png",
+        "url": "http://example.org/a.png",
+        "tags": ["red"],  # nested here...
+        "ratio": 0.5,
+        "crowd": True,
+        "note": None,
+    }
+    document["images"][1] |= {"tags": "green", "ratio": 1, "dataset": "other", "file": "x.png"}  # ...text here
+    (study_a / "captions.json").write_text(json.dumps(document))
+    data = load_a(study_a, {"captions_json": "captions.json", "image_dir": "imgs", "dataset": "tiny"})
+    # Hand-worked: fields in the order they first appear; a field an entry lacks, or null, is empty;
+    # numbers and flags as Python writes them; links, the fields the table reads and `tags` (a list
+    # in one entry) are left out.
+    assert data.metadata.to_pydict() == {
+        "image_id": ["1", "2"],
+        "license": ["3", "3"],
+        "height": ["16", "16"],
+        "width": ["16", "16"],
+        "date_captured": ["2013-11-14 17:02:52", ""],
+        "ratio": ["0.5", "1"],
+        "crowd": ["True", ""],
+        "note": ["", ""],
+    }
+    assert data.images.column("dataset").to_pylist() == ["tiny", "tiny"]
+    assert data.images.column("path").to_pylist() == [str(study_a / "imgs" / n) for n in ("a.png", "b.png")]
+
+
+def test_a_coco_metadata_field_groups_the_analysis(study_a):
+    document = coco_document()
+    for entry, kind in zip(document["images"], ("warm", "cool")):
+        entry["tone"] = kind
+    (study_a / "captions.json").write_text(json.dumps(document))
+    raw = yaml.safe_load((study_a / "coco.yaml").read_text())
+    for group_by, code in ((["tone"], 0), (["license_x"], 2)):
+        raw["analysis"] = {"group_by": group_by}
+        (study_a / "grouped.yaml").write_text(yaml.safe_dump(raw))
+        done = CliRunner().invoke(app, ["validate", str(study_a / "grouped.yaml")])
+        assert done.exit_code == code, done.output
+    assert "its metadata columns: license, height, width, tone" in " ".join(done.output.split())
 
 
 def test_validate_says_the_captions_json_and_its_counts(study_a):

@@ -26,13 +26,15 @@ from vlm_decade.core.tables import Table
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
 
 
-def table(file: Path, columns: dict[str, list[str]], numbers: list[int]) -> Table:
-    """A Table of text columns whose row numbers are `numbers` (an entry's index, or a running count)."""
+def table(file: Path, columns: dict[str, list[str]], numbers: list[int], extra: tuple[str, ...] = ()) -> Table:
+    """A Table of text columns whose row numbers are `numbers` (an entry's index, or a running count);
+    `extra`: which of the columns are the user's metadata."""
     return Table(
         file=str(file),
         name=file.name,
         columns=pa.table({c: pa.array(v, pa.string()) for c, v in columns.items()}),
         numbers=pa.array(numbers, pa.int64()),
+        extra=extra,
     )
 
 
@@ -73,7 +75,34 @@ def coco_tables(path: Path, dataset: str, problems: Problems) -> tuple[Table, Ta
     images = _coco_images(path, lists["images"], dataset, problems)
     descriptions = _coco_captions(path, lists["annotations"], set(images["image_id"]), problems)
     numbers = images.pop("number")
-    return table(path, images, numbers), table(path, descriptions, descriptions.pop("number"))
+    kept = [lists["images"][n] for n in numbers]
+    extra = _metadata_fields(kept)
+    for field in extra:
+        images[field] = [_cell(entry.get(field)) for entry in kept]
+    return table(path, images, numbers, extra), table(path, descriptions, descriptions.pop("number"))
+
+
+# An `images` entry's fields the images table reads, and the links to where the image lies online: no
+# metadata (the image is read from `image_dir`; a link is the same for no two images, so groups nothing).
+_READ_FIELDS = ("id", "file_name", "image_id", "dataset", "file")
+
+
+def _metadata_fields(entries: list[dict]) -> tuple[str, ...]:
+    """The further fields of the kept `images` entries, in the order they first appear: the images'
+    metadata. Left out: the fields the table reads, URL fields (`url`, `*_url`: `coco_url`,
+    `flickr_url`) and a field whose value is an object or a list in any entry (a metadata cell is one
+    value)."""
+    fields = dict.fromkeys(k for entry in entries for k in entry)
+    nested = {k for entry in entries for k, v in entry.items() if isinstance(v, (dict, list))}
+    return tuple(
+        k for k in fields if k and k not in _READ_FIELDS and k not in nested and k != "url" and not k.endswith("_url")
+    )
+
+
+def _cell(value) -> str:
+    """A metadata cell as the Parquet form gives it: text as it is, a number or true/false by Python's
+    `str` (`3`, `0.5`, `True`), a field the entry lacks or null empty."""
+    return "" if value is None else value if isinstance(value, str) else str(value)
 
 
 def _coco_images(path: Path, entries: list, dataset: str, problems: Problems) -> dict[str, list]:
