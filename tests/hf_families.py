@@ -11,12 +11,14 @@ Widths 32, one or two layers, images cut into 8-pixel patches: a batch runs in w
 from __future__ import annotations
 
 import json
+import string
 from pathlib import Path
 
 from tests.hf_tiny import (
     CHAT_TEMPLATE,
     CLIP_VISION,
     DETECTOR_LABELS,
+    TOWER,
     VISION,
     _save,
     _tokenizer,
@@ -412,9 +414,27 @@ def save_owlv2(folder: Path) -> Path:
     return _save(folder, lambda: _widened(t.Owlv2ForObjectDetection(config)), t.Owlv2Processor(images, tok))
 
 
-# SigLIP 2 is not here: its tokenizer class (Gemma's, lower-casing) takes over a tiny word-level
-# tokenizer saved with it, so a tiny build would need a Gemma-style tokenizer.
-ZERO_SHOT_FAMILIES = {"CLIP": save_clip, "SigLIP": save_siglip}
+# SigLIP 2's characters: lower-case (its tokenizer lower-cases), digits, the templates' punctuation.
+SIGLIP2_CHARS = ("\u2581", *string.ascii_lowercase, *string.digits, *".,?:'-")
+
+
+def save_siglip2(folder: Path) -> Path:
+    """A SigLIP 2 (NaFlex: each image cut into at most 256 patches of 16 pixels at its own aspect
+    ratio, the settings `Siglip2Processor` applies over its image processor's). AutoTokenizer loads a siglip2 checkpoint's tokenizer as `Siglip2Tokenizer` (Gemma's BPE
+    with lower-casing), whatever tokenizer.json holds, so the tiny one is a `Siglip2Tokenizer` itself,
+    over single characters (no merges)."""
+    import transformers as t
+
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"]
+    vocab = {piece: i for i, piece in enumerate(specials + list(SIGLIP2_CHARS))}
+    tok = t.Siglip2Tokenizer(vocab=vocab, merges=[], model_max_length=64)
+    vision = dict(TOWER, patch_size=16, num_patches=256)
+    config = t.Siglip2Config(text_config=text_config(tok, max_position_embeddings=64), vision_config=vision)
+    processor = t.Siglip2Processor(t.Siglip2ImageProcessorPil(patch_size=16, max_num_patches=256), tok)
+    return _save(folder, lambda: _widened(t.Siglip2Model(config)), processor)
+
+
+ZERO_SHOT_FAMILIES = {"CLIP": save_clip, "SigLIP": save_siglip, "SigLIP2": save_siglip2}
 
 
 def save_rt_detr(folder: Path) -> Path:

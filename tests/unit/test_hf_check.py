@@ -47,6 +47,7 @@ def test_a_model_that_loads_has_no_problem(tmp_path, smolvlm):
     assert check(model("hf-captioner", path=hf_tiny.save_captioner(tmp_path / "c"))) == []
     assert check(model("hf-detector", path=hf_tiny.save_detector(tmp_path / "d"))) == []
     assert check(model("hf-zero-shot", path=hf_tiny.save_clip(tmp_path / "z"))) == []
+    assert check(model("hf-zero-shot", path=hf_families.save_siglip2(tmp_path / "s2"))) == []
 
 
 def test_a_missing_package_is_named_with_its_pip_line(monkeypatch, smolvlm):

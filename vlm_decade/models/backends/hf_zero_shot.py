@@ -1,5 +1,6 @@
-"""The `hf-zero-shot` backend: CLIP and SigLIP as closed-world zero-shot classifiers (Study B's
-baselines), through transformers' `AutoModel` and `AutoProcessor`.
+"""The `hf-zero-shot` backend: CLIP, SigLIP and SigLIP 2 as closed-world zero-shot classifiers
+(Study B's baselines), through transformers' `AutoModel` and `AutoProcessor`. SigLIP 2's NaFlex
+processor also returns each image's patch mask and grid, which go to the model with its pixels.
 
 Each stimulus brings its dataset's class names (`Stimulus.classes`); the answer is the class whose
 text embedding is closest (cosine) to the image's, written exactly as in the list. The prompt is
