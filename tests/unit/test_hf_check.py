@@ -109,6 +109,31 @@ def test_remote_code_needs_trust_and_a_pinned_revision(tmp_path):
         assert "InternVL3-2B-hf" in problem.message
 
 
+def test_remote_code_that_keeps_the_contract_loads_with_trust_and_a_revision(tmp_path):
+    from tests.hf_remote import save_remote_code_vlm
+
+    folder = save_remote_code_vlm(tmp_path / "m")
+    pinned = {"trust_remote_code": True, "revision": "0123456789abcdef0123456789abcdef01234567"}
+    assert check(model(path=folder, options=pinned)) == []
+    for options in ({}, {"trust_remote_code": True}, {"revision": "abc123"}):
+        (problem,) = check(model(path=folder, options=options))
+        assert "runs its own code" in problem.message and problem.field == "path"
+
+
+def test_remote_code_driven_by_its_own_chat_is_refused_naming_the_native_form(tmp_path):
+    """InternVL2's code answers through model.chat (no AutoModelForImageTextToText in its auto_map):
+    even trusted at a pinned revision, hf-vlm cannot drive it, and validate names InternVL-hf."""
+    from tests.hf_remote import REMOTE_CHAT_AUTO_MAP
+
+    folder = saved_config(tmp_path / "m", {"model_type": "internvl_chat", "auto_map": REMOTE_CHAT_AUTO_MAP})
+    (problem,) = check(model(path=folder, options={"trust_remote_code": True, "revision": "abc123"}))
+    assert "has no AutoModelForImageTextToText" in problem.message and "model.chat" in problem.message
+    assert "InternVL3-8B-hf" in problem.message
+    folder = saved_config(tmp_path / "p", {"model_type": "phi3_v", "auto_map": REMOTE_CHAT_AUTO_MAP})
+    (problem,) = check(model(path=folder, options={"trust_remote_code": True, "revision": "abc123"}))
+    assert "Phi-3.5-vision through an endpoint" in problem.message
+
+
 def test_validate_exits_2_naming_the_model_and_its_field(tmp_path):
     from PIL import Image
 

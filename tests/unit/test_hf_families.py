@@ -84,3 +84,20 @@ def test_sentence_encoder_pooling_embeds_alike_in_a_batch_and_alone(pooling, fam
 def test_vlm_family_answers_alike_in_a_batch_and_alone(family, family_root):
     folder = VLM_FAMILIES[family](family_root / family)
     answers_alike(load("hf-vlm", family, folder, max_new_tokens=6), stimuli())
+
+
+PINNED = {"trust_remote_code": True, "revision": "0123456789abcdef0123456789abcdef01234567"}
+
+
+def test_a_remote_code_vlm_loads_its_own_code_and_answers_as_its_native_twin(family_root):
+    """A checkpoint whose classes are in its own folder (a tiny LLaVA under another model type) loads
+    with trust_remote_code at a pinned revision, through the folder's code, and answers as the same
+    weights do through transformers' own LLaVA."""
+    from tests.hf_remote import save_remote_code_vlm
+    from tests.hf_tiny import save_vlm
+
+    remote = load("hf-vlm", "remote", save_remote_code_vlm(family_root / "remote-code"), max_new_tokens=6, **PINNED)
+    assert type(remote.net).__module__.startswith("transformers_modules.")
+    assert type(remote.processor).__name__ == "TinyRemoteProcessor"
+    native = load("hf-vlm", "native", save_vlm(family_root / "remote-code-native"), max_new_tokens=6)
+    assert answers_alike(remote, stimuli()) == [d.text for d in native.describe(stimuli())]

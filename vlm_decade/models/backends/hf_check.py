@@ -7,7 +7,9 @@ would fail in the workers.
 - a hub id that is neither a local folder nor in the local cache while the hub cannot be reached
   (offline mode, or a connection that fails within seconds), instead of a run's first batch;
 - a checkpoint that ships its own code (`auto_map` in its config) without both an explicit
-  `trust_remote_code: true` and a pinned `revision`, naming transformers' own form where one exists.
+  `trust_remote_code: true` and a pinned `revision`, or whose code has no class of the kind the
+  backend loads (InternVL2 and MiniCPM-V answer through their own `chat` method, not the processor +
+  `generate` contract), naming transformers' own form or an endpoint where there is one.
 
 Every problem names the model and the field it comes from (`path` or `model_id`, or an option).
 """
@@ -23,11 +25,14 @@ from urllib.parse import urlparse
 from vlm_decade.core.config import ModelConfig
 from vlm_decade.core.errors import STUDY_FILE, Problem, error_text
 
-# model_type of a remote-code checkpoint -> the checkpoints transformers runs natively instead.
+# model_type of a remote-code checkpoint -> what runs it instead: transformers' own form of the
+# family where there is one, else an endpoint.
 NATIVE = {
     "internvl_chat": "transformers' own InternVL checkpoints, e.g. OpenGVLab/InternVL3-2B-hf or InternVL3-8B-hf",
     "llava_qwen": "llava-hf/llava-onevision-qwen2-7b-ov-hf",
-    "phi3_v": "microsoft/Phi-4-multimodal-instruct, or Phi-3.5-vision through an endpoint (vLLM / SGLang)",
+    "minicpmv": "a MiniCPM-V checkpoint in transformers' own form (model type minicpmv4_6), or an endpoint (vLLM)",
+    "phi3_v": "Phi-3.5-vision through an endpoint (vLLM / SGLang) and the openai backend",
+    "molmo": "Molmo through an endpoint (vLLM) and the openai backend",
 }
 # What to install for an ImportError whose message names a package.
 PIP = {
@@ -89,14 +94,30 @@ def load_problems(cls, model: ModelConfig, options: dict[str, Any], source: str,
         except (OSError, ValueError) as exc:
             return [f"{name}: {source} has no readable config.json on the hub: {error_text(exc)}"]
         local_only = False
-    if "auto_map" in raw and not ("trust_remote_code" in hub and "revision" in hub):
-        native = NATIVE.get(raw.get("model_type", ""))
-        return [
-            f"{name}: {source} runs its own code (auto_map in its config); set both trust_remote_code: true and "
-            "revision: COMMIT in its options to load it at a commit you have read"
-            + (f", or use {native}." if native else ".")
-        ]
+    if "auto_map" in raw:
+        problem = _remote_code_problem(cls, name, source, raw, hub)
+        if problem:
+            return [problem]
     return _build_problems(cls, name, options, source, {**hub, "local_files_only": local_only})
+
+
+def _remote_code_problem(cls, name: str, source: str, raw: dict[str, Any], hub: dict[str, Any]) -> str | None:
+    """Why a checkpoint that ships its own code (`raw`'s auto_map) will not load through `cls`, or None."""
+    native = NATIVE.get(raw.get("model_type", ""))
+    instead = f", or use {native}." if native else "."
+    if not ("trust_remote_code" in hub and "revision" in hub):
+        return (
+            f"{name}: {source} runs its own code (auto_map in its config); set both trust_remote_code: true and "
+            "revision: COMMIT in its options to load it at a commit you have read" + instead
+        )
+    auto_class = getattr(cls, "auto_class", None)
+    if auto_class is None or auto_class in raw["auto_map"]:
+        return None
+    return (
+        f"{name}: {source}'s own code has no {auto_class} (its auto_map names {', '.join(raw['auto_map'])}): it "
+        f"answers through its own API (such as model.chat), which {cls.__name__} does not drive"
+        + (f"; use {native}." if native else "; serve it through an endpoint (vLLM / SGLang) and the openai backend.")
+    )
 
 
 def _build_problems(cls, name: str, options: dict[str, Any], source: str, hub: dict[str, Any]) -> list[str]:

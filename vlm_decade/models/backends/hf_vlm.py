@@ -8,6 +8,10 @@ Each row is one user turn: its image, then its prompt. Rows of a batch are left-
 decoder-only language models: right padding would put pad tokens between the prompt and the
 answer), so a batch gives the same answers as the rows one by one.
 
+A checkpoint that ships its own code loads with `trust_remote_code` at a pinned `revision` when that
+code keeps the same contract (an AutoModelForImageTextToText class in its `auto_map`, a processor with
+a chat template, `generate`); validate refuses one that answers through its own `chat` method.
+
 Several families' processors carry a video processor, which transformers builds only with
 torchvision; the CPU torch of the set-up has no torchvision that fits it. Such a processor is
 built without its video part (`load_processor`): images need none of it.
@@ -64,20 +68,22 @@ class HFVLM(HFBackend):
     Qwen2-VL's `max_pixels`), `revision` and `trust_remote_code`."""
 
     Options = GenerationOptions
+    # The class a checkpoint's own code must provide (its auto_map) for this backend to load it.
+    auto_class = "AutoModelForImageTextToText"
 
     @classmethod
     def processors(cls, source: str, options: dict, **hub):
         return load_processor(source, **options["processor"], **hub)
 
     def _load(self, source: str, **kwargs):
-        from transformers import AutoModelForImageTextToText
+        import transformers
 
         self.processor = self.processors(source, self.options, **self.hub)
         self.processor.tokenizer.padding_side = "left"
         self.generation = generation_kwargs(self.options)
         if self.processor.tokenizer.pad_token_id is None:
             self.generation.setdefault("pad_token_id", self.processor.tokenizer.eos_token_id)
-        return AutoModelForImageTextToText.from_pretrained(source, **kwargs)
+        return getattr(transformers, self.auto_class).from_pretrained(source, **kwargs)
 
     def chat_text(self, prompt: str) -> str:
         """The text for one user turn holding an image and `prompt`: the chat template's, or the
