@@ -11,10 +11,116 @@ and field, never a traceback.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
+
+from vlm_decade.core.errors import STUDY_FILE, InputError, Problem
+
+EXPERIMENT_HELP = "describe (free descriptions), rank (choose the best description) or rate (similarity to the gold)."
+
+
+def _experiment(name: str) -> str:
+    if name not in ("describe", "rank", "rate"):
+        raise InputError(
+            [Problem("command line", f"unknown experiment '{name}': describe, rank or rate", field="EXPERIMENT")]
+        )
+    return name
+
+
+def _study_a(study_file: Path):
+    """The Study A config of `study_file`; another study is refused."""
+    from vlm_decade.studies import load_study
+
+    study = load_study(study_file)
+    if study.study != "decade":
+        raise InputError([Problem(STUDY_FILE, "human experiments are Study A's (study: decade)", field="study")])
+    return study
+
+
+def _default_folder(study_file: Path, experiment: str) -> Path:
+    """Where an experiment's folder lies by default: `human/<experiment>/` beside the study file."""
+    return study_file.parent / "human" / experiment
+
+
+def design(
+    study_file: Path = typer.Argument(..., help="The Study A study file whose images (and descriptions) to use."),
+    experiment: str = typer.Argument(..., help=EXPERIMENT_HELP),
+    out: Path | None = typer.Option(
+        None, "--out", help="The experiment folder (default: human/<experiment>/ beside the study file)."
+    ),
+    seed: int = typer.Option(0, "--seed", help="The seed every random choice of the design is drawn from."),
+    per_image: int = typer.Option(20, "--per-image", help="describe: descriptions of each image (and of each mask)."),
+    per_participant: int = typer.Option(50, "--per-participant", help="describe: images a participant describes."),
+    masks: bool = typer.Option(False, "--masks", help="describe: the study's masks as further conditions."),
+    shown: int = typer.Option(5, "--shown", help="rank: the image's own descriptions a trial shows."),
+    distractors: int = typer.Option(2, "--distractors", help="rank: descriptions of other images a trial shows."),
+    splits: int | None = typer.Option(
+        None, "--splits", help="rank: groups of an image's descriptions a participant sees (default: all of them)."
+    ),
+    participants: int = typer.Option(50, "--participants", help="rank: participants."),
+    raters: int = typer.Option(16, "--raters", help="rate: raters."),
+    per_rater: int | None = typer.Option(None, "--per-rater", help="rate: pairs a rater rates (default: all)."),
+    run_folder: Path | None = typer.Option(
+        None, "--run", help="rate: the finished run whose responses are rated (default: the study's output)."
+    ),
+    attention: float = typer.Option(
+        0.05, "--attention", help="Attention checks, as a share of each participant's trials."
+    ),
+) -> None:
+    """Design an experiment and write its folder: design.csv, texts.csv, images/, experiment.json."""
+    from vlm_decade.studies.decade.human.design import study_design, study_images, write_experiment
+
+    experiment = _experiment(experiment)
+    study = _study_a(study_file)
+    counts = {
+        "describe": {"per_image": per_image, "per_participant": per_participant, "masks": masks},
+        "rank": {"shown": shown, "distractors": distractors, "splits": splits, "participants": participants},
+        "rate": {"raters": raters, "per_rater": per_rater},
+    }[experiment]
+    try:
+        built = study_design(study, experiment, {**counts, "attention_rate": attention}, seed, run_folder)
+    except ValueError as exc:
+        raise InputError([Problem("command line", str(exc))]) from None
+    folder = out or _default_folder(study_file, experiment)
+    _, files = study_images(study)
+    meta = write_experiment(built, files, folder, seed)
+    c = meta["counts"]
+    print(
+        f"{folder}: {c['participants']} participants, {c['trials']} trials ({c['attention']} attention checks), "
+        f"{c['images']} images; experiment {meta['experiment_id']}, completion code {meta['completion_code']}"
+    )
+
+
+def serve(
+    folder: Path = typer.Argument(..., help="The experiment folder (written by `vlm-decade human design`)."),
+    port: int = typer.Option(8766, "--port", help="Port to listen on (0: any free port).", min=0, max=65535),
+) -> None:
+    """Run the experiment on 127.0.0.1 for lab sessions, saving each participant's trials in
+    data/<participant>.json as they arrive."""
+    from vlm_decade.studies.decade.human.serve import create_app
+    from vlm_decade.studies.decade.human.serve import serve as run_app
+    from vlm_decade.view.app import bind
+
+    app = create_app(folder)
+    try:
+        sock = bind("127.0.0.1", port)
+    except OSError as exc:
+        raise InputError(
+            [Problem("command line", f"cannot listen on port {port}: {exc.strerror or exc}", field="--port")]
+        ) from None
+    bound = sock.getsockname()[1]
+    # The one line on stdout: the address (tests read the port from it); progress goes to stderr.
+    print(f"vlm-decade human serve: http://127.0.0.1:{bound}/?participant=ID ({folder}); Ctrl-C to stop", flush=True)
+    try:
+        run_app(app, sock)
+    except KeyboardInterrupt:
+        pass
 
 
 def commands(app_type: type[typer.Typer]) -> typer.Typer:
     """The `human` group, as an `app_type` (the command line's, whose commands run in its handler)."""
     human = app_type(no_args_is_help=True, help="Design, serve, import and plan the human experiments of Study A.")
+    human.command("serve")(serve)
+    human.command("design")(design)
     return human
