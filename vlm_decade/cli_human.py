@@ -118,9 +118,46 @@ def serve(
         pass
 
 
+def import_(
+    study_file: Path = typer.Argument(..., help="The Study A study file whose images the data must name."),
+    experiment: str = typer.Argument(..., help=EXPERIMENT_HELP),
+    data: list[Path] = typer.Argument(
+        None, help="jsPsych's JSON or CSV files, JATOS exports, or folders of them (default: the experiment's data/)."
+    ),
+    folder: Path | None = typer.Option(
+        None, "--experiment", help="The experiment folder (default: human/<experiment>/ beside the study file)."
+    ),
+    out: Path | None = typer.Option(None, "--out", help="Where the tables go (default: the experiment folder)."),
+    attention_failures: int = typer.Option(
+        0, "--max-attention-failures", help="Exclude a participant failing more attention checks than this."
+    ),
+    distractor_rate: float = typer.Option(
+        0.2,
+        "--max-distractor-rate",
+        help="rank: exclude a participant choosing distractors in more than this share of trials.",
+    ),
+    median_rt_ms: float = typer.Option(
+        1000.0, "--min-median-rt", help="Exclude a participant whose median response time (ms) is under this."
+    ),
+    keep_unfinished: bool = typer.Option(False, "--keep-unfinished", help="Keep sessions with no end record."),
+) -> None:
+    """Turn the data jsPsych saved into the study's descriptions, votes or ratings table, and participants.csv."""
+    from vlm_decade.studies.decade.human.importing import Exclusions, import_experiment
+
+    experiment = _experiment(experiment)
+    study = _study_a(study_file)
+    folder = folder or _default_folder(study_file, experiment)
+    rules = Exclusions(attention_failures, distractor_rate, median_rt_ms, not keep_unfinished)
+    written = import_experiment(study, folder, list(data or [folder / "data"]), rules, out or folder)
+    field = {"describe": "data.descriptions", "rank": "data.votes", "rate": "data.ratings"}[experiment]
+    print(f"{experiment}: {written[experiment]} (name it as {field} in the study file)")
+    print(f"participants: {written['participants']}")
+
+
 def commands(app_type: type[typer.Typer]) -> typer.Typer:
     """The `human` group, as an `app_type` (the command line's, whose commands run in its handler)."""
     human = app_type(no_args_is_help=True, help="Design, serve, import and plan the human experiments of Study A.")
     human.command("serve")(serve)
     human.command("design")(design)
+    human.command("import")(import_)
     return human

@@ -277,7 +277,8 @@ def rate_design(
     return Design("rate", rows, {}, parameters)
 
 
-def _csv_bytes(columns: Sequence[str], rows: list[dict]) -> bytes:
+def csv_bytes(columns: Sequence[str], rows: list[dict]) -> bytes:
+    """`rows` as CSV text: every cell as text, quoted as the study's tables are read (docs/data-format.md)."""
     table = pa.table({c: pa.array([str(r[c]) for r in rows], pa.string()) for c in columns})
     sink = pa.BufferOutputStream()
     pacsv.write_csv(table, sink, pacsv.WriteOptions(quoting_style="needed"))
@@ -298,7 +299,7 @@ def write_experiment(design: Design, images: Mapping[str, Path], out: Path, seed
         raise InputError([Problem(str(out), f"no image file for image_id {missing[0]!r}", field="image_id")])
     for row in design.rows:
         row["image"] = f"{row['image_id']}{images[row['image_id']].suffix.lower()}"
-    table = _csv_bytes(DESIGN_COLUMNS, design.rows)
+    table = csv_bytes(DESIGN_COLUMNS, design.rows)
     for image in used:
         with (
             atomic_file(out / "images" / f"{image}{images[image].suffix.lower()}") as fh,
@@ -307,7 +308,7 @@ def write_experiment(design: Design, images: Mapping[str, Path], out: Path, seed
             shutil.copyfileobj(src, fh)
     atomic_write_bytes(out / "design.csv", table)
     texts = [{"description_id": k, "text": v} for k, v in design.texts.items()]
-    atomic_write_bytes(out / "texts.csv", _csv_bytes(("description_id", "text"), texts))
+    atomic_write_bytes(out / "texts.csv", csv_bytes(("description_id", "text"), texts))
     ident = experiment_id(table)
     meta = {
         "experiment": design.experiment,
