@@ -154,10 +154,96 @@ def import_(
     print(f"participants: {written['participants']}")
 
 
+def plan(
+    study_file: Path = typer.Argument(..., help="The Study A study file whose pilot votes and ratings to read."),
+    votes: Path | None = typer.Option(None, "--votes", help="Pilot votes (default: the study's data.votes)."),
+    ratings: Path | None = typer.Option(None, "--ratings", help="Pilot ratings (default: the study's data.ratings)."),
+    rate: float = typer.Option(0.9, "--rate", help="The gold standard's stability to reach (share of resamples)."),
+    half_width: float = typer.Option(0.25, "--half-width", help="The rating CI half-width to reach (scale units)."),
+    sizes: str = typer.Option("5,10,20,30,50,75,100", "--sizes", help="Participant counts to try, comma-separated."),
+    n_resamples: int = typer.Option(1000, "--resamples", help="Resamples per participant count."),
+    seed: int = typer.Option(0, "--seed", help="The seed the resamples are drawn from."),
+) -> None:
+    """From pilot data: gold stability, Krippendorff's alpha, and the participants a study needs."""
+    from rich.table import Table
+
+    from vlm_decade.core.progress import console
+    from vlm_decade.studies.decade.human.reliability import gold_stability, needed, ratings_alpha
+    from vlm_decade.studies.decade.human.reliability import plan as planned
+
+    study = _study_a(study_file)
+    try:
+        counts = sorted({int(s) for s in sizes.split(",") if s.strip()})
+    except ValueError:
+        counts = []
+    if not counts or counts[0] < 1:
+        raise InputError(
+            [Problem("command line", f"--sizes '{sizes}': positive whole numbers, comma-separated", field="--sizes")]
+        )
+    data, rated = _pilot(study, votes or study.data.votes, ratings or study.data.ratings)
+    rows = planned(data, rated, counts, n_resamples=n_resamples, seed=seed, ranking_seed=study.ranking.seed)
+    view = Table(title="participants needed (resampling the pilot's participants)")
+    for column in ("participants", "gold stability", "rating CI half-width"):
+        view.add_column(column, justify="right")
+    for r in rows:
+        stable = "" if r.gold_stability is None else f"{r.gold_stability:.3f}"
+        width = "" if r.rating_half_width is None else f"{r.rating_half_width:.3f}"
+        view.add_row(str(r.participants), stable, width)
+    console().print(view)
+    gold_n, width_n = needed(rows, rate, half_width)
+    if data is not None:
+        shares = gold_stability(data, n_resamples, seed, study.ranking.seed)
+        print(
+            f"pilot: {len(data.raters)} ranking participants; gold stability {sum(shares.values()) / len(shares):.3f} "
+            f"(lowest image {min(shares.values()):.3f}); >= {rate:g} needs {gold_n or f'more than {counts[-1]}'}"
+        )
+    if rated:
+        print(
+            f"pilot: {len({r['rater_id'] for r in rated})} raters; Krippendorff's alpha (interval) "
+            f"{ratings_alpha(rated):.3f}; CI half-width <= {half_width:g} needs {width_n or f'more than {counts[-1]}'}"
+        )
+
+
+def _pilot(study, votes: Path | None, ratings: Path | None):
+    """The pilot's vote matrices and ratings rows, read and checked as the study reads them."""
+    from vlm_decade.core.errors import Problems
+    from vlm_decade.core.tables import read_table
+    from vlm_decade.studies.decade.data import VOTE_COLUMNS
+    from vlm_decade.studies.decade.human.design import study_images
+    from vlm_decade.studies.decade.human.reliability import vote_matrices
+    from vlm_decade.studies.decade.metric_validation import load_ratings
+
+    if votes is None and ratings is None:
+        raise InputError(
+            [Problem(STUDY_FILE, "no pilot data: give --votes or --ratings (or data.votes / data.ratings)")]
+        )
+    images = set(study_images(study)[0])
+    data = rated = None
+    if votes is not None:
+        problems = Problems()
+        table = read_table(Path(votes), VOTE_COLUMNS, problems, lists=("shown",))
+        problems.raise_if_any()
+        own = {}
+        for row in _full_descriptions(study):
+            own.setdefault(row["image_id"], []).append(row["description_id"])
+        data = vote_matrices(table.columns.to_pylist(), own)
+    if ratings is not None:
+        rated = load_ratings(ratings, [m.name for m in study.models], images).to_pylist()
+    return data, rated
+
+
+def _full_descriptions(study) -> list[dict]:
+    from vlm_decade.studies.decade.data import load_study_data
+
+    refs = load_study_data(study.data.model_copy(update={"votes": None}), study.ranking, study.masks).references
+    return [r for r in refs.select(["image_id", "description_id", "condition"]).to_pylist() if r["condition"] == "full"]
+
+
 def commands(app_type: type[typer.Typer]) -> typer.Typer:
     """The `human` group, as an `app_type` (the command line's, whose commands run in its handler)."""
     human = app_type(no_args_is_help=True, help="Design, serve, import and plan the human experiments of Study A.")
     human.command("serve")(serve)
     human.command("design")(design)
     human.command("import")(import_)
+    human.command("plan")(plan)
     return human

@@ -241,3 +241,24 @@ def test_the_command(study_dir, ranked):
         app, ["human", "import", str(study_dir / "study.yaml"), "rank", str(study_dir / "nothing.json")]
     )
     assert bad.exit_code == 2 and "Traceback" not in bad.output
+
+
+def test_the_plan_command(study_dir, ranked):
+    _, folder, _ = ranked
+    study = load_study(study_dir / "study.yaml")
+    votes = import_experiment(study, folder, [folder / "data", study_dir / "bob.csv"], Exclusions(), folder)["rank"]
+    args = [
+        "human",
+        "plan",
+        str(study_dir / "study.yaml"),
+        "--votes",
+        str(votes),
+        "--sizes",
+        "2,4",
+        "--resamples",
+        "200",
+    ]
+    run = CliRunner().invoke(app, args)
+    assert run.exit_code == 0, run.output
+    assert "pilot: 2 ranking participants" in run.output
+    assert CliRunner().invoke(app, ["human", "plan", str(study_dir / "study.yaml")]).exit_code == 2  # no pilot data
