@@ -1,0 +1,194 @@
+"""The human experiments as a participant does them: `vlm-decade human serve` on a hand-written
+experiment folder of each kind (tests/unit/human_folder.py: two trials and an attention check per
+participant), walked in a real headless Chromium through the instructions and the example, typing
+descriptions, clicking choices and moving sliders, reloaded mid-way (it goes on at the next trial,
+not from the start) to the completion code. Then data/<participant>.json holds exactly the trials
+done, once each, with what was typed, clicked and set.
+
+Chromium and chromedriver come from the system, as for the view's browser tests.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from ..unit.human_folder import TEXTS, write_folder
+from .conftest import BIN, cli_env
+from .test_view_browser import browser, screenshot, wait_for  # noqa: F401 (browser: the fixture)
+
+pytestmark = pytest.mark.e2e
+
+
+class Served:
+    """`vlm-decade human serve FOLDER --port 0` in a subprocess; `url` from the line it prints."""
+
+    def __init__(self, folder: Path):
+        self.log = tempfile.TemporaryFile("w+")
+        self.process = subprocess.Popen(
+            [str(BIN / "vlm-decade"), "human", "serve", str(folder), "--port", "0"],
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+            env=cli_env(),
+        )
+        line = self.process.stdout.readline()
+        found = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
+        if not found:
+            self.stop()
+            raise AssertionError(f"no address printed: {line!r}")
+        self.url = f"http://127.0.0.1:{found.group(1)}/"
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=10)
+        self.process.stdout.close()
+        self.log.close()
+
+
+@pytest.fixture
+def served(tmp_path):
+    servers = []
+
+    def serve(experiment: str) -> tuple[Path, Served]:
+        folder = write_folder(tmp_path / experiment, experiment)
+        servers.append(Served(folder))
+        return folder, servers[-1]
+
+    yield serve
+    for server in servers:
+        server.stop()
+
+
+def _css(driver, selector: str):
+    from selenium.webdriver.common.by import By
+
+    return driver.find_elements(By.CSS_SELECTOR, selector)
+
+
+def _click(driver, selector: str) -> None:
+    wait_for(driver, lambda d: _css(d, selector) and _css(d, selector)[0].is_enabled(), selector)
+    _css(driver, selector)[0].click()
+
+
+def _instructions(driver, pages: int = 3) -> None:
+    for _ in range(pages):
+        _click(driver, "#jspsych-instructions-next")
+
+
+def _records(folder: Path, participant: str) -> list[dict]:
+    path = folder / "data" / f"{participant}.json"
+    return json.loads(path.read_text()) if path.is_file() else []
+
+
+def _wait_saved(folder: Path, participant: str, kind: str, count: int) -> list[dict]:
+    """The participant's records once the server holds `count` of `kind`."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        records = _records(folder, participant)
+        if sum(r.get("vd_kind") == kind for r in records) >= count:
+            return records
+        time.sleep(0.1)
+    raise AssertionError(f"the server holds no {count} '{kind}' records: {_records(folder, participant)}")
+
+
+def _design_trials(records: list[dict]) -> dict[int, dict]:
+    trials = [r for r in records if r["vd_kind"] in ("describe", "rank", "rate", "attention")]
+    assert len({r["vd_trial"] for r in trials}) == len(trials)  # each trial once
+    return {r["vd_trial"]: r for r in trials}
+
+
+def _finished(driver, folder: Path, participant: str) -> list[dict]:
+    code = wait_for(driver, lambda d: _css(d, "#vd-completion-code"), "the completion code")[0].text
+    assert code == "VD-TEST1234"
+    records = _wait_saved(folder, participant, "end", 1)
+    assert [r["completion_code"] for r in records if r["vd_kind"] == "end"] == ["VD-TEST1234"]
+    assert {r["vd_participant"] for r in records} == {participant}
+    assert {r["vd_experiment"] for r in records} == {
+        json.loads((folder / "experiment.json").read_text())["experiment_id"]
+    }
+    return records
+
+
+def test_rank_clicked_choices_saved_once_across_a_reload(browser, served, tmp_path):  # noqa: F811
+    folder, server = served("rank")
+    browser.get(server.url + "?PROLIFIC_PID=alice&p=p002")
+    _instructions(browser)
+    screenshot(browser, tmp_path / "rank-example.png")
+    _click(browser, ".vd-option")  # the example
+    _click(browser, "#jspsych-html-button-response-btngroup button")  # Start
+    clicks = {}
+    # Trial 1 (dog): the second option as shown, whatever it is; then reload.
+    shown = [b.get_attribute("data-option") for b in _css(browser, ".vd-option")]
+    assert shown == ["dog-2", "boat-1", "dog-1"]
+    assert [b.text for b in _css(browser, ".vd-option")] == [TEXTS[o] for o in shown]
+    _css(browser, ".vd-option")[1].click()
+    clicks[1] = "boat-1"
+    _wait_saved(folder, "alice", "rank", 1)
+    browser.refresh()
+    # Back at trial 2, not at the instructions.
+    wait_for(browser, lambda d: _css(d, ".vd-option"), "trial 2 after the reload")
+    assert not _css(browser, "#jspsych-instructions-next")
+    assert [b.get_attribute("data-option") for b in _css(browser, ".vd-option")] == ["kite-1", "dog-1", "kite-2"]
+    _css(browser, ".vd-option")[2].click()
+    clicks[2] = "kite-2"
+    wait_for(browser, lambda d: "check-2" in [b.get_attribute("data-option") for b in _css(d, ".vd-option")], "3")
+    [check] = [b for b in _css(browser, ".vd-option") if b.get_attribute("data-option") == "check-2"]
+    check.click()
+    clicks[3] = "check-2"
+    records = _finished(browser, folder, "alice")
+    trials = _design_trials(records)
+    assert {t: r["chosen"] for t, r in trials.items()} == clicks
+    assert {r["vd_design_participant"] for r in records} == {"p002"}
+    assert trials[3]["attention_passed"] is True and trials[3]["vd_kind"] == "attention"
+    assert trials[1]["options"] == ["dog-2", "boat-1", "dog-1"] and trials[1]["image_id"] == "dog"
+    assert sum(r["vd_kind"] == "example" for r in records) == 1
+
+
+def test_describe_typed_texts_saved(browser, served, tmp_path):  # noqa: F811
+    folder, server = served("describe")
+    browser.get(server.url + "?participant=bob&p=p001")
+    _instructions(browser)
+    typed = {0: "An example.", 1: "A red square on white.", 2: "I see a lantern and grass.", 3: "Green, half covered."}
+    for step in range(4):
+        if step == 1:
+            _click(browser, "#jspsych-html-button-response-btngroup button")  # Start, after the example
+        wait_for(browser, lambda d: _css(d, "#input-0"), f"the text box of step {step}")
+        if step == 2:
+            assert "lantern" in browser.find_element("css selector", ".vd-check").text
+            screenshot(browser, tmp_path / "describe-attention.png")
+        _css(browser, "#input-0")[0].send_keys(typed[step])
+        _click(browser, "#jspsych-survey-text-next")
+    trials = _design_trials(_finished(browser, folder, "bob"))
+    assert {t: r["text"] for t, r in trials.items()} == {1: typed[1], 2: typed[2], 3: typed[3]}
+    assert trials[3]["condition"] == "mask-1" and trials[2]["attention_passed"] is True
+
+
+def test_rate_slider_values_saved(browser, served, tmp_path):  # noqa: F811
+    from selenium.webdriver.common.keys import Keys
+
+    folder, server = served("rate")
+    browser.get(server.url + "?workerId=carol")
+    _instructions(browser)
+    moves = {0: 1, 1: 3, 2: 1, 3: 2}  # steps right of the scale's minimum, 1
+    for step in range(4):
+        if step == 1:
+            _click(browser, "#jspsych-html-button-response-btngroup button")
+        slider = wait_for(browser, lambda d: _css(d, "#jspsych-html-slider-response-response"), "the slider")[0]
+        for _ in range(moves[step]):
+            slider.send_keys(Keys.ARROW_RIGHT)
+        if step == 1:
+            screenshot(browser, tmp_path / "rate.png")
+        _click(browser, "#jspsych-html-slider-response-next")
+    records = _finished(browser, folder, "carol")
+    trials = _design_trials(records)
+    assert {t: r["rating"] for t, r in trials.items()} == {1: 4, 2: 2, 3: 3}
+    assert trials[1]["subject"] == "m1" and trials[3]["attention_passed"] is False  # asked for 5, set 3
+    # No p= in the address: the server gave carol the first design participant.
+    assert {r["vd_design_participant"] for r in records} == {"p001"}
