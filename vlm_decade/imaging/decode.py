@@ -90,8 +90,8 @@ class Decoded:
 
 def load_rgb(path: str | Path, background: str | None = WHITE) -> tuple[np.ndarray, str]:
     """(H x W x 3 uint8 RGB pixels, upright by the EXIF orientation, transparent pixels composited
-    onto `background` (#rrggbb); the file's own Pillow mode) of a local file or an object-storage URI
-    (`vlm_decade.core.storage`)."""
+    onto `background` (#rrggbb); the file's own Pillow mode) of a local file, an object-storage URI
+    or an image in a shard (`vlm_decade.core.storage`)."""
     decoded = load_image(path, background)
     return decoded.rgb, decoded.mode
 
@@ -101,7 +101,7 @@ def load_image(path: str | Path, background: str | None = WHITE) -> Decoded:
     problem = storage.file_problem(path)
     if problem is not None:
         raise ImageDecodeError(f"image file {problem}: {path}")
-    if not storage.is_uri(path):
+    if not storage.is_uri(path) and storage.member(path) is None:  # a shard's member is read by its range
         return decode_image(path, path, background)
     try:
         data = storage.read_bytes(path)

@@ -194,9 +194,13 @@ class ImageCache:
             advance(1)
         kept = [(key, result) for key, result in zip(keys, results) if key is not None and not isinstance(result, str)]
         columns = [[key[j] for key, _ in kept] for j in range(3)] + [[r[j] for _, r in kept] for j in range(5)]
-        self._found.append(pa.table(columns, schema=CACHE_SCHEMA))
+        self.add(pa.table(columns, schema=CACHE_SCHEMA))
         self.seconds += time.monotonic() - start
         return results
+
+    def add(self, found: pa.Table) -> None:
+        """Keep what a check found (CACHE_SCHEMA rows), for `found` and `save`."""
+        self._found.append(found)
 
     def _known(self, keys: list[tuple[str, int, int] | None]) -> list[Found | None]:
         """What the cache knows of each key (None: nothing, or no key)."""
@@ -253,25 +257,11 @@ def check_images(
     the study's `data.background`. `limit` (a smoke run's, `run --limit`): only the images the run
     takes, the first `limit` of each dataset in image_id order (`core.smoke`), are read; the other
     rows are checked as rows (ids, blanks, repeats) and come back unread, for the run to leave out."""
-    blank = {c: table.blank(c) for c in IMAGE_COLUMNS}
-    present = ~np.logical_or.reduce(list(blank.values()))
+    keep = checked_rows(table, IMAGE_COLUMNS, problems)
     ids = table.text("image_id")
-    first = first_rows(pa.table({"image_id": ids}), present)
-    duplicate = present & (first < np.arange(len(table)))
-    numbers = table.numbers.to_numpy()
-    for i in np.flatnonzero(~present | duplicate):
-        if duplicate[i]:
-            image_id = ids[i].as_py()
-            message = f"duplicate image_id '{image_id}' (first at row {numbers[first[i]]})"
-            problems.add(table.file, message, row=int(numbers[i]), field="image_id")
-            continue
-        for column in IMAGE_COLUMNS:
-            if blank[column][i]:
-                problems.add(table.file, f"'{column}' is empty", row=int(numbers[i]), field=column)
-    keep = pa.array(present & ~duplicate)
     files, rows = table.text("file").filter(keep), table.numbers.filter(keep)
     images = {"image_id": ids.filter(keep), "row": rows, "dataset": table.text("dataset").filter(keep)}
-    taken = _taken(images["image_id"], images["dataset"], limit)
+    taken = taken_images(images["image_id"], images["dataset"], limit)
     if not len(table):
         problems.add(table.file, "has no images")
     folder = storage.is_folder(image_dir)
@@ -303,7 +293,28 @@ def check_images(
     return pa.table(images | {c: found.column(c) for c in found.column_names}, schema=CHECKED_SCHEMA)
 
 
-def _taken(image_ids: pa.Array, datasets: pa.Array, limit: int | None) -> np.ndarray:
+def checked_rows(table: Table, columns: tuple[str, ...], problems: Problems) -> pa.Array:
+    """Which rows of a table of images name an image: none of `columns` empty, and an image_id no
+    earlier row has (the others are problems)."""
+    blank = {c: table.blank(c) for c in columns}
+    present = ~np.logical_or.reduce(list(blank.values()))
+    ids = table.text("image_id")
+    first = first_rows(pa.table({"image_id": ids}), present)
+    duplicate = present & (first < np.arange(len(table)))
+    numbers = table.numbers.to_numpy()
+    for i in np.flatnonzero(~present | duplicate):
+        if duplicate[i]:
+            image_id = ids[i].as_py()
+            message = f"duplicate image_id '{image_id}' (first at row {numbers[first[i]]})"
+            problems.add(table.file, message, row=int(numbers[i]), field="image_id")
+            continue
+        for column in columns:
+            if blank[column][i]:
+                problems.add(table.file, f"'{column}' is empty", row=int(numbers[i]), field=column)
+    return pa.array(present & ~duplicate)
+
+
+def taken_images(image_ids: pa.Array, datasets: pa.Array, limit: int | None) -> np.ndarray:
     """Which of the images are read: all, or with a smoke run's `limit` those it takes (the first of
     each dataset in image_id order, the order of the `images` table that `core.smoke` cuts)."""
     if limit is None:
@@ -458,6 +469,11 @@ def _inspect_image(path: str) -> Found | str:
         data = storage.read_bytes(path)
     except OSError as exc:
         return f"cannot read image file {path}: {getattr(exc, 'strerror', None) or exc}"
+    return inspect_bytes(data, path)
+
+
+def inspect_bytes(data: bytes, path: str) -> Found | str:
+    """`_inspect_image` of an image's bytes already read; `path` names it in messages."""
     try:
         decoded = decode_image(io.BytesIO(data), path)
     except ImageDecodeError as exc:

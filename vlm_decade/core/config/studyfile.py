@@ -122,8 +122,8 @@ def resolve_paths(raw: Any, cls: type[Settings], base: Path) -> None:
         value = raw.get(name)
         if value is None:
             continue
-        if _is_path(field.annotation):
-            raw[name] = resolve_path(value, base)
+        if _is_path(field.annotation):  # a list of paths (`data.shards`) path by path
+            raw[name] = [resolve_path(v, base) for v in value] if isinstance(value, list) else resolve_path(value, base)
         inner = settings_in(field.annotation)
         if inner is None:
             continue

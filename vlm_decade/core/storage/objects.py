@@ -2,7 +2,9 @@
 through pyarrow.fs, so the workers of a cluster need no shared disk. Each store's SDK finds
 credentials, region and endpoint in the environment as it always does (`AWS_ACCESS_KEY_ID`,
 `AWS_ENDPOINT_URL`, `AWS_EC2_METADATA_DISABLED`, `GOOGLE_APPLICATION_CREDENTIALS`,
-`STORAGE_EMULATOR_HOST` for a GCS emulator, ...); nothing of them is stored.
+`STORAGE_EMULATOR_HOST` for a GCS emulator, ...); nothing of them is stored. A location may also
+name one image inside a tar or Parquet shard (`members`): it is read with one ranged read of the
+shard, and its size and time are the shard's.
 """
 
 from __future__ import annotations
@@ -13,9 +15,12 @@ import re
 from functools import cache
 from pathlib import Path
 
+import pyarrow.parquet as pq
 from pyarrow import fs
 
 from vlm_decade.core.errors import StoreError
+from vlm_decade.core.storage.members import Member
+from vlm_decade.core.storage.members import parse as parse_member
 from vlm_decade.core.tables import regular_file_problem
 
 SCHEMES = ("s3", "gs")
@@ -83,7 +88,14 @@ def _info(uri: str) -> fs.FileInfo:
 
 def file_problem(location: str | Path) -> str | None:
     """Why `location` cannot be read as a file (missing, a folder, not a regular file, a store that
-    cannot be reached), or None."""
+    cannot be reached), or None. Of a shard's member: its shard's, or that the member lies past the
+    shard's end."""
+    member = shard_member(location)
+    if member is not None:
+        problem = file_problem(member.shard)
+        if problem is None and member.column is None and stat(member.shard)[0] < member.offset + member.size:
+            problem = f"member {member.name} lies past the end of shard {member.shard} (changed since it was recorded?)"
+        return problem
     if not is_uri(location):
         return regular_file_problem(location)
     problem = uri_problem(str(location))
@@ -114,7 +126,11 @@ def is_folder(location: str | Path) -> bool:
 
 
 def stat(location: str | Path) -> tuple[int, int]:
-    """(size in bytes, modification time in ns) of a file; OSError when it cannot be read."""
+    """(size in bytes, modification time in ns) of a file (of a shard's member: of its shard); OSError
+    when it cannot be read."""
+    member = shard_member(location)
+    if member is not None:
+        return stat(member.shard)
     if not is_uri(location):
         st = os.stat(location)
         return st.st_size, st.st_mtime_ns
@@ -125,10 +141,50 @@ def stat(location: str | Path) -> tuple[int, int]:
 
 
 def read_bytes(location: str | Path) -> bytes:
-    """A file's whole content; OSError when it cannot be read."""
+    """A file's whole content, or a shard member's; OSError when it cannot be read."""
+    member = shard_member(location)
+    if member is not None:
+        return _member_bytes(member)
     if not is_uri(location):
         with open(location, "rb") as fh:
             return fh.read()
     store, key = locate(str(location))
     with store.open_input_stream(key) as stream:
         return stream.read()
+
+
+def shard_member(location: str | Path) -> Member | None:
+    """The shard member `location` names; None for a file, a local file whose own name merely looks
+    like a member's (`x.tar#a@1+2`) included."""
+    member = parse_member(location)
+    if member is not None and not is_uri(location) and os.path.lexists(location):
+        return None
+    return member
+
+
+def open_file(location: str):
+    """A file opened for random access (seek, ranged reads): a local file, or an object through pyarrow.fs."""
+    if not is_uri(location):
+        return open(location, "rb")
+    store, key = locate(location)
+    return store.open_input_file(key)
+
+
+def _member_bytes(member: Member) -> bytes:
+    """One ranged read of a tar member's data, or one row group's image column of a Parquet shard."""
+    with open_file(member.shard) as fh:
+        if member.column is None:
+            fh.seek(member.offset)
+            data = fh.read(member.size)
+            if len(data) != member.size:
+                raise OSError(f"member {member.name} lies past the end of shard {member.shard}")
+            return data
+        try:
+            column = pq.ParquetFile(fh).read_row_group(member.offset, columns=[member.column]).column(0)
+            value = column[member.size].as_py()
+        except (ValueError, IndexError, KeyError, TypeError) as exc:  # pyarrow's errors are ValueErrors
+            raise OSError(f"{member.name} cannot be read from shard {member.shard}: {exc}") from None
+    data = value.get("bytes") if isinstance(value, dict) else value
+    if not isinstance(data, bytes):
+        raise OSError(f"{member.name}: shard {member.shard} holds no image bytes at row {member.size}")
+    return data

@@ -19,6 +19,7 @@ from vlm_decade.core.config import (
     operational,
     repeated,
 )
+from vlm_decade.core.storage import ShardPatterns
 from vlm_decade.imaging.decode import WHITE, Background
 from vlm_decade.imaging.masks import MaskConfig
 from vlm_decade.models.backends.hf_locator import HFLocator
@@ -33,9 +34,25 @@ MLLM_PROMPT = (
 class DataConfig(Settings):
     """Study A's input tables (docs/data-format.md)."""
 
-    images: Path | None = Field(None, description="image_id, dataset, file (none: `captions_json` instead).")
-    image_dir: FolderLocation = Field(
-        description="The folder that `file` (or a captions JSON's `file_name`) is relative to: a path, or an s3:// or gs:// URI (docs/cluster.md)."
+    images: Path | None = Field(
+        None,
+        description="image_id, dataset, file (none: `captions_json` instead); with `shards`: image_id, dataset, no file (none: every image of the shards, of `dataset`).",
+    )
+    image_dir: FolderLocation | None = Field(
+        None,
+        description="The folder that `file` (or a captions JSON's `file_name`) is relative to: a path, or an s3:// or gs:// URI (docs/cluster.md); none with `shards`.",
+    )
+    shards: ShardPatterns | None = Field(
+        None,
+        description="WebDataset tar or Parquet shards holding the images, in place of `image_dir`: a brace pattern (shards/train-{000000..000009}.tar) or a list, local or s3:// / gs:// (docs/data-format.md, Shards); an image's id is its key.",
+    )
+    key_column: str | None = Field(
+        None, min_length=1, description="`shards`, Parquet: the key column (none: __key__, key or image_id)."
+    )
+    image_column: str | None = Field(
+        None,
+        min_length=1,
+        description="`shards`, Parquet: the image column, bytes or {bytes, path} (none: image, jpg, png, webp, img or image_bytes).",
     )
     descriptions: Path | None = Field(
         None, description="description_id, image_id, worker_id, condition, text (none: `captions_json` instead)."
@@ -65,10 +82,30 @@ class DataConfig(Settings):
         tables = self.images is not None or self.descriptions is not None
         if self.captions_json is not None and tables:
             raise ValueError("give either `captions_json` or `images` and `descriptions`, not both")
-        if self.captions_json is None and (self.images is None or self.descriptions is None):
+        if self.shards is not None and self.descriptions is None:
+            raise ValueError(
+                "with `shards`, give `descriptions` (description_id, image_id, worker_id, condition, text)"
+            )
+        if self.captions_json is None and self.shards is None and (self.images is None or self.descriptions is None):
             raise ValueError("give `images` and `descriptions` (CSV or Parquet tables), or `captions_json`")
+        if self.shards is not None:
+            return self._shards_form()
+        if self.image_dir is None:
+            raise ValueError("give `image_dir`, the folder the images' files are in, or `shards`")
         if self.dataset is not None and self.captions_json is None:
             raise ValueError("`dataset` names a captions JSON's dataset: the images table has its own column")
+        if self.key_column is not None or self.image_column is not None:
+            raise ValueError("`key_column` and `image_column` name the columns of Parquet `shards`")
+        return self
+
+    def _shards_form(self) -> DataConfig:
+        if self.image_dir is not None or self.captions_json is not None:
+            raise ValueError("`shards` holds the images: give neither `image_dir` nor `captions_json` with it")
+        if (self.images is None) == (self.dataset is None):
+            raise ValueError(
+                "with `shards`, give `dataset` (every image of the shards is of it) or an `images` table "
+                "(image_id, dataset), not both"
+            )
         return self
 
     @property
@@ -78,6 +115,8 @@ class DataConfig(Settings):
 
     def form(self) -> str:
         """Which form the data is read from, as `validate` says it ('' for the tables)."""
+        if self.shards is not None:
+            return f"; images read from the shards {', '.join(self.shards)}"
         return "" if self.captions_json is None else f"; read from the COCO captions JSON {self.captions_json}"
 
 

@@ -1,11 +1,10 @@
 """Study A's input: read and check the images, human descriptions and votes, and rank the descriptions.
 
-`load_study_data` reads the three tables of docs/data-format.md (the images and descriptions from a
-COCO captions JSON instead when the study names one: `vlm_decade.studies.forms`), decodes every image once, and checks
-everything before it ranks anything: all problems (file, spreadsheet row, field) come back together
-as one InputError, which also carries the image ids the images table names (for the checks of the
-files that refer to images). It writes nothing. The result is the `images` and `references` tables of the run
-folder (DESIGN.md) and, per dataset, which ranking method was used ("votes" or "consensus").
+`load_study_data` reads the tables of docs/data-format.md (or a COCO captions JSON, `studies.forms`; the
+images from `data.shards`, `stages.shard_images`), decodes every image once, and checks everything before
+it ranks anything: all problems (file, spreadsheet row, field) come back together as one InputError, which
+carries the image ids the images table names (for the checks of the files that refer to images). It writes
+nothing. The result is the run folder's `images` and `references` tables (DESIGN.md) and each dataset's ranking method.
 
 `thin_human_data` says what the human data is too thin to support (a gold standard chosen by votes
 or consensus, the top- and bottom-ranked groups, spatial dependence): `validate` warns of it and
@@ -40,6 +39,7 @@ from vlm_decade.stages.images import (
     images_table,
     metadata_table,
 )
+from vlm_decade.stages.shard_images import study_shard_images
 from vlm_decade.studies.decade.config import DataConfig, RankingConfig, StudyConfig
 from vlm_decade.studies.decade.ranking import ROLES, consensus_places, group_sizes, rank_by_votes, roles_of_places
 from vlm_decade.studies.decade.taxonomy.spatial import MIN_MASKED_PER_MASK, MIN_MASKS
@@ -101,14 +101,16 @@ def load_study_data(
     problems = Problems()
     images_t, descriptions_t = _read_forms(data, problems)
     images = descriptions = known = None
+    if data.shards is not None:  # the images, checked as the shards are read, and their table
+        images_t, images = study_shard_images(data, images_t, problems, cache, limit) or (None, None)
     if images_t is not None:
         # References are checked against every id the table names, so one bad images row is one
         # problem, not one more for each description and vote of its image.
         known = declared_ids(images_t)
         images_named(known)
-        # The images are checked before the descriptions are read: what checking a million images
-        # holds for a moment is let go before the descriptions are held.
-        images = check_images(images_t, data.image_dir, problems, cache, data.background, limit=limit)
+        # Checked before the descriptions are read: what checking a million images holds is let go first.
+        if data.shards is None:
+            images = check_images(images_t, data.image_dir, problems, cache, data.background, limit=limit)
         check_group_by(group_by, images_t, problems)
     table = None  # the images table, once every image passed
     if images is not None and not problems:
@@ -125,7 +127,8 @@ def load_study_data(
         descriptions_t = read_table(Path(data.descriptions), DESCRIPTION_COLUMNS, problems)
     votes_t = read_table(Path(data.votes), VOTE_COLUMNS, problems, lists=("shown",)) if data.votes is not None else None
     if descriptions_t is not None:
-        descriptions = _check_descriptions(descriptions_t, known, [FULL, *mask_ids(masks)], problems)
+        held_by = "the images table" if data.shards is None or data.images is not None else "any shard"
+        descriptions = _check_descriptions(descriptions_t, known, [FULL, *mask_ids(masks)], problems, held_by)
     if images is not None and descriptions is not None:
         _check_every_image_has_full(images_t, images, descriptions, descriptions_t.name, problems)
     tally = _Tally()
@@ -152,6 +155,8 @@ def load_study_data(
 def _read_forms(data: DataConfig, problems: Problems) -> tuple[Table | None, Table | None]:
     """The images table and, from a captions JSON, the descriptions table (None: read later, from
     its own table, once the images are checked and let go)."""
+    if data.shards is not None:  # the images are the shards' (`check_shard_images`), or this table's
+        return (read_table(Path(data.images), IMAGE_COLUMNS[:2], problems, extra=True) if data.images else None), None
     if data.captions_json is None:
         return read_table(Path(data.images), IMAGE_COLUMNS, problems, extra=True), None
     read = coco_tables(data.captions_json, data.dataset or Path(data.captions_json).stem, problems)
@@ -163,7 +168,9 @@ def _read_forms(data: DataConfig, problems: Problems) -> tuple[Table | None, Tab
 _ID_COLUMNS = DESCRIPTION_COLUMNS[:4]
 
 
-def _check_descriptions(table: Table, known: pa.Array | None, conditions: list[str], problems: Problems) -> pa.Table:
+def _check_descriptions(
+    table: Table, known: pa.Array | None, conditions: list[str], problems: Problems, held_by: str = "the images table"
+) -> pa.Table:
     """The descriptions that passed their checks (row, then DESCRIPTION_COLUMNS as text), sorted by
     image, condition and id (the references table's order). The checks run on whole columns; only
     the rows found bad are looked at one by one, to say what is wrong with each."""
@@ -192,7 +199,7 @@ def _check_descriptions(table: Table, known: pa.Array | None, conditions: list[s
             problems.add(table.file, message, row=row, field="description_id")
             continue
         if not known_ok[i]:
-            message = f"unknown image_id '{image_id[i].as_py()}' (not in the images table)"
+            message = f"unknown image_id '{image_id[i].as_py()}' (not in {held_by})"
             problems.add(table.file, message, row=row, field="image_id")
         if not condition_ok[i]:
             message = f"unknown condition '{condition[i].as_py()}': expected one of {', '.join(conditions)}"
