@@ -346,7 +346,95 @@ def save_mllama(folder: Path) -> Path:
     )
 
 
-# Llama 4 is not here: transformers has its image processor only in torchvision form (docs/models.md).
+AYA_TEMPLATE = (
+    "{% for m in messages %}<|START_OF_TURN_TOKEN|>{{ '<|USER_TOKEN|>' if m['role'] == 'user' else '<|CHATBOT_TOKEN|>' }}"
+    "{% for c in m['content'] %}{% if c['type'] == 'image' %}<image>{% else %}{{ c['text'] }}{% endif %}{% endfor %}"
+    "<|END_OF_TURN_TOKEN|>{% endfor %}{% if add_generation_prompt %}<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>{% endif %}"
+)
+
+
+def save_aya_vision(folder: Path) -> Path:
+    """Aya Vision: a SigLIP tower, pixel-shuffled 2x2, Cohere 2; images cut into up to two tiles and a
+    global view. Its processor's patch size is the vision patch times the shuffle (8 x 2), as its
+    checkpoints record it (their processor's own downsample factor stays 1)."""
+    import transformers as t
+
+    turns = ("<|START_OF_TURN_TOKEN|>", "<|END_OF_TURN_TOKEN|>", "<|USER_TOKEN|>", "<|CHATBOT_TOKEN|>")
+    image = ("<image>", "<|START_OF_IMG|>", "<|END_OF_IMG|>", "<|IMG_PATCH|>", "<|IMG_LINE_BREAK|>")
+    tok = _tokenizer(turns + image + ("TILE_1", "TILE_GLOBAL"))
+    config = t.AyaVisionConfig(
+        vision_config=dict(_SIGLIP_VISION, model_type="siglip_vision_model"),
+        text_config=decoder_config(tok, model_type="cohere2", sliding_window=64),
+        downsample_factor=2,
+        image_token_index=tok.convert_tokens_to_ids("<|IMG_PATCH|>"),
+        tie_word_embeddings=False,
+    )
+    images = t.GotOcr2ImageProcessorPil(size={"height": 32, "width": 32}, crop_to_patches=True, max_patches=2)
+    processor = t.AyaVisionProcessor(images, tok, patch_size=16, img_size=32, chat_template=AYA_TEMPLATE)
+    return _save(folder, lambda: t.AyaVisionForConditionalGeneration(config), processor)
+
+
+GLM_TEMPLATE = (
+    "[gMASK]<sop>{% for m in messages %}<|{{ m['role'] }}|>\n{% for c in m['content'] %}"
+    "{% if c['type'] == 'image' %}<|begin_of_image|><|image|><|end_of_image|>{% else %}{{ c['text'] }}{% endif %}"
+    "{% endfor %}{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+def save_glm4v(folder: Path) -> Path:
+    """GLM-4.1V: a Qwen2-VL-like tower (8-pixel patches merged 2x2) and GLM-4 with 3-D rotary
+    positions over half of each head."""
+    import transformers as t
+
+    image = ("<|begin_of_image|>", "<|end_of_image|>", "<|image|>", "<|begin_of_video|>", "<|end_of_video|>")
+    tok = _tokenizer(("[gMASK]", "<sop>", "<|user|>", "<|assistant|>", *image, "<|video|>"))
+    ids = tok.convert_tokens_to_ids
+    rope = {"rope_type": "default", "mrope_section": [1, 1, 2], "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+    vision = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=64, image_size=32, patch_size=8)
+    config = t.Glm4vConfig(
+        text_config=decoder_config(tok, model_type="glm4v_text", rope_parameters=rope),
+        vision_config=dict(vision, out_hidden_size=32, initializer_range=1.0),
+        image_token_id=ids("<|image|>"),
+        video_token_id=ids("<|video|>"),
+        image_start_token_id=ids("<|begin_of_image|>"),
+        image_end_token_id=ids("<|end_of_image|>"),
+        video_start_token_id=ids("<|begin_of_video|>"),
+        video_end_token_id=ids("<|end_of_video|>"),
+    )
+    images = t.Glm4vImageProcessorPil(
+        patch_size=8, merge_size=2, temporal_patch_size=2, size={"shortest_edge": 32 * 32, "longest_edge": 64 * 64}
+    )
+    processor = _images_only(t.Glm4vProcessor)(
+        image_processor=images, tokenizer=tok, video_processor=None, chat_template=GLM_TEMPLATE
+    )
+    _save(folder, lambda: t.Glm4vForConditionalGeneration(config), processor)
+    _with_video(folder, "Glm4vVideoProcessor")
+    return folder
+
+
+def save_instructblip(folder: Path) -> Path:
+    """InstructBLIP (Vicuna form: a Llama decoder): a Q-Former reads the image with the prompt in its
+    own BERT-like tokens; no chat template, so the prompt goes plain after the 4 query tokens."""
+    import transformers as t
+
+    tok, qformer_tok = _tokenizer(("<image>",)), _bert_like_tokenizer()
+    qformer = dict(TOWER, num_hidden_layers=1, encoder_hidden_size=32, cross_attention_frequency=1)
+    config = t.InstructBlipConfig(
+        vision_config=dict(_SIGLIP_VISION, initializer_range=1.0),
+        qformer_config=dict(
+            qformer, vocab_size=len(qformer_tok), max_position_embeddings=64, pad_token_id=qformer_tok.pad_token_id
+        ),
+        text_config=decoder_config(tok),
+        num_query_tokens=4,
+        image_token_index=tok.convert_tokens_to_ids("<image>"),
+    )
+    images = t.BlipImageProcessorPil(size={"height": 32, "width": 32})
+    processor = t.InstructBlipProcessor(images, tok, qformer_tok, num_query_tokens=4)
+    return _save(folder, lambda: t.InstructBlipForConditionalGeneration(config), processor)
+
+
+# Not here, as their processors need torchvision (docs/models.md): Llama 4 (its image processor
+# exists only in torchvision form) and Mistral 3 / Pixtral (PixtralProcessor requires it).
 VLM_FAMILIES = {
     "Qwen2-VL": save_qwen2_vl,
     "Qwen2.5-VL": save_qwen2_5_vl,
@@ -361,6 +449,9 @@ VLM_FAMILIES = {
     "Gemma 3": save_gemma3,
     "PaliGemma": save_paligemma,
     "Mllama": save_mllama,
+    "Aya Vision": save_aya_vision,
+    "GLM-4V": save_glm4v,
+    "InstructBLIP": save_instructblip,
 }
 
 

@@ -60,18 +60,20 @@ def test_a_missing_package_is_named_with_its_pip_line(monkeypatch, smolvlm):
     assert "pip install num2words" in problem.message
 
 
-def test_a_family_whose_image_processor_needs_torchvision_names_it(tmp_path):
-    """Llama 4's image processor exists only in torchvision form; without torchvision, validate says so."""
+@pytest.mark.parametrize(
+    "model_type, processor_class, image_processor",
+    [("llama4", "Llama4Processor", "Llama4ImageProcessor"), ("mistral3", "PixtralProcessor", "PixtralImageProcessor")],
+)
+def test_a_family_whose_processor_needs_torchvision_names_it(tmp_path, model_type, processor_class, image_processor):
+    """Llama 4's image processor exists only in torchvision form, and Pixtral's processor (Mistral 3)
+    requires torchvision itself; without torchvision, validate says so."""
     import importlib.util
 
     if importlib.util.find_spec("torchvision") is not None:
         pytest.skip("torchvision is installed here")
-    folder = saved_config(tmp_path / "m", {"model_type": "llama4"})
-    hf_tiny._tokenizer(("<|image|>",)).save_pretrained(folder)
-    processor = {
-        "processor_class": "Llama4Processor",
-        "image_processor": {"image_processor_type": "Llama4ImageProcessor"},
-    }
+    folder = saved_config(tmp_path / "m", {"model_type": model_type})
+    hf_tiny._tokenizer(("<|image|>", "[IMG]")).save_pretrained(folder)
+    processor = {"processor_class": processor_class, "image_processor": {"image_processor_type": image_processor}}
     (folder / "processor_config.json").write_text(json.dumps(processor))
     (problem,) = check(model(path=folder))
     assert (
