@@ -3,7 +3,8 @@ experiment folder of each kind (tests/unit/human_folder.py: two trials and an at
 participant), walked in a real headless Chromium through the instructions and the example, typing
 descriptions, clicking choices and moving sliders, reloaded mid-way (it goes on at the next trial,
 not from the start) to the completion code. Then data/<participant>.json holds exactly the trials
-done, once each, with what was typed, clicked and set.
+done, once each, with what was typed, clicked and set, and the importer reads the clicks back as
+the votes.
 
 Chromium and chromedriver come from the system, as for the view's browser tests.
 """
@@ -19,7 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from ..unit.human_folder import TEXTS, write_folder
+from vlm_decade.core.errors import Problems
+from vlm_decade.studies.decade.human.importing import Exclusions, read_design, read_sources, sessions, tables
+
+from ..unit.human_folder import COLOURS, TEXTS, write_folder
 from .conftest import BIN, cli_env
 from .test_view_browser import browser, screenshot, wait_for  # noqa: F401 (browser: the fixture)
 
@@ -149,6 +153,17 @@ def test_rank_clicked_choices_saved_once_across_a_reload(browser, served, tmp_pa
     assert trials[3]["attention_passed"] is True and trials[3]["vd_kind"] == "attention"
     assert trials[1]["options"] == ["dog-2", "boat-1", "dog-1"] and trials[1]["image_id"] == "dog"
     assert sum(r["vd_kind"] == "example" for r in records) == 1
+    # What the importer makes of the saved file: alice's votes are the clicks, as shown.
+    problems = Problems()
+    ident, design = read_design(folder, problems)
+    found = sessions(read_sources(folder / "data" / "alice.json", problems), ident, problems)
+    lenient = Exclusions(distractor_rate=1.0, median_rt_ms=0)  # one distractor of two clicked, at test speed
+    kind, votes, people = tables(found, design, set(COLOURS), lenient, problems)
+    assert not problems and kind == "rank" and [p["kept"] for p in people] == ["yes"]
+    assert {int(v["trial"]): (v["shown"], v["chosen"]) for v in votes} == {
+        1: ("dog-2;boat-1;dog-1", "boat-1"),
+        2: ("kite-1;dog-1;kite-2", "kite-2"),
+    }
 
 
 def test_describe_typed_texts_saved(browser, served, tmp_path):  # noqa: F811

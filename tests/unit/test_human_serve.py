@@ -142,3 +142,17 @@ def test_only_the_folders_own_files_are_served(folder):
                  "/images/link.png", "/images/..%2f..%2foutside.txt", "//etc/passwd"):  # fmt: skip
         assert client.get(path).status_code == 404, path
     assert client.get("/", headers={"Host": "evil.example:8766"}).status_code == 400
+
+
+def test_the_command_refuses_a_folder_that_is_no_experiment(folder):
+    from typer.testing import CliRunner
+
+    from vlm_decade.cli import app
+
+    (folder / "data").mkdir()
+    (folder / "data" / "ann.json").write_text('{"not": "a list"}')
+    result = CliRunner().invoke(app, ["human", "serve", str(folder), "--port", "0"])
+    assert result.exit_code == 2 and "ann.json: not a list of trial records" in result.output
+    result = CliRunner().invoke(app, ["human", "serve", str(folder / "nowhere")])
+    assert result.exit_code == 2 and "experiment.json: missing" in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)

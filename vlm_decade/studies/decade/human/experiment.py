@@ -79,7 +79,9 @@ def read_design(folder: Path) -> dict:
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
     except ValueError as exc:
-        problems.add(meta_path, f"not JSON: {exc}")
+        meta = f"not JSON: {exc}"
+    if not isinstance(meta, dict):
+        problems.add(meta_path, meta if isinstance(meta, str) else "not a JSON object")
         problems.raise_if_any()
     experiment = meta.get("experiment")
     if experiment not in EXPERIMENTS:

@@ -28,6 +28,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from vlm_decade.core.errors import Problems
 from vlm_decade.core.files import atomic_write_bytes, safe_name
 from vlm_decade.studies.decade.human.experiment import build_experiment
 
@@ -50,8 +51,17 @@ class Store:
         self.folder, self.design = folder, design
         self.lock = threading.Lock()
         self.records: dict[str, list[dict]] = {}
+        problems = Problems()
         for path in sorted((folder / "data").glob("*.json")):
-            self.records[path.stem] = json.loads(path.read_text(encoding="utf-8"))
+            try:
+                held = json.loads(path.read_text(encoding="utf-8"))
+            except ValueError as exc:
+                held = f"not JSON: {exc}"
+            if isinstance(held, list) and all(isinstance(record, dict) for record in held):
+                self.records[path.stem] = held
+            else:
+                problems.add(path, held if isinstance(held, str) else "not a list of trial records")
+        problems.raise_if_any()
         self.given: dict[str, str] = {p: _design_participant(rs) for p, rs in self.records.items() if rs}
         self.trials = {p: {t["trial"]: t["kind"] for t in listed} for p, listed in design["participants"].items()}
 
