@@ -24,9 +24,10 @@ from vlm_decade.core.errors import Problems
 from vlm_decade.imaging.decode import load_image
 from vlm_decade.stages.images import ImageCache
 from vlm_decade.stages.shard_images import check_shard_images
-from vlm_decade.studies import study_from_dict
+from vlm_decade.studies import load_study, study_from_dict
 from vlm_decade.studies.decade.config import RankingConfig
 from vlm_decade.studies.decade.data import load_study_data
+from vlm_decade.studies.openworld.data import load_openworld_form
 from vlm_decade.view.verify import Missing, image_bytes
 
 IMPORTED = {"name": "old", "backend": "imported", "model_id": "x", "era": "pre-mllm", "options": {"file": "c.csv"}}
@@ -280,3 +281,49 @@ def test_an_images_table_gives_each_key_its_dataset_and_must_be_held(study_a):
     assert by_table.metadata.column("place").to_pylist() == ["here", "there", "here"]
     (study_a / "keyed.csv").write_text("image_id,dataset\n1,tiny\n2,tiny\n3,tiny\n9,tiny\n")
     refused(study_a / "keyed.yaml", "keyed.csv", "no shard holds image_id '9'")
+
+
+# --- Study B from shards ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def study_b(study_a):
+    """Study B's labels beside loose files (`b-files.yaml`) and, without `file`, beside the tar shards."""
+    labels = "image_id,dataset,file,label,granularity\n" + "".join(
+        f"{k},tiny,{k}.png,{name},prototypical\n" for k, name in zip(COLOURS, ("red", "green", "blue"))
+    )
+    (study_a / "labels.csv").write_text(labels)
+    keyed = "\n".join(",".join(c for j, c in enumerate(line.split(",")) if j != 2) for line in labels.splitlines())
+    (study_a / "labels-keyed.csv").write_text(keyed + "\n")
+    (study_a / "classes.csv").write_text("dataset,class_name\ntiny,red\ntiny,green\ntiny,blue\n")
+    forms = {
+        "b-files": {"labels": "labels.csv", "image_dir": "imgs", "classnames": "classes.csv"},
+        "b-tar": {"labels": "labels-keyed.csv", "shards": "shards/s-{00..01}.tar", "classnames": "classes.csv"},
+    }
+    model = {k: v for k, v in IMPORTED.items() if k != "era"}  # Study B's models have no era
+    for name, data in forms.items():
+        raw = {"study": "openworld", "name": "b", "models": [model], "judge": None, "data": data}
+        (study_a / f"{name}.yaml").write_text(yaml.safe_dump(raw))
+    return study_a
+
+
+def load_b(folder: Path, name: str):
+    return load_openworld_form(load_study(folder / f"{name}.yaml").data)  # paths resolved as the CLI does
+
+
+def test_study_b_from_shards_gives_the_loose_files_tables_but_the_paths(study_b):
+    by_files, by_shards = load_b(study_b, "b-files"), load_b(study_b, "b-tar")
+    others = [c for c in by_files.images.column_names if c != "path"]
+    assert by_shards.images.select(others).equals(by_files.images.select(others))
+    assert by_shards.labels.equals(by_files.labels)
+    assert by_shards.classnames == by_files.classnames == {"tiny": ("red", "green", "blue")}
+    done = CliRunner().invoke(app, ["validate", str(study_b / "b-tar.yaml")])
+    output = " ".join(done.output.split())
+    assert done.exit_code == 0, output
+    assert "3 labelled images in 1 dataset" in output and "images read from the shards" in output
+
+
+def test_study_b_refuses_a_label_of_a_key_no_shard_holds(study_b):
+    with (study_b / "labels-keyed.csv").open("a") as fh:
+        fh.write("7,tiny,red,prototypical\n")
+    refused(study_b / "b-tar.yaml", "labels-keyed.csv", "no shard holds image_id '7'")

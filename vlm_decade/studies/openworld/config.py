@@ -19,6 +19,7 @@ from vlm_decade.core.config import (
     repeated,
     set_for_other_studies,
 )
+from vlm_decade.core.storage import ShardPatterns
 from vlm_decade.imaging.decode import WHITE, Background
 from vlm_decade.models.backends.api import GeminiOptions, OpenAITextOptions
 from vlm_decade.models.backends.hf_common import Generation, PlacementOptions
@@ -38,6 +39,13 @@ class OpenWorldDataConfig(Settings):
         None,
         description="The folder that `file` is relative to: a path, or an s3:// or gs:// URI (docs/cluster.md).",
     )
+    shards: ShardPatterns | None = Field(
+        None,
+        description="WebDataset tar or Parquet shards holding the images, in place of `image_dir`: a brace pattern (shards/train-{000000..000009}.tar) or a list, local or s3:// / gs:// (docs/data-format.md, Shards); the labels name images by key, with no `file` column.",
+    )
+    key_column: str | None = Field(
+        None, min_length=1, description="`shards`, Parquet: the key column (none: __key__, key or image_id)."
+    )
     classnames: Path | None = Field(
         None,
         description="dataset, class_name: each dataset's class list (for the closed-world baselines); with `image_folder`, optional: the list its folders must be in.",
@@ -50,7 +58,9 @@ class OpenWorldDataConfig(Settings):
         description="A Hugging Face dataset on disk (`save_to_disk`, or its Parquet files), in place of `labels`.",
     )
     split: str = Field("train", min_length=1, description="`hf_dataset`: the split to read.")
-    image_column: str = Field("image", min_length=1, description="`hf_dataset`: the image column ({bytes, path}).")
+    image_column: str = Field(
+        "image", min_length=1, description="`hf_dataset`, Parquet `shards`: the image column ({bytes, path}, or bytes)."
+    )
     label_column: str = Field(
         "label", min_length=1, description="`hf_dataset`: the label column (a ClassLabel, its names the class list)."
     )
@@ -64,6 +74,10 @@ class OpenWorldDataConfig(Settings):
 
     @model_validator(mode="after")
     def _one_form(self) -> OpenWorldDataConfig:
+        if self.shards is not None:
+            return self._shards_form()
+        if self.key_column is not None:
+            raise ValueError("`key_column` names the key column of Parquet `shards`")
         form = [f for f in ("image_folder", "hf_dataset") if getattr(self, f) is not None]
         if not form:
             lacking = [f for f in ("labels", "image_dir", "classnames") if getattr(self, f) is None]
@@ -81,8 +95,19 @@ class OpenWorldDataConfig(Settings):
             raise ValueError(f"`{form[0]}` needs `dataset` and `granularity` (it gives only the labels)")
         return self
 
+    def _shards_form(self) -> OpenWorldDataConfig:
+        if any(getattr(self, f) is not None for f in ("image_dir", "image_folder", "hf_dataset")):
+            raise ValueError("`shards` holds the images: give no `image_dir`, `image_folder` or `hf_dataset` with it")
+        if self.labels is None or self.classnames is None:
+            raise ValueError("with `shards`, give `labels` (image_id, dataset, label, granularity) and `classnames`")
+        if self.dataset is not None or self.granularity is not None:
+            raise ValueError("with `shards`, the labels table gives each image's dataset and granularity")
+        return self
+
     def form(self) -> str:
         """Which form the data is read from, as `validate` says it ('' for the tables)."""
+        if self.shards is not None:
+            return f"; images read from the shards {', '.join(self.shards)}"
         if self.hf_dataset is not None:
             return f"; read from the Hugging Face dataset {self.hf_dataset} (split {self.split})"
         return "" if self.image_folder is None else f"; read from the image folder {self.image_folder}"

@@ -5,8 +5,9 @@ its dataset's label granularity) and the class-names table (each dataset's candi
 closed-world baselines). It decodes every image once and checks everything; all problems (file,
 spreadsheet row, field) come back together as one InputError, and nothing is written. Reading and the
 image checks are Study A's (`vlm_decade.studies.decade.data`), so both studies report bad input the same way.
-`load_openworld_form` reads whichever form the study's `data` names: these tables, or an image folder
-of class folders (`vlm_decade.studies.forms`) read into them.
+`load_openworld_form` reads whichever form the study's `data` names: these tables, an image folder
+of class folders (`vlm_decade.studies.forms`) read into them, or the tables with the images in shards,
+named by key (`vlm_decade.stages.shard_images`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from vlm_decade.stages.images import (
     images_table,
     metadata_table,
 )
+from vlm_decade.stages.shard_images import study_shard_images
 from vlm_decade.studies.forms import folder_tables, name_rows
 from vlm_decade.studies.hfdata import hf_tables
 from vlm_decade.studies.openworld.config import OpenWorldDataConfig
@@ -99,6 +101,14 @@ def load_openworld_form(
     as the tables' are, a problem at one of its rows named by its image's file or dataset row."""
     if data.hf_dataset is not None:
         return _load_hf(data, inputs, cache, group_by, limit)
+    if data.shards is not None:  # the labels name each image by its key: they have no `file` column
+        problems = Problems()
+        columns = tuple(c for c in LABEL_COLUMNS if c != "file")
+        labels_t = read_table(
+            Path(data.labels), columns, problems, (ACCEPTED_COLUMN,), lists=(ACCEPTED_COLUMN,), extra=True
+        )
+        classes_t = read_table(Path(data.classnames), CLASSNAME_COLUMNS, problems)
+        return _checked(labels_t, classes_t, "", problems, cache, data.background, group_by, limit, data)
     if data.image_folder is None:
         return load_openworld_data(
             data.labels, data.image_dir, data.classnames, cache, data.background, group_by, limit
@@ -175,14 +185,19 @@ def _checked(
     background: str,
     group_by: tuple[str, ...],
     limit: int | None,
+    shards: OpenWorldDataConfig | None = None,
 ) -> OpenWorldData:
-    """The checks of the labels and class-names tables (None: could not be read) and their images."""
+    """The checks of the labels and class-names tables (None: could not be read) and their images,
+    in `image_dir` or, when `shards` (the data section) names them, in shards."""
     class_lists = _check_classnames(classes_t, problems) if classes_t is not None else None
 
     images = known = None
     granularity: dict[str, str] = {}
     if labels_t is not None:
-        images = check_images(labels_t, image_dir, problems, cache, background, limit=limit)
+        if shards is not None:
+            images = (study_shard_images(shards, labels_t, problems, cache, limit) or (None, None))[1]
+        else:
+            images = check_images(labels_t, image_dir, problems, cache, background, limit=limit)
         known = declared_ids(labels_t)
         granularity = _check_labels(labels_t, problems)
         check_group_by(group_by, labels_t, problems)
