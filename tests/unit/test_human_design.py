@@ -175,3 +175,16 @@ def test_the_experiment_folder(tmp_path):
     with open(out / "texts.csv", newline="") as fh:
         shown = {r["description_id"]: r["text"] for r in csv.DictReader(fh)}
     assert shown == {d: texts[d] for d in shown} and len(shown) == 12
+
+
+def test_splits_repeat_only_once_the_distinct_ones_run_out():
+    # 4 descriptions in 2 groups of 2 have 3 distinct splits: 3 participants get all three
+    descriptions, dataset_of, texts = _corpus(3, 4)
+    rows = rank_design(descriptions, dataset_of, texts, shown=2, distractors=1, participants=5, seed=8).rows
+    splits = {}
+    for r in rows:
+        if r["image_id"] == "i000":
+            own = tuple(sorted(o for o in r["options"].split(";") if o not in r["distractors"].split(";")))
+            splits.setdefault(r["participant"], set()).add(own)
+    first_three = [frozenset(splits[p]) for p in ("p001", "p002", "p003")]
+    assert len(set(first_three)) == 3 and len(splits) == 5
