@@ -70,6 +70,7 @@ def design(
 ) -> None:
     """Design an experiment and write its folder: design.csv, texts.csv, images/, experiment.json."""
     from vlm_decade.studies.decade.human.design import study_design, study_images, write_experiment
+    from vlm_decade.studies.decade.human.experiment import build_experiment
 
     experiment = _experiment(experiment)
     study = _study_a(study_file)
@@ -85,6 +86,7 @@ def design(
     folder = out or _default_folder(study_file, experiment)
     _, files = study_images(study)
     meta = write_experiment(built, files, folder, seed)
+    build_experiment(folder)  # index.html, experiment.js, jspsych/: the folder runs as it is
     c = meta["counts"]
     print(
         f"{folder}: {c['participants']} participants, {c['trials']} trials ({c['attention']} attention checks), "

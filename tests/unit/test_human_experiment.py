@@ -119,3 +119,29 @@ def test_a_design_changed_after_it_was_written_is_refused(tmp_path):
         build_experiment(folder)
     [problem] = caught.value.problems
     assert Path(problem.file).name == "experiment.json" and problem.field == "experiment_id"
+
+
+def test_a_folder_written_by_the_design_builds(tmp_path):
+    """The contract between the two halves: what design.write_experiment writes, built as it is."""
+    from PIL import Image
+
+    from vlm_decade.studies.decade.human.design import rank_design, write_experiment
+
+    files = {}
+    for i in range(9):
+        files[f"img{i}"] = tmp_path / f"source{i}.jpg"
+        Image.new("RGB", (8, 8), (20 * i, 0, 0)).save(files[f"img{i}"])
+    descriptions = {image: [f"{image}-d{j}" for j in range(10)] for image in files}
+    texts = {d: f"text of {d}" for ids in descriptions.values() for d in ids}
+    design = rank_design(descriptions, dict.fromkeys(files, "set"), texts, participants=2, attention_rate=0.1, seed=3)
+    write_experiment(design, files, tmp_path / "rank", seed=3)
+    built = build_experiment(tmp_path / "rank")
+    page = _page(tmp_path / "rank").design
+    assert page == json.loads(json.dumps(built))
+    for participant, trials in page["participants"].items():
+        mine = sorted((r for r in design.rows if r["participant"] == participant), key=lambda r: r["trial"])
+        assert [(t["trial"], t["kind"], t["options"]) for t in trials] == [
+            (r["trial"], r["kind"], r["options"].split(";")) for r in mine
+        ]
+    assert any(t["kind"] == "attention" for t in page["participants"]["p001"])
+    assert all(page["texts"][option] for t in page["participants"]["p001"] for option in t["options"])
