@@ -102,7 +102,7 @@ def _patterns(value: Any) -> list[str]:
 # A study's `data.shards`: a brace pattern or a list of them, each a path (made absolute against the
 # study file's folder, as every path of it is) or an s3:// or gs:// URI; kept as patterns.
 ShardPatterns = Annotated[
-    Path | list[Path],
+    list[Path],  # its text in the field tables; a single pattern is taken too
     PlainValidator(_patterns),
     WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}),
 ]
