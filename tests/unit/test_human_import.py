@@ -262,3 +262,32 @@ def test_the_plan_command(study_dir, ranked):
     assert run.exit_code == 0, run.output
     assert "pilot: 2 ranking participants" in run.output
     assert CliRunner().invoke(app, ["human", "plan", str(study_dir / "study.yaml")]).exit_code == 2  # no pilot data
+
+
+def test_the_design_command(study_dir, tmp_path):
+    study = str(study_dir / "study.yaml")
+    out = tmp_path / "rank"
+    args = [
+        "human",
+        "design",
+        study,
+        "rank",
+        "--out",
+        str(out),
+        "--shown",
+        "2",
+        "--distractors",
+        "1",
+        "--participants",
+        "2",
+    ]
+    run = CliRunner().invoke(app, args)
+    assert run.exit_code == 0, run.output
+    assert f"{out}: 2 participants, 12 trials" in run.output
+    assert len(_read(out / "design.csv")) == 12 and sorted(p.name for p in (out / "images").iterdir()) == [
+        f"{i}.png" for i in IMAGES
+    ]
+    bad = CliRunner().invoke(
+        app, ["human", "design", study, "rank", "--out", str(tmp_path / "x"), "--distractors", "9"]
+    )
+    assert bad.exit_code == 2 and "too few descriptions" in bad.output and not (tmp_path / "x").exists()
