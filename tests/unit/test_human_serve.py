@@ -56,7 +56,7 @@ def _held(folder: Path, participant: str) -> list[dict]:
     return json.loads((folder / "data" / f"{participant}.json").read_text())
 
 
-def test_each_post_is_on_disk_whole_and_a_resend_adds_nothing(folder):
+def test_each_post_is_on_disk_whole_and_a_resend_adds_nothing(folder, capsys):
     client = _client(folder)
     assert client.get("/data/ann").json() == {"server": "vlm-decade", "design_participant": "p001", "records": []}
     intro = _record(folder, "ann", None, "instructions")
@@ -70,6 +70,7 @@ def test_each_post_is_on_disk_whole_and_a_resend_adds_nothing(folder):
     assert again.json() == {"received": 3, "added": 1}
     assert [r.get("vd_trial") for r in _held(folder, "ann")] == [None, 1, 2]
     assert _held(folder, "ann")[1]["chosen"] == "dog-1"
+    assert capsys.readouterr().err.splitlines()[-1].endswith("ann +1; 1 participants (0 finished), 2 trials received")
 
 
 def test_a_new_server_resumes_what_the_last_one_held(folder):
