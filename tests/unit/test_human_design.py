@@ -122,6 +122,13 @@ def test_describe_by_hand():
         seen[r["participant"]].append(r["image_id"])
     assert all(len(v) == len(set(v)) for v in seen.values())  # never one image in two conditions
     assert all(r["kind"] == "describe" and r["options"] == "" for r in rows)
+    checked = describe_design(
+        ["a", "b", "c"], per_image=2, per_participant=3, conditions=("full", "m1"), attention_rate=1
+    )
+    seen = defaultdict(set)
+    for r in checked.rows:
+        seen[(r["participant"], r["image_id"])].add(r["condition"])
+    assert all(len(c) == 1 for c in seen.values())  # an attention check shows the image as its trial does
 
 
 def test_attention_checks_at_the_rate():

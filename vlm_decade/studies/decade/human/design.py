@@ -119,7 +119,9 @@ def describe_design(
 
         def check(like: dict, k: int, pid=pid) -> dict:
             prompt = f"Attention check: describe the image and include the word '{ATTENTION_WORD}'."
-            return _row("describe", pid, "attention", like["image_id"], text=prompt, answer=ATTENTION_WORD)
+            # in the condition the participant sees the image in: never one image in two conditions
+            cells = {"condition": like["condition"], "text": prompt, "answer": ATTENTION_WORD}
+            return _row("describe", pid, "attention", like["image_id"], **cells)
 
         rows += _ordered(_attention(trials, attention_rate, check, stream), stream)
     parameters = {
@@ -402,8 +404,9 @@ def study_design(study, experiment: str, counts: Mapping[str, object], seed: int
 
     datasets, _ = study_images(study)
     if experiment == "describe":
-        conditions = ["full", *mask_ids(study.masks)] if counts.pop("masks", False) else ["full"]
-        return describe_design(sorted(datasets), conditions=conditions, seed=seed, **counts)
+        conditions = ["full", *mask_ids(study.masks)] if counts.get("masks") else ["full"]
+        rest = {k: v for k, v in counts.items() if k != "masks"}
+        return describe_design(sorted(datasets), conditions=conditions, seed=seed, **rest)
     if experiment == "rank":
         by_image, texts = _study_descriptions(study, datasets)
         return rank_design(by_image, datasets, texts, seed=seed, **counts)
