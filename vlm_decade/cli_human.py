@@ -142,6 +142,9 @@ def import_(
         1000.0, "--min-median-rt", help="Exclude a participant whose median response time (ms) is under this."
     ),
     keep_unfinished: bool = typer.Option(False, "--keep-unfinished", help="Keep sessions with no end record."),
+    trial_rt_ms: float = typer.Option(
+        0.0, "--min-trial-rt", help="Leave out a kept participant's trials answered faster than this (ms)."
+    ),
 ) -> None:
     """Turn the data jsPsych saved into the study's descriptions, votes or ratings table, and participants.csv."""
     from vlm_decade.studies.decade.human.importing import Exclusions, import_experiment
@@ -149,7 +152,7 @@ def import_(
     experiment = _experiment(experiment)
     study = _study_a(study_file)
     folder = folder or _default_folder(study_file, experiment)
-    rules = Exclusions(attention_failures, distractor_rate, median_rt_ms, not keep_unfinished)
+    rules = Exclusions(attention_failures, distractor_rate, median_rt_ms, not keep_unfinished, trial_rt_ms)
     written = import_experiment(study, folder, list(data or [folder / "data"]), rules, out or folder)
     field = {"describe": "data.descriptions", "rank": "data.votes", "rate": "data.ratings"}[experiment]
     print(f"{experiment}: {written[experiment]} (name it as {field} in the study file)")

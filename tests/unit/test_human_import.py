@@ -291,3 +291,18 @@ def test_the_design_command(study_dir, tmp_path):
         app, ["human", "design", study, "rank", "--out", str(tmp_path / "x"), "--distractors", "9"]
     )
     assert bad.exit_code == 2 and "too few descriptions" in bad.output and not (tmp_path / "x").exists()
+
+
+def test_a_trial_under_the_floor_is_left_out(study_dir):
+    pairs = [{"subject": "m1", "image_id": i, "text": f"m1 on {i}", "gold": f"gold {i}"} for i in IMAGES]
+    design = rate_design(pairs, raters=1, seed=6)
+    folder, meta = _experiment(study_dir, design, "rate-fast")
+    records = _records(design, meta, "p001", "quick", lambda row: {"rating": 3})
+    hurried = next(r for r in records if r.get("vd_kind") == "rate")
+    hurried["rt"] = 120
+    (study_dir / "quick.json").write_text(json.dumps(records))
+    rules = Exclusions(trial_rt_ms=500)
+    written = import_experiment(load_study(study_dir / "study.yaml"), folder, [study_dir / "quick.json"], rules, folder)
+    assert {r["image_id"] for r in _read(written["rate"])} == set(IMAGES) - {hurried["image_id"]}
+    (person,) = _read(written["participants"])
+    assert (person["kept"], person["trials"], person["fast_trials"]) == ("yes", "3", "1")

@@ -30,19 +30,21 @@ TABLES = {
     "rank": ("votes.csv", ("image_id", "rater_id", "trial", "shown", "chosen")),
     "rate": ("ratings.csv", ("rater_id", "subject", "image_id", "rating")),
 }
-PARTICIPANT_COLUMNS = ("participant", "experiment", "design_participant", "trials", "kept", "reason")
+PARTICIPANT_COLUMNS = ("participant", "experiment", "design_participant", "trials", "kept", "reason", "fast_trials")
 
 
 @dataclass(frozen=True)
 class Exclusions:
     """Who is left out (docs/human.md): more than `attention_failures` failed attention checks, a
     rank participant who chose a distractor in more than `distractor_rate` of their trials, a median
-    response time of the design trials under `median_rt_ms`, and (`unfinished`) a session with no end."""
+    response time of the design trials under `median_rt_ms`, and (`unfinished`) a session with no end.
+    Of a kept participant, a trial answered in under `trial_rt_ms` is left out (0: none is)."""
 
     attention_failures: int = 0
     distractor_rate: float = 0.2
     median_rt_ms: float = 1000.0
     unfinished: bool = True
+    trial_rt_ms: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -243,9 +245,11 @@ def tables(
                 continue
             mine.append(_trial_row(session, place, record, row))
             distractors += kind == "rank" and mine[-1]["chosen"] in row["distractors"].split(";")
-            if isinstance(record.get("rt"), (int, float)):
-                rts.append(float(record["rt"]))
-        reason = _reason(kind, finished, failed, mine, distractors, rts, rules)
+            rt = record.get("rt")
+            rts.append(float(rt) if isinstance(rt, (int, float)) and not isinstance(rt, bool) else None)
+        timed = [rt for rt in rts if rt is not None]
+        reason = _reason(kind, finished, failed, mine, distractors, timed, rules)
+        fast = [rt is not None and rt < rules.trial_rt_ms for rt in rts]
         people.append(
             {
                 "participant": session.participant,
@@ -254,10 +258,11 @@ def tables(
                 "trials": len(mine),
                 "kept": "yes" if not reason else "no",
                 "reason": reason,
+                "fast_trials": sum(fast),
             }
         )
         if not reason:
-            rows += mine
+            rows += [row for row, quick in zip(mine, fast) if not quick]
     return kind, rows, people
 
 
