@@ -16,8 +16,10 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 from PIL import Image
+from starlette.testclient import TestClient
 from typer.testing import CliRunner
 
+from tests.e2e.test_object_storage import BUCKET, bucket, s3_server  # noqa: F401 - its moto fixtures, shared
 from vlm_decade.cli import app
 from vlm_decade.core import storage
 from vlm_decade.core.errors import Problems
@@ -28,7 +30,11 @@ from vlm_decade.studies import load_study, study_from_dict
 from vlm_decade.studies.decade.config import RankingConfig
 from vlm_decade.studies.decade.data import load_study_data
 from vlm_decade.studies.openworld.data import load_openworld_form
+from vlm_decade.view.app import create_app
+from vlm_decade.view.runs import open_run
 from vlm_decade.view.verify import Missing, image_bytes
+
+from .view_runs import decade_run, write
 
 IMPORTED = {"name": "old", "backend": "imported", "model_id": "x", "era": "pre-mllm", "options": {"file": "c.csv"}}
 COLOURS = {"1": (200, 0, 0), "2": (0, 200, 0), "3": (0, 0, 200)}
@@ -327,3 +333,49 @@ def test_study_b_refuses_a_label_of_a_key_no_shard_holds(study_b):
     with (study_b / "labels-keyed.csv").open("a") as fh:
         fh.write("7,tiny,red,prototypical\n")
     refused(study_b / "b-tar.yaml", "labels-keyed.csv", "no shard holds image_id '7'")
+
+
+# --- shards in a bucket (moto's S3 server on 127.0.0.1, as tests/e2e/test_object_storage.py starts it) ----
+
+
+def test_shards_in_a_bucket_check_as_the_same_shards_on_disk_and_read_back_by_range(bucket, tmp_path):  # noqa: F811
+    members = {f"{k}.png": png(c) for k, c in COLOURS.items()}
+    write_tar(tmp_path / "s-0.tar", dict(list(members.items())[:2]))
+    write_tar(tmp_path / "s-1.tar", dict(list(members.items())[2:]))
+    write_parquet(tmp_path / "p.parquet", list(COLOURS), list(members.values()), True)
+    for name in ("s-0.tar", "s-1.tar", "p.parquet"):
+        bucket.put_object(Bucket=BUCKET, Key=f"shards/{name}", Body=(tmp_path / name).read_bytes())
+    for local, remote in (
+        (str(tmp_path / "s-{0..1}.tar"), f"s3://{BUCKET}/shards/s-{{0..1}}.tar"),
+        ([str(tmp_path / "p.parquet")], [f"s3://{BUCKET}/shards/p.parquet"]),
+    ):
+        _, on_disk = check_shard_images(local, None, "d", Problems())
+        problems = Problems()
+        _, in_bucket = check_shard_images(remote, None, "d", problems)
+        assert not problems
+        assert in_bucket.drop_columns(["path"]).equals(on_disk.drop_columns(["path"]))
+        for path, sha in zip(in_bucket.column("path").to_pylist(), in_bucket.column("sha256").to_pylist()):
+            assert path.startswith(f"s3://{BUCKET}/shards/") and storage.file_problem(path) is None
+            assert image_bytes({"image_id": "x", "path": path, "sha256": sha}) in members.values()
+    problems = Problems()
+    assert check_shard_images(f"s3://{BUCKET}/shards/gone.tar", None, "d", problems) is None
+    assert "names no shard that can be read" in str(problems.items[0]) and "not found" in str(problems.items[0])
+
+
+def test_the_viewer_app_serves_images_from_their_shard(tmp_path):
+    root = decade_run(tmp_path / "run")
+    rows = pq.read_table(root / "images.parquet").to_pylist()
+    loose = {row["image_id"]: Path(row["path"]) for row in rows}
+    write_tar(tmp_path / "s.tar", {f"{i}.png": p.read_bytes() for i, p in loose.items()})
+    where = {key: member.location for key, member, _ in storage.read_shard(str(tmp_path / "s.tar"))}
+    write(root, "images", [{**row, "path": where[row["image_id"]]} for row in rows])
+    files = {i: p.read_bytes() for i, p in loose.items()}
+    for path in loose.values():
+        path.unlink()  # only the shard holds them now
+    app = TestClient(create_app(open_run(root)), base_url="http://127.0.0.1:8765", raise_server_exceptions=True)
+    for image_id in loose:
+        answer = app.get(f"/picture/original/{image_id}")
+        assert answer.status_code == 200 and answer.content == files[image_id]
+        thumb = app.get(f"/picture/thumb/{image_id}")
+        assert thumb.status_code == 200 and thumb.headers["content-type"] in ("image/jpeg", "image/png")
+    assert app.get(f"/image/{next(iter(loose))}").status_code == 200
