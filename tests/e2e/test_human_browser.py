@@ -4,23 +4,28 @@ participant), walked in a real headless Chromium through the instructions and th
 descriptions, clicking choices and moving sliders, reloaded mid-way (it goes on at the next trial,
 not from the start) to the completion code. Then data/<participant>.json holds exactly the trials
 done, once each, with what was typed, clicked and set, and the importer reads the clicks back as
-the votes.
+the votes. The same page on a plain static host posts nothing and ends with jsPsych's own local
+save of the data, the participant's JSON file in the browser's downloads.
 
 Chromium and chromedriver come from the system, as for the view's browser tests.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import subprocess
 import tempfile
+import threading
 import time
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from vlm_decade.core.errors import Problems
+from vlm_decade.studies.decade.human.experiment import build_experiment
 from vlm_decade.studies.decade.human.importing import Exclusions, read_design, read_sources, sessions, tables
 
 from ..unit.human_folder import COLOURS, TEXTS, write_folder
@@ -120,6 +125,33 @@ def _finished(driver, folder: Path, participant: str) -> list[dict]:
     return records
 
 
+class _Logged(SimpleHTTPRequestHandler):
+    """A plain static host that notes every request's method and path."""
+
+    seen: list[str] = []
+
+    def log_message(self, format, *args):
+        self.seen.append(self.requestline)
+
+
+def _walk_rate(driver, moves: dict[int, int], shot: Path | None = None) -> None:
+    """The instructions, the example and the trials, each slider moved `moves[step]` steps right."""
+    from selenium.webdriver.common.keys import Keys
+
+    _instructions(driver)
+    for step in range(len(moves)):
+        if step == 1:
+            _click(driver, "#jspsych-html-button-response-btngroup button")
+        slider = wait_for(driver, lambda d: _css(d, "#jspsych-html-slider-response-response"), "the slider")[0]
+        # To the right and back when it stays at the minimum: the slider counts only once moved.
+        keys = [Keys.ARROW_RIGHT] * moves[step] or [Keys.ARROW_RIGHT, Keys.ARROW_LEFT]
+        for key in keys:
+            slider.send_keys(key)
+        if step == 1 and shot is not None:
+            screenshot(driver, shot)
+        _click(driver, "#jspsych-html-slider-response-next")
+
+
 def test_rank_clicked_choices_saved_once_across_a_reload(browser, served, tmp_path):  # noqa: F811
     folder, server = served("rank")
     browser.get(server.url + "?PROLIFIC_PID=alice&p=p002")
@@ -186,24 +218,39 @@ def test_describe_typed_texts_saved(browser, served, tmp_path):  # noqa: F811
 
 
 def test_rate_slider_values_saved(browser, served, tmp_path):  # noqa: F811
-    from selenium.webdriver.common.keys import Keys
-
     folder, server = served("rate")
     browser.get(server.url + "?workerId=carol")
-    _instructions(browser)
-    moves = {0: 1, 1: 3, 2: 1, 3: 2}  # steps right of the scale's minimum, 1
-    for step in range(4):
-        if step == 1:
-            _click(browser, "#jspsych-html-button-response-btngroup button")
-        slider = wait_for(browser, lambda d: _css(d, "#jspsych-html-slider-response-response"), "the slider")[0]
-        for _ in range(moves[step]):
-            slider.send_keys(Keys.ARROW_RIGHT)
-        if step == 1:
-            screenshot(browser, tmp_path / "rate.png")
-        _click(browser, "#jspsych-html-slider-response-next")
+    _walk_rate(browser, {0: 1, 1: 3, 2: 1, 3: 2}, shot=tmp_path / "rate.png")  # steps right of the minimum, 1
     records = _finished(browser, folder, "carol")
     trials = _design_trials(records)
     assert {t: r["rating"] for t, r in trials.items()} == {1: 4, 2: 2, 3: 3}
     assert trials[1]["subject"] == "m1" and trials[3]["attention_passed"] is False  # asked for 5, set 3
     # No p= in the address: the server gave carol the first design participant.
     assert {r["vd_design_participant"] for r in records} == {"p001"}
+
+
+def test_on_a_static_host_jspsych_saves_the_data_locally(browser, tmp_path):  # noqa: F811
+    folder = write_folder(tmp_path / "rate", "rate")
+    build_experiment(folder)
+    host = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Logged, directory=str(folder)))
+    threading.Thread(target=host.serve_forever, daemon=True).start()
+    downloads = tmp_path / "downloads"
+    downloads.mkdir()
+    browser.execute_cdp_cmd("Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(downloads)})
+    try:
+        browser.get(f"http://127.0.0.1:{host.server_address[1]}/index.html?participant=dana&p=p002")
+        _walk_rate(browser, {0: 1, 1: 4, 2: 0, 3: 4})
+        code = wait_for(browser, lambda d: _css(d, "#vd-completion-code"), "the completion code")[0].text
+    finally:
+        host.shutdown()
+        host.server_close()
+    assert code == "VD-TEST1234"
+    saved = downloads / "vd-dana.json"
+    wait_for(browser, lambda d: saved.is_file(), "jsPsych's local save")
+    records = json.loads(saved.read_text())
+    trials = _design_trials(records)
+    assert {t: r["rating"] for t, r in trials.items()} == {1: 5, 2: 1, 3: 5}
+    assert trials[3]["attention_passed"] is True
+    assert {r["vd_design_participant"] for r in records if "vd_design_participant" in r} == {"p002"}
+    assert [r["completion_code"] for r in records if r.get("vd_kind") == "end"] == ["VD-TEST1234"]
+    assert not [line for line in _Logged.seen if not line.startswith("GET ")]  # nothing posted
