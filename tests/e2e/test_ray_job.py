@@ -19,7 +19,7 @@ from tests import required
 from vlm_decade.core.runfolder import RunFolder
 from vlm_decade.core.runtime import offline_env
 
-from .conftest import BIN, cli_env
+from .conftest import BIN, TRACED, cli_env, strace_filtered
 from .netcheck import outside_traffic
 
 pytestmark = pytest.mark.e2e
@@ -57,12 +57,14 @@ def ray_head(tmp_path):
         f"--temp-dir={ray_tmp}",
     ]
     log = tmp_path / "head.strace"
+    strace = required.tool("strace")
     cmd = [
-        required.tool("strace"),
+        strace,
+        *strace_filtered(strace),
         "-f",
         "-qq",
         "-e",
-        "trace=connect,sendto,sendmsg,sendmmsg,close",
+        TRACED,
         "-o",
         str(log),
         *cmd,
