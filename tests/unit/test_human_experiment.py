@@ -1,7 +1,7 @@
-"""The experiment builder (studies/decade/human/experiment.py): index.html carries the design of
-design.csv (read back from the page's JSON block, checked against the CSV read independently), only
-relative URLs to files the folder has, texts that survive any markup, jsPsych byte for byte as
-vendored, and a refused design names its file, row and field."""
+"""The experiment builder (studies/decade/human/experiment.py): index.html and trials/<participant>.json
+carry the design of design.csv (read back from the page's JSON block and the trial files, checked
+against the CSV read independently), only relative URLs to files the folder has, texts that survive
+any markup, jsPsych byte for byte as vendored, and a refused design names its file, row and field."""
 
 from __future__ import annotations
 
@@ -49,8 +49,14 @@ def test_the_page_carries_every_trial_of_the_design(tmp_path, experiment):
     design = _page(folder).design
     with open(folder / "design.csv", newline="") as fh:
         rows = list(csv.DictReader(fh))
-    assert sorted(design["participants"]) == ["p001", "p002"]
-    for participant, trials in design["participants"].items():
+    assert design["participants"] == ["p001", "p002"]
+    assert sorted(p.name for p in (folder / "trials").iterdir()) == ["p001.json", "p002.json"]
+    texts = {}
+    for participant in design["participants"]:
+        mine = json.loads((folder / "trials" / f"{participant}.json").read_text())
+        trials, texts = mine["trials"], texts | mine["texts"]
+        assert mine["participant"] == participant
+        assert mine["texts"] == {o: TEXTS[o] for t in trials for o in t["options"]}
         expected = sorted((r for r in rows if r["participant"] == participant), key=lambda r: int(r["trial"]))
         assert [t["trial"] for t in trials] == [1, 2, 3]
         for trial, row in zip(trials, expected):
@@ -62,9 +68,10 @@ def test_the_page_carries_every_trial_of_the_design(tmp_path, experiment):
     assert design["experiment_id"] == meta["experiment_id"] and design["completion_code"] == "VD-TEST1234"
     assert design["scale"] == meta["scale"] and design["experiment"] == experiment
     used = {o for r in rows for o in r["options"].split(";") if o}
-    assert design["texts"] == {key: TEXTS[key] for key in used}
-    # The example is p001's first trial that is not an attention check.
-    assert design["example"] == design["participants"]["p001"][0]
+    assert texts == {key: TEXTS[key] for key in used}
+    # The example is p001's first trial that is not an attention check, with the texts it shows.
+    assert design["example"] == json.loads((folder / "trials" / "p001.json").read_text())["trials"][0]
+    assert design["example_texts"] == {o: TEXTS[o] for o in design["example"]["options"]}
 
 
 def test_relative_urls_to_files_the_folder_has(tmp_path):
@@ -87,7 +94,7 @@ def test_texts_with_markup_come_back_as_written(tmp_path):
     rows[0]["text"] = nasty
     folder = write_folder(tmp_path / "rate", "rate", rows)
     build_experiment(folder)
-    assert _page(folder).design["participants"]["p001"][0]["text"] == nasty
+    assert _page(folder).design["example"]["text"] == nasty  # p001's first trial, in index.html
     assert "<script>alert" not in (folder / "index.html").read_text()
 
 
@@ -104,11 +111,17 @@ def test_a_bad_design_is_refused_naming_file_row_and_field(tmp_path):
     rows[1]["options"] = "kite-1;nowhere;kite-2"  # row 3 of design.csv
     rows[4]["image"] = "../escape.png"  # row 6
     rows[5]["trial"] = "0"  # row 7
+    rows[2]["participant"] = "../p001"  # row 4
     folder = write_folder(tmp_path / "rank", "rank", rows)
     with pytest.raises(InputError) as caught:
         build_experiment(folder)
     found = {(Path(p.file).name, p.row, p.field) for p in caught.value.problems}
-    assert found == {("design.csv", 3, "options"), ("design.csv", 6, "image"), ("design.csv", 7, "trial")}
+    assert found == {
+        ("design.csv", 3, "options"),
+        ("design.csv", 4, "participant"),
+        ("design.csv", 6, "image"),
+        ("design.csv", 7, "trial"),
+    }
     assert not (folder / "index.html").exists()
 
 
@@ -135,13 +148,14 @@ def test_a_folder_written_by_the_design_builds(tmp_path):
     texts = {d: f"text of {d}" for ids in descriptions.values() for d in ids}
     design = rank_design(descriptions, dict.fromkeys(files, "set"), texts, participants=2, attention_rate=0.1, seed=3)
     write_experiment(design, files, tmp_path / "rank", seed=3)
-    built = build_experiment(tmp_path / "rank")
-    page = _page(tmp_path / "rank").design
-    assert page == json.loads(json.dumps(built))
-    for participant, trials in page["participants"].items():
+    build_experiment(tmp_path / "rank")
+    built = {p.stem: json.loads(p.read_text()) for p in (tmp_path / "rank" / "trials").iterdir()}
+    assert sorted(built) == _page(tmp_path / "rank").design["participants"] == ["p001", "p002"]
+    for participant, held in built.items():
+        trials = held["trials"]
         mine = sorted((r for r in design.rows if r["participant"] == participant), key=lambda r: r["trial"])
         assert [(t["trial"], t["kind"], t["options"]) for t in trials] == [
             (r["trial"], r["kind"], r["options"].split(";")) for r in mine
         ]
-    assert any(t["kind"] == "attention" for t in page["participants"]["p001"])
-    assert all(page["texts"][option] for t in page["participants"]["p001"] for option in t["options"])
+    assert any(t["kind"] == "attention" for t in built["p001"]["trials"])
+    assert all(built["p001"]["texts"][option] for t in built["p001"]["trials"] for option in t["options"])

@@ -2,10 +2,13 @@
 
 `vlm-decade human design` writes what the experiment shows (design.csv, texts.csv, images/,
 experiment.json); `build_experiment` turns that into the page a participant opens. The design is
-checked first (every problem named by file, row and field), then read into one JSON object (the
-trials of each design participant, the texts of the options, the rating scale, the experiment id
-and the completion code) that index.html carries in a `<script type="application/json">` block;
-experiment.js, the same for every experiment, builds jsPsych's timeline from it. jsPsych is copied
+checked first (every problem named by file, row and field), then read into one object: the trials of
+each design participant, the texts of the options, the rating scale, the experiment id and the
+completion code. index.html carries what every participant needs in a `<script type="application/json">`
+block (the design participants, the example trial, the scale, the ids); each design participant's
+trials and texts are `trials/<participant>.json`, fetched by the page once it knows the participant
+(at the paper's ranking size the whole design is 11.6 MB, a participant's part a fiftieth of it).
+experiment.js, the same for every experiment, builds jsPsych's timeline from them. jsPsych is copied
 from the package's vendored copy (static/jspsych, its README names versions and licence), so the
 folder runs from any static host, JATOS or `vlm-decade human serve` with nothing fetched from
 elsewhere, and every URL in it is relative.
@@ -21,7 +24,7 @@ from pathlib import Path
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from vlm_decade.core.errors import Problems
-from vlm_decade.core.files import write_if_changed
+from vlm_decade.core.files import safe_name, write_if_changed
 from vlm_decade.studies.decade.human.design import DESIGN_COLUMNS, EXPERIMENTS, experiment_id
 
 HERE = Path(__file__).parent
@@ -50,6 +53,8 @@ def _trial(row: dict) -> dict:
 def _check_row(problems: Problems, folder: Path, number: int, row: dict, experiment: str, texts: dict) -> None:
     """One design row's problems (row numbers as a spreadsheet shows them)."""
     name = str(folder / "design.csv")
+    if not row["participant"] or safe_name(row["participant"]) != row["participant"]:
+        problems.add(name, f"participant '{row['participant']}' is not a plain name", number, "participant")
     if row["experiment"] != experiment:
         problems.add(name, f"experiment '{row['experiment']}' in a '{experiment}' design", number, "experiment")
     if row["kind"] not in {experiment, "attention"}:
@@ -129,19 +134,43 @@ def read_design(folder: Path) -> dict:
     }
 
 
+def _texts_of(design: dict, trials: list[dict]) -> dict[str, str]:
+    return {option: design["texts"][option] for option in sorted({o for t in trials for o in t["options"]})}
+
+
+def page_data(design: dict) -> dict:
+    """What index.html carries: the design without the trials, the example's texts beside it."""
+    shared = {key: design[key] for key in ("experiment", "experiment_id", "completion_code", "scale", "example")}
+    example_texts = _texts_of(design, [design["example"]])
+    return shared | {"participants": sorted(design["participants"]), "example_texts": example_texts}
+
+
+def participant_data(design: dict, participant: str) -> dict:
+    """trials/<participant>.json: a design participant's trials and the texts they show."""
+    trials = design["participants"][participant]
+    return {"participant": participant, "trials": trials, "texts": _texts_of(design, trials)}
+
+
 def render_index(design: dict) -> str:
-    """index.html: jsPsych, its plugins, the design as JSON, experiment.js."""
+    """index.html: jsPsych, its plugins, the page's part of the design as JSON, experiment.js."""
     env = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(["html"]))
-    return env.get_template("index.html").render(title=TITLES[design["experiment"]], plugins=PLUGINS, design=design)
+    title = TITLES[design["experiment"]]
+    return env.get_template("index.html").render(title=title, plugins=PLUGINS, design=page_data(design))
 
 
 def build_experiment(folder: str | Path) -> dict:
-    """Write index.html, experiment.js and jspsych/ into the experiment folder (each only where it
-    changed); returns the design object index.html carries."""
+    """Write index.html, experiment.js, trials/ and jspsych/ into the experiment folder (each file only
+    where it changed); returns the whole design."""
     folder = Path(folder)
     design = read_design(folder)
     write_if_changed(folder / "index.html", render_index(design).encode("utf-8"))
     write_if_changed(folder / "experiment.js", (HERE / "templates" / "experiment.js").read_bytes())
+    for participant in design["participants"]:
+        data = json.dumps(participant_data(design, participant), ensure_ascii=False, separators=(",", ":"))
+        write_if_changed(folder / "trials" / f"{participant}.json", data.encode("utf-8"))
+    for stale in (folder / "trials").glob("*.json"):  # a participant of an earlier design
+        if stale.stem not in design["participants"]:
+            stale.unlink()
     for vendored in sorted(VENDORED.iterdir()):
         write_if_changed(folder / "jspsych" / vendored.name, vendored.read_bytes())
     return design

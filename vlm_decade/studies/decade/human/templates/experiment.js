@@ -1,8 +1,9 @@
 /* The human experiment of a vlm-decade Study A, on jsPsych 8 (docs/human.md).
  *
  * What to show comes from index.html's embedded design (the JSON block "vd-design", written by
- * `vlm-decade human design`): the experiment's trials per design participant, the texts of the
- * descriptions a ranking trial shows, the rating scale and the completion code. Where the data goes
+ * `vlm-decade human design`: the design participants, the example trial, the rating scale and the
+ * completion code) and from trials/<design participant>.json (that participant's trials and the texts
+ * of the descriptions their ranking trials show), fetched once the participant is known. Where the data goes
  * depends on where the page runs:
  *   - served by `vlm-decade human serve`: every trial is posted to data/<participant> as it ends, and
  *     a reload asks the server what it holds and skips the finished trials;
@@ -13,6 +14,7 @@
   "use strict";
 
   const DESIGN = JSON.parse(document.getElementById("vd-design").textContent);
+  const TEXTS = Object.assign({}, DESIGN.example_texts); // and the participant's, once fetched
   const URL_IDS = ["PROLIFIC_PID", "participant", "workerId"];
   const DESIGN_KINDS = ["describe", "rank", "rate", "attention"];
   const RETRY_MS = 1000;
@@ -74,8 +76,8 @@
   // The design participant a static host gives: `?p=`, else one picked by a hash of the id.
   function pickedDesignParticipant(jsPsych, participant) {
     const asked = jsPsych.data.getURLVariable("p");
-    if (asked && DESIGN.participants[asked]) return asked;
-    const names = Object.keys(DESIGN.participants).sort();
+    if (asked && DESIGN.participants.includes(asked)) return asked;
+    const names = DESIGN.participants;
     let hash = 2166136261;
     for (const c of participant) hash = Math.imul(hash ^ c.charCodeAt(0), 16777619) >>> 0;
     return names[hash % names.length];
@@ -136,7 +138,7 @@
 
   function trialData(row, kind) {
     return {
-      vd_trial: row.trial,
+      vd_trial: kind === "example" ? undefined : row.trial, // the example is no trial of the design
       vd_kind: kind,
       image_id: row.image_id,
       condition: row.condition,
@@ -166,7 +168,7 @@
     return {
       type: jsPsychHtmlButtonResponse,
       stimulus: imageHtml(row) + "<p>Which description best matches the scene?</p>",
-      choices: row.options.map((id) => DESIGN.texts[id]),
+      choices: row.options.map((id) => TEXTS[id]),
       button_layout: "flex",
       button_html: (choice, index) =>
         '<button class="jspsych-btn vd-option" data-option="' + escapeHtml(row.options[index]) + '">' +
@@ -278,7 +280,18 @@
       records.filter((record) => DESIGN_KINDS.includes(record.vd_kind)).map((record) => record.vd_trial),
     );
     const heldKinds = new Set(records.map((record) => record.vd_kind));
-    const rows = DESIGN.participants[designParticipant].filter((row) => !done.has(row.trial));
+    let mine;
+    try {
+      const answer = await fetch("trials/" + encodeURIComponent(designParticipant) + ".json");
+      if (!answer.ok) throw new Error("HTTP " + answer.status);
+      mine = await answer.json();
+    } catch (error) {
+      jsPsych.getDisplayElement().innerHTML =
+        "<p>The experiment could not load its trials (" + escapeHtml(error.message) + "): open it from a web server.</p>";
+      return;
+    }
+    Object.assign(TEXTS, mine.texts);
+    const rows = mine.trials.filter((row) => !done.has(row.trial));
     await jsPsych.run(timeline(rows, heldKinds));
   }
 
