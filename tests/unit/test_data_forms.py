@@ -19,6 +19,7 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from vlm_decade.cli import app
+from vlm_decade.core import storage
 from vlm_decade.studies import study_from_dict
 from vlm_decade.studies.decade.config import RankingConfig
 from vlm_decade.studies.decade.data import load_study_data
@@ -313,18 +314,21 @@ def load_hf(study_file: Path):
     from vlm_decade.studies.openworld.data import load_openworld_form
 
     study = load_study(study_file)
-    return load_openworld_form(study.data, inputs=study.output / "inputs")
+    return load_openworld_form(study.data)
 
 
 @pytest.mark.parametrize("form", ["hf", "hfpq", "hfone"])
 def test_a_hugging_face_dataset_gives_the_csv_forms_tables(study_hf, form):
     by_csv = load_hf(study_hf / "hfcsv.yaml")
     by_hf = load_hf(study_hf / f"{form}.yaml")
-    # The images are the dataset's bytes, written into the run folder: only their paths differ.
+    # The images are read in place from the dataset's files: only their paths differ, each its row's location.
     assert by_hf.images.drop_columns(["path"]).equals(by_csv.images.drop_columns(["path"]))
-    assert all(
-        p.startswith(str(study_hf / "run" / "inputs" / "pets" / "train")) for p in by_hf.images["path"].to_pylist()
-    )
+    files = sorted(PETS)
+    for image_id, path in zip(by_hf.images["image_id"].to_pylist(), by_hf.images["path"].to_pylist()):
+        member = storage.member(path)
+        assert member is not None and member.name == image_id and member.column == "image"
+        assert storage.read_bytes(path) == (study_hf / "pics" / files[int(image_id.split("/")[1])]).read_bytes()
+    assert not (study_hf / "run").exists()  # nothing copied into the run folder
     assert by_hf.labels.equals(by_csv.labels)
     assert by_hf.classnames == by_csv.classnames == {"pets": ("cat", "dog")}
 
@@ -384,3 +388,27 @@ def test_votes_rank_a_captions_jsons_descriptions_as_they_rank_the_tables(study_
     by_csv, by_coco = load_a(study_a, tables), load_a(study_a, coco)
     assert by_coco.references.equals(by_csv.references)
     assert by_coco.ranking_method == by_csv.ranking_method == {"tiny": "votes"}
+
+
+def said(study_file: Path, counts: str, form: str) -> None:
+    """`validate` passes the study and ends its line with `form` after `counts`."""
+    done = CliRunner().invoke(app, ["validate", str(study_file)])
+    output = " ".join(done.output.split())
+    assert done.exit_code == 0, output
+    assert counts in output and form in output, output
+    assert output.index(counts) < output.index(form)
+
+
+def test_validate_says_which_form_study_a_was_read_from(study_a):
+    counts = "2 images in 1 dataset (tiny), 6 human descriptions"
+    tables = f"{study_a / 'images.csv'} and {study_a / 'humans.csv'}, images from the folder {study_a / 'imgs'}"
+    said(study_a / "csv.yaml", counts, f"; read from the tables {tables}")
+    said(study_a / "coco.yaml", counts, f"; read from the COCO captions JSON {study_a / 'captions.json'}")
+
+
+def test_validate_says_which_form_study_b_was_read_from(study_hf):
+    """The image folder's line: test_validate_says_the_image_folder_and_its_counts."""
+    counts = "3 labelled images in 1 dataset (pets: prototypical)"
+    tables = f"{study_hf / 'hflabels.csv'} and {study_hf / 'classes.csv'}, images from the folder {study_hf / 'pics'}"
+    said(study_hf / "hfcsv.yaml", counts, f"; read from the tables {tables}")
+    said(study_hf / "hf.yaml", counts, f"; read from the Hugging Face dataset {study_hf / 'saved'} (split train)")

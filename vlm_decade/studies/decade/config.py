@@ -114,10 +114,14 @@ class DataConfig(Settings):
         return self.captions_json if self.captions_json is not None else self.descriptions
 
     def form(self) -> str:
-        """Which form the data is read from, as `validate` says it ('' for the tables)."""
+        """Which form the data is read from, as `validate` says it."""
         if self.shards is not None:
             return f"; images read from the shards {', '.join(self.shards)}"
-        return "" if self.captions_json is None else f"; read from the COCO captions JSON {self.captions_json}"
+        if self.captions_json is None:
+            return (
+                f"; read from the tables {self.images} and {self.descriptions}, images from the folder {self.image_dir}"
+            )
+        return f"; read from the COCO captions JSON {self.captions_json}"
 
 
 class RankingConfig(Settings):

@@ -105,12 +105,16 @@ class OpenWorldDataConfig(Settings):
         return self
 
     def form(self) -> str:
-        """Which form the data is read from, as `validate` says it ('' for the tables)."""
+        """Which form the data is read from, as `validate` says it."""
         if self.shards is not None:
             return f"; images read from the shards {', '.join(self.shards)}"
         if self.hf_dataset is not None:
             return f"; read from the Hugging Face dataset {self.hf_dataset} (split {self.split})"
-        return "" if self.image_folder is None else f"; read from the image folder {self.image_folder}"
+        if self.image_folder is None:
+            return (
+                f"; read from the tables {self.labels} and {self.classnames}, images from the folder {self.image_dir}"
+            )
+        return f"; read from the image folder {self.image_folder}"
 
 
 class PromptConfig(Settings):
