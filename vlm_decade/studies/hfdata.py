@@ -3,10 +3,10 @@
 `state.json`) or its Parquet files (the features in the schema's `huggingface` metadata), read with
 pyarrow alone (the `datasets` package is not needed). A split is chosen by name; the labels are the
 `ClassLabel` feature's integers, named by its `names`; the image column is a struct of `bytes` and
-`path`. The images stage checks files, so each image's bytes are written into the run folder's
-`inputs/<dataset>/<split>/` (once: an unchanged file is not written again), and taken away again
-when the input is refused. The result is the labels and class-names tables of the CSV form
-(`core.tables.Table`), checked as those are.
+`path`. The images are read in place, never copied: each image's `file` is its location in the
+dataset's file (`core.storage.members`: a Parquet row group's row, or an Arrow record batch's), which
+the images check, the models and the viewer read as they read a file. The result is the labels and
+class-names tables of the CSV form (`core.tables.Table`), checked as those are.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from vlm_decade.core.errors import Problems
-from vlm_decade.core.files import write_if_changed
+from vlm_decade.core.storage.members import parquet_row
 from vlm_decade.core.tables import Table
 from vlm_decade.studies.forms import table
 
@@ -69,19 +69,29 @@ def _schema(file: Path) -> pa.Schema:
         return pa.ipc.open_stream(source).schema
 
 
+def _places(file: Path) -> list[tuple[int, int]]:
+    """(row group or record batch, row in it) of each row of a data file, in order."""
+    if file.suffix == ".parquet":
+        metadata = pq.ParquetFile(file).metadata
+        sizes = [metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)]
+    else:
+        with pa.memory_map(str(file)) as source:
+            sizes = [batch.num_rows for batch in pa.ipc.open_stream(source)]
+    return [(group, row) for group, size in enumerate(sizes) for row in range(size)]
+
+
 def hf_tables(
     root: Path,
     split: str,
     columns: tuple[str, str],
     dataset: str,
     granularity: str,
-    inputs: Path,
     problems: Problems,
-) -> tuple[Table, Table, list[Path], list[str]] | None:
+) -> tuple[Table, Table, list[str]] | None:
     """The labels and class-names tables of a dataset's split (`columns`: its image and label
-    columns), its images written under `inputs`; the files newly written (to take away on refusal)
-    and, per row, where it came from (`file`, row n). None, with problems and nothing written, when
-    the dataset, its image column or its class names cannot be found, or a row cannot be used."""
+    columns), each image's `file` its row's location in the dataset's files; and, per row, where it
+    came from (`file`, row n). None, with problems, when the dataset, its image column or its class
+    names cannot be found, or a row cannot be used."""
     root = Path(root)
     if not root.is_dir():
         problems.add(root, "Hugging Face dataset folder not found", field=FIELD)
@@ -110,36 +120,24 @@ def hf_tables(
         )
     if problems:
         return None
-    rows: list[tuple[bytes, str, int]] = []
+    labels: dict[str, list[str]] = {c: [] for c in ("image_id", "dataset", "file", "label", "granularity", "accepted")}
     origins: list[str] = []
     for file in files:
-        read = _read(file, [image_column, label_column])
-        images = read.column(image_column).combine_chunks()
-        for n, (data, path, label) in enumerate(
-            zip(
-                images.field("bytes").to_pylist(),
-                images.field("path").to_pylist(),
-                read.column(label_column).to_pylist(),
-            )
-        ):
-            where = f"{file}, row {n}"
-            if not data:
-                problems.add(file, f"row {n}: '{image_column}' has no bytes")
+        read = _read(file, [label_column])
+        for n, (label, (group, row)) in enumerate(zip(read.column(label_column).to_pylist(), _places(file))):
             if label is None or not 0 <= label < len(names):
                 problems.add(file, f"row {n}: label {label} is not a class number (0 to {len(names) - 1})")
-            rows.append((data, Path(path or "").suffix.lower(), label))
-            origins.append(where)
+                continue
+            image_id = f"{split}/{len(origins):06d}"
+            try:
+                where = parquet_row(str(file.resolve()), image_id, image_column, group, row).location
+            except ValueError as exc:  # a column or folder name that a location cannot hold unambiguously
+                problems.add(file, f"row {n}: {exc}")
+                return None
+            for column, value in zip(labels, (image_id, dataset, where, names[label], granularity, "")):
+                labels[column].append(value)
+            origins.append(f"{file}, row {n}")
     if problems:
         return None
-    labels: dict[str, list[str]] = {c: [] for c in ("image_id", "dataset", "file", "label", "granularity", "accepted")}
-    written = []
-    for i, (data, suffix, label) in enumerate(rows):
-        file = f"{dataset}/{split}/{i:06d}{suffix}"
-        target = inputs / file
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if write_if_changed(target, data):
-            written.append(target)
-        for column, value in zip(labels, (f"{split}/{i:06d}", dataset, file, names[label], granularity, "")):
-            labels[column].append(value)
     classes = table(root, {"dataset": [dataset] * len(names), "class_name": list(names)}, list(range(len(names))))
-    return table(root, labels, list(range(len(rows)))), classes, written, origins
+    return table(root, labels, list(range(len(origins)))), classes, origins

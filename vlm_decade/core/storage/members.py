@@ -8,9 +8,11 @@ without streaming its shard:
 - tar: `<shard>.tar#<member name>@<offset>+<size>`: the member's data begins `offset` bytes into the
   shard (tarfile's `TarInfo.offset_data`) and is `size` bytes long;
 - Parquet: `<shard>.parquet#<key>@<row group>:<row>:<column>`: the image is row `row` of row group
-  `row group`, in column `column` (binary, or a struct whose `bytes` field holds them).
+  `row group`, in column `column` (binary, or a struct whose `bytes` field holds them);
+- Arrow (a Hugging Face `save_to_disk` file, an IPC stream): `<file>.arrow#<key>@<batch>:<row>:<column>`,
+  the record batch in place of the row group.
 
-A location is one only when the shard part ends in `.tar` or `.parquet` and the suffix after the
+A location is one only when the shard part ends in `.tar`, `.parquet` or `.arrow` and the suffix after the
 member parses; any other path, one with a `#` in its name included, is an ordinary file. Nothing
 here reads anything: `objects` reads what a location names.
 """
@@ -20,10 +22,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-TAR, PARQUET = ".tar", ".parquet"
+TAR, PARQUET, ARROW = ".tar", ".parquet", ".arrow"
 _TAR = re.compile(r"^(?P<shard>.+?\.tar)#(?P<member>.+)@(?P<offset>\d+)\+(?P<size>\d+)$", re.DOTALL)
 _PARQUET = re.compile(
-    r"^(?P<shard>.+?\.parquet)#(?P<member>.*)@(?P<group>\d+):(?P<row>\d+):(?P<column>[^@#:/]+)$", re.DOTALL
+    r"^(?P<shard>.+?\.(?:parquet|arrow))#(?P<member>.*)@(?P<group>\d+):(?P<row>\d+):(?P<column>[^@#:/]+)$", re.DOTALL
 )
 
 
@@ -52,8 +54,8 @@ def tar_member(shard: str, name: str, offset: int, size: int) -> Member:
 
 
 def parquet_row(shard: str, key: str, column: str, group: int, row: int) -> Member:
-    """Row `row` of row group `group` of a Parquet shard; ValueError as `tar_member`'s, or for a
-    column name with `@`, `#`, `:` or `/`."""
+    """Row `row` of row group `group` of a Parquet shard (of record batch `group` of an Arrow file);
+    ValueError as `tar_member`'s, or for a column name with `@`, `#`, `:` or `/`."""
     return _checked(Member(shard, key, group, row, column))
 
 

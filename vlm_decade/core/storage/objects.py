@@ -15,11 +15,12 @@ import re
 from functools import cache
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 from pyarrow import fs
 
 from vlm_decade.core.errors import StoreError
-from vlm_decade.core.storage.members import Member
+from vlm_decade.core.storage.members import ARROW, Member
 from vlm_decade.core.storage.members import parse as parse_member
 from vlm_decade.core.tables import regular_file_problem
 
@@ -171,7 +172,10 @@ def open_file(location: str):
 
 
 def _member_bytes(member: Member) -> bytes:
-    """One ranged read of a tar member's data, or one row group's image column of a Parquet shard."""
+    """One ranged read of a tar member's data, or one row group's image column of a Parquet shard, or
+    one record batch's of an Arrow file."""
+    if member.shard.endswith(ARROW):
+        return _arrow_bytes(member)
     with open_file(member.shard) as fh:
         if member.column is None:
             fh.seek(member.offset)
@@ -184,6 +188,24 @@ def _member_bytes(member: Member) -> bytes:
             value = column[member.size].as_py()
         except (ValueError, IndexError, KeyError, TypeError) as exc:  # pyarrow's errors are ValueErrors
             raise OSError(f"{member.name} cannot be read from shard {member.shard}: {exc}") from None
+    return _image_bytes(member, value)
+
+
+def _arrow_bytes(member: Member) -> bytes:
+    """The image of one row of an Arrow IPC stream file (`save_to_disk`'s): its batches are walked to
+    the member's, which a memory map makes a matter of reading their headers."""
+    with pa.memory_map(member.shard) if not is_uri(member.shard) else open_file(member.shard) as source:
+        try:
+            reader = pa.ipc.open_stream(source)
+            for _ in range(member.offset):
+                reader.read_next_batch()
+            value = reader.read_next_batch().column(member.column)[member.size].as_py()
+        except (StopIteration, ValueError, IndexError, KeyError, TypeError) as exc:
+            raise OSError(f"{member.name} cannot be read from {member.shard}: {exc or 'no such batch'}") from None
+    return _image_bytes(member, value)
+
+
+def _image_bytes(member: Member, value) -> bytes:
     data = value.get("bytes") if isinstance(value, dict) else value
     if not isinstance(data, bytes):
         raise OSError(f"{member.name}: shard {member.shard} holds no image bytes at row {member.size}")

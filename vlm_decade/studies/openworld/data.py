@@ -93,14 +93,13 @@ def load_openworld_form(
     cache: ImageCache | None = None,
     group_by: tuple[str, ...] = (),
     limit: int | None = None,
-    inputs: Path | None = None,
 ) -> OpenWorldData:
     """`load_openworld_data` of the study's `data` section, whichever form it names: the tables, an
-    image folder of class folders (`studies.forms.folder_tables`) or a Hugging Face dataset
-    (`studies.hfdata`, its images written under `inputs`, the run folder's), whose tables are checked
+    image folder of class folders (`studies.forms.folder_tables`), a Hugging Face dataset
+    (`studies.hfdata`, its images read in place) or images in shards, whose tables are checked
     as the tables' are, a problem at one of its rows named by its image's file or dataset row."""
     if data.hf_dataset is not None:
-        return _load_hf(data, inputs, cache, group_by, limit)
+        return _load_hf(data, cache, group_by, limit)
     if data.shards is not None:  # the labels name each image by its key: they have no `file` column
         problems = Problems()
         columns = tuple(c for c in LABEL_COLUMNS if c != "file")
@@ -138,42 +137,22 @@ def load_openworld_form(
 
 
 def _load_hf(
-    data: OpenWorldDataConfig,
-    inputs: Path | None,
-    cache: ImageCache | None,
-    group_by: tuple[str, ...],
-    limit: int | None,
+    data: OpenWorldDataConfig, cache: ImageCache | None, group_by: tuple[str, ...], limit: int | None
 ) -> OpenWorldData:
-    """A Hugging Face dataset's split, its images written under `inputs` and taken away on refusal."""
-    if inputs is None:
-        raise ValueError("a Hugging Face dataset's images are written into the run folder: `inputs` names it")
+    """A Hugging Face dataset's split, its images read in place (`studies.hfdata`)."""
     problems = Problems()
     columns = (data.image_column, data.label_column)
-    read = hf_tables(data.hf_dataset, data.split, columns, data.dataset, data.granularity, inputs, problems)
+    read = hf_tables(data.hf_dataset, data.split, columns, data.dataset, data.granularity, problems)
     if read is None:
         raise InputError(problems.items)
-    labels_t, classes_t, written, origins = read
+    labels_t, classes_t, origins = read
     try:
-        return _checked(labels_t, classes_t, inputs, problems, cache, data.background, group_by, limit)
+        return _checked(labels_t, classes_t, data.hf_dataset, problems, cache, data.background, group_by, limit)
     except InputError as exc:
-        _take_away(written, Path(inputs))
         problems = Problems()
         problems.extend(exc.problems)
         name_rows(problems, data.hf_dataset, lambda row, field: origins[row], as_file=True)
         raise InputError(problems.items, exc.image_ids) from None
-
-
-def _take_away(written: list[Path], inputs: Path) -> None:
-    """The files `hf_tables` wrote, and the folders they leave empty up to `inputs` and the run folder."""
-    for file in written:
-        file.unlink(missing_ok=True)
-    for folder in sorted(
-        {p for f in written for p in f.parents if p == inputs.parent or inputs.parent in p.parents}, reverse=True
-    ):
-        try:
-            folder.rmdir()
-        except OSError:  # not empty: something else is in it
-            pass
 
 
 def _checked(

@@ -50,7 +50,6 @@ def check(study: OpenWorldStudyConfig, cache: ImageCache | None = None) -> OpenW
             cache,
             study.analysis.group_by,
             study.limit,  # a smoke run reads only its own images
-            study.output / "inputs",  # where a Hugging Face dataset's images are written
         )
         image_ids = set(data.images.column("image_id").to_pylist())
     except InputError as exc:
