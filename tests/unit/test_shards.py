@@ -124,6 +124,10 @@ def test_a_tar_shard_streams_its_images_and_each_reads_back_alone(tmp_path):
         assert storage.read_bytes(location) == data  # one ranged read, as tarfile's offset_data says
         assert storage.stat(location) == storage.stat(str(tmp_path / "s.tar"))
     assert load_image(read[0][1].location).rgb[0, 0].tolist() == list(COLOURS["1"])
+    (tmp_path / "s.tar").write_bytes(b"\0" * 1024)  # the shard changed since: the member lies past its end
+    assert "lies past the end of shard" in storage.file_problem(read[1][1].location)
+    (tmp_path / "s.tar").unlink()
+    assert storage.file_problem(read[0][1].location) == "not found"
 
 
 @pytest.mark.parametrize("struct", [False, True], ids=["binary", "hf-struct"])

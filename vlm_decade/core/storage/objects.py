@@ -93,10 +93,17 @@ def file_problem(location: str | Path) -> str | None:
     shard's end."""
     member = shard_member(location)
     if member is not None:
-        problem = file_problem(member.shard)
-        if problem is None and member.column is None and stat(member.shard)[0] < member.offset + member.size:
-            problem = f"member {member.name} lies past the end of shard {member.shard} (changed since it was recorded?)"
-        return problem
+        # A bucket's shard is asked once (its size), not twice; a local one is checked first (a FIFO would block).
+        problem = None if is_uri(member.shard) else file_problem(member.shard)
+        if problem is not None:
+            return problem
+        try:
+            size = stat(member.shard)[0]
+        except (OSError, ValueError):
+            return file_problem(member.shard) or "cannot be read"
+        if member.column is None and size < member.offset + member.size:
+            return f"member {member.name} lies past the end of shard {member.shard} (changed since it was recorded?)"
+        return None
     if not is_uri(location):
         return regular_file_problem(location)
     problem = uri_problem(str(location))
