@@ -5,13 +5,16 @@ descriptions, clicking choices and moving sliders, reloaded mid-way (it goes on 
 not from the start) to the completion code. Then data/<participant>.json holds exactly the trials
 done, once each, with what was typed, clicked and set, and the importer reads the clicks back as
 the votes. The same page on a plain static host posts nothing and ends with jsPsych's own local
-save of the data, the participant's JSON file in the browser's downloads.
+save of the data, the participant's JSON file in the browser's downloads. And the whole way with no
+hand-written file: `human design` on a study, two participants clicking in the browser, `human
+import`, and the study's gold standard is the most-clicked description of each image.
 
 Chromium and chromedriver come from the system, as for the view's browser tests.
 """
 
 from __future__ import annotations
 
+import csv
 import functools
 import json
 import re
@@ -19,17 +22,21 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections import Counter
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from vlm_decade.core.errors import Problems
+from vlm_decade.studies import load_study
+from vlm_decade.studies.decade.data import load_study_data
 from vlm_decade.studies.decade.human.experiment import build_experiment
 from vlm_decade.studies.decade.human.importing import Exclusions, read_design, read_sources, sessions, tables
 
 from ..unit.human_folder import COLOURS, TEXTS, write_folder
-from .conftest import BIN, cli_env
+from ..unit.test_human_import import IMAGES, study_dir  # noqa: F401 (study_dir: the fixture)
+from .conftest import BIN, cli_env, vlm_decade
 from .test_view_browser import browser, screenshot, wait_for  # noqa: F401 (browser: the fixture)
 
 pytestmark = pytest.mark.e2e
@@ -254,3 +261,67 @@ def test_on_a_static_host_jspsych_saves_the_data_locally(browser, tmp_path):  # 
     assert {r["vd_design_participant"] for r in records if "vd_design_participant" in r} == {"p002"}
     assert [r["completion_code"] for r in records if r.get("vd_kind") == "end"] == ["VD-TEST1234"]
     assert not [line for line in _Logged.seen if not line.startswith("GET ")]  # nothing posted
+
+
+def _shown(driver) -> frozenset:
+    """The option ids on screen (empty between trials, and while the page is being replaced)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    try:
+        return frozenset(b.get_attribute("data-option") for b in _css(driver, ".vd-option"))
+    except StaleElementReferenceException:
+        return frozenset()
+
+
+def _rank_session(driver, url: str, design: dict[frozenset, dict]) -> Counter:
+    """One participant through a served ranking experiment: in each trial the option ending in
+    "-1" when it is one of the image's own, else its own option that sorts last; the clicks' tally."""
+    driver.get(url)
+    _instructions(driver)
+    _click(driver, ".vd-option")  # the example
+    _click(driver, "#jspsych-html-button-response-btngroup button")
+    clicks, before = Counter(), frozenset()
+    for step in range(len(design)):
+        wait_for(driver, lambda d, before=before: _shown(d) and _shown(d) != before, f"trial {step + 1}")
+        buttons = {b.get_attribute("data-option"): b for b in _css(driver, ".vd-option")}
+        before = frozenset(buttons)
+        row = design[before]
+        own = sorted(o for o in buttons if o not in row["distractors"].split(";"))
+        chosen = next((o for o in own if o.endswith("-1")), own[-1])
+        buttons[chosen].click()
+        clicks[chosen] += 1
+    wait_for(driver, lambda d: _css(d, "#vd-completion-code"), "the completion code")
+    return clicks
+
+
+def test_designed_served_clicked_imported_gold_is_the_tally(browser, study_dir, tmp_path):  # noqa: F811
+    """The whole way with no hand-written file: `human design` on a study, two participants in the
+    browser, `human import`; the study's gold standard is the most-clicked description of each image."""
+    study_file, folder = study_dir / "study.yaml", tmp_path / "rank"
+    args = ("--shown", "2", "--distractors", "1", "--participants", "2", "--attention", "0", "--out", str(folder))
+    made = vlm_decade("human", "design", str(study_file), "rank", *args)
+    assert made.returncode == 0, made.stderr
+    with open(folder / "design.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    server = Served(folder)
+    try:
+        tally = Counter()
+        for participant in ("p001", "p002"):
+            design = {frozenset(r["options"].split(";")): r for r in rows if r["participant"] == participant}
+            tally += _rank_session(browser, f"{server.url}?PROLIFIC_PID=w-{participant}&p={participant}", design)
+            _wait_saved(folder, f"w-{participant}", "end", 1)  # saved before the browser leaves the page
+    finally:
+        server.stop()
+    imported = vlm_decade(
+        "human", "import", str(study_file), "rank", "--experiment", str(folder), "--min-median-rt", "0"
+    )
+    assert imported.returncode == 0, imported.stderr
+    with open(folder / "votes.csv", newline="") as fh:
+        votes = list(csv.DictReader(fh))
+    assert Counter(v["chosen"] for v in votes) == tally and len(votes) == len(rows)
+    study = load_study(study_file)
+    data = load_study_data(study.data.model_copy(update={"votes": folder / "votes.csv"}), study.ranking, study.masks)
+    gold = {r["image_id"]: r["description_id"] for r in data.references.to_pylist() if r["role"] == "gold"}
+    for image in IMAGES:
+        mine = {d: n for d, n in tally.items() if d.startswith(f"{image}-")}
+        assert mine[gold[image]] == max(mine.values()), (image, gold[image], mine)
