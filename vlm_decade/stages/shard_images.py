@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 
 from vlm_decade.core import storage
 from vlm_decade.core.errors import STUDY_FILE, Problems
+from vlm_decade.core.storage.members import parse as parse_member  # of locations made here: parsed, not looked up
 from vlm_decade.core.tables import Table
 from vlm_decade.imaging.decode import NO_BACKGROUND, WHITE
 from vlm_decade.stages.images import (
@@ -106,7 +107,8 @@ def study_shard_images(data, table: Table | None, problems: Problems, cache: Ima
 
 
 def _named(shards: str | list[str]) -> str:
-    return f"data.shards: {shards}" if isinstance(shards, str) else f"data.shards: {len(shards)} patterns"
+    patterns = [shards] if isinstance(shards, str) else list(shards)
+    return "data.shards " + ", ".join(patterns[:3]) + (f" and {len(patterns) - 3} more" if len(patterns) > 3 else "")
 
 
 def _readable(locations: list[str], shards: str | list[str], problems: Problems) -> list[str]:
@@ -115,7 +117,7 @@ def _readable(locations: list[str], shards: str | list[str], problems: Problems)
     readable = [location for location in locations if missing[location] is None]
     if not readable:
         first = f"; the first, {locations[0]}: {missing[locations[0]]}" if locations else ""
-        problems.add(STUDY_FILE, f"'{_named(shards)}' names no shard that can be read{first}", field=FIELD)
+        problems.add(STUDY_FILE, f"{_named(shards)} names no shard that can be read{first}", field=FIELD)
         return []
     for location, problem in missing.items():
         if problem is not None:
@@ -167,7 +169,7 @@ def _cached(cache: ImageCache, keys: list[tuple[str, int, int]]) -> list[ShardFo
 
 def _key_of(location: str) -> str:
     """The key of the image a member location names (a tar member's name up to its extension)."""
-    member = storage.member(location)
+    member = parse_member(location)
     if member.column is not None:
         return member.name
     named = storage.split_key(member.name)
@@ -235,12 +237,12 @@ def _gather(found: list[ShardFound], locations: list[str], background: str, prob
         if problem is not None:
             problems.add(shard, problem, field=FIELD)
         for key, location, result in zip(keys, locations_, results):
-            name = storage.member(location).name
+            name = parse_member(location).name
             if not key:
                 problems.add(shard, f"member {name}: its key is empty", field=FIELD)
                 continue
             if key in where:
-                other = storage.member(where[key][0])
+                other = parse_member(where[key][0])
                 problems.add(
                     shard,
                     f"key '{key}' (member {name}) is also in {other.shard} (member {other.name}): "
