@@ -18,6 +18,7 @@
   const URL_IDS = ["PROLIFIC_PID", "participant", "workerId"];
   const DESIGN_KINDS = ["describe", "rank", "rate", "attention"];
   const RETRY_MS = 1000;
+  const KEEPALIVE_BYTES = 60000; // under the 64 KB browsers allow a keepalive request
 
   const INSTRUCTIONS = {
     describe: [
@@ -106,10 +107,20 @@
       busy = true;
       while (queue.length) {
         try {
+          // keepalive: a post under way when the participant closes the page (the end record, sent
+          // as the completion code shows) still reaches the server; such a body may be 64 KB at most.
+          let count = Math.min(20, queue.length);
+          let body = JSON.stringify(queue.slice(0, count));
+          const bytes = (text) => new TextEncoder().encode(text).length;
+          while (count > 1 && bytes(body) > KEEPALIVE_BYTES) {
+            count = Math.ceil(count / 2);
+            body = JSON.stringify(queue.slice(0, count));
+          }
           const answer = await fetch("data/" + encodeURIComponent(participant), {
             method: "POST",
             headers: { "Content-Type": "application/json" },
-            body: JSON.stringify(queue.slice(0, 50)),
+            body: body,
+            keepalive: bytes(body) <= KEEPALIVE_BYTES,
           });
           if (!answer.ok) throw new Error("HTTP " + answer.status);
           const sent = (await answer.json()).received;
