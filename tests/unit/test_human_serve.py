@@ -157,3 +157,18 @@ def test_the_command_refuses_a_folder_that_is_no_experiment(folder):
     result = CliRunner().invoke(app, ["human", "serve", str(folder / "nowhere")])
     assert result.exit_code == 2 and "experiment.json: missing" in result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_the_command_refuses_a_port_in_use(folder):
+    import socket
+
+    from typer.testing import CliRunner
+
+    from vlm_decade.cli import app
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(app, ["human", "serve", str(folder), "--port", str(port)])
+    assert result.exit_code == 2 and f"cannot listen on port {port}" in result.output
