@@ -26,6 +26,7 @@ from collections import Counter
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from vlm_decade.core.errors import Problems
@@ -40,6 +41,13 @@ from .conftest import BIN, cli_env, vlm_decade
 from .test_view_browser import browser, screenshot, wait_for  # noqa: F401 (browser: the fixture)
 
 pytestmark = pytest.mark.e2e
+
+# What the imported study needs to run offline and quickly: a local encoder, few resamples.
+RUN_SECTIONS = """encoders:
+  - {name: SBERT-SI, backend: sentence-transformers, model_id: sentence-transformers/all-MiniLM-L6-v2}
+statistics: {n_resamples: 200, seed: 7}
+runtime: {num_cpus: 1}
+"""
 
 
 class Served:
@@ -325,3 +333,15 @@ def test_designed_served_clicked_imported_gold_is_the_tally(browser, study_dir, 
     for image in IMAGES:
         mine = {d: n for d, n in tally.items() if d.startswith(f"{image}-")}
         assert mine[gold[image]] == max(mine.values()), (image, gold[image], mine)
+    # And Study A runs on them: the run's gold standard is the one the imported votes gave.
+    voted = study_dir / "voted.yaml"
+    voted.write_text(
+        study_file.read_text().replace(
+            "descriptions: descriptions.csv}", f"descriptions: descriptions.csv, votes: {folder / 'votes.csv'}}}"
+        )
+        + RUN_SECTIONS
+    )
+    ran = vlm_decade("run", str(voted), "--out", str(tmp_path / "run"))
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    references = pq.read_table(tmp_path / "run" / "references.parquet").to_pylist()
+    assert {r["image_id"]: r["description_id"] for r in references if r["role"] == "gold"} == gold
