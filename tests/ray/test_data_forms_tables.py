@@ -7,8 +7,9 @@ so an image decoded differently in some form would change the answers. Columns t
 left out by name before the fingerprint is taken, and nowhere else:
 
 - Study A, COCO captions JSON: none (the JSON's ids and file names are the tables').
-- Study A, WebDataset tar and Parquet shards: `path` (an image's member of its shard, not a file);
-  the keys are the ids.
+- Both studies, WebDataset tar and Parquet shards (Study A's tar shards also in a moto S3 bucket,
+  run by the command line in a process of its own): `path` (an image's member of its shard, not a
+  file); the keys are the ids (Study B's `<class>/<name>`: a tar member `cat/000000.png`).
 - Study B, image folder: none (the CSV's ids and files are the folder's: `<class>/<name>`).
 - Study B, Hugging Face dataset: `image_id` and `path` (its ids are `<split>/<row>`, its images
   written into the run folder's `inputs/`), in every table that has them. Its rows are in the
@@ -20,6 +21,9 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -144,12 +148,46 @@ def write_shards(folder: Path, images: dict[str, bytes]) -> None:
 FORMS_A = ("csv", "coco", "tar", "parquet")
 
 
+def run_from_bucket(study: Path) -> Path:
+    """Study A with its tar shards in a moto S3 bucket on 127.0.0.1, run by the command line in a
+    process of its own: its Ray workers, which read the images, are started with the emulator's
+    endpoint and credentials in their environment (the session Ray's were started without them)."""
+    boto3 = pytest.importorskip("boto3")
+    server = pytest.importorskip("moto.server").ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        endpoint = "http://{}:{}".format(*server.get_host_and_port())
+        client = boto3.client(
+            "s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="t", aws_secret_access_key="t"
+        )
+        client.create_bucket(Bucket="forms")
+        for n in (0, 1):
+            client.put_object(
+                Bucket="forms", Key=f"shards/part-{n}.tar", Body=(study / f"shards/part-{n}.tar").read_bytes()
+            )
+        raw = yaml.safe_load((study / "tar.yaml").read_text())
+        raw["data"]["shards"], raw["output"] = "s3://forms/shards/part-{0..1}.tar", "run_bucket"
+        (study / "bucket.yaml").write_text(yaml.safe_dump(raw))
+        env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
+        env |= {"AWS_ACCESS_KEY_ID": "t", "AWS_SECRET_ACCESS_KEY": "t", "AWS_DEFAULT_REGION": "us-east-1"}
+        env |= {"AWS_EC2_METADATA_DISABLED": "true", "AWS_ENDPOINT_URL": endpoint, "HF_HUB_OFFLINE": "1"}
+        cli = Path(sys.executable).parent / "vlm-decade"
+        done = subprocess.run([str(cli), "run", str(study / "bucket.yaml")], capture_output=True, text=True, env=env)
+        assert done.returncode == 0, done.stderr[-3000:]
+    finally:
+        server.stop()
+    return study / "run_bucket"
+
+
 @pytest.fixture(scope="module")
 def runs_a(study_a) -> dict[str, Path]:
-    return {form: run_decade(load_study(study_a / f"{form}.yaml"), Reporter(quiet=True)).root for form in FORMS_A}
+    runs = {form: run_decade(load_study(study_a / f"{form}.yaml"), Reporter(quiet=True)).root for form in FORMS_A}
+    return runs | {"bucket": run_from_bucket(study_a)}
 
 
-@pytest.mark.parametrize(("form", "without"), [("coco", ()), ("tar", ("path",)), ("parquet", ("path",))])
+@pytest.mark.parametrize(
+    ("form", "without"), [("coco", ()), ("tar", ("path",)), ("parquet", ("path",)), ("bucket", ("path",))]
+)
 def test_study_a_gives_the_csv_forms_tables_from_every_form(runs_a, form, without):
     by_csv, by_form = fingerprints(runs_a["csv"], without), fingerprints(runs_a[form], without)
     assert {"images", "references", "responses"} <= set(by_csv)
@@ -194,6 +232,8 @@ def study_b(tmp_path_factory) -> Path:
         rows.append([file.removesuffix(".png"), "pets", file, CLASSES[label], "prototypical"])
     write_csv(root / "labels.csv", ["image_id", "dataset", "file", "label", "granularity"], rows)
     write_csv(root / "classnames.csv", ["dataset", "class_name"], [["pets", c] for c in CLASSES])
+    write_csv(root / "keys.csv", ["image_id", "dataset", "label", "granularity"], [r[:2] + r[3:] for r in rows])
+    write_shards(root / "shards", {row[0]: (root / "pics" / row[2]).read_bytes() for row in rows})
     hf_dataset(root / "saved", blobs, labels)
     base = {
         "name": "forms-b",
@@ -209,6 +249,9 @@ def study_b(tmp_path_factory) -> Path:
         "csv": {"labels": "labels.csv", "image_dir": "pics", "classnames": "classnames.csv"},
         "folder": {"image_folder": "pics", **named},
         "hf": {"hf_dataset": "saved", "split": "train", **named},
+        "tar": {"shards": "shards/part-{0..1}.tar", "labels": "keys.csv", "classnames": "classnames.csv"},
+        "parquet": {"shards": ["shards/part-0.parquet", "shards/part-1.parquet"], "labels": "keys.csv"}
+        | {"classnames": "classnames.csv"},
     }
     for form, data in forms.items():
         (root / f"{form}.yaml").write_text(yaml.safe_dump({**base, "data": data, "output": f"run_{form}"}))
@@ -219,11 +262,14 @@ def study_b(tmp_path_factory) -> Path:
 def runs_b(study_b) -> dict[str, Path]:
     return {
         form: run_openworld(load_study(study_b / f"{form}.yaml"), Reporter(quiet=True)).root
-        for form in ("csv", "folder", "hf")
+        for form in ("csv", "folder", "hf", "tar", "parquet")
     }
 
 
-@pytest.mark.parametrize(("form", "without"), [("folder", ()), ("hf", ("image_id", "path"))])
+@pytest.mark.parametrize(
+    ("form", "without"),
+    [("folder", ()), ("hf", ("image_id", "path")), ("tar", ("path",)), ("parquet", ("path",))],
+)
 def test_study_b_gives_the_csv_forms_tables_from_every_form(runs_b, form, without):
     by_csv, by_form = fingerprints(runs_b["csv"], without), fingerprints(runs_b[form], without)
     assert {"images", "labels", "responses"} <= set(by_csv)
