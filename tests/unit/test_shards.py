@@ -383,3 +383,19 @@ def test_the_viewer_app_serves_images_from_their_shard(tmp_path):
         thumb = app.get(f"/picture/thumb/{image_id}")
         assert thumb.status_code == 200 and thumb.headers["content-type"] in ("image/jpeg", "image/png")
     assert app.get(f"/image/{next(iter(loose))}").status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"image_dir": "imgs"}, "give neither `image_dir` nor `captions_json` with it"),
+        ({"images": "images.csv"}, "give `dataset` (every image of the shards is of it) or an `images` table"),
+        ({"shards": "shards/s-{00..01}.zip"}, "is no shard: a shard is an uncompressed .tar or a .parquet file"),
+        ({"shards": "shards/s-{x}.tar"}, "is neither a range {000..009} nor a list {a,b}"),
+    ],
+)
+def test_a_study_file_that_misnames_its_shards_is_refused(study_a, change, expected):
+    raw = yaml.safe_load((study_a / "tar.yaml").read_text())
+    raw["data"].update(change)
+    (study_a / "bad.yaml").write_text(yaml.safe_dump(raw))
+    refused(study_a / "bad.yaml", "data", expected)
