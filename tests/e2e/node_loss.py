@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import threading
 import time
@@ -73,13 +74,17 @@ def busy_worker(cluster, ray):
 
 
 def run_stage(study, out: Path, stage: str, cluster=None, kill_after: int = 0) -> dict:
-    """One stage in a fresh run folder, removing the busy worker after `kill_after` items."""
+    """One stage in a fresh run folder, removing the busy worker after `kill_after` items. The embed
+    stage's folder begins as a copy of the uninterrupted describe run's: its responses are done there
+    (and skipped here), so both embed runs encode the same texts without describing again."""
     data = check(study)
+    if stage == "embed":
+        shutil.copytree(out.parent / "describe-uninterrupted", out)
     run = StudyRun(RunFolder(out), Reporter(quiet=True), LazyRay(study.runtime))
     run.run_stage(given("images", data.images))
     run.run_stage(given("references", data.references))
     if stage == "embed":
-        run.run_stage(describe.stage(study, plan(study)))
+        assert not run.run_stage(describe.stage(study, plan(study))), "describe ran again in the copy"
     reporter = run.reporter = Progress(kill_after or 10**9)  # counts the stage under test alone
     target = describe.stage(study, plan(study)) if stage == "describe" else embed.stage(study)
     failures: list[BaseException] = []
