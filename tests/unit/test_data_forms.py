@@ -1,6 +1,6 @@
 """The data forms people keep read as the tables of the CSV form: a COCO captions JSON (Study A), and
 an image folder of class folders or a Hugging Face dataset on disk (Study B), give the CSV + files
-run's tables (a Hugging Face dataset's image paths aside: its bytes are written into the run folder),
+run's tables (a Hugging Face dataset's image paths aside: each its row's place in the dataset's files),
 and each bad input of a form exits 2 through `validate`, named by its JSON path, folder, file or
 dataset row, with no traceback and nothing written."""
 
