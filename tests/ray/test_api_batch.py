@@ -67,6 +67,13 @@ def waiting_lines(server: FakeAPIServer, provider: str, embeddings: bool) -> int
     )
 
 
+def all_due(server: FakeAPIServer) -> None:
+    """Wait until every batch the server holds is past its `batch_delay_s`: the next look at it
+    finds it worked through (a fixed pause would wait the whole delay however long ago it began)."""
+    due = max(b.created for b in server.batches.batches.values()) + server.faults.batch_delay_s
+    time.sleep(max(0.0, due - time.time()))
+
+
 def environment() -> dict:
     """This process's environment (the `keys` fixture's keys), wide enough that no message wraps."""
     return {**os.environ, "COLUMNS": "400"}
@@ -208,7 +215,7 @@ def test_a_run_that_does_not_wait_submits_every_batch_of_a_stage_at_once_and_a_l
             assert line in status.stdout, line
 
         # The next run that does not wait collects both models' answers and submits both encoders' texts.
-        time.sleep(3.0)
+        all_due(server)
         second = cli("run", path, "--out", out, "--no-wait")
         assert second.returncode == 0 and "waiting for batches: encoder GPT-SI: " in second.stderr, second.stderr
         assert "encoder GEM-SI: " in second.stderr
@@ -224,7 +231,7 @@ def test_a_run_that_does_not_wait_submits_every_batch_of_a_stage_at_once_and_a_l
         assert f"openai: batches 1 completed (chat), 1 pending (embeddings, {waiting} requests waiting)" in status
         assert f"gemini: batches 1 completed (chat), 1 pending (embeddings, {waiting} requests waiting)" in status
 
-        time.sleep(3.0)
+        all_due(server)
         last = cli("run", path, "--out", out)
         assert last.returncode == 0, last.stderr
         assert created() == {("openai", False): 1, ("gemini", False): 1, ("openai", True): 1, ("gemini", True): 1}
