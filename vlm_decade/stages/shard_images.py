@@ -51,6 +51,13 @@ ShardFound = tuple[list[str], list[str], list[Found | str], str | None]
 # small images, which repays the pool's start (as `images.PROCESSES_FROM` does for loose files).
 PROCESSES_FROM_BYTES = 32 << 20
 _NOTHING: Found = ("", 0, 0, "", False)
+# What one image of a shard was found to be: its key, member location, finding (empty where it was found
+# bad) and what is wrong with it (null: nothing).
+FOUND_SCHEMA = pa.schema(
+    [("key", pa.string()), ("path", pa.string())]
+    + [CACHE_SCHEMA.field(c) for c in CACHE_SCHEMA.names[3:]]
+    + [("problem", pa.string())]
+)
 _SHARD = r"^(?P<shard>.+?\.(?:tar|parquet))#"
 
 
@@ -78,22 +85,24 @@ def check_shard_images(
     if not readable:
         return None
     cache = cache or ImageCache()
-    found = _check_all(readable, cache, columns)
-    where = _gather(found, readable, background, problems)
+    kept = _gather(_check_all(readable, cache, columns), readable, background, problems)
     if table is None:
-        table = _keys_table(readable[0], list(where), dataset or "")
+        table = _keys_table(readable[0], kept.column("key"), dataset or "")
     keep = checked_rows(table, ("image_id", "dataset"), problems)
     ids, rows = table.text("image_id").filter(keep), table.numbers.filter(keep)
     datasets = table.text("dataset").filter(keep)
-    taken = taken_images(ids, datasets, limit)
-    out: dict[str, list] = {c: [] for c in ("path", "sha256", "width", "height", "mode", "transparent")}
-    for image_id, row, take in zip(ids.to_pylist(), rows.to_pylist(), taken.tolist()):
-        location, result = where.get(image_id, ("", None))
-        if result is None and image_id:
+    at = pc.index_in(ids, value_set=kept.column("key"))
+    held = pc.is_valid(at)
+    for image_id, row in zip(ids.filter(pc.invert(held)).to_pylist(), rows.filter(pc.invert(held)).to_pylist()):
+        if image_id:
             problems.add(table.file, f"no shard holds image_id '{image_id}' ({_named(shards)})", row, "image_id")
-        good = take and not isinstance(result, str) and result is not None
-        for column, value in zip(out, (location, *(result if good else _NOTHING))):
-            out[column].append(value)
+    found = kept.take(at)
+    good = pc.and_(pa.array(taken_images(ids, datasets, limit)), pc.and_(held, pc.is_null(found.column("problem"))))
+    out = {"path": pc.fill_null(found.column("path"), "")}
+    for column, empty in zip(CHECKED_SCHEMA.names[4:], _NOTHING):
+        out[column] = pc.if_else(
+            pc.fill_null(good, False), found.column(column), pa.scalar(empty, CHECKED_SCHEMA.field(column).type)
+        )
     cache.settle()
     checked = {"image_id": ids, "row": rows, "dataset": datasets} | out
     return table, pa.table(checked, schema=CHECKED_SCHEMA)
@@ -125,26 +134,38 @@ def _readable(locations: list[str], shards: str | list[str], problems: Problems)
     return readable
 
 
-def _check_all(locations: list[str], cache: ImageCache, columns: tuple[str | None, str | None]) -> list[ShardFound]:
-    """`inspect_shard` of each shard, in order, from the cache while the shard's size and time are
-    unchanged since a check that found it clean; what was found clean is added to the cache."""
+def _check_all(
+    locations: list[str], cache: ImageCache, columns: tuple[str | None, str | None]
+) -> tuple[pa.Table, list]:
+    """`inspect_shard` of each shard, from the cache while the shard's size and time are unchanged since
+    a check that found it clean: every image's finding as one FOUND_SCHEMA table (in the shards' order),
+    and each shard's own problem (None: read to its end). What was found clean is added to the cache.
+    A shard's findings become Arrow as they come: no Python object per image outlives its shard."""
     keys = [(location, *storage.stat(location)) for location in locations]
-    found: list[ShardFound | None] = _cached(cache, keys)
-    todo = [i for i, result in enumerate(found) if result is None]
+    tables: list[pa.Table | None] = _cached(cache, keys)
+    stopped: list[str | None] = [None] * len(keys)
+    todo = [i for i, result in enumerate(tables) if result is None]
     cache.unknown += len(todo)
     with cache.track("image shards", len(locations)) as advance:
         advance(len(locations) - len(todo))
         for i, result in zip(todo, _inspect_shards([locations[i] for i in todo], [keys[i][1] for i in todo], columns)):
-            found[i] = result
+            tables[i], stopped[i] = _as_table(result), result[3]
             advance(1)
-    for key, (_, where, results, problem) in zip(keys, found):
-        if problem is None and not any(isinstance(r, str) for r in results):
-            rows = [where, [key[1]] * len(where), [key[2]] * len(where)] + [[r[j] for r in results] for j in range(5)]
-            cache.add(pa.table(rows, schema=CACHE_SCHEMA))
-    return found
+    for (_, size, mtime), table, problem in zip(keys, tables, stopped):  # the cached too: the cache keeps them
+        if problem is None and table.column("problem").null_count == table.num_rows:
+            stamp = [pa.array([size] * table.num_rows, pa.int64()), pa.array([mtime] * table.num_rows, pa.int64())]
+            cache.add(pa.table([table.column("path"), *stamp, *table.columns[2:7]], schema=CACHE_SCHEMA))
+    return pa.concat_tables([FOUND_SCHEMA.empty_table(), *tables]), stopped
 
 
-def _cached(cache: ImageCache, keys: list[tuple[str, int, int]]) -> list[ShardFound | None]:
+def _as_table(found: ShardFound) -> pa.Table:
+    keys, where, results, _ = found
+    good = [_NOTHING if isinstance(r, str) else r for r in results]
+    problem = [r if isinstance(r, str) else None for r in results]
+    return pa.table([keys, where, *([g[j] for g in good] for j in range(5)), problem], schema=FOUND_SCHEMA)
+
+
+def _cached(cache: ImageCache, keys: list[tuple[str, int, int]]) -> list[pa.Table | None]:
     """What the cache knows of each shard (path, size, time): its members' findings, or None."""
     known = cache.known
     shard = pc.struct_field(pc.extract_regex(known.column("path"), _SHARD + ".*$"), [0]) if known.num_rows else None
@@ -156,14 +177,17 @@ def _cached(cache: ImageCache, keys: list[tuple[str, int, int]]) -> list[ShardFo
         names=["shard", "bytes", "mtime_ns", "at"],
     )
     hits = known.join(asked, ["shard", "bytes", "mtime_ns"], join_type="inner", use_threads=False)
-    out: list[ShardFound | None] = [None] * len(keys)
-    paths, at = hits.column("path").to_pylist(), hits.column("at").to_pylist()
-    findings = list(zip(*(hits.column(c).to_pylist() for c in CACHE_SCHEMA.names[3:])))
-    for i in sorted(range(len(paths)), key=lambda i: paths[i]):
-        entry = out[at[i]] = out[at[i]] or ([], [], [], None)
-        entry[0].append(_key_of(paths[i]))
-        entry[1].append(paths[i])
-        entry[2].append(findings[i])
+    hits = hits.sort_by([("at", "ascending"), ("path", "ascending")])
+    out: list[pa.Table | None] = [None] * len(keys)
+    at = hits.column("at").to_numpy()
+    starts = np.flatnonzero(np.r_[True, at[1:] != at[:-1]]) if len(at) else np.array([], dtype=np.int64)
+    for begin, end in zip(starts, np.r_[starts[1:], len(at)]):
+        rows = hits.slice(begin, end - begin)
+        key = pa.array([_key_of(p) for p in rows.column("path").to_pylist()], pa.string())
+        found = [rows.column(c) for c in CACHE_SCHEMA.names[3:]]
+        out[at[begin]] = pa.table(
+            [key, rows.column("path"), *found, pa.nulls(len(key), pa.string())], schema=FOUND_SCHEMA
+        )
     return out
 
 
@@ -229,44 +253,47 @@ def inspect_shard(location: str, key_column: str | None = None, image_column: st
     return keys, where, found, problem
 
 
-def _gather(found: list[ShardFound], locations: list[str], background: str, problems: Problems) -> dict:
-    """key -> (member location, finding) of every image of the shards; the problems of each shard
-    and member, and of a key that two members hold, are added."""
-    where: dict[str, tuple[str, Found | str]] = {}
-    for shard, (keys, locations_, results, problem) in zip(locations, found):
+def _gather(checked: tuple[pa.Table, list], locations: list[str], background: str, problems: Problems) -> pa.Table:
+    """The findings of every image of the shards, the first of each key; the problems of each shard
+    and member, and of a key that two members hold, are added (looked at one by one: only those)."""
+    found, stopped = checked
+    for shard, problem in zip(locations, stopped):
         if problem is not None:
             problems.add(shard, problem, field=FIELD)
-        for key, location, result in zip(keys, locations_, results):
-            name = parse_member(location).name
-            if not key:
-                problems.add(shard, f"member {name}: its key is empty", field=FIELD)
-                continue
-            if key in where:
-                other = parse_member(where[key][0])
-                problems.add(
-                    shard,
-                    f"key '{key}' (member {name}) is also in {other.shard} (member {other.name}): "
-                    "a key names one image",
-                    field=FIELD,
-                )
-                continue
-            where[key] = (location, result)
-            if isinstance(result, str):
-                problems.add(shard, f"member {name} (key '{key}'): {result}", field=FIELD)
-            elif result[4] and background == NO_BACKGROUND:
-                problems.add(
-                    shard,
-                    f"member {name} (key '{key}') has transparent pixels, and data.background is none",
-                    field=FIELD,
-                )
-    return where
+    keys = found.column("key")
+    for location in found.column("path").filter(pc.equal(keys, "")).to_pylist():
+        member = parse_member(location)
+        problems.add(member.shard, f"member {member.name}: its key is empty", field=FIELD)
+    found = found.filter(pc.not_equal(keys, ""))
+    order = pc.sort_indices(found, [("key", "ascending")]).to_numpy()  # stable: of one key, the first found first
+    ordered = found.column("key").take(order).to_numpy(zero_copy_only=False)
+    again = np.r_[False, ordered[1:] == ordered[:-1]] if len(order) else np.zeros(0, dtype=bool)
+    first = np.maximum.accumulate(np.where(again, 0, np.arange(len(order))))  # each row's first of its key
+    paths = found.column("path")
+    for i in np.flatnonzero(again):
+        member, other = parse_member(paths[int(order[i])].as_py()), parse_member(paths[int(order[first[i]])].as_py())
+        problems.add(
+            member.shard,
+            f"key '{ordered[i]}' (member {member.name}) is also in {other.shard} (member {other.name}): "
+            "a key names one image",
+            field=FIELD,
+        )
+    kept = found.take(np.sort(order[~again]))
+    bad = pc.is_valid(kept.column("problem"))
+    if background == NO_BACKGROUND:
+        bad = pc.or_(bad, kept.column("transparent"))
+    for key, location, problem in zip(*(kept.column(c).filter(bad).to_pylist() for c in ("key", "path", "problem"))):
+        member = parse_member(location)
+        why = f": {problem}" if problem else " has transparent pixels, and data.background is none"
+        problems.add(member.shard, f"member {member.name} (key '{key}'){why}", field=FIELD)
+    return kept
 
 
-def _keys_table(source: str, keys: list[str], dataset: str) -> Table:
+def _keys_table(source: str, keys: pa.ChunkedArray, dataset: str) -> Table:
     """The table of images a study without one has: every key of the shards, of `dataset`."""
     return Table(
         file=source,
         name=Path(source).name,
-        columns=pa.table({"image_id": pa.array(keys, pa.string()), "dataset": pa.array([dataset] * len(keys))}),
+        columns=pa.table({"image_id": keys, "dataset": pa.array([dataset] * len(keys), pa.string())}),
         numbers=pa.array(np.arange(len(keys)), pa.int64()),
     )
