@@ -15,7 +15,8 @@ from `PROCESSES_FROM` left, on a pool of processes (`_Processes`, from a forkser
 imported this module, so none pays the imports and none is forked from the driver, whose threads
 may hold a lock); slower files, and an object store's (`image_dir` may be a URI,
 `vlm_decade.core.storage`), whose reading is waiting, go to a pool of threads. The checks' time and
-progress are the `images` stage's (`ImageCache.seconds`, `track`).
+progress are the `images` stage's (`ImageCache.seconds`, `track`). Images in shards (`data.shards`)
+are checked by `stages.shard_images` with these same pieces (`inspect_bytes`, `checked_rows`, the cache).
 """
 
 from __future__ import annotations
