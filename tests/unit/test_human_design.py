@@ -7,7 +7,9 @@ import csv
 import json
 from collections import Counter, defaultdict
 
+import numpy as np
 import pytest
+from PIL import Image
 
 from vlm_decade.studies.decade.human.design import (
     DESIGN_COLUMNS,
@@ -164,11 +166,13 @@ def test_same_seed_same_design_other_seed_another():
 
 def test_the_experiment_folder(tmp_path):
     descriptions, dataset_of, texts = _corpus(3, 4)
-    images = {}
-    for image in descriptions:
-        images[image] = tmp_path / "src" / f"{image}.PNG"
-        images[image].parent.mkdir(exist_ok=True)
-        images[image].write_bytes(image.encode())
+    images, pixels = {}, {}
+    (tmp_path / "src").mkdir()
+    for k, image in enumerate(descriptions):
+        # i002 is a TIFF, which browsers do not show: it is written as PNG, pixel for pixel
+        images[image] = tmp_path / "src" / (f"{image}.PNG" if image != "i002" else f"{image}.tif")
+        pixels[image] = np.full((6, 8, 3), (40 * k, 90, 200 - 40 * k), np.uint8)
+        Image.fromarray(pixels[image]).save(images[image], format="PNG" if image != "i002" else "TIFF")
     design = rank_design(descriptions, dataset_of, texts, shown=2, distractors=1, participants=2, seed=4)
     out = tmp_path / "exp"
     meta = write_experiment(design, images, out, seed=4)
@@ -176,7 +180,10 @@ def test_the_experiment_folder(tmp_path):
         table = list(csv.DictReader(fh))
     assert tuple(table[0]) == DESIGN_COLUMNS and len(table) == 2 * 3 * 2
     assert {r["image"] for r in table} == {f"{i}.png" for i in descriptions}
-    assert (out / "images" / "i001.png").read_bytes() == b"i001"
+    assert (out / "images" / "i001.png").read_bytes() == images["i001"].read_bytes()  # a browser's format, as it is
+    for image in descriptions:
+        with Image.open(out / "images" / f"{image}.png") as shown_image:
+            assert shown_image.format == "PNG" and np.array_equal(np.asarray(shown_image), pixels[image])
     assert meta["experiment_id"] == experiment_id((out / "design.csv").read_bytes())
     assert json.loads((out / "experiment.json").read_text())["counts"]["trials"] == 12
     with open(out / "texts.csv", newline="") as fh:

@@ -99,7 +99,7 @@ def load_study_data(
     for what needs the ids and memory of its own (the models' files). `limit`: a smoke run's, whose
     images alone are read (`check_images`)."""
     problems = Problems()
-    images_t, descriptions_t = _read_forms(data, problems)
+    images_t, descriptions_t = read_forms(data, problems)
     images = descriptions = known = None
     if data.shards is not None:  # the images, checked as the shards are read, and their table
         images_t, images = study_shard_images(data, images_t, problems, cache, limit) or (None, None)
@@ -152,7 +152,7 @@ def load_study_data(
     )
 
 
-def _read_forms(data: DataConfig, problems: Problems) -> tuple[Table | None, Table | None]:
+def read_forms(data: DataConfig, problems: Problems) -> tuple[Table | None, Table | None]:
     """The images table and, from a captions JSON, the descriptions table (None: read later, from
     its own table, once the images are checked and let go)."""
     if data.shards is not None:  # the images are the shards' (`check_shard_images`), or this table's

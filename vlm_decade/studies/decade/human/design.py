@@ -13,8 +13,8 @@ with the texts and images it shows and its parameters, as the experiment folder.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
-import shutil
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -23,9 +23,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
+from PIL import Image
 
+from vlm_decade.core import storage
 from vlm_decade.core.errors import STUDY_FILE, InputError, Problem, Problems
-from vlm_decade.core.files import atomic_file, atomic_write_bytes
+from vlm_decade.core.files import atomic_write_bytes
+from vlm_decade.imaging.decode import load_rgb
 from vlm_decade.stats.resampling import named_generator
 
 DESIGN_COLUMNS = (
@@ -289,27 +292,43 @@ def csv_bytes(columns: Sequence[str], rows: list[dict]) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
+# The formats every browser shows; an image in another (TIFF, PPM, ...) is shown as the models see it.
+BROWSER_FORMATS = {"JPEG": ".jpg", "PNG": ".png", "GIF": ".gif", "WEBP": ".webp"}
+
+
+def _browser_image(location: str) -> tuple[str, bytes]:
+    """(extension, bytes) of the image at `location`, in a format a browser shows."""
+    data = storage.read_bytes(location)
+    with Image.open(io.BytesIO(data)) as im:
+        kind = im.format
+    if kind in BROWSER_FORMATS:
+        return BROWSER_FORMATS[kind], data
+    buffer = io.BytesIO()
+    Image.fromarray(load_rgb(location)[0]).save(buffer, format="PNG")
+    return ".png", buffer.getvalue()
+
+
 def experiment_id(design_csv: bytes) -> str:
     """The experiment's id: the first 16 hex digits of its design table's SHA-256."""
     return hashlib.sha256(design_csv).hexdigest()[:16]
 
 
-def write_experiment(design: Design, images: Mapping[str, Path], out: Path, seed: int) -> dict:
+def write_experiment(design: Design, images: Mapping[str, str], out: Path, seed: int) -> dict:
     """Write the experiment folder: design.csv, texts.csv, images/ (each image used, once, as
-    `<image_id><ext>`) and experiment.json; returns what experiment.json holds."""
+    `<image_id><ext>`, a browser's format kept as it is, any other written as PNG) and
+    experiment.json; returns what experiment.json holds. `images`: id -> location."""
     used = sorted({r["image_id"] for r in design.rows})
     missing = [i for i in used if i not in images]
     if missing:
         raise InputError([Problem(str(out), f"no image file for image_id {missing[0]!r}", field="image_id")])
-    for row in design.rows:
-        row["image"] = f"{row['image_id']}{images[row['image_id']].suffix.lower()}"
-    table = csv_bytes(DESIGN_COLUMNS, design.rows)
+    names = {}
     for image in used:
-        with (
-            atomic_file(out / "images" / f"{image}{images[image].suffix.lower()}") as fh,
-            open(images[image], "rb") as src,
-        ):
-            shutil.copyfileobj(src, fh)
+        suffix, data = _browser_image(images[image])
+        names[image] = f"{image}{suffix}"
+        atomic_write_bytes(out / "images" / names[image], data)
+    for row in design.rows:
+        row["image"] = names[row["image_id"]]
+    table = csv_bytes(DESIGN_COLUMNS, design.rows)
     atomic_write_bytes(out / "design.csv", table)
     texts = [{"description_id": k, "text": v} for k, v in design.texts.items()]
     atomic_write_bytes(out / "texts.csv", csv_bytes(("description_id", "text"), texts))
@@ -335,40 +354,39 @@ def write_experiment(design: Design, images: Mapping[str, Path], out: Path, seed
 # --- from a study ----------------------------------------------------------------------------------
 
 
-def study_images(study) -> tuple[dict[str, str], dict[str, Path]]:
-    """The study's images: id -> dataset, id -> file (read and checked as its images table is)."""
-    from vlm_decade.core.tables import read_table
-    from vlm_decade.stages.images import IMAGE_COLUMNS
+def study_images(study) -> tuple[dict[str, str], dict[str, str]]:
+    """The study's images, in whichever form it keeps them (an images table and folder, a captions
+    JSON, shards), checked as a run checks them: id -> dataset, id -> location (a file, an object or
+    a shard's member: what `storage.read_bytes` reads)."""
+    from vlm_decade.stages.images import check_images
+    from vlm_decade.stages.shard_images import study_shard_images
+    from vlm_decade.studies.decade.data import read_forms
 
-    if study.data.images is None:
-        raise InputError(
-            [Problem(STUDY_FILE, "human design needs an images table (not a captions JSON)", field="data.images")]
-        )
-    problems = Problems()
-    table = read_table(Path(study.data.images), IMAGE_COLUMNS, problems)
+    data, problems = study.data, Problems()
+    table, _ = read_forms(data, problems)
+    if data.shards is not None:
+        images = (study_shard_images(data, table, problems, None, None) or (None, None))[1]
+    else:
+        images = None if table is None else check_images(table, data.image_dir, problems, None, data.background)
     problems.raise_if_any()
-    folder = Path(str(study.data.image_dir))
-    datasets, files = {}, {}
-    for row in table.rows:
-        image = row.cells["image_id"].strip()
-        datasets[image], files[image] = row.cells["dataset"].strip(), folder / row.cells["file"].strip()
-        if not files[image].is_file():
-            problems.add(table.file, f"image file not found: {files[image]}", row=row.number, field="file")
-    problems.raise_if_any()
-    return datasets, files
+    ids, datasets, paths = (images.column(c).to_pylist() for c in ("image_id", "dataset", "path"))
+    return dict(zip(ids, datasets)), dict(zip(ids, paths))
 
 
 def _study_descriptions(study, known: Mapping[str, str]) -> tuple[dict[str, list[str]], dict[str, str]]:
     """The study's `full` descriptions: image id -> ids, id -> text."""
     from vlm_decade.core.tables import read_table
-    from vlm_decade.studies.decade.data import DESCRIPTION_COLUMNS
+    from vlm_decade.studies.decade.data import DESCRIPTION_COLUMNS, read_forms
 
     problems = Problems()
-    if study.data.descriptions is None:
+    if study.data.captions_json is not None:  # its captions are the descriptions
+        table = read_forms(study.data, problems)[1]
+    elif study.data.descriptions is None:
         raise InputError(
             [Problem(STUDY_FILE, "a ranking design needs the study's descriptions table", field="data.descriptions")]
         )
-    table = read_table(Path(study.data.descriptions), DESCRIPTION_COLUMNS, problems)
+    else:
+        table = read_table(Path(study.data.descriptions), DESCRIPTION_COLUMNS, problems)
     problems.raise_if_any()
     by_image, texts = {}, {}
     for row in table.rows:
