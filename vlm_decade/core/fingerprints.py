@@ -58,7 +58,8 @@ class Fingerprinter:
 
     def _emit(self, rows: int) -> None:
         table = pa.Table.from_batches(self.pending).combine_chunks()
-        head, rest = table.slice(0, rows), table.slice(rows)
+        # Lengths given: a table of no columns is sliced to the length asked, not to its rows.
+        head, rest = table.slice(0, min(rows, table.num_rows)), table.slice(rows, max(table.num_rows - rows, 0))
         for batch in head.to_batches(max_chunksize=rows):
             self.writer.write_batch(batch)
         self.pending = rest.to_batches() if rest.num_rows else []
@@ -75,7 +76,7 @@ def batches_of(table: pa.Table, rows: int):
     """`table` as record batches of `rows` rows (the last fewer), whatever its chunks, each joined
     on its own: joining the whole table first would be a copy of it."""
     for start in range(0, table.num_rows, rows):
-        yield from table.slice(start, rows).combine_chunks().to_batches()
+        yield from table.slice(start, min(rows, table.num_rows - start)).combine_chunks().to_batches()
 
 
 def table_fingerprint(table: pa.Table) -> str:
