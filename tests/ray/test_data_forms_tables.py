@@ -12,7 +12,7 @@ left out by name before the fingerprint is taken, and nowhere else:
   file); the keys are the ids (Study B's `<class>/<name>`: a tar member `cat/000000.png`).
 - Study B, image folder: none (the CSV's ids and files are the folder's: `<class>/<name>`).
 - Study B, Hugging Face dataset: `image_id` and `path` (its ids are `<split>/<row>`, its images
-  written into the run folder's `inputs/`), in every table that has them. Its rows are in the
+  members of the dataset's Arrow files), in every table that has them. Its rows are in the
   folder's order, so sorting by id orders both runs alike.
 """
 
