@@ -130,6 +130,42 @@ def test_a_tar_shard_streams_its_images_and_each_reads_back_alone(tmp_path):
     assert storage.file_problem(read[0][1].location) == "not found"
 
 
+@pytest.mark.parametrize(
+    "form", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT], ids=["ustar", "gnu", "pax"]
+)
+def test_a_tar_shard_gives_the_members_and_offsets_tarfile_reads(tmp_path, form):
+    long = "p" * 120 + "/" + "q" * 90  # past ustar's 100-byte name: a prefix, a GNU long name or a pax path
+    names = ["a.png", "d/é.jpg", long + ".png", "c.txt", "e.PNG", "f.gif"]
+    path = tmp_path / "s.tar"
+    with tarfile.open(path, "w", format=form) as tar:
+        folder = tarfile.TarInfo("d")
+        folder.type = tarfile.DIRTYPE
+        tar.addfile(folder)
+        for i, name in enumerate(names):
+            info = tarfile.TarInfo(name)
+            info.size = 300 * i + 7  # sizes off the 512-byte blocks
+            info.pax_headers = {"comment": "x" * i}  # heeded by pax only: a record before the member
+            tar.addfile(info, io.BytesIO(bytes([i]) * info.size))
+        link = tarfile.TarInfo("l.png")
+        link.type = tarfile.SYMTYPE
+        link.linkname = "a.png"
+        tar.addfile(link)
+    with tarfile.open(path, "r|") as tar:  # the reference: Python's own reader
+        expected = [
+            (info.name, info.offset_data, tar.extractfile(info).read())
+            for info in tar
+            if info.isfile() and info.name.lower().endswith((".png", ".jpg", ".gif"))
+        ]
+    assert len(expected) == 5
+    got = [(member.name, member.offset, data) for _, member, data in storage.read_shard(str(path))]
+    assert got == expected
+    header = bytearray(path.read_bytes())
+    header[600] ^= 1  # a byte of the second header's name: its checksum no longer holds
+    path.write_bytes(bytes(header))
+    with pytest.raises(storage.ShardError, match="bad checksum in the header at byte 512"):
+        list(storage.read_shard(str(path)))
+
+
 @pytest.mark.parametrize("struct", [False, True], ids=["binary", "hf-struct"])
 def test_a_parquet_shard_streams_its_images_and_each_reads_back_alone(tmp_path, struct):
     keys, images = list(COLOURS), [png(c) for c in COLOURS.values()]
