@@ -16,6 +16,7 @@ tar), a member that is no image, and a key in two places.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -33,6 +34,7 @@ from vlm_decade.imaging.decode import NO_BACKGROUND, WHITE
 from vlm_decade.stages.images import (
     CACHE_SCHEMA,
     CHECKED_SCHEMA,
+    CHUNK,
     PROCESSES_FROM,
     Found,
     ImageCache,
@@ -44,12 +46,13 @@ from vlm_decade.stages.images import (
 )
 
 FIELD = "data.shards"
-# What one shard's check found: its keys, member locations and findings in order, and the problem
-# that stopped it (None when it was read to its end).
-ShardFound = tuple[list[str], list[str], list[Found | str], str | None]
-# Local shards of at least this many bytes in all are checked on processes: about a second's decoding of
-# small images, which repays the pool's start (as `images.PROCESSES_FROM` does for loose files).
-PROCESSES_FROM_BYTES = 32 << 20
+# What one shard's check found: a FOUND_SCHEMA table of its images in order, and the problem that
+# stopped it (None when it was read to its end).
+ShardFound = tuple[pa.Table, str | None]
+# The local shards left after the first are checked on processes when the first's time says they
+# would take this long in one thread: the pool's start (0.5 to 1 s) is then repaid on two cores, as
+# `images.PROCESSES_FROM` quick images repay it for loose files.
+PROCESSES_FROM_S = 1.0
 _NOTHING: Found = ("", 0, 0, "", False)
 # What one image of a shard was found to be: its key, member location, finding (empty where it was found
 # bad) and what is wrong with it (null: nothing).
@@ -85,7 +88,10 @@ def check_shard_images(
     if not readable:
         return None
     cache = cache or ImageCache()
-    kept = _gather(_check_all(readable, cache, columns), readable, background, problems)
+    checked = _check_all(readable, cache, columns)
+    cache.settle()  # every shard is looked up: what earlier checks found is no longer needed here
+    kept = _gather(checked, readable, background, problems)
+    del checked  # its rows are `kept`'s, or let go
     if table is None:
         table = _keys_table(readable[0], kept.column("key"), dataset or "")
     keep = checked_rows(table, ("image_id", "dataset"), problems)
@@ -96,14 +102,17 @@ def check_shard_images(
     for image_id, row in zip(ids.filter(pc.invert(held)).to_pylist(), rows.filter(pc.invert(held)).to_pylist()):
         if image_id:
             problems.add(table.file, f"no shard holds image_id '{image_id}' ({_named(shards)})", row, "image_id")
-    found = kept.take(at)
+    # The shards' images in the table's order: as found when the table is theirs (no copy made).
+    same = at.null_count == 0 and len(at) == kept.num_rows and bool(np.all(at.to_numpy() == np.arange(len(at))))
+    found = kept if same else kept.take(at)
+    del kept
     good = pc.and_(pa.array(taken_images(ids, datasets, limit)), pc.and_(held, pc.is_null(found.column("problem"))))
+    good = pc.fill_null(good, False)
+    every = pc.all(good).as_py() is not False  # then the findings are kept as they are: no copy
     out = {"path": pc.fill_null(found.column("path"), "")}
     for column, empty in zip(CHECKED_SCHEMA.names[4:], _NOTHING):
-        out[column] = pc.if_else(
-            pc.fill_null(good, False), found.column(column), pa.scalar(empty, CHECKED_SCHEMA.field(column).type)
-        )
-    cache.settle()
+        kind = CHECKED_SCHEMA.field(column).type
+        out[column] = found.column(column) if every else pc.if_else(good, found.column(column), pa.scalar(empty, kind))
     checked = {"image_id": ids, "row": rows, "dataset": datasets} | out
     return table, pa.table(checked, schema=CHECKED_SCHEMA)
 
@@ -139,27 +148,61 @@ def _check_all(
 ) -> tuple[pa.Table, list]:
     """`inspect_shard` of each shard, from the cache while the shard's size and time are unchanged since
     a check that found it clean: every image's finding as one FOUND_SCHEMA table (in the shards' order),
-    and each shard's own problem (None: read to its end). What was found clean is added to the cache.
-    A shard's findings become Arrow as they come: no Python object per image outlives its shard."""
+    and each shard's own problem (None: read to its end). What was found clean is added to the cache."""
     keys = [(location, *storage.stat(location)) for location in locations]
-    tables: list[pa.Table | None] = _cached(cache, keys)
+    cached: list[pa.Table | None] = _cached(cache, keys)
     stopped: list[str | None] = [None] * len(keys)
-    todo = [i for i, result in enumerate(tables) if result is None]
+    todo = [i for i, result in enumerate(cached) if result is None]
     cache.unknown += len(todo)
+    fresh = _inspect_shards([locations[i] for i in todo], [keys[i][1] for i in todo], columns)
+    found = _Found(cache)
     with cache.track("image shards", len(locations)) as advance:
         advance(len(locations) - len(todo))
-        for i, result in zip(todo, _inspect_shards([locations[i] for i in todo], [keys[i][1] for i in todo], columns)):
-            tables[i], stopped[i] = _as_table(result), result[3]
-            advance(1)
-    for (_, size, mtime), table, problem in zip(keys, tables, stopped):  # the cached too: the cache keeps them
-        if problem is None and table.column("problem").null_count == table.num_rows:
-            stamp = [pa.array([size] * table.num_rows, pa.int64()), pa.array([mtime] * table.num_rows, pa.int64())]
-            cache.add(pa.table([table.column("path"), *stamp, *table.columns[2:7]], schema=CACHE_SCHEMA))
-    return pa.concat_tables([FOUND_SCHEMA.empty_table(), *tables]), stopped
+        for i, (_, size, mtime) in enumerate(keys):
+            table, cached[i] = cached[i], None
+            if table is None:
+                table, stopped[i] = next(fresh)
+                advance(1)
+            found.add(table, size, mtime, stopped[i] is None and table.column("problem").null_count == table.num_rows)
+    return found.table(), stopped
 
 
-def _as_table(found: ShardFound) -> pa.Table:
-    keys, where, results, _ = found
+class _Found:
+    """The shards' findings, gathered into tables of about CHUNK rows as they come (a table per shard
+    would keep a few small buffers per shard); each chunk's rows from clean shards are added to the
+    cache, stamped with their shard's size and time (the cache keeps the shards it knew too)."""
+
+    def __init__(self, cache: ImageCache):
+        self.cache = cache
+        self.chunks: list[pa.Table] = []
+        self._tables: list[pa.Table] = []
+        self._stamps: list[tuple[int, int, int, bool]] = []  # (rows, size, time, clean) of each shard
+        self._rows = 0
+
+    def add(self, table: pa.Table, size: int, mtime: int, clean: bool) -> None:
+        self._tables.append(table)
+        self._stamps.append((table.num_rows, size, mtime, clean))
+        self._rows += table.num_rows
+        if self._rows >= CHUNK:
+            self._flush()
+
+    def table(self) -> pa.Table:
+        self._flush()
+        return pa.concat_tables([FOUND_SCHEMA.empty_table(), *self.chunks])
+
+    def _flush(self) -> None:
+        if not self._tables:
+            return
+        chunk = pa.concat_tables(self._tables).combine_chunks()
+        rows, size, mtime, clean = (np.array(c) for c in zip(*self._stamps))
+        stamps = [pa.array(np.repeat(size, rows), pa.int64()), pa.array(np.repeat(mtime, rows), pa.int64())]
+        known = pa.table([chunk.column("path"), *stamps, *chunk.columns[2:7]], schema=CACHE_SCHEMA)
+        self.cache.add(known if clean.all() else known.filter(pa.array(np.repeat(clean, rows))))
+        self.chunks.append(chunk)
+        self._tables, self._stamps, self._rows = [], [], 0
+
+
+def _as_table(keys: list[str], where: list[str], results: list[Found | str]) -> pa.Table:
     good = [_NOTHING if isinstance(r, str) else r for r in results]
     problem = [r if isinstance(r, str) else None for r in results]
     return pa.table([keys, where, *([g[j] for g in good] for j in range(5)), problem], schema=FOUND_SCHEMA)
@@ -203,25 +246,30 @@ def _key_of(location: str) -> str:
 def _inspect_shards(
     locations: list[str], sizes: list[int], columns: tuple[str | None, str | None]
 ) -> Iterator[ShardFound]:
-    """`inspect_shard` of each, in order: local shards of PROCESSES_FROM_BYTES or more in all on a
-    pool of processes (decoding holds the GIL), else, and a bucket's (whose reading is waiting), on
-    threads."""
+    """`inspect_shard` of each, in order. Local shards: the first in this thread, timed; the rest on a
+    pool of processes (decoding holds the GIL) when, at the first's rate by bytes, they would take
+    PROCESSES_FROM_S or more, else on threads, as a bucket's are (whose reading is waiting)."""
     check: Callable[[str], ShardFound] = _Inspect(columns)
-    done = 0
-    if locations and not storage.is_uri(locations[0]) and len(locations) > 1 and sum(sizes) >= PROCESSES_FROM_BYTES:
-        with _Processes() as processes:
-            pool = processes.pool(PROCESSES_FROM)  # asked for as for that many quick images: the shards hold more
-            if pool is not None:
-                try:
-                    with _main_not_run_again():
-                        answers = pool.map(check, locations)
-                    for found in answers:
-                        yield found
-                        done += 1
-                except BrokenProcessPool:  # a process died (killed, out of memory): the rest on threads
-                    pass
+    if locations and not storage.is_uri(locations[0]):
+        start = time.perf_counter()
+        yield check(locations[0])
+        took, locations, rest = time.perf_counter() - start, locations[1:], sum(sizes[1:])
+        if locations and took * rest / max(sizes[0], 1) >= PROCESSES_FROM_S:
+            with _Processes() as processes:
+                pool = processes.pool(PROCESSES_FROM)  # as for that many quick images: the work is more
+                done = 0
+                if pool is not None:
+                    try:
+                        with _main_not_run_again():
+                            answers = pool.map(check, locations)
+                        for found in answers:
+                            yield found
+                            done += 1
+                    except BrokenProcessPool:  # a process died (killed, out of memory): the rest on threads
+                        pass
+                locations = locations[done:]
     with ThreadPoolExecutor() as pool:
-        yield from pool.map(check, locations[done:])
+        yield from pool.map(check, locations)
 
 
 class _Inspect:
@@ -236,7 +284,8 @@ class _Inspect:
 
 def inspect_shard(location: str, key_column: str | None = None, image_column: str | None = None) -> ShardFound:
     """Stream one shard and check each image in it (`images.inspect_bytes`): its keys, member
-    locations and findings, and what stopped the shard short (None when it was read to its end)."""
+    locations and findings as a FOUND_SCHEMA table (Arrow, which a process hands back as a few
+    buffers, not an object per image), and what stopped the shard short (None when read to its end)."""
     keys: list[str] = []
     where: list[str] = []
     found: list[Found | str] = []
@@ -250,7 +299,7 @@ def inspect_shard(location: str, key_column: str | None = None, image_column: st
         problem = str(exc).removeprefix(f"{location}: ")
     except OSError as exc:
         problem = f"cannot be read: {getattr(exc, 'strerror', None) or exc}"
-    return keys, where, found, problem
+    return _as_table(keys, where, found), problem
 
 
 def _gather(checked: tuple[pa.Table, list], locations: list[str], background: str, problems: Problems) -> pa.Table:
@@ -264,21 +313,29 @@ def _gather(checked: tuple[pa.Table, list], locations: list[str], background: st
     for location in found.column("path").filter(pc.equal(keys, "")).to_pylist():
         member = parse_member(location)
         problems.add(member.shard, f"member {member.name}: its key is empty", field=FIELD)
-    found = found.filter(pc.not_equal(keys, ""))
-    order = pc.sort_indices(found, [("key", "ascending")]).to_numpy()  # stable: of one key, the first found first
-    ordered = found.column("key").take(order).to_numpy(zero_copy_only=False)
-    again = np.r_[False, ordered[1:] == ordered[:-1]] if len(order) else np.zeros(0, dtype=bool)
-    first = np.maximum.accumulate(np.where(again, 0, np.arange(len(order))))  # each row's first of its key
-    paths = found.column("path")
-    for i in np.flatnonzero(again):
-        member, other = parse_member(paths[int(order[i])].as_py()), parse_member(paths[int(order[first[i]])].as_py())
-        problems.add(
-            member.shard,
-            f"key '{ordered[i]}' (member {member.name}) is also in {other.shard} (member {other.name}): "
-            "a key names one image",
-            field=FIELD,
-        )
-    kept = found.take(np.sort(order[~again]))
+    if pc.any(pc.equal(keys, "")).as_py():
+        found = found.filter(pc.not_equal(keys, ""))
+    order = pc.sort_indices(found, [("key", "ascending")])  # stable: of one key, the first found first
+    ordered = found.column("key").take(order)
+    n = len(ordered)
+    again = np.r_[False, pc.equal(ordered.slice(1), ordered.slice(0, n - 1)).to_numpy()] if n else np.zeros(0, bool)
+    kept = found
+    if again.any():  # a key in two places: each named, the first kept
+        order = order.to_numpy()
+        first = np.maximum.accumulate(np.where(again, 0, np.arange(n)))  # each row's first of its key
+        paths = found.column("path")
+        for i in np.flatnonzero(again):
+            member, other = (
+                parse_member(paths[int(order[i])].as_py()),
+                parse_member(paths[int(order[first[i]])].as_py()),
+            )
+            problems.add(
+                member.shard,
+                f"key '{ordered[i].as_py()}' (member {member.name}) is also in {other.shard} (member {other.name}): "
+                "a key names one image",
+                field=FIELD,
+            )
+        kept = found.take(np.sort(order[~again]))
     bad = pc.is_valid(kept.column("problem"))
     if background == NO_BACKGROUND:
         bad = pc.or_(bad, kept.column("transparent"))
@@ -294,6 +351,6 @@ def _keys_table(source: str, keys: pa.ChunkedArray, dataset: str) -> Table:
     return Table(
         file=source,
         name=Path(source).name,
-        columns=pa.table({"image_id": keys, "dataset": pa.array([dataset] * len(keys), pa.string())}),
+        columns=pa.table({"image_id": keys, "dataset": pa.repeat(pa.scalar(dataset, pa.string()), len(keys))}),
         numbers=pa.array(np.arange(len(keys)), pa.int64()),
     )
