@@ -5,9 +5,12 @@ check_shard_images` for the shards: both decode, hash and measure every image), 
 moto S3 bucket on 127.0.0.1. Each form is checked in a subprocess of its own, so its peak RSS
 (`ru_maxrss`) is that check's alone; the subprocess then times the viewer's read of one image
 (`view.verify.image_bytes`: read and verified by its sha256) from its recorded path, a loose file
-or a shard member. Prints one JSON object per form and a summary with the ratios (shards / loose:
-images/s, higher is better; peak RSS, lower is better). Run from the repository root:
-    .venv/bin/python benchmarks/shards.py [--images 100000] [--per-shard 100] [--bucket yes]
+or a shard member. Locally the two forms are checked `--rounds` times, alternately (loose, shards,
+loose, ...), so that a shared machine's changing load falls on both: the summary's rates and peaks
+are the medians of the rounds, its ratios those of the medians, and `local_ratios_by_round` each
+round's images/s ratio. Prints one JSON object per check and a summary with the ratios (shards /
+loose: images/s, higher is better; peak RSS, lower is better). Run from the repository root:
+    .venv/bin/python benchmarks/shards.py [--images 100000] [--per-shard 100] [--rounds 3] [--bucket yes]
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 BUCKET = "bench-shards"
 SERVES = 20  # reads of one image by the viewer, the median reported
+_MEDIANS = ("images_per_s", "peak_rss_mb", "serve_one_ms")  # of each form's rounds
 
 
 def make_inputs(folder: Path, count: int, per_shard: int) -> None:
@@ -131,13 +135,15 @@ def upload(folder: Path, endpoint: str) -> None:
             client.put_object(Bucket=BUCKET, Key=f"{sub}/{path.name}", Body=path.read_bytes())
 
 
-def compare(where: str, base: str, folder: Path, shards: str, env: dict) -> dict:
-    out = {}
-    for form in ("loose", "shards"):
-        out[form] = measure(form, base, folder, shards, env)
-        print(json.dumps({"where": where, "form": form} | out[form]), flush=True)
-    loose, shard = out["loose"], out["shards"]
-    return {
+def compare(where: str, base: str, folder: Path, shards: str, env: dict, rounds: int = 1) -> dict:
+    runs: dict[str, list[dict]] = {"loose": [], "shards": []}
+    for round_ in range(rounds):
+        for form in ("loose", "shards"):
+            runs[form].append(measure(form, base, folder, shards, env))
+            print(json.dumps({"where": where, "form": form, "round": round_ + 1} | runs[form][-1]), flush=True)
+    loose, shard = ({k: statistics.median(r[k] for r in runs[form]) for k in _MEDIANS} for form in runs)
+    by_round = [round(s["images_per_s"] / lo["images_per_s"], 2) for lo, s in zip(runs["loose"], runs["shards"])]
+    return {f"{where}_ratios_by_round": by_round} | {
         f"{where}_loose_images_per_s": loose["images_per_s"],
         f"{where}_shards_images_per_s": shard["images_per_s"],
         f"{where}_ratio_images_per_s_shards_over_loose": round(shard["images_per_s"] / loose["images_per_s"], 2),
@@ -154,6 +160,7 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=100_000)
     parser.add_argument("--per-shard", type=int, default=100)
     parser.add_argument("--bucket", choices=("yes", "no"), default="yes")
+    parser.add_argument("--rounds", type=int, default=3, help="local checks of each form, alternately")
     parser.add_argument("--child", choices=("loose", "shards"))
     parser.add_argument("--base")
     parser.add_argument("--table")
@@ -174,7 +181,7 @@ def main() -> None:
         make_inputs(folder, args.images, args.per_shard)
         summary["make_s"] = round(time.perf_counter() - began, 1)
         shards = pattern(args.images, args.per_shard)
-        summary |= compare("local", str(folder), folder, shards, env)
+        summary |= compare("local", str(folder), folder, shards, env, args.rounds)
         if args.bucket == "yes":
             from moto.server import ThreadedMotoServer
 

@@ -16,6 +16,7 @@ tar), a member that is no image, and a key in two places.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -248,7 +249,8 @@ def _inspect_shards(
 ) -> Iterator[ShardFound]:
     """`inspect_shard` of each, in order. Local shards: the first in this thread, timed; the rest on a
     pool of processes (decoding holds the GIL) when, at the first's rate by bytes, they would take
-    PROCESSES_FROM_S or more, else on threads, as a bucket's are (whose reading is waiting)."""
+    PROCESSES_FROM_S or more (one in cores + 1 of them still in this thread, which would otherwise
+    only wait for the others), else on threads, as a bucket's are (whose reading is waiting)."""
     check: Callable[[str], ShardFound] = _Inspect(columns)
     if locations and not storage.is_uri(locations[0]):
         start = time.perf_counter()
@@ -259,11 +261,14 @@ def _inspect_shards(
                 pool = processes.pool(PROCESSES_FROM)  # as for that many quick images: the work is more
                 done = 0
                 if pool is not None:
+                    share = 1 + (
+                        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 2
+                    )
                     try:
-                        with _main_not_run_again():
-                            answers = pool.map(check, locations)
-                        for found in answers:
-                            yield found
+                        with _main_not_run_again():  # the processes start as their work is handed over
+                            theirs = {i: pool.submit(check, s) for i, s in enumerate(locations) if i % share}
+                        for i, location in enumerate(locations):  # every share-th here: this thread would wait
+                            yield theirs.pop(i).result() if i in theirs else check(location)
                             done += 1
                     except BrokenProcessPool:  # a process died (killed, out of memory): the rest on threads
                         pass
