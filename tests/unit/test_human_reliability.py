@@ -110,3 +110,73 @@ def test_the_planner():
     # same seed, same plan
     again = plan(None, ratings, [1, 25, 100], n_resamples=2000, seed=1)
     assert [r.rating_half_width for r in again] == [r.rating_half_width for r in rows]
+
+
+def test_the_reliability_stage_table():
+    import krippendorff
+
+    from vlm_decade.studies.decade.human.stage import ALPHA, STABILITY, reliability_table
+
+    references = [
+        {"image_id": i, "description_id": f"{i}-{d}", "dataset": ds, "condition": c}
+        for i, ds in (("p", "A"), ("q", "A"), ("s", "B"))
+        for d, c in (("1", "full"), ("2", "full"), ("m", "masked"))
+    ]
+    # p: unanimous for p-1; q: r1 and r2 split; s: r1 and r3 for s-2, r2 for s-1; r3 votes on s only
+    votes = [
+        {"image_id": i, "rater_id": r, "trial": "1", "shown": [f"{i}-1", f"{i}-2"], "chosen": f"{i}-{c}"}
+        for i, r, c in (
+            ("p", "r1", "1"),
+            ("p", "r2", "1"),
+            ("q", "r1", "1"),
+            ("q", "r2", "2"),
+            ("s", "r1", "2"),
+            ("s", "r2", "1"),
+            ("s", "r3", "2"),
+        )
+    ]
+    ratings = [
+        {"rater_id": r, "subject": m, "image_id": i, "rating": v}
+        for r, m, i, v in (
+            ("a", "m1", "p", 1.0),
+            ("b", "m1", "p", 2.0),
+            ("a", "m1", "q", 4.0),
+            ("b", "m1", "q", 5.0),
+            ("a", "m2", "q", 3.0),
+            ("b", "m2", "q", 3.0),
+            ("a", "m1", "s", 2.0),
+            ("b", "m1", "s", 2.0),
+        )
+    ]
+    table = reliability_table(votes, ratings, references, n_resamples=500, seed=3, ranking_seed=7)
+    rows = {(r["dataset"], r["measure"]): r for r in table.to_pylist()}
+    assert list(rows) == [
+        ("A", STABILITY),
+        ("B", STABILITY),
+        ("all", STABILITY),
+        ("A", ALPHA),
+        ("B", ALPHA),
+        ("all", ALPHA),
+    ]
+    own = {i: [f"{i}-1", f"{i}-2"] for i in "pqs"}
+    shares = gold_stability(vote_matrices(votes, own), 500, 3, 7)
+    # p: unanimous, but a resample of r3 alone (1/27) has no vote on p and its tie draw decides
+    assert shares["p"] == pytest.approx(1 - 1 / 27, abs=0.03)
+    assert rows[("A", STABILITY)]["value"] == pytest.approx((shares["p"] + shares["q"]) / 2)
+    assert rows[("B", STABILITY)]["value"] == pytest.approx(shares["s"])
+    assert rows[("all", STABILITY)]["value"] == pytest.approx(sum(shares.values()) / 3)
+    assert [rows[(d, STABILITY)][k] for d in ("A", "B", "all") for k in ("participants", "items")] == [2, 2, 3, 1, 3, 3]
+    assert rows[("all", STABILITY)]["n_resamples"] == 500 and rows[("all", STABILITY)]["seed"] == 3
+    # alpha: raters a, b as coders, (subject, image) units in sorted order
+    a_only = np.array([[1.0, 4, 3], [2, 5, 3]])  # units (m1,p), (m1,q), (m2,q)
+    every = np.array([[1.0, 4, 2, 3], [2, 5, 2, 3]])  # units (m1,p), (m1,q), (m1,s), (m2,q)
+    expected = krippendorff.alpha(reliability_data=every, level_of_measurement="interval")
+    assert rows[("A", ALPHA)]["value"] == pytest.approx(
+        krippendorff.alpha(reliability_data=a_only, level_of_measurement="interval")
+    )
+    assert rows[("all", ALPHA)]["value"] == pytest.approx(expected)
+    assert rows[("B", ALPHA)]["value"] is None  # one value rated: alpha is undefined
+    assert [rows[("all", ALPHA)][k] for k in ("participants", "items", "n_resamples")] == [2, 4, None]
+    # ratings only, votes only: the other measure's rows are left out
+    assert set(reliability_table(None, ratings, references).column("measure").to_pylist()) == {ALPHA}
+    assert set(reliability_table(votes, None, references, 50).column("measure").to_pylist()) == {STABILITY}

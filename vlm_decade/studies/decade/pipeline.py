@@ -29,6 +29,7 @@ from vlm_decade.studies.decade import judging, metric_validation, report, score,
 from vlm_decade.studies.decade.config import StudyConfig
 from vlm_decade.studies.decade.data import StudyData, load_study_data, thin_human_data
 from vlm_decade.studies.decade.export import tidy
+from vlm_decade.studies.decade.human import stage as reliability
 from vlm_decade.studies.decade.taxonomy import stages as taxonomy
 from vlm_decade.studies.decade.taxonomy.analysis import ERROR_TYPES
 from vlm_decade.studies.decade.taxonomy.hand import check_hand_labels
@@ -170,6 +171,8 @@ def _run(study: StudyConfig, reporter: Reporter, ray: LazyRay) -> RunFolder:
     ]
     if data.ratings is not None and metric_validation.too_few_ratings(data.ratings, "") is None:
         stages.append(metric_validation.stage(study, data.ratings))
+    if study.data.votes is not None or data.ratings is not None:
+        stages.append(reliability.stage(study, data.ratings))
     if study.stsb_check:
         stages.append(stsb.stage(study))
     if study.taxonomy is not None:

@@ -40,18 +40,20 @@ from vlm_decade.stats.families import era_label
 from vlm_decade.stats.groups import GROUPED_TABLES, per_group, ungrouped
 from vlm_decade.studies.decade.config import StudyConfig
 from vlm_decade.studies.decade.data import GOLD_NOTE, GROUPS_NOTE, MASKED_NOTE, thin_human_data
+from vlm_decade.studies.decade.human.stage import ALL, ALPHA, STABILITY
 from vlm_decade.studies.decade.metric_validation import agreement_summary, write_validation_figure
 from vlm_decade.studies.decade.ranking import vote_ties
 from vlm_decade.studies.decade.taxonomy.report import taxonomy_section
 
 # Part of the report stage's settings: bump it when the page changes, so existing runs redraw it.
-REPORT_FORMAT = 11  # 11: each group's statistics; 10: the failed models at the top; 9: the thin-data notes
+REPORT_FORMAT = 12  # 12: the human data's reliability; 11: each group's statistics; 10: the failed models at the top; 9: the thin-data notes
 # The tables every report draws from, and those it adds a section for when the run has them.
 REPORT_TABLES = ("images", "references", "responses", "scores", "stats", "comparisons")
 # The tables that grow with the texts (several KB per image): the stage leaves them in the run
 # folder, and the page reads from them only what it draws on, a batch at a time (`rows_of`).
 TEXT_TABLES = ("references", "responses")
 OPTIONAL_TABLES = (
+    "reliability",
     "metric_validation",
     "stsb",
     "detections",
@@ -152,6 +154,18 @@ def _metric_validation(run: RunFolder, study: StudyConfig, summary: pa.Table) ->
         "reference": reference,
         "table": table,
         "agreement": agreement_summary(summary, [j.name for j in study.judge_metrics]),
+    }
+
+
+def _reliability(table: pa.Table) -> dict:
+    """The human data's reliability (the `reliability` table) and the overall values the page says in words."""
+    overall = {r["measure"]: r for r in table.to_pylist() if r["dataset"] == ALL}
+    value = {"value": lambda v, r: "undefined" if v is None else f"{v:.3f}"}
+    return {
+        "stability": overall.get(STABILITY),
+        "alpha": overall.get(ALPHA),
+        "n_resamples": next((r["n_resamples"] for r in overall.values() if r["n_resamples"] is not None), None),
+        "table": grid(table, ["dataset", "measure", "value", "participants", "items"], value),
     }
 
 
@@ -425,6 +439,7 @@ def _page(
             ["family", "a", "b", "dataset", "metric", "difference", "ci_low", "ci_high", "p", "q", "significant"],
             {"p": lambda v, r: format_p(v, n), "q": lambda v, r: format_p(v, n)},
         ),
+        reliability=_reliability(tables["reliability"]) if "reliability" in tables else None,
         validation=_metric_validation(run, study, tables["metric_validation"])
         if "metric_validation" in tables
         else None,
