@@ -16,7 +16,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -111,12 +110,6 @@ SELF_CHECKS = {
 }
 
 
-# Benchmarks that start no Ray and join none (sleeping on fake servers, or torch on this process's
-# cores): their smoke runs go one at a time on a thread beside the others, which wait on Ray and on
-# their own processes' starts, and their tests, run last, check what they printed.
-BESIDE = {"adaptive_concurrency", "api_batch", "column_hashing", "gpu_backends", "openworld_scoring", "report_size"}
-
-
 def test_every_benchmark_has_a_smoke_run():
     assert sorted(p.stem for p in BENCHMARKS.glob("*.py")) == sorted(SMOKE)
 
@@ -151,30 +144,18 @@ def ray_head():
     shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
-def smoke(name: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    """Benchmark `name` run at its tiny size, as its docstring says to run it."""
-    return subprocess.run(
-        [sys.executable, str(BENCHMARKS / f"{name}.py"), *SMOKE[name][0]],
+@pytest.mark.parametrize("name", sorted(SMOKE))
+def test_the_benchmark_runs_at_a_tiny_size(name, ray_head):
+    args, promised = SMOKE[name]
+    env = cli_env() | {"RAY_ADDRESS": ray_head}
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / f"{name}.py"), *args],
         cwd=BENCHMARKS.parent,
         env=env,
         capture_output=True,
         text=True,
         timeout=600,
     )
-
-
-@pytest.fixture(scope="module")
-def beside():
-    """The smoke runs of BESIDE, started in order on one thread: name -> its future. Without
-    RAY_ADDRESS: one that came to use Ray would start its own, not take the head's CPUs."""
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        yield {name: pool.submit(smoke, name, cli_env()) for name in sorted(BESIDE & SMOKE.keys())}
-
-
-@pytest.mark.parametrize("name", sorted(SMOKE, key=lambda name: (name in BESIDE, name)))
-def test_the_benchmark_runs_at_a_tiny_size(name, ray_head, beside):
-    _, promised = SMOKE[name]
-    done = beside[name].result() if name in beside else smoke(name, cli_env() | {"RAY_ADDRESS": ray_head})
     assert done.returncode == 0, done.stderr[-4000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert isinstance(summary, dict) and promised <= summary.keys(), sorted(summary)
