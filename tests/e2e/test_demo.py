@@ -120,6 +120,44 @@ def test_demo_writes_report_and_tables(demo_run):
     assert stsb[("SBERT-SI", "test")]["n_pairs"] == 1379 and stsb[("BERTScore", "test_images")]["n_pairs"] == 250
 
 
+def test_demo_report_shows_the_human_datas_reliability(demo_run):
+    # The demo's 12 ranking participants and its raters: the report's numbers are the reliability
+    # table's, and the table's stability is the bootstrap's over the votes file read here.
+    from vlm_decade.studies.decade.human.reliability import gold_stability, ratings_alpha, vote_matrices
+    from vlm_decade.studies.decade.human.stage import N_RESAMPLES, read_votes
+    from vlm_decade.studies.decade.metric_validation import load_ratings
+
+    out = demo_run[0] / "decade"
+    html = (out / "report.html").read_text()
+    config = json.loads((out / "manifest.json").read_text())["config"]
+    rows = {(r["dataset"], r["measure"]): r for r in pq.read_table(out / "reliability.parquet").to_pylist()}
+    datasets = ("everyday", "specialist", "all")
+    measures = ("gold stability", "Krippendorff alpha (interval)")
+    assert set(rows) == {(d, m) for d in datasets for m in measures}
+    stability, alpha = rows[("all", measures[0])], rows[("all", measures[1])]
+    assert stability["participants"] == 12 and stability["items"] == 16 and stability["n_resamples"] == N_RESAMPLES
+    full = [r for r in RunFolder(out).read("references").to_pylist() if r["condition"] == "full"]
+    own = {}
+    for r in full:
+        own.setdefault(r["image_id"], []).append(r["description_id"])
+    shares = gold_stability(
+        vote_matrices(read_votes(config["data"]["votes"]), own),
+        N_RESAMPLES,
+        config["statistics"]["seed"],
+        config["ranking"]["seed"],
+    )
+    assert stability["value"] == pytest.approx(sum(shares.values()) / len(shares))
+    ratings = load_ratings(config["data"]["ratings"], [m["name"] for m in config["models"]], own)
+    assert alpha["value"] == pytest.approx(ratings_alpha(ratings.to_pylist()))
+    assert "How far the human data can be trusted" in html and "<code>vlm-decade human plan</code>" in html
+    assert (
+        f"Gold stability {stability['value']:.3f} (16 voted images, 12 participants); the raters' Krippendorff's "
+        f"alpha {alpha['value']:.3f} ({alpha['participants']} raters, {alpha['items']} rated pairs)." in html
+    )
+    for r in rows.values():
+        assert f"<td>{r['value']:.3f}</td>" in html, r
+
+
 def test_demo_error_taxonomy(demo_run):
     """Study A's error analysis: a label with evidence per model, image and error type, rates with
     CIs, the impact figure, heat maps of the masked regions, and the evidence page."""
