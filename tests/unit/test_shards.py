@@ -25,6 +25,7 @@ from vlm_decade.cli import app
 from vlm_decade.core import storage
 from vlm_decade.core.errors import Problems
 from vlm_decade.imaging.decode import load_image
+from vlm_decade.stages import shard_images
 from vlm_decade.stages.images import ImageCache
 from vlm_decade.stages.shard_images import check_shard_images
 from vlm_decade.studies import load_study, study_from_dict
@@ -187,17 +188,20 @@ def test_parquet_columns_are_found_by_name_or_named(tmp_path):
 # --- the images check -------------------------------------------------------------------------------
 
 
-def test_the_shards_threads_find_each_image_in_the_shards_order(tmp_path):
+def test_the_process_pool_and_threads_find_the_same_in_the_shards_order(tmp_path, monkeypatch):
     colours = [(i * 40 % 256, i * 90 % 256, 255 - i * 20) for i in range(12)]
     images = {f"{i:02d}": png(c, 8 + i) for i, c in enumerate(colours)}  # each its own size: order shows
-    for shard in range(6):  # checked at once, on threads, and gathered in the shards' order
+    for shard in range(6):  # the first probed here; of the rest, one in three here, the others on processes
         keys = list(images)[2 * shard : 2 * shard + 2]
         write_tar(tmp_path / f"s-{shard}.tar", {f"{k}.png": images[k] for k in keys})
+    pattern = str(tmp_path / "s-{0..5}.tar")
+    _, threads = check_shard_images(pattern, None, "d", Problems())
+    monkeypatch.setattr(shard_images, "PROCESSES_FROM_S", 0.0)  # any work at all goes to the pool
     problems = Problems()
-    _, found = check_shard_images(str(tmp_path / "s-{0..5}.tar"), None, "d", problems)
-    assert not problems.items
+    _, processes = check_shard_images(pattern, None, "d", problems)
+    assert not problems.items and processes.equals(threads)
     expected = [(k, hashlib.sha256(b).hexdigest(), 8 + i, 8 + i) for i, (k, b) in enumerate(images.items())]
-    assert list(zip(*(found.column(c).to_pylist() for c in ("image_id", "sha256", "width", "height")))) == expected
+    assert list(zip(*(processes.column(c).to_pylist() for c in ("image_id", "sha256", "width", "height")))) == expected
 
 
 def test_a_changed_shard_is_read_again_and_an_unchanged_one_is_not(tmp_path):

@@ -2,8 +2,8 @@
 in a bucket; `core.storage.shards`), checked as `stages.images.check_images` checks loose files.
 
 Each shard is a task: it is streamed once, and every image in it decoded, hashed and measured
-(`images.inspect_bytes`), on a pool of threads, local or in a bucket (`_inspect_shards` says why not
-processes). The result is `check_images`' CHECKED_SCHEMA table,
+(`images.inspect_bytes`), on a pool of threads (a bucket's, whose reading is waiting) or of processes
+(`images._Processes`, for several local shards). The result is `check_images`' CHECKED_SCHEMA table,
 an image's `path` its member location (`core.storage.members`), so the models, the viewer and a later
 check read it back by one ranged read. An image's id is its key. What a shard's images found is kept
 in the run folder's image cache by the shard's path, size and modification time: a shard unchanged
@@ -16,8 +16,11 @@ tar), a member that is no image, and a key in two places.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import numpy as np
@@ -33,8 +36,11 @@ from vlm_decade.stages.images import (
     CACHE_SCHEMA,
     CHECKED_SCHEMA,
     CHUNK,
+    PROCESSES_FROM,
     Found,
     ImageCache,
+    _main_not_run_again,
+    _Processes,
     checked_rows,
     inspect_bytes,
     taken_images,
@@ -44,6 +50,10 @@ FIELD = "data.shards"
 # What one shard's check found: a FOUND_SCHEMA table of its images in order, and the problem that
 # stopped it (None when it was read to its end).
 ShardFound = tuple[pa.Table, str | None]
+# The local shards left after the first are checked on processes when the first's time says they
+# would take this long in one thread: the pool's start (0.5 to 1 s) is then repaid on two cores, as
+# `images.PROCESSES_FROM` quick images repay it for loose files.
+PROCESSES_FROM_S = 1.0
 _NOTHING: Found = ("", 0, 0, "", False)
 # What one image of a shard was found to be: its key, member location, finding (empty where it was found
 # bad) and what is wrong with it (null: nothing).
@@ -145,7 +155,7 @@ def _check_all(
     stopped: list[str | None] = [None] * len(keys)
     todo = [i for i, result in enumerate(cached) if result is None]
     cache.unknown += len(todo)
-    fresh = _inspect_shards([locations[i] for i in todo], columns)
+    fresh = _inspect_shards([locations[i] for i in todo], [keys[i][1] for i in todo], columns)
     found = _Found(cache)
     with cache.track("image shards", len(locations)) as advance:
         advance(len(locations) - len(todo))
@@ -234,19 +244,53 @@ def _key_of(location: str) -> str:
     return named[0] if named else member.name
 
 
-def _inspect_shards(locations: list[str], columns: tuple[str | None, str | None]) -> Iterator[ShardFound]:
-    """`inspect_shard` of each, in order, on a pool of threads, local shards as a bucket's: what a
-    shard's check spends most in (inflating, hashing and decoding the image; reading a bucket) lets go
-    of the GIL, and threads start at once and hand back no bytes (benchmarks/RESULTS.md, "Shards against
-    loose files": on 2 cores threads checked 100,000 local images 2 to 4 times faster than processes)."""
+def _inspect_shards(
+    locations: list[str], sizes: list[int], columns: tuple[str | None, str | None]
+) -> Iterator[ShardFound]:
+    """`inspect_shard` of each, in order. Local shards: the first in this thread, timed; the rest on a
+    pool of processes (decoding holds the GIL) when, at the first's rate by bytes, they would take
+    PROCESSES_FROM_S or more (one in cores + 1 of them still in this thread, which would otherwise
+    only wait for the others), else on threads, as a bucket's are (whose reading is waiting)."""
+    check: Callable[[str], ShardFound] = _Inspect(columns)
+    if locations and not storage.is_uri(locations[0]):
+        start = time.perf_counter()
+        yield check(locations[0])
+        took, locations, rest = time.perf_counter() - start, locations[1:], sum(sizes[1:])
+        if locations and took * rest / max(sizes[0], 1) >= PROCESSES_FROM_S:
+            with _Processes() as processes:
+                pool = processes.pool(PROCESSES_FROM)  # as for that many quick images: the work is more
+                done = 0
+                if pool is not None:
+                    share = 1 + (
+                        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 2
+                    )
+                    try:
+                        with _main_not_run_again():  # the processes start as their work is handed over
+                            theirs = {i: pool.submit(check, s) for i, s in enumerate(locations) if i % share}
+                        for i, location in enumerate(locations):  # every share-th here: this thread would wait
+                            yield theirs.pop(i).result() if i in theirs else check(location)
+                            done += 1
+                    except BrokenProcessPool:  # a process died (killed, out of memory): the rest on threads
+                        pass
+                locations = locations[done:]
     with ThreadPoolExecutor() as pool:
-        yield from pool.map(lambda location: inspect_shard(location, *columns), locations)
+        yield from pool.map(check, locations)
+
+
+class _Inspect:
+    """`inspect_shard` with a Parquet shard's column names: a picklable task for a process."""
+
+    def __init__(self, columns: tuple[str | None, str | None]):
+        self.columns = columns
+
+    def __call__(self, location: str) -> ShardFound:
+        return inspect_shard(location, *self.columns)
 
 
 def inspect_shard(location: str, key_column: str | None = None, image_column: str | None = None) -> ShardFound:
     """Stream one shard and check each image in it (`images.inspect_bytes`): its keys, member
-    locations and findings as a FOUND_SCHEMA table (no Python object per image outlives the shard),
-    and what stopped the shard short (None when read to its end)."""
+    locations and findings as a FOUND_SCHEMA table (Arrow, which a process hands back as a few
+    buffers, not an object per image), and what stopped the shard short (None when read to its end)."""
     keys: list[str] = []
     where: list[str] = []
     found: list[Found | str] = []
