@@ -10,7 +10,7 @@ loose, ...), so that a shared machine's changing load falls on both: the summary
 are the medians of the rounds, its ratios those of the medians, and `local_ratios_by_round` each
 round's images/s ratio. Prints one JSON object per check and a summary with the ratios (shards /
 loose: images/s, higher is better; peak RSS, lower is better). Run from the repository root:
-    .venv/bin/python benchmarks/shards.py [--images 100000] [--per-shard 100] [--rounds 3] [--bucket yes]
+    .venv/bin/python benchmarks/shards.py [--images 100000] [--per-shard 100] [--rounds 1] [--bucket yes]
 """
 
 from __future__ import annotations
@@ -160,7 +160,7 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=100_000)
     parser.add_argument("--per-shard", type=int, default=100)
     parser.add_argument("--bucket", choices=("yes", "no"), default="yes")
-    parser.add_argument("--rounds", type=int, default=3, help="local checks of each form, alternately")
+    parser.add_argument("--rounds", type=int, default=1, help="local checks of each form, alternately")
     parser.add_argument("--child", choices=("loose", "shards"))
     parser.add_argument("--base")
     parser.add_argument("--table")
