@@ -41,9 +41,10 @@ SERVES = 20  # reads of one image by the viewer, the median reported
 _MEDIANS = ("images_per_s", "peak_rss_mb", "serve_one_ms")  # of each form's rounds
 
 
-def make_inputs(folder: Path, count: int, per_shard: int) -> None:
+def make_inputs(folder: Path, count: int, per_shard: int, loose: bool = True) -> None:
     """`count` 32x32 RGB PNGs (seeded noise over a ramp, each distinct) as loose files with their
-    table, and the same bytes in tar shards of `per_shard` images (`im<i>.png`: key `im<i>`)."""
+    table (unless not `loose`), and the same bytes in tar shards of `per_shard` images (`im<i>.png`:
+    key `im<i>`)."""
     rng = np.random.default_rng(np.random.SeedSequence([65, count]))
     ramp = np.linspace(0, 200, 32, dtype=np.int16)[None, :, None]
     (folder / "loose").mkdir()
@@ -59,7 +60,8 @@ def make_inputs(folder: Path, count: int, per_shard: int) -> None:
         buf = io.BytesIO()
         Image.fromarray(pixels).save(buf, format="PNG")
         data, name = buf.getvalue(), f"im{i:07d}.png"
-        (folder / "loose" / name).write_bytes(data)
+        if loose:
+            (folder / "loose" / name).write_bytes(data)
         info = tarfile.TarInfo(name)
         info.size = len(data)
         tar.addfile(info, io.BytesIO(data))
@@ -130,13 +132,19 @@ def upload(folder: Path, endpoint: str) -> None:
 
     client = boto3.client("s3", endpoint_url=endpoint)
     client.create_bucket(Bucket=BUCKET)
-    for sub in ("loose", "shards"):
+    for sub in (s for s in ("loose", "shards") if (folder / s).is_dir()):
         for path in sorted((folder / sub).iterdir()):
             client.put_object(Bucket=BUCKET, Key=f"{sub}/{path.name}", Body=path.read_bytes())
 
 
-def compare(where: str, base: str, folder: Path, shards: str, env: dict, rounds: int = 1) -> dict:
+def compare(
+    where: str, base: str, folder: Path, shards: str, env: dict, rounds: int = 1, shards_only: bool = False
+) -> dict:
     runs: dict[str, list[dict]] = {"loose": [], "shards": []}
+    if shards_only:
+        found = measure("shards", base, folder, shards, env)
+        print(json.dumps({"where": where, "form": "shards"} | found), flush=True)
+        return {f"{where}_shards_{k}": found[k] for k in ("images_per_s", "peak_rss_mb", "serve_one_ms")}
     for round_ in range(rounds):
         for form in ("loose", "shards"):
             runs[form].append(measure(form, base, folder, shards, env))
@@ -161,6 +169,9 @@ def main() -> None:
     parser.add_argument("--per-shard", type=int, default=100)
     parser.add_argument("--bucket", choices=("yes", "no"), default="yes")
     parser.add_argument("--rounds", type=int, default=1, help="local checks of each form, alternately")
+    parser.add_argument(
+        "--shards-only", action="store_true", help="check the shards alone (a size whose loose files would not fit)"
+    )
     parser.add_argument("--child", choices=("loose", "shards"))
     parser.add_argument("--base")
     parser.add_argument("--table")
@@ -178,10 +189,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         began = time.perf_counter()
-        make_inputs(folder, args.images, args.per_shard)
+        make_inputs(folder, args.images, args.per_shard, loose=not args.shards_only)
         summary["make_s"] = round(time.perf_counter() - began, 1)
         shards = pattern(args.images, args.per_shard)
-        summary |= compare("local", str(folder), folder, shards, env, args.rounds)
+        summary |= compare("local", str(folder), folder, shards, env, args.rounds, args.shards_only)
         if args.bucket == "yes":
             from moto.server import ThreadedMotoServer
 
@@ -196,7 +207,7 @@ def main() -> None:
             os.environ.update(s3_env)
             try:
                 upload(folder, endpoint)
-                summary |= compare("s3", f"s3://{BUCKET}", folder, shards, env)
+                summary |= compare("s3", f"s3://{BUCKET}", folder, shards, env, shards_only=args.shards_only)
             finally:
                 server.stop()
     print(json.dumps(summary | {"load_1min": round(os.getloadavg()[0], 1)}), flush=True)
