@@ -17,9 +17,6 @@ from __future__ import annotations
 import csv
 import functools
 import json
-import re
-import subprocess
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -37,8 +34,8 @@ from vlm_decade.studies.decade.human.importing import Exclusions, read_design, r
 
 from ..unit.human_folder import COLOURS, TEXTS, write_folder
 from ..unit.test_human_import import IMAGES, study_dir  # noqa: F401 (study_dir: the fixture)
-from .conftest import BIN, cli_env, vlm_decade
-from .test_view_browser import browser, screenshot, wait_for  # noqa: F401 (browser: the fixture)
+from .conftest import vlm_decade
+from .test_view_browser import Server, browser, screenshot, wait_for  # noqa: F401 (browser: the fixture)
 
 pytestmark = pytest.mark.e2e
 
@@ -50,30 +47,12 @@ runtime: {num_cpus: 1}
 """
 
 
-class Served:
-    """`vlm-decade human serve FOLDER --port 0` in a subprocess; `url` from the line it prints."""
+class Served(Server):
+    """`vlm-decade human serve FOLDER --port 0` in a subprocess; `url` (the page) from the line it prints."""
 
     def __init__(self, folder: Path):
-        self.log = tempfile.TemporaryFile("w+")
-        self.process = subprocess.Popen(
-            [str(BIN / "vlm-decade"), "human", "serve", str(folder), "--port", "0"],
-            stdout=subprocess.PIPE,
-            stderr=self.log,
-            text=True,
-            env=cli_env(),
-        )
-        line = self.process.stdout.readline()
-        found = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
-        if not found:
-            self.stop()
-            raise AssertionError(f"no address printed: {line!r}")
-        self.url = f"http://127.0.0.1:{found.group(1)}/"
-
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=10)
-        self.process.stdout.close()
-        self.log.close()
+        super().__init__(folder, ("human", "serve"))
+        self.url += "/"
 
 
 @pytest.fixture

@@ -51,13 +51,14 @@ WAIT_S = 30
 
 
 class Server:
-    """`vlm-decade view RUN --port 0` in a subprocess; `url` from the line it prints."""
+    """`vlm-decade view RUN --port 0` (or another serving `command`) in a subprocess; `url` from the
+    line it prints."""
 
-    def __init__(self, run: Path):
+    def __init__(self, run: Path, command: tuple[str, ...] = ("view",)):
         # stderr to a file, not a pipe: a server whose tracebacks filled an unread pipe would hang.
         self.log = tempfile.TemporaryFile("w+")
         self.process = subprocess.Popen(
-            [str(BIN / "vlm-decade"), "view", str(run), "--port", "0"],
+            [str(BIN / "vlm-decade"), *command, str(run), "--port", "0"],
             stdout=subprocess.PIPE,
             stderr=self.log,
             text=True,

@@ -36,6 +36,7 @@ from vlm_decade.view.app import create_app
 from vlm_decade.view.runs import open_run
 from vlm_decade.view.verify import Missing, image_bytes
 
+from .test_data_forms import refused
 from .view_runs import decade_run, write
 
 IMPORTED = {"name": "old", "backend": "imported", "model_id": "x", "era": "pre-mllm", "options": {"file": "c.csv"}}
@@ -289,19 +290,6 @@ def test_validate_says_the_shards_and_the_image_count(study_a):
     assert done.exit_code == 0, output
     assert "3 images in 1 dataset (tiny), 9 human descriptions" in output
     assert "images read from the shards" in output and "s-{00..01}.tar" in output
-
-
-def refused(study_file: Path, *expected: str) -> None:
-    folder = study_file.parent
-    before = sorted(p.relative_to(folder) for p in folder.rglob("*"))
-    done = CliRunner().invoke(app, ["validate", str(study_file)])
-    output = " ".join(done.output.split())
-    assert done.exit_code == 2, output
-    assert "Traceback" not in output
-    assert done.exception is None or isinstance(done.exception, SystemExit)
-    for text in expected:
-        assert text in output, output
-    assert sorted(p.relative_to(folder) for p in folder.rglob("*")) == before  # nothing written
 
 
 def test_a_truncated_tar_is_refused_naming_the_shard_and_its_last_member(study_a):
