@@ -362,6 +362,8 @@ def report(body: Element, t: Tables, tally: Tally, config: dict) -> None:
             match_rows(tally, "report", table, t.rows("SELECT * FROM metric_validation"), head)
         elif head == ["subject", "images", "decided", "sde", "undecided", "why_undecided"]:
             match_rows(tally, "report", table, _sde_counts(t), head)
+        elif head == ["dataset", "measure", "value", "participants", "items"]:
+            match_rows(tally, "report", table, t.rows("SELECT * FROM reliability"), head)
         elif head == ["subject", "failed"]:
             rows = t.rows("SELECT subject, count(*) AS failed FROM responses WHERE status <> 'ok' GROUP BY subject")
             match_rows(tally, "report", table, rows, head)
