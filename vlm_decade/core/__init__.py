@@ -17,5 +17,6 @@
 - `smoke`: a smoke run (`run --limit N`), marked as one;
 - `registry`: the one registry mechanism, a name imported only when first asked for;
 - `names`: the one "did you mean" of every message;
+- `hosts`: the loopback names, and the name a request's Host header gives (for the local servers);
 - `files`: at the bottom, files written whole, hashed and named safely.
 """

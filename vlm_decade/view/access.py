@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import re
 import secrets
 from dataclasses import dataclass
@@ -24,7 +23,8 @@ from urllib.parse import quote, urlencode
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 
-LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+from vlm_decade.core.hosts import LOOPBACK_NAMES, host_name, is_loopback
+
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 PAGE_POLICY = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; form-action 'self'; "
@@ -36,23 +36,6 @@ RUN_FILE_POLICY = (
     "frame-ancestors 'none'"
 )
 HEADERS = ((b"x-content-type-options", b"nosniff"), (b"referrer-policy", b"no-referrer"), (b"x-frame-options", b"DENY"))
-
-
-def is_loopback(host: str) -> bool:
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def host_name(header: str) -> str:
-    """The name in a Host header, without the port and brackets, lower case."""
-    header = header.strip().lower()
-    if header.startswith("["):
-        return header[1 : header.find("]")] if "]" in header else ""
-    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
 
 
 @dataclass(frozen=True)

@@ -30,11 +30,11 @@ from starlette.routing import Route
 
 from vlm_decade.core.errors import Problems
 from vlm_decade.core.files import atomic_write_bytes, safe_name
+from vlm_decade.core.hosts import LOOPBACK_NAMES, host_name
 from vlm_decade.studies.decade.human.experiment import build_experiment
 
 MAX_BODY = 1 << 20
 MAX_ID = 64
-LOOPBACK = frozenset({"127.0.0.1", "localhost", "[::1]"})
 DESIGN_KINDS = frozenset({"describe", "rank", "rate", "attention"})
 KINDS = DESIGN_KINDS | {"instructions", "example", "end"}
 REQUIRED = ("trial_type", "trial_index", "vd_experiment", "vd_participant", "vd_design_participant", "vd_kind")
@@ -207,9 +207,7 @@ class LocalOnly:
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http":
-            host = dict(scope["headers"]).get(b"host", b"").decode("latin-1").lower()
-            name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
-            if name not in LOOPBACK:
+            if host_name(dict(scope["headers"]).get(b"host", b"").decode("latin-1")) not in LOOPBACK_NAMES:
                 await PlainTextResponse("bad host", status_code=400)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
