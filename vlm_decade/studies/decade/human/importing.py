@@ -300,13 +300,14 @@ def data_files(paths: Iterable[Path]) -> list[Path]:
     return files
 
 
-def _check_written(study, kind: str, path: Path, scale: tuple[float, float], problems: Problems) -> None:
-    """The written table, checked by the loaders the study's run uses."""
+def _check_written(
+    study, kind: str, path: Path, images: set[str], scale: tuple[float, float], problems: Problems
+) -> None:
+    """The written table, checked by the loaders the study's run uses; `images`: the study's image ids."""
     from vlm_decade.core.errors import InputError
     from vlm_decade.studies.decade.data import load_study_data
     from vlm_decade.studies.decade.metric_validation import check_ratings
 
-    images = study_image_ids(study)
     if kind == "rate":
         check_ratings(path, [m.name for m in study.models], images, problems, scale)
         return
@@ -339,14 +340,15 @@ def import_experiment(study, folder: Path, paths: list[Path], rules: Exclusions,
     if not found and not problems:
         problems.add(", ".join(map(str, paths)) or str(folder), "no records of this experiment")
     problems.raise_if_any()
-    kind, rows, people = tables(found, design, study_image_ids(study), rules, problems)
+    images = study_image_ids(study)  # every image checked once, as a run checks it
+    kind, rows, people = tables(found, design, images, rules, problems)
     problems.raise_if_any()
     name, columns = TABLES[kind]
     staged = {out / name: csv_bytes(columns, rows), out / "participants.csv": csv_bytes(PARTICIPANT_COLUMNS, people)}
     checked = out / ".checking" / name  # the same name, so the loaders' messages name the table
     atomic_write_bytes(checked, staged[out / name])
     try:
-        _check_written(study, kind, checked, (scale["min"], scale["max"]), problems)
+        _check_written(study, kind, checked, images, (scale["min"], scale["max"]), problems)
     finally:
         checked.unlink(missing_ok=True)
         checked.parent.rmdir()
